@@ -1,0 +1,210 @@
+"""Shared machinery of the differential probes: scenarios, recorders, output.
+
+Nothing here imports SGLang, so it can be tested on its own. A probe script
+defines its scenarios with ``@scenario`` and calls ``main``; ``main`` isolates
+every scenario, blocks the network and writes a deterministic result document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+SCHEMA = "pd-differential-probe/1"
+EXIT_OK = 0
+EXIT_CANNOT_RUN = 3
+EXIT_USAGE = 2
+
+Observed = dict[str, Any]
+
+
+@dataclass
+class Scenario:
+    id: str
+    title: str
+    run: Callable[[Observed], None]
+
+
+@dataclass
+class ScenarioSet:
+    """Scenarios of one experiment, in declaration order."""
+
+    experiment: str
+    scenarios: list[Scenario] = field(default_factory=list)
+
+    def scenario(self, scenario_id: str, title: str):
+        def register(fn: Callable[[Observed], None]):
+            if any(s.id == scenario_id for s in self.scenarios):
+                raise ValueError(f"duplicate scenario id {scenario_id!r}")
+            self.scenarios.append(Scenario(scenario_id, title, fn))
+            return fn
+
+        return register
+
+
+class Recorder:
+    """A stand-in callable that records each call's arguments.
+
+    ``returns`` is returned from every call; ``raises`` is raised after the
+    call is recorded, so a failing collaborator still leaves a trace.
+    """
+
+    def __init__(self, name: str, returns: Any = None, raises: BaseException | None = None):
+        self.name = name
+        self.returns = returns
+        self.raises = raises
+        self.calls: list[tuple[tuple, dict]] = []
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        if self.raises is not None:
+            raise self.raises
+        return self.returns
+
+    @property
+    def count(self) -> int:
+        return len(self.calls)
+
+    def arg(self, name: str, position: int | None = None, call: int = -1, default: Any = None):
+        """One argument of one recorded call, by keyword or position."""
+        args, kwargs = self.calls[call]
+        if name in kwargs:
+            return kwargs[name]
+        if position is not None and position < len(args):
+            return args[position]
+        return default
+
+
+_HEX_ID = re.compile(r"0x[0-9a-fA-F]+")
+_ABS_PATH = re.compile(r"(/[^\s'\"():]+)+/(?=[^/\s'\"():]+)")
+
+
+def scrub(text: str) -> str:
+    """Remove what differs between runs or machines: object ids and directories."""
+    return _ABS_PATH.sub("", _HEX_ID.sub("0x?", text))
+
+
+def describe_error(exc: BaseException) -> dict[str, str]:
+    return {"type": type(exc).__name__, "message": scrub(str(exc))[:500]}
+
+
+def run_scenario(sc: Scenario) -> dict[str, Any]:
+    observed: Observed = {}
+    error = None
+    try:
+        sc.run(observed)
+    except Exception as exc:  # one scenario's failure must not stop the others
+        error = describe_error(exc)
+    return {"title": sc.title, "observed": _plain(observed), "error": error}
+
+
+def _plain(value: Any) -> Any:
+    """Reduce observations to JSON scalars; anything else is a probe bug."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    raise TypeError(f"observation of type {type(value).__name__} is not a JSON scalar")
+
+
+def build_document(scenario_set: ScenarioSet, side: str, tree: dict[str, str], extra: dict | None = None) -> dict:
+    doc = {
+        "schema": SCHEMA,
+        "experiment": scenario_set.experiment,
+        "side": side,
+        "tree": tree,
+        "scenarios": {sc.id: run_scenario(sc) for sc in scenario_set.scenarios},
+    }
+    doc.update(extra or {})
+    return doc
+
+
+def dumps(doc: dict) -> str:
+    return json.dumps(doc, sort_keys=True, indent=2, ensure_ascii=True) + "\n"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+class NetworkBlocked(RuntimeError):
+    pass
+
+
+def block_network() -> None:
+    """Make any accidental outbound connection fail loudly."""
+
+    def refuse(self, address, *args, **kwargs):
+        raise NetworkBlocked(f"probe attempted a network connection to {address!r}")
+
+    socket.socket.connect = refuse
+    socket.socket.connect_ex = refuse
+    socket.create_connection = lambda address, *a, **k: refuse(None, address)
+
+
+def quiet_environment() -> None:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def parse_args(argv: list[str] | None, experiment: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=f"Run the {experiment} differential probe against the installed SGLang."
+    )
+    parser.add_argument("--side", default="local", help="label of the tree under test (base, head, a release)")
+    parser.add_argument("--tree-kind", default="path", choices=["git", "release", "path"])
+    parser.add_argument("--tree-ref", default="", help="the ref as asked for (commit, version, directory label)")
+    parser.add_argument("--tree-resolved", default="", help="full SHA or version; default: sglang.__version__")
+    parser.add_argument("--out", type=Path, help="write the result here (atomically); default: stdout")
+    return parser.parse_args(argv)
+
+
+def main(scenario_set: ScenarioSet, prepare: Callable[[], str], argv: list[str] | None = None) -> int:
+    """Run every scenario and write the result document.
+
+    ``prepare`` imports SGLang and sets up what all scenarios share; it
+    returns the installed SGLang version. If it fails the probe cannot run.
+    """
+    try:
+        args = parse_args(argv, scenario_set.experiment)
+    except SystemExit as exc:
+        return EXIT_USAGE if exc.code else EXIT_OK
+    quiet_environment()
+    block_network()
+    try:
+        version = prepare()
+    except Exception as exc:
+        err = describe_error(exc)
+        print(f"probe cannot run: SGLang setup failed: {err['type']}: {err['message']}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
+    tree = {
+        "kind": args.tree_kind,
+        "ref": args.tree_ref or version,
+        "resolved": args.tree_resolved or version,
+    }
+    doc = build_document(scenario_set, args.side, tree, {"sglang_version": version})
+    text = dumps(doc)
+    if args.out:
+        write_atomic(args.out, text)
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
