@@ -1,0 +1,80 @@
+"""Sessions over experiment x side; the logic lives in the `pdevidence` package.
+
+    nox -l                               list every cell
+    nox -s "probe(admission, head)"      one pinned-commit cell
+    nox -s "release(prefill, base)"      one release-backed cell
+    nox -s matrix                        release-backed matrix, then compare
+    nox -s compare                       aggregate existing results
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nox
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from pdevidence import cli, registry  # noqa: E402
+
+nox.options.default_venv_backend = "none"
+nox.options.sessions = ["matrix"]
+
+REGISTRY = registry.load(Path(__file__).parent)
+CELLS = [(name, side) for name in REGISTRY.experiments for side in registry.SIDES]
+CELL_IDS = [f"{name}, {side}" for name, side in CELLS]
+
+
+def _exit(session: nox.Session, code: int) -> None:
+    # SystemExit carries the documented exit code through nox.
+    if code:
+        raise SystemExit(code)
+
+
+def _flags(session: nox.Session) -> list[str]:
+    return ["--force"] if "--force" in session.posargs else []
+
+
+@nox.session(tags=["cell", "git"])
+@nox.parametrize(("experiment", "side"), CELLS, ids=CELL_IDS)
+def probe(session: nox.Session, experiment: str, side: str) -> None:
+    """A pinned-commit cell (GitHub archive, or SGLANG_REPO=<clone>)."""
+    _exit(session, cli.main(["cell", "git", experiment, side, *_flags(session)]))
+
+
+@nox.session(tags=["cell", "release"])
+@nox.parametrize(("experiment", "side"), CELLS, ids=CELL_IDS)
+def release(session: nox.Session, experiment: str, side: str) -> None:
+    """A release-backed cell: the registry's bracketing SGLang release from PyPI."""
+    _exit(session, cli.main(["cell", "release", experiment, side, *_flags(session)]))
+
+
+@nox.session
+def matrix(session: nox.Session) -> None:
+    """The main job: every release-backed cell (2 at a time), then compare."""
+    _exit(session, cli.main(["matrix", *session.posargs]))
+
+
+@nox.session
+def compare(session: nox.Session) -> None:
+    """Aggregate existing results; runs no probe. `-- --kind git|all` for other cells."""
+    _exit(session, cli.main(["compare", *session.posargs]))
+
+
+@nox.session
+def verify(session: nox.Session) -> None:
+    """Check SHA256SUMS.txt against the probes and published results."""
+    _exit(session, cli.main(["verify"]))
+
+
+@nox.session
+def checksums(session: nox.Session) -> None:
+    """Regenerate SHA256SUMS.txt."""
+    _exit(session, cli.main(["checksums"]))
+
+
+@nox.session
+def publish(session: nox.Session) -> None:
+    """Copy fresh release results into results/ and regenerate SHA256SUMS.txt."""
+    _exit(session, cli.main(["publish", *session.posargs]))

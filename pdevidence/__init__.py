@@ -1,0 +1,5 @@
+"""Rerunnable CPU differential probes for two SGLang PD-disaggregation fixes.
+
+The flow, one module each: registry -> trees -> environments -> probe_run ->
+results + receipts -> compare -> report.
+"""

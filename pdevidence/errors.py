@@ -1,0 +1,58 @@
+"""Exit codes and the one error type the harness raises to users.
+
+Every code means one thing; the README documents them.
+"""
+
+from __future__ import annotations
+
+CONFIRMED = 0  # differential confirmed / the command did what was asked
+BEHAVIOUR_DIFFERS = 1  # not reproduced, or a fresh result differs from the published one
+USAGE = 2  # bad arguments, unknown experiment or side, malformed registry
+ENVIRONMENT = 3  # a tree could not be fetched, an env not built, a probe not run
+INCOMPLETE = 4  # cells the comparison needs have no result yet
+INTEGRITY = 5  # a checksum did not match (download, published artifact, SHA256SUMS)
+ENVIRONMENT_DIFFERS = 6  # behaviour confirmed, but on other pins than the published run
+
+EXIT_CODES = {
+    CONFIRMED: "differential confirmed (or the command succeeded)",
+    BEHAVIOUR_DIFFERS: "behaviour differs: not reproduced, or differs from the published result",
+    USAGE: "usage error: unknown experiment, side or option; malformed registry",
+    ENVIRONMENT: "environment problem: tree not fetchable, environment not buildable, probe could not run",
+    INCOMPLETE: "incomplete: a cell the comparison needs has no result",
+    INTEGRITY: "integrity failure: a checksum did not match",
+    ENVIRONMENT_DIFFERS: "behaviour confirmed, but the receipts show other pins than the published run",
+}
+
+
+class HarnessError(Exception):
+    """What happened, what was expected, and what to do about it."""
+
+    def __init__(self, what: str, *, expected: str = "", todo: str = "", code: int = ENVIRONMENT):
+        super().__init__(what)
+        self.what = what
+        self.expected = expected
+        self.todo = todo
+        self.code = code
+
+    def __str__(self) -> str:
+        lines = [self.what]
+        if self.expected:
+            lines.append(f"  expected: {self.expected}")
+        if self.todo:
+            lines.append(f"  what to do: {self.todo}")
+        return "\n".join(lines)
+
+
+def usage(what: str, *, expected: str = "", todo: str = "") -> HarnessError:
+    return HarnessError(what, expected=expected, todo=todo, code=USAGE)
+
+
+def integrity(what: str, *, expected: str = "", todo: str = "") -> HarnessError:
+    return HarnessError(what, expected=expected, todo=todo, code=INTEGRITY)
+
+# When several things went wrong, the exit code names the one to fix first.
+_PRECEDENCE = (USAGE, INTEGRITY, ENVIRONMENT, BEHAVIOUR_DIFFERS, INCOMPLETE, ENVIRONMENT_DIFFERS, CONFIRMED)
+
+
+def worst(codes) -> int:
+    return min(codes, key=_PRECEDENCE.index, default=CONFIRMED)

@@ -1,0 +1,153 @@
+"""Verified downloads and safe archive extraction.
+
+A download streams to a temporary file beside its destination and is renamed
+into place only after its size and SHA-256 check out, so an interrupted or
+tampered transfer never leaves a file that looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from .errors import HarnessError, integrity
+
+CHUNK = 1 << 20
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class Progress:
+    """A one-line progress display on stderr, quiet when stderr is not a terminal."""
+
+    def __init__(self, label: str, total: int | None, stream=sys.stderr):
+        self.label, self.total, self.stream = label, total, stream
+        self.live = stream.isatty()
+        self.done = 0
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.live:
+            size = f"{self.done / 1e6:.1f} MB" + (f" / {self.total / 1e6:.1f} MB" if self.total else "")
+            self.stream.write(f"\r  {self.label}: {size}")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.live:
+            self.stream.write("\n")
+        else:
+            self.stream.write(f"  {self.label}: {self.done / 1e6:.1f} MB\n")
+
+
+def download(url: str, dest: Path, *, expected_sha256: str | None = None, timeout: float = 30.0,
+             what: str = "download", todo_unreachable: str = "") -> str:
+    """Fetch ``url`` to ``dest``; return its SHA-256. Nothing is left at ``dest`` on failure."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    tmp = Path(tmp_name)
+    try:
+        digest = hashlib.sha256()
+        try:
+            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
+                length = resp.headers.get("Content-Length")
+                total = int(length) if length else None
+                progress = Progress(what, total)
+                for block in iter(lambda: resp.read(CHUNK), b""):
+                    out.write(block)
+                    digest.update(block)
+                    progress.update(len(block))
+                progress.close()
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError,
+                http.client.HTTPException) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise HarnessError(
+                f"cannot fetch {what} from {url}: {reason}",
+                expected="a reachable URL serving the file",
+                todo=todo_unreachable or "check the network or the URL",
+            ) from None
+        if total is not None and progress.done != total:
+            raise HarnessError(
+                f"{what} from {url} is truncated: got {progress.done} of {total} bytes",
+                todo="retry; if it persists the server or a proxy is cutting the transfer",
+            )
+        actual = digest.hexdigest()
+        if expected_sha256 and actual != expected_sha256:
+            raise integrity(
+                f"SHA-256 mismatch for {what} from {url}; the download was deleted",
+                expected=f"{expected_sha256}, got {actual}",
+                todo="do not trust this file; if the source legitimately changed, remove its entry "
+                "from the lock file and fetch again",
+            )
+        os.replace(tmp, dest)
+        return actual
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _unsafe_reason(member: tarfile.TarInfo, root: Path) -> str | None:
+    name = member.name
+    if name.startswith("/") or Path(name).is_absolute():
+        return "absolute path"
+    target = (root / name).resolve()
+    if not target.is_relative_to(root):
+        return "path escapes the tree"
+    if member.issym() or member.islnk():
+        link = Path(member.linkname)
+        base = root if member.islnk() else (root / name).parent
+        if link.is_absolute() or not (base / link).resolve().is_relative_to(root):
+            return f"link to {member.linkname!r} escapes the tree"
+    if member.isdev():
+        return "device file"
+    return None
+
+
+def extract_tar(archive: Path, dest: Path, *, strip_top: bool = True) -> None:
+    """Extract into a fresh directory ``dest``, refusing any member that could escape it.
+
+    GitHub archives wrap everything in one ``<repo>-<sha>/`` directory;
+    ``strip_top`` removes it so the tree's root is ``dest``.
+    """
+    if dest.exists():
+        raise FileExistsError(dest)
+    staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".extract"))
+    try:
+        root = staging.resolve()
+        try:
+            with tarfile.open(archive) as tar:
+                members = tar.getmembers()
+                for member in members:
+                    reason = _unsafe_reason(member, root)
+                    if reason:
+                        raise integrity(
+                            f"refusing to extract {archive.name}: member {member.name!r}: {reason}",
+                            todo="the archive is not a plain source tree; do not use it",
+                        )
+                # "data", not "tar": it also checks link targets against the tree as it is
+                # extracted, so a link routed through an earlier in-archive symlink cannot escape.
+                tar.extractall(root, members=members, filter="data")
+        except tarfile.FilterError as exc:
+            raise integrity(f"refusing to extract {archive.name}: {exc}",
+                            todo="the archive is not a plain source tree; do not use it") from None
+        except (tarfile.TarError, EOFError, OSError, KeyError) as exc:
+            raise integrity(f"{archive.name} is not a readable tar archive: {exc}",
+                            todo="delete it from the cache and fetch again") from None
+        top = [p for p in root.iterdir()]
+        source = top[0] if strip_top and len(top) == 1 and top[0].is_dir() else root
+        os.replace(source, dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

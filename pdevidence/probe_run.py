@@ -1,0 +1,81 @@
+"""Run a probe in a cell's interpreter, with a timeout, keeping its stderr.
+
+The probe writes to a temporary path; only a run that exits 0 with a valid
+document gets its result renamed into place, so a crash, a kill or a hang
+leaves no result file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import results
+from .errors import HarnessError
+
+DEFAULT_TIMEOUT = 900.0
+STDERR_TAIL_LINES = 25
+
+
+@dataclass
+class ProbeRun:
+    command: list[str]
+    exit_status: int
+    log: Path
+
+
+def timeout_seconds() -> float:
+    return float(os.environ.get("PDEVIDENCE_PROBE_TIMEOUT", DEFAULT_TIMEOUT))
+
+
+def _tail(log: Path) -> str:
+    lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    return "\n".join(lines[-STDERR_TAIL_LINES:])
+
+
+def run_probe(interpreter: Path, probe: Path, args: list[str], dest: Path, log: Path, *,
+              experiment: str, side: str, timeout: float | None = None, env: dict | None = None) -> ProbeRun:
+    timeout = timeout_seconds() if timeout is None else timeout
+    partial = dest.with_name(f".{dest.name}.partial")
+    partial.unlink(missing_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    command = [str(interpreter), str(probe), *args, "--out", str(partial)]
+    run_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0", **(env or {})}
+    try:
+        with open(log, "wb") as err:
+            # Own process group: a timeout kills the probe and anything it started.
+            proc = subprocess.Popen(command, stdout=err, stderr=subprocess.STDOUT, env=run_env,
+                                    start_new_session=True)
+            try:
+                status = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise HarnessError(
+                    f"probe {probe.name} did not finish within {timeout:.0f} s and was killed; no result written.\n"
+                    f"last output:\n{_tail(log)}",
+                    todo="look for a hang in the log above; PDEVIDENCE_PROBE_TIMEOUT raises the limit",
+                ) from None
+            except BaseException:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise
+        if status != 0:
+            raise HarnessError(
+                f"probe {probe.name} exited with status {status}; no result written.\nlast output:\n{_tail(log)}",
+                todo=f"full log: {log}",
+            )
+        try:
+            doc = json.loads(partial.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise HarnessError(f"probe {probe.name} exited 0 but wrote no readable result: {exc}",
+                               todo=f"full log: {log}") from None
+        results.validate(doc, source=f"output of {probe.name}", experiment=experiment, side=side)
+        os.replace(partial, dest)
+        return ProbeRun(command, status, log)
+    finally:
+        partial.unlink(missing_ok=True)

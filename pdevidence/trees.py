@@ -1,0 +1,264 @@
+"""SGLang tree sources: a pinned git commit, a PyPI release, or a directory.
+
+Each source turns a request into a verified, cached ``Tree`` that an
+environment can install. Downloads are content-addressed in the cache and
+their SHA-256 is recorded in the lock file on first use and checked after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import fetch
+from .errors import HarnessError, integrity, usage
+from .locking import exclusive
+from .paths import cache_dir
+
+GIT_ARCHIVE_URL = "https://codeload.github.com/sgl-project/sglang/tar.gz/{sha}"
+INDEX_URL = "https://pypi.org/simple"
+TREE_INFO = ".pdevidence-tree.json"
+KINDS = ("git", "release", "path")
+
+
+@dataclass(frozen=True)
+class Tree:
+    kind: str  # git | release | path
+    ref: str  # as asked for
+    resolved: str  # full commit SHA or version
+    install_target: Path  # a source directory with setup files, or a wheel
+    digest: str | None  # SHA-256 of the archive or wheel; None for a plain directory
+    source: str  # github | clone | pypi | path
+    origin: str  # URL, clone path or directory
+    repo_root: Path | None = None  # whole checkout, for the upstream test files
+
+    def label(self) -> str:
+        if self.kind == "git":
+            return f"git-{self.resolved[:12]}"
+        if self.kind == "release":
+            return f"release-{self.resolved}"
+        return f"path-{self.resolved[:12]}"
+
+    def result_tree(self) -> dict[str, str]:
+        return {"kind": self.kind, "ref": self.ref, "resolved": self.resolved}
+
+    def receipt(self) -> dict:
+        return {**self.result_tree(), "sha256": self.digest, "source": self.source, "origin": self.origin}
+
+
+class LockFile:
+    """``constraints/trees.lock.json``: the SHA-256 of every archive and wheel ever used."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def _read(self) -> dict:
+        try:
+            return json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {"git": {}, "release": {}}
+        except json.JSONDecodeError as exc:
+            raise integrity(f"{self.path} is corrupt: {exc}",
+                            todo="restore it from git (`git checkout -- constraints/trees.lock.json`)") from None
+
+    def get(self, section: str, key: str) -> dict | None:
+        return self._read().get(section, {}).get(key)
+
+    def record(self, section: str, key: str, entry: dict) -> None:
+        with exclusive(self.path.with_suffix(".lock"), "the tree lock file"):
+            data = self._read()
+            data.setdefault(section, {})[key] = entry
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".trees.", suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(data, fh, indent=2, sort_keys=True)
+                fh.write("\n")
+            os.replace(tmp, self.path)
+
+
+def _check_pinned(lock: LockFile, section: str, key: str, actual: str, what: str, on_mismatch) -> None:
+    entry = lock.get(section, key)
+    if entry is None:
+        return
+    if entry["sha256"] != actual:
+        on_mismatch()
+        raise integrity(
+            f"SHA-256 of {what} does not match the lock file {lock.path.name}",
+            expected=f"{entry['sha256']}, got {actual}",
+            todo="the cached copy was removed; run again to refetch. If it still differs, the source "
+            "changed under the same name: investigate before updating the lock entry",
+        )
+
+
+def git_tree(sha: str, lock: LockFile, *, clone: Path | None = None) -> Tree:
+    """The pinned commit, from a local clone if given, else GitHub's archive of it."""
+    trees = cache_dir() / "trees"
+    dest = trees / f"git-{sha}"
+    with exclusive(cache_dir() / "locks" / f"git-{sha}.lock", f"the cached tree {sha[:12]}"):
+        if clone is not None:
+            return _git_tree_from_clone(sha, clone, dest, lock)
+        return _git_tree_from_github(sha, dest, lock)
+
+
+def _git_tree_from_github(sha: str, dest: Path, lock: LockFile) -> Tree:
+    url = os.environ.get("PDEVIDENCE_GIT_ARCHIVE_URL", GIT_ARCHIVE_URL).format(sha=sha)
+    entry = lock.get("git", sha)
+    archive = cache_dir() / "archives" / f"{entry['sha256']}.tar.gz" if entry else None
+    if archive is None or not archive.exists():
+        tmp = cache_dir() / "archives" / f"incoming-{sha}.tar.gz"
+        digest = fetch.download(
+            url, tmp, expected_sha256=entry["sha256"] if entry else None, what=f"sglang@{sha[:12]}",
+            todo_unreachable="GitHub is not reachable from here. Point SGLANG_REPO at a local clone "
+            "that has this commit, or run the release-backed cells instead (`nox -s matrix`, "
+            "`nox -s \"release(<experiment>, <side>)\"`)",
+        )
+        archive = cache_dir() / "archives" / f"{digest}.tar.gz"
+        os.replace(tmp, archive)
+        if entry is None:
+            lock.record("git", sha, {"sha256": digest, "url": url})
+    digest = fetch.sha256_file(archive)
+    _check_pinned(lock, "git", sha, digest, f"the archive of {sha[:12]}", archive.unlink)
+    info = {"source": "github", "origin": url, "sha256": digest}
+    _materialize(dest, info, lambda target: fetch.extract_tar(archive, target))
+    return _git_tree(sha, dest, info)
+
+
+def _git(clone: Path, *args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(clone), *args], capture_output=True, check=False, **kw)
+
+
+def _git_tree_from_clone(sha: str, clone: Path, dest: Path, lock: LockFile) -> Tree:
+    if not (clone / ".git").exists() and _git(clone, "rev-parse", "--git-dir").returncode != 0:
+        raise usage(f"SGLANG_REPO={clone} is not a git checkout",
+                    todo="point SGLANG_REPO at a clone of sgl-project/sglang")
+    found = _git(clone, "rev-parse", "--verify", "--quiet", f"{sha}^{{commit}}", text=True)
+    if found.returncode != 0:
+        raise HarnessError(
+            f"commit {sha} is not in the clone at {clone}",
+            expected="the pinned commit to be present in SGLANG_REPO",
+            todo=f"run `git -C {clone} fetch origin {sha}` (or a full `git fetch`), then retry",
+        )
+    tree_id = _git(clone, "rev-parse", f"{sha}^{{tree}}", text=True).stdout.strip()
+    info = {"source": "clone", "origin": str(clone), "sha256": None, "git_tree": tree_id}
+
+    def export(target: Path) -> None:
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            tar = Path(tmp) / "tree.tar"
+            with open(tar, "wb") as out:
+                done = subprocess.run(["git", "-C", str(clone), "archive", "--format=tar", sha],
+                                      stdout=out, stderr=subprocess.PIPE, check=False)
+            if done.returncode != 0:
+                raise HarnessError(f"git archive of {sha} failed: {done.stderr.decode(errors='replace')}")
+            fetch.extract_tar(tar, target, strip_top=False)
+
+    _materialize(dest, info, export)
+    return _git_tree(sha, dest, json.loads((dest / TREE_INFO).read_text()))
+
+
+def _materialize(dest: Path, info: dict, build) -> None:
+    """Build ``dest`` once; it appears only complete, with its provenance inside."""
+    if (dest / TREE_INFO).exists():
+        return
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    build(dest)
+    (dest / TREE_INFO).write_text(json.dumps(info, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _git_tree(sha: str, dest: Path, info: dict) -> Tree:
+    python_dir = dest / "python"
+    if not (python_dir / "pyproject.toml").exists() and not (python_dir / "setup.py").exists():
+        raise HarnessError(f"the tree of {sha[:12]} has no python/ package directory",
+                           expected="an sgl-project/sglang checkout (python/pyproject.toml)")
+    return Tree("git", sha, sha, python_dir, info.get("sha256"), info["source"], info["origin"], dest)
+
+
+def wheel_tag(python: str) -> tuple[str, str]:
+    """The interpreter tag and machine a wheel must match, e.g. ``('cp312', 'x86_64')``."""
+    major, minor = python.split(".")[:2]
+    return f"cp{major}{minor}", platform.machine()
+
+
+def index_files(project: str, index_url: str | None = None) -> list[dict]:
+    """Files of a project from a PEP 691 JSON simple index."""
+    index_url = index_url or os.environ.get("PDEVIDENCE_INDEX_URL", INDEX_URL)
+    req = urllib.request.Request(f"{index_url.rstrip('/')}/{project}/",
+                                 headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            # PEP 691 lets a file's url be relative to the project page.
+            return [{**f, "url": urllib.parse.urljoin(resp.geturl(), f["url"])}
+                    for f in json.load(resp)["files"]]
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+        raise HarnessError(f"cannot read the package index {index_url} for {project}: {exc}",
+                           todo="check that the index is reachable (PDEVIDENCE_INDEX_URL overrides it)") from None
+
+
+def pick_wheel(files: list[dict], project: str, version: str, python: str) -> dict:
+    interp, machine = wheel_tag(python)
+    prefix = f"{project.replace('-', '_')}-{version}-"
+    candidates = [
+        f for f in files
+        if f["filename"].startswith(prefix) and f["filename"].endswith(".whl") and not f.get("yanked")
+        and (f"-{interp}-" in f["filename"] or "-py3-none-any" in f["filename"])
+        and (machine in f["filename"] or f["filename"].endswith("-any.whl"))
+    ]
+    if not candidates:
+        raise usage(f"no {project}=={version} wheel for {interp} on {machine} in the index",
+                    expected="a released version with a wheel for this Python",
+                    todo="check the version (`pip index versions sglang`) or the registry's python")
+    return sorted(candidates, key=lambda f: f["filename"])[0]
+
+
+def release_tree(version: str, python: str, lock: LockFile, project: str = "sglang") -> Tree:
+    key = f"{project}=={version}"
+    entry = lock.get("release", key)
+    wheel = cache_dir() / "wheels" / entry["sha256"] / entry["filename"] if entry else None
+    if wheel is None or not wheel.exists():
+        chosen = pick_wheel(index_files(project), project, version, python)
+        published = chosen.get("hashes", {}).get("sha256")
+        if entry and published and published != entry["sha256"]:
+            raise integrity(f"the index now publishes another SHA-256 for {chosen['filename']}",
+                            expected=f"{entry['sha256']} (lock file), index says {published}",
+                            todo="do not use it; investigate before updating the lock entry")
+        expected = entry["sha256"] if entry else published
+        tmp = cache_dir() / "wheels" / f"incoming-{chosen['filename']}"
+        with exclusive(cache_dir() / "locks" / f"{key}.lock", f"the wheel of {key}"):
+            digest = fetch.download(chosen["url"], tmp, expected_sha256=expected, what=chosen["filename"])
+            wheel = cache_dir() / "wheels" / digest / chosen["filename"]
+            wheel.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, wheel)
+        if entry is None:
+            lock.record("release", key, {"filename": chosen["filename"], "sha256": digest})
+    digest = fetch.sha256_file(wheel)
+    _check_pinned(lock, "release", key, digest, wheel.name, wheel.unlink)
+    return Tree("release", version, version, wheel, digest, "pypi", wheel.name)
+
+
+def path_tree(directory: Path) -> Tree:
+    directory = directory.resolve()
+    python_dir = directory / "python" if (directory / "python").is_dir() else directory
+    if not ((python_dir / "pyproject.toml").exists() or (python_dir / "setup.py").exists()):
+        raise usage(f"{directory} is not an SGLang source tree",
+                    expected="a checkout root (with python/) or its python/ directory",
+                    todo="pass the directory of your SGLang work tree")
+    label = _path_label(directory)
+    return Tree("path", directory.name, label, python_dir, None, "path", str(directory),
+                directory if python_dir != directory else None)
+
+
+def _path_label(directory: Path) -> str:
+    """The work tree's HEAD commit (plus '-dirty'), or 'local' outside git."""
+    head = _git(directory, "rev-parse", "HEAD", text=True)
+    if head.returncode != 0:
+        return "local"
+    dirty = _git(directory, "status", "--porcelain", text=True).stdout.strip()
+    return head.stdout.strip() + ("-dirty" if dirty else "")
