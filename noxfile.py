@@ -19,14 +19,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 from pdevidence import cli, registry  # noqa: E402
 
 nox.options.default_venv_backend = "none"
-nox.options.sessions = ["matrix"]
 
-REGISTRY = registry.load(Path(__file__).parent)
+ROOT = Path(__file__).parent
+REGISTRY = registry.load(ROOT)
 CELLS = [(name, side) for name in REGISTRY.experiments for side in registry.SIDES]
 CELL_IDS = [f"{name}, {side}" for name, side in CELLS]
 
 
-def _exit(session: nox.Session, code: int) -> None:
+def _run(*argv: str) -> None:
+    code = cli.main(["--root", str(ROOT), *argv])
     # SystemExit carries the documented exit code through nox.
     if code:
         raise SystemExit(code)
@@ -40,41 +41,41 @@ def _flags(session: nox.Session) -> list[str]:
 @nox.parametrize(("experiment", "side"), CELLS, ids=CELL_IDS)
 def probe(session: nox.Session, experiment: str, side: str) -> None:
     """A pinned-commit cell (GitHub archive, or SGLANG_REPO=<clone>)."""
-    _exit(session, cli.main(["cell", "git", experiment, side, *_flags(session)]))
+    _run("cell", "git", experiment, side, *_flags(session))
 
 
 @nox.session(tags=["cell", "release"])
 @nox.parametrize(("experiment", "side"), CELLS, ids=CELL_IDS)
 def release(session: nox.Session, experiment: str, side: str) -> None:
     """A release-backed cell: the registry's bracketing SGLang release from PyPI."""
-    _exit(session, cli.main(["cell", "release", experiment, side, *_flags(session)]))
+    _run("cell", "release", experiment, side, *_flags(session))
 
 
 @nox.session
 def matrix(session: nox.Session) -> None:
     """The main job: every release-backed cell (2 at a time), then compare."""
-    _exit(session, cli.main(["matrix", *session.posargs]))
+    _run("matrix", *session.posargs)
 
 
 @nox.session
 def compare(session: nox.Session) -> None:
     """Aggregate existing results; runs no probe. `-- --kind git|all` for other cells."""
-    _exit(session, cli.main(["compare", *session.posargs]))
+    _run("compare", *session.posargs)
 
 
 @nox.session
 def verify(session: nox.Session) -> None:
     """Check SHA256SUMS.txt against the probes and published results."""
-    _exit(session, cli.main(["verify"]))
+    _run("verify")
 
 
 @nox.session
 def checksums(session: nox.Session) -> None:
     """Regenerate SHA256SUMS.txt."""
-    _exit(session, cli.main(["checksums"]))
+    _run("checksums")
 
 
 @nox.session
 def publish(session: nox.Session) -> None:
     """Copy fresh release results into results/ and regenerate SHA256SUMS.txt."""
-    _exit(session, cli.main(["publish", *session.posargs]))
+    _run("publish", *session.posargs)

@@ -138,8 +138,12 @@ def _key_diffs(fresh: dict, published: dict, prefix: str = "") -> list[str]:
         if isinstance(a, dict) and isinstance(b, dict):
             diffs += _key_diffs(a, b, f"{prefix}{key}.")
         elif a != b:
-            diffs.append(f"{prefix}{key}: published {json.dumps(b)}, now {json.dumps(a)}")
+            diffs.append(f"{prefix}{key}: published {_show(b)}, now {_show(a)}")
     return diffs
+
+
+def _show(value) -> str:
+    return MISSING if value == MISSING else json.dumps(value)
 
 
 def _receipt(path: Path) -> dict | None:

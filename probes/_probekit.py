@@ -103,7 +103,11 @@ def run_scenario(sc: Scenario) -> dict[str, Any]:
         sc.run(observed)
     except Exception as exc:  # one scenario's failure must not stop the others
         error = describe_error(exc)
-    return {"title": sc.title, "observed": _plain(observed), "error": error}
+    try:
+        plain = _plain(observed)
+    except TypeError as exc:
+        plain, error = {}, describe_error(exc)
+    return {"title": sc.title, "observed": plain, "error": error}
 
 
 def _plain(value: Any) -> Any:

@@ -1,0 +1,126 @@
+"""Builders for a small synthetic project: a registry, results and receipts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+BASE_SHA = "a" * 40
+HEAD_SHA = "b" * 40
+
+REGISTRY = f"""
+python = "3.12"
+constraints = "constraints/cells.txt"
+release_floor = "1.0.0"
+
+[experiments.demo]
+pr = 1
+title = "Rejected requests are retired at the door"
+probe = "probes/probe_demo.py"
+
+[experiments.demo.git]
+base = "{BASE_SHA}"
+head = "{HEAD_SHA}"
+
+[experiments.demo.releases]
+base = "1.0.0"
+head = "1.1.0"
+
+[experiments.demo.expect.D1]
+changes = true
+base = {{ enqueued = true, retired = false }}
+head = {{ enqueued = false, retired = true }}
+
+[experiments.demo.expect.D2]
+changes = false
+keys = {{ enqueued = true }}
+"""
+
+# What each side observes when the fix is there: D1 changes, D2 is a control.
+OBSERVED = {
+    "base": {"D1": {"enqueued": True, "retired": False}, "D2": {"enqueued": True}},
+    "head": {"D1": {"enqueued": False, "retired": True}, "D2": {"enqueued": True}},
+}
+
+
+def make_project(root: Path, registry: str = REGISTRY) -> Path:
+    (root / "probes").mkdir(parents=True, exist_ok=True)
+    (root / "constraints").mkdir(exist_ok=True)
+    (root / "results").mkdir(exist_ok=True)
+    (root / "experiments.toml").write_text(registry)
+    (root / "constraints" / "cells.txt").write_text("")
+    (root / "probes" / "probe_demo.py").write_text("print('demo probe')\n")
+    return root
+
+
+def result_doc(side: str, version: str, observed: dict | None = None, errors: dict | None = None) -> dict:
+    observed = observed or OBSERVED[side]
+    return {
+        "schema": "pd-differential-probe/1",
+        "experiment": "demo",
+        "side": side,
+        "tree": {"kind": "release", "ref": version, "resolved": version},
+        "scenarios": {
+            sid: {"title": sid, "observed": obs, "error": (errors or {}).get(sid)} for sid, obs in observed.items()
+        },
+    }
+
+
+def receipt_doc(torch: str = "2.14.1+cpu", packages: dict | None = None) -> dict:
+    return {
+        "python": {"version": "3.12.3"},
+        "torch": {"build": torch},
+        "constraints": {"sha256": "c" * 64},
+        "probe": {"sha256": "d" * 64},
+        "packages": packages or {"torch": "2.14.1", "transformers": "5.12.1"},
+    }
+
+
+def write_cell(directory: Path, side: str, doc: dict | None = None, receipt: dict | None = None) -> Path:
+    version = {"base": "1.0.0", "head": "1.1.0"}[side]
+    path = directory / f"demo.{side}.release-{version}.json"
+    directory.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc or result_doc(side, version), sort_keys=True, indent=2) + "\n")
+    path.with_name(path.name.removesuffix(".json") + ".receipt.json").write_text(
+        json.dumps(receipt or receipt_doc(), sort_keys=True))
+    return path
+
+
+def wheel_bytes(version: str, module_source: str, project: str = "sglang") -> bytes:
+    """A minimal installable pure-Python wheel of ``project`` with ``module_source`` as its __init__."""
+    import base64
+    import hashlib
+    import io
+    import zipfile
+
+    dist = f"{project}-{version}.dist-info"
+    files = {
+        f"{project}/__init__.py": module_source.encode(),
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {project}\nVersion: {version}\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    record.append(f"{dist}/RECORD,,")
+    files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in files.items():
+            info = zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0))
+            zf.writestr(info, data)
+    return buf.getvalue()
+
+
+def serve_index(server, wheels: dict[str, bytes], project: str = "sglang") -> str:
+    """Serve ``{filename: bytes}`` as a PEP 691 JSON simple index; return the index URL."""
+    import hashlib
+
+    files = []
+    for filename, data in wheels.items():
+        url = server.serve(f"/files/{filename}", data)
+        files.append({"filename": filename, "url": url, "hashes": {"sha256": hashlib.sha256(data).hexdigest()}})
+    server.serve(f"/simple/{project}/", json.dumps({"files": files}).encode(),
+                 content_type="application/vnd.pypi.simple.v1+json")
+    return server.url("/simple")

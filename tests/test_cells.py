@@ -1,0 +1,201 @@
+"""Cells end to end on a fixture experiment whose "SGLang" is a fixture package.
+
+The cell machinery is real: uv environments, the probe subprocess, results,
+receipts, the cell cache, nox sessions. Only SGLang is a stand-in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from pdevidence import cells, errors, registry, results
+from pdevidence.fetch import sha256_file
+from pdevidence.paths import PROJECT
+from synthetic import serve_index, wheel_bytes
+
+PY = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+REGISTRY = f"""
+python = "{PY}"
+constraints = "constraints/cells.txt"
+release_floor = "1.0.0"
+
+[experiments.demo]
+pr = 1
+title = "Rejected requests are retired at the door"
+probe = "probes/probe_demo.py"
+
+[experiments.demo.git]
+base = "{"a" * 40}"
+head = "{"b" * 40}"
+
+[experiments.demo.releases]
+base = "1.0.0"
+head = "1.1.0"
+
+[experiments.demo.expect.D1]
+changes = true
+base = {{ retired = false }}
+head = {{ retired = true }}
+
+[experiments.demo.expect.D2]
+changes = false
+keys = {{ admitted = true }}
+"""
+
+PROBE = '''
+"""Demo probe: reads the fixture sglang's behaviour through the real probe kit."""
+import os
+import time
+
+from _probekit import ScenarioSet, main
+
+demo = ScenarioSet("demo")
+mode = os.environ.get("DEMO_PROBE_MODE", "")
+
+
+def prepare():
+    import sglang
+    if mode == "hang":
+        time.sleep(60)
+    if mode == "crash":
+        raise SystemExit("probe crashed on purpose")
+    return sglang.__version__
+
+
+@demo.scenario("D1", "rejected request at the door")
+def d1(obs):
+    import sglang
+    obs["retired"] = sglang.RETIRES_REJECTED
+
+
+@demo.scenario("D2", "valid request")
+def d2(obs):
+    obs["admitted"] = True
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(demo, prepare))
+'''
+
+
+@pytest.fixture
+def demo_project(tmp_path, http_server, monkeypatch):
+    root = tmp_path / "project"
+    (root / "probes").mkdir(parents=True)
+    (root / "constraints").mkdir()
+    (root / "experiments.toml").write_text(REGISTRY)
+    (root / "constraints" / "cells.txt").write_text("")
+    shutil.copy(PROJECT / "probes" / "_probekit.py", root / "probes")
+    shutil.copy(PROJECT / "noxfile.py", root / "noxfile.py")
+    (root / "probes" / "probe_demo.py").write_text(PROBE)
+    index = serve_index(http_server, {
+        f"sglang-{v}-py3-none-any.whl": wheel_bytes(v, f"__version__ = {v!r}\nRETIRES_REJECTED = {fixed}\n")
+        for v, fixed in (("1.0.0", False), ("1.1.0", True))
+    })
+    for name, value in {"PDEVIDENCE_INDEX_URL": index, "PDEVIDENCE_CACHE": str(tmp_path / "cache"),
+                        "PDEVIDENCE_TORCH": "pypi", "PDEVIDENCE_WORK": str(root / ".cells"),
+                        "PDEVIDENCE_RUNS": str(root / "runs")}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(cells, "_torch_choice", None)
+    return root
+
+
+def run_cell(root, side="base", **kw):
+    reg = registry.load(root)
+    return cells.run_cell(reg, cells.Cell("demo", side, "release"), log=lambda msg: None, **kw)
+
+
+def test_a_release_cell_writes_a_result_and_a_receipt(demo_project):
+    outcome = run_cell(demo_project, "head")
+    assert outcome.result.name == "demo.head.release-1.1.0.json"
+    doc = results.load(outcome.result, experiment="demo", side="head")
+    assert doc["tree"] == {"kind": "release", "ref": "1.1.0", "resolved": "1.1.0"}
+    assert doc["scenarios"]["D1"]["observed"] == {"retired": True}
+    receipt = json.loads(outcome.receipt.read_text())
+    assert receipt["tree"]["source"] == "pypi" and len(receipt["tree"]["sha256"]) == 64
+    assert receipt["packages"]["sglang"] == "1.1.0"
+    assert receipt["python"]["version"].startswith(PY)
+    assert receipt["torch"]["channel"] == "pypi"
+    assert receipt["result"]["sha256"] == sha256_file(outcome.result)
+    assert receipt["exit_status"] == 0 and receipt["duration_s"] >= 0
+    assert any("probe_demo.py" in part for part in receipt["commands"][-1])
+
+
+def test_an_unchanged_cell_is_reused_and_a_changed_probe_reruns_it(demo_project):
+    first = run_cell(demo_project)
+    assert not first.reused
+    assert run_cell(demo_project).reused
+    assert not run_cell(demo_project, force=True).reused
+    probe = demo_project / "probes" / "probe_demo.py"
+    probe.write_text(probe.read_text() + "\n# changed\n")
+    assert not run_cell(demo_project).reused
+
+
+def test_a_hanging_probe_is_killed_and_leaves_no_result(demo_project, monkeypatch):
+    monkeypatch.setenv("DEMO_PROBE_MODE", "hang")
+    monkeypatch.setenv("PDEVIDENCE_PROBE_TIMEOUT", "3")
+    with pytest.raises(errors.HarnessError, match="did not finish within 3 s") as err:
+        run_cell(demo_project)
+    assert err.value.code == errors.ENVIRONMENT
+    assert not list((demo_project / "runs").glob("*.json"))
+    assert not list((demo_project / "runs").glob(".*"))
+
+
+def test_a_crashing_probe_fails_the_cell_with_its_stderr(demo_project, monkeypatch):
+    run_cell(demo_project)
+    monkeypatch.setenv("DEMO_PROBE_MODE", "crash")
+    with pytest.raises(errors.HarnessError, match="probe crashed on purpose"):
+        run_cell(demo_project, force=True)
+    # The earlier result is gone too: a failed rerun must not leave a stale one behind.
+    assert not list((demo_project / "runs").glob("*.json"))
+
+
+def test_two_runs_of_one_cell_at_once_share_the_work_safely(demo_project):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = list(pool.map(lambda _: run_cell(demo_project), range(2)))
+    assert sorted(o.reused for o in outcomes) == [False, True]
+    results.load(outcomes[0].result, experiment="demo", side="base")
+
+
+def nox(root, *args):
+    env = {**os.environ, "PYTHONPATH": str(PROJECT)}
+    return subprocess.run([sys.executable, "-m", "nox", "-f", str(root / "noxfile.py"), *args],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_nox_lists_cells_by_experiment_and_side(demo_project):
+    listed = json.loads(nox(demo_project, "--list", "--json").stdout)
+    names = {s["session"] for s in listed}
+    assert {"probe(demo, base)", "probe(demo, head)", "release(demo, base)", "release(demo, head)"} <= names
+
+
+def test_the_main_session_runs_the_matrix_and_confirms_the_differential(demo_project):
+    done = nox(demo_project, "-s", "matrix")
+    assert done.returncode == errors.CONFIRMED, done.stdout + done.stderr
+    assert "DIFFERENTIAL CONFIRMED" in done.stdout
+    report = json.loads((demo_project / "results" / "report.json").read_text())
+    assert report["pairs"][0]["grid"]["D1"]["status"] == "changed"
+
+
+def test_unknown_experiment_in_a_cell_is_a_usage_error(demo_project):
+    from pdevidence import cli
+
+    assert cli.main(["--root", str(demo_project), "cell", "release", "nope", "base"]) == errors.USAGE
+    assert cli.main(["--root", str(demo_project), "cell", "release", "demo", "middle"]) == errors.USAGE
+
+
+def test_a_git_cell_without_github_points_to_the_ways_out(demo_project, monkeypatch, unreachable_url):
+    monkeypatch.setenv("PDEVIDENCE_GIT_ARCHIVE_URL", unreachable_url + "/{sha}.tar.gz")
+    reg = registry.load(demo_project)
+    with pytest.raises(errors.HarnessError, match="SGLANG_REPO") as err:
+        cells.run_cell(reg, cells.Cell("demo", "base", "git"), log=lambda msg: None)
+    assert "release" in str(err.value) and err.value.code == errors.ENVIRONMENT

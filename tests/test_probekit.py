@@ -1,0 +1,129 @@
+"""The probes' shared machinery, without SGLang."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import sys
+
+import pytest
+
+from pdevidence.paths import PROJECT as ROOT
+
+
+@pytest.fixture
+def kit(monkeypatch):
+    # block_network patches the socket module; restore it after each test.
+    for name in ("connect", "connect_ex"):
+        monkeypatch.setattr(socket.socket, name, getattr(socket.socket, name))
+    monkeypatch.setattr(socket, "create_connection", socket.create_connection)
+    spec = importlib.util.spec_from_file_location("_probekit_under_test", ROOT / "probes" / "_probekit.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_set(kit):
+    demo = kit.ScenarioSet("demo")
+
+    @demo.scenario("S2", "records a value")
+    def _(obs):
+        obs["enqueued"] = True
+        obs["count"] = 2
+
+    @demo.scenario("S1", "fails half-way")
+    def _(obs):
+        obs["before"] = 1
+        raise AttributeError("'Req' object at 0x7f3a2b has no attribute 'kv' (/home/me/venv/lib/sglang/x.py)")
+
+    return demo
+
+
+def test_a_failing_scenario_is_recorded_and_the_others_still_run(kit):
+    doc = kit.build_document(make_set(kit), "base", {"kind": "release", "ref": "1", "resolved": "1"})
+    assert doc["scenarios"]["S2"] == {"title": "records a value", "observed": {"enqueued": True, "count": 2},
+                                      "error": None}
+    failed = doc["scenarios"]["S1"]
+    assert failed["observed"] == {"before": 1}
+    assert failed["error"]["type"] == "AttributeError"
+
+
+def test_error_messages_carry_no_object_ids_or_directories(kit):
+    doc = kit.build_document(make_set(kit), "base", {"kind": "path", "ref": "x", "resolved": "x"})
+    message = doc["scenarios"]["S1"]["error"]["message"]
+    assert "0x7f3a2b" not in message and "/home/me" not in message
+    assert "0x?" in message and "x.py" in message
+
+
+def test_output_is_byte_identical_across_runs_and_sorted(kit):
+    tree = {"kind": "release", "ref": "1", "resolved": "1"}
+    first = kit.dumps(kit.build_document(make_set(kit), "head", tree))
+    second = kit.dumps(kit.build_document(make_set(kit), "head", tree))
+    assert first == second
+    assert list(json.loads(first)) == sorted(json.loads(first))
+    assert first.endswith("\n")
+
+
+def test_observations_must_be_json_scalars(kit):
+    bad = kit.ScenarioSet("demo")
+
+    @bad.scenario("S1", "records an object")
+    def _(obs):
+        obs["queue"] = object()
+
+    doc = kit.build_document(bad, "base", {"kind": "path", "ref": "x", "resolved": "x"})
+    # A probe bug must not crash the run: it becomes that scenario's error.
+    assert doc["scenarios"]["S1"]["observed"] == {}
+    assert doc["scenarios"]["S1"]["error"]["type"] == "TypeError"
+
+
+def test_duplicate_scenario_ids_are_refused(kit):
+    demo = kit.ScenarioSet("demo")
+    demo.scenario("S1", "one")(lambda obs: None)
+    with pytest.raises(ValueError, match="duplicate"):
+        demo.scenario("S1", "two")(lambda obs: None)
+
+
+def test_recorder_keeps_arguments_and_can_fail_after_recording(kit):
+    sender = kit.Recorder("sender.abort", raises=RuntimeError("transport down"))
+    with pytest.raises(RuntimeError):
+        sender(7, is_insert=False)
+    assert sender.count == 1
+    assert sender.arg("is_insert") is False
+    assert sender.arg("index", position=0) == 7
+
+
+def test_network_is_blocked_loudly(kit):
+    kit.block_network()
+    with pytest.raises(kit.NetworkBlocked, match="127.0.0.1"):
+        socket.create_connection(("127.0.0.1", 9))
+
+
+def test_main_writes_the_document_atomically(kit, tmp_path, monkeypatch):
+    monkeypatch.setattr(kit, "block_network", lambda: None)
+    out = tmp_path / "r.json"
+    code = kit.main(make_set(kit), lambda: "9.9.9", ["--side", "head", "--tree-kind", "release", "--out", str(out)])
+    assert code == kit.EXIT_OK
+    doc = json.loads(out.read_text())
+    assert doc["tree"] == {"kind": "release", "ref": "9.9.9", "resolved": "9.9.9"}
+    assert doc["sglang_version"] == "9.9.9"
+    assert list(tmp_path.iterdir()) == [out]
+
+
+def test_main_cannot_run_when_sglang_does_not_import(kit, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(kit, "block_network", lambda: None)
+
+    def broken():
+        raise ImportError("No module named 'sglang'")
+
+    out = tmp_path / "r.json"
+    assert kit.main(make_set(kit), broken, ["--out", str(out)]) == kit.EXIT_CANNOT_RUN
+    assert not out.exists()
+    assert "No module named 'sglang'" in capsys.readouterr().err
+
+
+def test_bad_arguments_are_a_usage_error(kit, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["probe"])
+    assert kit.main(make_set(kit), lambda: "1", ["--tree-kind", "svn"]) == kit.EXIT_USAGE
