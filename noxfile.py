@@ -19,6 +19,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from pdevidence import cli, registry  # noqa: E402
 
 nox.options.default_venv_backend = "none"
+# Bare `nox` runs the main job; `nox -l` still lists every cell.
+nox.options.sessions = ["matrix"]
 
 ROOT = Path(__file__).parent
 REGISTRY = registry.load(ROOT)
@@ -79,3 +81,17 @@ def checksums(session: nox.Session) -> None:
 def publish(session: nox.Session) -> None:
     """Copy fresh release results into results/ and regenerate SHA256SUMS.txt."""
     _run("publish", *session.posargs)
+
+
+@nox.session
+@nox.parametrize("experiment", list(REGISTRY.experiments), ids=list(REGISTRY.experiments))
+def sweep(session: nox.Session, experiment: str) -> None:
+    """Probe every SGLang release from the registry floor up; name the first fixed one."""
+    _run("sweep", experiment, *session.posargs)
+
+
+@nox.session(tags=["drift"])
+@nox.parametrize(("experiment", "side"), CELLS, ids=CELL_IDS)
+def drift(session: nox.Session, experiment: str, side: str) -> None:
+    """A release cell on the newest torch (`-- --transformers latest` moves it too); advisory."""
+    _run("drift", experiment, side, *session.posargs)

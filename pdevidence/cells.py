@@ -73,12 +73,12 @@ def resolve_tree(registry: Registry, cell: Cell) -> trees.Tree:
     return trees.path_tree(Path(directory))
 
 
-def cache_key(registry: Registry, probe: Path, tree: trees.Tree, torch_channel: str) -> str:
+def cache_key(registry: Registry, probe: Path, tree: trees.Tree, torch_channel: str, constraints: Path) -> str:
     """Everything that can change a cell's result; equal keys mean the stored run stands."""
     kit = probe.parent / "_probekit.py"
     parts = {
         "tree": [tree.kind, tree.resolved, tree.digest],
-        "constraints": sha256_file(registry.constraints),
+        "constraints": sha256_file(constraints),
         "probe": sha256_file(probe),
         "probekit": sha256_file(kit) if kit.exists() else None,
         "python": registry.python,
@@ -110,17 +110,21 @@ def torch_choice() -> environments.TorchChoice:
 
 
 def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Path | None = None,
-             log=print) -> CellOutcome:
+             constraints: Path | None = None, log=print) -> CellOutcome:
+    """Run one cell; ``constraints`` replaces the registry's closure (the drift lane's newer pins)."""
     exp = registry.experiment(cell.experiment)
     if not exp.probe.exists():
         raise usage(f"the probe of {cell.experiment} is missing: {exp.probe}")
     tree = resolve_tree(registry, cell)
     torch = torch_choice()
-    key = cache_key(registry, exp.probe, tree, torch.channel)
+    constraints = constraints or registry.constraints
+    key = cache_key(registry, exp.probe, tree, torch.channel, constraints)
     out = out_dir or runs_dir(registry.root)
     result = out / results.result_name(cell.experiment, cell.side, tree.label())
     work = work_dir(registry.root)
     slug = f"{cell.experiment}.{cell.side}.{tree.label()}"
+    if constraints != registry.constraints:
+        slug += f".{sha256_file(constraints)[:8]}"
     with exclusive(work / "locks" / f"{slug}.lock", f"cell {cell.name}"):
         if not force and cell.kind != "path" and _stored_run(result, key):
             log(f"{cell.name}: inputs unchanged, reusing {result.name} (use --force to rerun)")
@@ -129,7 +133,7 @@ def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Pa
         result.unlink(missing_ok=True)
         results.receipt_path(result).unlink(missing_ok=True)
         started = receipts.now()
-        env = environments.ensure(work / "envs" / slug, registry.python, registry.constraints, tree, torch)
+        env = environments.ensure(work / "envs" / slug, registry.python, constraints, tree, torch)
         log(f"{cell.name}: {'reusing' if env.reused else 'built'} environment {env.path}")
         args = ["--side", cell.side, "--tree-kind", tree.kind, "--tree-ref", tree.ref,
                 "--tree-resolved", tree.resolved]
@@ -138,7 +142,7 @@ def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Pa
                         experiment=cell.experiment, side=cell.side)
         receipt = receipts.build(
             cell=cell.name, experiment=cell.experiment, side=cell.side, tree=tree, env=env,
-            project=registry.root, constraints=registry.constraints, probe=exp.probe, result=result,
+            project=registry.root, constraints=constraints, probe=exp.probe, result=result,
             commands=[*env.commands, run.command], started=started, finished=receipts.now(),
             exit_status=run.exit_status, cache_key=key,
         )

@@ -11,9 +11,10 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import cells, compare, integrity, registry, report
-from .errors import CONFIRMED, EXIT_CODES, HarnessError, worst
-from .paths import PROJECT, results_dir, runs_dir
+from . import cells, compare, drift, integrity, registry, report, sweep
+from .errors import BEHAVIOUR_DIFFERS, CONFIRMED, EXIT_CODES, HarnessError, worst
+from .paths import PROJECT, results_dir, runs_dir, work_dir
+from .results import dumps, write_atomic
 
 
 def run_cells(reg: registry.Registry, todo: list[cells.Cell], *, jobs: int = 1, force: bool = False) -> int:
@@ -79,6 +80,32 @@ def cmd_publish(args) -> int:
     return CONFIRMED
 
 
+def cmd_sweep(args) -> int:
+    reg = registry.load(args.root)
+    outcomes = sweep.sweep(reg, args.experiment, published=results_dir(reg.root),
+                           out_dir=runs_dir(reg.root) / "sweep", versions=args.versions or None, jobs=args.jobs)
+    out = runs_dir(reg.root) / f"sweep-{args.experiment}.json"
+    write_atomic(out, dumps(sweep.document(args.experiment, outcomes)))
+    print(sweep.table(args.experiment, outcomes, reg.experiment(args.experiment).releases))
+    print(f"wrote {out}")
+    return CONFIRMED if sweep.first_fixed(outcomes) else BEHAVIOUR_DIFFERS
+
+
+def cmd_drift(args) -> int:
+    reg = registry.load(args.root)
+    registry.check_side(args.side)
+    pins = {"torch": args.torch, "torchvision": args.torchvision}
+    if args.transformers:
+        pins["transformers"] = args.transformers
+    found = drift.run(reg, args.experiment, args.side, pins, published=results_dir(reg.root),
+                      work=work_dir(reg.root), log=print)
+    out = runs_dir(reg.root) / "drift" / f"{args.experiment}.{args.side}.drift.json"
+    write_atomic(out, dumps(drift.document(found)))
+    print(drift.summary(found))
+    print(f"wrote {out}")
+    return CONFIRMED  # advisory: a change is reported, never a failure
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pdevidence", description=__doc__,
                                 epilog="exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()))
@@ -105,6 +132,20 @@ def parser() -> argparse.ArgumentParser:
 
     sub.add_parser("verify", help="check SHA256SUMS.txt").set_defaults(func=cmd_verify)
     sub.add_parser("checksums", help="regenerate SHA256SUMS.txt").set_defaults(func=cmd_checksums)
+
+    sw = sub.add_parser("sweep", help="run an experiment's probe on every release and classify each")
+    sw.add_argument("experiment")
+    sw.add_argument("versions", nargs="*", help="releases to probe (default: the registry floor up to the newest)")
+    sw.add_argument("--jobs", type=int, default=2)
+    sw.set_defaults(func=cmd_sweep)
+
+    dr = sub.add_parser("drift", help="rerun a release cell on newer torch/transformers; advisory")
+    dr.add_argument("experiment")
+    dr.add_argument("side")
+    dr.add_argument("--torch", default=drift.LATEST, help="torch version (default: the newest on PyPI)")
+    dr.add_argument("--torchvision", default=drift.LATEST)
+    dr.add_argument("--transformers", help="also move transformers (a version, or 'latest')")
+    dr.set_defaults(func=cmd_drift)
 
     pub = sub.add_parser("publish", help="copy fresh results of a kind into results/ and update SHA256SUMS.txt")
     pub.add_argument("--kind", default="release", choices=["release", "git"])

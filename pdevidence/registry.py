@@ -57,6 +57,7 @@ class Registry:
     root: Path
     python: str
     constraints: Path
+    constraints_input: Path | None
     release_floor: str
     experiments: dict[str, Experiment]
 
@@ -112,6 +113,7 @@ def _parse(root: Path, data: dict) -> Registry:
         root=root,
         python=_require(data, "python", str, "registry"),
         constraints=root / _require(data, "constraints", str, "registry"),
+        constraints_input=root / data["constraints_input"] if "constraints_input" in data else None,
         release_floor=_require(data, "release_floor", str, "registry"),
         experiments=experiments,
     )

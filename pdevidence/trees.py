@@ -122,12 +122,17 @@ def _git_tree_from_github(sha: str, dest: Path, lock: LockFile) -> Tree:
         )
         archive = cache_dir() / "archives" / f"{digest}.tar.gz"
         os.replace(tmp, archive)
-        if entry is None:
-            lock.record("git", sha, {"sha256": digest, "url": url})
     digest = fetch.sha256_file(archive)
     _check_pinned(lock, "git", sha, digest, f"the archive of {sha[:12]}", archive.unlink)
     info = {"source": "github", "origin": url, "sha256": digest}
-    _materialize(dest, info, lambda target: fetch.extract_tar(archive, target))
+    try:
+        _materialize(dest, info, lambda target: fetch.extract_tar(archive, target))
+    except HarnessError:
+        archive.unlink(missing_ok=True)
+        raise
+    # Pinned only once it extracted: a truncated first download must not become the reference.
+    if entry is None:
+        lock.record("git", sha, {"sha256": digest, "url": url})
     return _git_tree(sha, dest, info)
 
 

@@ -173,7 +173,7 @@ def nox(root, *args):
 
 
 def test_nox_lists_cells_by_experiment_and_side(demo_project):
-    listed = json.loads(nox(demo_project, "--list", "--json").stdout)
+    listed = json.loads(nox(demo_project, "--list", "--json", "-t", "cell").stdout)
     names = {s["session"] for s in listed}
     assert {"probe(demo, base)", "probe(demo, head)", "release(demo, base)", "release(demo, head)"} <= names
 

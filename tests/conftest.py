@@ -1,0 +1,179 @@
+"""Shared fixtures: a local HTTP server, an unreachable URL, and a tarball builder.
+
+Nothing here touches the network beyond 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import tarfile
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+
+@dataclass
+class Route:
+    """What the server answers for one path.
+
+    ``truncate_to`` sends only that many bytes of ``body`` while still announcing
+    all of it (Content-Length, or the chunk size when ``chunked``), then closes
+    the connection: a transfer cut short.
+    """
+
+    body: bytes
+    status: int = 200
+    content_type: str = "application/octet-stream"
+    chunked: bool = False
+    truncate_to: int | None = None
+    delay: float = 0.0  # seconds to wait before answering
+
+
+class LocalHTTPServer:
+    """``routes`` maps a path (``/a/b``) to bytes or a ``Route``; anything else is a 404."""
+
+    def __init__(self) -> None:
+        self.routes: dict[str, bytes | Route] = {}
+        self.requests: list[str] = []
+        self._lock = threading.Lock()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever,
+                                        kwargs={"poll_interval": 0.02}, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def url(self, path: str) -> str:
+        return self.base_url + path
+
+    def serve(self, path: str, body: bytes, **options) -> str:
+        """Serve ``body`` at ``path`` (options as for ``Route``); return its URL."""
+        self.routes[path] = Route(body, **options)
+        return self.url(path)
+
+    def hits(self, path: str | None = None) -> int:
+        """How many requests arrived, for one path or in all."""
+        with self._lock:
+            return sum(1 for p in self.requests if path is None or p == path)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def _handler(self):
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # keep test output clean
+                pass
+
+            def do_HEAD(self) -> None:
+                self._answer(send_body=False)
+
+            def do_GET(self) -> None:
+                self._answer(send_body=True)
+
+            def _answer(self, send_body: bool) -> None:
+                path = self.path.split("?", 1)[0]
+                with server._lock:
+                    server.requests.append(path)
+                route = server.routes.get(path)
+                if route is None:
+                    route = Route(b"not found\n", status=404, content_type="text/plain")
+                elif isinstance(route, bytes):
+                    route = Route(route)
+                if route.delay:
+                    time.sleep(route.delay)
+                sent = route.body if route.truncate_to is None else route.body[: route.truncate_to]
+                self.close_connection = True
+                self.send_response(route.status)
+                self.send_header("Content-Type", route.content_type)
+                self.send_header("Connection", "close")
+                if route.chunked:
+                    self.send_header("Transfer-Encoding", "chunked")
+                else:
+                    self.send_header("Content-Length", str(len(route.body)))
+                self.end_headers()
+                if not send_body:
+                    return
+                if route.chunked:
+                    self.wfile.write(f"{len(route.body):x}\r\n".encode() + sent)
+                    if route.truncate_to is None:
+                        self.wfile.write(b"\r\n0\r\n\r\n")
+                else:
+                    self.wfile.write(sent)
+                self.wfile.flush()
+
+        return Handler
+
+
+@pytest.fixture
+def http_server():
+    """A ``LocalHTTPServer`` on 127.0.0.1, stopped after the test."""
+    server = LocalHTTPServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def unreachable_url() -> str:
+    """``http://127.0.0.1:<port>`` where nothing listens: connections are refused."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+TarEntry = tuple  # (kind, name, payload): kind file|dir|symlink|hardlink
+
+
+def build_tarball(entries: Mapping[str, bytes] | Iterable[TarEntry], *, gz: bool = True) -> bytes:
+    """A tar archive, in the order given.
+
+    ``entries`` is either ``{name: content}`` for plain files, or
+    ``(kind, name, payload)`` tuples where kind is ``file`` (payload: bytes),
+    ``dir``, ``symlink`` or ``hardlink`` (payload: the link target).
+    """
+    if isinstance(entries, Mapping):
+        entries = [("file", name, data) for name, data in entries.items()]
+    kinds = {"file": tarfile.REGTYPE, "dir": tarfile.DIRTYPE,
+             "symlink": tarfile.SYMTYPE, "hardlink": tarfile.LNKTYPE}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz" if gz else "w") as tar:
+        for kind, name, *payload in entries:
+            info = tarfile.TarInfo(name)
+            info.type = kinds[kind]
+            info.mtime = 1_700_000_000
+            info.mode = 0o755 if kind == "dir" else 0o644
+            data = None
+            if kind == "file":
+                content = payload[0] if payload else b""
+                info.size = len(content)
+                data = io.BytesIO(content)
+            elif kind in ("symlink", "hardlink"):
+                info.linkname = payload[0]
+            tar.addfile(info, data)
+    return buf.getvalue()
+
+
+@pytest.fixture
+def make_tarball():
+    """``build_tarball`` as a fixture: ``make_tarball({"top/a.txt": b"..."})`` -> bytes."""
+    return build_tarball

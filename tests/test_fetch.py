@@ -1,0 +1,240 @@
+"""fetch.download verifies before it publishes; fetch.extract_tar never writes outside its tree."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from pdevidence import errors, fetch
+from pdevidence.errors import HarnessError
+
+PAYLOAD = b"sglang source archive\n" * 1000
+PAYLOAD_SHA = hashlib.sha256(PAYLOAD).hexdigest()
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+
+
+# --- download ---------------------------------------------------------------------------------
+
+
+def test_download_writes_the_file_and_returns_its_sha256(http_server, tmp_path):
+    url = http_server.serve("/a.tar.gz", PAYLOAD)
+    dest = tmp_path / "dl" / "a.tar.gz"
+
+    digest = fetch.download(url, dest, expected_sha256=PAYLOAD_SHA)
+
+    assert digest == PAYLOAD_SHA
+    assert dest.read_bytes() == PAYLOAD
+    assert leftovers(dest.parent) == ["a.tar.gz"]  # no .part file beside it
+
+
+def test_download_without_an_expected_hash_still_reports_the_actual_one(http_server, tmp_path):
+    url = http_server.serve("/a.tar.gz", PAYLOAD)
+    assert fetch.download(url, tmp_path / "a.tar.gz") == PAYLOAD_SHA
+
+
+def test_download_with_the_wrong_sha256_is_an_integrity_error_and_leaves_nothing(http_server, tmp_path):
+    url = http_server.serve("/a.tar.gz", PAYLOAD)
+    dest = tmp_path / "dl" / "a.tar.gz"
+    wrong = "0" * 64
+
+    with pytest.raises(HarnessError) as caught:
+        fetch.download(url, dest, expected_sha256=wrong)
+
+    assert caught.value.code == errors.INTEGRITY
+    assert wrong in str(caught.value) and PAYLOAD_SHA in str(caught.value)
+    assert leftovers(dest.parent) == []
+
+
+def test_download_cut_short_of_its_content_length_is_an_error_and_leaves_nothing(http_server, tmp_path):
+    url = http_server.serve("/a.tar.gz", PAYLOAD, truncate_to=100)
+    dest = tmp_path / "dl" / "a.tar.gz"
+
+    with pytest.raises(HarnessError) as caught:
+        fetch.download(url, dest)
+
+    assert caught.value.code == errors.ENVIRONMENT
+    assert "truncated" in str(caught.value)
+    assert f"got 100 of {len(PAYLOAD)} bytes" in str(caught.value)
+    assert leftovers(dest.parent) == []
+
+
+def test_download_of_a_chunked_transfer_cut_short_is_an_error_and_leaves_nothing(http_server, tmp_path):
+    # GitHub's archive endpoint streams without a Content-Length; http.client raises
+    # IncompleteRead (not an OSError) when a chunk ends early.
+    url = http_server.serve("/a.tar.gz", PAYLOAD, chunked=True, truncate_to=100)
+    dest = tmp_path / "dl" / "a.tar.gz"
+
+    with pytest.raises(HarnessError) as caught:
+        fetch.download(url, dest)
+
+    assert caught.value.code == errors.ENVIRONMENT
+    assert leftovers(dest.parent) == []
+
+
+def test_download_of_a_complete_chunked_transfer_succeeds(http_server, tmp_path):
+    url = http_server.serve("/a.tar.gz", PAYLOAD, chunked=True)
+    assert fetch.download(url, tmp_path / "a.tar.gz", expected_sha256=PAYLOAD_SHA) == PAYLOAD_SHA
+
+
+def test_download_of_a_missing_file_is_an_error_with_the_todo(http_server, tmp_path):
+    dest = tmp_path / "dl" / "a.tar.gz"
+
+    with pytest.raises(HarnessError) as caught:
+        fetch.download(http_server.url("/nope"), dest, todo_unreachable="use the local clone")
+
+    assert "Not Found" in str(caught.value)
+    assert caught.value.todo == "use the local clone"
+    assert leftovers(dest.parent) == []
+
+
+def test_download_from_an_unreachable_url_names_it_and_passes_the_todo(unreachable_url, tmp_path):
+    dest = tmp_path / "dl" / "a.tar.gz"
+    url = unreachable_url + "/a.tar.gz"
+
+    with pytest.raises(HarnessError) as caught:
+        fetch.download(url, dest, what="sglang@abc", todo_unreachable="point SGLANG_REPO at a clone")
+
+    err = caught.value
+    assert err.code == errors.ENVIRONMENT
+    assert url in err.what and "sglang@abc" in err.what
+    assert err.todo == "point SGLANG_REPO at a clone"
+    assert "point SGLANG_REPO at a clone" in str(err)
+    assert leftovers(dest.parent) == []
+
+
+# --- extract_tar ------------------------------------------------------------------------------
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def test_extract_tar_strips_the_top_directory(make_tarball, tmp_path):
+    archive = write(tmp_path / "in" / "a.tar.gz", make_tarball({
+        "sglang-abc/python/pyproject.toml": b"[project]\nname = 'sglang'\n",
+        "sglang-abc/python/sglang/__init__.py": b"__version__ = '0'\n",
+        "sglang-abc/README.md": b"hi\n",
+    }))
+    dest = tmp_path / "trees" / "git-abc"
+    dest.parent.mkdir()
+
+    fetch.extract_tar(archive, dest)
+
+    assert (dest / "python" / "pyproject.toml").read_bytes() == b"[project]\nname = 'sglang'\n"
+    assert (dest / "python" / "sglang" / "__init__.py").exists()
+    assert (dest / "README.md").read_bytes() == b"hi\n"
+    assert not (dest / "sglang-abc").exists()
+    assert leftovers(dest.parent) == ["git-abc"]  # the staging directory is gone
+
+
+def test_extract_tar_without_strip_keeps_the_archive_layout(make_tarball, tmp_path):
+    archive = write(tmp_path / "a.tar", make_tarball({"top/a.txt": b"a"}, gz=False))
+    dest = tmp_path / "out"
+
+    fetch.extract_tar(archive, dest, strip_top=False)
+
+    assert (dest / "top" / "a.txt").read_bytes() == b"a"
+
+
+def test_extract_tar_keeps_symlinks_that_stay_inside_the_tree(make_tarball, tmp_path):
+    archive = write(tmp_path / "in" / "a.tar.gz", make_tarball([
+        ("file", "top/docs/real.md", b"doc"),
+        ("symlink", "top/docs/alias.md", "real.md"),
+        ("symlink", "top/link-to-docs", "docs"),
+    ]))
+    dest = tmp_path / "out"
+
+    fetch.extract_tar(archive, dest)
+
+    assert (dest / "docs" / "alias.md").is_symlink()
+    assert (dest / "docs" / "alias.md").read_bytes() == b"doc"
+    assert (dest / "link-to-docs" / "real.md").read_bytes() == b"doc"
+
+
+def test_extract_tar_refuses_an_existing_destination(make_tarball, tmp_path):
+    archive = write(tmp_path / "a.tar.gz", make_tarball({"top/a": b"a"}))
+    (tmp_path / "out").mkdir()
+    with pytest.raises(FileExistsError):
+        fetch.extract_tar(archive, tmp_path / "out")
+
+
+HOSTILE = {
+    "dot-dot member": [("file", "top/../../evil.txt", b"x")],
+    "absolute member": [("file", "top/a", b"a"), ("file", "/tmp/pdevidence-evil.txt", b"x")],
+    "symlink escaping": [("file", "top/a", b"a"), ("symlink", "top/link", "../../../etc")],
+    "absolute symlink": [("file", "top/a", b"a"), ("symlink", "top/link", "/etc/passwd")],
+    "hardlink escaping": [("file", "top/a", b"a"), ("hardlink", "top/h", "../victim.txt")],
+    "absolute hardlink": [("file", "top/a", b"a"), ("hardlink", "top/h", "/etc/passwd")],
+    # Each link looks inside on paper ("s/s/s/../../.." cancels out) but "s" is "." once
+    # extracted, so the real path climbs three levels: out of the tree, to tmp_path/victim.txt.
+    "hardlink through an in-archive symlink": [
+        ("symlink", "top/s", "."),
+        ("hardlink", "top/h", "top/s/s/s/../../../victim.txt"),
+        ("file", "top/h", b"overwritten"),
+    ],
+    "symlink through an in-archive symlink": [
+        ("symlink", "top/s", "."),
+        ("symlink", "top/l", "s/s/s/../../../victim.txt"),
+    ],
+    "hardlink to a member that does not exist": [("hardlink", "top/h", "top/missing")],
+}
+
+
+@pytest.mark.parametrize("entries", HOSTILE.values(), ids=HOSTILE.keys())
+def test_extract_tar_refuses_members_that_escape_the_tree(entries, make_tarball, tmp_path):
+    victim = write(tmp_path / "victim.txt", b"original")
+    archive = write(tmp_path / "in" / "a.tar.gz", make_tarball(entries))
+    dest = tmp_path / "trees" / "out"
+    dest.parent.mkdir()
+
+    with pytest.raises(HarnessError) as caught:
+        fetch.extract_tar(archive, dest)
+
+    assert caught.value.code == errors.INTEGRITY
+    assert "a.tar.gz" in str(caught.value)
+    assert not dest.exists()
+    assert leftovers(dest.parent) == []  # no staging directory left behind
+    assert victim.read_bytes() == b"original"
+    assert leftovers(tmp_path) == ["in", "trees", "victim.txt"]
+    assert not Path("/tmp/pdevidence-evil.txt").exists()
+
+
+@pytest.mark.parametrize("content", [
+    pytest.param(b"this is not a tar archive\n" * 20, id="not a tar"),
+    pytest.param(b"", id="empty file"),
+    pytest.param("cut", id="gzip cut in half"),
+])
+def test_extract_tar_refuses_a_corrupt_archive(content, make_tarball, tmp_path):
+    if content == "cut":
+        whole = make_tarball({f"top/{i}.txt": bytes([i]) * 5000 for i in range(20)})
+        content = whole[: len(whole) // 2]
+    archive = write(tmp_path / "in" / "a.tar.gz", content)
+    dest = tmp_path / "trees" / "out"
+    dest.parent.mkdir()
+
+    with pytest.raises(HarnessError) as caught:
+        fetch.extract_tar(archive, dest)
+
+    assert caught.value.code == errors.INTEGRITY
+    assert "not a readable tar archive" in str(caught.value)
+    assert not dest.exists()
+    assert leftovers(dest.parent) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to count open files")
+def test_failed_downloads_do_not_leak_file_descriptors(unreachable_url, tmp_path):
+    def open_fds() -> int:
+        return len(list(Path("/proc/self/fd").iterdir()))
+
+    before = open_fds()
+    for _ in range(5):
+        with pytest.raises(HarnessError):
+            fetch.download(unreachable_url + "/a", tmp_path / "a")
+    assert open_fds() == before

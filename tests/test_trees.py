@@ -1,0 +1,428 @@
+"""Tree sources: GitHub archives and PyPI wheels are pinned by the lock file; clones and paths are local."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import threading
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from pdevidence import errors, trees
+from pdevidence.errors import HarnessError
+from pdevidence.trees import LockFile
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+ARCHIVE_PATH = f"/sgl-project/sglang/tar.gz/{SHA}"
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch, unreachable_url) -> Path:
+    """A private cache; GitHub and PyPI point at a closed port unless a test serves them."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("PDEVIDENCE_CACHE", str(root))
+    monkeypatch.setenv("PDEVIDENCE_GIT_ARCHIVE_URL", unreachable_url + "/sgl-project/sglang/tar.gz/{sha}")
+    monkeypatch.setenv("PDEVIDENCE_INDEX_URL", unreachable_url + "/simple")
+    return root
+
+
+@pytest.fixture
+def lock(tmp_path) -> LockFile:
+    return LockFile(tmp_path / "constraints" / "trees.lock.json")
+
+
+def stray_files(*roots: Path) -> list[str]:
+    """Half-written downloads, extraction staging dirs and lock-file temporaries."""
+    found = []
+    for root in roots:
+        for p in root.rglob("*") if root.exists() else []:
+            if p.name.endswith((".part", ".extract", ".tmp")) or p.name.startswith("incoming-"):
+                found.append(str(p.relative_to(root)))
+    return found
+
+
+# --- git_tree from GitHub ---------------------------------------------------------------------
+
+
+def sglang_archive(make_tarball, sha: str = SHA, version: str = "1") -> bytes:
+    """What codeload.github.com serves: everything under one ``sglang-<sha>/`` directory."""
+    return make_tarball({
+        f"sglang-{sha}/python/pyproject.toml": b"[project]\nname = \"sglang\"\n",
+        f"sglang-{sha}/python/sglang/__init__.py": f"__version__ = {version!r}\n".encode(),
+        f"sglang-{sha}/test/srt/test_x.py": b"def test_x(): pass\n",
+    })
+
+
+@pytest.fixture
+def github(http_server, monkeypatch):
+    monkeypatch.setenv("PDEVIDENCE_GIT_ARCHIVE_URL", http_server.url("/sgl-project/sglang/tar.gz/{sha}"))
+    return http_server
+
+
+def test_first_fetch_extracts_the_tree_and_records_the_archive_hash(github, make_tarball, cache, lock):
+    archive = sglang_archive(make_tarball)
+    url = github.serve(ARCHIVE_PATH, archive)
+
+    tree = trees.git_tree(SHA, lock)
+
+    assert tree.kind == "git" and tree.resolved == SHA and tree.source == "github"
+    assert tree.origin == url
+    assert tree.digest == sha256(archive)
+    assert tree.install_target == cache / "trees" / f"git-{SHA}" / "python"
+    assert (tree.install_target / "sglang" / "__init__.py").read_text() == "__version__ = '1'\n"
+    assert (tree.repo_root / "test" / "srt" / "test_x.py").exists()
+    assert lock.get("git", SHA) == {"sha256": sha256(archive), "url": url}
+    assert (cache / "archives" / f"{sha256(archive)}.tar.gz").read_bytes() == archive
+    assert stray_files(cache, lock.path.parent) == []
+
+
+def test_second_fetch_reuses_the_cache_without_asking_the_server(github, make_tarball, lock):
+    github.serve(ARCHIVE_PATH, sglang_archive(make_tarball))
+    first = trees.git_tree(SHA, lock)
+
+    second = trees.git_tree(SHA, lock)
+
+    assert second == first
+    assert github.hits() == 1
+
+
+def test_download_not_matching_the_lock_file_is_refused_and_deleted(github, make_tarball, cache, lock):
+    archive = sglang_archive(make_tarball)
+    github.serve(ARCHIVE_PATH, archive)
+    pinned = "f" * 64
+    lock.record("git", SHA, {"sha256": pinned, "url": "https://example.invalid"})
+
+    with pytest.raises(HarnessError) as caught:
+        trees.git_tree(SHA, lock)
+
+    assert caught.value.code == errors.INTEGRITY
+    assert pinned in str(caught.value) and sha256(archive) in str(caught.value)
+    assert list((cache / "archives").iterdir()) == []  # the download was deleted
+    assert not (cache / "trees" / f"git-{SHA}").exists()
+    assert lock.get("git", SHA)["sha256"] == pinned  # the lock is not rewritten
+
+
+def test_archive_tampered_on_the_server_after_it_was_locked_is_refused(github, make_tarball, cache, lock):
+    github.serve(ARCHIVE_PATH, sglang_archive(make_tarball))
+    trees.git_tree(SHA, lock)
+    recorded = lock.get("git", SHA)
+    shutil.rmtree(cache)  # another machine: same lock file, empty cache
+    tampered = sglang_archive(make_tarball, version="evil")
+    github.serve(ARCHIVE_PATH, tampered)
+
+    with pytest.raises(HarnessError) as caught:
+        trees.git_tree(SHA, lock)
+
+    assert caught.value.code == errors.INTEGRITY
+    assert recorded["sha256"] in str(caught.value) and sha256(tampered) in str(caught.value)
+    assert list((cache / "archives").iterdir()) == []
+    assert not (cache / "trees" / f"git-{SHA}").exists()
+    assert lock.get("git", SHA) == recorded
+
+
+def test_cached_archive_corrupted_on_disk_is_deleted_then_refetched(github, make_tarball, cache, lock):
+    archive = sglang_archive(make_tarball)
+    github.serve(ARCHIVE_PATH, archive)
+    trees.git_tree(SHA, lock)
+    cached = cache / "archives" / f"{sha256(archive)}.tar.gz"
+    cached.write_bytes(b"bit rot")
+
+    with pytest.raises(HarnessError) as caught:
+        trees.git_tree(SHA, lock)
+    assert caught.value.code == errors.INTEGRITY
+    assert not cached.exists()
+
+    tree = trees.git_tree(SHA, lock)  # "run again to refetch"
+    assert tree.digest == sha256(archive)
+    assert cached.read_bytes() == archive
+    assert github.hits() == 2
+
+
+def test_unreachable_github_points_at_a_local_clone_and_the_release_cells(cache, lock):
+    with pytest.raises(HarnessError) as caught:
+        trees.git_tree(SHA, lock)
+
+    message = str(caught.value)
+    assert caught.value.code == errors.ENVIRONMENT
+    assert "SGLANG_REPO" in message
+    assert "release" in message and "nox -s matrix" in message
+    assert lock.get("git", SHA) is None
+    assert stray_files(cache) == []
+
+
+def test_archive_without_a_python_package_is_refused(github, make_tarball, lock):
+    github.serve(ARCHIVE_PATH, make_tarball({f"sglang-{SHA}/README.md": b"not sglang\n"}))
+
+    with pytest.raises(HarnessError, match="no python/ package directory"):
+        trees.git_tree(SHA, lock)
+
+
+def test_concurrent_fetches_of_one_commit_download_it_once(github, make_tarball, cache, lock, capfd):
+    archive = sglang_archive(make_tarball)
+    # Slow enough that the second caller arrives while the first holds the lock.
+    github.serve(ARCHIVE_PATH, archive, delay=0.3)
+    start = threading.Barrier(2)
+    results, failures = [], []
+
+    def fetch_tree():
+        start.wait()
+        try:
+            results.append(trees.git_tree(SHA, LockFile(lock.path)))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    workers = [threading.Thread(target=fetch_tree) for _ in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=20)
+
+    assert failures == []
+    assert "waiting: another process is using the cached tree" in capfd.readouterr().err  # they overlapped
+    assert len(results) == 2 and results[0] == results[1]
+    assert (results[0].install_target / "pyproject.toml").exists()
+    assert github.hits(ARCHIVE_PATH) == 1
+    assert lock.get("git", SHA)["sha256"] == sha256(archive)
+    assert os.listdir(cache / "trees") == [f"git-{SHA}"]
+    assert os.listdir(cache / "archives") == [f"{sha256(archive)}.tar.gz"]
+    assert stray_files(cache, lock.path.parent) == []
+
+
+# --- git_tree from a local clone --------------------------------------------------------------
+
+
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                           "-c", "init.defaultBranch=main", *args],
+                          capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+@pytest.fixture
+def clone(tmp_path, monkeypatch) -> SimpleNamespace:
+    """A repository with two commits: the second changes the package and adds a module."""
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    repo = tmp_path / "sglang"
+    package = repo / "python" / "sglang"
+    package.mkdir(parents=True)
+    (repo / "python" / "pyproject.toml").write_text('[project]\nname = "sglang"\n')
+    (package / "__init__.py").write_text("__version__ = 'one'\n")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "one")
+    first = git(repo, "rev-parse", "HEAD")
+    (package / "__init__.py").write_text("__version__ = 'two'\n")
+    (package / "only_in_two.py").write_text("")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "two")
+    return SimpleNamespace(path=repo, first=first, second=git(repo, "rev-parse", "HEAD"))
+
+
+def test_clone_materializes_the_requested_commit_not_the_checkout(clone, cache, lock):
+    tree = trees.git_tree(clone.first, lock, clone=clone.path)
+
+    assert tree.source == "clone" and tree.origin == str(clone.path) and tree.digest is None
+    assert tree.install_target == cache / "trees" / f"git-{clone.first}" / "python"
+    assert (tree.install_target / "sglang" / "__init__.py").read_text() == "__version__ = 'one'\n"
+    assert not (tree.install_target / "sglang" / "only_in_two.py").exists()
+    info = json.loads((tree.repo_root / trees.TREE_INFO).read_text())
+    assert info["git_tree"] == git(clone.path, "rev-parse", f"{clone.first}^{{tree}}")
+    assert not lock.path.exists()  # a clone is trusted as is; nothing to pin
+    assert os.listdir(cache / "trees") == [f"git-{clone.first}"]  # no temporary export left
+
+
+def test_clone_without_the_commit_says_to_git_fetch_it(clone, lock):
+    missing = "f" * 40
+
+    with pytest.raises(HarnessError) as caught:
+        trees.git_tree(missing, lock, clone=clone.path)
+
+    assert caught.value.code == errors.ENVIRONMENT
+    assert missing in str(caught.value)
+    assert "git fetch" in str(caught.value)
+
+
+def test_clone_that_is_not_a_git_checkout_is_a_usage_error(clone, tmp_path, lock):
+    plain = tmp_path / "not-a-repo"
+    plain.mkdir()
+
+    with pytest.raises(HarnessError) as caught:
+        trees.git_tree(clone.first, lock, clone=plain)
+
+    assert caught.value.code == errors.USAGE
+    assert "SGLANG_REPO" in str(caught.value)
+
+
+# --- release_tree from a package index --------------------------------------------------------
+
+WHEEL_NAME = "sglang-0.0.1-py3-none-any.whl"
+
+
+def build_wheel(version: str = "0.0.1", marker: str = "") -> bytes:
+    dist = f"sglang-{version}.dist-info"
+    files = {
+        "sglang/__init__.py": f"__version__ = {version!r}\n{marker}",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: pdevidence-tests\nRoot-Is-Purelib: true\n"
+                         "Tag: py3-none-any\n",
+    }
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(text.encode())}")
+    files[f"{dist}/RECORD"] = "\n".join(record + [f"{dist}/RECORD,,"]) + "\n"
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as whl:
+        for name, text in files.items():
+            whl.writestr(zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0)), text)
+    return buf.getvalue()
+
+
+WHEEL = build_wheel()
+
+
+@pytest.fixture
+def index(http_server, monkeypatch):
+    """A PEP 691 JSON simple index; ``publish`` lists one wheel in it."""
+    monkeypatch.setenv("PDEVIDENCE_INDEX_URL", http_server.url("/simple"))
+
+    def publish(wheel: bytes = WHEEL, *, listed_sha256: str | None = None, relative: bool = False):
+        http_server.serve(f"/files/{WHEEL_NAME}", wheel)
+        page = {
+            "meta": {"api-version": "1.0"},
+            "name": "sglang",
+            "files": [{
+                "filename": WHEEL_NAME,
+                "url": f"../../files/{WHEEL_NAME}" if relative else http_server.url(f"/files/{WHEEL_NAME}"),
+                "hashes": {"sha256": listed_sha256 or sha256(wheel)},
+            }],
+        }
+        http_server.serve("/simple/sglang/", json.dumps(page).encode(),
+                          content_type="application/vnd.pypi.simple.v1+json")
+
+    http_server.publish = publish
+    return http_server
+
+
+def test_release_downloads_the_wheel_caches_it_and_records_its_hash(index, cache, lock):
+    index.publish()
+
+    tree = trees.release_tree("0.0.1", "3.11", lock)
+
+    assert tree.kind == "release" and tree.resolved == "0.0.1" and tree.source == "pypi"
+    assert tree.install_target == cache / "wheels" / sha256(WHEEL) / WHEEL_NAME
+    assert tree.install_target.read_bytes() == WHEEL
+    assert tree.digest == sha256(WHEEL)
+    with zipfile.ZipFile(tree.install_target) as whl:
+        assert "__version__ = '0.0.1'" in whl.read("sglang/__init__.py").decode()
+    assert lock.get("release", "sglang==0.0.1") == {"filename": WHEEL_NAME, "sha256": sha256(WHEEL)}
+    assert stray_files(cache, lock.path.parent) == []
+
+
+def test_release_already_cached_does_not_ask_the_index(index, lock):
+    index.publish()
+    first = trees.release_tree("0.0.1", "3.11", lock)
+
+    assert trees.release_tree("0.0.1", "3.11", lock) == first
+    assert index.hits() == 2  # one index page, one wheel: from the first call only
+
+
+def test_release_index_with_a_relative_file_url_is_followed(index, cache, lock):
+    index.publish(relative=True)  # PEP 691 allows urls relative to the project page
+
+    tree = trees.release_tree("0.0.1", "3.11", lock)
+
+    assert tree.install_target.read_bytes() == WHEEL
+
+
+def test_release_wheel_not_matching_the_index_hash_is_refused(index, cache, lock):
+    listed = "e" * 64
+    index.publish(listed_sha256=listed)
+
+    with pytest.raises(HarnessError) as caught:
+        trees.release_tree("0.0.1", "3.11", lock)
+
+    assert caught.value.code == errors.INTEGRITY
+    assert listed in str(caught.value) and sha256(WHEEL) in str(caught.value)
+    assert lock.get("release", "sglang==0.0.1") is None
+    assert [p for p in (cache / "wheels").rglob("*") if p.is_file()] == []
+
+
+def test_release_index_hash_differing_from_the_lock_is_refused_before_download(index, cache, lock):
+    pinned = "d" * 64
+    lock.record("release", "sglang==0.0.1", {"filename": WHEEL_NAME, "sha256": pinned})
+    index.publish()
+
+    with pytest.raises(HarnessError) as caught:
+        trees.release_tree("0.0.1", "3.11", lock)
+
+    assert caught.value.code == errors.INTEGRITY
+    assert pinned in str(caught.value) and sha256(WHEEL) in str(caught.value)
+    assert index.hits(f"/files/{WHEEL_NAME}") == 0
+    assert lock.get("release", "sglang==0.0.1")["sha256"] == pinned
+
+
+def test_release_version_not_in_the_index_is_a_usage_error(index, lock):
+    index.publish()
+
+    with pytest.raises(HarnessError) as caught:
+        trees.release_tree("9.9.9", "3.11", lock)
+
+    assert caught.value.code == errors.USAGE
+    assert "sglang==9.9.9" in str(caught.value)
+
+
+def test_release_with_the_index_unreachable_is_an_environment_error(lock):
+    with pytest.raises(HarnessError) as caught:
+        trees.release_tree("0.0.1", "3.11", lock)
+
+    assert caught.value.code == errors.ENVIRONMENT
+    assert "PDEVIDENCE_INDEX_URL" in str(caught.value)
+
+
+# --- path_tree --------------------------------------------------------------------------------
+
+
+def test_path_tree_of_a_checkout_root_installs_its_python_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    root = tmp_path / "work"
+    (root / "python").mkdir(parents=True)
+    (root / "python" / "pyproject.toml").write_text('[project]\nname = "sglang"\n')
+
+    tree = trees.path_tree(root)
+
+    assert tree.kind == "path" and tree.source == "path" and tree.digest is None
+    assert tree.install_target == root.resolve() / "python"
+    assert tree.repo_root == root.resolve()
+    assert tree.resolved == "local"  # not a git work tree
+
+
+def test_path_tree_of_a_git_work_tree_is_labelled_by_head_and_dirtiness(clone):
+    assert trees.path_tree(clone.path).resolved == clone.second
+
+    (clone.path / "python" / "sglang" / "__init__.py").write_text("# work in progress\n")
+
+    assert trees.path_tree(clone.path).resolved == clone.second + "-dirty"
+
+
+def test_path_tree_of_a_directory_without_a_python_package_is_a_usage_error(tmp_path):
+    (tmp_path / "python").mkdir()  # python/ but no pyproject.toml or setup.py in it
+
+    with pytest.raises(HarnessError) as caught:
+        trees.path_tree(tmp_path)
+
+    assert caught.value.code == errors.USAGE
