@@ -37,6 +37,7 @@ VERDICT_CODES = {
     INTEGRITY_V: INTEGRITY,
 }
 MISSING = "<missing>"
+ABSENT = "absent"  # what a probe records for code that does not exist on a tree
 
 
 @dataclass
@@ -77,6 +78,20 @@ def expected_file(exp: Experiment, side: str, kind: str) -> str:
     return results.result_name(exp.name, side, label)
 
 
+def key_status(base: Any, head: Any) -> str:
+    """A value only one tree can have (a function that does not exist there) is absent, not a change."""
+    if same(base, head):
+        return "unchanged"
+    if any(isinstance(v, str) and v in (MISSING, ABSENT) for v in (base, head)):
+        return "absent"
+    return "changed"
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal as JSON: ``1`` and ``true`` are different observations."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
 def diff_observations(base: dict, head: dict) -> dict[str, dict[str, Any]]:
     """Scenario by scenario, key by key: unchanged, changed or absent on one side."""
     grid = {}
@@ -88,8 +103,7 @@ def diff_observations(base: dict, head: dict) -> dict[str, dict[str, Any]]:
             names |= set((sc or {}).get("observed", {}))
         for key in sorted(names):
             values = {s: (sc or {}).get("observed", {}).get(key, MISSING) for s, sc in sides.items()}
-            status = ("absent" if MISSING in values.values()
-                      else "unchanged" if values["base"] == values["head"] else "changed")
+            status = key_status(values["base"], values["head"])
             keys[key] = {**values, "status": status}
         errors = {s: (sc or {}).get("error") for s, sc in sides.items()}
         present = {s: sc is not None for s, sc in sides.items()}
@@ -125,7 +139,7 @@ def check_expectations(exp: Experiment, docs: dict[str, dict]) -> list[dict[str,
             wanted = expectation.base if side == "base" else expectation.head
             for key, value in sorted(wanted.items()):
                 got = sc["observed"].get(key, MISSING)
-                if got != value:
+                if not same(got, value):
                     failures.append({"scenario": sid, "side": side, "key": key,
                                      "expected": value, "observed": got})
     return failures
@@ -137,7 +151,7 @@ def _key_diffs(fresh: dict, published: dict, prefix: str = "") -> list[str]:
         a, b = fresh.get(key, MISSING), published.get(key, MISSING)
         if isinstance(a, dict) and isinstance(b, dict):
             diffs += _key_diffs(a, b, f"{prefix}{key}.")
-        elif a != b:
+        elif not same(a, b):
             diffs.append(f"{prefix}{key}: published {_show(b)}, now {_show(a)}")
     return diffs
 

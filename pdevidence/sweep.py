@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import cells, results, trees
-from .compare import expected_file
+from .compare import expected_file, same
 from .errors import INCOMPLETE, HarnessError
 from .registry import SIDES, Experiment, Registry
 
@@ -49,14 +49,15 @@ def signature(doc: dict, scenarios: list[str]) -> dict[str, dict]:
 def classify(doc: dict, base: dict, head: dict) -> ReleaseOutcome:
     """Compare ``doc`` with the references on the scenarios where base and head differ."""
     telling = [sid for sid in sorted(set(base["scenarios"]) | set(head["scenarios"]))
-               if base["scenarios"].get(sid, {}).get("observed") != head["scenarios"].get(sid, {}).get("observed")]
+               if not same(base["scenarios"].get(sid, {}).get("observed"), head["scenarios"].get(sid, {}).get("observed"))]
     got, was, now = signature(doc, telling), signature(base, telling), signature(head, telling)
     version = doc["tree"]["resolved"]
-    if got == was:
+    if same(got, was):
         return ReleaseOutcome(version, PRE_FIX)
-    if got == now:
+    if same(got, now):
         return ReleaseOutcome(version, FIXED)
-    return ReleaseOutcome(version, NEITHER, [sid for sid in telling if got[sid] not in (was[sid], now[sid])])
+    return ReleaseOutcome(version, NEITHER,
+                          [sid for sid in telling if not (same(got[sid], was[sid]) or same(got[sid], now[sid]))])
 
 
 def references(reg: Registry, exp: Experiment, published: Path) -> dict[str, dict]:

@@ -1,0 +1,70 @@
+"""The real thing: the release-backed matrix on SGLang from PyPI, then compare.
+
+Slow (a uv environment per cell, ~25 s of SGLang import per probe): runs with
+``--sglang``; CI runs it. It reruns only cells whose inputs changed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pdevidence import cli, errors
+from pdevidence.paths import PROJECT, results_dir
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture(scope="module")
+def matrix():
+    code = cli.main(["--root", str(PROJECT), "matrix", "--kind", "release"])
+    report = json.loads((results_dir(PROJECT) / "report.json").read_text())
+    return code, {pair["experiment"]: pair for pair in report["pairs"]}
+
+
+def observed(pair, scenario, side):
+    return {key: k[side] for key, k in pair["grid"][scenario]["keys"].items()}
+
+
+def test_both_experiments_confirm_the_published_differential(matrix):
+    code, pairs = matrix
+    assert {name: p["verdict"] for name, p in pairs.items()} == {
+        "admission": "differential confirmed", "prefill": "differential confirmed"}
+    assert code == errors.CONFIRMED
+    for pair in pairs.values():
+        assert {p["status"] for p in pair["published"].values()} == {"identical"}, pair["published"]
+
+
+def test_admission_rejected_requests_are_retired_at_both_doors_only_after_the_fix(matrix):
+    pair = matrix[1]["admission"]
+    a1b, a1h = observed(pair, "A1", "base"), observed(pair, "A1", "head")
+    assert (a1b["sender_created"], a1b["enqueued"], a1b["retired"]) == (True, True, False)
+    assert (a1h["sender_created"], a1h["enqueued"], a1h["retired"]) == (False, False, True)
+    assert a1h["abort_streamed"] == 1 and a1h["finished_status"] == 400
+    a2b, a2h = observed(pair, "A2", "base"), observed(pair, "A2", "head")
+    assert (a2b["receiver_created"], a2b["enqueued"]) == (True, True)
+    assert (a2h["receiver_created"], a2h["enqueued"], a2h["retired"]) == (False, False, True)
+
+
+def test_admission_controls_and_reentries_do_not_change(matrix):
+    pair = matrix[1]["admission"]
+    for scenario in ("A3p", "A3d", "A4", "A5", "A6p", "A6d", "A7r", "A7b", "A8"):
+        assert pair["grid"][scenario]["status"] == "unchanged", scenario
+        assert observed(pair, scenario, "head")["enqueued"] is True, scenario
+
+
+def test_prefill_aborted_results_are_retired_once_only_after_the_fix(matrix):
+    pair = matrix[1]["prefill"]
+    b1b, b1h = observed(pair, "B1", "base"), observed(pair, "B1", "head")
+    assert b1b["cached_unfinished"] and b1b["enqueued_inflight"] and not b1b["kv_released"]
+    assert not b1h["cached_unfinished"] and not b1h["enqueued_inflight"]
+    assert b1h["kv_released"] == 1 and b1h["release_inserts_prefix"] is False and b1h["abort_streamed"] == 1
+    b2b, b2h = observed(pair, "B2", "base"), observed(pair, "B2", "head")
+    assert b2b["requeued"] and not b2h["requeued"]
+    b4b, b4h = observed(pair, "B4", "base"), observed(pair, "B4", "head")
+    assert b4b["kv_chunk_sent"] and not b4h["kv_chunk_sent"]
+
+
+def test_prefill_normal_results_are_processed_the_same(matrix):
+    assert matrix[1]["prefill"]["grid"]["B9"]["status"] == "unchanged"

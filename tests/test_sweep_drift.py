@@ -1,0 +1,59 @@
+"""Release sweep classification and the drift lane's pin handling, on synthetic data."""
+
+from __future__ import annotations
+
+from pdevidence import drift, sweep
+from synthetic import result_doc
+
+BASE = result_doc("base", "1.0.0")
+HEAD = result_doc("head", "1.1.0")
+
+
+def release(version, d1):
+    doc = result_doc("sweep", version, {"D1": d1, "D2": {"enqueued": True}})
+    return doc
+
+
+def test_releases_are_classified_by_the_scenarios_that_tell_base_from_head():
+    assert sweep.classify(release("1.0.1", {"enqueued": True, "retired": False}), BASE, HEAD).classification \
+        == sweep.PRE_FIX
+    assert sweep.classify(release("1.2.0", {"enqueued": False, "retired": True}), BASE, HEAD).classification \
+        == sweep.FIXED
+    odd = sweep.classify(release("1.3.0", {"enqueued": True, "retired": True}), BASE, HEAD)
+    assert (odd.classification, odd.differing) == (sweep.NEITHER, ["D1"])
+
+
+def test_a_control_that_moves_does_not_decide_the_classification():
+    doc = release("1.2.0", {"enqueued": False, "retired": True})
+    doc["scenarios"]["D2"]["observed"] = {"enqueued": False}
+    assert sweep.classify(doc, BASE, HEAD).classification == sweep.FIXED
+
+
+def test_the_first_fixed_release_is_the_one_after_which_none_regresses():
+    outcomes = [sweep.ReleaseOutcome(v, c) for v, c in [
+        ("0.1", sweep.PRE_FIX), ("0.2", sweep.FIXED), ("0.3", sweep.PRE_FIX), ("0.4", sweep.FIXED),
+        ("0.5", sweep.FAILED), ("0.6", sweep.FIXED)]]
+    assert sweep.first_fixed(outcomes) == "0.4"
+    assert "first fixed release: 0.4" in sweep.table("demo", outcomes, {"head": "0.2"})
+    assert "the sweep says 0.4" in sweep.table("demo", outcomes, {"head": "0.2"})
+    assert sweep.first_fixed(outcomes[:1]) is None
+
+
+def test_releases_come_from_wheels_for_this_python_from_the_floor_up(monkeypatch):
+    monkeypatch.setattr(sweep.trees.platform, "machine", lambda: "x86_64")
+    files = [{"filename": f} for f in (
+        "sglang-0.5.9-cp312-cp312-manylinux_2_34_x86_64.whl",
+        "sglang-0.5.17-cp312-cp312-manylinux_2_34_x86_64.whl",
+        "sglang-0.5.17-cp312-cp312-manylinux_2_34_aarch64.whl",
+        "sglang-0.5.18-cp311-cp311-manylinux_2_34_x86_64.whl",
+        "sglang-0.5.20-cp312-cp312-manylinux_2_34_x86_64.whl",
+        "sglang-0.5.19.tar.gz",
+    )] + [{"filename": "sglang-0.5.21-cp312-cp312-manylinux_2_34_x86_64.whl", "yanked": "broken"}]
+    assert sweep.releases(files, "3.12", "0.5.10") == ["0.5.17", "0.5.20"]
+
+
+def test_drift_repins_only_the_named_packages():
+    source = "# header\ntorch==2.14.1\ntorchvision==0.29.1\ntransformers==5.12.1\nnumpy\n"
+    moved = drift.drift_inputs(source, {"torch": drift.LATEST, "torchvision": drift.LATEST,
+                                        "transformers": "5.19.0"})
+    assert moved == "# header\ntorch\ntorchvision\ntransformers==5.19.0\nnumpy\n"
