@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -95,3 +96,24 @@ def sweep(session: nox.Session, experiment: str) -> None:
 def drift(session: nox.Session, experiment: str, side: str) -> None:
     """A release cell on the newest torch (`-- --transformers latest` moves it too); advisory."""
     _run("drift", experiment, side, *session.posargs)
+
+
+def _upstream_kind(posargs: list[str]) -> tuple[str, list[str]]:
+    """`-- --kind release` (or PDEVIDENCE_UPSTREAM_KIND) picks the tree kind; the rest goes to the CLI."""
+    kind, rest, args = os.environ.get("PDEVIDENCE_UPSTREAM_KIND", "git"), [], iter(posargs)
+    for arg in args:
+        if arg == "--kind":
+            kind = next(args, "")
+        elif arg.startswith("--kind="):
+            kind = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    return kind, rest
+
+
+@nox.session(tags=["upstream"])
+@nox.parametrize(("experiment", "side"), CELLS, ids=CELL_IDS)
+def upstream(session: nox.Session, experiment: str, side: str) -> None:
+    """The PR's own test files on one side's tree (PDEVIDENCE_UPSTREAM_TESTS=<checkout>, `-- --kind release`)."""
+    kind, rest = _upstream_kind(session.posargs)
+    _run("upstream", kind, experiment, side, *rest)

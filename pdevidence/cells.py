@@ -109,6 +109,21 @@ def torch_choice() -> environments.TorchChoice:
     return _torch_choice
 
 
+def cell_slug(registry: Registry, cell: Cell, tree: trees.Tree, constraints: Path | None = None) -> str:
+    """The name a cell's environment, lock and log share; the upstream sessions reuse them."""
+    slug = f"{cell.experiment}.{cell.side}.{tree.label()}"
+    if constraints is not None and constraints != registry.constraints:
+        slug += f".{sha256_file(constraints)[:8]}"
+    return slug
+
+
+def cell_environment(registry: Registry, tree: trees.Tree, slug: str,
+                     constraints: Path | None = None) -> environments.CellEnvironment:
+    """The cell's uv environment under ``.cells/envs/<slug>``, built or reused."""
+    return environments.ensure(work_dir(registry.root) / "envs" / slug, registry.python,
+                               constraints or registry.constraints, tree, torch_choice())
+
+
 def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Path | None = None,
              constraints: Path | None = None, log=print) -> CellOutcome:
     """Run one cell; ``constraints`` replaces the registry's closure (the drift lane's newer pins)."""
@@ -122,9 +137,7 @@ def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Pa
     out = out_dir or runs_dir(registry.root)
     result = out / results.result_name(cell.experiment, cell.side, tree.label())
     work = work_dir(registry.root)
-    slug = f"{cell.experiment}.{cell.side}.{tree.label()}"
-    if constraints != registry.constraints:
-        slug += f".{sha256_file(constraints)[:8]}"
+    slug = cell_slug(registry, cell, tree, constraints)
     with exclusive(work / "locks" / f"{slug}.lock", f"cell {cell.name}"):
         if not force and cell.kind != "path" and _stored_run(result, key):
             log(f"{cell.name}: inputs unchanged, reusing {result.name} (use --force to rerun)")
@@ -133,7 +146,7 @@ def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Pa
         result.unlink(missing_ok=True)
         results.receipt_path(result).unlink(missing_ok=True)
         started = receipts.now()
-        env = environments.ensure(work / "envs" / slug, registry.python, constraints, tree, torch)
+        env = cell_environment(registry, tree, slug, constraints)
         log(f"{cell.name}: {'reusing' if env.reused else 'built'} environment {env.path}")
         args = ["--side", cell.side, "--tree-kind", tree.kind, "--tree-ref", tree.ref,
                 "--tree-resolved", tree.resolved]

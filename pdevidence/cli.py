@@ -11,7 +11,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import cells, compare, drift, integrity, registry, report, sweep
+from . import cells, compare, drift, integrity, registry, report, sweep, upstream
 from .errors import BEHAVIOUR_DIFFERS, CONFIRMED, EXIT_CODES, HarnessError, worst
 from .paths import PROJECT, results_dir, runs_dir, work_dir
 from .results import dumps, write_atomic
@@ -106,6 +106,16 @@ def cmd_drift(args) -> int:
     return CONFIRMED  # advisory: a change is reported, never a failure
 
 
+def cmd_upstream(args) -> int:
+    """Failing upstream tests are the data, not an error: a written result exits 0."""
+    reg = registry.load(args.root)
+    cell = cells.parse_cell(reg, args.kind, args.experiment, args.side)
+    if args.ref:
+        cell = cells.Cell(cell.experiment, cell.side, cell.kind, args.ref)
+    upstream.run_upstream(reg, cell, tests_dir=args.tests, log=lambda msg: print(msg, flush=True))
+    return CONFIRMED
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pdevidence", description=__doc__,
                                 epilog="exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()))
@@ -150,6 +160,16 @@ def parser() -> argparse.ArgumentParser:
     pub = sub.add_parser("publish", help="copy fresh results of a kind into results/ and update SHA256SUMS.txt")
     pub.add_argument("--kind", default="release", choices=["release", "git"])
     pub.set_defaults(func=cmd_publish)
+
+    up = sub.add_parser("upstream", help="run the PR's own test files (from the head tree) on one side's tree")
+    up.add_argument("kind", choices=list(cells.SESSION_OF_KIND))
+    up.add_argument("experiment")
+    up.add_argument("side")
+    up.add_argument("--tests", type=Path, metavar="DIR",
+                    help=f"an SGLang checkout (or a directory) holding the test files; default ${upstream.TESTS_ENV}, "
+                    "else the head commit's tree (SGLANG_REPO or GitHub)")
+    up.add_argument("--ref", help="override the side's tree: a version, a commit SHA or a directory")
+    up.set_defaults(func=cmd_upstream)
     return p
 
 

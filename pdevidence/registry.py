@@ -143,12 +143,21 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
     )
 
 
+def _with_nulls(values: dict, spec: dict, key: str, where: str) -> dict:
+    """TOML has no null: keys expected to be null are listed in ``<side>_null_keys``."""
+    nulls = spec.get(key, [])
+    if not isinstance(nulls, list) or not all(isinstance(n, str) for n in nulls):
+        raise TypeError(f"{where}.{key}: expected a list of key names")
+    return {**values, **{name: None for name in nulls}}
+
+
 def _parse_expectation(where: str, sid: str, spec: dict) -> Expectation:
     changes = _require(spec, "changes", bool, where)
     if changes:
-        base, head = _require(spec, "base", dict, where), _require(spec, "head", dict, where)
+        base = _with_nulls(_require(spec, "base", dict, where), spec, "base_null_keys", where)
+        head = _with_nulls(_require(spec, "head", dict, where), spec, "head_null_keys", where)
         if base == head:
             raise ValueError(f"{where}: changes = true but base and head expect the same values")
     else:
-        base = head = _require(spec, "keys", dict, where)
+        base = head = _with_nulls(_require(spec, "keys", dict, where), spec, "null_keys", where)
     return Expectation(sid, changes, base, head)

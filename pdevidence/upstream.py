@@ -14,6 +14,7 @@ SHA-256 of the log kept under ``.cells/logs/``.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -38,7 +39,6 @@ RESULT_SCHEMA = "pdevidence-upstream/1"
 RECEIPT_SCHEMA = "pdevidence-upstream-receipt/1"
 RESULT_SUFFIX = ".upstream.json"
 TESTS_ENV = "PDEVIDENCE_UPSTREAM_TESTS"
-OUTCOMES = ("passed", "failed", "error", "skipped")
 TOTAL_KEYS = {"passed": "passed", "failed": "failed", "error": "errors", "skipped": "skipped"}
 LOG_TAIL_LINES = 25
 # pytest: 0 all passed, 1 some failed, 5 nothing collected - all data. 2 interrupted,
@@ -122,15 +122,17 @@ def local_source(directory: Path, rels: list[str] | tuple[str, ...], exp: Experi
 
 
 def _git_state(directory: Path, files: list[Path]) -> dict:
-    """For a checkout: its HEAD and whether the test files differ from it."""
-    if not shutil.which("git"):
+    """For a directory inside a git checkout: which checkout, its HEAD, and whether the test
+    files differ from that HEAD (modified or untracked)."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(directory), *args], capture_output=True, text=True)
+
+    if not shutil.which("git") or git("rev-parse", "--is-inside-work-tree").returncode != 0:
         return {"git_head": None}
-    head = subprocess.run(["git", "-C", str(directory), "rev-parse", "HEAD"], capture_output=True, text=True)
-    if head.returncode != 0:
-        return {"git_head": None}
-    status = subprocess.run(["git", "-C", str(directory), "status", "--porcelain", "--", *map(str, files)],
-                            capture_output=True, text=True)
-    return {"git_head": head.stdout.strip(), "files_modified": bool(status.stdout.strip())}
+    status = git("status", "--porcelain", "--untracked-files=all", "--", *map(str, files))
+    return {"git_toplevel": git("rev-parse", "--show-toplevel").stdout.strip(),
+            "git_head": git("rev-parse", "HEAD").stdout.strip() or None,
+            "files_differ_from_head": bool(status.stdout.strip())}
 
 
 def head_tree_source(registry: Registry, exp: Experiment) -> TestSource:
@@ -378,7 +380,7 @@ def run_upstream(registry: Registry, cell: cells.Cell, *, tests_dir: Path | None
     log(f"{name}: {len(source.files)} test file(s) from "
         + (f"the head tree {source.details['head'][:12]}" if source.kind == "head-tree" else source.details["path"]))
     tree = cells.resolve_tree(registry, cell)
-    slug = cells.cell_slug(cell, tree)
+    slug = cells.cell_slug(registry, cell, tree)
     result = (out_dir or runs_dir(registry.root)) / result_name(cell.experiment, cell.side, tree.label())
     receipt_file = results.receipt_path(result)
     work = work_dir(registry.root)
@@ -391,6 +393,7 @@ def run_upstream(registry: Registry, cell: cells.Cell, *, tests_dir: Path | None
         log(f"{name}: {'reusing' if env.reused else 'built'} environment {env.path}")
         log(f"{name}: running pytest on {tree.label()}")
         run = run_suite(env.interpreter, source.files, work / "logs" / f"{slug}.upstream.log")
+        packages = env.packages()  # before the result: no result without its receipt
         doc = result_doc(cell.experiment, cell.side, tree, source, run)
         results.write_atomic(result, results.dumps(doc))
         finished = receipts.now()
@@ -409,7 +412,7 @@ def run_upstream(registry: Registry, cell: cells.Cell, *, tests_dir: Path | None
             "environment": {"path": str(env.path), "reused": env.reused, "interpreter": str(env.interpreter),
                             "setup_commands": env.commands},
             "torch": {"build": env.torch_build(), "channel": env.torch.channel, "note": env.torch.note},
-            "packages": env.packages(),
+            "packages": packages,
             "started": started.isoformat(timespec="seconds"),
             "pytest_started": run.started.isoformat(timespec="seconds"),
             "pytest_finished": run.finished.isoformat(timespec="seconds"),
@@ -450,47 +453,49 @@ def _bad(t: dict) -> int:
 
 
 def summarize(runs: Path, registry: Registry, kinds: tuple[str, ...] = ("release", "git")) -> list[dict]:
-    """One entry per experiment and tree kind with an upstream result on either side."""
+    """One entry per experiment and tree kind that has an upstream result on either side.
+
+    Reads ``runs/<experiment>.<side>.<tree>.upstream.json`` only; runs nothing.
+    """
     out = []
     for exp in registry.experiments.values():
         for kind in kinds:
-            sides: dict[str, dict | None] = {}
+            docs: dict[str, tuple[str, dict] | None] = {}
             for side in SIDES:
                 label = _expected_label(exp, side, kind)
                 path = runs / result_name(exp.name, side, label) if label else None
-                if path is None or not path.exists():
-                    sides[side] = None
-                    continue
-                doc = _load(path)
-                sides[side] = {"file": path.name, "tree": doc["tree"], "totals": doc["totals"],
-                               "types": doc["types"], "files": doc["files"]}
-                sides[side]["_tests"] = doc["tests"]
-            if not any(sides.values()):
-                continue
-            out.append(_pair(exp, kind, sides))
+                docs[side] = (path.name, _load(path)) if path is not None and path.exists() else None
+            if any(docs.values()):
+                out.append(_pair(exp, kind, docs))
     return out
 
 
 def _load(path: Path) -> dict:
-    import json
-
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise HarnessError(f"{path} is unreadable: {exc}", todo="delete it and rerun its upstream session") from None
-    if doc.get("schema") != RESULT_SCHEMA or not {"tree", "totals", "types", "files", "tests"} <= doc.keys():
-        raise HarnessError(f"{path} is not an upstream result ({doc.get('schema')!r})",
+    if not isinstance(doc, dict) or doc.get("schema") != RESULT_SCHEMA \
+            or not {"tree", "totals", "types", "files", "tests"} <= doc.keys():
+        raise HarnessError(f"{path} is not an upstream result", expected=f"schema {RESULT_SCHEMA}",
                            todo="delete it and rerun its upstream session")
     return doc
 
 
-def _pair(exp: Experiment, kind: str, sides: dict[str, dict | None]) -> dict:
-    tests = {side: {(t["nodeid"], t["phase"] if t["outcome"] == "error" else None): t
-                    for t in (s or {}).pop("_tests", [])} for side, s in sides.items()}
+def _key(test: dict) -> tuple[str, str]:
+    # A test can have a failure and a teardown error: tell them apart by phase.
+    return test["nodeid"], test["phase"] if test["outcome"] == "error" else ""
+
+
+def _pair(exp: Experiment, kind: str, docs: dict[str, tuple[str, dict] | None]) -> dict:
+    sides = {side: {"file": found[0], "tree": found[1]["tree"], "totals": found[1]["totals"],
+                    "types": found[1]["types"], "files": found[1]["files"]} if found else None
+             for side, found in docs.items()}
+    tests = {side: {_key(t): t for t in found[1]["tests"]} if found else {} for side, found in docs.items()}
     changed = []
-    for key in sorted(set(tests["base"]) | set(tests["head"]), key=lambda k: (k[0], k[1] or "")):
-        pair = {side: tests[side].get(key) for side in SIDES}
-        shown = {side: ({"outcome": t["outcome"], "type": t["type"]} if t else None) for side, t in pair.items()}
+    for key in sorted(set(tests["base"]) | set(tests["head"])):
+        shown = {side: ({"outcome": t["outcome"], "type": t["type"]} if t else None)
+                 for side, t in ((s, tests[s].get(key)) for s in SIDES)}
         if shown["base"] != shown["head"]:
             changed.append({"nodeid": key[0], **shown})
     base, head = sides["base"], sides["head"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def make_project(root: Path, registry: str = REGISTRY) -> Path:
 
 
 def result_doc(side: str, version: str, observed: dict | None = None, errors: dict | None = None) -> dict:
-    observed = observed or OBSERVED[side]
+    observed = copy.deepcopy(observed or OBSERVED[side])
     return {
         "schema": "pd-differential-probe/1",
         "experiment": "demo",

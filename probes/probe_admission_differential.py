@@ -1,0 +1,412 @@
+"""Differential probe for the PD admission door (sgl-project/sglang PR #38935).
+
+A request rejected at intake (`Req.set_finish_with_abort`) keeps its verdict in
+`to_finish`, so `finished()` stays False. Before the fix the prefill and decode
+admission doors let it through; after it, `is_unadmitted_reject` sends it to
+`Scheduler.retire_unadmitted_request`. The scenarios call the real SGLang doors,
+receiver/sender creation and retirement; only the KV sender/receiver classes,
+the KV manager, the tree cache, the allocator, the output streamer and the
+beam coordinator are recording stand-ins.
+
+Run it by hand against one tree, in a Python 3.12 venv holding the pinned
+closure (`uv pip install -r constraints/cells-py312.txt`) plus SGLang without
+its dependencies, either a release or a source tree:
+
+    uv pip install --no-deps sglang==0.5.21
+    SGLANG_BUILD_RUST_EXTS=none uv pip install --no-deps <tree>/python
+
+then, from the repository root:
+
+    python probes/probe_admission_differential.py --side head \
+        --tree-kind release --tree-ref 0.5.21 --out /tmp/a.json
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import types
+from array import array
+from http import HTTPStatus
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _probekit import Observed, Recorder, ScenarioSet, main  # noqa: E402
+
+PROBE = ScenarioSet("admission")
+
+# Filled by prepare(): the real SGLang objects every scenario calls.
+SG = SimpleNamespace()
+
+REJECT_MSG = "Input length (1500 tokens) exceeds the maximum allowed length (1018 tokens)."
+# TEST-NET-1: never routed; the stand-in KV classes never dial it anyway.
+BOOTSTRAP_HOST = "192.0.2.1"
+BOOTSTRAP_PORT = 8998
+CAPACITY = 4096  # well above every prompt here, so no capacity abort muddies a door
+
+
+class Spy(Recorder):
+    """A Recorder that also runs the real callable it watches.
+
+    Generic; would belong in _probekit next to Recorder.
+    """
+
+    def __init__(self, name: str, real):
+        super().__init__(name)
+        self.real = real
+
+    def __call__(self, *args, **kwargs):
+        super().__call__(*args, **kwargs)
+        return self.real(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def swapped(owner, **attrs):
+    """Set attributes on a module or object for the duration of a block."""
+    saved = {name: getattr(owner, name) for name in attrs}
+    for name, value in attrs.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(owner, name, value)
+
+
+def presence(owner, name: str) -> str:
+    return "present" if hasattr(owner, name) else "absent"
+
+
+def prepare() -> str:
+    import sglang
+    from sglang.srt.disaggregation import fake as fake_transport
+    from sglang.srt.disaggregation import utils as disagg_utils
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue
+    from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue
+    from sglang.srt.managers import schedule_batch
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import ServerArgs
+
+    # The doors log every rejection; the result document is the record.
+    logging.getLogger("sglang").setLevel(logging.CRITICAL)
+    SG.server_args = ServerArgs(model_path="dummy")
+    _publish_runtime_context(SG.server_args)
+    # `set_finish_with_abort` logs on TP rank 0 only, and the live rank comes
+    # from a process group no probe has; SGLang's own CPU tests patch this too.
+    if hasattr(schedule_batch, "get_parallel"):
+        schedule_batch.get_parallel = lambda: SimpleNamespace(tp_rank=0)
+
+    SG.Req = schedule_batch.Req
+    SG.FINISH_ABORT = schedule_batch.FINISH_ABORT
+    SG.SamplingParams = SamplingParams
+    SG.PrefillBootstrapQueue = PrefillBootstrapQueue
+    SG.DecodePreallocQueue = DecodePreallocQueue
+    SG.Scheduler = Scheduler
+    SG.utils = disagg_utils
+    SG.fake_transport = fake_transport
+    return sglang.__version__
+
+
+def _publish_runtime_context(server_args) -> None:
+    """Publish server args the way SGLang's CPU unit tests do, where the tree has it."""
+    try:
+        from sglang.srt import runtime_context
+    except ImportError:  # trees from before the runtime context read ServerArgs directly
+        return
+    if not hasattr(runtime_context, "publish"):
+        return
+    if hasattr(runtime_context, "reset_context"):
+        runtime_context.reset_context()
+    # The doors run in the scheduler process, which may read every config bag.
+    runtime_context.publish(server_args, role="scheduler")
+
+
+# ---------------------------------------------------------------- stand-ins
+
+
+def make_req(prompt_len: int, session=None):
+    req = SG.Req(
+        rid="probe-req",
+        origin_input_text="",
+        origin_input_ids=array("q", range(prompt_len)),
+        sampling_params=SG.SamplingParams(max_new_tokens=8),
+        session=session,
+    )
+    req.bootstrap_host = BOOTSTRAP_HOST
+    req.bootstrap_port = BOOTSTRAP_PORT
+    req.bootstrap_room = 1
+    return req
+
+
+def rejected_req(session=None):
+    """A 1500-token request rejected at intake, as the tokenizer-side checks do."""
+    req = make_req(1500, session=session)
+    req.set_finish_with_abort(REJECT_MSG)
+    return req
+
+
+def pending_abort_req():
+    """A 16-token request that a running-request abort ("Abort method 3") marked."""
+    req = make_req(16)
+    req.to_finish = SG.FINISH_ABORT("Aborted by AbortReq.", HTTPStatus.SERVICE_UNAVAILABLE)
+    return req
+
+
+def make_scheduler():
+    """A stand-in Scheduler carrying the real methods the exercised paths call.
+
+    Collaborators (streamer, beam coordinator, tree cache) are recorders;
+    `retire_unadmitted_request` is a Spy, so a door's hand-off is recorded and
+    the real retirement still runs.
+    """
+    sched = SimpleNamespace(
+        output_streamer=SimpleNamespace(stream_output=Recorder("stream_output")),
+        beam_coordinator=SimpleNamespace(retire_group=Recorder("retire_group")),
+        tree_cache=SimpleNamespace(finish=Recorder("tree_cache.finish")),
+        disaggregation_mode=SG.utils.DisaggregationMode.NULL,
+        waiting_queue=[],
+        processed_tokens_counter=0,
+        enable_priority_scheduling=False,
+        abort_on_priority_when_disabled=False,
+        max_queued_requests=None,
+        enable_hicache_storage=False,
+        enable_lmcache=False,
+        enable_hisparse=False,
+        # Up to 0.5.18 `_is_fake_transfer` takes the scheduler's server args.
+        server_args=SG.server_args,
+    )
+    for name in (
+        "_set_or_validate_priority",
+        "_abort_on_queued_limit",
+        "_prefetch_kvcache",
+        "_release_aborted_request",
+    ):
+        if hasattr(SG.Scheduler, name):
+            setattr(sched, name, types.MethodType(getattr(SG.Scheduler, name), sched))
+    real_retire = getattr(SG.Scheduler, "retire_unadmitted_request", None)
+    sched.retire_unadmitted_request = (
+        Spy("retire_unadmitted_request", types.MethodType(real_retire, sched))
+        if real_retire is not None
+        else Recorder("retire_unadmitted_request")
+    )
+    return sched
+
+
+def kv_endpoint_class(name: str) -> Recorder:
+    """Stand-in for a KV sender/receiver class: each construction is a recorded call."""
+    return Recorder(name, returns=SimpleNamespace(init=Recorder(f"{name}.init")))
+
+
+@contextlib.contextmanager
+def stand_in_transport():
+    """Route the real `get_kv_class` to recording sender/receiver classes.
+
+    The queues ask for the FAKE backend (the only one importable without GPU
+    transport libraries), and `get_kv_class` imports its classes from the fake
+    package at call time, so swapping them there replaces only the classes.
+    """
+    sender, receiver = kv_endpoint_class("kv_sender"), kv_endpoint_class("kv_receiver")
+    with swapped(SG.fake_transport, FakeKVSender=sender, FakeKVReceiver=receiver):
+        yield sender, receiver
+
+
+def prefill_queue(sched):
+    q = object.__new__(SG.PrefillBootstrapQueue)
+    q.scheduler = sched
+    q.queue = []
+    q.kv_manager = SimpleNamespace()
+    q.transfer_backend = SG.utils.TransferBackend.FAKE
+    q.tp_rank = 0
+    q.pp_rank = 0
+    q.bootstrap_port = BOOTSTRAP_PORT
+    # The capacity check reads one or the other depending on the release.
+    q.max_total_num_tokens = CAPACITY
+    q.max_input_len = CAPACITY
+    return q
+
+
+def decode_queue(sched):
+    q = object.__new__(SG.DecodePreallocQueue)
+    q.scheduler = sched
+    q.queue = []
+    q.pending_reqs = []
+    q.retracted_queue = []
+    # No prefill peer resolved yet: a new receiver waits in `pending_reqs`.
+    q.kv_manager = SimpleNamespace(prefill_info_table={})
+    q.transfer_backend = SG.utils.TransferBackend.FAKE
+    # Not an SWA pool, so the capacity check takes its plain full-KV branch.
+    q.token_to_kv_pool = SimpleNamespace()
+    q.token_to_kv_pool_allocator = SimpleNamespace(
+        page_size=1,
+        size_swa=CAPACITY,
+        get_kvcache=lambda: SimpleNamespace(),
+        # None: no unified byte budget, the plain token capacity decides.
+        prealloc_ceiling_fits=lambda full, swa: None,
+    )
+    q.max_total_num_tokens = CAPACITY
+    q.num_reserved_decode_tokens = 0
+    return q
+
+
+# ---------------------------------------------------------------- observations
+
+
+def abort_streamed(sched, req) -> int:
+    return sum(1 for args, _ in sched.output_streamer.stream_output.calls if req in args[0])
+
+
+def finished_status(req):
+    reason = req.finished_reason
+    if isinstance(reason, SG.FINISH_ABORT) and reason.status_code is not None:
+        return int(reason.status_code)
+    return None
+
+
+def decode_enqueued(q, req) -> bool:
+    return req in q.retracted_queue or any(d.req is req for d in q.queue + q.pending_reqs)
+
+
+def door_verdict(req):
+    """The fix's own predicate on this request, evaluated before the door."""
+    predicate = getattr(SG.utils, "is_unadmitted_reject", None)
+    return "absent" if predicate is None else predicate(req)
+
+
+def offer_prefill(req, observed: Observed) -> None:
+    observed["door_verdict"] = door_verdict(req)
+    sched = make_scheduler()
+    q = prefill_queue(sched)
+    with stand_in_transport() as (sender, _):
+        SG.PrefillBootstrapQueue.add(q, req, 8)
+    observed["sender_created"] = sender.count > 0
+    observed["enqueued"] = req in q.queue
+    observed["retired"] = sched.retire_unadmitted_request.count > 0
+    observed["abort_streamed"] = abort_streamed(sched, req)
+    observed["finished_status"] = finished_status(req)
+
+
+def offer_decode(req, observed: Observed, **flags):
+    observed["door_verdict"] = door_verdict(req)
+    sched = make_scheduler()
+    q = decode_queue(sched)
+    with stand_in_transport() as (_, receiver):
+        SG.DecodePreallocQueue.add(q, req, **flags)
+    observed["receiver_created"] = receiver.count > 0
+    observed["enqueued"] = decode_enqueued(q, req)
+    observed["retired"] = sched.retire_unadmitted_request.count > 0
+    observed["abort_streamed"] = abort_streamed(sched, req)
+    observed["finished_status"] = finished_status(req)
+    return q
+
+
+# ---------------------------------------------------------------- scenarios
+
+
+@PROBE.scenario("A1", "1500-token request rejected at intake, offered to the prefill door")
+def a1(observed: Observed) -> None:
+    # Scenario-independent facts about the tree, recorded once.
+    observed["door_check"] = presence(SG.utils, "is_unadmitted_reject")
+    observed["retire_method"] = presence(SG.Scheduler, "retire_unadmitted_request")
+    req = rejected_req()
+    observed["finished_before_door"] = req.finished()
+    offer_prefill(req, observed)
+
+
+@PROBE.scenario("A2", "same rejected request, decode door")
+def a2(observed: Observed) -> None:
+    offer_decode(rejected_req(), observed)
+
+
+@PROBE.scenario("A3p", "valid 16-token request, prefill door")
+def a3p(observed: Observed) -> None:
+    offer_prefill(make_req(16), observed)
+
+
+@PROBE.scenario("A3d", "valid 16-token request, decode door")
+def a3d(observed: Observed) -> None:
+    offer_decode(make_req(16), observed)
+
+
+@PROBE.scenario("A4", "re-entry with a pending 503 abort holding metadata buffer 7, prefill door")
+def a4(observed: Observed) -> None:
+    req = pending_abort_req()
+    req.metadata_buffer_index = 7
+    offer_prefill(req, observed)
+
+
+@PROBE.scenario("A5", "re-entry with a pending abort holding a host retraction backup, prefill door")
+def a5(observed: Observed) -> None:
+    req = pending_abort_req()
+    # 0.5.19 moved the backup from `req.kv_cache_cpu` to
+    # `req.kv.retraction_backup`; mark it where this tree keeps it.
+    if req.kv is not None and hasattr(req.kv, "retraction_backup"):
+        req.kv.retraction_backup = object()
+        observed["backup_marker"] = "kv.retraction_backup"
+    else:
+        req.kv_cache_cpu = object()
+        observed["backup_marker"] = "kv_cache_cpu"
+    offer_prefill(req, observed)
+
+
+def preempted_req():
+    """What a short preemption leaves: pending abort, `is_retracted`, nothing held."""
+    req = pending_abort_req()
+    req.is_retracted = True
+    return req
+
+
+@PROBE.scenario("A6p", "preempted re-entry with a pending abort and is_retracted, prefill door")
+def a6p(observed: Observed) -> None:
+    offer_prefill(preempted_req(), observed)
+
+
+@PROBE.scenario("A6d", "preempted re-entry with a pending abort and is_retracted, decode door")
+def a6d(observed: Observed) -> None:
+    offer_decode(preempted_req(), observed)
+
+
+@PROBE.scenario("A7r", "decode door called with is_retracted=True on a pending-abort request")
+def a7r(observed: Observed) -> None:
+    req = pending_abort_req()
+    q = offer_decode(req, observed, is_retracted=True)
+    observed["retracted_queued"] = req in q.retracted_queue
+
+
+@PROBE.scenario("A7b", "decode door called with is_rebootstrap=True on a pending-abort request")
+def a7b(observed: Observed) -> None:
+    offer_decode(pending_abort_req(), observed, is_rebootstrap=True)
+
+
+@PROBE.scenario("A8", "NULL mode: rejected request through Scheduler._add_request_to_queue")
+def a8(observed: Observed) -> None:
+    req = rejected_req()
+    sched = make_scheduler()
+    SG.Scheduler._add_request_to_queue(sched, req)
+    observed["enqueued"] = req in sched.waiting_queue
+    observed["retired"] = sched.retire_unadmitted_request.count > 0
+    observed["abort_pending"] = isinstance(req.to_finish, SG.FINISH_ABORT)
+
+
+@PROBE.scenario("A9", "retirement of a rejected request that belongs to a streaming session")
+def a9(observed: Observed) -> None:
+    observed["retire_method"] = presence(SG.Scheduler, "retire_unadmitted_request")
+    session = SimpleNamespace(streaming=True, abort_req=Recorder("session.abort_req"))
+    req = rejected_req(session=session)
+    sched = make_scheduler()
+    if observed["retire_method"] == "absent":
+        observed["session_detached"] = "absent"
+        observed["retired"] = "absent"
+    else:
+        sched.retire_unadmitted_request(req)
+        observed["session_detached"] = req.session is None and session.abort_req.count == 1
+        observed["retired"] = sched.retire_unadmitted_request.count > 0
+    observed["abort_streamed"] = abort_streamed(sched, req)
+    observed["finished_status"] = finished_status(req)
+
+
+if __name__ == "__main__":
+    sys.exit(main(PROBE, prepare))
