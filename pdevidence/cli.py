@@ -52,8 +52,9 @@ def cmd_matrix(args) -> int:
 
 def cmd_compare(args) -> int:
     reg = registry.load(args.root)
-    summary = compare.compare_all(reg, runs=runs_dir(reg.root), published=results_dir(reg.root),
-                                  kinds=[args.kind] if args.kind != "all" else list(compare.COMPARED_KINDS))
+    kinds = [args.kind] if args.kind != "all" else list(compare.COMPARED_KINDS)
+    summary = compare.compare_all(reg, runs=runs_dir(reg.root), published=results_dir(reg.root), kinds=kinds)
+    summary.upstream = upstream.summarize(runs_dir(reg.root), reg, tuple(kinds))
     report.write(summary, results_dir(reg.root))
     print(report.terminal(summary))
     return summary.exit_code

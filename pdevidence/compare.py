@@ -62,6 +62,7 @@ class PairReport:
 @dataclass
 class Summary:
     pairs: list[PairReport]
+    upstream: list[dict] = field(default_factory=list)  # the PRs' own tests; informational
 
     @property
     def exit_code(self) -> int:
@@ -69,7 +70,7 @@ class Summary:
 
     def to_json(self) -> dict:
         return {"schema": REPORT_SCHEMA, "exit_code": self.exit_code,
-                "pairs": [{**asdict(p), "exit_code": p.exit_code} for p in self.pairs]}
+                "pairs": [{**asdict(p), "exit_code": p.exit_code} for p in self.pairs], "upstream": self.upstream}
 
 
 def expected_file(exp: Experiment, side: str, kind: str) -> str:

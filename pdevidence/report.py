@@ -58,8 +58,19 @@ def terminal(summary: Summary) -> str:
         for side, pub in pair["published"].items():
             lines.append(f"  published {side}: {pub['status']}")
             lines += [f"    {d}" for d in pub["diffs"][:10]]
+    for entry in data["upstream"]:
+        lines += ["", f"upstream tests {entry['experiment']} ({entry['kind']}): {entry['verdict']}"]
+        lines += [f"  {side}: {_totals(s)}" for side, s in entry["sides"].items()]
     lines += ["", f"exit code {data['exit_code']}"]
     return "\n".join(lines)
+
+
+def _totals(side: dict | None) -> str:
+    if side is None:
+        return "not run"
+    t = side["totals"]
+    types = ", ".join(f"{n} {name}" for name, n in side["types"].items())
+    return f"{t['passed']}/{t['total']} passed" + (f" ({types})" if types else "")
 
 
 def markdown(summary: Summary) -> str:
@@ -88,6 +99,11 @@ def markdown(summary: Summary) -> str:
             for side, pub in pair["published"].items():
                 out.append(f"- {side} `{pub['file']}`: {pub['status']}")
                 out += [f"  - {d}" for d in pub["diffs"][:20]]
+    if data["upstream"]:
+        out += ["", "## The PRs' own tests", "", "| experiment | trees | base | head | verdict |", "|---|---|---|---|---|"]
+        for entry in data["upstream"]:
+            out.append(f"| {entry['experiment']} (PR #{entry['pr']}) | {entry['kind']} | "
+                       f"{_totals(entry['sides']['base'])} | {_totals(entry['sides']['head'])} | {entry['verdict']} |")
     return "\n".join(out) + "\n"
 
 

@@ -145,3 +145,16 @@ def test_publish_refuses_when_a_cell_has_no_result(project, capsys):
     assert cli.main(["--root", str(project), "publish"]) == errors.INCOMPLETE
     assert "demo.head.release-1.1.0.json" in capsys.readouterr().err
     assert not list((project / "results").iterdir())
+
+
+def test_the_report_shows_the_prs_own_tests_with_their_failure_types(project):
+    publish_both(project)
+    summary = run_compare(project)
+    base = {"totals": {"passed": 0, "failed": 1, "errors": 6, "skipped": 0, "total": 7},
+            "types": {"AttributeError": 6, "ValueError": 1}}
+    head = {"totals": {"passed": 7, "failed": 0, "errors": 0, "skipped": 0, "total": 7}, "types": {}}
+    summary.upstream = [{"experiment": "demo", "pr": 1, "kind": "git", "verdict": "tests fail on base, pass on head",
+                         "sides": {"base": base, "head": head}}]
+    assert ("| demo (PR #1) | git | 0/7 passed (6 AttributeError, 1 ValueError) | 7/7 passed | "
+            "tests fail on base, pass on head |") in report.markdown(summary)
+    assert "base: 0/7 passed (6 AttributeError, 1 ValueError)" in report.terminal(summary)
