@@ -8,6 +8,7 @@ every scenario, blocks the network and writes a deterministic result document.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -81,6 +82,31 @@ class Recorder:
         if position is not None and position < len(args):
             return args[position]
         return default
+
+
+class Spy(Recorder):
+    """A Recorder that also runs ``then`` (usually the real callable it watches)."""
+
+    def __init__(self, name: str, then: Callable[..., Any]):
+        super().__init__(name)
+        self.then = then
+
+    def __call__(self, *args, **kwargs):
+        super().__call__(*args, **kwargs)
+        return self.then(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def swapped(owner: Any, **attrs: Any):
+    """Set attributes on a module or object for one block, restoring them after."""
+    saved = {name: getattr(owner, name) for name in attrs}
+    for name, value in attrs.items():
+        setattr(owner, name, value)
+    try:
+        yield owner
+    finally:
+        for name, value in saved.items():
+            setattr(owner, name, value)
 
 
 _HEX_ID = re.compile(r"0x[0-9a-fA-F]+")

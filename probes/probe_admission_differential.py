@@ -34,7 +34,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _probekit import Observed, Recorder, ScenarioSet, main  # noqa: E402
+from _probekit import Observed, Recorder, ScenarioSet, Spy, main, swapped  # noqa: E402
 
 PROBE = ScenarioSet("admission")
 
@@ -46,34 +46,6 @@ REJECT_MSG = "Input length (1500 tokens) exceeds the maximum allowed length (101
 BOOTSTRAP_HOST = "192.0.2.1"
 BOOTSTRAP_PORT = 8998
 CAPACITY = 4096  # well above every prompt here, so no capacity abort muddies a door
-
-
-class Spy(Recorder):
-    """A Recorder that also runs the real callable it watches.
-
-    Generic; would belong in _probekit next to Recorder.
-    """
-
-    def __init__(self, name: str, real):
-        super().__init__(name)
-        self.real = real
-
-    def __call__(self, *args, **kwargs):
-        super().__call__(*args, **kwargs)
-        return self.real(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def swapped(owner, **attrs):
-    """Set attributes on a module or object for the duration of a block."""
-    saved = {name: getattr(owner, name) for name in attrs}
-    for name, value in attrs.items():
-        setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(owner, name, value)
 
 
 def presence(owner, name: str) -> str:

@@ -127,3 +127,20 @@ def test_main_cannot_run_when_sglang_does_not_import(kit, tmp_path, monkeypatch,
 def test_bad_arguments_are_a_usage_error(kit, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["probe"])
     assert kit.main(make_set(kit), lambda: "1", ["--tree-kind", "svn"]) == kit.EXIT_USAGE
+
+
+def test_a_spy_records_then_runs_the_real_callable(kit):
+    spy = kit.Spy("release", lambda req, is_insert: f"released {req}")
+    assert spy("r1", is_insert=False) == "released r1"
+    assert spy.count == 1 and spy.arg("is_insert") is False
+
+
+def test_swapped_restores_attributes_even_when_the_block_raises(kit):
+    import types
+
+    module = types.SimpleNamespace(send=print)
+    with pytest.raises(RuntimeError):
+        with kit.swapped(module, send="recorder"):
+            assert module.send == "recorder"
+            raise RuntimeError
+    assert module.send is print

@@ -1,0 +1,377 @@
+"""Differential probe for experiment B: aborted prefill results (PR #36988).
+
+Runs SGLang's real ``SchedulerDisaggregationPrefillMixin.process_batch_result_disagg_prefill``
+on a stand-in scheduler that subclasses the real mixin, with real ``Req``,
+``ReqKvInfo``, ``FINISH_ABORT`` and ``GenerationBatchResult``. Only the
+transport / cache / scheduler boundary is replaced by recorders: the KV sender,
+``send_kv_chunk``, ``release_kv_cache``, the unfinished-request cache call,
+the tree cache, the allocators, the output streamer and the metrics.
+
+Run it by hand against one tree, in a Python 3.12 venv holding the pinned
+closure (`uv pip install -r constraints/cells-py312.txt`) plus SGLang without
+its dependencies, either a release or a source tree:
+
+    uv pip install --no-deps sglang==0.5.20
+    SGLANG_BUILD_RUST_EXTS=none uv pip install --no-deps <tree>/python
+
+then, from the repository root:
+
+    python probes/probe_prefill_differential.py --side head \
+        --tree-kind release --tree-ref 0.5.20 --out /tmp/b.json
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from array import array
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _probekit import Observed, Recorder, ScenarioSet, Spy, main, swapped  # noqa: E402
+
+SCENARIOS = ScenarioSet("prefill")
+
+# SGLang names, bound by prepare() so that importing this file stays cheap.
+sg = SimpleNamespace()
+
+RID = "probe-prefill-req"
+PROMPT_LEN = 16
+METADATA_BUFFER = 7  # "owned" in the spec: KV, a mamba slot and metadata buffer 7
+MAMBA_SLOT = 3
+NEXT_TOKEN = 11
+OPTIMISTIC_ATTEMPTS = 2
+# Module-level functions the mixin looks up in its own globals; each scenario
+# replaces those present on the tree (names differ between releases).
+CACHE_UNFINISHED_NAMES = ("maybe_cache_unfinished_req", "checkpoint_kv_cache")
+
+
+def prepare() -> str:
+    import sglang
+    import torch
+    from sglang.srt import runtime_context
+    from sglang.srt.disaggregation import prefill
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req, ReqKvInfo
+    from sglang.srt.managers.utils import GenerationBatchResult
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    # The requeue path and later releases' final-chunk path read the published
+    # disaggregation config (get_disagg()); outside a server nothing is published.
+    # "dummy" is the model path SGLang's own tests use: it skips loading a config.
+    # A pending bootstrap only exists with optimistic prefill on (attempts > 0).
+    runtime_context.publish(
+        ServerArgs(
+            model_path="dummy",
+            disaggregation_mode="prefill",
+            optimistic_prefill_attempts=OPTIMISTIC_ATTEMPTS,
+        ),
+        role="test",
+    )
+    sg.torch = torch
+    sg.prefill = prefill
+    sg.Req = Req
+    sg.ReqKvInfo = ReqKvInfo
+    sg.FINISH_ABORT = FINISH_ABORT
+    sg.GenerationBatchResult = GenerationBatchResult
+    sg.SamplingParams = SamplingParams
+    sg.SPEC_NONE = SpeculativeAlgorithm.NONE
+    # 0.5.17/0.5.18 keep the KV row and mamba slot on the Req; later releases on req.kv.
+    sg.kv_on_record = hasattr(ReqKvInfo, "holds_kv")
+    sg.real_release_kv_cache = prefill.release_kv_cache
+    sg.Scheduler = _scheduler_class(prefill.SchedulerDisaggregationPrefillMixin)
+    return sglang.__version__
+
+
+def _scheduler_class(mixin: type) -> type:
+    class ProbeScheduler(mixin):
+        """Only the scheduler state the result path reads; the methods are the mixin's."""
+
+        def __init__(self, *, mamba_cache: bool):
+            self.tree_cache = SimpleNamespace(
+                supports_mamba=Recorder("tree_cache.supports_mamba", returns=mamba_cache),
+                finish=Recorder("tree_cache.finish"),
+                req_to_token_pool=SimpleNamespace(
+                    mamba_allocator=SimpleNamespace(free=Recorder("mamba_allocator.free"))
+                ),
+            )
+            self.req_to_metadata_buffer_idx_allocator = SimpleNamespace(
+                free=Recorder("metadata_allocator.free")
+            )
+            self.output_streamer = SimpleNamespace(stream_output=Recorder("stream_output"))
+            self.send_kv_chunk = Recorder("send_kv_chunk")
+            self.metrics_reporter = SimpleNamespace(
+                enable_metrics=False, report_prefill_stats=Recorder("report_prefill_stats")
+            )
+            self.maybe_send_health_check_signal = Recorder("maybe_send_health_check_signal")
+            self.batch_result_processor = SimpleNamespace(
+                snapshot_auxiliary_output_starts=Recorder("snapshot_auxiliary_output_starts"),
+                move_logprobs_to_cpu=Recorder("move_logprobs_to_cpu"),
+            )
+            self.spec_algorithm = sg.SPEC_NONE
+            self.enable_hicache_storage = False
+            self.chunked_req = None
+            self.disagg_prefill_inflight_queue = []
+            self.disagg_prefill_pending_chunk_rids = set()
+            self.waiting_queue = []
+
+    return ProbeScheduler
+
+
+# --- the request -------------------------------------------------------------
+
+
+def make_req(*, kv: bool, mamba: bool, metadata: bool, pending_bootstrap: bool) -> Any:
+    req = sg.Req(RID, "", array("q", range(PROMPT_LEN)), sg.SamplingParams(max_new_tokens=4))
+    req.disagg_kv_sender = SimpleNamespace(abort=Recorder("sender.abort"))
+    req.pending_bootstrap = pending_bootstrap
+    if pending_bootstrap:
+        # In its first optimistic attempt, as pop_bootstrapped leaves it.
+        req.prefill_attempt_count = 1
+    if metadata:
+        req.metadata_buffer_index = METADATA_BUFFER
+    slot = sg.torch.tensor([MAMBA_SLOT]) if mamba else None
+    if sg.kv_on_record:
+        if kv:
+            req.kv.req_pool_idx = 0
+            req.kv.kv_allocated_len = PROMPT_LEN
+            req.kv.kv_committed_len = PROMPT_LEN
+        req.kv.mamba_pool_idx = slot
+    else:
+        if kv:
+            req.req_pool_idx = 0
+            req.kv = sg.ReqKvInfo(kv_allocated_len=PROMPT_LEN, swa_evicted_seqlen=0)
+        req.mamba_pool_idx = slot
+    return req
+
+
+def owned_req(*, pending_bootstrap: bool) -> Any:
+    return make_req(kv=True, mamba=True, metadata=True, pending_bootstrap=pending_bootstrap)
+
+
+def drop_ownership(req: Any, *_args, **_kwargs) -> None:
+    """What a KV release leaves behind: the request holds no KV row and no mamba slot."""
+    if sg.kv_on_record:
+        req.kv.req_pool_idx = None
+        req.kv.mamba_pool_idx = None
+        req.kv.mark_kv_released()
+    else:
+        req.req_pool_idx = None
+        req.kv = None
+        req.mamba_pool_idx = None
+
+
+def schedule_chunk(req: Any, end: int) -> None:
+    """Record that the chunk ending at ``end`` was scheduled for this request."""
+    if hasattr(req, "set_extend_range"):  # up to 0.5.21
+        req.set_extend_range(0, end)
+    else:
+        req.extend_end = end
+
+
+# --- one scenario's world ----------------------------------------------------
+
+
+class World:
+    """A stand-in scheduler plus the recorders patched into the prefill module."""
+
+    def __init__(self, *, mamba_cache: bool = False, real_release: bool = False):
+        self.scheduler = sg.Scheduler(mamba_cache=mamba_cache)
+        self.cache_unfinished = Recorder("cache_unfinished")
+        # B7 keeps the real release: its mamba-only branch touches nothing but the
+        # tree cache's mamba allocator stand-in, which is what B7 observes.
+        self.release = Spy(
+            "release_kv_cache", sg.real_release_kv_cache if real_release else drop_ownership
+        )
+
+    def patched(self):
+        replacements = {"release_kv_cache": self.release}
+        for name in CACHE_UNFINISHED_NAMES:
+            if hasattr(sg.prefill, name):
+                replacements[name] = self.cache_unfinished
+        return swapped(sg.prefill, **replacements)
+
+    def deliver(self, req: Any) -> None:
+        """Hand one prefill forward result for ``req`` to the real result processor."""
+        batch = SimpleNamespace(
+            reqs=[req], spec_info=None, prefill_stats=None, dp_cooperation_info=None
+        )
+        result = sg.GenerationBatchResult(next_token_ids=sg.torch.tensor([NEXT_TOKEN]))
+        with self.patched():
+            self.scheduler.process_batch_result_disagg_prefill(batch, result)
+
+    def observe(self, req: Any, observed: Observed, keys: tuple[str, ...], suffix: str = ""):
+        for key in keys:
+            observed[key + suffix] = OBSERVATIONS[key](self, req)
+
+    def release_inserts_prefix(self) -> bool | None:
+        if not self.release.count:
+            return None
+        args, kwargs = self.release.calls[-1]
+        bound = inspect.signature(sg.real_release_kv_cache).bind(*args, **kwargs)
+        bound.apply_defaults()
+        # The flag was renamed from is_insert to checkpoint in 0.5.22.
+        for name in ("is_insert", "checkpoint"):
+            if name in bound.arguments:
+                return bool(bound.arguments[name])
+        raise TypeError("release_kv_cache has neither is_insert nor checkpoint")
+
+
+def _streamed(world: World, req: Any) -> int:
+    calls = world.scheduler.output_streamer.stream_output.calls
+    return sum(1 for args, _ in calls if req in args[0])
+
+
+def _metadata_freed(world: World, _req: Any) -> int:
+    free = world.scheduler.req_to_metadata_buffer_idx_allocator.free
+    freed = [free.arg("free_index", 0, call) for call in range(free.count)]
+    return freed.count(METADATA_BUFFER)
+
+
+OBSERVATIONS: dict[str, Callable[[World, Any], Any]] = {
+    "cached_unfinished": lambda w, r: w.cache_unfinished.count,
+    "enqueued_inflight": lambda w, r: w.scheduler.disagg_prefill_inflight_queue.count(r),
+    "kv_chunk_sent": lambda w, r: w.scheduler.send_kv_chunk.count,
+    "kv_released": lambda w, r: w.release.count,
+    "release_inserts_prefix": lambda w, r: w.release_inserts_prefix(),
+    "sender_aborted": lambda w, r: r.disagg_kv_sender.abort.count,
+    "metadata_freed": _metadata_freed,
+    "abort_streamed": _streamed,
+    "finished": lambda w, r: bool(r.finished()),
+    # With attempts left (OPTIMISTIC_ATTEMPTS) the requeue path goes to the waiting queue.
+    "requeued": lambda w, r: w.scheduler.waiting_queue.count(r),
+    "mamba_freed": lambda w, r: w.scheduler.tree_cache.req_to_token_pool.mamba_allocator.free.count,
+}
+
+B1_KEYS = (
+    "cached_unfinished",
+    "enqueued_inflight",
+    "kv_chunk_sent",
+    "kv_released",
+    "release_inserts_prefix",
+    "sender_aborted",
+    "metadata_freed",
+    "abort_streamed",
+    "finished",
+)
+
+
+def _final_result_of_aborted_owned(observed: Observed, *, pending_bootstrap: bool) -> None:
+    world = World()
+    req = owned_req(pending_bootstrap=pending_bootstrap)
+    req.to_finish = sg.FINISH_ABORT()
+    world.deliver(req)
+    world.observe(req, observed, B1_KEYS)
+
+
+# --- scenarios -----------------------------------------------------------------
+
+
+@SCENARIOS.scenario("B1", "final-chunk result, owned request, pending abort, bootstrap pending")
+def b1(observed: Observed) -> None:
+    _final_result_of_aborted_owned(observed, pending_bootstrap=True)
+
+
+@SCENARIOS.scenario("B1b", "as B1 but bootstrap already done")
+def b1b(observed: Observed) -> None:
+    _final_result_of_aborted_owned(observed, pending_bootstrap=False)
+
+
+@SCENARIOS.scenario(
+    "B2", "aborted middle-chunk result, no later chunk in flight, bootstrap pending"
+)
+def b2(observed: Observed) -> None:
+    world = World()
+    req = owned_req(pending_bootstrap=True)
+    req.to_finish = sg.FINISH_ABORT()
+    req.inflight_middle_chunks = 1
+    schedule_chunk(req, PROMPT_LEN // 2)  # the request yielded: its next chunk was never launched
+    world.deliver(req)
+    keys = ("requeued", "kv_released", "release_inserts_prefix", "abort_streamed")
+    world.observe(req, observed, keys)
+
+
+@SCENARIOS.scenario(
+    "B3", "aborted middle-chunk result while the final chunk is in flight, then the final result"
+)
+def b3(observed: Observed) -> None:
+    world = World()
+    req = owned_req(pending_bootstrap=True)
+    req.to_finish = sg.FINISH_ABORT()
+    req.inflight_middle_chunks = 1
+    schedule_chunk(req, PROMPT_LEN)  # the final chunk is already running
+    keys = ("kv_released", "abort_streamed")
+    world.deliver(req)
+    world.observe(req, observed, keys, "_after_middle")
+    world.deliver(req)
+    world.observe(req, observed, keys, "_after_final")
+    world.observe(req, observed, keys)
+
+
+@SCENARIOS.scenario("B4", "delayed final result for a request already retired (owns nothing)")
+def b4(observed: Observed) -> None:
+    world = World()
+    req = make_req(kv=False, mamba=False, metadata=False, pending_bootstrap=False)
+    req.finished_reason = sg.FINISH_ABORT()
+    world.deliver(req)
+    keys = ("cached_unfinished", "enqueued_inflight", "kv_chunk_sent", "abort_streamed")
+    world.observe(req, observed, keys)
+
+
+@SCENARIOS.scenario("B5", "as B1, but the sender's abort raises")
+def b5(observed: Observed) -> None:
+    world = World()
+    req = owned_req(pending_bootstrap=True)
+    req.disagg_kv_sender.abort.raises = RuntimeError("probe: transport is down")
+    req.to_finish = sg.FINISH_ABORT()
+    world.deliver(req)
+    world.observe(req, observed, ("kv_released", "metadata_freed", "abort_streamed", "finished"))
+
+
+@SCENARIOS.scenario("B6", "grammar rejects the sampled token of a final result, bootstrap done")
+def b6(observed: Observed) -> None:
+    world = World()
+    req = owned_req(pending_bootstrap=False)
+    req.grammar = SimpleNamespace(
+        accept_token=Recorder("grammar.accept_token", raises=ValueError("probe: token rejected")),
+        finished=False,
+    )
+    world.deliver(req)
+    keys = ("cached_unfinished", "kv_chunk_sent", "kv_released", "abort_streamed")
+    world.observe(req, observed, keys)
+
+
+@SCENARIOS.scenario("B7", "aborted request holding only a mamba slot")
+def b7(observed: Observed) -> None:
+    world = World(mamba_cache=True, real_release=True)
+    req = make_req(kv=False, mamba=True, metadata=False, pending_bootstrap=True)
+    req.to_finish = sg.FINISH_ABORT()
+    world.deliver(req)
+    world.observe(req, observed, ("mamba_freed", "abort_streamed"))
+
+
+@SCENARIOS.scenario("B8", "B1's result delivered twice")
+def b8(observed: Observed) -> None:
+    world = World()
+    req = owned_req(pending_bootstrap=True)
+    req.to_finish = sg.FINISH_ABORT()
+    world.deliver(req)
+    world.deliver(req)
+    world.observe(req, observed, ("enqueued_inflight", "kv_released", "abort_streamed"))
+
+
+@SCENARIOS.scenario("B9", "control: normal (not aborted) final result, bootstrap done")
+def b9(observed: Observed) -> None:
+    world = World()
+    req = owned_req(pending_bootstrap=False)
+    world.deliver(req)
+    keys = ("cached_unfinished", "enqueued_inflight", "kv_chunk_sent", "kv_released")
+    world.observe(req, observed, keys)
+
+
+if __name__ == "__main__":
+    sys.exit(main(SCENARIOS, prepare))
