@@ -32,9 +32,33 @@ def timeout_seconds() -> float:
     return float(os.environ.get("PDEVIDENCE_PROBE_TIMEOUT", DEFAULT_TIMEOUT))
 
 
-def _tail(log: Path) -> str:
+def tail(log: Path) -> str:
+    """The last lines of a log, for an error message."""
     lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
     return "\n".join(lines[-STDERR_TAIL_LINES:])
+
+
+def run_killable(command: list[str], log: Path, *, timeout: float, env: dict, what: str,
+                 cwd: Path | None = None) -> int:
+    """Run ``command`` with its output in ``log``; kill it and everything it started on timeout."""
+    with open(log, "wb") as out:
+        # Own process group, so the kill reaches grandchildren too.
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise HarnessError(
+                f"{what} did not finish within {timeout:.0f} s and was killed; no result written.\n"
+                f"last output:\n{tail(log)}",
+                todo=f"look for a hang in {log}; PDEVIDENCE_PROBE_TIMEOUT raises the limit",
+            ) from None
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
 
 
 def run_probe(interpreter: Path, probe: Path, args: list[str], dest: Path, log: Path, *,
@@ -46,27 +70,10 @@ def run_probe(interpreter: Path, probe: Path, args: list[str], dest: Path, log: 
     command = [str(interpreter), str(probe), *args, "--out", str(partial)]
     run_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0", **(env or {})}
     try:
-        with open(log, "wb") as err:
-            # Own process group: a timeout kills the probe and anything it started.
-            proc = subprocess.Popen(command, stdout=err, stderr=subprocess.STDOUT, env=run_env,
-                                    start_new_session=True)
-            try:
-                status = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                raise HarnessError(
-                    f"probe {probe.name} did not finish within {timeout:.0f} s and was killed; no result written.\n"
-                    f"last output:\n{_tail(log)}",
-                    todo="look for a hang in the log above; PDEVIDENCE_PROBE_TIMEOUT raises the limit",
-                ) from None
-            except BaseException:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                raise
+        status = run_killable(command, log, timeout=timeout, env=run_env, what=f"probe {probe.name}")
         if status != 0:
             raise HarnessError(
-                f"probe {probe.name} exited with status {status}; no result written.\nlast output:\n{_tail(log)}",
+                f"probe {probe.name} exited with status {status}; no result written.\nlast output:\n{tail(log)}",
                 todo=f"full log: {log}",
             )
         try:

@@ -18,7 +18,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import xml.etree.ElementTree as ET
@@ -32,7 +31,7 @@ from .errors import ENVIRONMENT, HarnessError, usage
 from .fetch import sha256_file
 from .locking import exclusive
 from .paths import runs_dir, tree_lock_file, work_dir
-from .probe_run import timeout_seconds
+from .probe_run import run_killable, tail, timeout_seconds
 from .registry import SIDES, Experiment, Registry
 
 RESULT_SCHEMA = "pdevidence-upstream/1"
@@ -40,7 +39,6 @@ RECEIPT_SCHEMA = "pdevidence-upstream-receipt/1"
 RESULT_SUFFIX = ".upstream.json"
 TESTS_ENV = "PDEVIDENCE_UPSTREAM_TESTS"
 TOTAL_KEYS = {"passed": "passed", "failed": "failed", "error": "errors", "skipped": "skipped"}
-LOG_TAIL_LINES = 25
 # pytest: 0 all passed, 1 some failed, 5 nothing collected - all data. 2 interrupted,
 # 3 internal error, 4 usage error: the run itself went wrong.
 BROKEN_RUN = (3, 4)
@@ -184,10 +182,6 @@ class SuiteRun:
     finished: datetime
 
 
-def _tail(log: Path) -> str:
-    lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
-    return "\n".join(lines[-LOG_TAIL_LINES:])
-
 
 def run_suite(interpreter: Path, files: list[TestFile], log: Path, *, timeout: float | None = None,
               env: dict | None = None) -> SuiteRun:
@@ -213,24 +207,7 @@ def run_suite(interpreter: Path, files: list[TestFile], log: Path, *, timeout: f
                    "-c", str(ini), "--rootdir", str(suite), "--confcutdir", str(suite),
                    f"--junitxml={junit}", *[f.rel for f in files]]
         started = receipts.now()
-        with open(log, "wb") as out:
-            # Own process group: a timeout kills pytest and anything the tests started.
-            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=suite, env=run_env,
-                                    start_new_session=True)
-            try:
-                status = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                raise HarnessError(
-                    f"the upstream tests did not finish within {timeout:.0f} s and were killed; no result written.\n"
-                    f"last output:\n{_tail(log)}",
-                    todo=f"look for a hang in {log}; PDEVIDENCE_PROBE_TIMEOUT raises the limit",
-                ) from None
-            except BaseException:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                raise
+        status = run_killable(command, log, timeout=timeout, env=run_env, cwd=suite, what="the upstream tests")
         finished = receipts.now()
         try:
             xml_text = junit.read_text(encoding="utf-8")
@@ -239,7 +216,7 @@ def run_suite(interpreter: Path, files: list[TestFile], log: Path, *, timeout: f
     if status in BROKEN_RUN or xml_text is None:
         raise HarnessError(
             f"pytest exited with status {status}{'' if xml_text else ' and wrote no JUnit XML'}: the tests could "
-            f"not run in this environment; no result written.\nlast output:\n{_tail(log)}",
+            f"not run in this environment; no result written.\nlast output:\n{tail(log)}",
             todo=f"full log: {log}",
         )
     try:

@@ -17,37 +17,13 @@ import pytest
 from pdevidence import cells, errors, registry, results
 from pdevidence.fetch import sha256_file
 from pdevidence.paths import PROJECT
+from synthetic import REGISTRY as SYNTHETIC_REGISTRY
 from synthetic import serve_index, wheel_bytes
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 
-REGISTRY = f"""
-python = "{PY}"
-constraints = "constraints/cells.txt"
-release_floor = "1.0.0"
-
-[experiments.demo]
-pr = 1
-title = "Rejected requests are retired at the door"
-probe = "probes/probe_demo.py"
-
-[experiments.demo.git]
-base = "{"a" * 40}"
-head = "{"b" * 40}"
-
-[experiments.demo.releases]
-base = "1.0.0"
-head = "1.1.0"
-
-[experiments.demo.expect.D1]
-changes = true
-base = {{ retired = false }}
-head = {{ retired = true }}
-
-[experiments.demo.expect.D2]
-changes = false
-keys = {{ admitted = true }}
-"""
+# The synthetic registry, with the cells on this interpreter's Python.
+REGISTRY = SYNTHETIC_REGISTRY.replace('python = "3.12"', f'python = "{PY}"')
 
 PROBE = '''
 """Demo probe: reads the fixture sglang's behaviour through the real probe kit."""
@@ -72,12 +48,13 @@ def prepare():
 @demo.scenario("D1", "rejected request at the door")
 def d1(obs):
     import sglang
+    obs["enqueued"] = not sglang.RETIRES_REJECTED
     obs["retired"] = sglang.RETIRES_REJECTED
 
 
 @demo.scenario("D2", "valid request")
 def d2(obs):
-    obs["admitted"] = True
+    obs["enqueued"] = True
 
 
 if __name__ == "__main__":
@@ -117,7 +94,7 @@ def test_a_release_cell_writes_a_result_and_a_receipt(demo_project):
     assert outcome.result.name == "demo.head.release-1.1.0.json"
     doc = results.load(outcome.result, experiment="demo", side="head")
     assert doc["tree"] == {"kind": "release", "ref": "1.1.0", "resolved": "1.1.0"}
-    assert doc["scenarios"]["D1"]["observed"] == {"retired": True}
+    assert doc["scenarios"]["D1"]["observed"] == {"enqueued": False, "retired": True}
     receipt = json.loads(outcome.receipt.read_text())
     assert receipt["tree"]["source"] == "pypi" and len(receipt["tree"]["sha256"]) == 64
     assert receipt["packages"]["sglang"] == "1.1.0"
