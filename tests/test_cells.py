@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -176,3 +177,47 @@ def test_a_git_cell_without_github_points_to_the_ways_out(demo_project, monkeypa
     with pytest.raises(errors.HarnessError, match="SGLANG_REPO") as err:
         cells.run_cell(reg, cells.Cell("demo", "base", "git"), log=lambda msg: None)
     assert "release" in str(err.value) and err.value.code == errors.ENVIRONMENT
+
+
+def git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def commit_fixture_sglang(repo, version, fixed):
+    package = repo / "python" / "sglang"
+    package.mkdir(parents=True, exist_ok=True)
+    (repo / "python" / "pyproject.toml").write_text(textwrap.dedent(f"""
+        [project]
+        name = "sglang"
+        version = "{version}"
+        [build-system]
+        requires = ["setuptools"]
+        build-backend = "setuptools.build_meta"
+    """))
+    (package / "__init__.py").write_text(f"__version__ = {version!r}\nRETIRES_REJECTED = {fixed}\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", version)
+    return git(repo, "rev-parse", "HEAD")
+
+
+def test_git_cells_run_from_a_local_clone_at_the_pinned_commits(demo_project, tmp_path, monkeypatch):
+    repo = tmp_path / "sglang-clone"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    base = commit_fixture_sglang(repo, "1.0.0", False)
+    head = commit_fixture_sglang(repo, "1.1.0", True)
+    registry_file = demo_project / "experiments.toml"
+    registry_file.write_text(registry_file.read_text().replace("a" * 40, base).replace("b" * 40, head))
+    monkeypatch.setenv("SGLANG_REPO", str(repo))
+    reg = registry.load(demo_project)
+    outcomes = {side: cells.run_cell(reg, cells.Cell("demo", side, "git"), log=lambda msg: None)
+                for side in ("base", "head")}
+    assert outcomes["base"].result.name == f"demo.base.git-{base[:12]}.json"
+    docs = {side: results.load(o.result) for side, o in outcomes.items()}
+    assert docs["base"]["tree"] == {"kind": "git", "ref": base, "resolved": base}
+    # Each side is its own commit, not the clone's checked-out HEAD.
+    assert docs["base"]["scenarios"]["D1"]["observed"]["retired"] is False
+    assert docs["head"]["scenarios"]["D1"]["observed"]["retired"] is True
+    receipt = json.loads(outcomes["base"].receipt.read_text())
+    assert receipt["tree"]["source"] == "clone" and receipt["tree"]["origin"] == str(repo)
