@@ -220,7 +220,10 @@ def fake_cell(project, tmp_path, monkeypatch):
     """The side's tree and environment stand in: this interpreter, with pytest, as the cell's."""
     env_dir = tmp_path / "env"
     (env_dir / "bin").mkdir(parents=True)
-    (env_dir / "bin" / "python").symlink_to(sys.executable)
+    # A wrapper, not a symlink: a symlinked venv interpreter would lose its venv (and pytest).
+    wrapper = env_dir / "bin" / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
     tree = trees.Tree("release", "1.0.0", "1.0.0", tmp_path / "sglang-1.0.0.whl", "e" * 64, "pypi", "x.whl")
     seen = {}
 
