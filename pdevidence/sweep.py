@@ -31,25 +31,41 @@ class ReleaseOutcome:
 
 
 def version_key(version: str) -> tuple:
-    return tuple(int(part) if part.isdigit() else part for part in re.split(r"[.+-]", version))
+    """Orders 0.5.9 < 0.5.15 < 0.5.15.post1 < 0.5.17; numbers and labels never compared directly."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"[.+-]", version))
 
 
 def releases(files: list[dict], python: str, floor: str, project: str = "sglang") -> list[str]:
     """Versions with a wheel for this Python and machine, oldest first, from ``floor`` up."""
     interp, machine = trees.wheel_tag(python)
-    pattern = re.compile(rf"^{project}-([0-9][^-]*)-(?:{interp}-{interp}-.*{machine}|py3-none-any)\.whl$")
+    # Final releases only (post-releases included), as pip picks by default: no rc or dev builds.
+    pattern = re.compile(rf"^{project}-([0-9]+(?:\.[0-9]+)*(?:\.post[0-9]+)?)-"
+                         rf"(?:{interp}-{interp}-.*{machine}|py3-none-any)\.whl$")
     found = {m.group(1) for f in files if not f.get("yanked") and (m := pattern.match(f["filename"]))}
     return sorted((v for v in found if version_key(v) >= version_key(floor)), key=version_key)
 
 
-def signature(doc: dict, scenarios: list[str]) -> dict[str, dict]:
-    return {sid: doc["scenarios"].get(sid, {}).get("observed") for sid in scenarios}
+def signature(doc: dict, telling: dict[str, list[str] | None]) -> dict[str, object]:
+    """The observations that decide: per scenario, the named keys (or all of them)."""
+    out = {}
+    for sid, keys in telling.items():
+        observed = doc["scenarios"].get(sid, {}).get("observed") or {}
+        out[sid] = observed if keys is None else {k: observed.get(k) for k in keys}
+    return out
 
 
-def classify(doc: dict, base: dict, head: dict) -> ReleaseOutcome:
-    """Compare ``doc`` with the references on the scenarios where base and head differ."""
-    telling = [sid for sid in sorted(set(base["scenarios"]) | set(head["scenarios"]))
-               if not same(base["scenarios"].get(sid, {}).get("observed"), head["scenarios"].get(sid, {}).get("observed"))]
+def telling_scenarios(base: dict, head: dict, exp: Experiment | None = None) -> dict[str, list[str] | None]:
+    """What tells base from head: the registry's changing scenarios on their declared keys,
+    else every scenario whose observations differ. Tree facts and controls do not decide."""
+    if exp is not None and any(e.changes for e in exp.expect.values()):
+        return {sid: sorted(set(e.base) | set(e.head)) for sid, e in sorted(exp.expect.items()) if e.changes}
+    return {sid: None for sid in sorted(set(base["scenarios"]) | set(head["scenarios"]))
+            if not same(base["scenarios"].get(sid, {}).get("observed"), head["scenarios"].get(sid, {}).get("observed"))}
+
+
+def classify(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -> ReleaseOutcome:
+    """Pre-fix if ``doc`` observes what base observes where it matters, fixed if what head does."""
+    telling = telling_scenarios(base, head, exp)
     got, was, now = signature(doc, telling), signature(base, telling), signature(head, telling)
     version = doc["tree"]["resolved"]
     if same(got, was):
@@ -85,7 +101,7 @@ def sweep(reg: Registry, experiment: str, *, published: Path, out_dir: Path, ver
             outcome = cells.run_cell(reg, cell, out_dir=out_dir, log=log)
         except HarnessError as exc:
             return ReleaseOutcome(version, FAILED, error=str(exc).splitlines()[0])
-        return classify(results.load(outcome.result), refs["base"], refs["head"])
+        return classify(results.load(outcome.result), refs["base"], refs["head"], exp)
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         return list(pool.map(one, versions))

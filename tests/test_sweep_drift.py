@@ -43,13 +43,15 @@ def test_releases_come_from_wheels_for_this_python_from_the_floor_up(monkeypatch
     monkeypatch.setattr(sweep.trees.platform, "machine", lambda: "x86_64")
     files = [{"filename": f} for f in (
         "sglang-0.5.9-cp312-cp312-manylinux_2_34_x86_64.whl",
+        "sglang-0.5.15.post1-cp312-cp312-manylinux_2_34_x86_64.whl",
+        "sglang-0.5.16rc0-py3-none-any.whl",
         "sglang-0.5.17-cp312-cp312-manylinux_2_34_x86_64.whl",
         "sglang-0.5.17-cp312-cp312-manylinux_2_34_aarch64.whl",
         "sglang-0.5.18-cp311-cp311-manylinux_2_34_x86_64.whl",
         "sglang-0.5.20-cp312-cp312-manylinux_2_34_x86_64.whl",
         "sglang-0.5.19.tar.gz",
     )] + [{"filename": "sglang-0.5.21-cp312-cp312-manylinux_2_34_x86_64.whl", "yanked": "broken"}]
-    assert sweep.releases(files, "3.12", "0.5.10") == ["0.5.17", "0.5.20"]
+    assert sweep.releases(files, "3.12", "0.5.10") == ["0.5.15.post1", "0.5.17", "0.5.20"]
 
 
 def test_drift_repins_only_the_named_packages():
@@ -57,3 +59,13 @@ def test_drift_repins_only_the_named_packages():
     moved = drift.drift_inputs(source, {"torch": drift.LATEST, "torchvision": drift.LATEST,
                                         "transformers": "5.19.0"})
     assert moved == "# header\ntorch\ntorchvision\ntransformers==5.19.0\nnumpy\n"
+
+
+def test_with_a_declared_differential_only_its_changing_scenarios_and_keys_decide(tmp_path):
+    from pdevidence import registry
+    from synthetic import make_project
+
+    exp = registry.load(make_project(tmp_path)).experiment("demo")
+    doc = release("0.9.0", {"enqueued": True, "retired": False, "door_check": "absent"})
+    doc["scenarios"]["D2"]["observed"] = {"enqueued": True, "backup_marker": "older layout"}
+    assert sweep.classify(doc, BASE, HEAD, exp).classification == sweep.PRE_FIX
