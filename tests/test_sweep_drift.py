@@ -69,3 +69,29 @@ def test_with_a_declared_differential_only_its_changing_scenarios_and_keys_decid
     doc = release("0.9.0", {"enqueued": True, "retired": False, "door_check": "absent"})
     doc["scenarios"]["D2"]["observed"] = {"enqueued": True, "backup_marker": "older layout"}
     assert sweep.classify(doc, BASE, HEAD, exp).classification == sweep.PRE_FIX
+
+
+def test_an_sglang_that_no_longer_imports_is_the_drift_finding_not_a_crash(tmp_path, monkeypatch):
+    from pdevidence import cells, errors, registry
+    from synthetic import make_project, write_cell
+
+    project = make_project(tmp_path)
+    write_cell(project / "results", "head")
+    reg = registry.load(project)
+
+    def compile_(reg_, pins, dest):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text("torch==9.0.0 \\\n    --hash=sha256:00\ntransformers==9.1.0\n")
+        return dest
+
+    def broken_cell(*args, **kwargs):
+        raise errors.HarnessError("probe cannot run: ValueError: 'qwen3_asr' is already used")
+
+    monkeypatch.setattr(drift, "compile_constraints", compile_)
+    monkeypatch.setattr(cells, "run_cell", broken_cell)
+    found = drift.run(reg, "demo", "head", {"torch": drift.LATEST}, published=project / "results",
+                      work=tmp_path / "work")
+    assert found.status == "cannot run"
+    assert "qwen3_asr" in found.error
+    assert found.packages == {"torch": "9.0.0", "transformers": "9.1.0"}
+    assert "cannot run (advisory)" in drift.summary(found)
