@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -17,14 +16,18 @@ import nox
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from pdevidence import cli, registry  # noqa: E402
+from pdevidence import cli, errors, registry  # noqa: E402
 
 nox.options.default_venv_backend = "none"
 # Bare `nox` runs the main job; `nox -l` still lists every cell.
 nox.options.sessions = ["matrix"]
 
 ROOT = Path(__file__).parent
-REGISTRY = registry.load(ROOT)
+try:
+    REGISTRY = registry.load(ROOT)
+except errors.HarnessError as exc:  # a broken registry: say so, not a traceback
+    print(f"error: {exc}", file=sys.stderr)
+    sys.exit(exc.code)
 CELLS = [(name, side) for name in REGISTRY.experiments for side in registry.SIDES]
 CELL_IDS = [f"{name}, {side}" for name, side in CELLS]
 
@@ -36,22 +39,18 @@ def _run(*argv: str) -> None:
         raise SystemExit(code)
 
 
-def _flags(session: nox.Session) -> list[str]:
-    return ["--force"] if "--force" in session.posargs else []
-
-
 @nox.session(tags=["cell", "git"])
 @nox.parametrize(("experiment", "side"), CELLS, ids=CELL_IDS)
 def probe(session: nox.Session, experiment: str, side: str) -> None:
     """A pinned-commit cell (GitHub archive, or SGLANG_REPO=<clone>)."""
-    _run("cell", "git", experiment, side, *_flags(session))
+    _run("cell", "git", experiment, side, *session.posargs)
 
 
 @nox.session(tags=["cell", "release"])
 @nox.parametrize(("experiment", "side"), CELLS, ids=CELL_IDS)
 def release(session: nox.Session, experiment: str, side: str) -> None:
     """A release-backed cell: the registry's bracketing SGLang release from PyPI."""
-    _run("cell", "release", experiment, side, *_flags(session))
+    _run("cell", "release", experiment, side, *session.posargs)
 
 
 @nox.session
@@ -98,22 +97,8 @@ def drift(session: nox.Session, experiment: str, side: str) -> None:
     _run("drift", experiment, side, *session.posargs)
 
 
-def _upstream_kind(posargs: list[str]) -> tuple[str, list[str]]:
-    """`-- --kind release` (or PDEVIDENCE_UPSTREAM_KIND) picks the tree kind; the rest goes to the CLI."""
-    kind, rest, args = os.environ.get("PDEVIDENCE_UPSTREAM_KIND", "git"), [], iter(posargs)
-    for arg in args:
-        if arg == "--kind":
-            kind = next(args, "")
-        elif arg.startswith("--kind="):
-            kind = arg.split("=", 1)[1]
-        else:
-            rest.append(arg)
-    return kind, rest
-
-
 @nox.session(tags=["upstream"])
 @nox.parametrize(("experiment", "side"), CELLS, ids=CELL_IDS)
 def upstream(session: nox.Session, experiment: str, side: str) -> None:
     """The PR's own test files on one side's tree (PDEVIDENCE_UPSTREAM_TESTS=<checkout>, `-- --kind release`)."""
-    kind, rest = _upstream_kind(session.posargs)
-    _run("upstream", kind, experiment, side, *rest)
+    _run("upstream", experiment, side, *session.posargs)

@@ -7,6 +7,7 @@ do, and the exit code documented in the README.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -163,9 +164,10 @@ def parser() -> argparse.ArgumentParser:
     pub.set_defaults(func=cmd_publish)
 
     up = sub.add_parser("upstream", help="run the PR's own test files (from the head tree) on one side's tree")
-    up.add_argument("kind", choices=list(cells.SESSION_OF_KIND))
     up.add_argument("experiment")
     up.add_argument("side")
+    up.add_argument("--kind", choices=list(cells.SESSION_OF_KIND), default=os.environ.get("PDEVIDENCE_UPSTREAM_KIND", "git"),
+                    help="whose tree and environment: git (default, or $PDEVIDENCE_UPSTREAM_KIND), release or path")
     up.add_argument("--tests", type=Path, metavar="DIR",
                     help=f"an SGLang checkout (or a directory) holding the test files; default ${upstream.TESTS_ENV}, "
                     "else the head commit's tree (SGLANG_REPO or GitHub)")

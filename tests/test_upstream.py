@@ -240,7 +240,7 @@ def fake_cell(project, tmp_path, monkeypatch):
 
 def test_the_session_writes_a_deterministic_result_and_a_receipt(fake_cell, capsys):
     reg, seen = fake_cell
-    argv = ["--root", str(reg.root), "upstream", "release", "demo", "base", "--tests", str(SUITE)]
+    argv = ["--root", str(reg.root), "upstream", "demo", "base", "--kind", "release", "--tests", str(SUITE)]
     assert cli.main(argv) == 0  # failing upstream tests are the data, not a harness failure
     assert seen["slug"] == "demo.base.release-1.0.0"  # the probe cell's environment
     result = reg.root / "runs" / "demo.base.release-1.0.0.upstream.json"
@@ -272,7 +272,7 @@ def test_the_session_without_a_test_source_exits_with_the_usage_code(fake_cell, 
                                                                       capsys):
     reg, seen = fake_cell
     monkeypatch.setenv("PDEVIDENCE_GIT_ARCHIVE_URL", unreachable_url + "/{sha}")
-    assert cli.main(["--root", str(reg.root), "upstream", "release", "demo", "head"]) == USAGE
+    assert cli.main(["--root", str(reg.root), "upstream", "demo", "head", "--kind", "release"]) == USAGE
     assert upstream.TESTS_ENV in capsys.readouterr().err
     assert "slug" not in seen  # nothing was built
 
