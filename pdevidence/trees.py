@@ -103,6 +103,10 @@ def git_tree(sha: str, lock: LockFile, *, clone: Path | None = None) -> Tree:
     trees = cache_dir() / "trees"
     dest = trees / f"git-{sha}"
     with exclusive(cache_dir() / "locks" / f"git-{sha}.lock", f"the cached tree {sha[:12]}"):
+        # A tree exported from a clone is that commit (git checks its own object hashes): reuse it
+        # even without the clone, and say where it came from. GitHub trees re-check their archive.
+        if (dest / TREE_INFO).exists() and json.loads((dest / TREE_INFO).read_text())["source"] == "clone":
+            return _git_tree(sha, dest)
         if clone is not None:
             return _git_tree_from_clone(sha, clone, dest, lock)
         return _git_tree_from_github(sha, dest, lock)
@@ -133,7 +137,7 @@ def _git_tree_from_github(sha: str, dest: Path, lock: LockFile) -> Tree:
     # Pinned only once it extracted: a truncated first download must not become the reference.
     if entry is None:
         lock.record("git", sha, {"sha256": digest, "url": url})
-    return _git_tree(sha, dest, info)
+    return _git_tree(sha, dest)
 
 
 def _git(clone: Path, *args: str, **kw) -> subprocess.CompletedProcess:
@@ -165,7 +169,7 @@ def _git_tree_from_clone(sha: str, clone: Path, dest: Path, lock: LockFile) -> T
             fetch.extract_tar(tar, target, strip_top=False)
 
     _materialize(dest, info, export)
-    return _git_tree(sha, dest, json.loads((dest / TREE_INFO).read_text()))
+    return _git_tree(sha, dest)
 
 
 def _materialize(dest: Path, info: dict, build) -> None:
@@ -178,7 +182,9 @@ def _materialize(dest: Path, info: dict, build) -> None:
     (dest / TREE_INFO).write_text(json.dumps(info, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _git_tree(sha: str, dest: Path, info: dict) -> Tree:
+def _git_tree(sha: str, dest: Path) -> Tree:
+    """The cached tree, described by the provenance stored when it was built (clone or GitHub)."""
+    info = json.loads((dest / TREE_INFO).read_text(encoding="utf-8"))
     python_dir = dest / "python"
     if not (python_dir / "pyproject.toml").exists() and not (python_dir / "setup.py").exists():
         raise HarnessError(f"the tree of {sha[:12]} has no python/ package directory",

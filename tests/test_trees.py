@@ -245,6 +245,14 @@ def test_clone_materializes_the_requested_commit_not_the_checkout(clone, cache, 
     assert os.listdir(cache / "trees") == [f"git-{clone.first}"]  # no temporary export left
 
 
+def test_a_tree_exported_from_a_clone_is_reused_without_it_and_keeps_its_provenance(
+        clone, cache, lock, monkeypatch, unreachable_url):
+    trees.git_tree(clone.first, lock, clone=clone.path)
+    monkeypatch.setenv("PDEVIDENCE_GIT_ARCHIVE_URL", unreachable_url + "/{sha}.tar.gz")
+    again = trees.git_tree(clone.first, lock)
+    assert (again.source, again.origin) == ("clone", str(clone.path))
+
+
 def test_clone_without_the_commit_says_to_git_fetch_it(clone, lock):
     missing = "f" * 40
 
