@@ -17,6 +17,7 @@ from .errors import (BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT_DIFFERS, INCOMPLE
                      worst)
 from .receipts import pins
 from .registry import SIDES, Experiment, Registry
+from .trees import tree_label
 
 COMPARED_KINDS = ("release", "git")
 REPORT_SCHEMA = "pdevidence-report/1"
@@ -75,8 +76,8 @@ class Summary:
 
 def expected_file(exp: Experiment, side: str, kind: str) -> str:
     """The result file name a registry cell produces, known without fetching anything."""
-    label = f"release-{exp.release(side)}" if kind == "release" else f"git-{exp.git[side][:12]}"
-    return results.result_name(exp.name, side, label)
+    pin = exp.release(side) if kind == "release" else exp.git[side]
+    return results.result_name(exp.name, side, tree_label(kind, pin))
 
 
 def key_status(base: Any, head: Any) -> str:

@@ -18,8 +18,8 @@ RESULT_SCHEMA_PREFIX = "pd-differential-probe/"
 RECEIPT_SUFFIX = ".receipt.json"
 
 
-def result_name(experiment: str, side: str, tree_label: str) -> str:
-    return f"{experiment}.{side}.{tree_label}.json"
+def result_name(experiment: str, side: str, tree_label: str, suffix: str = ".json") -> str:
+    return f"{experiment}.{side}.{tree_label}{suffix}"
 
 
 def receipt_path(result: Path) -> Path:

@@ -42,17 +42,18 @@ class Tree:
     repo_root: Path | None = None  # whole checkout, for the upstream test files
 
     def label(self) -> str:
-        if self.kind == "git":
-            return f"git-{self.resolved[:12]}"
-        if self.kind == "release":
-            return f"release-{self.resolved}"
-        return f"path-{self.resolved[:12]}"
+        return tree_label(self.kind, self.resolved)
 
     def result_tree(self) -> dict[str, str]:
         return {"kind": self.kind, "ref": self.ref, "resolved": self.resolved}
 
     def receipt(self) -> dict:
         return {**self.result_tree(), "sha256": self.digest, "source": self.source, "origin": self.origin}
+
+
+def tree_label(kind: str, resolved: str) -> str:
+    """How a tree is named in result files: ``git-<12 hex>``, ``release-<version>``, ``path-...``."""
+    return f"{kind}-{resolved}" if kind == "release" else f"{kind}-{resolved[:12]}"
 
 
 class LockFile:

@@ -319,8 +319,8 @@ def type_counts(tests: list[dict]) -> dict[str, int]:
 # --- the cell: tree, environment, run, result and receipt ------------------------------------
 
 
-def result_name(experiment: str, side: str, tree_label: str) -> str:
-    return f"{experiment}.{side}.{tree_label}{RESULT_SUFFIX}"
+def result_name(experiment: str, side: str, label: str) -> str:
+    return results.result_name(experiment, side, label, RESULT_SUFFIX)
 
 
 def cell_name(experiment: str, side: str) -> str:
@@ -419,10 +419,8 @@ INCOMPLETE = "incomplete"
 
 
 def _expected_label(exp: Experiment, side: str, kind: str) -> str | None:
-    if kind == "git":
-        return f"git-{exp.git[side][:12]}"
-    version = exp.releases.get(side)
-    return f"release-{version}" if version else None
+    pin = exp.git[side] if kind == "git" else exp.releases.get(side)
+    return trees.tree_label(kind, pin) if pin else None
 
 
 def _bad(t: dict) -> int:
