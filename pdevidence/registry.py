@@ -1,23 +1,52 @@
-"""The declarative registry: experiments, pins, brackets, expected differentials.
+"""The declarative registry: experiments, pins, brackets, expected differentials, mutants.
 
 Everything the harness knows about an experiment comes from ``experiments.toml``;
-this module only reads and validates it.
+this module only reads and validates it. Validation is strict: every table, key
+and type is checked, and an unknown key is named with its path and the nearest
+valid name, so a typo fails loudly instead of changing what runs.
 """
 
 from __future__ import annotations
 
+import difflib
+import enum
 import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from .errors import usage
 
 SIDES = ("base", "head")
 REGISTRY_FILE = "experiments.toml"
+SCHEMA = 1
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_SCENARIO = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+_TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+Scalar = (bool, int, str)
+
+
+class TorchChannel(str, enum.Enum):
+    """Where a cell's torch comes from: PyPI's (CUDA) build, or the PyTorch CPU index."""
+
+    PYPI = "pypi"
+    CPU = "cpu"
+
+
+class MutantKind(str, enum.Enum):
+    REMOVES_FIX = "removes-fix"  # the probe must then report pre-fix behaviour
+    OVER_BROAD = "over-broad"  # a control must catch it
+
+
+class Operator(str, enum.Enum):
+    CONSTANT = "constant"  # the target returns ``value``
+    NOOP = "noop"  # the target does nothing and returns None
+    SWAP = "swap"  # the target is replaced by ``replacement``
+    EDIT = "edit"  # ``old`` -> ``new`` in the target function's source
 
 
 @dataclass(frozen=True)
@@ -31,6 +60,28 @@ class Expectation:
 
 
 @dataclass(frozen=True)
+class Mutant:
+    """One deliberate break of a fix, applied in the probe process on the installed tree."""
+
+    id: str
+    title: str
+    kind: MutantKind
+    target: str  # "sglang.module:Qualname.attr"
+    operator: Operator
+    value: Any = None  # constant
+    replacement: str | None = None  # swap: "module:qualname"
+    old: str | None = None  # edit
+    new: str | None = None  # edit
+    count: int = 1  # edit: how many occurrences of ``old`` to replace
+
+    def spec(self) -> dict[str, Any]:
+        """The JSON a probe process gets: plain values only."""
+        return {"id": self.id, "title": self.title, "kind": self.kind.value, "target": self.target,
+                "operator": self.operator.value, "value": self.value, "replacement": self.replacement,
+                "old": self.old, "new": self.new, "count": self.count}
+
+
+@dataclass(frozen=True)
 class Experiment:
     name: str
     pr: int
@@ -40,6 +91,7 @@ class Experiment:
     git: dict[str, str]
     releases: dict[str, str | None]
     expect: dict[str, Expectation] = field(default_factory=dict)
+    mutants: dict[str, Mutant] = field(default_factory=dict)
 
     def release(self, side: str) -> str:
         version = self.releases.get(side)
@@ -56,7 +108,9 @@ class Experiment:
 class Registry:
     root: Path
     python: str
+    torch_channel: TorchChannel
     constraints: Path
+    constraints_cpu: Path | None
     constraints_input: Path | None
     release_floor: str
     experiments: dict[str, Experiment]
@@ -78,6 +132,10 @@ def check_side(side: str) -> str:
     return side
 
 
+class RegistryError(ValueError):
+    """A registry problem at a key path, e.g. ``experiments.admission.releases.bsae``."""
+
+
 def load(root: Path, filename: str = REGISTRY_FILE) -> Registry:
     path = root / filename
     try:
@@ -88,76 +146,184 @@ def load(root: Path, filename: str = REGISTRY_FILE) -> Registry:
         raise usage(f"{path} is not valid TOML: {exc}", todo="fix the file; `git diff` shows what changed") from None
     try:
         return _parse(root, data)
-    except (KeyError, TypeError, ValueError) as exc:
+    except RegistryError as exc:
         raise usage(f"{path}: {exc}", todo="fix the registry entry named above") from None
 
 
-def _require(table: dict, key: str, kind: type, where: str):
-    if key not in table:
-        raise KeyError(f"{where}: missing key {key!r}")
-    value = table[key]
-    if not isinstance(value, kind):
-        raise TypeError(f"{where}.{key}: expected {kind.__name__}, got {type(value).__name__}")
+# --- a small schema checker: known keys, required keys, types -------------------------------
+
+
+def _table(value: Any, where: str, *, required: dict[str, type | tuple], optional: dict[str, type | tuple]) -> dict:
+    """``value`` as a table whose keys are all known and whose values have the declared types."""
+    if not isinstance(value, dict):
+        raise RegistryError(f"{where}: expected a table, got {_type_name(value)}")
+    known = {**required, **optional}
+    for key in value:
+        if key not in known:
+            near = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+            hint = f"; did you mean {near[0]!r}?" if near else f"; valid keys: {', '.join(sorted(known))}"
+            raise RegistryError(f"unknown key {where}.{key}{hint}")
+    for key in required:
+        if key not in value:
+            raise RegistryError(f"{where}: missing key {key!r}")
+    for key, kind in known.items():
+        if key in value and not _is(value[key], kind):
+            raise RegistryError(f"{where}.{key}: expected {_kind_name(kind)}, got {_type_name(value[key])}")
     return value
 
 
+def _is(value: Any, kind: type | tuple) -> bool:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    # TOML booleans are ints to Python; an int field must not accept true/false.
+    if isinstance(value, bool) and bool not in kinds:
+        return False
+    return isinstance(value, kinds)
+
+
+def _kind_name(kind: type | tuple) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join({dict: "table", list: "array", str: "string", int: "integer", bool: "boolean"}.get(k, k.__name__)
+                       for k in kinds)
+
+
+def _type_name(value: Any) -> str:
+    return _kind_name(type(value))
+
+
+def _enum(cls: type[enum.Enum], value: str, where: str):
+    try:
+        return cls(value)
+    except ValueError:
+        raise RegistryError(f"{where}: {value!r} is not one of: {', '.join(m.value for m in cls)}") from None
+
+
+def _strings(value: list, where: str) -> tuple[str, ...]:
+    if not all(isinstance(v, str) for v in value):
+        raise RegistryError(f"{where}: expected an array of strings")
+    return tuple(value)
+
+
+def _version(value: str, where: str) -> str:
+    try:
+        Version(value)
+    except InvalidVersion:
+        raise RegistryError(f"{where}: {value!r} is not a PEP 440 version (e.g. \"0.5.21\")") from None
+    return value
+
+
+# --- the registry's tables -------------------------------------------------------------------
+
+
 def _parse(root: Path, data: dict) -> Registry:
+    _table(data, "registry", required={"schema": int, "python": str, "constraints": str, "release_floor": str,
+                                       "experiments": dict, "torch_channel": str},
+           optional={"constraints_input": str, "constraints_cpu": str})
+    if data["schema"] != SCHEMA:
+        raise RegistryError(f"registry.schema: {data['schema']} is not a schema this harness reads ({SCHEMA})")
     experiments = {}
-    for name, table in _require(data, "experiments", dict, "registry").items():
+    for name, table in data["experiments"].items():
         if not _NAME.match(name):
-            raise ValueError(f"experiment name {name!r} must be lowercase letters, digits and _")
+            raise RegistryError(f"experiments.{name}: the name must be lowercase letters, digits and _")
         experiments[name] = _parse_experiment(root, name, table)
     if not experiments:
-        raise ValueError("registry declares no experiments")
+        raise RegistryError("registry declares no experiments")
+    channel = _enum(TorchChannel, data["torch_channel"], "registry.torch_channel")
     return Registry(
         root=root,
-        python=_require(data, "python", str, "registry"),
-        constraints=root / _require(data, "constraints", str, "registry"),
+        python=data["python"],
+        torch_channel=channel,
+        constraints=root / data["constraints"],
+        constraints_cpu=root / data["constraints_cpu"] if "constraints_cpu" in data else None,
         constraints_input=root / data["constraints_input"] if "constraints_input" in data else None,
-        release_floor=_require(data, "release_floor", str, "registry"),
+        release_floor=_version(data["release_floor"], "registry.release_floor"),
         experiments=experiments,
     )
 
 
 def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
     where = f"experiments.{name}"
-    git = _require(table, "git", dict, where)
+    _table(table, where, required={"pr": int, "title": str, "probe": str, "git": dict},
+           optional={"upstream_tests": list, "releases": dict, "expect": dict, "mutants": dict})
+    git = _table(table["git"], f"{where}.git", required={side: str for side in SIDES}, optional={})
     for side in SIDES:
-        sha = _require(git, side, str, f"{where}.git")
-        if not _SHA.match(sha):
-            raise ValueError(f"{where}.git.{side}: {sha!r} is not a full 40-hex commit SHA")
-    releases = table.get("releases", {})
-    expect = {
-        sid: _parse_expectation(f"{where}.expect.{sid}", sid, spec)
-        for sid, spec in table.get("expect", {}).items()
-    }
+        if not _SHA.match(git[side]):
+            raise RegistryError(f"{where}.git.{side}: {git[side]!r} is not a full 40-hex commit SHA")
+    releases = _table(table.get("releases", {}), f"{where}.releases", required={}, optional={s: str for s in SIDES})
+    expect = {sid: _parse_expectation(f"{where}.expect.{sid}", sid, spec)
+              for sid, spec in table.get("expect", {}).items()}
+    mutants = {mid: _parse_mutant(f"{where}.mutants.{mid}", mid, spec)
+               for mid, spec in table.get("mutants", {}).items()}
     return Experiment(
         name=name,
-        pr=_require(table, "pr", int, where),
-        title=_require(table, "title", str, where),
-        probe=root / _require(table, "probe", str, where),
-        upstream_tests=tuple(table.get("upstream_tests", ())),
+        pr=table["pr"],
+        title=table["title"],
+        probe=root / table["probe"],
+        upstream_tests=_strings(table.get("upstream_tests", []), f"{where}.upstream_tests"),
         git={side: git[side] for side in SIDES},
-        releases={side: releases.get(side) or None for side in SIDES},
+        releases={side: _version(releases[side], f"{where}.releases.{side}") if releases.get(side) else None
+                  for side in SIDES},
         expect=expect,
+        mutants=mutants,
     )
+
+
+def _values(values: dict, where: str) -> dict:
+    for key, value in values.items():
+        if not isinstance(value, Scalar):
+            raise RegistryError(f"{where}.{key}: expected a boolean, integer or string, got {_type_name(value)}")
+    return values
 
 
 def _with_nulls(values: dict, spec: dict, key: str, where: str) -> dict:
     """TOML has no null: keys expected to be null are listed in ``<side>_null_keys``."""
-    nulls = spec.get(key, [])
-    if not isinstance(nulls, list) or not all(isinstance(n, str) for n in nulls):
-        raise TypeError(f"{where}.{key}: expected a list of key names")
-    return {**values, **{name: None for name in nulls}}
+    nulls = _strings(spec.get(key, []), f"{where}.{key}")
+    both = set(values) & set(nulls)
+    if both:
+        raise RegistryError(f"{where}.{key}: {', '.join(sorted(both))} also has a value")
+    return {**_values(values, where), **{name: None for name in nulls}}
 
 
-def _parse_expectation(where: str, sid: str, spec: dict) -> Expectation:
-    changes = _require(spec, "changes", bool, where)
-    if changes:
-        base = _with_nulls(_require(spec, "base", dict, where), spec, "base_null_keys", where)
-        head = _with_nulls(_require(spec, "head", dict, where), spec, "head_null_keys", where)
+def _parse_expectation(where: str, sid: str, spec: Any) -> Expectation:
+    if not _SCENARIO.match(sid):
+        raise RegistryError(f"{where}: {sid!r} is not a scenario id (letters, digits, _)")
+    if not isinstance(spec, dict) or not isinstance(spec.get("changes"), bool):
+        raise RegistryError(f"{where}: expected a table with changes = true (a differential) or false (a control)")
+    if spec["changes"]:
+        _table(spec, where, required={"changes": bool, "base": dict, "head": dict},
+               optional={"base_null_keys": list, "head_null_keys": list})
+        base = _with_nulls(spec["base"], spec, "base_null_keys", f"{where}.base")
+        head = _with_nulls(spec["head"], spec, "head_null_keys", f"{where}.head")
         if base == head:
-            raise ValueError(f"{where}: changes = true but base and head expect the same values")
+            raise RegistryError(f"{where}: changes = true but base and head expect the same values")
     else:
-        base = head = _with_nulls(_require(spec, "keys", dict, where), spec, "null_keys", where)
-    return Expectation(sid, changes, base, head)
+        _table(spec, where, required={"changes": bool, "keys": dict}, optional={"null_keys": list})
+        base = head = _with_nulls(spec["keys"], spec, "null_keys", f"{where}.keys")
+    return Expectation(sid, spec["changes"], base, head)
+
+
+_OPERATOR_FIELDS = {
+    Operator.CONSTANT: ({"value": (bool, int, str)}, {}),
+    Operator.NOOP: ({}, {}),
+    Operator.SWAP: ({"replacement": str}, {}),
+    Operator.EDIT: ({"old": str, "new": str}, {"count": int}),
+}
+
+
+def _parse_mutant(where: str, mid: str, spec: Any) -> Mutant:
+    if not _SCENARIO.match(mid):
+        raise RegistryError(f"{where}: {mid!r} is not a mutant id (letters, digits, _)")
+    common = {"title": str, "kind": str, "target": str, "operator": str}
+    _table(spec, where, required=common, optional={"value": (bool, int, str), "replacement": str, "old": str,
+                                                   "new": str, "count": int})
+    operator = _enum(Operator, spec["operator"], f"{where}.operator")
+    required, optional = _OPERATOR_FIELDS[operator]
+    _table(spec, where, required={**common, **required}, optional=optional)
+    for key in ("target", "replacement"):
+        if key in spec and not _TARGET.match(spec[key]):
+            raise RegistryError(f"{where}.{key}: {spec[key]!r} is not \"module.path:Qualified.name\"")
+    if operator is Operator.EDIT and spec["old"] == spec["new"]:
+        raise RegistryError(f"{where}: an edit whose old and new are equal changes nothing")
+    return Mutant(id=mid, title=spec["title"], kind=_enum(MutantKind, spec["kind"], f"{where}.kind"),
+                  target=spec["target"], operator=operator, value=spec.get("value"),
+                  replacement=spec.get("replacement"), old=spec.get("old"), new=spec.get("new"),
+                  count=spec.get("count", 1))

@@ -10,7 +10,9 @@ BASE_SHA = "a" * 40
 HEAD_SHA = "b" * 40
 
 REGISTRY = f"""
+schema = 1
 python = "3.12"
+torch_channel = "pypi"
 constraints = "constraints/cells.txt"
 release_floor = "1.0.0"
 

@@ -61,7 +61,20 @@ def test_unset_release_bracket_says_how_to_find_it(tmp_path):
     (REGISTRY.replace('probe = "probes/probe_demo.py"', ""), "missing key 'probe'"),
     (REGISTRY.replace("head = { enqueued = false, retired = true }",
                       "head = { enqueued = true, retired = false }"), "base and head expect the same"),
-    ('python = "3.12"\nconstraints = "c"\nrelease_floor = "1"\n[experiments]\n', "no experiments"),
+    ('schema = 1\npython = "3.12"\ntorch_channel = "pypi"\nconstraints = "c"\nrelease_floor = "1"\n'
+     '[experiments]\n', "no experiments"),
+    (REGISTRY.replace('head = "1.1.0"', 'haed = "1.1.0"'), r"unknown key experiments\.demo\.releases\.haed; did you mean 'head'"),
+    (REGISTRY.replace('base = "1.0.0"', 'bsae = "1.0.0"'), r"unknown key experiments\.demo\.releases\.bsae; did you mean 'base'"),
+    (REGISTRY.replace("changes = false", "changes = false\nchanegs = 1"), r"experiments\.demo\.expect\.D2\.chanegs; did you mean 'changes'"),
+    (REGISTRY.replace('title = "', 'titel = "x"\ntitle = "'), r"unknown key experiments\.demo\.titel; did you mean 'title'"),
+    (REGISTRY.replace('[experiments.demo.releases]\nbase = "1.0.0"\nhead = "1.1.0"', "").replace(
+        'probe = "probes/probe_demo.py"', 'probe = "probes/probe_demo.py"\nreleases = "x"'),
+     r"experiments\.demo\.releases: expected table, got string"),
+    (REGISTRY.replace('head = "1.1.0"', 'head = "one"'), "not a PEP 440 version"),
+    (REGISTRY.replace('torch_channel = "pypi"', 'torch_channel = "cuda"'), "torch_channel: 'cuda' is not one of: pypi, cpu"),
+    (REGISTRY.replace("keys = { enqueued = true }", "keys = { enqueued = [1] }"), "expected a boolean, integer or string"),
+    (REGISTRY.replace("schema = 1", "schema = 2"), "not a schema this harness reads"),
+    (REGISTRY.replace("pr = 1", "pr = true"), "expected integer, got boolean"),
 ])
 def test_malformed_registries_name_the_problem(tmp_path, broken, message):
     with pytest.raises(errors.HarnessError, match=message) as err:
@@ -73,3 +86,51 @@ def test_malformed_registries_name_the_problem(tmp_path, broken, message):
 def test_missing_registry_says_where_to_run_from(tmp_path):
     with pytest.raises(errors.HarnessError, match="top directory"):
         registry.load(tmp_path)
+
+
+MUTANTS = """
+[experiments.demo.mutants.M1]
+title = "the door check always says admit"
+kind = "removes-fix"
+target = "demo.utils:is_reject"
+operator = "constant"
+value = false
+
+[experiments.demo.mutants.M2]
+title = "drop the resource clause"
+kind = "over-broad"
+target = "demo.utils:is_reject"
+operator = "edit"
+old = "and not held"
+new = ""
+"""
+
+
+def test_mutants_are_typed_with_their_operator_fields(tmp_path):
+    demo = load_text(tmp_path, REGISTRY + MUTANTS).experiment("demo")
+    m1, m2 = demo.mutants["M1"], demo.mutants["M2"]
+    assert (m1.kind, m1.operator, m1.value) == (registry.MutantKind.REMOVES_FIX, registry.Operator.CONSTANT, False)
+    assert (m2.kind, m2.operator, m2.old, m2.new, m2.count) == (
+        registry.MutantKind.OVER_BROAD, registry.Operator.EDIT, "and not held", "", 1)
+    assert m2.spec()["kind"] == "over-broad"
+
+
+@pytest.mark.parametrize("broken, message", [
+    (MUTANTS.replace('kind = "removes-fix"', 'kind = "removes"'), "kind: 'removes' is not one of"),
+    (MUTANTS.replace('operator = "constant"\nvalue = false', 'operator = "constant"'), "missing key 'value'"),
+    (MUTANTS.replace('old = "and not held"', 'olde = "and not held"'), "unknown key .*M2.olde; did you mean 'old'"),
+    (MUTANTS.replace('target = "demo.utils:is_reject"\noperator = "constant"',
+                     'target = "demo.utils.is_reject"\noperator = "constant"'), "not \"module.path:Qualified.name\""),
+    (MUTANTS.replace('operator = "constant"', 'operator = "delete"'), "'delete' is not one of: constant"),
+])
+def test_malformed_mutants_name_the_key(tmp_path, broken, message):
+    with pytest.raises(errors.HarnessError, match=message) as err:
+        load_text(tmp_path, REGISTRY + broken)
+    assert err.value.code == errors.USAGE
+
+
+def test_a_registry_typo_exits_2_from_the_command_line_naming_the_key(tmp_path, capsys):
+    from pdevidence import cli
+    make_project(tmp_path, REGISTRY.replace('base = "1.0.0"', 'bsae = "1.0.0"'))
+    assert cli.main(["--root", str(tmp_path), "compare"]) == errors.USAGE
+    assert "experiments.demo.releases.bsae; did you mean 'base'" in capsys.readouterr().err
