@@ -252,23 +252,27 @@ def summarize(runs: Path, registry: Registry, kinds: tuple[str, ...] = ("release
     out = []
     for exp in registry.experiments.values():
         found = {(side, path.name[len(f"{exp.name}.{side}."):-len(RESULT_SUFFIX)]): path
-                 for side in SIDES for path in sorted(runs.glob(f"{exp.name}.{side}.*{RESULT_SUFFIX}"))}
+                 for side in SIDES for path in runs.glob(f"{exp.name}.{side}.*{RESULT_SUFFIX}")}
         for kind in kinds:
-            pinned = {side: found.pop((side, label), None) if (label := _pinned_label(exp, side, kind)) else None
-                      for side in SIDES}
+            labels = {side: _pinned_label(exp, side, kind) for side in SIDES}
+            pinned = {side: (label, found.pop((side, label))) if (side, label) in found else None
+                      for side, label in labels.items()}
             if any(pinned.values()):
                 out.append(_entry(exp, kind, PINS, f"{kind} pins", _load_sides(exp, pinned)))
         for label in sorted({label for _, label in found}):
-            sides = _load_sides(exp, {side: found.get((side, label)) for side in SIDES})
+            sides = _load_sides(exp, {side: (label, found[side, label]) if (side, label) in found else None
+                                      for side in SIDES})
             kind = next(doc.tree["kind"] for _, doc in filter(None, sides.values()))
             if kind in kinds:
                 out.append(_entry(exp, kind, label, label, sides))
     return out
 
 
-def _load_sides(exp: Experiment, paths: dict[str, Path | None]) -> dict[str, tuple[str, UpstreamResult] | None]:
-    return {side: (path.name, load(path, experiment=exp.name, side=side)) if path else None
-            for side, path in paths.items()}
+def _load_sides(exp: Experiment, paths: dict[str, tuple[str, Path] | None]) \
+        -> dict[str, tuple[str, UpstreamResult] | None]:
+    """Each side's (label, file) -> (file name, result), checked against what its name says."""
+    return {side: (found[1].name, load(found[1], experiment=exp.name, side=side, label=found[0])) if found else None
+            for side, found in paths.items()}
 
 
 def _key(test: TestEntry) -> tuple[str, str]:
@@ -287,13 +291,13 @@ def _outcomes(doc: UpstreamResult | None) -> dict[tuple[str, str, str], dict]:
 
 
 def _verdict(base: UpstreamResult | None, head: UpstreamResult | None, tree: str) -> Verdict:
+    if tree == PINS and (base is None or head is None):
+        return Verdict.INCOMPLETE
     present = [doc for doc in (base, head) if doc]
     if any(not doc.tests for doc in present):
         return Verdict.NO_TESTS
     if tree != PINS:  # one tree: its tests pass or they do not, whichever side ran them
         return Verdict.TREE_FAILS if any(doc.bad for doc in present) else Verdict.TREE_PASSES
-    if base is None or head is None:
-        return Verdict.INCOMPLETE
     if head.bad:
         return Verdict.FAIL_ON_HEAD
     return Verdict.FIXED_BY_HEAD if base.bad else Verdict.BOTH_PASS

@@ -14,6 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from .errors import HarnessError
+from .trees import tree_label
 
 RESULT_SCHEMA = "pdevidence-upstream/2"
 
@@ -184,8 +185,10 @@ class UpstreamResult:
         return result
 
 
-def load(path: Path, *, experiment: str | None = None, side: str | None = None) -> UpstreamResult:
-    """The one loader: a missing, unreadable or malformed result is an environment problem (rerun it)."""
+def load(path: Path, *, experiment: str | None = None, side: str | None = None,
+         label: str | None = None) -> UpstreamResult:
+    """The one loader: a missing, unreadable or malformed result is an environment problem (rerun it).
+    ``experiment``, ``side`` and the tree ``label``, when given, are what its file name says."""
     def bad(why: str) -> HarnessError:
         return HarnessError(f"{path} is not a usable upstream result: {why}", expected=f"schema {RESULT_SCHEMA}",
                             todo="delete it and rerun its upstream session")
@@ -198,7 +201,9 @@ def load(path: Path, *, experiment: str | None = None, side: str | None = None) 
         result = UpstreamResult.from_json(doc)
     except Invalid as exc:
         raise bad(str(exc)) from None
-    for name, want, got in (("experiment", experiment, result.experiment), ("side", side, result.side)):
+    found = (("experiment", experiment, result.experiment), ("side", side, result.side),
+             ("tree", label, tree_label(result.tree["kind"], result.tree["resolved"])))
+    for name, want, got in found:
         if want is not None and got != want:
             raise bad(f"{name} {got!r}, expected {want!r} from its file name")
     return result

@@ -458,11 +458,13 @@ def test_results_on_other_trees_are_extra_rows_labelled_with_their_tree(project,
     write_upstream(runs, "head", "0.9.0", [passed("a", sub(Outcome.FAILED, 0, "ValueError"))])
     write_upstream(runs, "base", "1.2.0", [passed("a")])
     write_upstream(runs, "head", "1.2.0", [passed("a")])
+    write_upstream(runs, "base", "1.3.0", [])
     entries = upstream.summarize(runs, project)
     assert [(e["tree"], e["label"], e["verdict"]) for e in entries] == [
         (upstream.PINS, "release pins", Verdict.BOTH_PASS),
         ("release-0.9.0", "release-0.9.0", Verdict.TREE_FAILS),
         ("release-1.2.0", "release-1.2.0", Verdict.TREE_PASSES),
+        ("release-1.3.0", "release-1.3.0", Verdict.NO_TESTS),
     ]
     extra = entries[1]
     assert extra["kind"] == "release" and extra["sides"]["base"] is None
@@ -481,6 +483,8 @@ def test_a_corrupt_or_mislabelled_result_is_an_environment_error_not_a_traceback
         (json.dumps({**doc, "tests": [{"nodeid": "x", "outcome": "exploded"}]}), "outcome 'exploded'"),
         (json.dumps({**doc, "totals": {**doc["totals"], "passed": 7}}), "'totals' does not match the tests"),
         (json.dumps({**doc, "side": "head"}), "side 'head', expected 'base'"),
+        (json.dumps({**doc, "tree": {"kind": "release", "ref": "1.0.1", "resolved": "1.0.1"}}),
+         "tree 'release-1.0.1', expected 'release-1.0.0'"),
     ]:
         path.write_text(broken)
         with pytest.raises(HarnessError, match=re.escape(why)) as err:
