@@ -102,20 +102,26 @@ class TestEntry:
                    tuple(Subtest.from_json(s) for s in _get(doc, "subtests", list)))
 
 
-def totals(tests: list[TestEntry]) -> dict[str, int]:
-    """Tests per outcome, as pytest counts them (a subtest is not a test)."""
-    counts = Counter(t.outcome for t in tests)
-    return {**{key: counts.get(o, 0) for o, key in TOTAL_KEYS.items()}, "total": len(tests)}
-
-
-def subtest_totals(tests: list[TestEntry]) -> dict[str, int]:
-    counts = Counter(s.outcome for t in tests for s in t.subtests)
+def _count(outcomes) -> dict[str, int]:
+    counts = Counter(outcomes)
     return {**{key: counts.get(o, 0) for o, key in TOTAL_KEYS.items()}, "total": sum(counts.values())}
 
 
+def totals(tests: list[TestEntry]) -> dict[str, int]:
+    """Tests per outcome, as pytest counts them (a subtest is not a test)."""
+    return _count(t.outcome for t in tests)
+
+
+def subtest_totals(tests: list[TestEntry]) -> dict[str, int]:
+    return _count(s.outcome for t in tests for s in t.subtests)
+
+
 def type_counts(tests: list[TestEntry]) -> dict[str, int]:
-    """Failures and errors of tests and subtests by exception type ("unknown" when none is named)."""
-    found = [(t.outcome, t.type) for t in tests] + [(s.outcome, s.type) for t in tests for s in t.subtests]
+    """Failures and errors of tests and subtests by exception type ("unknown" when none is named).
+    A test failed only by its subtests ("contains 1 failed subtest") raised nothing of its own."""
+    found = [(s.outcome, s.type) for t in tests for s in t.subtests]
+    found += [(t.outcome, t.type) for t in tests
+              if t.type or not any(s.outcome in BAD for s in t.subtests)]
     counts = Counter(kind or "unknown" for outcome, kind in found if outcome in BAD)
     return dict(sorted(counts.items()))
 

@@ -162,6 +162,8 @@ def test_subtests_are_recorded_with_their_parameters_and_totals_agree_with_pytes
     assert pytest_summary_line(log) == summary_line(run.tests) == \
         "8 failed, 4 passed, 2 skipped, 1 error, 7 subtests passed"
     assert pytest_summary(run.tests) == {"failed": 8, "passed": 4, "skipped": 2, "errors": 1, "subtests passed": 7}
+    # test_fixture_subtests failed by its ZeroDivisionError subtest only: no "unknown" of its own.
+    assert type_counts(run.tests) == {**EXPECTED_TYPES, "AssertionError": 3, "KeyError": 1, "ZeroDivisionError": 1}
     failed = [(m["nodeid"].rsplit("::", 1)[1], m["subtest"]) for m in run.messages if m["subtest"]]
     assert failed == [("test_named", {"msg": "lookup", "params": {"key": "'k'"}}),
                       ("test_sizes", {"msg": None, "params": {"size": "2"}}),
