@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-RECORD_ENV = "PDEVIDENCE_UPSTREAM_RECORD"
+RECORD_ENV = "PDEVIDENCE_UPSTREAM_RECORD"  # upstream_pytest.RECORD_ENV
 
 
 def _params(kwargs) -> dict:

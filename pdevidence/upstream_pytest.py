@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from . import receipts, upstream_plugin
+from . import receipts
 from .errors import HarnessError
 from .fetch import sha256_file
 from .probe_run import run_killable, tail, timeout_seconds
@@ -25,7 +25,11 @@ from .upstream_model import BAD, Outcome, Subtest, TestEntry
 # pytest: 0 all passed, 1 some failed, 5 nothing collected - all data. 2 interrupted,
 # 3 internal error, 4 usage error: the run itself went wrong.
 BROKEN_RUN = (2, 3, 4)
+# upstream_plugin.py runs inside the cell, under this module name; it imports pytest, so it is
+# copied as a file and never imported here (pdevidence itself does not need pytest).
 PLUGIN = "pdevidence_upstream_record"
+PLUGIN_SOURCE = Path(__file__).with_name("upstream_plugin.py")
+RECORD_ENV = "PDEVIDENCE_UPSTREAM_RECORD"  # where the plugin writes its lines
 # Passed subtests show in pytest's summary ("6 subtests passed") only with subtest verbosity.
 PYTEST_INI = "[pytest]\nverbosity_subtests = 1\n"
 
@@ -48,32 +52,37 @@ class SuiteRun:
     finished: datetime
 
 
-def run_suite(interpreter: Path, files, log: Path, *, timeout: float | None = None,
+def _scratch(scratch: Path, files: list) -> tuple[Path, Path, Path]:
+    """The test files at their repository paths under ``suite/`` with our pytest.ini, and the
+    plugin beside them: returns (suite, plugin directory, record file)."""
+    suite, plugin_dir, record = scratch / "suite", scratch / "plugin", scratch / "reports.jsonl"
+    plugin_dir.mkdir()
+    (plugin_dir / f"{PLUGIN}.py").write_bytes(PLUGIN_SOURCE.read_bytes())
+    record.touch()
+    suite.mkdir()
+    (suite / "pytest.ini").write_text(PYTEST_INI, encoding="utf-8")
+    for f in files:
+        dest = suite / f.rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(f.data)
+    return suite, plugin_dir, record
+
+
+def run_suite(interpreter: Path, files: list, log: Path, *, timeout: float | None = None,
               env: dict | None = None) -> SuiteRun:
     """pytest on a scratch copy of ``files`` (``upstream.TestFile``s, their repository paths kept),
     so no conftest or pytest configuration of a checkout applies."""
     timeout = timeout_seconds() if timeout is None else timeout
     log.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="pdevidence-upstream-") as scratch:
-        suite, plugin_dir = Path(scratch) / "suite", Path(scratch) / "plugin"
-        plugin_dir.mkdir()
-        (plugin_dir / f"{PLUGIN}.py").write_bytes(Path(upstream_plugin.__file__).read_bytes())
-        record = Path(scratch) / "reports.jsonl"
-        record.touch()
+        suite, plugin_dir, record = _scratch(Path(scratch), files)
         run_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
-                   **(env or {}), upstream_plugin.RECORD_ENV: str(record)}
+                   **(env or {}), RECORD_ENV: str(record)}
         run_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plugin_dir), run_env.get("PYTHONPATH")]))
         for name in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS"):
             run_env.pop(name, None)
-        suite.mkdir()
-        ini = suite / "pytest.ini"
-        ini.write_text(PYTEST_INI, encoding="utf-8")
-        for f in files:
-            dest = suite / f.rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(f.data)
         command = [str(interpreter), "-m", "pytest", "-p", "no:cacheprovider", "-p", PLUGIN,
-                   "--continue-on-collection-errors", "-c", str(ini), "--rootdir", str(suite),
+                   "--continue-on-collection-errors", "-c", str(suite / "pytest.ini"), "--rootdir", str(suite),
                    "--confcutdir", str(suite), *[f.rel for f in files]]
         started = receipts.now()
         status = run_killable(command, log, timeout=timeout, env=run_env, cwd=suite, what="the upstream tests")
