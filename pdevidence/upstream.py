@@ -311,8 +311,8 @@ def _entry(exp: Experiment, kind: str, tree: str, label: str,
              for side, found in docs.items()}
     base, head = (docs[side][1] if docs[side] else None for side in SIDES)
     shown = {side: _outcomes(doc) for side, doc in zip(SIDES, (base, head))}
-    changed = []
-    for key in sorted(set(shown["base"]) | set(shown["head"])):
+    changed = []  # base vs head: nothing to compare until both sides ran
+    for key in sorted(set(shown["base"]) | set(shown["head"])) if base and head else ():
         row = {side: shown[side].get(key) for side in SIDES}
         if row["base"] != row["head"]:
             subtest = dict(zip(("msg", "params"), json.loads(key[2]))) if key[2] else None

@@ -414,7 +414,7 @@ def test_summarize_pairs_base_and_head(project, tmp_path):
     runs = tmp_path / "runs"
     write_upstream(runs, "base", "1.0.0", [passed("a"), TestEntry(f"{UP}::b", Outcome.FAILED, "call", "AttributeError")])
     (entry,) = upstream.summarize(runs, project)
-    assert entry["verdict"] == Verdict.INCOMPLETE and entry["sides"]["head"] is None
+    assert entry["verdict"] == Verdict.INCOMPLETE and entry["sides"]["head"] is None and entry["changed"] == []
 
     write_upstream(runs, "head", "1.1.0", [passed("a"), passed("b")])
     (entry,) = upstream.summarize(runs, project)
@@ -469,7 +469,7 @@ def test_results_on_other_trees_are_extra_rows_labelled_with_their_tree(project,
         ("release-1.3.0", "release-1.3.0", Verdict.NO_TESTS),
     ]
     extra = entries[1]
-    assert extra["kind"] == "release" and extra["sides"]["base"] is None
+    assert extra["kind"] == "release" and extra["sides"]["base"] is None and extra["changed"] == []
     assert extra["sides"]["head"]["file"] == "demo.head.release-0.9.0.upstream.json"
     assert {"experiment", "pr", "kind", "verdict", "sides", "changed", "same_test_files"} <= extra.keys()
     assert upstream.summarize(runs, project, ("git",)) == []  # every one of them is a release tree
