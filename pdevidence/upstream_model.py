@@ -181,7 +181,7 @@ class UpstreamResult:
         if _get(doc, "schema", str) != RESULT_SCHEMA:
             raise Invalid(f"schema {doc['schema']!r}")
         tree = _get(doc, "tree", dict)
-        if not {"kind", "ref", "resolved"} <= tree.keys():
+        if not all(isinstance(tree.get(key), str) for key in ("kind", "ref", "resolved")):
             raise Invalid("tree must have kind, ref and resolved")
         result = cls(_get(doc, "experiment", str), _get(doc, "side", str), tree, _get(doc, "files", dict),
                      [TestEntry.from_json(t) for t in _get(doc, "tests", list)])

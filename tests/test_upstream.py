@@ -483,6 +483,8 @@ def test_a_corrupt_or_mislabelled_result_is_an_environment_error_not_a_traceback
         ("{not json", "Expecting property name"),
         (json.dumps({**doc, "schema": "pdevidence-upstream/1"}), "schema 'pdevidence-upstream/1'"),
         (json.dumps({**doc, "tests": [{"nodeid": "x", "outcome": "exploded"}]}), "outcome 'exploded'"),
+        (json.dumps({**doc, "tests": [["x"]]}), "no 'nodeid'"),
+        (json.dumps({**doc, "tree": {"kind": "release", "ref": 1, "resolved": 1}}), "tree must have kind, ref"),
         (json.dumps({**doc, "totals": {**doc["totals"], "passed": 7}}), "'totals' does not match the tests"),
         (json.dumps({**doc, "side": "head"}), "side 'head', expected 'base'"),
         (json.dumps({**doc, "tree": {"kind": "release", "ref": "1.0.1", "resolved": "1.0.1"}}),
