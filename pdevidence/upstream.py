@@ -4,11 +4,12 @@
 (paths inside the SGLang repository) from the head commit - or from a local
 directory, since release wheels carry no tests - into a scratch directory, and
 runs them with pytest in the side's cell environment (the one the probe cell
-builds). The JUnit XML becomes ``<experiment>.<side>.<tree>.upstream.json``:
-per test its outcome and, for failures and errors, the exception type; failing
-tests are the data, not a harness failure. The receipt beside it records where
-the tests came from, their SHA-256, the pytest command, its exit status and the
-SHA-256 of the log kept under ``.cells/logs/``.
+builds; ``upstream_pytest``). pytest's reports become
+``<experiment>.<side>.<tree>.upstream.json`` (``upstream_model``): per test its
+outcome, its subtests with their parameters, and for failures and errors the
+exception type; failing tests are the data, not a harness failure. The receipt
+beside it records where the tests came from, their SHA-256, the pytest command,
+its exit status and the SHA-256 of the log kept under ``.cells/logs/``.
 """
 
 from __future__ import annotations
@@ -16,14 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
-import tempfile
-import xml.etree.ElementTree as ET
-from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path, PurePosixPath
 
 from . import cells, receipts, results, trees
@@ -31,24 +27,13 @@ from .errors import ENVIRONMENT, HarnessError, usage
 from .fetch import sha256_file
 from .locking import exclusive
 from .paths import runs_dir, tree_lock_file, work_dir
-from .probe_run import run_killable, tail, timeout_seconds
 from .registry import SIDES, Experiment, Registry
+from .upstream_model import Outcome, TestEntry, UpstreamResult, Verdict, load, pytest_summary, summary_line
+from .upstream_pytest import run_suite
 
-RESULT_SCHEMA = "pdevidence-upstream/1"
 RECEIPT_SCHEMA = "pdevidence-upstream-receipt/1"
 RESULT_SUFFIX = ".upstream.json"
 TESTS_ENV = "PDEVIDENCE_UPSTREAM_TESTS"
-TOTAL_KEYS = {"passed": "passed", "failed": "failed", "error": "errors", "skipped": "skipped"}
-# pytest: 0 all passed, 1 some failed, 5 nothing collected - all data. 2 interrupted,
-# 3 internal error, 4 usage error: the run itself went wrong.
-BROKEN_RUN = (3, 4)
-
-# The last "path:line: TypeName" of a pytest long report names the exception raised.
-_LOCATION_TYPE = re.compile(r"^\S.*:\d+: ((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*)\s*$")
-# "E   ImportError: cannot import name ..." (collection errors carry no location line).
-_E_LINE_TYPE = re.compile(r"^E\s+((?:[A-Za-z_]\w*\.)*[A-Z]\w*)(?::\s|:$|$)")
-_MESSAGE_TYPE = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Z]\w*)(?::\s|:$|$)")
-_PHASE_MESSAGE = re.compile(r'^failed on (setup|teardown) with "(.*)"$', re.S)
 
 
 # --- where the test files come from ----------------------------------------------------------
@@ -81,7 +66,8 @@ class TestSource:
 
 
 def _no_source(exp: Experiment, why: str) -> HarnessError:
-    return usage(
+    """The head tree could not be fetched: an environment problem (exit 3), as for any tree."""
+    return HarnessError(
         f"no source for the upstream tests of {exp.name}: {why}",
         expected=f"the files {', '.join(exp.upstream_tests)} of the head commit {exp.git['head'][:12]}",
         todo=f"set {TESTS_ENV}=/path/to/sglang-checkout (or pass --tests DIR), or SGLANG_REPO=<clone that has "
@@ -167,155 +153,6 @@ def resolve_source(registry: Registry, exp: Experiment, tests_dir: Path | None =
     return head_tree_source(registry, exp)
 
 
-# --- running pytest and reading its JUnit XML ------------------------------------------------
-
-
-@dataclass
-class SuiteRun:
-    command: list[str]
-    exit_status: int
-    log: Path
-    log_sha256: str
-    tests: list[dict]
-    messages: list[dict]
-    started: datetime
-    finished: datetime
-
-
-
-def run_suite(interpreter: Path, files: list[TestFile], log: Path, *, timeout: float | None = None,
-              env: dict | None = None) -> SuiteRun:
-    """pytest on a scratch copy of ``files`` (their repository paths kept), so no conftest or
-    pytest configuration of a checkout applies; one JUnit entry per outcome."""
-    timeout = timeout_seconds() if timeout is None else timeout
-    log.parent.mkdir(parents=True, exist_ok=True)
-    run_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
-               **(env or {})}
-    for name in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS"):
-        run_env.pop(name, None)
-    with tempfile.TemporaryDirectory(prefix="pdevidence-upstream-") as scratch:
-        suite = Path(scratch) / "suite"
-        suite.mkdir()
-        ini = suite / "pytest.ini"
-        ini.write_text("[pytest]\njunit_family = xunit2\n", encoding="utf-8")
-        for f in files:
-            dest = suite / f.rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(f.data)
-        junit = Path(scratch) / "junit.xml"
-        command = [str(interpreter), "-m", "pytest", "-p", "no:cacheprovider", "--continue-on-collection-errors",
-                   "-c", str(ini), "--rootdir", str(suite), "--confcutdir", str(suite),
-                   f"--junitxml={junit}", *[f.rel for f in files]]
-        started = receipts.now()
-        status = run_killable(command, log, timeout=timeout, env=run_env, cwd=suite, what="the upstream tests")
-        finished = receipts.now()
-        try:
-            xml_text = junit.read_text(encoding="utf-8")
-        except OSError:
-            xml_text = None
-    if status in BROKEN_RUN or xml_text is None:
-        raise HarnessError(
-            f"pytest exited with status {status}{'' if xml_text else ' and wrote no JUnit XML'}: the tests could "
-            f"not run in this environment; no result written.\nlast output:\n{tail(log)}",
-            todo=f"full log: {log}",
-        )
-    try:
-        tests, messages = parse_junit(xml_text, [f.rel for f in files])
-    except ET.ParseError as exc:
-        raise HarnessError(f"pytest wrote unreadable JUnit XML ({exc}); no result written",
-                           todo=f"full log: {log}") from None
-    return SuiteRun(command, status, log, sha256_file(log), tests, messages, started, finished)
-
-
-def nodeid(classname: str, name: str, rels: list[str]) -> str:
-    """Undo pytest's JUnit name mangling (``a/b/test_x.py::C::t`` -> ``a.b.test_x.C`` + ``t``)."""
-    modules = {str(PurePosixPath(rel).with_suffix("")).replace("/", "."): rel for rel in rels}
-    if not classname:  # a module-level entry: a collection error or a module skip
-        return modules.get(name, name)
-    for module in sorted(modules, key=len, reverse=True):
-        if classname == module or classname.startswith(module + "."):
-            classes = classname[len(module) + 1:].split(".") if classname != module else []
-            return "::".join([modules[module], *classes, name])
-    return f"{classname}::{name}"
-
-
-def exception_type(element: ET.Element) -> str | None:
-    """The type of the exception a <failure>/<error> reports: its ``type`` attribute if pytest
-    ever writes one, else the report's last location line, else its last ``E   Type:`` line,
-    else the message."""
-    declared = element.get("type")
-    if declared and not declared.startswith("pytest."):
-        return declared.rsplit(".", 1)[-1]
-    lines = (element.text or "").splitlines()
-    for pattern in (_LOCATION_TYPE, _E_LINE_TYPE):
-        for line in reversed(lines):
-            match = pattern.match(line.rstrip())
-            if match:
-                return match.group(1).rsplit(".", 1)[-1]
-    message = element.get("message") or ""
-    phase = _PHASE_MESSAGE.match(message)
-    match = _MESSAGE_TYPE.match(phase.group(2) if phase else message)
-    return match.group(1).rsplit(".", 1)[-1] if match else None
-
-
-def _phase(element: ET.Element, classname: str) -> str:
-    if element.tag == "failure":
-        return "call"
-    message = element.get("message") or ""
-    if message == "collection failure" or not classname:
-        return "collection"
-    phase = _PHASE_MESSAGE.match(message)
-    return phase.group(1) if phase else "unknown"
-
-
-def _first_line(text: str) -> str:
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return ""
-
-
-def parse_junit(xml_text: str, rels: list[str]) -> tuple[list[dict], list[dict]]:
-    """Per outcome entry: ``{nodeid, outcome, phase, type}``; and the messages (for the receipt).
-
-    A test case with a failure and a teardown error yields two entries, as pytest counts them.
-    """
-    tests, messages = [], []
-    for case in ET.fromstring(xml_text).iter("testcase"):
-        classname, name = case.get("classname", ""), case.get("name", "")
-        node = nodeid(classname, name, rels)
-        reported = [child for child in case if child.tag in ("failure", "error", "skipped")]
-        if not reported:
-            tests.append({"nodeid": node, "outcome": "passed", "phase": None, "type": None})
-            continue
-        for child in reported:
-            if child.tag == "skipped":
-                entry = {"nodeid": node, "outcome": "skipped", "phase": None, "type": child.get("type")}
-            else:
-                entry = {"nodeid": node, "outcome": "failed" if child.tag == "failure" else "error",
-                         "phase": _phase(child, classname), "type": exception_type(child)}
-            tests.append(entry)
-            message = child.get("message") or ""
-            if entry["outcome"] == "error" and entry["phase"] == "collection":
-                # "collection failure" says nothing; the E line says what failed to import.
-                e_lines = [ln for ln in (child.text or "").splitlines() if _E_LINE_TYPE.match(ln)]
-                message = e_lines[-1][1:].strip() if e_lines else message
-            messages.append({"nodeid": node, "outcome": entry["outcome"], "phase": entry["phase"],
-                             "message": _first_line(message)})
-    return tests, messages
-
-
-def totals(tests: list[dict]) -> dict[str, int]:
-    counts = Counter(t["outcome"] for t in tests)
-    return {**{key: counts.get(outcome, 0) for outcome, key in TOTAL_KEYS.items()}, "total": len(tests)}
-
-
-def type_counts(tests: list[dict]) -> dict[str, int]:
-    """Failures and errors by exception type (``"unknown"`` when the report names none)."""
-    counts = Counter(t["type"] or "unknown" for t in tests if t["outcome"] in ("failed", "error"))
-    return dict(sorted(counts.items()))
-
-
 # --- the cell: tree, environment, run, result and receipt ------------------------------------
 
 
@@ -332,21 +169,7 @@ class UpstreamOutcome:
     name: str
     result: Path
     receipt: Path
-    doc: dict
-
-
-def result_doc(experiment: str, side: str, tree: trees.Tree, source: TestSource, run: SuiteRun) -> dict:
-    """The deterministic part: same tree, same test files, same environment -> same bytes."""
-    return {
-        "schema": RESULT_SCHEMA,
-        "experiment": experiment,
-        "side": side,
-        "tree": tree.result_tree(),
-        "files": {f.rel: f.sha256 for f in source.files},
-        "tests": run.tests,
-        "totals": totals(run.tests),
-        "types": type_counts(run.tests),
-    }
+    doc: UpstreamResult
 
 
 def run_upstream(registry: Registry, cell: cells.Cell, *, tests_dir: Path | None = None,
@@ -371,8 +194,9 @@ def run_upstream(registry: Registry, cell: cells.Cell, *, tests_dir: Path | None
         log(f"{name}: running pytest on {tree.label()}")
         run = run_suite(env.interpreter, source.files, work / "logs" / f"{slug}.upstream.log")
         packages = env.packages()  # before the result: no result without its receipt
-        doc = result_doc(cell.experiment, cell.side, tree, source, run)
-        results.write_atomic(result, results.dumps(doc))
+        doc = UpstreamResult(cell.experiment, cell.side, tree.result_tree(),
+                             {f.rel: f.sha256 for f in source.files}, run.tests)
+        results.write_atomic(result, results.dumps(doc.to_json()))
         finished = receipts.now()
         receipt = {
             "schema": RECEIPT_SCHEMA,
@@ -401,95 +225,106 @@ def run_upstream(registry: Registry, cell: cells.Cell, *, tests_dir: Path | None
     return UpstreamOutcome(name, result, receipt_file, doc)
 
 
-def describe(doc: dict) -> str:
-    t = doc["totals"]
-    line = f"{t['passed']} passed, {t['failed']} failed, {t['errors']} errors, {t['skipped']} skipped"
-    if doc["types"]:
-        line += " (" + ", ".join(f"{k} {v}" for k, v in doc["types"].items()) + ")"
+def describe(doc: UpstreamResult) -> str:
+    """pytest's own summary line, then the exception types."""
+    line = summary_line(doc.tests)
+    if doc.types:
+        line += " (" + ", ".join(f"{k} {v}" for k, v in doc.types.items()) + ")"
     return line
 
 
 # --- base vs head, for compare/report -------------------------------------------------------
 
-BOTH_PASS = "tests pass on both sides"
-FIXED_BY_HEAD = "tests fail on base, pass on head"
-FAIL_ON_HEAD = "tests fail on head"
-NO_TESTS = "no tests ran"
-INCOMPLETE = "incomplete"
+PINS = "pins"  # an entry's ``tree`` for the registry's base/head pair
 
 
-def _expected_label(exp: Experiment, side: str, kind: str) -> str | None:
+def _pinned_label(exp: Experiment, side: str, kind: str) -> str | None:
     pin = exp.git[side] if kind == "git" else exp.releases.get(side)
     return trees.tree_label(kind, pin) if pin else None
 
 
-def _bad(t: dict) -> int:
-    return t["failed"] + t["errors"]
-
-
 def summarize(runs: Path, registry: Registry, kinds: tuple[str, ...] = ("release", "git")) -> list[dict]:
-    """One entry per experiment and tree kind that has an upstream result on either side.
+    """Per experiment: one entry per tree kind pairing the registry's base and head pins, then one
+    per other tree a result was written for (``upstream --ref``), labelled with that tree.
 
     Reads ``runs/<experiment>.<side>.<tree>.upstream.json`` only; runs nothing.
     """
     out = []
     for exp in registry.experiments.values():
+        found = {(side, path.name[len(f"{exp.name}.{side}."):-len(RESULT_SUFFIX)]): path
+                 for side in SIDES for path in runs.glob(f"{exp.name}.{side}.*{RESULT_SUFFIX}")}
         for kind in kinds:
-            docs: dict[str, tuple[str, dict] | None] = {}
-            for side in SIDES:
-                label = _expected_label(exp, side, kind)
-                path = runs / result_name(exp.name, side, label) if label else None
-                docs[side] = (path.name, _load(path)) if path is not None and path.exists() else None
-            if any(docs.values()):
-                out.append(_pair(exp, kind, docs))
+            labels = {side: _pinned_label(exp, side, kind) for side in SIDES}
+            pinned = {side: (label, found.pop((side, label))) if (side, label) in found else None
+                      for side, label in labels.items()}
+            if any(pinned.values()):
+                out.append(_entry(exp, kind, PINS, f"{kind} pins", _load_sides(exp, pinned)))
+        for label in sorted({label for _, label in found}):
+            sides = _load_sides(exp, {side: (label, found[side, label]) if (side, label) in found else None
+                                      for side in SIDES})
+            kind = next(doc.tree["kind"] for _, doc in filter(None, sides.values()))
+            if kind in kinds:
+                out.append(_entry(exp, kind, label, label, sides))
     return out
 
 
-def _load(path: Path) -> dict:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise HarnessError(f"{path} is unreadable: {exc}", todo="delete it and rerun its upstream session") from None
-    if not isinstance(doc, dict) or doc.get("schema") != RESULT_SCHEMA \
-            or not {"tree", "totals", "types", "files", "tests"} <= doc.keys():
-        raise HarnessError(f"{path} is not an upstream result", expected=f"schema {RESULT_SCHEMA}",
-                           todo="delete it and rerun its upstream session")
-    return doc
+def _load_sides(exp: Experiment, paths: dict[str, tuple[str, Path] | None]) \
+        -> dict[str, tuple[str, UpstreamResult] | None]:
+    """Each side's (label, file) -> (file name, result), checked against what its name says."""
+    return {side: (found[1].name, load(found[1], experiment=exp.name, side=side, label=found[0])) if found else None
+            for side, found in paths.items()}
 
 
-def _key(test: dict) -> tuple[str, str]:
+def _key(test: TestEntry) -> tuple[str, str]:
     # A test can have a failure and a teardown error: tell them apart by phase.
-    return test["nodeid"], test["phase"] if test["outcome"] == "error" else ""
+    return test.nodeid, test.phase if test.outcome is Outcome.ERROR else ""
 
 
-def _pair(exp: Experiment, kind: str, docs: dict[str, tuple[str, dict] | None]) -> dict:
-    sides = {side: {"file": found[0], "tree": found[1]["tree"], "totals": found[1]["totals"],
-                    "types": found[1]["types"], "files": found[1]["files"]} if found else None
+def _outcomes(doc: UpstreamResult | None) -> dict[tuple[str, str, str], dict]:
+    """Every test and subtest of a side, keyed so that the other side's same test meets it."""
+    shown = {}
+    for t in doc.tests if doc else ():
+        shown[(*_key(t), "")] = {"outcome": t.outcome.value, "type": t.type}
+        for s in t.subtests:
+            shown[(t.nodeid, "", s.key())] = {"outcome": s.outcome.value, "type": s.type}
+    return shown
+
+
+def _verdict(base: UpstreamResult | None, head: UpstreamResult | None, tree: str) -> Verdict:
+    if tree == PINS and (base is None or head is None):
+        return Verdict.INCOMPLETE
+    present = [doc for doc in (base, head) if doc]
+    if any(not doc.tests for doc in present):
+        return Verdict.NO_TESTS
+    if tree != PINS:  # one tree: its tests pass or they do not, whichever side ran them
+        return Verdict.TREE_FAILS if any(doc.bad for doc in present) else Verdict.TREE_PASSES
+    if head.bad:
+        return Verdict.FAIL_ON_HEAD
+    return Verdict.FIXED_BY_HEAD if base.bad else Verdict.BOTH_PASS
+
+
+def _entry(exp: Experiment, kind: str, tree: str, label: str,
+           docs: dict[str, tuple[str, UpstreamResult] | None]) -> dict:
+    sides = {side: {"file": found[0], "tree": found[1].tree, "totals": found[1].totals,
+                    "subtest_totals": found[1].subtest_totals, "pytest_summary": pytest_summary(found[1].tests),
+                    "types": found[1].types, "files": found[1].files} if found else None
              for side, found in docs.items()}
-    tests = {side: {_key(t): t for t in found[1]["tests"]} if found else {} for side, found in docs.items()}
-    changed = []
-    for key in sorted(set(tests["base"]) | set(tests["head"])):
-        shown = {side: ({"outcome": t["outcome"], "type": t["type"]} if t else None)
-                 for side, t in ((s, tests[s].get(key)) for s in SIDES)}
-        if shown["base"] != shown["head"]:
-            changed.append({"nodeid": key[0], **shown})
-    base, head = sides["base"], sides["head"]
-    if base is None or head is None:
-        verdict = INCOMPLETE
-    elif base["totals"]["total"] == 0 or head["totals"]["total"] == 0:
-        verdict = NO_TESTS
-    elif _bad(head["totals"]):
-        verdict = FAIL_ON_HEAD
-    elif _bad(base["totals"]):
-        verdict = FIXED_BY_HEAD
-    else:
-        verdict = BOTH_PASS
+    base, head = (docs[side][1] if docs[side] else None for side in SIDES)
+    shown = {side: _outcomes(doc) for side, doc in zip(SIDES, (base, head))}
+    changed = []  # base vs head: nothing to compare until both sides ran
+    for key in sorted(set(shown["base"]) | set(shown["head"])) if base and head else ():
+        row = {side: shown[side].get(key) for side in SIDES}
+        if row["base"] != row["head"]:
+            subtest = dict(zip(("msg", "params"), json.loads(key[2]))) if key[2] else None
+            changed.append({"nodeid": key[0], "subtest": subtest, **row})
     return {
         "experiment": exp.name,
         "pr": exp.pr,
         "kind": kind,
-        "verdict": verdict,
-        "same_test_files": bool(base and head and base["files"] == head["files"]),
+        "tree": tree,
+        "label": label,
+        "verdict": _verdict(base, head, tree).value,
+        "same_test_files": bool(base and head and base.files == head.files),
         "sides": sides,
         "changed": changed,
     }

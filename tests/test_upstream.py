@@ -1,11 +1,13 @@
-"""Upstream test runs: source resolution, pytest in a scratch copy, JUnit classification,
-result + receipt, and the base/head summary. No SGLang, no network: the "upstream tests"
-are the fixture suite in tests/fixtures/upstream_suite/, run with this interpreter."""
+"""Upstream test runs: source resolution, pytest in a scratch copy read through our report
+plugin, subtests, the typed result + receipt, and the base/head summary. No SGLang, no network:
+the "upstream tests" are the fixture suite in tests/fixtures/upstream_suite/, run with this
+interpreter (its pytest is the cells' pinned one; see test_the_cells_pin_the_pytest_we_test_with)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import time
@@ -13,8 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from pdevidence import cells, cli, environments, registry, results, trees, upstream
+from packaging.version import Version
+
+from pdevidence import cells, cli, environments, registry, results, trees, upstream, upstream_pytest
 from pdevidence.errors import ENVIRONMENT, USAGE, HarnessError
+from pdevidence.upstream_model import (RESULT_SCHEMA, Outcome, Subtest, TestEntry, UpstreamResult, Verdict, load,
+                                       pytest_summary, subtest_totals, summary_line, totals, type_counts)
 
 from synthetic import REGISTRY, make_project
 
@@ -22,21 +28,31 @@ SUITE = Path(__file__).parent / "fixtures" / "upstream_suite"
 RELS = ["test/unit/suite_upstream.py", "test/unit/suite_import_error.py"]
 UP = "test/unit/suite_upstream.py"
 IMP = "test/unit/suite_import_error.py"
+SUB = "test/unit/suite_subtests.py"
 
 # What the fixture suite must give, in pytest's order (collection errors first).
 EXPECTED_TESTS = [
-    {"nodeid": IMP, "outcome": "error", "phase": "collection", "type": "ImportError"},
-    {"nodeid": f"{UP}::test_passes", "outcome": "passed", "phase": None, "type": None},
-    {"nodeid": f"{UP}::test_assertion_fails", "outcome": "failed", "phase": "call", "type": "AssertionError"},
-    {"nodeid": f"{UP}::test_attribute_error", "outcome": "failed", "phase": "call", "type": "AttributeError"},
-    {"nodeid": f"{UP}::test_value_error", "outcome": "failed", "phase": "call", "type": "ValueError"},
-    {"nodeid": f"{UP}::TestGrouped::test_skipped", "outcome": "skipped", "phase": None, "type": "pytest.skip"},
+    {"nodeid": IMP, "outcome": "error", "phase": "collection", "type": "ImportError", "subtests": []},
+    {"nodeid": f"{UP}::test_passes", "outcome": "passed", "phase": None, "type": None, "subtests": []},
+    {"nodeid": f"{UP}::test_assertion_fails", "outcome": "failed", "phase": "call", "type": "AssertionError",
+     "subtests": []},
+    {"nodeid": f"{UP}::test_attribute_error", "outcome": "failed", "phase": "call", "type": "AttributeError",
+     "subtests": []},
+    {"nodeid": f"{UP}::test_value_error", "outcome": "failed", "phase": "call", "type": "ValueError",
+     "subtests": []},
+    {"nodeid": f"{UP}::TestGrouped::test_skipped", "outcome": "skipped", "phase": None, "type": "pytest.skip",
+     "subtests": []},
 ]
-EXPECTED_TOTALS = {"passed": 1, "failed": 3, "errors": 1, "skipped": 1, "total": 6}
+EXPECTED_TOTALS = {"passed": 1, "failed": 3, "errors": 1, "skipped": 1, "xfailed": 0, "xpassed": 0, "total": 6}
+NO_SUBTESTS = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "xfailed": 0, "xpassed": 0, "total": 0}
 EXPECTED_TYPES = {"AssertionError": 1, "AttributeError": 1, "ImportError": 1, "ValueError": 1}
 UPSTREAM_REGISTRY = REGISTRY.replace('probe = "probes/probe_demo.py"\n',
                                      'probe = "probes/probe_demo.py"\n'
                                      f'upstream_tests = {json.dumps(RELS)}\n', 1)
+
+
+def as_json(tests: list[TestEntry]) -> list[dict]:
+    return [t.to_json() for t in tests]
 
 
 def sha256(path: Path) -> str:
@@ -67,13 +83,12 @@ def test_each_outcome_and_exception_type_is_recorded(tmp_path):
     run = upstream.run_suite(Path(sys.executable), source.files, log)
 
     assert run.exit_status == 1  # failing tests are data: pytest's "some tests failed"
-    assert run.tests == EXPECTED_TESTS
-    assert upstream.totals(run.tests) == EXPECTED_TOTALS
-    assert upstream.type_counts(run.tests) == EXPECTED_TYPES
+    assert as_json(run.tests) == EXPECTED_TESTS
+    assert totals(run.tests) == EXPECTED_TOTALS and subtest_totals(run.tests) == NO_SUBTESTS
+    assert type_counts(run.tests) == EXPECTED_TYPES
     assert run.log == log and run.log_sha256 == sha256(log)
     assert "suite_upstream.py" in log.read_text()
-    assert "-p" in run.command and "no:cacheprovider" in run.command
-    assert any(a.startswith("--junitxml=") for a in run.command)
+    assert run.command[run.command.index("no:cacheprovider") + 1:][:2] == ["-p", upstream_pytest.PLUGIN]
     collection = next(m for m in run.messages if m["phase"] == "collection")
     assert collection["message"].startswith("ImportError: cannot import name 'a_name_this_tree_does_not_have'")
 
@@ -88,7 +103,7 @@ def test_the_checkouts_conftest_and_pytest_config_do_not_apply(tmp_path):
     (checkout / "pytest.ini").write_text("[pytest]\naddopts = --no-such-option\n")
     source = upstream.local_source(checkout, [UP])
     run = upstream.run_suite(Path(sys.executable), source.files, tmp_path / "log")
-    assert run.tests == EXPECTED_TESTS[1:]
+    assert as_json(run.tests) == EXPECTED_TESTS[1:]
 
 
 def test_a_bare_file_name_in_the_directory_stands_for_its_repository_path(tmp_path):
@@ -100,42 +115,111 @@ def test_a_bare_file_name_in_the_directory_stands_for_its_repository_path(tmp_pa
     assert only.sha256 == sha256(SUITE / UP)
 
 
-@pytest.mark.parametrize(("text", "expected"), [
+# What the subtest suite must give: each method once, with its subtests and their parameters.
+EXPECTED_SUBTEST_TESTS = [
+    {"nodeid": f"{SUB}::TestBatches::test_all_pass", "outcome": "passed", "phase": None, "type": None,
+     "subtests": [{"msg": None, "params": {"i": str(i)}, "outcome": "passed", "type": None} for i in range(3)]},
+    # pytest 9 counts a unittest method whose subtests failed as passed; its subtests carry the failures.
+    {"nodeid": f"{SUB}::TestBatches::test_named", "outcome": "passed", "phase": None, "type": None,
+     "subtests": [{"msg": "empty", "params": {}, "outcome": "passed", "type": None},
+                  {"msg": "lookup", "params": {"key": "'k'"}, "outcome": "failed", "type": "KeyError"}]},
+    {"nodeid": f"{SUB}::TestBatches::test_sizes", "outcome": "passed", "phase": None, "type": None,
+     "subtests": [{"msg": None, "params": {"size": str(n)}, "outcome": "passed" if n < 2 else "failed",
+                   "type": None if n < 2 else "AssertionError"} for n in range(4)]},
+    # The subtests fixture fails the test around a failed subtest ("contains 1 failed subtest").
+    {"nodeid": f"{SUB}::test_fixture_subtests", "outcome": "failed", "phase": "call", "type": None,
+     "subtests": [{"msg": "divide", "params": {"d": "0"}, "outcome": "failed", "type": "ZeroDivisionError"},
+                  {"msg": "divide", "params": {"d": "1"}, "outcome": "passed", "type": None},
+                  {"msg": "later", "params": {}, "outcome": "skipped", "type": "pytest.skip"}]},
+]
+
+
+def pytest_summary_line(log: Path) -> str:
+    """The counts of pytest's last line ("==== 8 failed, 4 passed, 1 error in 0.13s ===="), warnings left out."""
+    (line,) = [ln for ln in log.read_text().splitlines() if re.fullmatch(r"=+ .* in [\d.]+s(?: \(.*\))? =+", ln)]
+    counts = re.sub(r"^=+ | in [\d.]+s(?: \(.*\))? =+$", "", line)
+    return ", ".join(part for part in counts.split(", ") if not re.fullmatch(r"\d+ warnings?", part))
+
+
+def test_the_cells_pin_the_pytest_we_test_with():
+    """The subtest evidence below comes from this interpreter's pytest: the cells must run the same."""
+    text = (Path(__file__).parents[1] / "constraints" / "cells-py312.txt").read_text()
+    (pinned,) = re.findall(r"^pytest==(\S+)", text, re.M)
+    assert Version(pinned).release[:2] == Version(pytest.__version__).release[:2], (pinned, pytest.__version__)
+
+
+def test_subtests_are_recorded_with_their_parameters_and_totals_agree_with_pytest(tmp_path):
+    source = upstream.local_source(SUITE, [SUB, *RELS])
+    log = tmp_path / "suite.log"
+    run = upstream.run_suite(Path(sys.executable), source.files, log)
+
+    assert as_json(run.tests) == [EXPECTED_TESTS[0], *EXPECTED_SUBTEST_TESTS, *EXPECTED_TESTS[1:]]
+    assert totals(run.tests) == {"passed": 4, "failed": 4, "errors": 1, "skipped": 1, "xfailed": 0, "xpassed": 0,
+                                 "total": 10}
+    assert subtest_totals(run.tests) == {"passed": 7, "failed": 4, "errors": 0, "skipped": 1, "xfailed": 0,
+                                         "xpassed": 0, "total": 12}
+    # pytest's own words, from its log: every subtest counted once, each method once.
+    assert pytest_summary_line(log) == summary_line(run.tests) == \
+        "8 failed, 4 passed, 2 skipped, 1 error, 7 subtests passed"
+    assert pytest_summary(run.tests) == {"failed": 8, "passed": 4, "skipped": 2, "errors": 1, "subtests passed": 7}
+    # test_fixture_subtests failed by its ZeroDivisionError subtest only: no "unknown" of its own.
+    assert type_counts(run.tests) == {**EXPECTED_TYPES, "AssertionError": 3, "KeyError": 1, "ZeroDivisionError": 1}
+    failed = [(m["nodeid"].rsplit("::", 1)[1], m["subtest"]) for m in run.messages if m["subtest"]]
+    assert failed == [("test_named", {"msg": "lookup", "params": {"key": "'k'"}}),
+                      ("test_sizes", {"msg": None, "params": {"size": "2"}}),
+                      ("test_sizes", {"msg": None, "params": {"size": "3"}}),
+                      ("test_fixture_subtests", {"msg": "divide", "params": {"d": "0"}})]
+
+
+@pytest.mark.parametrize(("text", "message", "expected"), [
     # a call failure: the long report ends with "path:line: Type"
-    ('<failure message="x">def t():\n&gt;  boom()\nE   pkg.mod.CustomError: no\n\nt.py:3: CustomError</failure>',
+    ("def t():\n>  boom()\nE   pkg.mod.CustomError: no\n\nt.py:3: CustomError", "pkg.mod.CustomError: no",
      "CustomError"),
     # a collection error: only the E line names it
-    ('<error message="collection failure">Traceback:\nt.py:1: in &lt;module&gt;\n    import x\n'
-     "E   ModuleNotFoundError: No module named 'x'</error>", "ModuleNotFoundError"),
-    # an exception without a message
-    ('<failure message="RuntimeError">E   RuntimeError</failure>', "RuntimeError"),
-    # nothing in the text: the setup message
-    ('<error message="failed on setup with &quot;KeyError: \'k\'&quot;"></error>', "KeyError"),
-    # a type attribute wins
-    ('<failure type="builtins.OSError" message="m">t.py:3: ValueError</failure>', "OSError"),
+    ("Traceback:\nt.py:1: in <module>\n    import x\nE   ModuleNotFoundError: No module named 'x'", None,
+     "ModuleNotFoundError"),
+    # nothing in the text: the crash message
+    ("", "KeyError: 'k'", "KeyError"),
+    # neither names a type
+    ("contains 1 failed subtest", "[XPASS(strict)] flaky", None),
 ])
-def test_exception_type_from_a_junit_element(text, expected):
-    import xml.etree.ElementTree as ET
-
-    assert upstream.exception_type(ET.fromstring(text)) == expected
+def test_exception_type_from_a_long_report(text, message, expected):
+    assert upstream_pytest.exception_type(text, message) == expected
 
 
-def test_setup_and_teardown_errors_get_their_phase():
-    xml = ('<testsuites><testsuite>'
-           '<testcase classname="test.unit.suite" name="t1">'
-           '<failure message="ValueError: v">t.py:1: ValueError</failure>'
-           '<error message="failed on teardown with &quot;OSError: o&quot;">t.py:9: OSError</error></testcase>'
-           '<testcase classname="test.unit.suite.TestC" name="t2[1.5-a.b]">'
-           '<error message="failed on setup with &quot;KeyError: k&quot;">t.py:5: KeyError</error></testcase>'
-           '</testsuite></testsuites>')
-    tests, _ = upstream.parse_junit(xml, ["test/unit/suite.py"])
-    assert tests == [
-        {"nodeid": "test/unit/suite.py::t1", "outcome": "failed", "phase": "call", "type": "ValueError"},
-        {"nodeid": "test/unit/suite.py::t1", "outcome": "error", "phase": "teardown", "type": "OSError"},
-        {"nodeid": "test/unit/suite.py::TestC::t2[1.5-a.b]", "outcome": "error", "phase": "setup",
-         "type": "KeyError"},
+def record(nodeid: str, when: str, outcome: str, *, subtest=None, longrepr: str = "", crash=None, xfail=False):
+    """One line as upstream_plugin writes it."""
+    return {"nodeid": nodeid, "when": when, "outcome": outcome, "xfail": xfail, "subtest": subtest,
+            "longrepr": longrepr, "crash": crash}
+
+
+def test_setup_teardown_and_xfail_reports_get_their_outcome_and_phase():
+    t1, t2, t3 = "test/unit/suite.py::t1", "test/unit/suite.py::TestC::t2[1.5-a.b]", "test/unit/suite.py::t3"
+    tests, messages = upstream_pytest.parse_records([
+        record(t1, "setup", "passed"),
+        record(t1, "call", "failed", longrepr="t.py:1: ValueError", crash="ValueError: v"),
+        record(t1, "teardown", "failed", longrepr="t.py:9: OSError", crash="OSError: o"),
+        record(t2, "setup", "failed", longrepr="t.py:5: KeyError", crash="KeyError: k"),
+        record(t2, "teardown", "passed"),
+        record(t3, "call", "skipped", xfail=True, subtest={"msg": None, "params": {"n": "1"}}),
+        record(t3, "call", "passed", xfail=True),
+    ])
+    assert as_json(tests) == [
+        {"nodeid": t1, "outcome": "failed", "phase": "call", "type": "ValueError", "subtests": []},
+        {"nodeid": t1, "outcome": "error", "phase": "teardown", "type": "OSError", "subtests": []},
+        {"nodeid": t2, "outcome": "error", "phase": "setup", "type": "KeyError", "subtests": []},
+        {"nodeid": t3, "outcome": "xpassed", "phase": None, "type": None,
+         "subtests": [{"msg": None, "params": {"n": "1"}, "outcome": "xfailed", "type": "pytest.xfail"}]},
     ]
-    assert upstream.totals(tests) == {"passed": 0, "failed": 1, "errors": 2, "skipped": 0, "total": 3}
+    assert totals(tests) == {"passed": 0, "failed": 1, "errors": 2, "skipped": 0, "xfailed": 0, "xpassed": 1,
+                             "total": 4}
+    assert [(m["phase"], m["message"]) for m in messages] == [("call", "ValueError: v"), ("teardown", "OSError: o"),
+                                                              ("setup", "KeyError: k")]
+
+
+def test_subtests_without_their_tests_report_are_refused():
+    with pytest.raises(ValueError, match="without their test's own report"):
+        upstream_pytest.parse_records([record("t.py::t", "call", "passed", subtest={"msg": "m", "params": {}})])
 
 
 def fake_interpreter(tmp_path: Path, body: str) -> Path:
@@ -153,6 +237,35 @@ def test_pytest_that_cannot_run_is_an_environment_problem(tmp_path):
     assert "status 4" in str(err.value) and "unrecognized arguments" in str(err.value)
 
 
+def test_an_interrupted_run_is_an_environment_problem_not_data(tmp_path):
+    """pytest's exit status 2: a test raised KeyboardInterrupt and the session stopped half-way."""
+    checkout = tmp_path / "sglang"
+    (checkout / "test").mkdir(parents=True)
+    (checkout / "test" / "suite_interrupt.py").write_text(
+        "def test_before():\n    pass\n\n\ndef test_interrupts():\n    raise KeyboardInterrupt\n\n\n"
+        "def test_never_reached():\n    pass\n")
+    with pytest.raises(HarnessError) as err:
+        upstream.run_suite(Path(sys.executable), upstream.local_source(checkout, ["test/suite_interrupt.py"]).files,
+                           tmp_path / "log")
+    assert err.value.code == ENVIRONMENT
+    assert "status 2 (interrupted)" in str(err.value) and "no result written" in str(err.value)
+
+
+def test_an_interpreter_without_pytest_is_an_environment_problem(tmp_path):
+    """``python -m pytest`` without pytest exits 1, the status of failing tests; no report says one failed."""
+    python = fake_interpreter(tmp_path, "echo 'No module named pytest' >&2; exit 1")
+    with pytest.raises(HarnessError, match="reported no failing test") as err:
+        upstream.run_suite(python, upstream.local_source(SUITE, RELS).files, tmp_path / "log")
+    assert err.value.code == ENVIRONMENT and "No module named pytest" in str(err.value)
+
+
+def test_unreadable_report_records_are_an_environment_problem(tmp_path):
+    python = fake_interpreter(tmp_path, 'printf \'{"nodeid": \' > "$PDEVIDENCE_UPSTREAM_RECORD"; exit 1')
+    with pytest.raises(HarnessError, match="report records are unreadable") as err:
+        upstream.run_suite(python, upstream.local_source(SUITE, RELS).files, tmp_path / "log")
+    assert err.value.code == ENVIRONMENT
+
+
 def test_a_hanging_run_is_killed(tmp_path):
     python = fake_interpreter(tmp_path, "sleep 30")
     began = time.monotonic()
@@ -164,11 +277,12 @@ def test_a_hanging_run_is_killed(tmp_path):
 # --- where the tests come from ------------------------------------------------------------------
 
 
-def test_no_test_source_is_a_usage_error_naming_both_ways_out(project, monkeypatch, unreachable_url):
+def test_an_unfetchable_head_tree_is_an_environment_problem_naming_both_ways_out(project, monkeypatch,
+                                                                                 unreachable_url):
     monkeypatch.setenv("PDEVIDENCE_GIT_ARCHIVE_URL", unreachable_url + "/{sha}")
     with pytest.raises(HarnessError) as err:
         upstream.resolve_source(project, project.experiment("demo"))
-    assert err.value.code == USAGE
+    assert err.value.code == ENVIRONMENT  # the README: "a tree could not be fetched" is 3
     assert upstream.TESTS_ENV in str(err.value) and "SGLANG_REPO" in str(err.value)
 
 
@@ -247,12 +361,13 @@ def test_the_session_writes_a_deterministic_result_and_a_receipt(fake_cell, caps
     receipt = reg.root / "runs" / "demo.base.release-1.0.0.upstream.receipt.json"
     doc = json.loads(result.read_text())
     assert doc == {
-        "schema": upstream.RESULT_SCHEMA, "experiment": "demo", "side": "base",
+        "schema": RESULT_SCHEMA, "experiment": "demo", "side": "base",
         "tree": {"kind": "release", "ref": "1.0.0", "resolved": "1.0.0"},
         "files": {rel: sha256(SUITE / rel) for rel in RELS},
-        "tests": EXPECTED_TESTS, "totals": EXPECTED_TOTALS, "types": EXPECTED_TYPES,
+        "tests": EXPECTED_TESTS, "totals": EXPECTED_TOTALS, "subtest_totals": NO_SUBTESTS, "types": EXPECTED_TYPES,
     }
     assert result.read_text() == results.dumps(doc)
+    assert load(result, experiment="demo", side="base").to_json() == doc
     rec = json.loads(receipt.read_text())
     log = reg.root / ".cells" / "logs" / "demo.base.release-1.0.0.upstream.log"
     assert rec["log"] == {"file": str(log), "sha256": sha256(log)}
@@ -261,18 +376,18 @@ def test_the_session_writes_a_deterministic_result_and_a_receipt(fake_cell, caps
     assert rec["tests_source"]["kind"] == "local" and rec["tests_source"]["path"] == str(SUITE.resolve())
     assert [f["sha256"] for f in rec["tests_source"]["files"]] == [sha256(SUITE / rel) for rel in RELS]
     assert rec["command"][1:3] == ["-m", "pytest"]
-    assert "1 passed, 3 failed, 1 errors, 1 skipped" in capsys.readouterr().out
+    assert "3 failed, 1 passed, 1 skipped, 1 error (AssertionError 1," in capsys.readouterr().out
 
     first = result.read_bytes()
     assert cli.main(argv) == 0
     assert result.read_bytes() == first  # same tree, same tests, same environment: same bytes
 
 
-def test_the_session_without_a_test_source_exits_with_the_usage_code(fake_cell, monkeypatch, unreachable_url,
-                                                                      capsys):
+def test_the_session_without_a_test_source_exits_with_the_environment_code(fake_cell, monkeypatch, unreachable_url,
+                                                                            capsys):
     reg, seen = fake_cell
     monkeypatch.setenv("PDEVIDENCE_GIT_ARCHIVE_URL", unreachable_url + "/{sha}")
-    assert cli.main(["--root", str(reg.root), "upstream", "demo", "head", "--kind", "release"]) == USAGE
+    assert cli.main(["--root", str(reg.root), "upstream", "demo", "head", "--kind", "release"]) == ENVIRONMENT
     assert upstream.TESTS_ENV in capsys.readouterr().err
     assert "slug" not in seen  # nothing was built
 
@@ -280,30 +395,104 @@ def test_the_session_without_a_test_source_exits_with_the_usage_code(fake_cell, 
 # --- base vs head ---------------------------------------------------------------------------------
 
 
-def write_upstream(runs: Path, side: str, version: str, tests: list[dict]) -> None:
-    doc = {"schema": upstream.RESULT_SCHEMA, "experiment": "demo", "side": side,
-           "tree": {"kind": "release", "ref": version, "resolved": version}, "files": {UP: "f" * 64},
-           "tests": tests, "totals": upstream.totals(tests), "types": upstream.type_counts(tests)}
-    results.write_atomic(runs / upstream.result_name("demo", side, f"release-{version}"), results.dumps(doc))
+def write_upstream(runs: Path, side: str, version: str, tests: list[TestEntry]) -> Path:
+    doc = UpstreamResult("demo", side, {"kind": "release", "ref": version, "resolved": version}, {UP: "f" * 64}, tests)
+    path = runs / upstream.result_name("demo", side, f"release-{version}")
+    results.write_atomic(path, results.dumps(doc.to_json()))
+    return path
+
+
+def passed(name: str, *subtests: Subtest) -> TestEntry:
+    return TestEntry(f"{UP}::{name}", Outcome.PASSED, None, None, subtests)
+
+
+def sub(outcome: Outcome, i: int, kind: str | None = None) -> Subtest:
+    return Subtest(None, {"i": str(i)}, outcome, kind)
 
 
 def test_summarize_pairs_base_and_head(project, tmp_path):
     runs = tmp_path / "runs"
-    passed = {"outcome": "passed", "phase": None, "type": None}
-    write_upstream(runs, "base", "1.0.0", [
-        {"nodeid": f"{UP}::a", **passed},
-        {"nodeid": f"{UP}::b", "outcome": "failed", "phase": "call", "type": "AttributeError"},
-    ])
+    write_upstream(runs, "base", "1.0.0", [passed("a"), TestEntry(f"{UP}::b", Outcome.FAILED, "call", "AttributeError")])
     (entry,) = upstream.summarize(runs, project)
-    assert entry["verdict"] == upstream.INCOMPLETE and entry["sides"]["head"] is None
+    assert entry["verdict"] == Verdict.INCOMPLETE and entry["sides"]["head"] is None and entry["changed"] == []
 
-    write_upstream(runs, "head", "1.1.0", [{"nodeid": f"{UP}::a", **passed}, {"nodeid": f"{UP}::b", **passed}])
+    write_upstream(runs, "head", "1.1.0", [passed("a"), passed("b")])
     (entry,) = upstream.summarize(runs, project)
     assert entry["experiment"] == "demo" and entry["pr"] == 1 and entry["kind"] == "release"
-    assert entry["verdict"] == upstream.FIXED_BY_HEAD and entry["same_test_files"] is True
-    assert entry["sides"]["base"]["totals"] == {"passed": 1, "failed": 1, "errors": 0, "skipped": 0, "total": 2}
+    assert entry["tree"] == upstream.PINS and entry["label"] == "release pins"
+    assert entry["verdict"] == "tests fail on base, pass on head" and entry["same_test_files"] is True
+    assert entry["sides"]["base"]["totals"] == {"passed": 1, "failed": 1, "errors": 0, "skipped": 0, "xfailed": 0,
+                                                "xpassed": 0, "total": 2}
     assert entry["sides"]["base"]["types"] == {"AttributeError": 1}
     assert entry["sides"]["head"]["file"] == "demo.head.release-1.1.0.upstream.json"
-    assert entry["changed"] == [{"nodeid": f"{UP}::b", "base": {"outcome": "failed", "type": "AttributeError"},
+    assert entry["changed"] == [{"nodeid": f"{UP}::b", "subtest": None,
+                                 "base": {"outcome": "failed", "type": "AttributeError"},
                                  "head": {"outcome": "passed", "type": None}}]
+    assert json.loads(json.dumps(entry)) == entry  # plain JSON: the verdict is its string
     assert upstream.summarize(tmp_path / "empty", project) == []
+
+
+def test_failed_subtests_decide_the_verdict_and_show_which_case_changed(project, tmp_path):
+    """A unittest method whose subtests failed is "passed" to pytest; its side still failed."""
+    runs = tmp_path / "runs"
+    write_upstream(runs, "base", "1.0.0", [passed("m", sub(Outcome.PASSED, 0), sub(Outcome.FAILED, 1, "KeyError"))])
+    write_upstream(runs, "head", "1.1.0", [passed("m", sub(Outcome.PASSED, 0), sub(Outcome.PASSED, 1))])
+    (entry,) = upstream.summarize(runs, project)
+    assert entry["verdict"] == Verdict.FIXED_BY_HEAD
+    assert entry["sides"]["base"]["totals"]["passed"] == 1 and entry["sides"]["base"]["totals"]["failed"] == 0
+    assert entry["sides"]["base"]["subtest_totals"]["failed"] == 1
+    assert entry["sides"]["base"]["pytest_summary"] == {"failed": 1, "passed": 1, "subtests passed": 1}
+    assert entry["sides"]["base"]["types"] == {"KeyError": 1}
+    assert entry["changed"] == [{"nodeid": f"{UP}::m", "subtest": {"msg": None, "params": {"i": "1"}},
+                                 "base": {"outcome": "failed", "type": "KeyError"},
+                                 "head": {"outcome": "passed", "type": None}}]
+
+    write_upstream(runs, "head", "1.1.0", [passed("m", sub(Outcome.PASSED, 0), sub(Outcome.FAILED, 1, "KeyError"))])
+    (entry,) = upstream.summarize(runs, project)
+    assert entry["verdict"] == Verdict.FAIL_ON_HEAD and entry["changed"] == []
+
+
+def test_results_on_other_trees_are_extra_rows_labelled_with_their_tree(project, tmp_path):
+    """``upstream --ref 0.9.0`` writes a result no pin names; compare still shows it."""
+    runs = tmp_path / "runs"
+    write_upstream(runs, "base", "1.0.0", [passed("a")])
+    write_upstream(runs, "head", "1.1.0", [passed("a")])
+    write_upstream(runs, "head", "0.9.0", [passed("a", sub(Outcome.FAILED, 0, "ValueError"))])
+    write_upstream(runs, "base", "1.2.0", [passed("a")])
+    write_upstream(runs, "head", "1.2.0", [passed("a")])
+    write_upstream(runs, "base", "1.3.0", [])
+    entries = upstream.summarize(runs, project)
+    assert [(e["tree"], e["label"], e["verdict"]) for e in entries] == [
+        (upstream.PINS, "release pins", Verdict.BOTH_PASS),
+        ("release-0.9.0", "release-0.9.0", Verdict.TREE_FAILS),
+        ("release-1.2.0", "release-1.2.0", Verdict.TREE_PASSES),
+        ("release-1.3.0", "release-1.3.0", Verdict.NO_TESTS),
+    ]
+    extra = entries[1]
+    assert extra["kind"] == "release" and extra["sides"]["base"] is None and extra["changed"] == []
+    assert extra["sides"]["head"]["file"] == "demo.head.release-0.9.0.upstream.json"
+    assert {"experiment", "pr", "kind", "verdict", "sides", "changed", "same_test_files"} <= extra.keys()
+    assert upstream.summarize(runs, project, ("git",)) == []  # every one of them is a release tree
+
+
+def test_a_corrupt_or_mislabelled_result_is_an_environment_error_not_a_traceback(project, tmp_path, capsys):
+    runs = project.root / "runs"
+    path = write_upstream(runs, "base", "1.0.0", [passed("a")])
+    doc = json.loads(path.read_text())
+    for broken, why in [
+        ("{not json", "Expecting property name"),
+        (json.dumps({**doc, "schema": "pdevidence-upstream/1"}), "schema 'pdevidence-upstream/1'"),
+        (json.dumps({**doc, "tests": [{"nodeid": "x", "outcome": "exploded"}]}), "outcome 'exploded'"),
+        (json.dumps({**doc, "tests": [["x"]]}), "no 'nodeid'"),
+        (json.dumps({**doc, "tree": {"kind": "release", "ref": 1, "resolved": 1}}), "tree must have kind, ref"),
+        (json.dumps({**doc, "totals": {**doc["totals"], "passed": 7}}), "'totals' does not match the tests"),
+        (json.dumps({**doc, "side": "head"}), "side 'head', expected 'base'"),
+        (json.dumps({**doc, "tree": {"kind": "release", "ref": "1.0.1", "resolved": "1.0.1"}}),
+         "tree 'release-1.0.1', expected 'release-1.0.0'"),
+    ]:
+        path.write_text(broken)
+        with pytest.raises(HarnessError, match=re.escape(why)) as err:
+            upstream.summarize(runs, project)
+        assert err.value.code == ENVIRONMENT and "rerun its upstream session" in str(err.value)
+    assert cli.main(["--root", str(project.root), "compare", "--kind", "release"]) == ENVIRONMENT
+    assert "is not a usable upstream result" in capsys.readouterr().err
