@@ -24,7 +24,7 @@ LEGEND = {
     NEITHER: "behaves like neither",
     ERROR: "raised, missing, or the release could not be probed",
 }
-MUTANT_COLOURS = {"killed": "#2c7bb6", "survived": "#fdae61", "not applicable": "#d9d9d9", "error": "#000000"}
+MUTANT_COLOURS = {"killed": "#2c7bb6", "survived": "#fdae61", "not applicable": "#d9d9d9", "error": "#762a83"}
 MUTANT_LEGEND = {
     "killed": "mutant killed: a scenario observed the broken fix",
     "survived": "mutant survived: no scenario noticed it",
@@ -142,9 +142,9 @@ def _tests(c: Canvas, entry: dict, y: int) -> int:
     return y + 4
 
 
-def _legend(c: Canvas, colours: dict[str, str], meanings: dict[str, str], y: int) -> int:
+def _legend(c: Canvas, kind: str, colours: dict[str, str], meanings: dict[str, str], y: int) -> int:
     for state, colour in colours.items():
-        c.rect(MARGIN, y, 14, 14, colour, kind="legend", state=state)
+        c.rect(MARGIN, y, 14, 14, colour, kind=kind, state=state)
         c.text(MARGIN + 20, y + 12, f"{state}: {meanings[state]}", size=11)
         y += 18
     return y + 6
@@ -161,9 +161,9 @@ def svg(doc: dict) -> str:
             if entry["experiment"] == t.experiment:
                 y = _tests(c, entry, y)
         y += 10
-    y = _legend(c, COLOURS, LEGEND, y)
+    y = _legend(c, "legend", COLOURS, LEGEND, y)
     if doc.get("mutations"):
-        y = _legend(c, MUTANT_COLOURS, MUTANT_LEGEND, y)
+        y = _legend(c, "mutant-legend", MUTANT_COLOURS, MUTANT_LEGEND, y)
     if doc.get("upstream"):
-        _legend(c, TEST_COLOURS, TEST_LEGEND, y)
+        _legend(c, "tests-legend", TEST_COLOURS, TEST_LEGEND, y)
     return c.svg()

@@ -47,8 +47,10 @@ def telling_rows(doc: dict, name: str) -> list[str]:
     pairs = [p for p in doc["pairs"] if p["experiment"] == name]
     ordered = list(dict.fromkeys([sid for p in pairs for sid in p["grid"]] + list(notes)))
     rows = [sid for sid in ordered if notes.get(sid, {}).get("changes") is True]
-    if not rows:
-        rows = [sid for sid in ordered if any(p["grid"].get(sid, {}).get("status") == "changed" for p in pairs)]
+    if not rows:  # no registry notes: what changed, and what was expected to
+        failing = {f["scenario"] for p in pairs for f in p["expectation_failures"]}
+        rows = [sid for sid in ordered
+                if sid in failing or any(p["grid"].get(sid, {}).get("status") == "changed" for p in pairs)]
     sweep = doc.get("sweeps", {}).get(name)
     extra = sorted({sid for r in (sweep or {}).get("releases", []) for sid in r.get("scenarios") or {}} - set(rows))
     return rows + extra
