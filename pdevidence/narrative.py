@@ -8,6 +8,7 @@ stays true when the results change.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,6 +130,8 @@ def totals(side: dict | None) -> str:
 def upstream_tree(entry: dict) -> str:
     """The tree kind, and a ``tree``/``label`` field when an entry names its tree (``--ref`` runs)."""
     label = entry.get("label") or entry.get("tree")
+    if isinstance(label, dict):  # a tree record: {"kind", "ref", "resolved"}
+        label = label.get("ref") or label.get("resolved")
     return f"{entry['kind']} ({label})" if isinstance(label, str) and label else entry["kind"]
 
 
@@ -173,6 +176,16 @@ def evidence(doc: dict, name: str, *, dash: str, bullet: str) -> list[str]:
     return lines
 
 
+def pair_lines(pairs: list[dict], doc: dict, *, arrow: str, bullet: str, strong) -> Iterator[list[str]]:
+    """Each pair's lines; a pair that tells the same story as an earlier one says so in one line."""
+    told: list[list[str]] = []
+    for i, pair in enumerate(pairs):
+        lines = _lines(pair, doc, arrow=arrow, bullet=bullet, strong=strong)
+        same = next((pairs[j] for j in range(i) if lines and told[j] == lines), None)
+        told.append(lines)
+        yield [f"{bullet}the same changes and controls as on {trees_text(same, arrow)}"] if same else lines
+
+
 def experiments(doc: dict) -> dict[str, list[dict]]:
     """Pairs grouped by experiment, in report order."""
     grouped: dict[str, list[dict]] = {}
@@ -187,20 +200,19 @@ def markdown_summary(doc: dict) -> list[str]:
         several = len(pairs) > 1
         verdicts = ", ".join(p["verdict"] + (f" ({p['kind']})" if several else "") for p in pairs)
         out += [f"### {name}: {verdicts}", f"PR #{pairs[0]['pr']}: *{pairs[0]['title']}*."]
-        for pair in pairs:
+        stories = pair_lines(pairs, doc, arrow="→", bullet="- ", strong=lambda s: f"**{s}**")
+        for pair, lines in zip(pairs, stories):
             out += ["", f"**{trees_text(pair)}** ({SIDE_ROLE['base']} → {SIDE_ROLE['head']}): "
-                        f"**{pair['verdict']}**"]
-            out += _lines(pair, doc, arrow="→", bullet="- ", strong=lambda s: f"**{s}**")
-        out += evidence(doc, name, dash="–", bullet="- ")
-        out.append("")
+                        f"**{pair['verdict']}**", *lines]
+        more = evidence(doc, name, dash="–", bullet="- ")
+        out += ["", "Beyond the compared trees:", *more, ""] if more else [""]
     return out
 
 
 def terminal_summary(doc: dict) -> list[str]:
     out = []
     for name, pairs in experiments(doc).items():
-        for pair in pairs:
-            out += ["", f"{name} (PR #{pair['pr']}) {trees_text(pair, '->')}: {pair['verdict'].upper()}"]
-            out += _lines(pair, doc, arrow="->", bullet="  ", strong=str)
+        for pair, lines in zip(pairs, pair_lines(pairs, doc, arrow="->", bullet="  ", strong=str)):
+            out += ["", f"{name} (PR #{pair['pr']}) {trees_text(pair, '->')}: {pair['verdict'].upper()}", *lines]
         out += evidence(doc, name, dash="-", bullet="  ")
     return out

@@ -26,17 +26,17 @@ LEGEND = {
 }
 MUTANT_COLOURS = {"killed": "#2c7bb6", "survived": "#fdae61", "not applicable": "#d9d9d9", "error": "#762a83"}
 MUTANT_LEGEND = {
-    "killed": "mutant killed: a scenario observed the broken fix",
-    "survived": "mutant survived: no scenario noticed it",
-    "not applicable": "mutant not applicable to this tree",
-    "error": "mutant could not be run",
+    "killed": "a mutant of the fix that a scenario noticed",
+    "survived": "a mutant of the fix no scenario noticed",
+    "not applicable": "a mutant whose target is not on this tree",
+    "error": "a mutant that could not be run",
 }
 TEST_COLOURS = {"passed": "#66bd63", "failed": "#f46d43", "errors": "#a50026", "skipped": "#bababa"}
 TEST_LEGEND = {
-    "passed": "PR test passed",
-    "failed": "PR test failed",
-    "errors": "PR test errored (collection, setup or teardown)",
-    "skipped": "PR test skipped",
+    "passed": "a test of the PR that passed",
+    "failed": "a test of the PR that failed",
+    "errors": "a test of the PR that errored (collection, setup or teardown)",
+    "skipped": "a test of the PR that was skipped",
 }
 
 
@@ -78,7 +78,7 @@ class Canvas:
         return "\n".join(head + self.parts + ["</svg>"]) + "\n"
 
 
-def _timeline(c: Canvas, t: Timeline, y: int) -> int:
+def _timeline(c: Canvas, t: Timeline, y: int, label_w: int) -> int:
     c.text(MARGIN, y + 14, t.heading, size=14, bold=True)
     y += 20
     for verdict in t.verdicts:
@@ -87,7 +87,6 @@ def _timeline(c: Canvas, t: Timeline, y: int) -> int:
     if not t.rows:
         c.text(MARGIN, y + 13, "no scenario tells base from head: nothing to place on a timeline", colour="#555555")
         return y + 20
-    label_w = max(text_width(sid, 12) for sid in t.rows) + 2 * GAP
     for strip in t.strips:
         col_w = max(48, *(text_width(col.label, 11) + 2 * GAP for col in strip.columns))
         y += 8
@@ -153,8 +152,11 @@ def _legend(c: Canvas, kind: str, colours: dict[str, str], meanings: dict[str, s
 def svg(doc: dict) -> str:
     c = Canvas()
     y = MARGIN
-    for t in timelines(doc):
-        y = _timeline(c, t, y)
+    found = timelines(doc)
+    # One row-label column for every experiment, so the timelines line up.
+    label_w = max((text_width(sid, 12) for t in found for sid in t.rows), default=0) + 2 * GAP
+    for t in found:
+        y = _timeline(c, t, y, label_w)
         if t.experiment in doc.get("mutations", {}):
             y = _mutants(c, doc["mutations"][t.experiment], y)
         for entry in doc.get("upstream", []):

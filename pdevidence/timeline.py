@@ -100,7 +100,7 @@ def sweep_strip(sweep: dict, rows: list[str], pairs: list[dict]) -> Strip:
 def pair_strip(pair: dict, rows: list[str]) -> Strip:
     columns = [Column(tree(pair["cells"].get(side))[1], side, {sid: pair_state(pair, sid, side) for sid in rows})
                for side in ("base", "head")]
-    return Strip(f"compared {trees_text(pair, '->')}", columns, first_fixed(columns))
+    return Strip(f"compared {trees_text(pair)}", columns, first_fixed(columns))
 
 
 def timelines(doc: dict) -> list[Timeline]:
@@ -112,6 +112,6 @@ def timelines(doc: dict) -> list[Timeline]:
         sweep = doc.get("sweeps", {}).get(name)
         strips = [sweep_strip(sweep, rows, pairs)] if sweep else []
         strips += [pair_strip(p, rows) for p in pairs if p["grid"] and not (sweep and p["kind"] == "release")]
-        verdicts = [f"{trees_text(p, '->')}: {p['verdict']}" for p in pairs]
+        verdicts = [f"{trees_text(p)}: {p['verdict']}" for p in pairs]
         out.append(Timeline(name, f"{name}: PR #{pairs[0]['pr']} {pairs[0]['title']}", verdicts, rows, strips))
     return out
