@@ -17,27 +17,28 @@ FONT = "DejaVu Sans, Verdana, sans-serif"
 EM = {False: 0.62, True: 0.7}
 MARGIN, CELL_H, GAP = 12, 20, 6
 
-COLOURS = {PRE_FIX: "#d95f02", FIXED: "#1b9e77", NEITHER: "#7570b3", ERROR: "#4d4d4d"}
+# Each legend: state -> (colour, meaning). Every coloured mark in the picture takes its colour from one.
 LEGEND = {
-    PRE_FIX: "behaves like the tree before the fix (base)",
-    FIXED: "behaves like the tree with the fix (head)",
-    NEITHER: "behaves like neither",
-    ERROR: "raised, missing, or the release could not be probed",
+    PRE_FIX: ("#d95f02", "behaves like the tree before the fix (base)"),
+    FIXED: ("#1b9e77", "behaves like the tree with the fix (head)"),
+    NEITHER: ("#7570b3", "behaves like neither"),
+    ERROR: ("#4d4d4d", "raised, missing, or the release could not be probed"),
 }
-MUTANT_COLOURS = {"killed": "#2c7bb6", "survived": "#fdae61", "not applicable": "#d9d9d9", "error": "#762a83"}
 MUTANT_LEGEND = {
-    "killed": "a mutant of the fix that a scenario noticed",
-    "survived": "a mutant of the fix no scenario noticed",
-    "not applicable": "a mutant whose target is not on this tree",
-    "error": "a mutant that could not be run",
+    "killed": ("#2c7bb6", "a mutant of the fix that a scenario noticed"),
+    "survived": ("#fdae61", "a mutant of the fix no scenario noticed"),
+    "not applicable": ("#d9d9d9", "a mutant whose target is not on this tree"),
+    "error": ("#762a83", "a mutant that could not be run"),
 }
-TEST_COLOURS = {"passed": "#66bd63", "failed": "#f46d43", "errors": "#a50026", "skipped": "#bababa"}
 TEST_LEGEND = {
-    "passed": "a test of the PR that passed",
-    "failed": "a test of the PR that failed",
-    "errors": "a test of the PR that errored (collection, setup or teardown)",
-    "skipped": "a test of the PR that was skipped",
+    "passed": ("#66bd63", "a test of the PR that passed"),
+    "failed": ("#f46d43", "a test of the PR that failed"),
+    "errors": ("#a50026", "a test of the PR that errored (collection, setup or teardown)"),
+    "skipped": ("#bababa", "a test of the PR that was skipped"),
 }
+COLOURS = {state: colour for state, (colour, _) in LEGEND.items()}
+MUTANT_COLOURS = {state: colour for state, (colour, _) in MUTANT_LEGEND.items()}
+TEST_COLOURS = {state: colour for state, (colour, _) in TEST_LEGEND.items()}
 
 
 def text_width(text: str, size: int, bold: bool = False) -> int:
@@ -141,10 +142,10 @@ def _tests(c: Canvas, entry: dict, y: int) -> int:
     return y + 4
 
 
-def _legend(c: Canvas, kind: str, colours: dict[str, str], meanings: dict[str, str], y: int) -> int:
-    for state, colour in colours.items():
+def _legend(c: Canvas, kind: str, legend: dict[str, tuple[str, str]], y: int) -> int:
+    for state, (colour, meaning) in legend.items():
         c.rect(MARGIN, y, 14, 14, colour, kind=kind, state=state)
-        c.text(MARGIN + 20, y + 12, f"{state}: {meanings[state]}", size=11)
+        c.text(MARGIN + 20, y + 12, f"{state}: {meaning}", size=11)
         y += 18
     return y + 6
 
@@ -163,9 +164,9 @@ def svg(doc: dict) -> str:
             if entry["experiment"] == t.experiment:
                 y = _tests(c, entry, y)
         y += 10
-    y = _legend(c, "legend", COLOURS, LEGEND, y)
+    y = _legend(c, "legend", LEGEND, y)
     if doc.get("mutations"):
-        y = _legend(c, "mutant-legend", MUTANT_COLOURS, MUTANT_LEGEND, y)
+        y = _legend(c, "mutant-legend", MUTANT_LEGEND, y)
     if doc.get("upstream"):
-        _legend(c, "tests-legend", TEST_COLOURS, TEST_LEGEND, y)
+        _legend(c, "tests-legend", TEST_LEGEND, y)
     return c.svg()

@@ -127,7 +127,7 @@ def markdown(report) -> str:
                     f"{m['status']} | {', '.join(sorted(m.get('killed_by') or {})) or '-'} |" for m in table["mutants"]]
     out += ["", "## Legend", "", "| symbol | meaning |", "|---|---|"]
     out += [f"| `{s}` | {m} |" for s, m in SYMBOLS.items()]
-    out += [f"| picture: {state} | {m} |" for state, m in pictures.LEGEND.items()]
+    out += [f"| picture: {state} | {m} |" for state, (_, m) in pictures.LEGEND.items()]
     if made:
         out += ["", "## Sources", "", f"Command: `{made['command'] or 'report.write'}`", ""]
         out += [f"- `{source}`" for source in made["sources"]]
