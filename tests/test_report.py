@@ -108,13 +108,12 @@ def test_every_svg_renders_at_its_declared_size_with_every_text_inside_the_canva
 @pytest.mark.parametrize("name", ["full", "many long release labels", "incomplete"])
 def test_the_timeline_shows_every_swept_release_with_its_full_label(name):
     doc = DOCUMENTS[name]
-    labels = {node.text for node in texts(parse(report.svg(doc)))}
+    root = parse(report.svg(doc))
+    labels = {node.text for node in texts(root)}
+    columns = {r.find(f"{NS}title").text.split(" on ", 1)[1].rsplit(": ", 1)[0] for r in rects(root, "cell")}
     for sweep in doc["sweeps"].values():
-        versions = [r["version"] for r in sweep["releases"]]
-        assert set(versions) <= labels
-        tips = [r.find(f"{NS}title").text for r in rects(parse(report.svg(doc)), "cell")]
-        for version in versions:
-            assert any(tip.endswith(f" on {version}: " + tip.rsplit(": ", 1)[1]) for tip in tips), version
+        versions = {r["version"] for r in sweep["releases"]}
+        assert versions <= labels and versions <= columns
 
 
 def test_compared_trees_are_labelled_in_full_when_there_is_no_sweep():
