@@ -56,8 +56,11 @@ def cmd_compare(args) -> int:
     kinds = [args.kind] if args.kind != "all" else list(compare.COMPARED_KINDS)
     summary = compare.compare_all(reg, runs=runs_dir(reg.root), published=results_dir(reg.root), kinds=kinds)
     summary.upstream = upstream.summarize(runs_dir(reg.root), reg, tuple(kinds))
-    report.write(summary, results_dir(reg.root))
-    print(report.terminal(summary))
+    data = summary.to_json()
+    inputs = report.gather(reg, data, runs=runs_dir(reg.root), published=results_dir(reg.root))
+    doc = report.document(data, inputs, command=f"python -m pdevidence {args.command} --kind {args.kind}")
+    report.write(doc, results_dir(reg.root))
+    print(report.terminal(doc))
     return summary.exit_code
 
 

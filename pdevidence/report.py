@@ -1,154 +1,161 @@
-"""Render a comparison: terminal table, Markdown, JSON and an SVG grid.
+"""Render a comparison: a compact terminal summary, ``report.md``, ``report.json`` and ``report.svg``.
 
-Every rendering is a pure function of the summary, so the same results give
-the same report bytes.
+Everything renders from the report dict (``compare.Summary.to_json()``),
+optionally enriched with what ``report_inputs.gather`` read (scenario titles and
+roles, sweep and mutation tables, the source files). ``report.json`` is that
+enriched dict, so every rendering is a pure function of it: the same inputs
+give the same bytes.
 """
 
 from __future__ import annotations
 
-import json
-from html import escape
+import os
 from pathlib import Path
 
-from .compare import Summary
+from . import pictures
+from .narrative import failure_text, markdown_summary, terminal_summary, totals, upstream_tree, value
+from .report_inputs import ReportInputs, gather  # noqa: F401  (gather: the CLI's one entry point)
 from .results import dumps, write_atomic
 
-COLOURS = {"unchanged": "#9ecae1", "changed": "#f16913", "absent": "#f0f0f0", "error": "#cb181d"}
-LEGEND = {
-    "unchanged": "same observations on base and head",
-    "changed": "observations differ between base and head",
-    "absent": "scenario or observation missing on this tree",
-    "error": "scenario raised on this tree",
+COLOURS = pictures.COLOURS
+FILE_MODE = 0o644  # derived, shareable output: not the private 0600 of a temporary file
+SYMBOLS = {
+    "a → b": "the value on base (before the fix) → the value on head (after it)",
+    "-": "null: the probe recorded no value (for example no finish status)",
+    "absent": "the function or attribute the probe looks for does not exist on that tree",
+    "<missing>": "the probe recorded no such key or scenario on that tree",
+    "met / NOT met": "the scenario observed what experiments.toml expects on both sides / it did not (which side, "
+                     "which key)",
+    "not declared": "experiments.toml declares no expectation for the scenario",
+    "status unchanged / changed / absent": "in the full table: same on both sides / differs / one side has "
+                                           "`absent` or `<missing>`",
 }
 
 
-def _value(v) -> str:
-    return "-" if v is None else v if isinstance(v, str) else json.dumps(v)
+def document(report, inputs: ReportInputs | None = None, *, command: str | None = None) -> dict:
+    """The report dict plus what the report shows beside it; also accepts an object with ``to_json``."""
+    data = dict(report) if isinstance(report, dict) else report.to_json()
+    if inputs is not None:
+        data.update(scenarios=inputs.scenarios, sweeps=inputs.sweeps, mutations=inputs.mutations)
+    if command is not None or inputs is not None:
+        data["made_by"] = {"command": command, "sources": inputs.sources if inputs else []}
+    return data
 
 
-def _pair_title(pair: dict) -> str:
-    return f"{pair['experiment']} ({pair['kind']}): PR #{pair['pr']} {pair['title']}"
+def _data(report) -> dict:
+    return report if isinstance(report, dict) else report.to_json()
 
 
-def _cell_status(scenario: dict, side: str) -> str:
-    if not scenario["present"][side]:
-        return "absent"
-    if scenario["errors"][side] is not None:
-        return "error"
-    return scenario["status"]
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
-def terminal(summary: Summary) -> str:
-    data = summary.to_json()
-    lines = []
-    for pair in data["pairs"]:
-        lines += ["", _pair_title(pair), f"  verdict: {pair['verdict'].upper()}"]
-        lines += [f"    {reason}" for reason in pair["reasons"]]
-        rows = [("scenario", "key", "base", "head", "status")]
-        for sid, scenario in pair["grid"].items():
-            for key, k in scenario["keys"].items():
-                rows.append((sid, key, _value(k["base"]), _value(k["head"]), k["status"]))
-        if len(rows) > 1:
-            widths = [max(len(r[i]) for r in rows) for i in range(5)]
-            for row in rows:
-                lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-        for f in pair["expectation_failures"]:
-            lines.append(f"  ! {f['scenario']} {f['side']} {f['key'] or ''}: expected {_value(f['expected'])}, "
-                         f"observed {_value(f['observed'])}")
+def _changes(scenario: dict) -> str:
+    keys = [f"{key} {value(k['base'])} → {value(k['head'])}" for key, k in scenario["keys"].items()
+            if k["status"] != "unchanged"]
+    if scenario["errors"]["base"] != scenario["errors"]["head"]:
+        keys.append(f"error {value(scenario['errors']['base'])} → {value(scenario['errors']['head'])}")
+    return "; ".join(keys) or "unchanged"
+
+
+def _expectation(pair: dict, sid: str, note: dict) -> str:
+    failures = [f for f in pair["expectation_failures"] if f["scenario"] == sid]
+    if failures:
+        return "NOT met: " + "; ".join(failure_text(f) for f in failures)
+    return "not declared" if note.get("changes") is None else "met"
+
+
+def _scenario_tables(pair: dict, notes: dict[str, dict]) -> list[str]:
+    head = ["| scenario | title | base → head (keys that differ) | expectation |", "|---|---|---|---|"]
+    main, controls = list(head), list(head)
+    for sid, sc in pair["grid"].items():
+        note = notes.get(sid, {})
+        row = f"| {sid} | {_cell(note.get('title') or '')} | {_cell(_changes(sc))} | {_cell(_expectation(pair, sid, note))} |"
+        (controls if note.get("changes") is False else main).append(row)
+    out = []
+    if len(main) > 2:
+        out += ["", "Scenarios that tell base from head:", "", *main]
+    if len(controls) > 2:
+        out += ["", "Controls (experiments.toml expects no change):", "", *controls]
+    return out
+
+
+def _full_table(pair: dict) -> list[str]:
+    rows = [f"| {sid} | {key} | {_cell(value(k['base']))} | {_cell(value(k['head']))} | {k['status']} |"
+            for sid, sc in pair["grid"].items() for key, k in sc["keys"].items()]
+    return ["", "<details>", f"<summary>All {len(rows)} observations, key by key</summary>", "",
+            "| scenario | key | base | head | status |", "|---|---|---|---|---|", *rows, "", "</details>"]
+
+
+def _pair_section(pair: dict, notes: dict[str, dict]) -> list[str]:
+    out = ["", f"## {pair['experiment']} ({pair['kind']}): PR #{pair['pr']} {pair['title']}", "",
+           f"Verdict: **{pair['verdict']}**"]
+    out += ["", *[f"- {reason}" for reason in pair["reasons"]]] if pair["reasons"] else []
+    if not pair["grid"]:
+        return out
+    out += _scenario_tables(pair, notes)
+    if pair["published"]:
+        out += ["", "Against the published artifacts:", ""]
         for side, pub in pair["published"].items():
-            lines.append(f"  published {side}: {pub['status']}")
-            lines += [f"    {d}" for d in pub["diffs"][:10]]
-    for entry in data["upstream"]:
-        lines += ["", f"upstream tests {entry['experiment']} ({entry['kind']}): {entry['verdict']}"]
-        lines += [f"  {side}: {_totals(s)}" for side, s in entry["sides"].items()]
-    lines += ["", f"exit code {data['exit_code']}"]
-    return "\n".join(lines)
+            out.append(f"- {side} `{pub['file']}`: {pub['status']}")
+            out += [f"  - {d}" for d in pub["diffs"][:20]]
+    return out + _full_table(pair)
 
 
-def _totals(side: dict | None) -> str:
-    if side is None:
-        return "not run"
-    t = side["totals"]
-    types = ", ".join(f"{n} {name}" for name, n in side["types"].items())
-    return f"{t['passed']}/{t['total']} passed" + (f" ({types})" if types else "")
-
-
-def markdown(summary: Summary) -> str:
-    data = summary.to_json()
-    out = ["# Differential report", "",
-           "Generated by `nox -s compare` from the cell results; it runs no probe.", "",
-           "![scenario x cell grid](report.svg)", "",
-           "| experiment | trees | verdict |", "|---|---|---|"]
-    for pair in data["pairs"]:
-        files = ", ".join(c["file"] for c in pair["cells"].values())
-        out.append(f"| {pair['experiment']} (PR #{pair['pr']}) | {pair['kind']}: {files} | **{pair['verdict']}** |")
-    for pair in data["pairs"]:
-        out += ["", f"## {_pair_title(pair)}", "", f"Verdict: **{pair['verdict']}**", ""]
-        out += [f"- {reason}" for reason in pair["reasons"]]
-        if pair["grid"]:
-            out += ["", "| scenario | key | base | head | status |", "|---|---|---|---|---|"]
-            for sid, scenario in pair["grid"].items():
-                for key, k in scenario["keys"].items():
-                    out.append(f"| {sid} | {key} | {_value(k['base'])} | {_value(k['head'])} | {k['status']} |")
-        if pair["expectation_failures"]:
-            out += ["", "Expectations not met:", ""]
-            out += [f"- {f['scenario']} {f['side']} `{f['key']}`: expected {_value(f['expected'])}, observed "
-                    f"{_value(f['observed'])}" for f in pair["expectation_failures"]]
-        if pair["published"]:
-            out += ["", "Against the published artifacts:", ""]
-            for side, pub in pair["published"].items():
-                out.append(f"- {side} `{pub['file']}`: {pub['status']}")
-                out += [f"  - {d}" for d in pub["diffs"][:20]]
-    if data["upstream"]:
-        out += ["", "## The PRs' own tests", "", "| experiment | trees | base | head | verdict |", "|---|---|---|---|---|"]
-        for entry in data["upstream"]:
-            out.append(f"| {entry['experiment']} (PR #{entry['pr']}) | {entry['kind']} | "
-                       f"{_totals(entry['sides']['base'])} | {_totals(entry['sides']['head'])} | {entry['verdict']} |")
+def markdown(report) -> str:
+    doc = _data(report)
+    made = doc.get("made_by")
+    out = ["# Differential report", ""]
+    if made:
+        out += [f"Made by `{made['command'] or 'report.write'}` from the {len(made['sources'])} files under "
+                "[Sources](#sources); it runs no probe.", ""]
+    out += markdown_summary(doc)
+    out += ["![per experiment: each telling scenario on each tree, coloured by the side it behaves like]"
+            "(report.svg)"]
+    for pair in doc["pairs"]:
+        out += _pair_section(pair, doc.get("scenarios", {}).get(pair["experiment"], {}))
+    if doc.get("upstream"):
+        out += ["", "## The PRs' own tests", "", "| experiment | trees | base | head | verdict |",
+                "|---|---|---|---|---|"]
+        out += [f"| {e['experiment']} (PR #{e['pr']}) | {upstream_tree(e)} | {totals(e['sides']['base'])} | "
+                f"{totals(e['sides']['head'])} | {e['verdict']} |" for e in doc["upstream"]]
+    if doc.get("mutations"):
+        out += ["", "## Mutants", "", "| experiment | mutant | kind | target | status | killed by |",
+                "|---|---|---|---|---|---|"]
+        for name, table in doc["mutations"].items():
+            out += [f"| {name} | {m['id']} {_cell(m.get('title', ''))} | {m.get('kind', '')} | `{m.get('target', '')}` | "
+                    f"{m['status']} | {', '.join(sorted(m.get('killed_by') or {})) or '-'} |" for m in table["mutants"]]
+    out += ["", "## Legend", "", "| symbol | meaning |", "|---|---|"]
+    out += [f"| `{s}` | {m} |" for s, m in SYMBOLS.items()]
+    out += [f"| picture: {state} | {m} |" for state, (_, m) in pictures.LEGEND.items()]
+    if made:
+        out += ["", "## Sources", "", f"Command: `{made['command'] or 'report.write'}`", ""]
+        out += [f"- `{source}`" for source in made["sources"]]
     return "\n".join(out) + "\n"
 
 
-def svg(summary: Summary) -> str:
-    """A scenario x cell grid: one column per tree, one row per scenario."""
-    data = summary.to_json()
-    cell_w, cell_h, label_w, head_h, gap = 92, 22, 70, 44, 24
-    blocks, y = [], 10
-    for pair in data["pairs"]:
-        if not pair["grid"]:
-            continue
-        rows = list(pair["grid"].items())
-        blocks.append((pair, y, rows))
-        y += head_h + len(rows) * cell_h + gap
-    legend_y = y
-    width = label_w + 2 * cell_w + 330
-    height = legend_y + 20 * len(COLOURS) + 10
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'font-family="sans-serif" font-size="12">', f'<rect width="{width}" height="{height}" fill="white"/>']
-    for pair, top, rows in blocks:
-        parts.append(f'<text x="4" y="{top + 12}" font-weight="bold">{escape(_pair_title(pair))}</text>')
-        parts.append(f'<text x="4" y="{top + 28}">verdict: {escape(pair["verdict"])}</text>')
-        for col, side in enumerate(("base", "head")):
-            label = pair["cells"][side]["file"].split(".")[2]
-            parts.append(f'<text x="{label_w + col * cell_w + cell_w / 2}" y="{top + head_h - 4}" '
-                         f'text-anchor="middle">{side} {escape(label)}</text>')
-        for row, (sid, scenario) in enumerate(rows):
-            ry = top + head_h + row * cell_h
-            parts.append(f'<text x="4" y="{ry + 15}">{escape(sid)}</text>')
-            for col, side in enumerate(("base", "head")):
-                status = _cell_status(scenario, side)
-                dash = ' stroke-dasharray="3,2"' if status == "absent" else ""
-                parts.append(f'<rect x="{label_w + col * cell_w}" y="{ry}" width="{cell_w - 2}" height="{cell_h - 2}" '
-                             f'fill="{COLOURS[status]}" stroke="#636363"{dash}><title>{escape(sid)} {side}: '
-                             f'{status}</title></rect>')
-    for i, (status, colour) in enumerate(COLOURS.items()):
-        ly = legend_y + i * 20
-        parts.append(f'<rect x="4" y="{ly}" width="14" height="14" fill="{colour}" stroke="#636363"/>')
-        parts.append(f'<text x="24" y="{ly + 11}">{status}: {escape(LEGEND[status])}</text>')
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
+def terminal(report) -> str:
+    doc = _data(report)
+    lines = terminal_summary(doc)
+    for pair in doc["pairs"]:
+        for side, pub in pair["published"].items():
+            if pub["status"] != "identical":
+                lines.append(f"  {pair['experiment']} published {side}: {pub['status']}")
+                lines += [f"    {d}" for d in pub["diffs"][:10]]
+    return "\n".join(lines + ["", f"exit code {doc['exit_code']}"])
 
 
-def write(summary: Summary, directory: Path) -> list[Path]:
-    outputs = {"report.json": dumps(summary.to_json()), "report.md": markdown(summary), "report.svg": svg(summary)}
+def svg(report) -> str:
+    return pictures.svg(_data(report))
+
+
+def write(report, directory: Path, inputs: ReportInputs | None = None, *, command: str | None = None) -> list[Path]:
+    """``report.json`` (the enriched dict), ``report.md`` and ``report.svg``, each atomically, mode 0644."""
+    doc = document(report, inputs, command=command)
+    outputs = {"report.json": dumps(doc), "report.md": markdown(doc), "report.svg": svg(doc)}
+    paths = []
     for name, text in outputs.items():
         write_atomic(directory / name, text)
-    return [directory / name for name in outputs]
+        os.chmod(directory / name, FILE_MODE)
+        paths.append(directory / name)
+    return paths

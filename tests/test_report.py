@@ -1,0 +1,327 @@
+"""The report: summary first, generated words, and pictures checked by a real renderer (cairosvg)."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import os
+import xml.etree.ElementTree as ET
+
+import cairocffi
+import cairosvg
+import pytest
+from PIL import Image
+
+from pdevidence import cli, errors, pictures, registry, report, report_inputs
+from pdevidence.timeline import ERROR, FIXED, NEITHER, PRE_FIX
+from report_data import TITLES, full_document, mutations, notes, report_dict, sweep_v1
+from synthetic import make_project, write_cell
+
+NS = "{http://www.w3.org/2000/svg}"
+
+
+def _not_reproduced(doc: dict, *, same_as_base: bool) -> dict:
+    """The admission head still enqueues A1's rejected request (and, if asked, observes all of base)."""
+    doc = copy.deepcopy(doc)
+    pair = doc["pairs"][0]
+    a1 = pair["grid"]["A1"]["keys"]
+    moved = [k for k in a1 if a1[k]["status"] != "unchanged"] if same_as_base else ["enqueued"]
+    for key in moved:
+        expected = a1[key]["head"]
+        a1[key] = {"base": a1[key]["base"], "head": a1[key]["base"], "status": "unchanged"}
+        pair["expectation_failures"].append({"scenario": "A1", "side": "head", "key": key,
+                                             "expected": expected, "observed": a1[key]["base"]})
+    pair["grid"]["A1"]["status"] = "unchanged" if same_as_base else "changed"
+    pair["verdict"], pair["reasons"] = "not reproduced", ["scenarios not as expected: A1"]
+    return doc
+
+
+def _incomplete(doc: dict) -> dict:
+    doc = copy.deepcopy(doc)
+    doc["pairs"][1].update(grid={}, verdict="incomplete", published={},
+                           reasons=['no result for release(prefill, head): run `nox -s "release(prefill, head)"`'])
+    return doc
+
+
+def _many_releases(doc: dict) -> dict:
+    doc = copy.deepcopy(doc)
+    doc["sweeps"]["admission"]["releases"] = [
+        {"version": f"0.{minor}.{patch}.post12", "classification": "fixed" if minor > 6 else "pre-fix",
+         "differing": [], "error": None} for minor in range(4, 9) for patch in range(5)]
+    doc["sweeps"]["admission"]["first_fixed"] = "0.7.0.post12"
+    return doc
+
+
+DOCUMENTS = {
+    "full": full_document(),
+    "bare report dict": report_dict(),
+    "not reproduced": _not_reproduced(full_document(), same_as_base=False),
+    "head observes base": _not_reproduced({**report_dict(), "scenarios": notes()}, same_as_base=True),
+    "incomplete": _incomplete(full_document()),
+    "many long release labels": _many_releases(full_document()),
+}
+
+
+def parse(svg: str) -> ET.Element:
+    return ET.fromstring(svg)
+
+
+def texts(root: ET.Element) -> list[ET.Element]:
+    return list(root.iter(f"{NS}text"))
+
+
+def rects(root: ET.Element, kind: str) -> list[ET.Element]:
+    return [r for r in root.iter(f"{NS}rect") if r.get("class") == kind]
+
+
+def render(svg: str) -> Image.Image:
+    png = cairosvg.svg2png(bytestring=svg.encode("utf-8"))
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    return Image.open(io.BytesIO(png)).convert("RGB")
+
+
+def rendered_width(text: str, size: float, bold: bool) -> float:
+    """The advance cairo gives the text in the font cairosvg picks (the first of font-family)."""
+    ctx = cairocffi.Context(cairocffi.ImageSurface(cairocffi.FORMAT_ARGB32, 1, 1))
+    weight = cairocffi.FONT_WEIGHT_BOLD if bold else cairocffi.FONT_WEIGHT_NORMAL
+    ctx.select_font_face(pictures.FONT.split(",")[0], cairocffi.FONT_SLANT_NORMAL, weight)
+    ctx.set_font_size(size)
+    return ctx.text_extents(text)[4]
+
+
+@pytest.mark.parametrize("name", DOCUMENTS)
+def test_every_svg_renders_at_its_declared_size_with_every_text_inside_the_canvas(name):
+    svg = report.svg(DOCUMENTS[name])
+    root = parse(svg)
+    width, height = int(root.get("width")), int(root.get("height"))
+    assert render(svg).size == (width, height)
+    for node in texts(root):
+        x, y, size = float(node.get("x")), float(node.get("y")), float(node.get("font-size"))
+        bold = node.get("font-weight") == "bold"
+        for w in (0.6 * size * len(node.text), rendered_width(node.text, size, bold)):
+            left = x - w / 2 if node.get("text-anchor") == "middle" else x
+            assert 0 <= left and left + w <= width, (name, node.text, left, left + w, width)
+        assert y - size >= 0 and y + size / 3 <= height, (name, node.text)
+
+
+@pytest.mark.parametrize("name", ["full", "many long release labels", "incomplete"])
+def test_the_timeline_shows_every_swept_release_with_its_full_label(name):
+    doc = DOCUMENTS[name]
+    root = parse(report.svg(doc))
+    labels = {node.text for node in texts(root)}
+    columns = {r.find(f"{NS}title").text.split(" on ", 1)[1].rsplit(": ", 1)[0] for r in rects(root, "cell")}
+    for sweep in doc["sweeps"].values():
+        versions = {r["version"] for r in sweep["releases"]}
+        assert versions <= labels and versions <= columns
+
+
+def test_compared_trees_are_labelled_in_full_when_there_is_no_sweep():
+    labels = {node.text for node in texts(parse(report.svg(report_dict())))}
+    assert {"0.5.20", "0.5.21", "0.5.19", "base", "head"} <= labels
+
+
+@pytest.mark.parametrize("name", DOCUMENTS)
+def test_cell_colours_follow_the_legend_in_the_file_and_in_the_rendered_pixels(name):
+    svg = report.svg(DOCUMENTS[name])
+    root = parse(svg)
+    legend = {r.get("data-state"): r.get("fill") for r in rects(root, "legend")}
+    assert {s: legend[s] for s in pictures.COLOURS} == pictures.COLOURS
+    legend_texts = {node.text.split(":")[0] for node in texts(root)}
+    assert set(pictures.COLOURS) <= legend_texts
+    image = render(svg)
+    cells = rects(root, "cell")
+    assert cells
+    for cell in cells:
+        state, fill = cell.get("data-state"), cell.get("fill")
+        assert fill == legend[state]
+        x, y = int(cell.get("x")) + int(cell.get("width")) // 2, int(cell.get("y")) + int(cell.get("height")) // 2
+        assert "#%02x%02x%02x" % image.getpixel((x, y)) == fill, (name, cell.find(f"{NS}title").text)
+
+
+def _states(doc: dict) -> dict[str, str]:
+    """'<sid> on <tree>' -> state, from the cells' tooltips."""
+    out = {}
+    for cell in rects(parse(report.svg(doc)), "cell"):
+        where, state = cell.find(f"{NS}title").text.rsplit(": ", 1)
+        assert cell.get("data-state") == state
+        out[where] = state
+    return out
+
+
+def test_cells_say_which_side_each_release_behaves_like():
+    states = _states(full_document())
+    # Schema 1: every telling cell takes the release's classification; a failed release is an error.
+    assert [states[f"A1 on {v}"] for v in ("0.5.20", "0.5.21", "0.5.22", "0.5.23.post1")] == \
+        [PRE_FIX, FIXED, ERROR, FIXED]
+    assert states["A9 on 0.5.17"] == PRE_FIX and "A3p on 0.5.17" not in states  # controls are not placed
+    # Schema 2: per scenario; a release without per-scenario data falls back to its classification.
+    assert states["B2 on 0.5.18"] == NEITHER and states["B1 on 0.5.18"] == PRE_FIX
+    assert states["B1 on 0.5.21"] == PRE_FIX and states["B2 on 0.5.21"] == FIXED
+    assert states["B1 on 0.5.17"] == ERROR
+
+
+def test_a_head_that_misses_its_expectation_is_coloured_by_what_it_observes():
+    assert _states(DOCUMENTS["not reproduced"])["A1 on 0.5.20"] == PRE_FIX  # the sweep decides here
+    plain = _not_reproduced(report_dict(), same_as_base=False)
+    assert _states(plain)["A1 on 0.5.21"] == NEITHER
+    assert _states(DOCUMENTS["head observes base"])["A1 on 0.5.21"] == PRE_FIX
+    assert _states(report_dict())["A1 on 0.5.21"] == FIXED
+
+
+def test_the_first_fixed_release_is_marked_at_its_column():
+    root = parse(report.svg(full_document()))
+    markers = rects(root, "first-fixed")
+    assert [m.find(f"{NS}title").text for m in markers] == ["first fixed: 0.5.21", "first fixed: 0.5.22"]
+    first = next(c for c in rects(root, "cell") if c.find(f"{NS}title").text == "A1 on 0.5.21: fixed")
+    assert abs(int(markers[0].get("x")) - int(first.get("x"))) <= 3
+    # Without a sweep the compared pair decides: a head still pre-fix on A1 is no first fixed tree.
+    unfixed = rects(parse(report.svg(DOCUMENTS["head observes base"])), "first-fixed")
+    assert [m.find(f"{NS}title").text for m in unfixed] == ["first fixed: 0.5.20"]
+
+
+def test_mutants_and_the_prs_tests_are_drawn_as_panels_in_their_legend_colours():
+    root = parse(report.svg(full_document()))
+    squares = rects(root, "mutant")
+    assert [s.get("data-state") for s in squares] == [m["status"] for m in mutations()["mutants"]]
+    assert all(s.get("fill") == pictures.MUTANT_COLOURS[s.get("data-state")] for s in squares)
+    bars = rects(root, "tests")
+    assert {(b.find(f"{NS}title").text, b.get("fill")) for b in bars} == {
+        ("base: 1 passed", pictures.TEST_COLOURS["passed"]), ("base: 2 failed", pictures.TEST_COLOURS["failed"]),
+        ("base: 3 errors", pictures.TEST_COLOURS["errors"]), ("head: 6 passed", pictures.TEST_COLOURS["passed"])}
+    words = " ".join(node.text for node in texts(root))
+    assert "the probe kills 2 of 3 applicable (4 declared)" in words
+    assert "the PR's own tests on git (my-branch)" in words
+
+
+def test_the_first_screen_holds_every_verdict_tree_and_narrative():
+    screen = "\n".join(report.markdown(full_document()).splitlines()[:40])
+    assert "### admission: differential confirmed" in screen and "### prefill: differential confirmed" in screen
+    assert "**release 0.5.20 → 0.5.21**" in screen and "**release 0.5.19 → 0.5.20**" in screen
+    for sid in ("A1", "A9", "B1", "B2"):
+        assert f"**{sid}** {TITLES[sid]}" in screen
+    assert "enqueued true → false" in screen and "requeued 1 → 0" in screen
+    assert "controls unchanged, as expected: A3p" in screen and "controls unchanged, as expected: B9" in screen
+    assert "0.5.17–0.5.20 pre-fix, 0.5.21 fixed, 0.5.22 failed, 0.5.23.post1 fixed; first fixed 0.5.21" in screen
+    assert "pre-fix again after a fixed release: 0.5.21" in screen
+    assert "kv_chunk_sent" not in screen.split("**B1**")[1].split("\n")[0]  # unchanged keys are not told
+
+
+def test_the_narrative_is_generated_from_the_data():
+    md = report.markdown(DOCUMENTS["not reproduced"])
+    line = next(line for line in md.splitlines() if line.startswith("- **A1**"))
+    assert "NOT as expected: head enqueued: expected false, observed true" in line
+    assert "enqueued" not in line.split(":", 1)[1].split("; NOT")[0]
+    assert "### admission: not reproduced" in md
+    flat = report.markdown(DOCUMENTS["head observes base"])
+    assert "expected to change but unchanged: A1" in flat
+    retitled = full_document()
+    retitled["scenarios"]["admission"]["A1"]["title"] = "a title the registry never had"
+    assert "**A1** a title the registry never had" in report.markdown(retitled)
+
+
+def test_one_row_per_scenario_with_only_the_keys_that_differ_and_the_full_table_folded():
+    md = report.markdown(full_document())
+    assert (f"| A1 | {TITLES['A1']} | abort_streamed 0 → 1; door_check absent → present; enqueued true → false; "
+            "finished_status - → 400; retired false → true; sender_created true → false | met |") in md
+    controls = md.split("Controls (experiments.toml expects no change):")[1]
+    assert f"| A3p | {TITLES['A3p']} | unchanged | met |" in controls.split("<details>")[0]
+    folded = md.split("<details>")[1].split("</details>")[0]
+    assert "| A1 | door_check | absent | present | absent |" in folded
+    assert "| A3p | finished_status | - | - | unchanged |" in folded
+    failing = report.markdown(DOCUMENTS["not reproduced"])
+    assert "NOT met: head enqueued: expected false, observed true |" in failing
+
+
+def test_the_legend_explains_every_symbol_the_tables_use():
+    md = report.markdown(full_document())
+    legend = md.split("## Legend")[1]
+    for symbol in ("`-`", "`absent`", "`<missing>`", "`a → b`", "`met / NOT met`", "`not declared`"):
+        assert symbol in legend
+    for state in pictures.COLOURS:
+        assert f"picture: {state} |" in legend
+
+
+def test_the_report_says_which_command_made_it_from_which_files():
+    md = report.markdown(full_document())
+    assert "Made by `python -m pdevidence compare --kind release` from the 3 files" in md.splitlines()[2]
+    assert "- `runs/sweep-admission.json`" in md.split("## Sources")[1]
+
+
+def test_the_terminal_shows_the_same_summary_compactly():
+    out = report.terminal(full_document())
+    assert "admission (PR #38935) release 0.5.20 -> 0.5.21: DIFFERENTIAL CONFIRMED" in out
+    assert f"A1 {TITLES['A1']}: abort_streamed 0 -> 1" in out
+    assert "release sweep (7 releases): 0.5.17-0.5.20 pre-fix" in out
+    assert "door_check" not in out and "| scenario |" not in out
+    assert out.rstrip().endswith("exit code 0")
+    assert len(out.splitlines()) < 25
+
+
+def test_write_makes_world_readable_files_and_the_same_bytes_every_time(tmp_path):
+    old = os.umask(0o077)
+    try:
+        first = report.write(full_document(), tmp_path / "a")
+        second = report.write(full_document(), tmp_path / "b")
+    finally:
+        os.umask(old)
+    assert [p.name for p in first] == ["report.json", "report.md", "report.svg"]
+    for a, b in zip(first, second):
+        assert a.stat().st_mode & 0o777 == 0o644
+        assert a.read_bytes() == b.read_bytes()
+    assert json.loads(first[0].read_text())["sweeps"]["prefill"]["schema"] == "pdevidence-sweep/2"
+    assert not [p for p in (tmp_path / "a").iterdir() if p.name.startswith(".")]
+
+
+@pytest.fixture
+def project(tmp_path):
+    root = make_project(tmp_path / "project")
+    for side in ("base", "head"):
+        write_cell(root / "runs", side)
+        write_cell(root / "results", side)
+    return root
+
+
+def _table(path, doc):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+
+
+def test_gather_reads_fresh_tables_before_published_ones_and_titles_from_the_results(project):
+    sweep = {**sweep_v1(), "experiment": "demo"}
+    _table(project / "results" / "sweep-demo.json", {**sweep, "first_fixed": "0.5.22"})
+    _table(project / "results" / "mutate.demo.json", {**mutations(), "experiment": "demo"})
+    data = {"pairs": [{"experiment": "demo", "cells": {"base": {"file": "demo.base.release-1.0.0.json"},
+                                                       "head": {"file": "demo.head.release-1.1.0.json"}}}],
+            "upstream": []}
+    reg = registry.load(project)
+    found = report_inputs.gather(reg, data, runs=project / "runs", published=project / "results")
+    assert found.sweeps["demo"]["first_fixed"] == "0.5.22" and "demo" in found.mutations
+    _table(project / "runs" / "sweep-demo.json", sweep)
+    found = report_inputs.gather(reg, data, runs=project / "runs", published=project / "results")
+    assert found.sweeps["demo"]["first_fixed"] == "0.5.21"
+    assert found.scenarios["demo"]["D1"] == {"title": "D1", "changes": True, "keys": ["enqueued", "retired"]}
+    assert found.scenarios["demo"]["D2"]["changes"] is False
+    assert found.sources == ["experiments.toml", "results/mutate.demo.json", "runs/demo.base.release-1.0.0.json",
+                             "runs/demo.head.release-1.1.0.json", "runs/sweep-demo.json"]
+    _table(project / "runs" / "sweep-demo.json", {"schema": "pdevidence-sweep/9", "experiment": "demo"})
+    with pytest.raises(errors.HarnessError, match="sweep-demo.json is not a table the report can read"):
+        report_inputs.gather(reg, data, runs=project / "runs", published=project / "results")
+
+
+def test_the_compare_command_writes_the_enriched_report(project, capsys):
+    _table(project / "runs" / "sweep-demo.json", {**sweep_v1(), "experiment": "demo",
+                                                   "releases": [{"version": "1.0.0", "classification": "pre-fix"},
+                                                                {"version": "1.1.0", "classification": "fixed"}],
+                                                   "first_fixed": "1.1.0"})
+    from pdevidence import integrity
+    integrity.regenerate(project)
+    assert cli.main(["--root", str(project), "compare"]) == errors.CONFIRMED
+    assert "release sweep (2 releases): 1.0.0 pre-fix, 1.1.0 fixed; first fixed 1.1.0" in capsys.readouterr().out
+    written = sorted(project.glob("*/report.*"))
+    assert [p.name for p in written] == ["report.json", "report.md", "report.svg"]
+    md = written[1].read_text()
+    assert "Made by `python -m pdevidence compare --kind release`" in md
+    assert "- **D1** D1: enqueued true → false, retired false → true" in md
+    assert all(p.stat().st_mode & 0o777 == 0o644 for p in written)
+    render(written[2].read_text())
