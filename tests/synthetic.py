@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from pathlib import Path
 
@@ -70,22 +71,41 @@ def result_doc(side: str, version: str, observed: dict | None = None, errors: di
 
 
 def receipt_doc(torch: str = "2.14.1+cpu", packages: dict | None = None) -> dict:
+    """A receipt as ``receipts.build`` writes it; ``write_cell`` fills in the cell and the result's digest."""
     return {
-        "python": {"version": "3.12.3"},
-        "torch": {"build": torch},
-        "constraints": {"sha256": "c" * 64},
-        "probe": {"sha256": "d" * 64},
+        "schema": "pdevidence-receipt/1",
+        "cell": "",
+        "experiment": "demo",
+        "side": "",
+        "tree": {"kind": "release", "ref": "", "resolved": "", "sha256": "e" * 64, "source": "pypi"},
+        "python": {"requested": "3.12", "version": "3.12.3", "platform": "Linux", "machine": "x86_64"},
+        "torch": {"build": torch, "channel": "pypi", "requested": "auto", "note": ""},
         "packages": packages or {"torch": "2.14.1", "transformers": "5.12.1"},
+        "constraints": {"file": "constraints/cells.txt", "sha256": "c" * 64},
+        "probe": {"file": "probes/probe_demo.py", "sha256": "d" * 64},
+        "result": {"file": "", "sha256": ""},
+        "environment": {"path": "/tmp/env", "reused": False},
+        "commands": [["python", "probes/probe_demo.py"]],
+        "started": "2026-01-01T00:00:00+00:00",
+        "finished": "2026-01-01T00:00:20+00:00",
+        "duration_s": 20.0,
+        "exit_status": 0,
+        "cache_key": "f" * 64,
     }
 
 
 def write_cell(directory: Path, side: str, doc: dict | None = None, receipt: dict | None = None) -> Path:
+    """A cell's result and its receipt (recording the result's SHA-256), as a real run writes them."""
     version = {"base": "1.0.0", "head": "1.1.0"}[side]
     path = directory / f"demo.{side}.release-{version}.json"
     directory.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc or result_doc(side, version), sort_keys=True, indent=2) + "\n")
+    receipt = copy.deepcopy(receipt or receipt_doc())
+    receipt.update(cell=f"release(demo, {side})", side=side,
+                   result={"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
+    receipt["tree"].update(ref=version, resolved=version)
     path.with_name(path.name.removesuffix(".json") + ".receipt.json").write_text(
-        json.dumps(receipt or receipt_doc(), sort_keys=True))
+        json.dumps(receipt, sort_keys=True, indent=2) + "\n")
     return path
 
 
