@@ -198,23 +198,23 @@ class Receipt:
                             f"the receipt recorded {receipt.result.sha256}", todo=_TODO)
         return receipt
 
-    def pins(self) -> dict[str, str]:
-        """What must match for two runs to count as the same environment."""
+    def pins(self) -> dict[str, Version | str]:
+        """What must match for two runs to count as the same environment (versions compare as versions)."""
         return {
             "python": f"{self.python_version.major}.{self.python_version.minor}",
-            "torch": _normal(self.torch_build) if self.torch_build else "none",
+            "torch": _version(self.torch_build) if self.torch_build else "none",
             "constraints": self.constraints.sha256,
             "probe": self.probe.sha256,
-            **{f"package:{name}": _normal(version) for name, version in sorted(self.packages.items())},
+            **{f"package:{name}": _version(version) for name, version in sorted(self.packages.items())},
         }
 
 
-def _normal(version: str) -> str:
-    """PEP 440 spelling, so 2.14.1 and 2.14.1.0 are the same pin; other strings compare as written."""
+def _version(text: str) -> Version | str:
+    """A PEP 440 version, so 2.14.1 and 2.14.1.0 are the same pin; anything else compares as written."""
     try:
-        return str(Version(version))
+        return Version(text)
     except InvalidVersion:
-        return version
+        return text
 
 
 def _tuple(kind: type | tuple) -> tuple:
