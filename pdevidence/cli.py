@@ -59,6 +59,8 @@ def cmd_compare(args) -> int:
     # Only `publish` writes results/: a comparison's report is fresh output, like the results it reads.
     written = report.write(summary, runs_dir(reg.root))
     print(report.terminal(summary))
+    for rel, why in sorted(summary.published_failures.items()):
+        print(f"published artifact failed verification: {rel}: {why}")
     print(f"wrote {', '.join(str(p) for p in written)}")
     return summary.exit_code
 

@@ -91,14 +91,17 @@ class PairReport:
 class Summary:
     pairs: list[PairReport]
     upstream: list[dict] = field(default_factory=list)  # the PRs' own tests; informational
+    # Published files (results/...) that fail verification, with why: any of them fails the comparison.
+    published_failures: dict[str, str] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
-        return worst(p.exit_code for p in self.pairs)
+        return worst([*(p.exit_code for p in self.pairs), *([INTEGRITY] if self.published_failures else [])])
 
     def to_json(self) -> dict:
         doc = {"schema": REPORT_SCHEMA, "exit_code": self.exit_code,
-               "pairs": [{**asdict(p), "exit_code": p.exit_code} for p in self.pairs], "upstream": self.upstream}
+               "pairs": [{**asdict(p), "exit_code": p.exit_code} for p in self.pairs], "upstream": self.upstream,
+               "published_failures": self.published_failures}
         return json.loads(json.dumps(doc))  # enum members become their plain string values
 
 
@@ -126,7 +129,8 @@ def load_report(path: Path) -> dict:
             raise bad(f"pairs[{n}]: {exc!r}") from None
         if pair.get("exit_code") != verdict.exit_code or not isinstance(pair.get("experiment"), str):
             raise bad(f"pairs[{n}]: exit code {pair.get('exit_code')!r} for verdict {verdict.value!r}")
-    if doc["exit_code"] != worst(p["exit_code"] for p in doc["pairs"]):
+    failures = doc.get("published_failures", {})
+    if doc["exit_code"] != worst([*(p["exit_code"] for p in doc["pairs"]), *([INTEGRITY] if failures else [])]):
         raise bad(f"exit_code {doc['exit_code']} does not follow from its pairs")
     return doc
 
@@ -337,7 +341,7 @@ def _against_published(fresh: Path, published: Path, root: Path,
 
 def compare_all(reg: Registry, *, runs: Path, published: Path | None, kinds: list[str]) -> Summary:
     """Every experiment on every kind; ``published=None`` compares base with head and the registry only."""
-    bad = integrity.problems(reg.root) if published is not None else {}
+    bad = integrity.failures(reg.root) if published is not None else {}
     pairs = []
     for exp in reg.experiments.values():
         for kind in kinds:
@@ -349,4 +353,6 @@ def compare_all(reg: Registry, *, runs: Path, published: Path | None, kinds: lis
                     raise
                 pairs.append(PairReport(exp.name, exp.pr, exp.title, kind, cells={}, verdict=Verdict.INCOMPLETE,
                                         reasons=[str(exc)]))
-    return Summary(pairs)
+    prefix = f"{_rel(published, reg.root)}/" if published is not None else None
+    return Summary(pairs, published_failures={rel: why for rel, why in bad.items()
+                                              if prefix and rel.startswith(prefix)})

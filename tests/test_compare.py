@@ -303,3 +303,18 @@ def test_the_report_shows_the_prs_own_tests_with_their_failure_types(project):
     assert ("| demo (PR #1) | git | 0/7 passed (6 AttributeError, 1 ValueError) | 7/7 passed | "
             "tests fail on base, pass on head |") in report.markdown(summary)
     assert "base: 0/7 passed (6 AttributeError, 1 ValueError)" in report.terminal(summary)
+
+
+@pytest.mark.parametrize("name", ["report.md", "report.json", "report.svg", "sweep-demo.json"])
+def test_a_flipped_byte_in_any_published_file_is_named_by_compare_and_verify(project, capsys, name):
+    for side in ("base", "head"):
+        write_cell(project / "runs", side)
+    (project / "runs" / "sweep-demo.json").write_text('{"schema": "pdevidence-sweep/2"}\n')
+    assert cli.main(["--root", str(project), "publish"]) == errors.CONFIRMED
+    capsys.readouterr()
+    flip_byte(project / "results" / name, at=3)
+    assert cli.main(["--root", str(project), "compare"]) == errors.INTEGRITY
+    assert f"results/{name}" in capsys.readouterr().out
+    assert compare.load_report(project / "runs" / "report.json")["published_failures"].keys() == {f"results/{name}"}
+    assert cli.main(["--root", str(project), "verify"]) == errors.INTEGRITY
+    assert f"results/{name}" in capsys.readouterr().err

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import stat
 import subprocess
 
 import pytest
@@ -51,3 +53,44 @@ def test_a_malformed_sums_line_is_named(tmp_path):
     (project / "SHA256SUMS.txt").write_text("nonsense\n")
     with pytest.raises(errors.HarnessError, match="line 1"):
         integrity.verify(project)
+
+
+def test_the_sums_cover_the_registry_the_constraints_and_everything_published(tmp_path):
+    project = make_project(tmp_path)
+    write_cell(project / "results", "base")
+    (project / "results" / "osv").mkdir()
+    (project / "results" / "osv" / "PDE-1.json").write_text("{}\n")
+    (project / "results" / ".report.md.x.tmp").write_text("half")  # write_atomic's temporary, never covered
+    assert integrity.covered_files(project) == [
+        "probes/probe_demo.py", "experiments.toml", "constraints/cells.txt",
+        "results/demo.base.release-1.0.0.json", "results/demo.base.release-1.0.0.receipt.json",
+        "results/osv/PDE-1.json"]
+
+
+def test_a_changed_registry_makes_the_sums_stale(tmp_path):
+    project = make_project(tmp_path)
+    integrity.regenerate(project)
+    (project / "experiments.toml").write_text((project / "experiments.toml").read_text().replace('"1.1.0"', '"1.2.0"'))
+    (rel, why), = integrity.problems(project).items()
+    assert rel == "experiments.toml" and why.startswith("SHA-256")
+
+
+def test_a_published_result_without_its_receipt_fails_verification(tmp_path):
+    project = make_project(tmp_path)
+    write_cell(project / "results", "base")
+    (project / "results" / "demo.base.release-1.0.0.receipt.json").unlink()
+    assert integrity.document_problems(project) == {
+        "results/demo.base.release-1.0.0.json": "a published result without its receipt "
+                                                "demo.base.release-1.0.0.receipt.json"}
+
+
+def test_write_atomic_creates_world_readable_files(tmp_path):
+    from pdevidence.results import write_atomic
+
+    old = os.umask(0o077)
+    try:
+        write_atomic(tmp_path / "a.json", "{}\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
