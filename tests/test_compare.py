@@ -318,3 +318,19 @@ def test_a_flipped_byte_in_any_published_file_is_named_by_compare_and_verify(pro
     assert compare.load_report(project / "runs" / "report.json")["published_failures"].keys() == {f"results/{name}"}
     assert cli.main(["--root", str(project), "verify"]) == errors.INTEGRITY
     assert f"results/{name}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("posargs", [[], ["--", "--kind", "git"]])
+def test_on_a_fresh_clone_nox_compare_leaves_the_checkout_clean(tmp_path, posargs):
+    """No runs yet: the comparison is incomplete, and the published report stays as published."""
+    def status():
+        return subprocess.run(["git", "-C", str(PROJECT), "status", "--porcelain", "--untracked-files=all"],
+                              capture_output=True, text=True, check=True).stdout
+
+    before = snapshot(PROJECT / "results"), status()
+    env = {**os.environ, "PDEVIDENCE_RUNS": str(tmp_path / "runs"), "PYTHONPATH": str(PROJECT)}
+    done = subprocess.run([sys.executable, "-m", "nox", "-f", str(PROJECT / "noxfile.py"), "-s", "compare", *posargs],
+                          cwd=PROJECT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == errors.INCOMPLETE, done.stdout + done.stderr
+    assert (snapshot(PROJECT / "results"), status()) == before
+    assert compare.load_report(tmp_path / "runs" / "report.json")["exit_code"] == errors.INCOMPLETE
