@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from pdevidence import errors, integrity
+from pdevidence import cli, errors, integrity
 from pdevidence.paths import PROJECT
 from synthetic import make_project, write_cell
 
@@ -94,3 +94,45 @@ def test_write_atomic_creates_world_readable_files(tmp_path):
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
+@pytest.fixture
+def published_copy(tmp_path, monkeypatch):
+    """The committed registry, constraints, probes, results and sums (no cell environments), with no runs."""
+    root = tmp_path / "copy"
+    for rel in [*integrity.covered_files(PROJECT), integrity.SUMS_FILE]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(PROJECT / rel, root / rel)
+    monkeypatch.setenv("PDEVIDENCE_RUNS", str(tmp_path / "runs"))
+    integrity.verify(root)
+    return root
+
+
+def published_evidence():
+    top = PROJECT / "results"
+    return sorted(p.name for p in top.iterdir() if p.name.endswith(".receipt.json") or p.name.startswith("report."))
+
+
+@pytest.mark.parametrize("name", published_evidence())
+def test_a_flipped_byte_in_a_committed_receipt_or_report_is_named_by_verify_and_compare(published_copy, capsys,
+                                                                                         name):
+    path = published_copy / "results" / name
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+    assert cli.main(["--root", str(published_copy), "verify"]) == errors.INTEGRITY
+    assert f"results/{name}" in capsys.readouterr().err
+    assert cli.main(["--root", str(published_copy), "compare"]) == errors.INTEGRITY
+    assert f"results/{name}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content", ["{}", '{"python": {}}'])
+def test_an_emptied_committed_receipt_exits_5_even_with_blessed_sums(published_copy, capsys, content):
+    receipt = next((published_copy / "results").glob("*.receipt.json"))
+    receipt.write_text(content)
+    (published_copy / integrity.SUMS_FILE).write_text(integrity.render(published_copy))
+    for command in ("verify", "compare"):
+        assert cli.main(["--root", str(published_copy), command]) == errors.INTEGRITY
+        captured = capsys.readouterr()
+        assert f"results/{receipt.name}" in captured.out + captured.err
+        assert "Traceback" not in captured.err
