@@ -64,7 +64,7 @@ def optional_files(runs: Path) -> list[Path]:
     return found
 
 
-def gate(reg: Registry, runs: Path, kind: str, allow_unconfirmed: bool) -> compare.Summary:
+def gate(reg: Registry, runs: Path, kind: str, allow_unconfirmed: bool) -> None:
     """The fresh differential (base vs head vs the registry) must be confirmed, unless explicitly allowed."""
     fresh = compare.compare_all(reg, runs=runs, published=None, kinds=[kind])
     unconfirmed = [p for p in fresh.pairs if p.verdict is not compare.Verdict.CONFIRMED]
@@ -75,7 +75,17 @@ def gate(reg: Registry, runs: Path, kind: str, allow_unconfirmed: bool) -> compa
                            + "\n".join(lines), code=fresh.exit_code,
                            todo="fix what it names and rerun the cells; to publish it anyway, on the record, "
                            "pass `--allow-unconfirmed`")
-    return fresh
+
+
+def published_kinds(reg: Registry, published: Path) -> list[str]:
+    """The tree kinds whose every cell is published: the published report covers each of them."""
+    def complete(kind: str) -> bool:
+        try:
+            return all((published / compare.expected_file(exp, side, kind)).exists()
+                       for exp in reg.experiments.values() for side in SIDES)
+        except HarnessError:  # an experiment without release brackets has no release cells
+            return False
+    return [kind for kind in compare.COMPARED_KINDS if complete(kind)]
 
 
 def publish(reg: Registry, runs: Path, kind: str, *, allow_unconfirmed: bool = False) -> Published:
@@ -89,7 +99,7 @@ def publish(reg: Registry, runs: Path, kind: str, *, allow_unconfirmed: bool = F
         write_atomic(dest, src.read_bytes())
     integrity.regenerate(reg.root)
     # The published report compares the published files with themselves: the differential as published.
-    summary = compare.compare_all(reg, runs=published, published=published, kinds=[kind])
+    summary = compare.compare_all(reg, runs=published, published=published, kinds=published_kinds(reg, published))
     written = report.write(summary, published)
     return Published(sorted([*targets, *written]), summary, integrity.regenerate(reg.root))
 

@@ -94,16 +94,20 @@ def receipt_doc(torch: str = "2.14.1+cpu", packages: dict | None = None) -> dict
     }
 
 
-def write_cell(directory: Path, side: str, doc: dict | None = None, receipt: dict | None = None) -> Path:
+def write_cell(directory: Path, side: str, doc: dict | None = None, receipt: dict | None = None,
+               kind: str = "release") -> Path:
     """A cell's result and its receipt (recording the result's SHA-256), as a real run writes them."""
-    version = {"base": "1.0.0", "head": "1.1.0"}[side]
-    path = directory / f"demo.{side}.release-{version}.json"
+    ref = {"base": "1.0.0", "head": "1.1.0"}[side] if kind == "release" else {"base": BASE_SHA, "head": HEAD_SHA}[side]
+    path = directory / f"demo.{side}.{kind}-{ref if kind == 'release' else ref[:12]}.json"
     directory.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc or result_doc(side, version), sort_keys=True, indent=2) + "\n")
+    if doc is None:
+        doc = result_doc(side, ref)
+        doc["tree"]["kind"] = kind
+    path.write_text(json.dumps(doc, sort_keys=True, indent=2) + "\n")
     receipt = copy.deepcopy(receipt or receipt_doc())
-    receipt.update(cell=f"release(demo, {side})", side=side,
+    receipt.update(cell=f"{'release' if kind == 'release' else 'probe'}(demo, {side})", side=side,
                    result={"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
-    receipt["tree"].update(ref=version, resolved=version)
+    receipt["tree"].update(kind=kind, ref=ref, resolved=ref)
     path.with_name(path.name.removesuffix(".json") + ".receipt.json").write_text(
         json.dumps(receipt, sort_keys=True, indent=2) + "\n")
     return path

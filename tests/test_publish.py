@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from pdevidence import cli, compare, errors, integrity, publish
+from pdevidence import cli, compare, errors, integrity, publish, registry
 from synthetic import make_project, result_doc, write_cell
 
 PUBLISHED = ("demo.base.release-1.0.0.json", "demo.base.release-1.0.0.receipt.json",
@@ -106,3 +106,14 @@ def test_checksums_refuses_to_vouch_for_an_invalid_published_receipt(project, ca
     (project / "results" / "demo.base.release-1.0.0.receipt.json").write_text("{}")
     assert cli.main(["--root", str(project), "checksums"]) == errors.INTEGRITY
     assert "results/demo.base.release-1.0.0.receipt.json" in capsys.readouterr().err
+
+
+def test_the_published_report_covers_every_kind_that_is_published(project):
+    assert cli.main(["--root", str(project), "publish"]) == errors.CONFIRMED
+    assert publish.published_kinds(registry.load(project), project / "results") == ["release"]
+    for side in ("base", "head"):
+        write_cell(project / "runs", side, kind="git")
+    assert cli.main(["--root", str(project), "publish", "--kind", "git"]) == errors.CONFIRMED
+    doc = compare.load_report(project / "results" / "report.json")
+    assert [(p["kind"], p["verdict"]) for p in doc["pairs"]] == [("release", "differential confirmed"),
+                                                                  ("git", "differential confirmed")]
