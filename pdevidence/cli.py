@@ -67,8 +67,11 @@ def cmd_compare(args) -> int:
 
 def cmd_verify(args) -> int:
     integrity.verify(args.root)
+    published_report = results_dir(args.root) / "report.json"
+    if published_report.exists():
+        compare.load_report(published_report)
     print("SHA256SUMS.txt: every listed file matches, every covered file is listed, "
-          "and every published receipt is valid for the result beside it")
+          "every published receipt is valid for the result beside it, and the published report is valid")
     return CONFIRMED
 
 

@@ -334,3 +334,16 @@ def test_on_a_fresh_clone_nox_compare_leaves_the_checkout_clean(tmp_path, posarg
     assert done.returncode == errors.INCOMPLETE, done.stdout + done.stderr
     assert (snapshot(PROJECT / "results"), status()) == before
     assert compare.load_report(tmp_path / "runs" / "report.json")["exit_code"] == errors.INCOMPLETE
+
+
+def test_verify_refuses_a_published_report_that_is_not_a_report_even_with_blessed_sums(project, capsys):
+    publish_both(project)
+    assert cli.main(["--root", str(project), "publish"]) == errors.CONFIRMED
+    path = project / "results" / "report.json"
+    doc = json.loads(path.read_text())
+    doc["pairs"][0]["verdict"] = "confirmed, trust me"
+    path.write_text(json.dumps(doc))
+    bless(project)
+    capsys.readouterr()
+    assert cli.main(["--root", str(project), "verify"]) == errors.INTEGRITY
+    assert "results/report.json is not a valid report" in capsys.readouterr().err
