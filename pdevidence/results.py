@@ -103,7 +103,8 @@ class Result:
         version = schema.removeprefix(RESULT_SCHEMA_PREFIX) if isinstance(schema, str) else ""
         if not (isinstance(schema, str) and schema.startswith(RESULT_SCHEMA_PREFIX) and version.isdigit()
                 and int(version) in RESULT_SCHEMA_VERSIONS):
-            raise bad(f"schema {schema!r}, expected {RESULT_SCHEMA_PREFIX}<{'|'.join(map(str, RESULT_SCHEMA_VERSIONS))}>")
+            known = "|".join(map(str, RESULT_SCHEMA_VERSIONS))
+            raise bad(f"schema {schema!r}, expected {RESULT_SCHEMA_PREFIX}<{known}>")
         for key in ("experiment", "side"):
             if not isinstance(doc.get(key), str):
                 raise bad(f"{key} must be a string")
