@@ -12,7 +12,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import cells, compare, drift, integrity, registry, report, sweep, upstream
+from . import cells, compare, drift, integrity, publish, registry, report, sweep, upstream
 from .errors import BEHAVIOUR_DIFFERS, CONFIRMED, EXIT_CODES, HarnessError, worst
 from .paths import PROJECT, results_dir, runs_dir, work_dir
 from .results import dumps, write_atomic
@@ -56,17 +56,22 @@ def cmd_compare(args) -> int:
     kinds = [args.kind] if args.kind != "all" else list(compare.COMPARED_KINDS)
     summary = compare.compare_all(reg, runs=runs_dir(reg.root), published=results_dir(reg.root), kinds=kinds)
     summary.upstream = upstream.summarize(runs_dir(reg.root), reg, tuple(kinds))
-    data = summary.to_json()
-    inputs = report.gather(reg, data, runs=runs_dir(reg.root), published=results_dir(reg.root))
-    doc = report.document(data, inputs, command=f"python -m pdevidence {args.command} --kind {args.kind}")
-    report.write(doc, results_dir(reg.root))
-    print(report.terminal(doc))
+    # Only `publish` writes results/: a comparison's report is fresh output, like the results it reads.
+    written = report.write_summary(reg, summary, runs_dir(reg.root), runs=runs_dir(reg.root),
+                                   published=results_dir(reg.root), command=f"python -m pdevidence {args.command} --kind {args.kind}")
+    for rel, why in sorted(summary.published_failures.items()):
+        print(f"published artifact failed verification: {rel}: {why}")
+    print(f"wrote {', '.join(str(p) for p in written)}")
     return summary.exit_code
 
 
 def cmd_verify(args) -> int:
     integrity.verify(args.root)
-    print("SHA256SUMS.txt: every listed file matches, and every published file is listed")
+    published_report = results_dir(args.root) / "report.json"
+    if published_report.exists():
+        compare.load_report(published_report)
+    print("SHA256SUMS.txt: every listed file matches, every covered file is listed, "
+          "every published receipt is valid for the result beside it, and the published report is valid")
     return CONFIRMED
 
 
@@ -78,10 +83,10 @@ def cmd_checksums(args) -> int:
 
 def cmd_publish(args) -> int:
     reg = registry.load(args.root)
-    published = compare.publish(reg, runs_dir(reg.root), results_dir(reg.root), kind=args.kind)
-    for path in published:
+    done = publish.publish(reg, runs_dir(reg.root), args.kind, allow_unconfirmed=args.allow_unconfirmed)
+    for path in done.files:
         print(f"published {path.relative_to(reg.root)}")
-    print(f"wrote {integrity.regenerate(args.root)}")
+    print(f"wrote {done.sums}")
     return CONFIRMED
 
 
@@ -162,8 +167,11 @@ def parser() -> argparse.ArgumentParser:
     dr.add_argument("--transformers", help="also move transformers (a version, or 'latest')")
     dr.set_defaults(func=cmd_drift)
 
-    pub = sub.add_parser("publish", help="copy fresh results of a kind into results/ and update SHA256SUMS.txt")
+    pub = sub.add_parser("publish", help="the only writer of results/: copy fresh, confirmed results of a kind "
+                         "(and sweep/mutation tables) there, write the report, update SHA256SUMS.txt")
     pub.add_argument("--kind", default="release", choices=["release", "git"])
+    pub.add_argument("--allow-unconfirmed", action="store_true",
+                     help="publish even if the fresh differential is not confirmed (the report says so)")
     pub.set_defaults(func=cmd_publish)
 
     up = sub.add_parser("upstream", help="run the PR's own test files (from the head tree) on one side's tree")

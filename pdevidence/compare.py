@@ -6,39 +6,66 @@ experiment and tree kind carries the verdict and everything behind it.
 
 from __future__ import annotations
 
+import difflib
+import enum
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import integrity, results
+from . import integrity
 from .cells import Cell
 from .errors import (BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT_DIFFERS, INCOMPLETE, INTEGRITY, HarnessError,
-                     worst)
-from .receipts import pins
+                     usage, worst)
+from .receipts import Receipt
 from .registry import SIDES, Experiment, Registry
+from .results import Result, read_json, receipt_path, result_name
 from .trees import tree_label
 
 COMPARED_KINDS = ("release", "git")
 REPORT_SCHEMA = "pdevidence-report/1"
-
-CONFIRMED_V = "differential confirmed"
-NOT_REPRODUCED = "not reproduced"
-INCOMPLETE_V = "incomplete"
-ENV_DIFFERS = "environment differs"
-PUBLISHED_DIFFERS = "differs from published"
-INTEGRITY_V = "published artifact failed verification"
-
-VERDICT_CODES = {
-    CONFIRMED_V: CONFIRMED,
-    NOT_REPRODUCED: BEHAVIOUR_DIFFERS,
-    PUBLISHED_DIFFERS: BEHAVIOUR_DIFFERS,
-    INCOMPLETE_V: INCOMPLETE,
-    ENV_DIFFERS: ENVIRONMENT_DIFFERS,
-    INTEGRITY_V: INTEGRITY,
-}
 MISSING = "<missing>"
 ABSENT = "absent"  # what a probe records for code that does not exist on a tree
+
+
+class Verdict(enum.StrEnum):
+    CONFIRMED = "differential confirmed"
+    NOT_REPRODUCED = "not reproduced"
+    INCOMPLETE = "incomplete"
+    ENVIRONMENT_DIFFERS = "environment differs"
+    PUBLISHED_DIFFERS = "differs from published"
+    INTEGRITY = "published artifact failed verification"
+
+    @property
+    def exit_code(self) -> int:
+        return _VERDICT_CODES[self]
+
+
+_VERDICT_CODES = {
+    Verdict.CONFIRMED: CONFIRMED,
+    Verdict.NOT_REPRODUCED: BEHAVIOUR_DIFFERS,
+    Verdict.PUBLISHED_DIFFERS: BEHAVIOUR_DIFFERS,
+    Verdict.INCOMPLETE: INCOMPLETE,
+    Verdict.ENVIRONMENT_DIFFERS: ENVIRONMENT_DIFFERS,
+    Verdict.INTEGRITY: INTEGRITY,
+}
+
+
+class PublishedStatus(enum.StrEnum):
+    """A fresh result against its published counterpart in results/."""
+
+    IDENTICAL = "identical"
+    DIFFERS = "differs"
+    UNPUBLISHED = "unpublished"
+    FAILED = "failed verification"
+
+
+class KeyStatus(enum.StrEnum):
+    """An observation (or a whole scenario) from base to head."""
+
+    UNCHANGED = "unchanged"
+    CHANGED = "changed"
+    ABSENT = "absent"  # only one tree has it
 
 
 @dataclass
@@ -48,7 +75,7 @@ class PairReport:
     title: str
     kind: str
     cells: dict[str, dict[str, Any]]
-    verdict: str = CONFIRMED_V
+    verdict: Verdict = Verdict.CONFIRMED
     reasons: list[str] = field(default_factory=list)
     grid: dict[str, dict[str, Any]] = field(default_factory=dict)
     expectation_failures: list[dict[str, Any]] = field(default_factory=list)
@@ -57,36 +84,70 @@ class PairReport:
 
     @property
     def exit_code(self) -> int:
-        return VERDICT_CODES[self.verdict]
+        return self.verdict.exit_code
 
 
 @dataclass
 class Summary:
     pairs: list[PairReport]
     upstream: list[dict] = field(default_factory=list)  # the PRs' own tests; informational
+    # Published files (results/...) that fail verification, with why: any of them fails the comparison.
+    published_failures: dict[str, str] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
-        return worst(p.exit_code for p in self.pairs)
+        return worst([*(p.exit_code for p in self.pairs), *([INTEGRITY] if self.published_failures else [])])
 
     def to_json(self) -> dict:
-        return {"schema": REPORT_SCHEMA, "exit_code": self.exit_code,
-                "pairs": [{**asdict(p), "exit_code": p.exit_code} for p in self.pairs], "upstream": self.upstream}
+        doc = {"schema": REPORT_SCHEMA, "exit_code": self.exit_code,
+               "pairs": [{**asdict(p), "exit_code": p.exit_code} for p in self.pairs], "upstream": self.upstream,
+               "published_failures": self.published_failures}
+        return json.loads(json.dumps(doc))  # enum members become their plain string values
+
+
+def load_report(path: Path) -> dict:
+    """A report.json as ``Summary.to_json`` wrote it, with its schema, verdicts and statuses checked."""
+    todo = "regenerate it: `nox -s compare` writes runs/report.json, `nox -s publish` results/report.json"
+    try:
+        doc = read_json(path, "report", todo=todo)
+    except HarnessError as exc:
+        raise HarnessError(exc.what, code=INTEGRITY, todo=todo) from None
+
+    def bad(why: str) -> HarnessError:
+        return HarnessError(f"{path} is not a valid report: {why}", code=INTEGRITY, todo=todo)
+
+    if not isinstance(doc, dict) or doc.get("schema") != REPORT_SCHEMA:
+        raise bad(f"schema {doc.get('schema') if isinstance(doc, dict) else None!r}, expected {REPORT_SCHEMA!r}")
+    if not isinstance(doc.get("pairs"), list) or not isinstance(doc.get("exit_code"), int):
+        raise bad("pairs must be a list and exit_code an integer")
+    for n, pair in enumerate(doc["pairs"]):
+        try:
+            verdict = Verdict(pair["verdict"])
+            for entry in pair["published"].values():
+                PublishedStatus(entry["status"])
+        except (TypeError, KeyError, ValueError, AttributeError) as exc:
+            raise bad(f"pairs[{n}]: {exc!r}") from None
+        if pair.get("exit_code") != verdict.exit_code or not isinstance(pair.get("experiment"), str):
+            raise bad(f"pairs[{n}]: exit code {pair.get('exit_code')!r} for verdict {verdict.value!r}")
+    failures = doc.get("published_failures", {})
+    if doc["exit_code"] != worst([*(p["exit_code"] for p in doc["pairs"]), *([INTEGRITY] if failures else [])]):
+        raise bad(f"exit_code {doc['exit_code']} does not follow from its pairs")
+    return doc
 
 
 def expected_file(exp: Experiment, side: str, kind: str) -> str:
     """The result file name a registry cell produces, known without fetching anything."""
     pin = exp.release(side) if kind == "release" else exp.git[side]
-    return results.result_name(exp.name, side, tree_label(kind, pin))
+    return result_name(exp.name, side, tree_label(kind, pin))
 
 
-def key_status(base: Any, head: Any) -> str:
+def key_status(base: Any, head: Any) -> KeyStatus:
     """A value only one tree can have (a function that does not exist there) is absent, not a change."""
     if same(base, head):
-        return "unchanged"
+        return KeyStatus.UNCHANGED
     if any(isinstance(v, str) and v in (MISSING, ABSENT) for v in (base, head)):
-        return "absent"
-    return "changed"
+        return KeyStatus.ABSENT
+    return KeyStatus.CHANGED
 
 
 def same(a: Any, b: Any) -> bool:
@@ -95,7 +156,7 @@ def same(a: Any, b: Any) -> bool:
 
 
 def diff_observations(base: dict, head: dict) -> dict[str, dict[str, Any]]:
-    """Scenario by scenario, key by key: unchanged, changed or absent on one side."""
+    """Scenario by scenario, key by key (of two result documents): unchanged, changed or absent on one side."""
     grid = {}
     for sid in sorted(set(base["scenarios"]) | set(head["scenarios"]), key=_scenario_order):
         sides = {"base": base["scenarios"].get(sid), "head": head["scenarios"].get(sid)}
@@ -105,16 +166,15 @@ def diff_observations(base: dict, head: dict) -> dict[str, dict[str, Any]]:
             names |= set((sc or {}).get("observed", {}))
         for key in sorted(names):
             values = {s: (sc or {}).get("observed", {}).get(key, MISSING) for s, sc in sides.items()}
-            status = key_status(values["base"], values["head"])
-            keys[key] = {**values, "status": status}
+            keys[key] = {**values, "status": key_status(values["base"], values["head"])}
         errors = {s: (sc or {}).get("error") for s, sc in sides.items()}
         present = {s: sc is not None for s, sc in sides.items()}
         if not all(present.values()):
-            status = "absent"
-        elif any(k["status"] == "changed" for k in keys.values()) or errors["base"] != errors["head"]:
-            status = "changed"
+            status = KeyStatus.ABSENT
+        elif any(k["status"] is KeyStatus.CHANGED for k in keys.values()) or errors["base"] != errors["head"]:
+            status = KeyStatus.CHANGED
         else:
-            status = "unchanged"
+            status = KeyStatus.UNCHANGED
         grid[sid] = {"status": status, "present": present, "errors": errors, "keys": keys}
     return grid
 
@@ -125,22 +185,42 @@ def _scenario_order(sid: str):
     return (head.rstrip("0123456789"), int(digits or 0), sid)
 
 
-def check_expectations(exp: Experiment, docs: dict[str, dict]) -> list[dict[str, Any]]:
+def check_expected_keys(exp: Experiment, docs: dict[str, Result]) -> None:
+    """An expected key no side observes is a registry typo, not a behaviour: say which and what is near."""
+    for sid, expectation in sorted(exp.expect.items(), key=lambda kv: _scenario_order(kv[0])):
+        ran = [docs[side].scenarios[sid] for side in SIDES
+               if sid in docs[side].scenarios and docs[side].scenarios[sid].error is None]
+        if not ran:
+            continue  # the scenario is missing or raised on both sides: check_expectations says so
+        observed = sorted(set().union(*(sc.observed for sc in ran)))
+        tables = {"base": expectation.base, "head": expectation.head} if expectation.changes \
+            else {"keys": expectation.base}
+        for table, values in tables.items():
+            for key in sorted(values):
+                if key not in observed:
+                    near = difflib.get_close_matches(key, observed, n=1, cutoff=0.5)
+                    hint = f"did you mean {near[0]!r}?" if near else f"it observes: {', '.join(observed)}"
+                    raise usage(f"experiments.{exp.name}.expect.{sid}.{key}: scenario {sid} observes no key "
+                                f"{key!r} on either side (declared in expect.{sid}.{table}); {hint}",
+                                todo="fix the key in experiments.toml")
+
+
+def check_expectations(exp: Experiment, docs: dict[str, Result]) -> list[dict[str, Any]]:
     """Every registry expectation against what each side observed."""
     failures = []
     for sid, expectation in sorted(exp.expect.items(), key=lambda kv: _scenario_order(kv[0])):
         for side in SIDES:
-            sc = docs[side]["scenarios"].get(sid)
+            sc = docs[side].scenarios.get(sid)
             if sc is None:
                 failures.append({"scenario": sid, "side": side, "key": None,
                                  "expected": "scenario present", "observed": MISSING})
                 continue
-            if sc.get("error") is not None:
+            if sc.error is not None:
                 failures.append({"scenario": sid, "side": side, "key": None,
-                                 "expected": "no error", "observed": sc["error"]})
+                                 "expected": "no error", "observed": sc.error})
             wanted = expectation.base if side == "base" else expectation.head
             for key, value in sorted(wanted.items()):
-                got = sc["observed"].get(key, MISSING)
+                got = sc.observed.get(key, MISSING)
                 if not same(got, value):
                     failures.append({"scenario": sid, "side": side, "key": key,
                                      "expected": value, "observed": got})
@@ -162,101 +242,117 @@ def _show(value) -> str:
     return MISSING if value == MISSING else json.dumps(value)
 
 
-def _receipt(path: Path) -> dict | None:
+def _rel(path: Path, root: Path) -> str:
     try:
-        return json.loads(results.receipt_path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _fresh_cells(exp: Experiment, report: PairReport, runs: Path) -> dict[str, tuple[Result, Receipt]] | None:
+    """Both sides' fresh result and receipt, validated; None (and the report incomplete) if any is missing."""
+    missing = []
+    for side in SIDES:
+        name, result = report.cells[side]["cell"], runs / report.cells[side]["file"]
+        if not result.exists():
+            missing.append(f"no result for {name}: run `nox -s \"{name}\"`")
+        elif not receipt_path(result).exists():
+            missing.append(f"no receipt for {name} beside {result.name}: rerun it with `nox -s \"{name}\" -- --force`")
+    if missing:
+        report.verdict, report.reasons = Verdict.INCOMPLETE, missing
         return None
+    return {side: (Result.load(runs / report.cells[side]["file"], experiment=exp.name, side=side),
+                   Receipt.load(receipt_path(runs / report.cells[side]["file"]), experiment=exp.name, side=side))
+            for side in SIDES}
 
 
-def compare_pair(reg: Registry, exp: Experiment, kind: str, runs: Path, published: Path,
+def compare_pair(reg: Registry, exp: Experiment, kind: str, runs: Path, published: Path | None,
                  bad_published: dict[str, str]) -> PairReport:
+    """One experiment on one tree kind; ``published=None`` leaves the published artifacts out."""
     names = {side: expected_file(exp, side, kind) for side in SIDES}
     report = PairReport(exp.name, exp.pr, exp.title, kind,
                         cells={side: {"cell": Cell(exp.name, side, kind).name, "file": names[side]}
                                for side in SIDES})
-    missing = [report.cells[s]["cell"] for s in SIDES if not (runs / names[s]).exists()]
-    if missing:
-        report.verdict = INCOMPLETE_V
-        report.reasons = [f"no result for {name}: run `nox -s \"{name}\"`" for name in missing]
+    fresh = _fresh_cells(exp, report, runs)
+    if fresh is None:
         return report
-    docs = {side: results.load(runs / names[side], experiment=exp.name, side=side) for side in SIDES}
-    report.grid = diff_observations(docs["base"], docs["head"])
+    docs = {side: fresh[side][0] for side in SIDES}
+    report.grid = diff_observations(docs["base"].doc, docs["head"].doc)
+    check_expected_keys(exp, docs)
     report.expectation_failures = check_expectations(exp, docs)
     if not exp.expect:
         report.reasons.append(f"the registry declares no expected differential for {exp.name}")
 
-    for side in SIDES:
-        report.published[side] = _against_published(runs / names[side], published / names[side], bad_published)
-        fresh_receipt, pub_receipt = _receipt(runs / names[side]), _receipt(published / names[side])
-        if fresh_receipt and pub_receipt:
-            a, b = pins(fresh_receipt), pins(pub_receipt)
+    failed: list[str] = []
+    for side in SIDES if published is not None else ():
+        entry, pub_receipt, why = _against_published(runs / names[side], published / names[side], reg.root,
+                                                     bad_published)
+        report.published[side] = entry
+        failed += why
+        if pub_receipt is not None:
+            a, b = fresh[side][1].pins(), pub_receipt.pins()
             differing = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
             if differing:
                 report.pins_differ[side] = differing
 
     failing = sorted({f["scenario"] for f in report.expectation_failures}, key=_scenario_order)
-    tampered = [p["file"] for p in report.published.values() if p["status"] == "failed verification"]
-    differs = [p["file"] for p in report.published.values() if p["status"] == "differs"]
-    if tampered:
-        report.verdict = INTEGRITY_V
-        report.reasons += [f"results/{f} fails SHA256SUMS.txt ({bad_published[f'results/{f}']}); "
-                           "refusing to compare against it" for f in tampered]
+    differs = [p["file"] for p in report.published.values() if p["status"] is PublishedStatus.DIFFERS]
+    if failed:
+        report.verdict = Verdict.INTEGRITY
+        report.reasons += [f"{why}; refusing to compare against it" for why in failed]
     elif failing or not exp.expect:
-        report.verdict = NOT_REPRODUCED
+        report.verdict = Verdict.NOT_REPRODUCED
         report.reasons.append("scenarios not as expected: " + ", ".join(failing) if failing else
                               "nothing to check the differential against")
     elif differs:
-        report.verdict = PUBLISHED_DIFFERS
+        report.verdict = Verdict.PUBLISHED_DIFFERS
         report.reasons += [f"{f} differs from the published results/{f}" for f in differs]
     elif report.pins_differ:
-        report.verdict = ENV_DIFFERS
+        report.verdict = Verdict.ENVIRONMENT_DIFFERS
         report.reasons += [f"{side}: {', '.join(keys)}" for side, keys in report.pins_differ.items()]
     return report
 
 
-def _against_published(fresh: Path, published: Path, bad: dict[str, str]) -> dict[str, Any]:
+def _against_published(fresh: Path, published: Path, root: Path,
+                       bad: dict[str, str]) -> tuple[dict[str, Any], Receipt | None, list[str]]:
+    """The published status of one cell, its verified receipt, and why it failed verification (if it did)."""
     entry: dict[str, Any] = {"file": published.name}
-    if f"results/{published.name}" in bad:
-        return {**entry, "status": "failed verification", "diffs": [bad[f"results/{published.name}"]]}
-    if not published.exists():
-        return {**entry, "status": "unpublished", "diffs": []}
+    receipt = receipt_path(published)
+    failed = [f"{_rel(p, root)} fails verification ({bad[_rel(p, root)]})"
+              for p in (published, receipt) if _rel(p, root) in bad]
+    if not failed and not published.exists() and not receipt.exists():
+        return {**entry, "status": PublishedStatus.UNPUBLISHED, "diffs": []}, None, []
+    pub_receipt = None
+    if not failed:
+        try:
+            pub_receipt = Receipt.load(receipt)
+            Result.load(published)
+        except HarnessError as exc:
+            failed = [f"{_rel(receipt if pub_receipt is None else published, root)} fails verification "
+                      f"({exc.what})"]
+    if failed:
+        return {**entry, "status": PublishedStatus.FAILED, "diffs": failed}, None, failed
     if fresh.read_bytes() == published.read_bytes():
-        return {**entry, "status": "identical", "diffs": []}
-    try:
-        diffs = _key_diffs(json.loads(fresh.read_text()), json.loads(published.read_text()))
-    except ValueError as exc:
-        diffs = [f"not comparable key by key: {exc}"]
-    return {**entry, "status": "differs", "diffs": diffs or ["same data, different bytes (formatting)"]}
+        return {**entry, "status": PublishedStatus.IDENTICAL, "diffs": []}, pub_receipt, []
+    diffs = _key_diffs(json.loads(fresh.read_text()), json.loads(published.read_text()))
+    return ({**entry, "status": PublishedStatus.DIFFERS, "diffs": diffs or ["same data, different bytes (formatting)"]},
+            pub_receipt, [])
 
 
-def compare_all(reg: Registry, *, runs: Path, published: Path, kinds: list[str]) -> Summary:
-    bad = integrity.problems(reg.root)
+def compare_all(reg: Registry, *, runs: Path, published: Path | None, kinds: list[str]) -> Summary:
+    """Every experiment on every kind; ``published=None`` compares base with head and the registry only."""
+    bad = integrity.failures(reg.root) if published is not None else {}
     pairs = []
     for exp in reg.experiments.values():
         for kind in kinds:
             try:
                 pairs.append(compare_pair(reg, exp, kind, runs, published, bad))
             except HarnessError as exc:
-                if kind == "release" and not all(exp.releases.values()):
-                    pairs.append(PairReport(exp.name, exp.pr, exp.title, kind, cells={}, verdict=INCOMPLETE_V,
-                                            reasons=[str(exc)]))
-                else:
+                # An experiment without release brackets yet has no release cells to compare.
+                if kind != "release" or all(exp.releases.values()):
                     raise
-    return Summary(pairs)
-
-
-def publish(reg: Registry, runs: Path, published: Path, kind: str) -> list[Path]:
-    """Copy a kind's fresh results and receipts into results/; refuse if any is missing."""
-    todo = [expected_file(exp, side, kind) for exp in reg.experiments.values() for side in SIDES]
-    missing = [name for name in todo if not (runs / name).exists()]
-    if missing:
-        raise HarnessError(f"cannot publish: no fresh result for {', '.join(missing)}", code=INCOMPLETE,
-                           todo=f"run `nox -s matrix` (or the {kind} cells) first")
-    copied = []
-    for name in todo:
-        results.load(runs / name)
-        for src in (runs / name, results.receipt_path(runs / name)):
-            results.write_atomic(published / src.name, src.read_bytes())
-            copied.append(published / src.name)
-    return copied
+                pairs.append(PairReport(exp.name, exp.pr, exp.title, kind, cells={}, verdict=Verdict.INCOMPLETE,
+                                        reasons=[str(exc)]))
+    prefix = f"{_rel(published, reg.root)}/" if published is not None else None
+    return Summary(pairs, published_failures={rel: why for rel, why in bad.items()
+                                              if prefix and rel.startswith(prefix)})

@@ -1,16 +1,32 @@
-"""The receipt of a cell run: everything environment-specific the result leaves out."""
+"""The receipt of a cell run: everything environment-specific the result leaves out.
+
+A receipt is evidence: ``Receipt.load`` checks every field the harness reads,
+with its type, and that the result beside it is the one the receipt recorded.
+"""
 
 from __future__ import annotations
 
 import platform
+import re
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
 
 from .environments import CellEnvironment
+from .errors import HarnessError, integrity
 from .fetch import sha256_file
+from .results import read_json, result_beside
 from .trees import Tree
 
-RECEIPT_SCHEMA = "pdevidence-receipt/1"
+RECEIPT_SCHEMA_PREFIX = "pdevidence-receipt/"
+RECEIPT_SCHEMA_VERSION = 1
+RECEIPT_SCHEMA = f"{RECEIPT_SCHEMA_PREFIX}{RECEIPT_SCHEMA_VERSION}"
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_TODO = ("a published receipt: restore it from git (`git checkout -- results/`); "
+         "a fresh one: rerun its cell with `-- --force`")
 
 
 def now() -> datetime:
@@ -21,7 +37,7 @@ def build(*, cell: str, experiment: str, side: str, tree: Tree, env: CellEnviron
           constraints: Path, probe: Path, result: Path, commands: list[list[str]], started: datetime,
           finished: datetime, exit_status: int, cache_key: str) -> dict:
     packages = env.packages()
-    return {
+    doc = {
         "schema": RECEIPT_SCHEMA,
         "cell": cell,
         "experiment": experiment,
@@ -51,6 +67,8 @@ def build(*, cell: str, experiment: str, side: str, tree: Tree, env: CellEnviron
         "exit_status": exit_status,
         "cache_key": cache_key,
     }
+    Receipt.from_doc(doc, source=f"the receipt of {cell}")  # what we write, we can read back
+    return doc
 
 
 def _python_version(env: CellEnvironment) -> str:
@@ -69,12 +87,141 @@ def _rel(path: Path, root: Path) -> str:
         return str(path)
 
 
-def pins(receipt: dict) -> dict[str, str]:
-    """What must match for two runs to count as the same environment."""
-    return {
-        "python": ".".join(str(receipt["python"]["version"]).split(".")[:2]),
-        "torch": str(receipt["torch"]["build"]),
-        "constraints": receipt["constraints"]["sha256"],
-        "probe": receipt["probe"]["sha256"],
-        **{f"package:{name}": version for name, version in sorted(receipt["packages"].items())},
-    }
+@dataclass(frozen=True)
+class FileDigest:
+    file: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """A validated cell receipt; ``doc`` keeps the document as written."""
+
+    schema_version: int
+    cell: str
+    experiment: str
+    side: str
+    tree: dict[str, Any]
+    python_version: Version
+    torch_build: str | None  # None: the tree's environment has no torch
+    torch_channel: str
+    packages: dict[str, str]
+    constraints: FileDigest
+    probe: FileDigest
+    result: FileDigest
+    exit_status: int
+    cache_key: str
+    doc: dict[str, Any]
+
+    @classmethod
+    def from_doc(cls, doc: Any, *, source: str) -> Receipt:
+        """Every field the harness reads, with its type; a violation is an integrity failure naming ``source``."""
+        def bad(why: str) -> HarnessError:
+            return integrity(f"{source} is not a valid receipt: {why}",
+                             expected=f"a {RECEIPT_SCHEMA} document as `nox -s release(...)` writes it", todo=_TODO)
+
+        def field(table: dict, key: str, kind: type | tuple, where: str) -> Any:
+            value = table.get(key)
+            # JSON true/false are ints to Python; an integer field must not accept them.
+            if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _tuple(kind)):
+                raise bad(f"{where}{key} must be {_kind(kind)}, got {type(value).__name__}")
+            return value
+
+        def digest(key: str) -> FileDigest:
+            table = field(doc, key, dict, "")
+            sha = field(table, "sha256", str, f"{key}.")
+            if not _SHA256.match(sha):
+                raise bad(f"{key}.sha256 {sha!r} is not a SHA-256")
+            return FileDigest(field(table, "file", str, f"{key}."), sha)
+
+        if not isinstance(doc, dict):
+            raise bad("not a JSON object")
+        if doc.get("schema") != RECEIPT_SCHEMA:
+            raise bad(f"schema {doc.get('schema')!r}, expected {RECEIPT_SCHEMA!r}")
+        tree = field(doc, "tree", dict, "")
+        for key in ("kind", "ref", "resolved"):
+            field(tree, key, str, "tree.")
+        python = field(doc, "python", dict, "")
+        try:
+            python_version = Version(field(python, "version", str, "python."))
+        except InvalidVersion:
+            raise bad(f"python.version {python['version']!r} is not a version") from None
+        torch = field(doc, "torch", dict, "")
+        packages = field(doc, "packages", dict, "")
+        for name, version in packages.items():
+            if not isinstance(version, str):
+                raise bad(f"packages.{name} must be a version string, got {type(version).__name__}")
+        commands = field(doc, "commands", list, "")
+        if not all(isinstance(c, list) and all(isinstance(a, str) for a in c) for c in commands):
+            raise bad("commands must be a list of argument lists")
+        for key in ("started", "finished"):
+            field(doc, key, str, "")
+        field(doc, "duration_s", (int, float), "")
+        return cls(
+            schema_version=RECEIPT_SCHEMA_VERSION,
+            cell=field(doc, "cell", str, ""),
+            experiment=field(doc, "experiment", str, ""),
+            side=field(doc, "side", str, ""),
+            tree=tree,
+            python_version=python_version,
+            torch_build=field(torch, "build", (str, type(None)), "torch."),
+            torch_channel=field(torch, "channel", str, "torch."),
+            packages=packages,
+            constraints=digest("constraints"),
+            probe=digest("probe"),
+            result=digest("result"),
+            exit_status=field(doc, "exit_status", int, ""),
+            cache_key=field(doc, "cache_key", str, ""),
+            doc=doc,
+        )
+
+    @classmethod
+    def load(cls, path: Path, *, experiment: str | None = None, side: str | None = None) -> Receipt:
+        """The receipt at ``path``, checked against the result file beside it."""
+        try:
+            doc = read_json(path, "receipt", todo=_TODO)
+        except HarnessError as exc:
+            raise integrity(exc.what, todo=_TODO) from None
+        receipt = cls.from_doc(doc, source=str(path))
+        for key, want in (("experiment", experiment), ("side", side)):
+            if want and getattr(receipt, key) != want:
+                raise integrity(f"{path} is a receipt for {key} {getattr(receipt, key)!r}, expected {want!r}",
+                                todo=_TODO)
+        result = result_beside(path)
+        if receipt.result.file != result.name:
+            raise integrity(f"{path} is the receipt of {receipt.result.file}, not of {result.name}", todo=_TODO)
+        if not result.exists():
+            raise integrity(f"{path} has no result beside it ({result.name})", todo=_TODO)
+        actual = sha256_file(result)
+        if actual != receipt.result.sha256:
+            raise integrity(f"{result} does not match its receipt {path.name}: SHA-256 {actual}, "
+                            f"the receipt recorded {receipt.result.sha256}", todo=_TODO)
+        return receipt
+
+    def pins(self) -> dict[str, Version | str]:
+        """What must match for two runs to count as the same environment (versions compare as versions)."""
+        return {
+            "python": f"{self.python_version.major}.{self.python_version.minor}",
+            "torch": _version(self.torch_build) if self.torch_build else "none",
+            "constraints": self.constraints.sha256,
+            "probe": self.probe.sha256,
+            **{f"package:{name}": _version(version) for name, version in sorted(self.packages.items())},
+        }
+
+
+def _version(text: str) -> Version | str:
+    """A PEP 440 version, so 2.14.1 and 2.14.1.0 are the same pin; anything else compares as written."""
+    try:
+        return Version(text)
+    except InvalidVersion:
+        return text
+
+
+def _tuple(kind: type | tuple) -> tuple:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _kind(kind: type | tuple) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
+             type(None): "null"}
+    return " or ".join(names.get(k, k.__name__) for k in _tuple(kind))

@@ -9,7 +9,6 @@ give the same bytes.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from . import pictures
@@ -18,7 +17,6 @@ from .report_inputs import ReportInputs, gather  # noqa: F401  (gather: the CLI'
 from .results import dumps, write_atomic
 
 COLOURS = pictures.COLOURS
-FILE_MODE = 0o644  # derived, shareable output: not the private 0600 of a temporary file
 SYMBOLS = {
     "a → b": "the value on base (before the fix) → the value on head (after it)",
     "-": "null: the probe recorded no value (for example no finish status)",
@@ -156,6 +154,14 @@ def write(report, directory: Path, inputs: ReportInputs | None = None, *, comman
     paths = []
     for name, text in outputs.items():
         write_atomic(directory / name, text)
-        os.chmod(directory / name, FILE_MODE)
         paths.append(directory / name)
     return paths
+
+
+def write_summary(reg, summary, directory: Path, *, runs: Path, published: Path, command: str) -> list[Path]:
+    """A comparison's full report in ``directory``: the summary, plus the sweep and mutation tables and
+    scenario notes found beside it; prints the compact terminal summary."""
+    data = summary.to_json()
+    doc = document(data, gather(reg, data, runs=runs, published=published), command=command)
+    print(terminal(doc))
+    return write(doc, directory)

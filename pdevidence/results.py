@@ -1,4 +1,4 @@
-"""Result documents: names, validation, atomic writes.
+"""Result documents: names, the typed result, atomic writes.
 
 The result is the probe's contract (see the README); the file name says
 experiment, side and tree: ``<experiment>.<side>.<kind>-<ref>.json``, with the
@@ -10,12 +10,16 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .errors import INCOMPLETE, HarnessError
 
 RESULT_SCHEMA_PREFIX = "pd-differential-probe/"
+RESULT_SCHEMA_VERSIONS = (1,)  # what this harness reads; a newer probe must bump it here too
 RECEIPT_SUFFIX = ".receipt.json"
+FILE_MODE = 0o644  # published files are read by everyone; mkstemp alone gives 0600
 
 
 def result_name(experiment: str, side: str, tree_label: str, suffix: str = ".json") -> str:
@@ -26,8 +30,12 @@ def receipt_path(result: Path) -> Path:
     return result.with_name(result.name.removesuffix(".json") + RECEIPT_SUFFIX)
 
 
+def result_beside(receipt: Path) -> Path:
+    return receipt.with_name(receipt.name.removesuffix(RECEIPT_SUFFIX) + ".json")
+
+
 def dumps(doc: dict) -> str:
-    """The one serialization every result and receipt uses: stable bytes for stable data."""
+    """The one serialization every result, receipt and report uses: stable bytes for stable data."""
     return json.dumps(doc, sort_keys=True, indent=2, ensure_ascii=True) + "\n"
 
 
@@ -37,6 +45,7 @@ def write_atomic(path: Path, text: str | bytes) -> None:
     data = text.encode("utf-8") if isinstance(text, str) else text
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(tmp, path)
@@ -45,39 +54,94 @@ def write_atomic(path: Path, text: str | bytes) -> None:
         raise
 
 
-def validate(doc: object, *, source: str, experiment: str | None = None, side: str | None = None) -> dict:
-    """Check the result contract; a violation names the file and the field."""
-    def bad(why: str) -> HarnessError:
-        return HarnessError(f"{source} is not a valid probe result: {why}",
-                            expected="the result document described in the README",
-                            todo="rerun the cell; if it persists, the probe is broken")
-
-    if not isinstance(doc, dict):
-        raise bad("not a JSON object")
-    if not str(doc.get("schema", "")).startswith(RESULT_SCHEMA_PREFIX):
-        raise bad(f"schema {doc.get('schema')!r}")
-    if experiment and doc.get("experiment") != experiment:
-        raise bad(f"experiment {doc.get('experiment')!r}, expected {experiment!r}")
-    if side and doc.get("side") != side:
-        raise bad(f"side {doc.get('side')!r}, expected {side!r}")
-    tree = doc.get("tree")
-    if not isinstance(tree, dict) or not {"kind", "ref", "resolved"} <= tree.keys():
-        raise bad("tree must have kind, ref and resolved")
-    scenarios = doc.get("scenarios")
-    if not isinstance(scenarios, dict) or not scenarios:
-        raise bad("no scenarios")
-    for sid, sc in scenarios.items():
-        if not isinstance(sc, dict) or not isinstance(sc.get("observed"), dict) or "error" not in sc:
-            raise bad(f"scenario {sid} must have observed and error")
-    return doc
-
-
-def load(path: Path, **expect) -> dict:
+def read_json(path: Path, what: str, *, todo: str) -> Any:
+    """A JSON file, or one error naming it: missing (incomplete) or unreadable."""
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise HarnessError(f"no result at {path}", code=INCOMPLETE,
-                           todo="run its cell first (`nox -l` lists the cells)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HarnessError(f"{path} is corrupt: {exc}", todo="delete it and rerun its cell") from None
-    return validate(doc, source=str(path), **expect)
+        raise HarnessError(f"no {what} at {path}", code=INCOMPLETE, todo=todo) from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise HarnessError(f"{path} is not a readable {what}: {exc}", todo=todo) from None
+
+
+@dataclass(frozen=True)
+class TreeRef:
+    kind: str
+    ref: str
+    resolved: str
+
+
+@dataclass(frozen=True)
+class Scenario:
+    title: str | None
+    observed: dict[str, Any]
+    error: dict[str, Any] | None  # what the scenario raised, or None
+
+
+@dataclass(frozen=True)
+class Result:
+    """A validated probe result; ``doc`` keeps the document as written, for key-by-key diffs."""
+
+    schema_version: int
+    experiment: str
+    side: str
+    tree: TreeRef
+    scenarios: dict[str, Scenario]
+    doc: dict[str, Any]
+
+    @classmethod
+    def from_doc(cls, doc: Any, *, source: str, experiment: str | None = None, side: str | None = None) -> Result:
+        """Check the result contract; a violation names the source and the field."""
+        def bad(why: str) -> HarnessError:
+            return HarnessError(f"{source} is not a valid probe result: {why}",
+                                expected="the result document described in the README",
+                                todo="rerun the cell; if it persists, the probe is broken")
+
+        if not isinstance(doc, dict):
+            raise bad("not a JSON object")
+        schema = doc.get("schema")
+        version = schema.removeprefix(RESULT_SCHEMA_PREFIX) if isinstance(schema, str) else ""
+        if not (isinstance(schema, str) and schema.startswith(RESULT_SCHEMA_PREFIX) and version.isdigit()
+                and int(version) in RESULT_SCHEMA_VERSIONS):
+            known = "|".join(map(str, RESULT_SCHEMA_VERSIONS))
+            raise bad(f"schema {schema!r}, expected {RESULT_SCHEMA_PREFIX}<{known}>")
+        for key in ("experiment", "side"):
+            if not isinstance(doc.get(key), str):
+                raise bad(f"{key} must be a string")
+        if experiment and doc["experiment"] != experiment:
+            raise bad(f"experiment {doc['experiment']!r}, expected {experiment!r}")
+        if side and doc["side"] != side:
+            raise bad(f"side {doc['side']!r}, expected {side!r}")
+        tree = doc.get("tree")
+        if not isinstance(tree, dict) or not all(isinstance(tree.get(k), str) for k in ("kind", "ref", "resolved")):
+            raise bad("tree must have kind, ref and resolved (strings)")
+        scenarios = doc.get("scenarios")
+        if not isinstance(scenarios, dict) or not scenarios:
+            raise bad("no scenarios")
+        parsed = {}
+        for sid, sc in scenarios.items():
+            if not isinstance(sc, dict) or not isinstance(sc.get("observed"), dict) or "error" not in sc:
+                raise bad(f"scenario {sid} must have observed and error")
+            if not (sc["error"] is None or isinstance(sc["error"], dict)):
+                raise bad(f"scenario {sid}: error must be null or an object")
+            title = sc.get("title")
+            if not (title is None or isinstance(title, str)):
+                raise bad(f"scenario {sid}: title must be a string")
+            parsed[sid] = Scenario(title, sc["observed"], sc["error"])
+        return cls(int(version), doc["experiment"], doc["side"],
+                   TreeRef(tree["kind"], tree["ref"], tree["resolved"]), parsed, doc)
+
+    @classmethod
+    def load(cls, path: Path, *, experiment: str | None = None, side: str | None = None) -> Result:
+        doc = read_json(path, "result", todo="run its cell (`nox -l` lists the cells); rerun it if the file is corrupt")
+        return cls.from_doc(doc, source=str(path), experiment=experiment, side=side)
+
+
+def validate(doc: object, *, source: str, experiment: str | None = None, side: str | None = None) -> dict:
+    """The document, once ``Result.from_doc`` accepts it (for callers that work on the JSON)."""
+    return Result.from_doc(doc, source=source, experiment=experiment, side=side).doc
+
+
+def load(path: Path, *, experiment: str | None = None, side: str | None = None) -> dict:
+    """The document, once ``Result.load`` accepts it (for callers that work on the JSON)."""
+    return Result.load(path, experiment=experiment, side=side).doc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from pathlib import Path
 
@@ -70,22 +71,45 @@ def result_doc(side: str, version: str, observed: dict | None = None, errors: di
 
 
 def receipt_doc(torch: str = "2.14.1+cpu", packages: dict | None = None) -> dict:
+    """A receipt as ``receipts.build`` writes it; ``write_cell`` fills in the cell and the result's digest."""
     return {
-        "python": {"version": "3.12.3"},
-        "torch": {"build": torch},
-        "constraints": {"sha256": "c" * 64},
-        "probe": {"sha256": "d" * 64},
+        "schema": "pdevidence-receipt/1",
+        "cell": "",
+        "experiment": "demo",
+        "side": "",
+        "tree": {"kind": "release", "ref": "", "resolved": "", "sha256": "e" * 64, "source": "pypi"},
+        "python": {"requested": "3.12", "version": "3.12.3", "platform": "Linux", "machine": "x86_64"},
+        "torch": {"build": torch, "channel": "pypi", "requested": "auto", "note": ""},
         "packages": packages or {"torch": "2.14.1", "transformers": "5.12.1"},
+        "constraints": {"file": "constraints/cells.txt", "sha256": "c" * 64},
+        "probe": {"file": "probes/probe_demo.py", "sha256": "d" * 64},
+        "result": {"file": "", "sha256": ""},
+        "environment": {"path": "/tmp/env", "reused": False},
+        "commands": [["python", "probes/probe_demo.py"]],
+        "started": "2026-01-01T00:00:00+00:00",
+        "finished": "2026-01-01T00:00:20+00:00",
+        "duration_s": 20.0,
+        "exit_status": 0,
+        "cache_key": "f" * 64,
     }
 
 
-def write_cell(directory: Path, side: str, doc: dict | None = None, receipt: dict | None = None) -> Path:
-    version = {"base": "1.0.0", "head": "1.1.0"}[side]
-    path = directory / f"demo.{side}.release-{version}.json"
+def write_cell(directory: Path, side: str, doc: dict | None = None, receipt: dict | None = None,
+               kind: str = "release") -> Path:
+    """A cell's result and its receipt (recording the result's SHA-256), as a real run writes them."""
+    ref = {"base": "1.0.0", "head": "1.1.0"}[side] if kind == "release" else {"base": BASE_SHA, "head": HEAD_SHA}[side]
+    path = directory / f"demo.{side}.{kind}-{ref if kind == 'release' else ref[:12]}.json"
     directory.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc or result_doc(side, version), sort_keys=True, indent=2) + "\n")
+    if doc is None:
+        doc = result_doc(side, ref)
+        doc["tree"]["kind"] = kind
+    path.write_text(json.dumps(doc, sort_keys=True, indent=2) + "\n")
+    receipt = copy.deepcopy(receipt or receipt_doc())
+    receipt.update(cell=f"{'release' if kind == 'release' else 'probe'}(demo, {side})", side=side,
+                   result={"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
+    receipt["tree"].update(kind=kind, ref=ref, resolved=ref)
     path.with_name(path.name.removesuffix(".json") + ".receipt.json").write_text(
-        json.dumps(receipt or receipt_doc(), sort_keys=True))
+        json.dumps(receipt, sort_keys=True, indent=2) + "\n")
     return path
 
 
@@ -127,3 +151,14 @@ def serve_index(server, wheels: dict[str, bytes], project: str = "sglang") -> st
     server.serve(f"/simple/{project}/", json.dumps({"files": files}).encode(),
                  content_type="application/vnd.pypi.simple.v1+json")
     return server.url("/simple")
+
+
+# The smallest sweep table the report and publish accept: one release, fixed.
+SWEEP = {"schema": "pdevidence-sweep/2", "experiment": "demo", "first_fixed": "1.1.0", "regressions": [],
+         "releases": [{"version": "1.1.0", "classification": "fixed", "scenarios": {"D1": "fixed"},
+                       "differing": [], "error": None}]}
+
+
+def write_sweep(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(SWEEP, indent=2) + "\n")

@@ -160,8 +160,9 @@ def test_the_main_session_runs_the_matrix_and_confirms_the_differential(demo_pro
     done = nox(demo_project, "-s", "matrix")
     assert done.returncode == errors.CONFIRMED, done.stdout + done.stderr
     assert "DIFFERENTIAL CONFIRMED" in done.stdout
-    report = json.loads((demo_project / "results" / "report.json").read_text())
+    report = json.loads((demo_project / "runs" / "report.json").read_text())
     assert report["pairs"][0]["grid"]["D1"]["status"] == "changed"
+    assert not (demo_project / "results").exists()  # only `publish` writes results/
 
 
 def test_unknown_experiment_in_a_cell_is_a_usage_error(demo_project):

@@ -1,26 +1,78 @@
 """The real thing: the release-backed matrix on SGLang from PyPI, then compare.
 
-Slow (a uv environment per cell, ~25 s of SGLang import per probe): runs with
-``--sglang``; CI runs it. It reruns only cells whose inputs changed.
+Slow (a uv environment per cell, reused once built; ~25 s of SGLang import per
+probe): runs with ``--sglang``; CI runs it. Every probe runs afresh into a
+temporary runs directory, and the tests read what that run wrote.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
+import os
+import subprocess
+import sys
 
 import pytest
 
-from pdevidence import cli, errors
+from pdevidence import cli, compare, errors
 from pdevidence.paths import PROJECT, results_dir
 
 pytestmark = pytest.mark.sglang
 
 
+def snapshot(directory):
+    return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def git_status():
+    return subprocess.run(["git", "-C", str(PROJECT), "status", "--porcelain", "--untracked-files=all"],
+                          capture_output=True, text=True, check=True).stdout
+
+
 @pytest.fixture(scope="module")
-def matrix():
-    code = cli.main(["--root", str(PROJECT), "matrix", "--kind", "release"])
-    report = json.loads((results_dir(PROJECT) / "report.json").read_text())
-    return code, {pair["experiment"]: pair for pair in report["pairs"]}
+def runs(tmp_path_factory):
+    """This run's own results, receipts and report: never the committed ones, never a stale runs/."""
+    return tmp_path_factory.mktemp("runs")
+
+
+def pdevidence(runs, *argv):
+    """The command line in its own process, writing to ``runs``."""
+    env = {**os.environ, "PDEVIDENCE_RUNS": str(runs), "PYTHONPATH": str(PROJECT)}
+    return subprocess.run([sys.executable, "-m", "pdevidence", "--root", str(PROJECT), *argv], env=env,
+                          capture_output=True, text=True, timeout=1800)
+
+
+@pytest.fixture(scope="module")
+def matrix(runs):
+    before = snapshot(results_dir(PROJECT)), git_status()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PDEVIDENCE_RUNS", str(runs))
+        code = cli.main(["--root", str(PROJECT), "matrix", "--kind", "release"])
+    report = compare.load_report(runs / "report.json")
+    return code, {pair["experiment"]: pair for pair in report["pairs"]}, before
+
+
+def test_the_matrix_leaves_results_and_the_checkout_as_they_were(matrix):
+    assert (snapshot(results_dir(PROJECT)), git_status()) == matrix[2]
+
+
+def test_a_cell_rerun_in_another_process_gives_the_same_bytes(matrix, runs):
+    result = runs / "admission.head.release-0.5.21.json"
+    first = result.read_bytes()
+    done = pdevidence(runs, "cell", "release", "admission", "head", "--force")
+    assert done.returncode == errors.CONFIRMED, done.stdout + done.stderr
+    assert "reusing admission.head" not in done.stdout  # it really ran the probe again
+    assert result.read_bytes() == first
+
+
+def test_the_report_is_byte_identical_from_two_processes(matrix, runs):
+    reports = []
+    for _ in range(2):
+        done = pdevidence(runs, "compare")
+        assert done.returncode == errors.CONFIRMED, done.stdout + done.stderr
+        reports.append({name: (runs / name).read_bytes() for name in ("report.json", "report.md", "report.svg")})
+    assert reports[0] == reports[1]
 
 
 def observed(pair, scenario, side):
@@ -28,7 +80,7 @@ def observed(pair, scenario, side):
 
 
 def test_both_experiments_confirm_the_published_differential(matrix):
-    code, pairs = matrix
+    code, pairs, _ = matrix
     assert {name: p["verdict"] for name, p in pairs.items()} == {
         "admission": "differential confirmed", "prefill": "differential confirmed"}
     assert code == errors.CONFIRMED

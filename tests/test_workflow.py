@@ -209,7 +209,7 @@ def test_workflow_wiring():
     assert download["with"] == {"pattern": "cell-*", "path": "runs", "merge-multiple": True}
     assert any(s.get("run", "").startswith("nox -s compare") for s in agg["steps"])
     report = next(s for s in agg["steps"] if s.get("with", {}).get("name") == "report")
-    assert report["with"]["path"] == "results/report.*"
+    assert report["with"]["path"] == "runs/report.*"
 
     drift = jobs["drift"]
     assert "schedule" in drift["if"] and "workflow_dispatch" in drift["if"]

@@ -1,0 +1,116 @@
+"""The one writer of results/: fresh, validated, confirmed artifacts, then the report and the sums.
+
+Every other command writes under runs/. Publishing copies a kind's cell
+results and receipts (and the optional tables other steps wrote) from runs/,
+regenerates the report from the files just published, and SHA256SUMS.txt.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import compare, integrity, report
+from .errors import INCOMPLETE, HarnessError, integrity as integrity_error
+from .paths import results_dir
+from .receipts import Receipt
+from .registry import SIDES, Registry
+from .results import Result, receipt_path, write_atomic
+
+# Tables other steps write to runs/, published as they are when present (paths relative to runs/).
+OPTIONAL_ARTIFACTS = (
+    "sweep-*.json",  # the release sweep
+    "mutate.*.json",  # mutation tables
+    "osv/*.json",  # OSV records
+    "openvex*.json",  # an OpenVEX example
+)
+
+
+@dataclass
+class Published:
+    files: list[Path]
+    summary: compare.Summary  # the comparison of the published files with themselves
+    sums: Path
+
+
+def cell_files(reg: Registry, runs: Path, kind: str) -> list[Path]:
+    """Each experiment's fresh results and receipts for ``kind``, validated; refuses if any is missing or bad."""
+    todo = [(exp, side, runs / compare.expected_file(exp, side, kind))
+            for exp in reg.experiments.values() for side in SIDES]
+    missing = [path.name for _, _, path in todo if not path.exists() or not receipt_path(path).exists()]
+    if missing:
+        raise HarnessError(f"cannot publish: no fresh result and receipt for {', '.join(missing)}", code=INCOMPLETE,
+                           todo=f"run `nox -s matrix` (or the {kind} cells) first")
+    files = []
+    for exp, side, path in todo:
+        Result.load(path, experiment=exp.name, side=side)
+        receipt = Receipt.load(receipt_path(path), experiment=exp.name, side=side)
+        if receipt.exit_status != 0:
+            raise integrity_error(f"cannot publish {path.name}: its receipt records exit status "
+                                  f"{receipt.exit_status}", todo="rerun the cell")
+        files += [path, receipt_path(path)]
+    return files
+
+
+def optional_files(runs: Path) -> list[Path]:
+    found = sorted({p for pattern in OPTIONAL_ARTIFACTS for p in runs.glob(pattern) if p.is_file()})
+    for path in found:
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise HarnessError(f"cannot publish {path}: not readable JSON ({exc})",
+                               todo="rerun the step that wrote it, or delete it") from None
+    return found
+
+
+def gate(reg: Registry, runs: Path, kind: str, allow_unconfirmed: bool) -> None:
+    """The fresh differential (base vs head vs the registry) must be confirmed, unless explicitly allowed."""
+    fresh = compare.compare_all(reg, runs=runs, published=None, kinds=[kind])
+    unconfirmed = [p for p in fresh.pairs if p.verdict is not compare.Verdict.CONFIRMED]
+    if unconfirmed and not allow_unconfirmed:
+        lines = [f"  {p.experiment} ({p.kind}): {p.verdict.value}" + "".join(f"\n    {r}" for r in p.reasons)
+                 for p in unconfirmed]
+        raise HarnessError("refusing to publish: the fresh comparison is not a confirmed differential\n"
+                           + "\n".join(lines), code=fresh.exit_code,
+                           todo="fix what it names and rerun the cells; to publish it anyway, on the record, "
+                           "pass `--allow-unconfirmed`")
+
+
+def published_kinds(reg: Registry, published: Path) -> list[str]:
+    """The tree kinds whose every cell is published: the published report covers each of them."""
+    def complete(kind: str) -> bool:
+        try:
+            return all((published / compare.expected_file(exp, side, kind)).exists()
+                       for exp in reg.experiments.values() for side in SIDES)
+        except HarnessError:  # an experiment without release brackets has no release cells
+            return False
+    return [kind for kind in compare.COMPARED_KINDS if complete(kind)]
+
+
+def publish(reg: Registry, runs: Path, kind: str, *, allow_unconfirmed: bool = False) -> Published:
+    published = results_dir(reg.root)
+    cells = cell_files(reg, runs, kind)
+    extras = optional_files(runs)
+    gate(reg, runs, kind, allow_unconfirmed)
+    targets = {published / src.relative_to(runs): src for src in [*cells, *extras]}
+    _check_untouched(reg.root, set(targets))
+    for dest, src in targets.items():
+        write_atomic(dest, src.read_bytes())
+    integrity.regenerate(reg.root)
+    # The published report compares the published files with themselves: the differential as published.
+    summary = compare.compare_all(reg, runs=published, published=published, kinds=published_kinds(reg, published))
+    written = report.write_summary(reg, summary, published, runs=published, published=published,
+                                   command="python -m pdevidence publish")
+    return Published(sorted([*targets, *written]), summary, integrity.regenerate(reg.root))
+
+
+def _check_untouched(root: Path, replaced: set[Path]) -> None:
+    """Published files this run does not replace must still verify: regenerating the sums would bless them."""
+    bad = {rel: why for rel, why in integrity.failures(root).items()
+           if rel.startswith("results/") and root / rel not in replaced
+           and not Path(rel).name.startswith("report.")}
+    if bad:
+        raise integrity_error("refusing to publish: published files that this run does not replace fail "
+                              "verification:\n" + "\n".join(f"  {rel}: {why}" for rel, why in sorted(bad.items())),
+                              todo="restore them from git (`git checkout -- results/`), then publish again")
