@@ -77,11 +77,11 @@ def demo_project(tmp_path, http_server, monkeypatch):
         f"sglang-{v}-py3-none-any.whl": wheel_bytes(v, f"__version__ = {v!r}\nRETIRES_REJECTED = {fixed}\n")
         for v, fixed in (("1.0.0", False), ("1.1.0", True))
     })
+    monkeypatch.delenv("PDEVIDENCE_TORCH", raising=False)  # the registry's channel
     for name, value in {"PDEVIDENCE_INDEX_URL": index, "PDEVIDENCE_CACHE": str(tmp_path / "cache"),
-                        "PDEVIDENCE_TORCH": "pypi", "PDEVIDENCE_WORK": str(root / ".cells"),
+                        "PDEVIDENCE_WORK": str(root / ".cells"),
                         "PDEVIDENCE_RUNS": str(root / "runs")}.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(cells, "_torch_choice", None)
     return root
 
 
