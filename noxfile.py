@@ -56,7 +56,11 @@ def _finish(session: nox.Session, code: int) -> None:
 
 
 def _run(session: nox.Session, *argv: str) -> None:
-    _finish(session, cli.main(["--root", str(ROOT), *argv]))
+    try:
+        code = cli.main(["--root", str(ROOT), *argv])
+    except SystemExit as exc:  # argparse's usage errors exit 2: this session's failure, not nox's end
+        code = exc.code if isinstance(exc.code, int) else errors.USAGE
+    _finish(session, code)
 
 
 @nox.session(tags=["cell", "git"])
