@@ -120,3 +120,46 @@ def test_a_signal_stops_the_probe_at_once_and_keeps_the_previous_result(demo_pro
     assert f"interrupted by {sig.name}" in err
     runs = demo_project / "runs"
     assert {p.name: p.read_bytes() for p in runs.iterdir()} == before  # byte-identical, no .partial
+
+
+def probe_processes(marker: str) -> list[int]:
+    """Pids whose command line mentions ``marker`` (our own runs directory)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.sglang
+def test_sigint_during_a_forced_real_cell_keeps_its_result_and_leaves_no_probe(tmp_path):
+    """`nox -s "release(admission, head)" -- --force`, Ctrl-C while the probe imports SGLang."""
+    runs = tmp_path / "runs"
+    env = {**os.environ, "PDEVIDENCE_RUNS": str(runs)}
+    env.pop("PDEVIDENCE_TORCH", None)
+    session = "release(admission, head)"
+    first = subprocess.run(nox_command(PROJECT, "-s", session), cwd=PROJECT, env=env, capture_output=True,
+                           text=True, timeout=1800)
+    assert first.returncode == errors.CONFIRMED, first.stdout + first.stderr
+    before = {p.name: p.read_bytes() for p in runs.iterdir()}
+    assert sorted(before) == ["admission.head.release-0.5.21.json", "admission.head.release-0.5.21.receipt.json"]
+
+    harness = subprocess.Popen(nox_command(PROJECT, "-s", session, "--", "--force"), cwd=PROJECT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (probes := [p for p in probe_processes(str(runs)) if p != harness.pid]):
+            assert time.monotonic() < deadline and harness.poll() is None, "the probe never started"
+            time.sleep(0.2)
+        time.sleep(3)  # well inside SGLang's ~25 s import
+        harness.send_signal(signal.SIGINT)
+        out, err = harness.communicate(timeout=30)
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+    assert harness.returncode == 130, out + err
+    assert all(gone(pid) for pid in probes) and probe_processes(str(runs)) == []
+    assert {p.name: p.read_bytes() for p in runs.iterdir()} == before  # byte-identical, no .partial
