@@ -169,25 +169,31 @@ def test_archive_without_a_python_package_is_refused(github, make_tarball, lock)
         trees.git_tree(SHA, lock)
 
 
-def test_concurrent_fetches_of_one_commit_download_it_once(github, make_tarball, cache, lock, capfd):
-    archive = sglang_archive(make_tarball)
-    # Slow enough that the second caller arrives while the first holds the lock.
-    github.serve(ARCHIVE_PATH, archive, delay=0.3)
+def twice_at_once(fetch) -> tuple[list, list]:
+    """Call ``fetch`` from two threads released together: (results, exceptions)."""
     start = threading.Barrier(2)
-    results, failures = [], []
+    got, failures = [], []
 
-    def fetch_tree():
+    def call():
         start.wait()
         try:
-            results.append(trees.git_tree(SHA, LockFile(lock.path)))
-        except BaseException as exc:  # noqa: BLE001 - reported below
+            got.append(fetch())
+        except BaseException as exc:  # noqa: BLE001 - returned to the test
             failures.append(exc)
 
-    workers = [threading.Thread(target=fetch_tree) for _ in range(2)]
+    workers = [threading.Thread(target=call) for _ in range(2)]
     for w in workers:
         w.start()
     for w in workers:
         w.join(timeout=20)
+    return got, failures
+
+
+def test_concurrent_fetches_of_one_commit_download_it_once(github, make_tarball, cache, lock, capfd):
+    archive = sglang_archive(make_tarball)
+    # Slow enough that the second caller arrives while the first holds the lock.
+    github.serve(ARCHIVE_PATH, archive, delay=0.3)
+    results, failures = twice_at_once(lambda: trees.git_tree(SHA, LockFile(lock.path)))
 
     assert failures == []
     assert "waiting: another process is using the cached tree" in capfd.readouterr().err  # they overlapped
@@ -439,21 +445,7 @@ def test_path_tree_of_a_directory_without_a_python_package_is_a_usage_error(tmp_
 def test_concurrent_fetches_of_one_release_download_it_once_and_record_it_once(index, cache, lock, http_server):
     index.publish()
     http_server.routes[f"/files/{WHEEL_NAME}"].delay = 0.3  # the second caller arrives mid-download
-    start = threading.Barrier(2)
-    got, failures = [], []
-
-    def fetch_release():
-        start.wait()
-        try:
-            got.append(trees.release_tree("0.0.1", "3.11", LockFile(lock.path)))
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            failures.append(exc)
-
-    workers = [threading.Thread(target=fetch_release) for _ in range(2)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(timeout=20)
+    got, failures = twice_at_once(lambda: trees.release_tree("0.0.1", "3.11", LockFile(lock.path)))
 
     assert failures == [] and len(got) == 2 and got[0] == got[1]
     assert http_server.hits(f"/files/{WHEEL_NAME}") == 1
