@@ -126,9 +126,9 @@ def cell_environment(registry: Registry, tree: trees.Tree, slug: str,
                      constraints: Path | None = None, log=None) -> environments.CellEnvironment:
     """The cell's uv environment under ``.cells/envs/<slug>``, built or reused."""
     torch = torch_choice(registry)
-    return environments.ensure(work_dir(registry.root) / "envs" / slug, registry.python,
-                               constraints or registry.constraints, tree, torch,
-                               constraints_cpu=registry.constraints_cpu, log=log)
+    closure = _closure(registry, torch, constraints or registry.constraints)
+    return environments.ensure(work_dir(registry.root) / "envs" / slug, registry.python, closure, tree, torch,
+                               log=log)
 
 
 def staging_dir(result: Path) -> Path:

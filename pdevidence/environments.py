@@ -230,12 +230,14 @@ def environment_key(interpreter: Interpreter, closure: Path, channel: TorchChann
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def ensure(path: Path, python: str, constraints: Path, tree: Tree, torch: TorchChoice, *,
-           constraints_cpu: Path | None = None, log: Callable[[str], None] | None = None) -> CellEnvironment:
-    """The cell's environment at ``path``, built or reused; ``log`` gets one line per step."""
+def ensure(path: Path, python: str, closure: Path, tree: Tree, torch: TorchChoice, *,
+           log: Callable[[str], None] | None = None) -> CellEnvironment:
+    """The cell's environment at ``path``, built or reused; ``log`` gets one line per step.
+
+    ``closure`` is the hashed closure of ``torch``'s channel (``closure_for``).
+    """
     say = log or (lambda msg: None)
     interpreter = find_python(python)
-    closure = closure_for(torch, constraints, constraints_cpu)
     env = CellEnvironment(path, python, torch)
     key = environment_key(interpreter, closure, torch.channel, tree)
     info = path / ENV_INFO

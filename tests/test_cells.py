@@ -320,3 +320,23 @@ def test_a_path_cell_keys_on_head_and_its_uncommitted_changes(demo_project, clon
     assert dirty.result.name == f"demo.head.path-{head[:12]}-dirty.json" and not dirty.reused
     assert results.load(dirty.result)["scenarios"]["D1"]["observed"]["retired"] is False
     assert run().reused  # (untracked files' content counts too: test_trees)
+
+
+def test_the_cpu_channel_without_its_closure_stops_with_exit_3_before_any_download(demo_project, monkeypatch,
+                                                                                    capsys, http_server):
+    from pdevidence import cli
+
+    monkeypatch.setenv("PDEVIDENCE_TORCH", "cpu")
+    assert cli.main(["--root", str(demo_project), "cell", "release", "demo", "base"]) == errors.ENVIRONMENT
+    err = capsys.readouterr().err
+    assert "CPU torch channel needs a hashed closure" in err and "nox -s lock_cpu" in err
+    assert http_server.hits() == 0 and not (demo_project / ".cells" / "envs").exists()
+
+
+def test_each_step_of_a_cold_cell_is_one_line_naming_the_cell(demo_project):
+    lines = []
+    cells.run_cell(registry.load(demo_project), cells.Cell("demo", "base", "release"), log=lines.append)
+    steps = [line for line in lines if line.endswith("...")]
+    assert [s.split(":")[0] for s in steps] == ["release(demo, base)"] * len(steps)
+    assert any("(uv venv)" in s for s in steps) and any("(uv pip sync" in s for s in steps)
+    assert any("running probe_demo.py" in s for s in steps)

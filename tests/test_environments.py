@@ -233,8 +233,9 @@ def test_the_cpu_channel_syncs_its_compiled_closure_with_hashes_required(tmp_pat
     cpu = tmp_path / "cells-cpu.txt"
     cpu.write_text("")
 
-    environments.ensure(tmp_path / "env", PY, tmp_path / "cells.txt", fixture_tree(tmp_path),
-                        environments.choose_torch(TorchChannel.PYPI), constraints_cpu=cpu)
+    choice = environments.choose_torch(TorchChannel.PYPI)
+    environments.ensure(tmp_path / "env", PY, environments.closure_for(choice, tmp_path / "cells.txt", cpu),
+                        fixture_tree(tmp_path), choice)
 
     sync = fake_uv()[1]["args"]
     assert sync[-1] == str(cpu) and "--require-hashes" in sync
