@@ -20,7 +20,7 @@ from .fetch import sha256_file
 from .locking import exclusive
 from .paths import PROJECT, runs_dir, tree_lock_file, work_dir
 from .probe_run import partial_path, run_probe
-from .registry import SIDES, Registry, check_side
+from .registry import SIDES, Registry, TorchChannel, check_side
 from .registry import load as load_registry
 
 # The session name of each tree kind: `probe(...)` is the pinned-commit cell.
@@ -86,7 +86,7 @@ def cache_key(registry: Registry, probe: Path, tree: trees.Tree, torch_channel: 
         "probe": sha256_file(probe),
         "probekit": sha256_file(kit) if kit.exists() else None,
         "python": environments.find_python(registry.python).identity(),
-        "torch": str(torch_channel),
+        "torch": TorchChannel(torch_channel).value,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 

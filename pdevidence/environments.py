@@ -122,14 +122,14 @@ def _find_python(version: str, named: str | None, search_path: str, pyenv: str) 
         return found is not None and ".".join(found.version.split(".")[:2]) == version
 
     todo = (f"install Python {version} (e.g. `pyenv install {version}`), then put its bin directory first "
-            f"on PATH or set PDEVIDENCE_PYTHON=/path/to/python{version}")
+            f"on PATH or set PDEVIDENCE_PYTHON=/path/to/python{version} (pyenv's versions/{version}.* are "
+            "found without an active shim)")
     if named:
         found = _ask(named)
         if fits(found):
             return found
         what = f"is Python {found.version}" if found else "does not run"
-        raise HarnessError(f"PDEVIDENCE_PYTHON={named} {what}; the cells need Python {version}",
-                           todo=f"point PDEVIDENCE_PYTHON at a Python {version} interpreter, or unset it")
+        raise HarnessError(f"PDEVIDENCE_PYTHON={named} {what}; the cells need Python {version}", todo=todo)
     on_path = shutil.which(f"python{version}", path=search_path)
     tried = []
     for candidate in ([on_path] if on_path else []) + _pyenv_candidates(version, pyenv):
@@ -137,9 +137,10 @@ def _find_python(version: str, named: str | None, search_path: str, pyenv: str) 
         if fits(found):
             return found
         tried.append(f"{candidate} {'is Python ' + found.version if found else 'does not run'}")
+    pyenv_versions = os.path.join(pyenv, "versions", f"{version}.*")
     raise HarnessError(
         f"no Python {version} for the cells: none on PATH (python{version}), PDEVIDENCE_PYTHON is unset, "
-        f"none under pyenv's {os.path.join(pyenv, 'versions', version + '.*')}" + (f"; tried: {'; '.join(tried)}" if tried else ""),
+        f"none under pyenv's {pyenv_versions}" + (f"; tried: {'; '.join(tried)}" if tried else ""),
         todo=todo,
     )
 
