@@ -92,12 +92,26 @@ def gone(pid: int) -> bool:
     return False
 
 
+def probe_processes(marker: str) -> list[int]:
+    """Pids whose command line mentions ``marker`` (our own runs directory)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
+
+
 @pytest.mark.parametrize(("command", "sig", "code"), [
     (lambda root: nox_command(root, "-s", BASE, "--", "--force"), signal.SIGINT, 130),
     (lambda root: nox_command(root, "-s", BASE, "--", "--force"), signal.SIGTERM, 143),
     (lambda root: [sys.executable, "-m", "pdevidence", "--root", str(root), "cell", "release", "demo", "base",
                    "--force"], signal.SIGTERM, 143),
-], ids=["nox-SIGINT", "nox-SIGTERM", "cli-SIGTERM"])
+    # Two cells in worker threads: the signal reaches neither thread, the handler kills both probes.
+    (lambda root: [sys.executable, "-m", "pdevidence", "--root", str(root), "matrix", "--force"], signal.SIGINT, 130),
+], ids=["nox-SIGINT", "nox-SIGTERM", "cli-SIGTERM", "cli-matrix-SIGINT"])
 def test_a_signal_stops_the_probe_at_once_and_keeps_the_previous_result(demo_project, tmp_path, monkeypatch,
                                                                          command, sig, code):
     previous = run_cell(demo_project)
@@ -116,22 +130,10 @@ def test_a_signal_stops_the_probe_at_once_and_keeps_the_previous_result(demo_pro
             harness.kill()
     assert harness.returncode == code, out + err
     assert time.monotonic() - started < 10  # at once, not after the probe's 60 s
-    assert gone(probe)
-    assert f"interrupted by {sig.name}" in err
     runs = demo_project / "runs"
+    assert gone(probe) and probe_processes(str(runs)) == []
+    assert f"interrupted by {sig.name}" in err
     assert {p.name: p.read_bytes() for p in runs.iterdir()} == before  # byte-identical, no .partial
-
-
-def probe_processes(marker: str) -> list[int]:
-    """Pids whose command line mentions ``marker`` (our own runs directory)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and marker in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                found.append(int(proc.name))
-        except OSError:
-            pass
-    return found
 
 
 @pytest.mark.sglang
