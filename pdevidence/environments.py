@@ -170,8 +170,14 @@ def choose_torch(declared: TorchChannel, requested: str | None = None) -> TorchC
     if channel is not declared:
         note += (f" overrides the registry's torch_channel = {declared.value!r} (the published run's): "
                  "compare will report the environment as different")
-        print(f"warning: {note}", file=sys.stderr)
+        _warn_once(note)
     return TorchChoice(requested, channel, note)
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_once(note: str) -> None:
+    """Every cell asks for the channel; the override is worth one warning per run, not one per ask."""
+    print(f"warning: {note}", file=sys.stderr)
 
 
 def closure_for(choice: TorchChoice, constraints: Path, constraints_cpu: Path | None) -> Path:

@@ -68,11 +68,13 @@ def test_an_override_equal_to_the_registry_is_quiet(monkeypatch, capsys):
 def test_an_override_that_differs_from_the_published_channel_says_compare_will_differ(monkeypatch, capsys):
     monkeypatch.setenv("PDEVIDENCE_TORCH", "cpu")
 
+    environments._warn_once.cache_clear()
     choice = environments.choose_torch(TorchChannel.PYPI)
+    assert environments.choose_torch(TorchChannel.PYPI) == choice
 
     assert (choice.requested, choice.channel) == ("cpu", TorchChannel.CPU)
     assert "environment as different" in choice.note
-    assert capsys.readouterr().err == f"warning: {choice.note}\n"
+    assert capsys.readouterr().err == f"warning: {choice.note}\n"  # once
 
 
 @pytest.mark.parametrize("value", ["auto", "cuda"])
