@@ -5,6 +5,11 @@
     nox -s "release(prefill, base)"      one release-backed cell
     nox -s matrix                        release-backed matrix, then compare
     nox -s compare                       aggregate existing results
+    nox -s lock_cpu                      compile the hashed CPU-torch closure (needs the PyTorch CPU index)
+
+One selected session exits with the harness's own code (README, "Exit codes"). With
+several, each failure fails only its session: nox runs the rest, prints its summary
+and exits 1. Ctrl-C or SIGTERM stops the run at once (130 or 143).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import nox
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from pdevidence import cli, errors, registry  # noqa: E402
+from pdevidence import cli, environments, errors, registry  # noqa: E402
 
 nox.options.default_venv_backend = "none"
 # Bare `nox` runs the main job; `nox -l` still lists every cell.
@@ -32,73 +37,106 @@ CELLS = [(name, side) for name in REGISTRY.experiments for side in registry.SIDE
 CELL_IDS = [f"{name}, {side}" for name, side in CELLS]
 
 
-def _run(*argv: str) -> None:
-    code = cli.main(["--root", str(ROOT), *argv])
-    # SystemExit carries the documented exit code through nox.
-    if code:
+def _selected_sessions(session: nox.Session) -> int | None:
+    """How many sessions this nox run selected (its manifest), or None if this nox hides it."""
+    try:
+        return len(session._runner.manifest)
+    except (AttributeError, TypeError):
+        return None
+
+
+def _finish(session: nox.Session, code: int) -> None:
+    """Pass the harness's exit code on: alone, as nox's exit code; among others, as a failed session."""
+    if code == errors.CONFIRMED:
+        return
+    if code > 128 or _selected_sessions(session) == 1:
+        # Interrupted (130/143) stops the whole run; a lone session keeps its documented code.
         raise SystemExit(code)
+    session.error(f"exit {code}: {errors.EXIT_CODES.get(code, 'see the output above')}")
+
+
+def _run(session: nox.Session, *argv: str) -> None:
+    try:
+        code = cli.main(["--root", str(ROOT), *argv])
+    except SystemExit as exc:  # argparse's usage errors exit 2: this session's failure, not nox's end
+        code = exc.code if isinstance(exc.code, int) else errors.USAGE
+    _finish(session, code)
 
 
 @nox.session(tags=["cell", "git"])
 @nox.parametrize(("experiment", "side"), CELLS, ids=CELL_IDS)
 def probe(session: nox.Session, experiment: str, side: str) -> None:
     """A pinned-commit cell (GitHub archive, or SGLANG_REPO=<clone>)."""
-    _run("cell", "git", experiment, side, *session.posargs)
+    _run(session, "cell", "git", experiment, side, *session.posargs)
 
 
 @nox.session(tags=["cell", "release"])
 @nox.parametrize(("experiment", "side"), CELLS, ids=CELL_IDS)
 def release(session: nox.Session, experiment: str, side: str) -> None:
     """A release-backed cell: the registry's bracketing SGLang release from PyPI."""
-    _run("cell", "release", experiment, side, *session.posargs)
+    _run(session, "cell", "release", experiment, side, *session.posargs)
 
 
 @nox.session
 def matrix(session: nox.Session) -> None:
     """The main job: every release-backed cell (2 at a time), then compare."""
-    _run("matrix", *session.posargs)
+    _run(session, "matrix", *session.posargs)
 
 
 @nox.session
 def compare(session: nox.Session) -> None:
     """Aggregate existing results; runs no probe. `-- --kind git|all` for other cells."""
-    _run("compare", *session.posargs)
+    _run(session, "compare", *session.posargs)
 
 
 @nox.session
 def verify(session: nox.Session) -> None:
     """Check SHA256SUMS.txt against the probes and published results."""
-    _run("verify")
+    _run(session, "verify")
 
 
 @nox.session
 def checksums(session: nox.Session) -> None:
     """Regenerate SHA256SUMS.txt."""
-    _run("checksums")
+    _run(session, "checksums")
 
 
 @nox.session
 def publish(session: nox.Session) -> None:
     """Copy fresh release results into results/ and regenerate SHA256SUMS.txt."""
-    _run("publish", *session.posargs)
+    _run(session, "publish", *session.posargs)
 
 
 @nox.session
 @nox.parametrize("experiment", list(REGISTRY.experiments), ids=list(REGISTRY.experiments))
 def sweep(session: nox.Session, experiment: str) -> None:
     """Probe every SGLang release from the registry floor up; name the first fixed one."""
-    _run("sweep", experiment, *session.posargs)
+    _run(session, "sweep", experiment, *session.posargs)
 
 
 @nox.session(tags=["drift"])
 @nox.parametrize(("experiment", "side"), CELLS, ids=CELL_IDS)
 def drift(session: nox.Session, experiment: str, side: str) -> None:
     """A release cell on the newest torch (`-- --transformers latest` moves it too); advisory."""
-    _run("drift", experiment, side, *session.posargs)
+    _run(session, "drift", experiment, side, *session.posargs)
 
 
 @nox.session(tags=["upstream"])
 @nox.parametrize(("experiment", "side"), CELLS, ids=CELL_IDS)
 def upstream(session: nox.Session, experiment: str, side: str) -> None:
     """The PR's own test files on one side's tree (PDEVIDENCE_UPSTREAM_TESTS=<checkout>, `-- --kind release`)."""
-    _run("upstream", experiment, side, *session.posargs)
+    _run(session, "upstream", experiment, side, *session.posargs)
+
+
+@nox.session
+def lock_cpu(session: nox.Session) -> None:
+    """Compile the CPU channel's hashed closure (`uv pip compile --generate-hashes`, PyTorch CPU index)."""
+    dest = REGISTRY.constraints_cpu or ROOT / "constraints" / f"cells-py{REGISTRY.python.replace('.', '')}-cpu.txt"
+    try:
+        if REGISTRY.constraints_input is None:
+            raise errors.usage("the registry names no constraints_input to compile")
+        environments.compile_cpu_closure(REGISTRY.constraints_input, dest, REGISTRY.python)
+    except errors.HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        _finish(session, exc.code)
+    session.log(f"wrote {dest}; commit it and set constraints_cpu = \"{dest.relative_to(ROOT)}\" in experiments.toml")

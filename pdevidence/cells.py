@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,14 +18,13 @@ from . import environments, receipts, results, trees
 from .errors import HarnessError, usage
 from .fetch import sha256_file
 from .locking import exclusive
-from .paths import runs_dir, tree_lock_file, work_dir
-from .probe_run import run_probe
-from .registry import SIDES, Registry, check_side
+from .paths import PROJECT, runs_dir, tree_lock_file, work_dir
+from .probe_run import partial_path, run_probe
+from .registry import SIDES, Registry, TorchChannel, check_side
+from .registry import load as load_registry
 
 # The session name of each tree kind: `probe(...)` is the pinned-commit cell.
 SESSION_OF_KIND = {"git": "probe", "release": "release", "path": "path"}
-# Environment variables that change what a probe run can observe.
-RELEVANT_ENV = ("PDEVIDENCE_TORCH", "PDEVIDENCE_PYTHON", "SGLANG_REPO")
 
 
 @dataclass(frozen=True)
@@ -74,16 +74,19 @@ def resolve_tree(registry: Registry, cell: Cell) -> trees.Tree:
 
 
 def cache_key(registry: Registry, probe: Path, tree: trees.Tree, torch_channel: str, constraints: Path) -> str:
-    """Everything that can change a cell's result; equal keys mean the stored run stands."""
+    """Everything that can change a cell's result; equal keys mean the stored run stands.
+
+    Only what the inputs are counts, not how they were found: the interpreter by its own
+    version and implementation (not its path), a tree by its SHA and digest (not SGLANG_REPO).
+    """
     kit = probe.parent / "_probekit.py"
     parts = {
         "tree": [tree.kind, tree.resolved, tree.digest],
         "constraints": sha256_file(constraints),
         "probe": sha256_file(probe),
         "probekit": sha256_file(kit) if kit.exists() else None,
-        "python": registry.python,
-        "torch": torch_channel,
-        "env": {k: os.environ.get(k) for k in RELEVANT_ENV},
+        "python": environments.find_python(registry.python).identity(),
+        "torch": TorchChannel(torch_channel).value,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
@@ -98,15 +101,17 @@ def _stored_run(result: Path, key: str) -> bool:
         return False
 
 
-_torch_choice: environments.TorchChoice | None = None
+def torch_choice(registry: Registry | None = None) -> environments.TorchChoice:
+    """The registry's torch channel unless PDEVIDENCE_TORCH overrides it (default: this project's)."""
+    declared = (registry or load_registry(PROJECT)).torch_channel
+    return environments.choose_torch(declared)
 
 
-def torch_choice() -> environments.TorchChoice:
-    """Decided once per process, so every cell of a matrix uses the same torch channel."""
-    global _torch_choice
-    if _torch_choice is None:
-        _torch_choice = environments.choose_torch()
-    return _torch_choice
+def _closure(registry: Registry, torch: environments.TorchChoice, constraints: Path) -> Path:
+    """The file a cell installs: the given closure, or for the CPU channel the registry's CPU closure."""
+    if constraints != registry.constraints:  # the drift lane's own pins
+        return constraints
+    return environments.closure_for(torch, registry.constraints, registry.constraints_cpu)
 
 
 def cell_slug(registry: Registry, cell: Cell, tree: trees.Tree, constraints: Path | None = None) -> str:
@@ -118,50 +123,86 @@ def cell_slug(registry: Registry, cell: Cell, tree: trees.Tree, constraints: Pat
 
 
 def cell_environment(registry: Registry, tree: trees.Tree, slug: str,
-                     constraints: Path | None = None) -> environments.CellEnvironment:
+                     constraints: Path | None = None, log=None) -> environments.CellEnvironment:
     """The cell's uv environment under ``.cells/envs/<slug>``, built or reused."""
-    return environments.ensure(work_dir(registry.root) / "envs" / slug, registry.python,
-                               constraints or registry.constraints, tree, torch_choice())
+    torch = torch_choice(registry)
+    closure = _closure(registry, torch, constraints or registry.constraints)
+    return environments.ensure(work_dir(registry.root) / "envs" / slug, registry.python, closure, tree, torch,
+                               log=log)
+
+
+def staging_dir(result: Path) -> Path:
+    """Where a run writes its result and receipt (same names) until both are complete."""
+    return result.with_name(f".{result.name.removesuffix('.json')}.partial")
+
+
+def _clean_leftovers(result: Path) -> None:
+    """What an interrupted or killed run of this cell may have left: never a result, always removed."""
+    shutil.rmtree(staging_dir(result), ignore_errors=True)
+    partial_path(result).unlink(missing_ok=True)
 
 
 def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Path | None = None,
              constraints: Path | None = None, log=print) -> CellOutcome:
-    """Run one cell; ``constraints`` replaces the registry's closure (the drift lane's newer pins)."""
+    """Run one cell; ``constraints`` replaces the registry's closure (the drift lane's newer pins).
+
+    The stored result and receipt change only when a new run completes: the new pair is
+    written under temporary names and then replaces the old one, so an interrupted or failed
+    ``--force`` keeps the previous result. A result whose inputs changed is stale and removed
+    before its cell reruns.
+    """
     exp = registry.experiment(cell.experiment)
     if not exp.probe.exists():
         raise usage(f"the probe of {cell.experiment} is missing: {exp.probe}")
-    tree = resolve_tree(registry, cell)
-    torch = torch_choice()
+    environments.find_python(registry.python)  # no Python 3.12: say so before any download
+    torch = torch_choice(registry)
     constraints = constraints or registry.constraints
-    key = cache_key(registry, exp.probe, tree, torch.channel, constraints)
+    closure = _closure(registry, torch, constraints)
+    tree = resolve_tree(registry, cell)
+    key = cache_key(registry, exp.probe, tree, torch.channel, closure)
     out = out_dir or runs_dir(registry.root)
     result = out / results.result_name(cell.experiment, cell.side, tree.label())
+    receipt_file = results.receipt_path(result)
     work = work_dir(registry.root)
     slug = cell_slug(registry, cell, tree, constraints)
+    # A path tree outside git has no content key: it always reruns.
+    cacheable = not (cell.kind == "path" and tree.digest is None)
     with exclusive(work / "locks" / f"{slug}.lock", f"cell {cell.name}"):
-        if not force and cell.kind != "path" and _stored_run(result, key):
+        _clean_leftovers(result)
+        current = _stored_run(result, key)
+        if not force and cacheable and current:
             log(f"{cell.name}: inputs unchanged, reusing {result.name} (use --force to rerun)")
-            return CellOutcome(cell, result, results.receipt_path(result), reused=True)
-        # A stale result must not outlive a failed rerun and be compared as if it were current.
-        result.unlink(missing_ok=True)
-        results.receipt_path(result).unlink(missing_ok=True)
+            return CellOutcome(cell, result, receipt_file, reused=True)
+        if not current:  # stale: it describes other inputs and must not be compared as current
+            result.unlink(missing_ok=True)
+            receipt_file.unlink(missing_ok=True)
         started = receipts.now()
-        env = cell_environment(registry, tree, slug, constraints)
+        env = cell_environment(registry, tree, slug, constraints, log=lambda msg: log(f"{cell.name}: {msg}"))
         log(f"{cell.name}: {'reusing' if env.reused else 'built'} environment {env.path}")
         args = ["--side", cell.side, "--tree-kind", tree.kind, "--tree-ref", tree.ref,
                 "--tree-resolved", tree.resolved]
-        log(f"{cell.name}: running {exp.probe.name} on {tree.label()}")
-        run = run_probe(env.interpreter, exp.probe, args, result, work / "logs" / f"{slug}.log",
-                        experiment=cell.experiment, side=cell.side)
-        receipt = receipts.build(
-            cell=cell.name, experiment=cell.experiment, side=cell.side, tree=tree, env=env,
-            project=registry.root, constraints=constraints, probe=exp.probe, result=result,
-            commands=[*env.commands, run.command], started=started, finished=receipts.now(),
-            exit_status=run.exit_status, cache_key=key,
-        )
-        results.write_atomic(results.receipt_path(result), results.dumps(receipt))
+        log(f"{cell.name}: running {exp.probe.name} on {tree.label()} ...")
+        staged_result = staging_dir(result) / result.name
+        staged_receipt = results.receipt_path(staged_result)
+        staged_result.parent.mkdir(parents=True)
+        try:
+            run = run_probe(env.interpreter, exp.probe, args, staged_result, work / "logs" / f"{slug}.log",
+                            experiment=cell.experiment, side=cell.side)
+            receipt = receipts.build(
+                cell=cell.name, experiment=cell.experiment, side=cell.side, tree=tree, env=env,
+                project=registry.root, constraints=closure, probe=exp.probe, result=staged_result,
+                commands=[*env.commands, run.command], started=started, finished=receipts.now(),
+                exit_status=run.exit_status, cache_key=key,
+            )
+            results.write_atomic(staged_receipt, results.dumps(receipt))
+            # Result first: a reader between the two renames sees a receipt that does not
+            # match the result, which never counts as a stored run.
+            os.replace(staged_result, result)
+            os.replace(staged_receipt, receipt_file)
+        finally:
+            _clean_leftovers(result)
     log(f"{cell.name}: wrote {result}")
-    return CellOutcome(cell, result, results.receipt_path(result), reused=False)
+    return CellOutcome(cell, result, receipt_file, reused=False)
 
 
 def report_failure(cell: Cell, exc: HarnessError) -> None:

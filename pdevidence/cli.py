@@ -12,7 +12,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import cells, compare, drift, integrity, publish, registry, report, sweep, upstream
+from . import cells, children, compare, drift, integrity, publish, registry, report, sweep, upstream
 from .errors import BEHAVIOUR_DIFFERS, CONFIRMED, EXIT_CODES, HarnessError, worst
 from .paths import PROJECT, results_dir, runs_dir, work_dir
 from .results import dumps, write_atomic
@@ -20,7 +20,7 @@ from .results import dumps, write_atomic
 
 def run_cells(reg: registry.Registry, todo: list[cells.Cell], *, jobs: int = 1, force: bool = False) -> int:
     """Run cells, ``jobs`` at a time; every cell runs even when another fails."""
-    cells.torch_choice()  # decide before the threads start, once for all of them
+    cells.torch_choice(reg)  # a bad PDEVIDENCE_TORCH is one usage error, not one per cell
 
     def one(cell: cells.Cell) -> int:
         try:
@@ -31,7 +31,11 @@ def run_cells(reg: registry.Registry, todo: list[cells.Cell], *, jobs: int = 1, 
             return exc.code
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        codes = list(pool.map(one, todo))
+        try:
+            codes = list(pool.map(one, todo))
+        except children.Interrupted:
+            pool.shutdown(cancel_futures=True)  # cells not started yet never start
+            raise
     return worst(codes)
 
 
@@ -190,7 +194,11 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return args.func(args)
+        with children.stop_on_signals():
+            return args.func(args)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.code
+    except children.Interrupted as exc:
+        print(f"{exc}: child processes stopped, no result written by the interrupted cells", file=sys.stderr)
+        return exc.exit_code

@@ -1,12 +1,16 @@
 """One isolated uv environment per cell: pinned closure, then the tree --no-deps.
 
-An environment is rebuilt only when its inputs change (Python, constraints,
-torch channel, tree); its key is stored inside it, so a warm cell costs a
-file read.
+An environment is rebuilt only when its inputs change (the interpreter's
+identity, constraints, torch channel, tree); its key is stored inside it, so a
+warm cell costs a file read. The torch channel is declared by the registry,
+never sniffed from the network; the interpreter is found once, up front, and
+uv never downloads one.
 """
 
 from __future__ import annotations
 
+import functools
+import glob
 import hashlib
 import json
 import os
@@ -14,20 +18,24 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
-import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.version import Version
+
+from . import children
 from .errors import HarnessError, usage
 from .fetch import sha256_file
+from .registry import TorchChannel
 from .trees import Tree
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-TORCH_CHANNELS = ("auto", "cpu", "pypi")
 ENV_INFO = ".pdevidence-env.json"
-# Packages the PyTorch CPU index replaces; everything CUDA-only goes with them.
-_CPU_REPLACED = re.compile(r"^(torch|torchvision|triton|nvidia-[\w-]+|cuda-[\w-]+)==")
+# uv must use the interpreter it is given; a download attempt only costs retries and noise.
+UV_ENV = {"UV_PYTHON_DOWNLOADS": "never"}
+_IDENTITY = ("import json, sys; print(json.dumps({'version': '%d.%d.%d' % sys.version_info[:3], "
+             "'implementation': sys.implementation.name}))")
 
 
 def uv_executable() -> str:
@@ -38,58 +46,162 @@ def uv_executable() -> str:
     return found
 
 
-def run(cmd: list[str], log: list[list[str]], *, env: dict | None = None, what: str) -> str:
-    """Run a setup command, recording it; a failure says which step and why."""
+def run(cmd: list[str], log: list[list[str]], *, env: dict | None = None, what: str,
+        progress: bool = False) -> str:
+    """Run a setup command, recording it; a failure says which step and why.
+
+    With ``progress`` and a terminal on stderr, the command's own progress (uv's download
+    bars) goes to the terminal instead of being captured.
+    """
     log.append(cmd)
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    live = progress and sys.stderr.isatty()
+    done = children.run(cmd, stdout=subprocess.PIPE, stderr=None if live else subprocess.PIPE,
+                        text=True, env={**os.environ, **UV_ENV, **(env or {})})
     if done.returncode != 0:
-        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
-        raise HarnessError(f"{what} failed (exit {done.returncode}): {' '.join(cmd)}\n{tail}",
-                           todo="read the output above; `uv cache clean` helps with a corrupt cache")
+        tail = "\n".join((done.stderr or done.stdout or "").strip().splitlines()[-15:])
+        raise HarnessError(f"{what} failed (exit {done.returncode}): {' '.join(cmd)}\n{tail}".rstrip(),
+                           todo="read uv's message above; it names the package or file at fault")
     return done.stdout
+
+
+# --- the interpreter -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    path: str
+    version: str  # e.g. 3.12.1, as the interpreter reports it
+    implementation: str  # e.g. cpython
+
+    def identity(self) -> str:
+        """What enters the keys: what the interpreter is, not where it was found."""
+        return f"{self.implementation}-{self.version}"
+
+
+def _ask(candidate: str) -> Interpreter | None:
+    """The interpreter's own answer, or None when it does not run (e.g. an inactive pyenv shim)."""
+    try:
+        done = children.run([candidate, "-c", _IDENTITY], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    try:
+        info = json.loads(done.stdout)
+    except ValueError:
+        return None
+    return Interpreter(str(Path(candidate).resolve()) if os.sep in candidate else candidate,
+                       info["version"], info["implementation"])
+
+
+def pyenv_root() -> str:
+    return os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+
+
+def _pyenv_candidates(version: str, root: str) -> list[str]:
+    """pyenv's installed interpreters, newest first, whether or not a shim is active."""
+    found = glob.glob(os.path.join(root, "versions", f"{version}.*", "bin", f"python{version}"))
+
+    def newest_first(path: str):
+        try:
+            return Version(Path(path).parents[1].name)
+        except ValueError:
+            return Version("0")
+
+    return sorted(found, key=newest_first, reverse=True)
+
+
+def find_python(version: str) -> Interpreter:
+    """The cells' interpreter: ``$PDEVIDENCE_PYTHON``, else ``python<version>`` on PATH, else pyenv's."""
+    return _find_python(version, os.environ.get("PDEVIDENCE_PYTHON"), os.environ.get("PATH", ""), pyenv_root())
+
+
+@functools.lru_cache(maxsize=8)
+def _find_python(version: str, named: str | None, search_path: str, pyenv: str) -> Interpreter:
+    def fits(found: Interpreter | None) -> bool:
+        return found is not None and ".".join(found.version.split(".")[:2]) == version
+
+    todo = (f"install Python {version} (e.g. `pyenv install {version}`), then put its bin directory first "
+            f"on PATH or set PDEVIDENCE_PYTHON=/path/to/python{version} (pyenv's versions/{version}.* are "
+            "found without an active shim)")
+    if named:
+        found = _ask(named)
+        if fits(found):
+            return found
+        what = f"is Python {found.version}" if found else "does not run"
+        raise HarnessError(f"PDEVIDENCE_PYTHON={named} {what}; the cells need Python {version}", todo=todo)
+    on_path = shutil.which(f"python{version}", path=search_path)
+    tried = []
+    for candidate in ([on_path] if on_path else []) + _pyenv_candidates(version, pyenv):
+        found = _ask(candidate)
+        if fits(found):
+            return found
+        tried.append(f"{candidate} {'is Python ' + found.version if found else 'does not run'}")
+    pyenv_versions = os.path.join(pyenv, "versions", f"{version}.*")
+    raise HarnessError(
+        f"no Python {version} for the cells: none on PATH (python{version}), PDEVIDENCE_PYTHON is unset, "
+        f"none under pyenv's {pyenv_versions}" + (f"; tried: {'; '.join(tried)}" if tried else ""),
+        todo=todo,
+    )
+
+
+# --- the torch channel -----------------------------------------------------------------------
 
 
 @dataclass
 class TorchChoice:
-    requested: str
-    channel: str  # cpu | pypi
+    requested: str  # the PDEVIDENCE_TORCH override, or "registry"
+    channel: TorchChannel
     note: str = ""
 
 
-def choose_torch(requested: str | None = None, probe_url: str = TORCH_CPU_INDEX) -> TorchChoice:
-    """The CPU build when its index answers, PyPI's (CUDA) build otherwise - visibly."""
-    requested = requested or os.environ.get("PDEVIDENCE_TORCH", "auto")
-    if requested not in TORCH_CHANNELS:
-        raise usage(f"PDEVIDENCE_TORCH={requested!r} is not a torch channel",
-                    expected=f"one of: {', '.join(TORCH_CHANNELS)}")
-    if requested != "auto":
-        return TorchChoice(requested, requested, f"forced by PDEVIDENCE_TORCH={requested}")
+def choose_torch(declared: TorchChannel, requested: str | None = None) -> TorchChoice:
+    """The registry's channel (what the published run used) unless PDEVIDENCE_TORCH asks otherwise."""
+    requested = requested or os.environ.get("PDEVIDENCE_TORCH") or None
+    if requested is None:
+        return TorchChoice("registry", declared, f"the registry's torch_channel = {declared.value!r}")
     try:
-        urllib.request.urlopen(urllib.request.Request(probe_url + "/", method="HEAD"), timeout=5).close()
-        return TorchChoice("auto", "cpu", f"{probe_url} is reachable")
-    except OSError:
-        note = (f"{probe_url} is not reachable: using PyPI's torch build (CUDA, runs on the CPU); "
-                "set PDEVIDENCE_TORCH=cpu to require the CPU build")
-        print(f"warning: {note}", file=sys.stderr)
-        return TorchChoice("auto", "pypi", note)
+        channel = TorchChannel(requested)
+    except ValueError:
+        raise usage(f"PDEVIDENCE_TORCH={requested!r} is not a torch channel",
+                    expected=f"one of: {', '.join(c.value for c in TorchChannel)}, or unset "
+                    f"(the registry's {declared.value!r})") from None
+    note = f"PDEVIDENCE_TORCH={requested}"
+    if channel is not declared:
+        note += (f" overrides the registry's torch_channel = {declared.value!r} (the published run's): "
+                 "compare will report the environment as different")
+        _warn_once(note)
+    return TorchChoice(requested, channel, note)
 
 
-def cpu_requirements(constraints: Path) -> tuple[str, list[str]]:
-    """The closure without PyPI's torch family, and the +cpu pins that replace it."""
-    kept, torch_pins, skipping = [], [], False
-    for line in constraints.read_text(encoding="utf-8").splitlines():
-        if line.startswith((" ", "\t")):
-            if not skipping:
-                kept.append(line)
-            continue
-        skipping = bool(_CPU_REPLACED.match(line))
-        if skipping:
-            name, version = line.split(" ")[0].split("==")
-            if name in ("torch", "torchvision"):
-                torch_pins.append(f"{name}=={version}+cpu")
-        else:
-            kept.append(line)
-    return "\n".join(kept) + "\n", torch_pins
+@functools.lru_cache(maxsize=None)
+def _warn_once(note: str) -> None:
+    """Every cell asks for the channel; the override is worth one warning per run, not one per ask."""
+    print(f"warning: {note}", file=sys.stderr)
+
+
+def closure_for(choice: TorchChoice, constraints: Path, constraints_cpu: Path | None) -> Path:
+    """The hashed closure a channel installs; the CPU channel only ever from its own compiled file."""
+    if choice.channel is TorchChannel.PYPI:
+        return constraints
+    if constraints_cpu is None or not constraints_cpu.exists():
+        missing = f"{constraints_cpu} does not exist" if constraints_cpu else "the registry names no constraints_cpu"
+        raise HarnessError(
+            f"the CPU torch channel needs a hashed closure compiled against the PyTorch CPU index; {missing}",
+            expected="constraints_cpu = \"constraints/cells-py312-cpu.txt\" in experiments.toml, committed",
+            todo=f"where {TORCH_CPU_INDEX} is reachable, run `nox -s lock_cpu` and commit the file it writes "
+            "(and its constraints_cpu line); or use the registry's channel (unset PDEVIDENCE_TORCH)",
+        )
+    return constraints_cpu
+
+
+def compile_cpu_closure(source: Path, dest: Path, python: str) -> Path:
+    """``uv pip compile --generate-hashes`` of the cell inputs against the PyTorch CPU index."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    run([uv_executable(), "pip", "compile", "--quiet", "--generate-hashes", "--torch-backend", "cpu",
+         "--python-version", python, "--python-platform", "linux", str(source), "-o", str(dest)], [],
+        what=f"compiling the CPU closure (needs {TORCH_CPU_INDEX})", progress=True)
+    return dest
 
 
 @dataclass
@@ -118,52 +230,48 @@ class CellEnvironment:
         return None
 
 
-def environment_key(python: str, constraints: Path, channel: str, tree: Tree) -> str:
+def environment_key(interpreter: Interpreter, closure: Path, channel: TorchChannel, tree: Tree) -> str:
     # A path tree is reinstalled on every run, so its changing HEAD must not force a rebuild.
     identity = str(tree.install_target) if tree.kind == "path" else f"{tree.resolved}:{tree.digest}"
-    parts = [python, sha256_file(constraints), channel, tree.kind, identity]
+    parts = [interpreter.identity(), sha256_file(closure), channel.value, tree.kind, identity]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def ensure(path: Path, python: str, constraints: Path, tree: Tree, torch: TorchChoice) -> CellEnvironment:
-    """The cell's environment at ``path``, built or reused."""
+def ensure(path: Path, python: str, closure: Path, tree: Tree, torch: TorchChoice, *,
+           log: Callable[[str], None] | None = None) -> CellEnvironment:
+    """The cell's environment at ``path``, built or reused; ``log`` gets one line per step.
+
+    ``closure`` is the hashed closure of ``torch``'s channel (``closure_for``).
+    """
+    say = log or (lambda msg: None)
+    interpreter = find_python(python)
     env = CellEnvironment(path, python, torch)
-    key = environment_key(python, constraints, torch.channel, tree)
+    key = environment_key(interpreter, closure, torch.channel, tree)
     info = path / ENV_INFO
     uv = uv_executable()
     if info.exists() and json.loads(info.read_text()).get("key") == key:
         env.reused = True
         if tree.kind == "path":  # the developer's work in progress: always reinstall it
-            _install_tree(uv, env, tree)
+            _install_tree(uv, env, tree, say)
         return env
     shutil.rmtree(path, ignore_errors=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    python_request = os.environ.get("PDEVIDENCE_PYTHON", python)
-    run([uv, "venv", "--quiet", "--python", python_request, str(path)], env.commands,
-        what=f"creating a Python {python} environment (is python{python} installed? PDEVIDENCE_PYTHON "
-        "can name an interpreter)")
-    target = ["--python", str(env.interpreter)]
-    if torch.channel == "cpu":
-        closure, torch_pins = cpu_requirements(constraints)
-        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
-            fh.write(closure)
-        try:
-            run([uv, "pip", "sync", "--quiet", *target, fh.name], env.commands, what="installing the pinned closure")
-        finally:
-            os.unlink(fh.name)
-        run([uv, "pip", "install", "--quiet", "--no-deps", *target, "--index-url", TORCH_CPU_INDEX, *torch_pins],
-            env.commands, what="installing torch from the PyTorch CPU index")
-    else:
-        run([uv, "pip", "sync", "--quiet", *target, str(constraints)], env.commands,
-            what="installing the pinned closure")
-    _install_tree(uv, env, tree)
+    say(f"creating the environment with {interpreter.path} ({interpreter.identity()}) (uv venv) ...")
+    run([uv, "venv", "--quiet", "--no-python-downloads", "--python", interpreter.path, str(path)], env.commands,
+        what=f"creating a Python {python} environment")
+    channel = ["--torch-backend", "cpu"] if torch.channel is TorchChannel.CPU else []
+    say(f"installing the pinned closure {closure.name} (uv pip sync; about 6 GB on a cold uv cache) ...")
+    run([uv, "pip", "sync", "--require-hashes", *channel, "--python", str(env.interpreter), str(closure)],
+        env.commands, what="installing the pinned closure", progress=True)
+    _install_tree(uv, env, tree, say)
     info.write_text(json.dumps({"key": key}) + "\n", encoding="utf-8")
     return env
 
 
-def _install_tree(uv: str, env: CellEnvironment, tree: Tree) -> None:
+def _install_tree(uv: str, env: CellEnvironment, tree: Tree, say: Callable[[str], None]) -> None:
     reinstall = ["--reinstall-package", "sglang"] if tree.kind == "path" else []
+    say(f"installing the SGLang tree {tree.label()} --no-deps (uv pip install) ...")
     # SGLang's setup.py otherwise looks for a Rust workspace that a CPU cell does not need.
     run([uv, "pip", "install", "--quiet", "--no-deps", *reinstall, "--python", str(env.interpreter),
          str(tree.install_target)], env.commands, env={"SGLANG_BUILD_RUST_EXTS": "none"},
-        what=f"installing the SGLang tree {tree.label()}")
+        what=f"installing the SGLang tree {tree.label()}", progress=True)

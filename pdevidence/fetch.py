@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from . import children
 from .errors import HarnessError, integrity
 
 CHUNK = 1 << 20
@@ -67,6 +68,7 @@ def download(url: str, dest: Path, *, expected_sha256: str | None = None, timeou
                 total = int(length) if length else None
                 progress = Progress(what, total)
                 for block in iter(lambda: resp.read(CHUNK), b""):
+                    children.check()  # SIGINT/SIGTERM: stop now, the temporary file goes below
                     out.write(block)
                     digest.update(block)
                     progress.update(len(block))

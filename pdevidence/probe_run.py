@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import results
+from . import children, results
 from .errors import HarnessError
 
 DEFAULT_TIMEOUT = 900.0
@@ -40,31 +39,31 @@ def tail(log: Path) -> str:
 
 def run_killable(command: list[str], log: Path, *, timeout: float, env: dict, what: str,
                  cwd: Path | None = None) -> int:
-    """Run ``command`` with its output in ``log``; kill it and everything it started on timeout."""
+    """Run ``command`` with its output in ``log``; kill it and everything it started on timeout
+    or on SIGINT/SIGTERM (``children.Interrupted``)."""
     with open(log, "wb") as out:
-        # Own process group, so the kill reaches grandchildren too.
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                start_new_session=True)
+        proc = children.popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         try:
-            return proc.wait(timeout=timeout)
+            children.wait(proc, timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
             raise HarnessError(
                 f"{what} did not finish within {timeout:.0f} s and was killed; no result written.\n"
                 f"last output:\n{tail(log)}",
                 todo=f"look for a hang in {log}; PDEVIDENCE_PROBE_TIMEOUT raises the limit",
             ) from None
-        except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
+        return proc.returncode
+
+
+def partial_path(dest: Path) -> Path:
+    """Where a probe writes before its result is checked; never read as a result."""
+    return dest.with_name(f".{dest.name}.partial")
 
 
 def run_probe(interpreter: Path, probe: Path, args: list[str], dest: Path, log: Path, *,
               experiment: str, side: str, timeout: float | None = None, env: dict | None = None) -> ProbeRun:
+    """Run the probe; on success ``dest`` holds its validated result, else nothing is at ``dest``."""
     timeout = timeout_seconds() if timeout is None else timeout
-    partial = dest.with_name(f".{dest.name}.partial")
+    partial = partial_path(dest)
     partial.unlink(missing_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     command = [str(interpreter), str(probe), *args, "--out", str(partial)]

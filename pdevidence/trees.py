@@ -7,9 +7,11 @@ their SHA-256 is recorded in the lock file on first use and checked after.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -19,7 +21,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import fetch
+from packaging import tags
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from . import children, fetch
 from .errors import HarnessError, integrity, usage
 from .locking import exclusive
 from .paths import cache_dir
@@ -28,6 +34,8 @@ GIT_ARCHIVE_URL = "https://codeload.github.com/sgl-project/sglang/tar.gz/{sha}"
 INDEX_URL = "https://pypi.org/simple"
 TREE_INFO = ".pdevidence-tree.json"
 KINDS = ("git", "release", "path")
+DIRTY = "-dirty"
+_FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
 @dataclass(frozen=True)
@@ -52,8 +60,12 @@ class Tree:
 
 
 def tree_label(kind: str, resolved: str) -> str:
-    """How a tree is named in result files: ``git-<12 hex>``, ``release-<version>``, ``path-...``."""
-    return f"{kind}-{resolved}" if kind == "release" else f"{kind}-{resolved[:12]}"
+    """How a tree is named in result files: ``git-<12 hex>``, ``release-<version>``,
+    ``path-<12 hex>`` or ``path-<12 hex>-dirty`` (uncommitted changes), ``path-local`` outside git."""
+    if kind == "release":
+        return f"{kind}-{resolved}"
+    dirty = DIRTY if resolved.endswith(DIRTY) else ""
+    return f"{kind}-{resolved.removesuffix(DIRTY)[:12]}{dirty}"
 
 
 class LockFile:
@@ -99,8 +111,29 @@ def _check_pinned(lock: LockFile, section: str, key: str, actual: str, what: str
         )
 
 
+def resolve_ref(ref: str, clone: Path | None) -> str:
+    """A commit's full 40-hex SHA: as given, or resolved by the clone (``git rev-parse``).
+
+    A branch or tag moves, so a cell keyed on it would be cached forever under a stale name.
+    """
+    if _FULL_SHA.match(ref.lower()):
+        return ref.lower()
+    if clone is None:
+        raise usage(f"--ref {ref!r} is not a full 40-hex commit SHA and there is no clone to resolve it",
+                    todo="pass the full SHA, or set SGLANG_REPO=<clone> so the ref can be resolved")
+    _check_clone(clone)
+    found = _git(clone, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", text=True)
+    if found.returncode != 0:
+        raise usage(f"--ref {ref!r} does not name a commit in the clone at {clone}",
+                    todo=f"check it with `git -C {clone} rev-parse {ref}`, or `git fetch` first")
+    return found.stdout.strip()
+
+
 def git_tree(sha: str, lock: LockFile, *, clone: Path | None = None) -> Tree:
-    """The pinned commit, from a local clone if given, else GitHub's archive of it."""
+    """The pinned commit, from a local clone if given, else GitHub's archive of it.
+
+    ``sha`` may also be a ref the clone resolves (HEAD, a branch, a short SHA)."""
+    sha = resolve_ref(sha, clone)
     trees = cache_dir() / "trees"
     dest = trees / f"git-{sha}"
     with exclusive(cache_dir() / "locks" / f"git-{sha}.lock", f"the cached tree {sha[:12]}"):
@@ -142,13 +175,17 @@ def _git_tree_from_github(sha: str, dest: Path, lock: LockFile) -> Tree:
 
 
 def _git(clone: Path, *args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(clone), *args], capture_output=True, check=False, **kw)
+    return children.run(["git", "-C", str(clone), *args], capture_output=True, **kw)
 
 
-def _git_tree_from_clone(sha: str, clone: Path, dest: Path, lock: LockFile) -> Tree:
+def _check_clone(clone: Path) -> None:
     if not (clone / ".git").exists() and _git(clone, "rev-parse", "--git-dir").returncode != 0:
         raise usage(f"SGLANG_REPO={clone} is not a git checkout",
                     todo="point SGLANG_REPO at a clone of sgl-project/sglang")
+
+
+def _git_tree_from_clone(sha: str, clone: Path, dest: Path, lock: LockFile) -> Tree:
+    _check_clone(clone)
     found = _git(clone, "rev-parse", "--verify", "--quiet", f"{sha}^{{commit}}", text=True)
     if found.returncode != 0:
         raise HarnessError(
@@ -163,8 +200,8 @@ def _git_tree_from_clone(sha: str, clone: Path, dest: Path, lock: LockFile) -> T
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             tar = Path(tmp) / "tree.tar"
             with open(tar, "wb") as out:
-                done = subprocess.run(["git", "-C", str(clone), "archive", "--format=tar", sha],
-                                      stdout=out, stderr=subprocess.PIPE, check=False)
+                done = children.run(["git", "-C", str(clone), "archive", "--format=tar", sha],
+                                    stdout=out, stderr=subprocess.PIPE)
             if done.returncode != 0:
                 raise HarnessError(f"git archive of {sha} failed: {done.stderr.decode(errors='replace')}")
             fetch.extract_tar(tar, target, strip_top=False)
@@ -193,10 +230,34 @@ def _git_tree(sha: str, dest: Path) -> Tree:
     return Tree("git", sha, sha, python_dir, info.get("sha256"), info["source"], info["origin"], dest)
 
 
+def supported_tags(python: str) -> list[tags.Tag]:
+    """The wheel tags a CPython ``python`` (e.g. ``3.12``) on this machine accepts, best first.
+
+    The cell's interpreter may lack ``packaging``, so the tags are computed here for its
+    version, with this machine's platforms (OS, libc and architecture): the cell runs here.
+    """
+    version = tuple(int(part) for part in python.split(".")[:2])
+    interpreter = f"cp{version[0]}{version[1]}"
+    platforms = list(tags.platform_tags())
+    return [*tags.cpython_tags(version, abis=[interpreter], platforms=platforms),
+            *tags.compatible_tags(version, interpreter, platforms)]
+
+
 def wheel_tag(python: str) -> tuple[str, str]:
-    """The interpreter tag and machine a wheel must match, e.g. ``('cp312', 'x86_64')``."""
-    major, minor = python.split(".")[:2]
-    return f"cp{major}{minor}", platform.machine()
+    """The interpreter tag and machine of the best wheel tag, e.g. ``('cp312', 'x86_64')``."""
+    best = supported_tags(python)[0]
+    return best.interpreter, platform.machine()
+
+
+def wheel_fits(filename: str, project: str, supported: list[tags.Tag]) -> Version | None:
+    """The version of ``project``'s wheel ``filename`` if it installs on ``supported``, else None."""
+    try:
+        name, version, _build, wheel_tags = parse_wheel_filename(filename)
+    except (InvalidWheelFilename, InvalidVersion):
+        return None
+    if name != canonicalize_name(project) or wheel_tags.isdisjoint(supported):
+        return None
+    return version
 
 
 def index_files(project: str, index_url: str | None = None) -> list[dict]:
@@ -215,62 +276,81 @@ def index_files(project: str, index_url: str | None = None) -> list[dict]:
 
 
 def pick_wheel(files: list[dict], project: str, version: str, python: str) -> dict:
-    interp, machine = wheel_tag(python)
-    prefix = f"{project.replace('-', '_')}-{version}-"
-    candidates = [
-        f for f in files
-        if f["filename"].startswith(prefix) and f["filename"].endswith(".whl") and not f.get("yanked")
-        and (f"-{interp}-" in f["filename"] or "-py3-none-any" in f["filename"])
-        and (machine in f["filename"] or f["filename"].endswith("-any.whl"))
-    ]
+    """The index file of ``project==version`` that installs here: the most specific tag wins."""
+    supported = supported_tags(python)
+    rank = {tag: i for i, tag in reversed(list(enumerate(supported)))}
+    wanted = Version(version)
+    candidates = []
+    for f in files:
+        if f.get("yanked") or not f["filename"].endswith(".whl"):
+            continue
+        if wheel_fits(f["filename"], project, supported) == wanted:
+            best = min(rank[t] for t in parse_wheel_filename(f["filename"])[3] if t in rank)
+            candidates.append((best, f["filename"], f))
     if not candidates:
-        raise usage(f"no {project}=={version} wheel for {interp} on {machine} in the index",
-                    expected="a released version with a wheel for this Python",
+        raise usage(f"no {project}=={version} wheel for {supported[0]} (or a compatible tag) in the index",
+                    expected="a released version with a wheel for this Python and platform",
                     todo="check the version (`pip index versions sglang`) or the registry's python")
-    return sorted(candidates, key=lambda f: f["filename"])[0]
+    return min(candidates, key=lambda c: c[:2])[2]
 
 
 def release_tree(version: str, python: str, lock: LockFile, project: str = "sglang") -> Tree:
     key = f"{project}=={version}"
-    entry = lock.get("release", key)
-    wheel = cache_dir() / "wheels" / entry["sha256"] / entry["filename"] if entry else None
-    if wheel is None or not wheel.exists():
-        chosen = pick_wheel(index_files(project), project, version, python)
-        published = chosen.get("hashes", {}).get("sha256")
-        if entry and published and published != entry["sha256"]:
-            raise integrity(f"the index now publishes another SHA-256 for {chosen['filename']}",
-                            expected=f"{entry['sha256']} (lock file), index says {published}",
-                            todo="do not use it; investigate before updating the lock entry")
-        expected = entry["sha256"] if entry else published
-        tmp = cache_dir() / "wheels" / f"incoming-{chosen['filename']}"
-        with exclusive(cache_dir() / "locks" / f"{key}.lock", f"the wheel of {key}"):
+    # Read, download and record under one per-wheel lock: two runs must not both find no
+    # entry, both download, and race on recording it.
+    with exclusive(cache_dir() / "locks" / f"{key}.lock", f"the wheel of {key}"):
+        entry = lock.get("release", key)
+        wheel = cache_dir() / "wheels" / entry["sha256"] / entry["filename"] if entry else None
+        if wheel is None or not wheel.exists():
+            chosen = pick_wheel(index_files(project), project, version, python)
+            published = chosen.get("hashes", {}).get("sha256")
+            if entry and published and published != entry["sha256"]:
+                raise integrity(f"the index now publishes another SHA-256 for {chosen['filename']}",
+                                expected=f"{entry['sha256']} (lock file), index says {published}",
+                                todo="do not use it; investigate before updating the lock entry")
+            expected = entry["sha256"] if entry else published
+            tmp = cache_dir() / "wheels" / f"incoming-{chosen['filename']}"
             digest = fetch.download(chosen["url"], tmp, expected_sha256=expected, what=chosen["filename"])
             wheel = cache_dir() / "wheels" / digest / chosen["filename"]
             wheel.parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp, wheel)
-        if entry is None:
-            lock.record("release", key, {"filename": chosen["filename"], "sha256": digest})
-    digest = fetch.sha256_file(wheel)
-    _check_pinned(lock, "release", key, digest, wheel.name, wheel.unlink)
+            if entry is None:
+                lock.record("release", key, {"filename": chosen["filename"], "sha256": digest})
+        digest = fetch.sha256_file(wheel)
+        _check_pinned(lock, "release", key, digest, wheel.name, wheel.unlink)
     return Tree("release", version, version, wheel, digest, "pypi", wheel.name)
 
 
 def path_tree(directory: Path) -> Tree:
+    """A work tree as it is now: keyed on HEAD plus a hash of its uncommitted changes."""
     directory = directory.resolve()
     python_dir = directory / "python" if (directory / "python").is_dir() else directory
     if not ((python_dir / "pyproject.toml").exists() or (python_dir / "setup.py").exists()):
         raise usage(f"{directory} is not an SGLang source tree",
                     expected="a checkout root (with python/) or its python/ directory",
                     todo="pass the directory of your SGLang work tree")
-    label = _path_label(directory)
-    return Tree("path", directory.name, label, python_dir, None, "path", str(directory),
+    resolved, digest = _path_state(directory)
+    return Tree("path", directory.name, resolved, python_dir, digest, "path", str(directory),
                 directory if python_dir != directory else None)
 
 
-def _path_label(directory: Path) -> str:
-    """The work tree's HEAD commit (plus '-dirty'), or 'local' outside git."""
+def _path_state(directory: Path) -> tuple[str, str | None]:
+    """``(HEAD [+ '-dirty'], content digest)``; ``('local', None)`` outside git (always rerun).
+
+    The digest covers HEAD, ``git diff HEAD`` and every untracked file's name and content,
+    so two different edits on one HEAD never share a cached result.
+    """
     head = _git(directory, "rev-parse", "HEAD", text=True)
     if head.returncode != 0:
-        return "local"
-    dirty = _git(directory, "status", "--porcelain", text=True).stdout.strip()
-    return head.stdout.strip() + ("-dirty" if dirty else "")
+        return "local", None
+    sha = head.stdout.strip()
+    digest = hashlib.sha256(sha.encode())
+    diff = _git(directory, "diff", "HEAD", "--binary", "--no-color", "--no-ext-diff")
+    digest.update(diff.stdout)
+    untracked = _git(directory, "ls-files", "--others", "--exclude-standard", "-z").stdout.split(b"\0")
+    for name in sorted(n for n in untracked if n):  # relative to ``directory``, as git -C lists them
+        digest.update(b"\0" + name + b"\0")
+        path = directory / os.fsdecode(name)
+        digest.update(path.read_bytes() if path.is_file() and not path.is_symlink() else b"")
+    dirty = bool(diff.stdout) or any(untracked)
+    return sha + (DIRTY if dirty else ""), digest.hexdigest()

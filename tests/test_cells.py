@@ -40,6 +40,9 @@ mode = os.environ.get("DEMO_PROBE_MODE", "")
 def prepare():
     import sglang
     if mode == "hang":
+        if os.environ.get("DEMO_PID_FILE"):  # lets a test find the probe and signal its harness
+            with open(os.environ["DEMO_PID_FILE"], "w") as fh:
+                fh.write(str(os.getpid()))
         time.sleep(60)
     if mode == "crash":
         raise SystemExit("probe crashed on purpose")
@@ -77,11 +80,11 @@ def demo_project(tmp_path, http_server, monkeypatch):
         f"sglang-{v}-py3-none-any.whl": wheel_bytes(v, f"__version__ = {v!r}\nRETIRES_REJECTED = {fixed}\n")
         for v, fixed in (("1.0.0", False), ("1.1.0", True))
     })
+    monkeypatch.delenv("PDEVIDENCE_TORCH", raising=False)  # the registry's channel
     for name, value in {"PDEVIDENCE_INDEX_URL": index, "PDEVIDENCE_CACHE": str(tmp_path / "cache"),
-                        "PDEVIDENCE_TORCH": "pypi", "PDEVIDENCE_WORK": str(root / ".cells"),
+                        "PDEVIDENCE_WORK": str(root / ".cells"),
                         "PDEVIDENCE_RUNS": str(root / "runs")}.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(cells, "_torch_choice", None)
     return root
 
 
@@ -126,13 +129,41 @@ def test_a_hanging_probe_is_killed_and_leaves_no_result(demo_project, monkeypatc
     assert not list((demo_project / "runs").glob(".*"))
 
 
-def test_a_crashing_probe_fails_the_cell_with_its_stderr(demo_project, monkeypatch):
-    run_cell(demo_project)
+def test_a_crashing_forced_rerun_keeps_the_previous_result(demo_project, monkeypatch):
+    first = run_cell(demo_project)
+    before = {p.name: p.read_bytes() for p in (first.result, first.receipt)}
     monkeypatch.setenv("DEMO_PROBE_MODE", "crash")
+
     with pytest.raises(errors.HarnessError, match="probe crashed on purpose"):
         run_cell(demo_project, force=True)
-    # The earlier result is gone too: a failed rerun must not leave a stale one behind.
-    assert not list((demo_project / "runs").glob("*.json"))
+
+    runs = demo_project / "runs"
+    assert {p.name: p.read_bytes() for p in runs.iterdir()} == before  # byte-identical, nothing else
+
+
+def test_a_result_whose_inputs_changed_is_removed_before_its_cell_reruns(demo_project, monkeypatch):
+    run_cell(demo_project)
+    probe = demo_project / "probes" / "probe_demo.py"
+    probe.write_text(probe.read_text() + "\n# changed\n")
+    monkeypatch.setenv("DEMO_PROBE_MODE", "crash")
+
+    with pytest.raises(errors.HarnessError, match="probe crashed on purpose"):
+        run_cell(demo_project)
+
+    # A stale result must not outlive a failed rerun and be compared as if it were current.
+    assert list((demo_project / "runs").iterdir()) == []
+
+
+def test_leftovers_of_an_interrupted_run_are_removed_by_the_next_run(demo_project):
+    runs = demo_project / "runs"
+    staged = runs / ".demo.base.release-1.0.0.partial"
+    staged.mkdir(parents=True)
+    (staged / "demo.base.release-1.0.0.json").write_text("{half")
+    (runs / ".demo.base.release-1.0.0.json.partial").write_text("{half")
+
+    outcome = run_cell(demo_project)
+
+    assert sorted(p.name for p in runs.iterdir()) == sorted([outcome.result.name, outcome.receipt.name])
 
 
 def test_two_runs_of_one_cell_at_once_share_the_work_safely(demo_project):
@@ -197,6 +228,8 @@ def commit_fixture_sglang(repo, version, fixed):
         build-backend = "setuptools.build_meta"
     """))
     (package / "__init__.py").write_text(f"__version__ = {version!r}\nRETIRES_REJECTED = {fixed}\n")
+    # As SGLang's own .gitignore does: installing the tree leaves these behind.
+    (repo / ".gitignore").write_text("build/\n*.egg-info/\n")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", version)
     return git(repo, "rev-parse", "HEAD")
@@ -222,3 +255,89 @@ def test_git_cells_run_from_a_local_clone_at_the_pinned_commits(demo_project, tm
     assert docs["head"]["scenarios"]["D1"]["observed"]["retired"] is True
     receipt = json.loads(outcomes["base"].receipt.read_text())
     assert receipt["tree"]["source"] == "clone" and receipt["tree"]["origin"] == str(repo)
+
+
+@pytest.fixture
+def clone(tmp_path):
+    """A fixture SGLang repository: base (1.0.0, not fixed), then head (1.1.0, fixed)."""
+    repo = tmp_path / "sglang-clone"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    base = commit_fixture_sglang(repo, "1.0.0", False)
+    head = commit_fixture_sglang(repo, "1.1.0", True)
+    return repo, base, head
+
+
+def test_a_cached_git_tree_is_not_rerun_because_sglang_repo_changed(demo_project, clone, monkeypatch,
+                                                                     unreachable_url):
+    repo, base, _ = clone
+    monkeypatch.setenv("SGLANG_REPO", str(repo))
+    cell = cells.Cell("demo", "base", "git", base)
+    assert not cells.run_cell(registry.load(demo_project), cell, log=lambda msg: None).reused
+
+    monkeypatch.delenv("SGLANG_REPO")
+    monkeypatch.setenv("PDEVIDENCE_GIT_ARCHIVE_URL", unreachable_url + "/{sha}.tar.gz")
+    assert cells.run_cell(registry.load(demo_project), cell, log=lambda msg: None).reused
+
+
+def test_the_interpreter_named_by_path_or_by_pdevidence_python_keeps_the_cache(demo_project, monkeypatch):
+    assert not run_cell(demo_project).reused
+    monkeypatch.setenv("PDEVIDENCE_PYTHON", sys.executable)
+    assert run_cell(demo_project).reused
+
+
+def test_a_git_ref_is_resolved_to_its_full_sha_through_the_clone(demo_project, clone, monkeypatch):
+    repo, _, head = clone
+    monkeypatch.setenv("SGLANG_REPO", str(repo))
+
+    outcome = cells.run_cell(registry.load(demo_project), cells.Cell("demo", "head", "git", "HEAD"),
+                             log=lambda msg: None)
+
+    assert outcome.result.name == f"demo.head.git-{head[:12]}.json"
+    assert results.load(outcome.result)["tree"]["resolved"] == head
+
+
+@pytest.mark.parametrize("ref", ["HEAD", "8f3d6944b76c", "main"])
+def test_a_git_ref_that_is_not_a_full_sha_and_cannot_be_resolved_is_a_usage_error(demo_project, ref, monkeypatch):
+    monkeypatch.delenv("SGLANG_REPO", raising=False)
+    with pytest.raises(errors.HarnessError, match="not a full 40-hex commit SHA") as caught:
+        cells.run_cell(registry.load(demo_project), cells.Cell("demo", "head", "git", ref), log=lambda msg: None)
+    assert caught.value.code == errors.USAGE
+
+
+def test_a_path_cell_keys_on_head_and_its_uncommitted_changes(demo_project, clone):
+    repo, _, head = clone
+    cell = cells.Cell("demo", "head", "path", str(repo))
+
+    def run():
+        return cells.run_cell(registry.load(demo_project), cell, log=lambda msg: None)
+
+    clean = run()
+    assert clean.result.name == f"demo.head.path-{head[:12]}.json" and not clean.reused
+    assert run().reused
+    init = repo / "python" / "sglang" / "__init__.py"
+    init.write_text(init.read_text().replace("RETIRES_REJECTED = True", "RETIRES_REJECTED = False"))
+    dirty = run()
+    assert dirty.result.name == f"demo.head.path-{head[:12]}-dirty.json" and not dirty.reused
+    assert results.load(dirty.result)["scenarios"]["D1"]["observed"]["retired"] is False
+    assert run().reused  # (untracked files' content counts too: test_trees)
+
+
+def test_the_cpu_channel_without_its_closure_stops_with_exit_3_before_any_download(demo_project, monkeypatch,
+                                                                                    capsys, http_server):
+    from pdevidence import cli
+
+    monkeypatch.setenv("PDEVIDENCE_TORCH", "cpu")
+    assert cli.main(["--root", str(demo_project), "cell", "release", "demo", "base"]) == errors.ENVIRONMENT
+    err = capsys.readouterr().err
+    assert "CPU torch channel needs a hashed closure" in err and "nox -s lock_cpu" in err
+    assert http_server.hits() == 0 and not (demo_project / ".cells" / "envs").exists()
+
+
+def test_each_step_of_a_cold_cell_is_one_line_naming_the_cell(demo_project):
+    lines = []
+    cells.run_cell(registry.load(demo_project), cells.Cell("demo", "base", "release"), log=lines.append)
+    steps = [line for line in lines if line.endswith("...")]
+    assert [s.split(":")[0] for s in steps] == ["release(demo, base)"] * len(steps)
+    assert any("(uv venv)" in s for s in steps) and any("(uv pip sync" in s for s in steps)
+    assert any("running probe_demo.py" in s for s in steps)

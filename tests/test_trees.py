@@ -169,25 +169,31 @@ def test_archive_without_a_python_package_is_refused(github, make_tarball, lock)
         trees.git_tree(SHA, lock)
 
 
-def test_concurrent_fetches_of_one_commit_download_it_once(github, make_tarball, cache, lock, capfd):
-    archive = sglang_archive(make_tarball)
-    # Slow enough that the second caller arrives while the first holds the lock.
-    github.serve(ARCHIVE_PATH, archive, delay=0.3)
+def twice_at_once(fetch) -> tuple[list, list]:
+    """Call ``fetch`` from two threads released together: (results, exceptions)."""
     start = threading.Barrier(2)
-    results, failures = [], []
+    got, failures = [], []
 
-    def fetch_tree():
+    def call():
         start.wait()
         try:
-            results.append(trees.git_tree(SHA, LockFile(lock.path)))
-        except BaseException as exc:  # noqa: BLE001 - reported below
+            got.append(fetch())
+        except BaseException as exc:  # noqa: BLE001 - returned to the test
             failures.append(exc)
 
-    workers = [threading.Thread(target=fetch_tree) for _ in range(2)]
+    workers = [threading.Thread(target=call) for _ in range(2)]
     for w in workers:
         w.start()
     for w in workers:
         w.join(timeout=20)
+    return got, failures
+
+
+def test_concurrent_fetches_of_one_commit_download_it_once(github, make_tarball, cache, lock, capfd):
+    archive = sglang_archive(make_tarball)
+    # Slow enough that the second caller arrives while the first holds the lock.
+    github.serve(ARCHIVE_PATH, archive, delay=0.3)
+    results, failures = twice_at_once(lambda: trees.git_tree(SHA, LockFile(lock.path)))
 
     assert failures == []
     assert "waiting: another process is using the cached tree" in capfd.readouterr().err  # they overlapped
@@ -434,3 +440,117 @@ def test_path_tree_of_a_directory_without_a_python_package_is_a_usage_error(tmp_
         trees.path_tree(tmp_path)
 
     assert caught.value.code == errors.USAGE
+
+
+def test_concurrent_fetches_of_one_release_download_it_once_and_record_it_once(index, cache, lock, http_server):
+    index.publish()
+    http_server.routes[f"/files/{WHEEL_NAME}"].delay = 0.3  # the second caller arrives mid-download
+    got, failures = twice_at_once(lambda: trees.release_tree("0.0.1", "3.11", LockFile(lock.path)))
+
+    assert failures == [] and len(got) == 2 and got[0] == got[1]
+    assert http_server.hits(f"/files/{WHEEL_NAME}") == 1
+    assert lock.get("release", "sglang==0.0.1") == {"filename": WHEEL_NAME, "sha256": sha256(WHEEL)}
+    assert stray_files(cache, lock.path.parent) == []
+
+
+# --- wheel tags (packaging) -------------------------------------------------------------------
+
+
+def this_platform() -> str:
+    return next(t.platform for t in trees.supported_tags("3.12") if t.platform != "any")
+
+
+def index_entry(filename: str, **extra) -> dict:
+    return {"filename": filename, "url": f"https://files.example/{filename}", **extra}
+
+
+def test_a_wheel_for_another_os_on_the_same_machine_is_never_picked():
+    mac = "sglang-0.5.21-cp312-cp312-macosx_11_0_x86_64.whl"  # same machine name, other OS
+    here = f"sglang-0.5.21-cp312-cp312-{this_platform()}.whl"
+    files = [index_entry(mac), index_entry(here), index_entry("sglang-0.5.21.tar.gz")]
+
+    assert trees.pick_wheel(files, "sglang", "0.5.21", "3.12")["filename"] == here
+    with pytest.raises(HarnessError) as caught:
+        trees.pick_wheel([index_entry(mac)], "sglang", "0.5.21", "3.12")
+    assert caught.value.code == errors.USAGE and "sglang==0.5.21" in str(caught.value)
+
+
+def test_the_most_specific_wheel_wins_and_other_pythons_versions_and_yanked_files_do_not_count():
+    here = this_platform()
+    files = [
+        index_entry("sglang-0.5.21-py3-none-any.whl"),
+        index_entry(f"sglang-0.5.21-cp312-cp312-{here}.whl"),
+        index_entry(f"sglang-0.5.21-cp311-cp311-{here}.whl"),
+        index_entry(f"sglang-0.5.210-cp312-cp312-{here}.whl"),
+        index_entry(f"sglang_router-0.5.21-cp312-cp312-{here}.whl"),
+        index_entry(f"sglang-0.5.21.post1-cp312-cp312-{here}.whl"),
+    ]
+    assert trees.pick_wheel(files, "sglang", "0.5.21", "3.12")["filename"] == f"sglang-0.5.21-cp312-cp312-{here}.whl"
+    assert trees.pick_wheel(files[:1] + files[2:], "sglang", "0.5.21", "3.12")["filename"] == files[0]["filename"]
+    yanked = [index_entry(f"sglang-0.5.21-cp312-cp312-{here}.whl", yanked=True)]
+    with pytest.raises(HarnessError):
+        trees.pick_wheel(yanked, "sglang", "0.5.21", "3.12")
+
+
+def test_wheel_fits_reads_the_name_version_and_tags_with_packaging():
+    supported = trees.supported_tags("3.12")
+    assert str(trees.wheel_fits(f"sglang-0.5.17-cp312-cp312-{this_platform()}.whl", "sglang", supported)) == "0.5.17"
+    assert trees.wheel_fits("sglang-0.5.17-cp312-cp312-win_amd64.whl", "sglang", supported) is None
+    assert trees.wheel_fits("not a wheel.whl", "sglang", supported) is None
+    assert trees.wheel_tag("3.12")[0] == "cp312"
+
+
+# --- refs and path labels ---------------------------------------------------------------------
+
+
+def test_a_full_sha_stands_as_given_and_a_ref_is_resolved_by_the_clone(clone):
+    assert trees.resolve_ref(clone.first.upper(), None) == clone.first
+    assert trees.resolve_ref("HEAD", clone.path) == clone.second
+    assert trees.resolve_ref("HEAD~1", clone.path) == clone.first
+    assert trees.resolve_ref(clone.first[:10], clone.path) == clone.first
+
+
+@pytest.mark.parametrize("ref", ["HEAD", "0123456789ab", "no-such-branch"])
+def test_a_ref_that_cannot_be_resolved_is_a_usage_error(clone, ref):
+    with pytest.raises(HarnessError) as caught:
+        trees.resolve_ref(ref, None)
+    assert caught.value.code == errors.USAGE and "SGLANG_REPO" in str(caught.value)
+    if ref == "no-such-branch":
+        with pytest.raises(HarnessError) as caught:
+            trees.resolve_ref(ref, clone.path)
+        assert caught.value.code == errors.USAGE and "does not name a commit" in str(caught.value)
+
+
+def test_a_git_tree_asked_by_ref_is_cached_under_its_sha(clone, cache, lock):
+    tree = trees.git_tree("HEAD", lock, clone=clone.path)
+    assert tree.resolved == clone.second and tree.label() == f"git-{clone.second[:12]}"
+    assert os.listdir(cache / "trees") == [f"git-{clone.second}"]
+
+
+def test_a_dirty_path_tree_keeps_dirty_in_its_label_and_its_changes_in_its_digest(clone):
+    clean = trees.path_tree(clone.path)
+    assert clean.label() == f"path-{clone.second[:12]}"
+    init = clone.path / "python" / "sglang" / "__init__.py"
+
+    init.write_text("__version__ = 'edit one'\n")
+    one = trees.path_tree(clone.path)
+    init.write_text("__version__ = 'edit two'\n")
+    two = trees.path_tree(clone.path)
+
+    assert one.label() == two.label() == f"path-{clone.second[:12]}-dirty"
+    assert len({clean.digest, one.digest, two.digest}) == 3
+    (clone.path / "python" / "sglang" / "new.py").write_text("a = 1\n")
+    untracked = trees.path_tree(clone.path)
+    (clone.path / "python" / "sglang" / "new.py").write_text("a = 2\n")
+    assert len({two.digest, untracked.digest, trees.path_tree(clone.path).digest}) == 3
+
+
+def test_a_clean_path_tree_has_a_stable_digest_and_ignored_files_do_not_count(clone):
+    (clone.path / ".gitignore").write_text("build/\n")
+    git(clone.path, "add", ".gitignore")
+    git(clone.path, "commit", "-q", "-m", "ignore")
+    before = trees.path_tree(clone.path)
+    (clone.path / "build").mkdir()
+    (clone.path / "build" / "artifact.o").write_bytes(b"\0")
+    after = trees.path_tree(clone.path)
+    assert before.digest == after.digest and not after.resolved.endswith("-dirty")

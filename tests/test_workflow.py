@@ -24,7 +24,18 @@ from pdevidence import cells, registry, results, trees
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = ROOT / ".github" / "workflows" / "probes.yml"
 SCRIPT = ROOT / ".github" / "scripts" / "cell_matrix.py"
-KINDS = {"release": "release", "git": "probe"}  # tree kind -> session name
+
+
+def load_script():
+    """The workflow's own script, imported: its constants, not a copy of them."""
+    spec = importlib.util.spec_from_file_location("cell_matrix", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+MATRIX_SCRIPT = load_script()
+KINDS = {kind: name for kind, (_tag, name) in MATRIX_SCRIPT.KINDS.items()}  # tree kind -> session name
 
 needs_nox = pytest.mark.skipif(importlib.util.find_spec("nox") is None,
                                reason="nox is not installed: python -m pip install -r requirements-dev.txt")
@@ -79,8 +90,14 @@ def test_actionlint_accepts_the_workflow():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_script_kinds_are_the_harness_kinds():
-    assert {kind: cells.SESSION_OF_KIND[kind] for kind in KINDS} == KINDS
+@needs_nox
+def test_script_kinds_are_the_harness_kinds(nox_cells):
+    """The script's tree kinds name the harness's session of that kind, and nox tags them so."""
+    assert KINDS == {kind: cells.SESSION_OF_KIND[kind] for kind in MATRIX_SCRIPT.KINDS}
+    for kind, (tag, name) in MATRIX_SCRIPT.KINDS.items():
+        assert tag in trees.KINDS
+        tagged = {e["name"] for e in nox_cells if tag in e["tags"]}
+        assert tagged == {name}, (kind, tagged)
 
 
 @needs_nox
@@ -182,7 +199,13 @@ def test_workflow_wiring():
     on = doc.get("on", doc.get(True))  # YAML 1.1 reads a bare `on` as true
     assert {"push", "pull_request", "workflow_dispatch", "schedule"} <= set(on)
     assert on["workflow_dispatch"]["inputs"]["kind"]["options"] == list(KINDS)
-    assert doc["env"]["PDEVIDENCE_TORCH"] == "auto"
+    # No override anywhere: the cells use the registry's channel, the published run's.
+    envs = [doc["env"], *(job.get("env", {}) for job in doc["jobs"].values()),
+            *(step.get("env", {}) for job in doc["jobs"].values() for step in job["steps"])]
+    assert not [env for env in envs if "PDEVIDENCE_TORCH" in env]
+    assert "PDEVIDENCE_TORCH" not in "".join(step.get("run", "") for job in doc["jobs"].values()
+                                             for step in job["steps"])
+    assert doc["env"]["UV_PYTHON_DOWNLOADS"] == "never"
     jobs = doc["jobs"]
 
     steps = jobs["list"]["steps"]

@@ -35,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Tree kind -> (nox tag, session name); mirrors pdevidence.cells.SESSION_OF_KIND.
+# Tree kind -> (nox tag, session name); tests/test_workflow.py checks it against pdevidence.cells.SESSION_OF_KIND.
 KINDS = {"release": ("release", "release"), "git": ("git", "probe")}
 ARTIFACT_PREFIX = "cell-"
 

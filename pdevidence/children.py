@@ -1,0 +1,107 @@
+"""Child processes (probe, uv, git), each in its own process group, stopped at once by SIGINT/SIGTERM.
+
+Cells run in worker threads, but a signal reaches only the main thread. So the
+handler itself kills every live child group and marks the run as stopping;
+each worker then sees its child gone, raises ``Interrupted`` and writes
+nothing. Without this, Ctrl-C waited for the probe and wrote its result, and
+SIGTERM left the probe orphaned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+_lock = threading.RLock()  # re-entrant: the handler may run while the main thread holds it
+_live: set[int] = set()  # process-group ids
+_stopping: int | None = None  # the signal that stopped this run
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM: not an error of the cell, so not an ``Exception`` either."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # 130 for SIGINT, 143 for SIGTERM, as shells report them
+
+
+def check() -> None:
+    """Raise ``Interrupted`` if a stop signal arrived (for long loops outside a child)."""
+    if _stopping is not None:
+        raise Interrupted(_stopping)
+
+
+def _kill(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def popen(command: list[str], **kw) -> subprocess.Popen:
+    with _lock:
+        check()
+        proc = subprocess.Popen(command, start_new_session=True, **kw)
+        _live.add(proc.pid)
+    return proc
+
+
+def wait(proc: subprocess.Popen, *, timeout: float | None = None, input: bytes | str | None = None):
+    """``communicate`` with the child; on timeout or any exception its whole group is killed."""
+    try:
+        out, err = proc.communicate(input, timeout=timeout)
+    except BaseException:
+        _kill(proc.pid)
+        proc.communicate()
+        raise
+    finally:
+        with _lock:
+            _live.discard(proc.pid)
+    check()  # killed by the handler: the interruption, not the child's exit status, is the outcome
+    return out, err
+
+
+def run(command: list[str], *, timeout: float | None = None, input=None, **kw) -> subprocess.CompletedProcess:
+    """``subprocess.run`` in a stoppable process group; ``capture_output``/``text`` as there."""
+    if kw.pop("capture_output", False):
+        kw["stdout"] = kw["stderr"] = subprocess.PIPE
+    if input is not None:
+        kw["stdin"] = subprocess.PIPE
+    kw.pop("check", None)
+    proc = popen(command, **kw)
+    out, err = wait(proc, timeout=timeout, input=input)
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def _handler(signum, frame) -> None:
+    global _stopping
+    with _lock:
+        _stopping = signum
+        for pgid in list(_live):
+            _kill(pgid)
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """While inside, SIGINT/SIGTERM kill every child group and raise ``Interrupted`` here."""
+    global _stopping
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _handler) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _stopping = None
