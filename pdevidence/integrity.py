@@ -15,7 +15,7 @@ _NOT_COVERED_PREFIX = "report."
 
 def covered_files(root: Path) -> list[str]:
     probes = sorted((root / "probes").glob("*.py"))
-    published = sorted(p for p in (root / "results").glob("*.json") if not p.name.startswith(_NOT_COVERED_PREFIX))
+    published = sorted(p for p in (root / "results").rglob("*.json") if not p.name.startswith(_NOT_COVERED_PREFIX))
     return [str(p.relative_to(root)) for p in [*probes, *published]]
 
 

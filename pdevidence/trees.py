@@ -19,6 +19,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging import tags
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
 from . import fetch
 from .errors import HarnessError, integrity, usage
 from .locking import exclusive
@@ -27,17 +31,17 @@ from .paths import cache_dir
 GIT_ARCHIVE_URL = "https://codeload.github.com/sgl-project/sglang/tar.gz/{sha}"
 INDEX_URL = "https://pypi.org/simple"
 TREE_INFO = ".pdevidence-tree.json"
-KINDS = ("git", "release", "path")
+KINDS = ("git", "release", "path", "wheel")
 
 
 @dataclass(frozen=True)
 class Tree:
-    kind: str  # git | release | path
+    kind: str  # git | release | path | wheel
     ref: str  # as asked for
     resolved: str  # full commit SHA or version
     install_target: Path  # a source directory with setup files, or a wheel
     digest: str | None  # SHA-256 of the archive or wheel; None for a plain directory
-    source: str  # github | clone | pypi | path
+    source: str  # github | clone | pypi | path | file
     origin: str  # URL, clone path or directory
     repo_root: Path | None = None  # whole checkout, for the upstream test files
 
@@ -193,10 +197,23 @@ def _git_tree(sha: str, dest: Path) -> Tree:
     return Tree("git", sha, sha, python_dir, info.get("sha256"), info["source"], info["origin"], dest)
 
 
-def wheel_tag(python: str) -> tuple[str, str]:
-    """The interpreter tag and machine a wheel must match, e.g. ``('cp312', 'x86_64')``."""
-    major, minor = python.split(".")[:2]
-    return f"cp{major}{minor}", platform.machine()
+def supported_tags(python: str) -> frozenset[tags.Tag]:
+    """The wheel tags a CPython ``python`` (``"3.12"``) on this machine installs, best first."""
+    version = tuple(int(part) for part in python.split(".")[:2])
+    platforms = list(tags.platform_tags())
+    return frozenset([*tags.cpython_tags(version, platforms=platforms),
+                      *tags.compatible_tags(version, platforms=platforms)])
+
+
+def wheel_version(filename: str, project: str, python: str) -> Version | None:
+    """The version of ``filename`` when it is a ``project`` wheel this Python installs, else None."""
+    try:
+        name, version, _, wheel_tags = parse_wheel_filename(filename)
+    except (InvalidWheelFilename, InvalidVersion):
+        return None
+    if name != canonicalize_name(project) or not wheel_tags & supported_tags(python):
+        return None
+    return version
 
 
 def index_files(project: str, index_url: str | None = None) -> list[dict]:
@@ -215,16 +232,10 @@ def index_files(project: str, index_url: str | None = None) -> list[dict]:
 
 
 def pick_wheel(files: list[dict], project: str, version: str, python: str) -> dict:
-    interp, machine = wheel_tag(python)
-    prefix = f"{project.replace('-', '_')}-{version}-"
-    candidates = [
-        f for f in files
-        if f["filename"].startswith(prefix) and f["filename"].endswith(".whl") and not f.get("yanked")
-        and (f"-{interp}-" in f["filename"] or "-py3-none-any" in f["filename"])
-        and (machine in f["filename"] or f["filename"].endswith("-any.whl"))
-    ]
+    wanted = Version(version)
+    candidates = [f for f in files if not f.get("yanked") and wheel_version(f["filename"], project, python) == wanted]
     if not candidates:
-        raise usage(f"no {project}=={version} wheel for {interp} on {machine} in the index",
+        raise usage(f"no {project}=={version} wheel for Python {python} on {platform.machine()} in the index",
                     expected="a released version with a wheel for this Python",
                     todo="check the version (`pip index versions sglang`) or the registry's python")
     return sorted(candidates, key=lambda f: f["filename"])[0]
@@ -274,3 +285,22 @@ def _path_label(directory: Path) -> str:
         return "local"
     dirty = _git(directory, "status", "--porcelain", text=True).stdout.strip()
     return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def wheel_tree(wheel: Path, python: str, project: str = "sglang") -> Tree:
+    """A wheel file you have (a backport, a fork's build): checked to be ``project`` for this Python."""
+    wheel = wheel.resolve()
+    if not wheel.is_file():
+        raise usage(f"no wheel at {wheel}", todo="pass the path of a .whl file")
+    try:
+        name, version, _, _ = parse_wheel_filename(wheel.name)
+    except (InvalidWheelFilename, InvalidVersion) as exc:
+        raise usage(f"{wheel.name} is not a wheel file name: {exc}",
+                    expected=f"{project}-<version>-<tags>.whl") from None
+    if name != canonicalize_name(project):
+        raise usage(f"{wheel.name} is a wheel of {name}, not {project}")
+    if wheel_version(wheel.name, project, python) is None:
+        raise usage(f"{wheel.name} does not install on Python {python} on this machine",
+                    expected=f"a wheel for CPython {python} ({platform.machine()})",
+                    todo="check it in an environment that runs it instead: `check --python <its interpreter>`")
+    return Tree("wheel", wheel.name, str(version), wheel, fetch.sha256_file(wheel), "file", str(wheel))
