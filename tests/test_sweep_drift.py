@@ -150,3 +150,16 @@ def test_an_sglang_that_no_longer_imports_is_the_drift_finding_not_a_crash(tmp_p
     assert "qwen3_asr" in found.error
     assert found.packages == {"torch": "9.0.0", "transformers": "9.1.0"}
     assert "cannot run (advisory)" in drift.summary(found)
+
+
+def test_the_weekly_sweep_job_fails_the_run_on_a_regression():
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed")
+    from pathlib import Path
+
+    doc = yaml.safe_load((Path(__file__).resolve().parent.parent / ".github/workflows/probes.yml").read_text())
+    on = doc.get("on", doc.get(True))  # YAML 1.1 reads a bare `on` as true
+    assert on["schedule"]
+    job = doc["jobs"]["sweep"]
+    assert "schedule" in job["if"]
+    step = next(s for s in job["steps"] if s.get("run") == "nox -s sweep")
+    assert not step.get("continue-on-error")  # the sweep's exit 1 must fail the run
