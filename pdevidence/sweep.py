@@ -22,6 +22,7 @@ from packaging.version import InvalidVersion, Version
 from . import allprobes, cells, results, trees
 from .compare import expected_file, same
 from .errors import INCOMPLETE, HarnessError
+from .locking import exclusive
 from .paths import tree_lock_file, work_dir
 from .registry import SIDES, Experiment, Registry
 
@@ -172,13 +173,14 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
     def one(version: str) -> dict[str, ReleaseOutcome]:
         try:
             tree = trees.release_tree(version, reg.python, lock)
-            env = cells.cell_environment(reg, tree, f"{SWEEP_SIDE}.{tree.label()}")
-            log(f"sweep: probing {', '.join(experiments)} on {tree.label()}")
-            outcomes = allprobes.run(reg, env.interpreter, experiments,
-                                     {"side": SWEEP_SIDE, "tree_kind": "release", "tree_ref": version,
-                                      "tree_resolved": version},
-                                     out_dir=out_dir / tree.label(),
-                                     log=work_dir(reg.root) / "logs" / f"{SWEEP_SIDE}.{tree.label()}.log")
+            slug = f"{SWEEP_SIDE}.{tree.label()}"
+            with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"the sweep environment {slug}"):
+                env = cells.cell_environment(reg, tree, slug)
+                log(f"sweep: probing {', '.join(experiments)} on {tree.label()}")
+                outcomes = allprobes.run(reg, env.interpreter, experiments,
+                                         {"side": SWEEP_SIDE, "tree_kind": "release", "tree_ref": version,
+                                          "tree_resolved": version},
+                                         out_dir=out_dir / tree.label(), log=work_dir(reg.root) / "logs" / f"{slug}.log")
         except HarnessError as exc:
             error = str(exc).splitlines()[0]
             return {name: ReleaseOutcome(version, Classification.FAILED, error=error) for name in experiments}
