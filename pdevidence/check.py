@@ -84,13 +84,15 @@ class ExperimentCheck:
 class CheckResult:
     target: Target
     experiments: list[ExperimentCheck]
+    sglang_version: str | None = None  # what the build says it is: `sglang.__version__`
 
     @property
     def exit_code(self) -> int:
         return worst(EXIT_OF[e.status] for e in self.experiments)
 
     def to_json(self) -> dict:
-        return {"schema": SCHEMA, "target": self.target.to_json(), "exit_code": self.exit_code,
+        return {"schema": SCHEMA, "target": {**self.target.to_json(), "sglang_version": self.sglang_version},
+                "exit_code": self.exit_code,
                 "experiments": [e.to_json() for e in self.experiments]}
 
 
@@ -175,21 +177,25 @@ def run(reg: Registry, target: Target, tree: trees.Tree | None, *, log=print) ->
             log(f"check: {'reusing' if env.reused else 'built'} environment {env.path}")
             outcomes = allprobes.run(reg, env.interpreter, names, args, out_dir=out, log=logfile)
     versions = {o.doc.get("sglang_version") for o in outcomes.values() if o.doc}
-    if target.resolved is None and len(versions) == 1:
-        target.resolved = versions.pop()
+    version = versions.pop() if len(versions) == 1 else None
+    if target.kind == "python":
+        target.resolved = version
     return CheckResult(target, [judge(exp, outcomes[exp.name], refs[exp.name]["base"], refs[exp.name]["head"])
-                                for exp in exps])
+                                for exp in exps], version)
 
 
-def describe(target: Target) -> str:
-    found = f" (sglang {target.resolved})" if target.resolved and target.kind in ("python", "path", "git") else ""
-    shown = target.resolved if target.kind in ("release", "wheel") else target.ref
-    return f"{target.kind} {shown}{found}"
+def describe(result: CheckResult) -> str:
+    target = result.target
+    if target.kind in ("release", "wheel"):
+        return f"{target.kind} {target.resolved}"
+    commit = f" at {target.resolved}" if target.kind == "path" and target.resolved != "local" else ""
+    found = f" (sglang {result.sglang_version})" if result.sglang_version else ""
+    return f"{target.kind} {target.ref}{commit}{found}"
 
 
 def table(result: CheckResult) -> str:
     """One line per experiment: status, then the scenarios that decided it."""
-    lines = [f"sglang check: {describe(result.target)}"]
+    lines = [f"sglang check: {describe(result)}"]
     for e in result.experiments:
         by = {b: [sid for sid, got in e.scenarios.items() if got is b] for b in Behaviour}
         if e.status is Status.CANNOT_RUN:

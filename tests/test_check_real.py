@@ -79,7 +79,8 @@ def test_a_release_env_as_your_environment_agrees_with_the_sweep_and_is_left_unt
     before = snapshot(env.path)
     code, doc = run_check("--python", str(env.interpreter))
     assert snapshot(env.path) == before
-    assert doc["target"] == {"kind": "python", "ref": str(env.interpreter), "resolved": "0.5.20", "sha256": None}
+    assert doc["target"] == {"kind": "python", "ref": str(env.interpreter), "resolved": "0.5.20", "sha256": None,
+                             "sglang_version": "0.5.20"}
     for entry in doc["experiments"]:
         row = swept[entry["experiment"]]
         assert entry["status"] == check.STATUS_OF[row.classification].value
