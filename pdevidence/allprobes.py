@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import results
-from .errors import HarnessError
 from .fetch import sha256_file
 from .probe_run import run_killable, tail, timeout_seconds
 from .registry import Registry
@@ -62,13 +60,3 @@ def run(reg: Registry, interpreter: Path | str, experiments: list[str], tree_arg
                                          f"wrote nothing for {exp.name}; last output:\n{tail(log)}")
     return outcomes
 
-
-def scratch_dir(parent: Path | None = None) -> tempfile.TemporaryDirectory:
-    """A directory this process owns for one run's outputs."""
-    if parent is not None:
-        parent.mkdir(parents=True, exist_ok=True)
-    return tempfile.TemporaryDirectory(prefix="pdevidence-", dir=parent)
-
-
-def no_result_error(exc: HarnessError) -> str:
-    return str(exc).splitlines()[0]

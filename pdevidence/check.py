@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import allprobes, cells, sweep, trees
-from .errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, HarnessError, usage, worst
+from .errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, usage, worst
 from .locking import exclusive
 from .paths import results_dir, runs_dir, tree_lock_file, work_dir
 from .registry import Experiment, Registry
