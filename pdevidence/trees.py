@@ -198,7 +198,7 @@ def _git_tree(sha: str, dest: Path) -> Tree:
 
 
 def supported_tags(python: str) -> frozenset[tags.Tag]:
-    """The wheel tags a CPython ``python`` (``"3.12"``) on this machine installs, best first."""
+    """The wheel tags a CPython ``python`` (``"3.12"``) on this machine installs."""
     version = tuple(int(part) for part in python.split(".")[:2])
     platforms = list(tags.platform_tags())
     return frozenset([*tags.cpython_tags(version, platforms=platforms),
