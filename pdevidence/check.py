@@ -116,9 +116,11 @@ def interpreter_version(interpreter: Path) -> tuple[int, int]:
                               capture_output=True, text=True, timeout=60)
     except OSError as exc:
         raise usage(f"cannot run {interpreter}: {exc}", todo="pass the python of the environment to check") from None
-    if done.returncode != 0:
-        raise usage(f"{interpreter} is not a working Python interpreter: {done.stderr.strip()[-300:]}")
-    major, minor = (int(part) for part in done.stdout.split())
+    try:
+        major, minor = (int(part) for part in done.stdout.split())
+    except ValueError:
+        raise usage(f"{interpreter} is not a working Python interpreter: "
+                    f"{(done.stderr or done.stdout).strip()[-300:]}") from None
     return major, minor
 
 
