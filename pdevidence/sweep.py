@@ -21,7 +21,7 @@ from packaging.version import InvalidVersion, Version
 
 from . import allprobes, cells, results, trees
 from .compare import expected_file, same
-from .errors import INCOMPLETE, HarnessError
+from .errors import INCOMPLETE, HarnessError, usage
 from .locking import exclusive
 from .paths import tree_lock_file, work_dir
 from .registry import SIDES, Experiment, Registry
@@ -164,6 +164,11 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
           versions: list[str] | None = None, pre: bool = False, jobs: int = 2,
           log=print) -> tuple[dict[str, list[ReleaseOutcome]], str | None]:
     """Every release, every experiment in one probe process per release; outcomes per experiment and as-of date."""
+    for version in versions or []:
+        if version in reg.experiments:
+            raise usage(f"{version!r} is an experiment, not a version",
+                        todo=f"name experiments with --experiment {version}")
+        trees.parse_version(version)
     refs = {name: references(reg, reg.experiment(name), published) for name in experiments}
     files = trees.index_files("sglang")
     versions = versions or releases(files, reg.python, reg.release_floor, pre=pre)

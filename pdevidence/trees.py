@@ -231,8 +231,15 @@ def index_files(project: str, index_url: str | None = None) -> list[dict]:
                            todo="check that the index is reachable (PDEVIDENCE_INDEX_URL overrides it)") from None
 
 
+def parse_version(version: str) -> Version:
+    try:
+        return Version(version)
+    except InvalidVersion:
+        raise usage(f"{version!r} is not a version", expected="a release version such as 0.5.21") from None
+
+
 def pick_wheel(files: list[dict], project: str, version: str, python: str) -> dict:
-    wanted = Version(version)
+    wanted = parse_version(version)
     candidates = [f for f in files if not f.get("yanked") and wheel_version(f["filename"], project, python) == wanted]
     if not candidates:
         raise usage(f"no {project}=={version} wheel for Python {python} on {platform.machine()} in the index",

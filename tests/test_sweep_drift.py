@@ -163,3 +163,14 @@ def test_the_weekly_sweep_job_fails_the_run_on_a_regression():
     assert "schedule" in job["if"]
     step = next(s for s in job["steps"] if s.get("run") == "nox -s sweep")
     assert not step.get("continue-on-error")  # the sweep's exit 1 must fail the run
+
+
+def test_a_sweep_of_something_that_is_not_a_version_is_a_usage_error(tmp_path, capsys):
+    from pdevidence import cli, errors
+    from synthetic import make_project
+
+    project = make_project(tmp_path / "project")
+    assert cli.main(["--root", str(project), "sweep", "demo"]) == errors.USAGE
+    assert "--experiment demo" in capsys.readouterr().err
+    assert cli.main(["--root", str(project), "sweep", "latest"]) == errors.USAGE
+    assert "'latest' is not a version" in capsys.readouterr().err
