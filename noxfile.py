@@ -108,10 +108,16 @@ def publish(session: nox.Session) -> None:
 
 
 @nox.session
-@nox.parametrize("experiment", list(REGISTRY.experiments), ids=list(REGISTRY.experiments))
-def sweep(session: nox.Session, experiment: str) -> None:
-    """Probe every SGLang release from the registry floor up; name the first fixed one."""
-    _run(session, "sweep", experiment, *session.posargs)
+def sweep(session: nox.Session) -> None:
+    """Every SGLang release from the registry floor up, all experiments in one import each; flags regressions.
+    `-- --experiment admission` for one, `-- --pre` for pre/post releases."""
+    _run(session, "sweep", *session.posargs)
+
+
+@nox.session
+def check(session: nox.Session) -> None:
+    """Is my SGLang affected? `-- --python /venv/bin/python`, `-- --version 0.5.20`, --wheel, --path, --git."""
+    _run(session, "check", *session.posargs)
 
 
 @nox.session(tags=["drift"])

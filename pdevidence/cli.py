@@ -10,9 +10,10 @@ import argparse
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 from pathlib import Path
 
-from . import cells, children, compare, drift, integrity, publish, registry, report, sweep, upstream
+from . import cells, check, children, compare, drift, integrity, openvex, publish, registry, report, sweep, upstream
 from .errors import BEHAVIOUR_DIFFERS, CONFIRMED, EXIT_CODES, HarnessError, worst
 from .paths import PROJECT, results_dir, runs_dir, work_dir
 from .results import dumps, write_atomic
@@ -96,13 +97,33 @@ def cmd_publish(args) -> int:
 
 def cmd_sweep(args) -> int:
     reg = registry.load(args.root)
-    outcomes = sweep.sweep(reg, args.experiment, published=results_dir(reg.root),
-                           out_dir=runs_dir(reg.root) / "sweep", versions=args.versions or None, jobs=args.jobs)
-    out = runs_dir(reg.root) / f"sweep-{args.experiment}.json"
-    write_atomic(out, dumps(sweep.document(args.experiment, outcomes)))
-    print(sweep.table(args.experiment, outcomes, reg.experiment(args.experiment).releases))
-    print(f"wrote {out}")
-    return CONFIRMED if sweep.first_fixed(outcomes) else BEHAVIOUR_DIFFERS
+    names = args.experiment or list(reg.experiments)
+    found, as_of = sweep.sweep(reg, names, published=results_dir(reg.root), out_dir=runs_dir(reg.root) / "sweep",
+                               versions=args.versions or None, pre=args.pre, jobs=args.jobs)
+    code = CONFIRMED
+    for name, outcomes in found.items():
+        out = runs_dir(reg.root) / f"sweep-{name}.json"
+        write_atomic(out, dumps(sweep.document(name, outcomes, as_of)))
+        print(sweep.table(name, outcomes, reg.experiment(name).releases))
+        print(f"wrote {out}")
+        if not sweep.first_fixed(outcomes) or sweep.regressions(outcomes):
+            code = BEHAVIOUR_DIFFERS
+    return code
+
+
+def cmd_check(args) -> int:
+    """Is my SGLang affected? Exit 0 all fixed, 1 any affected/partial/unknown, 3 any cannot run."""
+    reg = registry.load(args.root)
+    target, tree = check.resolve(reg, python=args.python, version=args.version, wheel=args.wheel,
+                                 path=args.path, git=args.git)
+    log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
+    result = check.run(reg, target, tree, log=log)
+    if args.openvex:
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        write_atomic(args.openvex, dumps(openvex.document(reg, result, stamp)))
+        log(f"wrote {args.openvex}")
+    print(dumps(result.to_json()) if args.json else check.table(result), end="" if args.json else "\n")
+    return result.exit_code
 
 
 def cmd_drift(args) -> int:
@@ -157,11 +178,23 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("verify", help="check SHA256SUMS.txt").set_defaults(func=cmd_verify)
     sub.add_parser("checksums", help="regenerate SHA256SUMS.txt").set_defaults(func=cmd_checksums)
 
-    sw = sub.add_parser("sweep", help="run an experiment's probe on every release and classify each")
-    sw.add_argument("experiment")
+    sw = sub.add_parser("sweep", help="probe every release (all experiments, one import each) and classify each")
     sw.add_argument("versions", nargs="*", help="releases to probe (default: the registry floor up to the newest)")
+    sw.add_argument("--experiment", action="append", help="only this experiment (repeatable; default: all)")
+    sw.add_argument("--pre", action="store_true", help="also pre-, post- and dev releases")
     sw.add_argument("--jobs", type=int, default=2)
     sw.set_defaults(func=cmd_sweep)
+
+    ck = sub.add_parser("check", help="is my SGLang affected? run every probe on one build and judge each fix")
+    target = ck.add_mutually_exclusive_group(required=True)
+    target.add_argument("--python", type=Path, help="an existing environment's interpreter (left untouched)")
+    target.add_argument("--version", help="an SGLang release from PyPI, in a cell environment")
+    target.add_argument("--wheel", type=Path, help="an SGLang wheel file (a backport, a fork's build)")
+    target.add_argument("--path", type=Path, help="an SGLang source tree (checkout root or its python/)")
+    target.add_argument("--git", metavar="SHA", help="a commit: GitHub's archive, or SGLANG_REPO=<clone>")
+    ck.add_argument("--json", action="store_true", help=f"print the {check.SCHEMA} document instead of the table")
+    ck.add_argument("--openvex", type=Path, metavar="FILE", help="also write an OpenVEX v0.2.0 document")
+    ck.set_defaults(func=cmd_check)
 
     dr = sub.add_parser("drift", help="rerun a release cell on newer torch/transformers; advisory")
     dr.add_argument("experiment")

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import compare, integrity, report
+from . import compare, integrity, osv, report
 from .errors import INCOMPLETE, HarnessError, integrity as integrity_error
 from .paths import results_dir
 from .receipts import Receipt
@@ -22,8 +22,7 @@ from .results import Result, receipt_path, write_atomic
 OPTIONAL_ARTIFACTS = (
     "sweep-*.json",  # the release sweep
     "mutate.*.json",  # mutation tables
-    "osv/*.json",  # OSV records
-    "openvex*.json",  # an OpenVEX example
+    "openvex*.json",  # an OpenVEX example (`check ... --openvex runs/openvex-<target>.json`)
 )
 
 
@@ -97,12 +96,13 @@ def publish(reg: Registry, runs: Path, kind: str, *, allow_unconfirmed: bool = F
     _check_untouched(reg.root, set(targets))
     for dest, src in targets.items():
         write_atomic(dest, src.read_bytes())
+    osv_records = osv.write_records(reg, published)
     integrity.regenerate(reg.root)
     # The published report compares the published files with themselves: the differential as published.
     summary = compare.compare_all(reg, runs=published, published=published, kinds=published_kinds(reg, published))
     written = report.write_summary(reg, summary, published, runs=published, published=published,
                                    command="python -m pdevidence publish")
-    return Published(sorted([*targets, *written]), summary, integrity.regenerate(reg.root))
+    return Published(sorted([*targets, *osv_records, *written]), summary, integrity.regenerate(reg.root))
 
 
 def _check_untouched(root: Path, replaced: set[Path]) -> None:

@@ -1,48 +1,99 @@
-"""Release sweep: which SGLang release carries the fix?
+"""Release sweep: which SGLang release carries each fix, and does a later one drop it?
 
-Runs an experiment's probe on every release from the registry's floor up,
-and classifies each by the scenarios that tell the registry's base and head
-apart: pre-fix (observes what base observes), fixed (what head observes), or
-neither.
+Probes every release from the registry's floor up, every experiment in one
+process per release (one SGLang import), and classifies each release by the
+scenarios that tell the registry's base and head apart: per scenario pre-fix
+(observes what base observes), fixed (what head observes), neither, or error;
+per release pre-fix, fixed, partial (some of each), neither or failed. A
+release after the first fixed one that is pre-fix or partial again is a
+regression.
 """
 
 from __future__ import annotations
 
-import re
+import enum
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import cells, results, trees
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from . import allprobes, cells, results, trees
 from .compare import expected_file, same
-from .errors import INCOMPLETE, HarnessError
+from .errors import INCOMPLETE, HarnessError, usage
+from .locking import exclusive
+from .paths import tree_lock_file, work_dir
 from .registry import SIDES, Experiment, Registry
 
-PRE_FIX, FIXED, NEITHER, FAILED = "pre-fix", "fixed", "neither", "failed"
+SCHEMA = "pdevidence-sweep/2"
 SWEEP_SIDE = "sweep"
+
+
+class Behaviour(str, enum.Enum):
+    """What one telling scenario did on a tree."""
+
+    PRE_FIX = "pre-fix"
+    FIXED = "fixed"
+    NEITHER = "neither"
+    ERROR = "error"
+
+
+class Classification(str, enum.Enum):
+    """What a release did, over all telling scenarios."""
+
+    PRE_FIX = "pre-fix"
+    FIXED = "fixed"
+    PARTIAL = "partial"
+    NEITHER = "neither"
+    FAILED = "failed"
+
+
+# Behaviours that put a release back before the fix.
+REGRESSED = (Classification.PRE_FIX, Classification.PARTIAL)
 
 
 @dataclass
 class ReleaseOutcome:
     version: str
-    classification: str
-    differing: list[str] = field(default_factory=list)  # scenarios matching neither reference
+    classification: Classification
+    scenarios: dict[str, Behaviour] = field(default_factory=dict)
+    differing: list[str] = field(default_factory=list)  # scenarios matching neither reference, or erroring
     error: str | None = None
 
+    def to_json(self) -> dict:
+        return {"version": self.version, "classification": self.classification.value,
+                "scenarios": {sid: b.value for sid, b in self.scenarios.items()},
+                "differing": self.differing, "error": self.error}
 
-def version_key(version: str) -> tuple:
-    """Orders 0.5.9 < 0.5.15 < 0.5.15.post1 < 0.5.17; numbers and labels never compared directly."""
-    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"[.+-]", version))
+
+def releases(files: list[dict], python: str, floor: str, *, pre: bool = False, project: str = "sglang") -> list[str]:
+    """Versions with a wheel for this Python and machine, oldest first, from ``floor`` up.
+
+    Final releases only, unless ``pre``: then pre-, post- and dev releases too.
+    """
+    supported, found = trees.supported_tags(python), {}
+    for f in files:
+        version = None if f.get("yanked") else trees.wheel_fits(f["filename"], project, supported)
+        if version is None or version < Version(floor):
+            continue
+        if pre or not (version.is_prerelease or version.is_postrelease):
+            found[version] = str(version)
+    return [found[v] for v in sorted(found)]
 
 
-def releases(files: list[dict], python: str, floor: str, project: str = "sglang") -> list[str]:
-    """Versions with a wheel for this Python and machine, oldest first, from ``floor`` up."""
-    interp, machine = trees.wheel_tag(python)
-    # Final releases only (post-releases included), as pip picks by default: no rc or dev builds.
-    pattern = re.compile(rf"^{project}-([0-9]+(?:\.[0-9]+)*(?:\.post[0-9]+)?)-"
-                         rf"(?:{interp}-{interp}-.*{machine}|py3-none-any)\.whl$")
-    found = {m.group(1) for f in files if not f.get("yanked") and (m := pattern.match(f["filename"]))}
-    return sorted((v for v in found if version_key(v) >= version_key(floor)), key=version_key)
+def as_of(files: list[dict], versions: list[str], project: str = "sglang") -> str | None:
+    """When the newest probed release was uploaded: the date a sweep table speaks for (no wall clock)."""
+    wanted = {Version(v) for v in versions}
+    times = []
+    for f in files:
+        try:
+            version = parse_wheel_filename(f["filename"])[1]
+        except (InvalidWheelFilename, InvalidVersion):
+            continue
+        if version in wanted and f.get("upload-time"):
+            times.append(f["upload-time"])
+    return max(times, default=None)
 
 
 def signature(doc: dict, telling: dict[str, list[str] | None]) -> dict[str, object]:
@@ -63,17 +114,38 @@ def telling_scenarios(base: dict, head: dict, exp: Experiment | None = None) -> 
             if not same(base["scenarios"].get(sid, {}).get("observed"), head["scenarios"].get(sid, {}).get("observed"))}
 
 
-def classify(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -> ReleaseOutcome:
-    """Pre-fix if ``doc`` observes what base observes where it matters, fixed if what head does."""
+def behaviours(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -> dict[str, Behaviour]:
+    """Per telling scenario: did ``doc`` do what base did, what head did, neither, or raise?"""
     telling = telling_scenarios(base, head, exp)
     got, was, now = signature(doc, telling), signature(base, telling), signature(head, telling)
-    version = doc["tree"]["resolved"]
-    if same(got, was):
-        return ReleaseOutcome(version, PRE_FIX)
-    if same(got, now):
-        return ReleaseOutcome(version, FIXED)
-    return ReleaseOutcome(version, NEITHER,
-                          [sid for sid in telling if not (same(got[sid], was[sid]) or same(got[sid], now[sid]))])
+    out = {}
+    for sid in telling:
+        if (doc["scenarios"].get(sid) or {}).get("error") is not None:
+            out[sid] = Behaviour.ERROR
+        elif same(got[sid], was[sid]):
+            out[sid] = Behaviour.PRE_FIX
+        elif same(got[sid], now[sid]):
+            out[sid] = Behaviour.FIXED
+        else:
+            out[sid] = Behaviour.NEITHER
+    return out
+
+
+def overall(found: dict[str, Behaviour]) -> Classification:
+    kinds = set(found.values())
+    if kinds & {Behaviour.NEITHER, Behaviour.ERROR} or not kinds:
+        return Classification.NEITHER
+    if kinds == {Behaviour.PRE_FIX}:
+        return Classification.PRE_FIX
+    if kinds == {Behaviour.FIXED}:
+        return Classification.FIXED
+    return Classification.PARTIAL
+
+
+def classify(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -> ReleaseOutcome:
+    found = behaviours(doc, base, head, exp)
+    differing = [sid for sid, b in found.items() if b in (Behaviour.NEITHER, Behaviour.ERROR)]
+    return ReleaseOutcome(doc["tree"]["resolved"], overall(found), found, differing)
 
 
 def references(reg: Registry, exp: Experiment, published: Path) -> dict[str, dict]:
@@ -88,45 +160,99 @@ def references(reg: Registry, exp: Experiment, published: Path) -> dict[str, dic
     return docs
 
 
-def sweep(reg: Registry, experiment: str, *, published: Path, out_dir: Path, versions: list[str] | None = None,
-          jobs: int = 2, log=print) -> list[ReleaseOutcome]:
-    exp = reg.experiment(experiment)
-    refs = references(reg, exp, published)
-    versions = versions or releases(trees.index_files("sglang"), reg.python, reg.release_floor)
+def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Path,
+          versions: list[str] | None = None, pre: bool = False, jobs: int = 2,
+          log=print) -> tuple[dict[str, list[ReleaseOutcome]], str | None]:
+    """Every release, every experiment in one probe process per release; outcomes per experiment and as-of date."""
+    for version in versions or []:
+        if version in reg.experiments:
+            raise usage(f"{version!r} is an experiment, not a version",
+                        todo=f"name experiments with --experiment {version}")
+        trees.parse_version(version)
+    refs = {name: references(reg, reg.experiment(name), published) for name in experiments}
+    files = trees.index_files("sglang")
+    versions = versions or releases(files, reg.python, reg.release_floor, pre=pre)
     cells.torch_choice()
+    lock = trees.LockFile(tree_lock_file(reg.root))
 
-    def one(version: str) -> ReleaseOutcome:
-        cell = cells.Cell(experiment, SWEEP_SIDE, "release", version)
+    def one(version: str) -> dict[str, ReleaseOutcome]:
         try:
-            outcome = cells.run_cell(reg, cell, out_dir=out_dir, log=log)
+            tree = trees.release_tree(version, reg.python, lock)
+            slug = f"{SWEEP_SIDE}.{tree.label()}"
+            with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"the sweep environment {slug}"):
+                env = cells.cell_environment(reg, tree, slug)
+                log(f"sweep: probing {', '.join(experiments)} on {tree.label()}")
+                outcomes = allprobes.run(reg, env.interpreter, experiments,
+                                         {"side": SWEEP_SIDE, "tree_kind": "release", "tree_ref": version,
+                                          "tree_resolved": version},
+                                         out_dir=out_dir / tree.label(), log=work_dir(reg.root) / "logs" / f"{slug}.log")
         except HarnessError as exc:
-            return ReleaseOutcome(version, FAILED, error=str(exc).splitlines()[0])
-        return classify(results.load(outcome.result), refs["base"], refs["head"], exp)
+            error = str(exc).splitlines()[0]
+            return {name: ReleaseOutcome(version, Classification.FAILED, error=error) for name in experiments}
+        found = {}
+        for name, outcome in outcomes.items():
+            if outcome.doc is None:
+                found[name] = ReleaseOutcome(version, Classification.FAILED, error=outcome.error)
+            else:
+                found[name] = classify(outcome.doc, refs[name]["base"], refs[name]["head"], reg.experiment(name))
+        return found
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(one, versions))
+        per_release = list(pool.map(one, versions))
+    return {name: [r[name] for r in per_release] for name in experiments}, as_of(files, versions)
 
 
 def first_fixed(outcomes: list[ReleaseOutcome]) -> str | None:
-    """The first fixed release after which no release is pre-fix again."""
-    for i, outcome in enumerate(outcomes):
-        if outcome.classification == FIXED and all(o.classification != PRE_FIX for o in outcomes[i:]):
-            return outcome.version
-    return None
+    """The first release that behaves as fixed."""
+    return next((o.version for o in outcomes if o.classification is Classification.FIXED), None)
+
+
+def regressions(outcomes: list[ReleaseOutcome]) -> list[str]:
+    """Releases after the first fixed one that behave as pre-fix again, wholly or in part."""
+    fixed = first_fixed(outcomes)
+    if fixed is None:
+        return []
+    after = [o for o in outcomes if Version(o.version) > Version(fixed)]
+    return [o.version for o in after if o.classification in REGRESSED]
 
 
 def table(experiment: str, outcomes: list[ReleaseOutcome], bracket: dict[str, str | None]) -> str:
-    lines = [f"release sweep: {experiment}", f"  {'release':<10} classification"]
+    lines = [f"release sweep: {experiment}", f"  {'release':<12} classification"]
+    regressed = set(regressions(outcomes))
     for o in outcomes:
-        detail = f" ({', '.join(o.differing)})" if o.differing else f" ({o.error})" if o.error else ""
-        lines.append(f"  {o.version:<10} {o.classification}{detail}")
+        pre_fix = [sid for sid, b in o.scenarios.items() if b is Behaviour.PRE_FIX]
+        detail = (f" ({', '.join(o.differing)})" if o.differing else f" ({o.error})" if o.error
+                  else f" (pre-fix: {', '.join(pre_fix)})" if o.classification is Classification.PARTIAL else "")
+        flag = "  REGRESSION: the fix is gone again" if o.version in regressed else ""
+        lines.append(f"  {o.version:<12} {o.classification.value}{detail}{flag}")
     fixed = first_fixed(outcomes)
     lines.append(f"  first fixed release: {fixed or 'none found'}")
+    if regressed:
+        lines.append(f"  regressions: {', '.join(sorted(regressed, key=Version))}")
     if fixed and bracket.get("head") and fixed != bracket["head"]:
         lines.append(f"  note: the registry's release head is {bracket['head']}, the sweep says {fixed}")
     return "\n".join(lines)
 
 
-def document(experiment: str, outcomes: list[ReleaseOutcome]) -> dict:
-    return {"schema": "pdevidence-sweep/1", "experiment": experiment, "first_fixed": first_fixed(outcomes),
-            "releases": [asdict(o) for o in outcomes]}
+def document(experiment: str, outcomes: list[ReleaseOutcome], as_of_date: str | None = None) -> dict:
+    return {"schema": SCHEMA, "experiment": experiment, "first_fixed": first_fixed(outcomes),
+            "regressions": regressions(outcomes), "as_of": as_of_date,
+            "releases": [o.to_json() for o in outcomes]}
+
+
+def load_document(doc: object, *, source: str) -> dict:
+    """Check a sweep table (schema 2); a violation names the file and the field."""
+    def bad(why: str) -> HarnessError:
+        return HarnessError(f"{source} is not a {SCHEMA} sweep table: {why}",
+                            todo="rerun the sweep (`nox -s sweep`) and publish it")
+
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise bad(f"schema {doc.get('schema') if isinstance(doc, dict) else None!r}")
+    for key in ("experiment", "releases", "regressions"):
+        if key not in doc:
+            raise bad(f"missing {key!r}")
+    kinds = {c.value for c in Classification}
+    for entry in doc["releases"]:
+        if not isinstance(entry, dict) or entry.get("classification") not in kinds or "version" not in entry:
+            raise bad(f"release entry {entry!r}")
+    return doc

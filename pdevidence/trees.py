@@ -33,19 +33,19 @@ from .paths import cache_dir
 GIT_ARCHIVE_URL = "https://codeload.github.com/sgl-project/sglang/tar.gz/{sha}"
 INDEX_URL = "https://pypi.org/simple"
 TREE_INFO = ".pdevidence-tree.json"
-KINDS = ("git", "release", "path")
+KINDS = ("git", "release", "path", "wheel")
 DIRTY = "-dirty"
 _FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
 @dataclass(frozen=True)
 class Tree:
-    kind: str  # git | release | path
+    kind: str  # git | release | path | wheel
     ref: str  # as asked for
     resolved: str  # full commit SHA or version
     install_target: Path  # a source directory with setup files, or a wheel
     digest: str | None  # SHA-256 of the archive or wheel; None for a plain directory
-    source: str  # github | clone | pypi | path
+    source: str  # github | clone | pypi | path | file
     origin: str  # URL, clone path or directory
     repo_root: Path | None = None  # whole checkout, for the upstream test files
 
@@ -275,6 +275,13 @@ def index_files(project: str, index_url: str | None = None) -> list[dict]:
                            todo="check that the index is reachable (PDEVIDENCE_INDEX_URL overrides it)") from None
 
 
+def parse_version(version: str) -> Version:
+    try:
+        return Version(version)
+    except InvalidVersion:
+        raise usage(f"{version!r} is not a version", expected="a release version such as 0.5.21") from None
+
+
 def pick_wheel(files: list[dict], project: str, version: str, python: str) -> dict:
     """The index file of ``project==version`` that installs here: the most specific tag wins."""
     supported = supported_tags(python)
@@ -354,3 +361,22 @@ def _path_state(directory: Path) -> tuple[str, str | None]:
         digest.update(path.read_bytes() if path.is_file() and not path.is_symlink() else b"")
     dirty = bool(diff.stdout) or any(untracked)
     return sha + (DIRTY if dirty else ""), digest.hexdigest()
+
+
+def wheel_tree(wheel: Path, python: str, project: str = "sglang") -> Tree:
+    """A wheel file you have (a backport, a fork's build): checked to be ``project`` for this Python."""
+    wheel = wheel.resolve()
+    if not wheel.is_file():
+        raise usage(f"no wheel at {wheel}", todo="pass the path of a .whl file")
+    try:
+        name, version, _, _ = parse_wheel_filename(wheel.name)
+    except (InvalidWheelFilename, InvalidVersion) as exc:
+        raise usage(f"{wheel.name} is not a wheel file name: {exc}",
+                    expected=f"{project}-<version>-<tags>.whl") from None
+    if name != canonicalize_name(project):
+        raise usage(f"{wheel.name} is a wheel of {name}, not {project}")
+    if wheel_fits(wheel.name, project, supported_tags(python)) is None:
+        raise usage(f"{wheel.name} does not install on Python {python} on this machine",
+                    expected=f"a wheel for CPython {python} ({platform.machine()})",
+                    todo="check it in an environment that runs it instead: `check --python <its interpreter>`")
+    return Tree("wheel", wheel.name, str(version), wheel, fetch.sha256_file(wheel), "file", str(wheel))

@@ -155,6 +155,7 @@ def serve_index(server, wheels: dict[str, bytes], project: str = "sglang") -> st
 
 # The smallest sweep table the report and publish accept: one release, fixed.
 SWEEP = {"schema": "pdevidence-sweep/2", "experiment": "demo", "first_fixed": "1.1.0", "regressions": [],
+         "as_of": "2026-10-01T00:00:00Z",
          "releases": [{"version": "1.1.0", "classification": "fixed", "scenarios": {"D1": "fixed"},
                        "differing": [], "error": None}]}
 

@@ -24,19 +24,17 @@ def project(tmp_path):
 
 def test_publish_copies_results_receipts_and_tables_then_reports_from_what_it_published(project):
     write_sweep(project / "runs" / "sweep-demo.json")
-    (project / "runs" / "osv").mkdir()
-    (project / "runs" / "osv" / "PDE-1.json").write_text('{"id": "PDE-1"}\n')
     (project / "runs" / "report.json").write_text("{}\n")  # a compare's report is not published as is
     assert cli.main(["--root", str(project), "publish"]) == errors.CONFIRMED
     results = project / "results"
-    for name in (*PUBLISHED, "sweep-demo.json", "osv/PDE-1.json"):
+    for name in (*PUBLISHED, "sweep-demo.json"):
         assert (results / name).read_bytes() == (project / "runs" / name).read_bytes(), name
     doc = compare.load_report(results / "report.json")
     assert [p["verdict"] for p in doc["pairs"]] == ["differential confirmed"]
     assert {p["status"] for p in doc["pairs"][0]["published"].values()} == {"identical"}
     listed = integrity.listed(project)
     for rel in ("experiments.toml", "constraints/cells.txt", "probes/probe_demo.py", "results/report.json",
-                "results/report.md", "results/report.svg", "results/osv/PDE-1.json",
+                "results/report.md", "results/report.svg", "results/osv/PDEVIDENCE-2026-1.json",
                 *(f"results/{name}" for name in PUBLISHED)):
         assert rel in listed, rel
     integrity.verify(project)

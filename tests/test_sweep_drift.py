@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from pdevidence import drift, sweep
+from pdevidence.errors import HarnessError
 from synthetic import result_doc
 
 BASE = result_doc("base", "1.0.0")
 HEAD = result_doc("head", "1.1.0")
+C = sweep.Classification
 
 
 def release(version, d1):
@@ -15,33 +21,77 @@ def release(version, d1):
 
 
 def test_releases_are_classified_by_the_scenarios_that_tell_base_from_head():
-    assert sweep.classify(release("1.0.1", {"enqueued": True, "retired": False}), BASE, HEAD).classification \
-        == sweep.PRE_FIX
+    pre = sweep.classify(release("1.0.1", {"enqueued": True, "retired": False}), BASE, HEAD)
+    assert (pre.classification, pre.scenarios) == (C.PRE_FIX, {"D1": sweep.Behaviour.PRE_FIX})
     assert sweep.classify(release("1.2.0", {"enqueued": False, "retired": True}), BASE, HEAD).classification \
-        == sweep.FIXED
+        == C.FIXED
     odd = sweep.classify(release("1.3.0", {"enqueued": True, "retired": True}), BASE, HEAD)
-    assert (odd.classification, odd.differing) == (sweep.NEITHER, ["D1"])
+    assert (odd.classification, odd.differing) == (C.NEITHER, ["D1"])
+    assert odd.to_json()["scenarios"] == {"D1": "neither"}
+
+
+def test_a_scenario_that_raises_is_an_error_not_a_match():
+    doc = release("1.2.0", {"enqueued": False, "retired": True})
+    doc["scenarios"]["D1"]["error"] = {"type": "AttributeError", "message": "x"}
+    found = sweep.classify(doc, BASE, HEAD)
+    assert (found.classification, found.scenarios, found.differing) == (C.NEITHER, {"D1": sweep.Behaviour.ERROR},
+                                                                        ["D1"])
+
+
+def test_some_scenarios_fixed_and_others_pre_fix_is_partial():
+    assert sweep.overall({"A1": sweep.Behaviour.FIXED, "A2": sweep.Behaviour.PRE_FIX}) is C.PARTIAL
+    assert sweep.overall({"A1": sweep.Behaviour.FIXED, "A2": sweep.Behaviour.ERROR}) is C.NEITHER
 
 
 def test_a_control_that_moves_does_not_decide_the_classification():
     doc = release("1.2.0", {"enqueued": False, "retired": True})
     doc["scenarios"]["D2"]["observed"] = {"enqueued": False}
-    assert sweep.classify(doc, BASE, HEAD).classification == sweep.FIXED
+    assert sweep.classify(doc, BASE, HEAD).classification == C.FIXED
 
 
-def test_the_first_fixed_release_is_the_one_after_which_none_regresses():
+def test_a_release_after_the_first_fixed_one_that_behaves_as_pre_fix_is_a_regression():
     outcomes = [sweep.ReleaseOutcome(v, c) for v, c in [
-        ("0.1", sweep.PRE_FIX), ("0.2", sweep.FIXED), ("0.3", sweep.PRE_FIX), ("0.4", sweep.FIXED),
-        ("0.5", sweep.FAILED), ("0.6", sweep.FIXED)]]
-    assert sweep.first_fixed(outcomes) == "0.4"
-    assert "first fixed release: 0.4" in sweep.table("demo", outcomes, {"head": "0.2"})
-    assert "the sweep says 0.4" in sweep.table("demo", outcomes, {"head": "0.2"})
-    assert sweep.first_fixed(outcomes[:1]) is None
+        ("0.1", C.PRE_FIX), ("0.2", C.FIXED), ("0.3", C.PRE_FIX), ("0.4", C.FIXED),
+        ("0.5", C.FAILED), ("0.6", C.PARTIAL), ("0.7", C.NEITHER)]]
+    assert sweep.first_fixed(outcomes) == "0.2"
+    assert sweep.regressions(outcomes) == ["0.3", "0.6"]
+    text = sweep.table("demo", outcomes, {"head": "0.2"})
+    assert "0.3          pre-fix  REGRESSION" in text and "regressions: 0.3, 0.6" in text
+    assert "0.4          fixed\n" in text
+    doc = sweep.document("demo", outcomes, "2026-10-01T00:00:00Z")
+    assert (doc["schema"], doc["first_fixed"], doc["regressions"]) == ("pdevidence-sweep/2", "0.2", ["0.3", "0.6"])
+    assert sweep.load_document(doc, source="test") is doc
+    assert sweep.first_fixed(outcomes[:1]) is None and sweep.regressions(outcomes[:1]) == []
+
+
+def test_the_sweep_command_prints_a_regression_and_exits_1(tmp_path, monkeypatch, capsys):
+    from pdevidence import cli, errors
+    from synthetic import make_project
+
+    project = make_project(tmp_path / "project")
+    monkeypatch.setenv("PDEVIDENCE_RUNS", str(tmp_path / "runs"))
+    outcomes = [sweep.ReleaseOutcome("1.0.0", C.PRE_FIX), sweep.ReleaseOutcome("1.1.0", C.FIXED),
+                sweep.ReleaseOutcome("1.2.0", C.PRE_FIX, {"D1": sweep.Behaviour.PRE_FIX})]
+    monkeypatch.setattr(sweep, "sweep", lambda reg, names, **kw: ({"demo": outcomes}, "2026-10-01T00:00:00Z"))
+    assert cli.main(["--root", str(project), "sweep"]) == errors.BEHAVIOUR_DIFFERS
+    assert "1.2.0        pre-fix  REGRESSION: the fix is gone again" in capsys.readouterr().out
+    written = json.loads((tmp_path / "runs" / "sweep-demo.json").read_text())
+    assert written["regressions"] == ["1.2.0"] and written["as_of"] == "2026-10-01T00:00:00Z"
+    monkeypatch.setattr(sweep, "sweep", lambda reg, names, **kw: ({"demo": outcomes[:2]}, None))
+    assert cli.main(["--root", str(project), "sweep"]) == errors.CONFIRMED
+
+
+def test_a_sweep_table_of_another_schema_is_refused():
+    for doc in ({"schema": "pdevidence-sweep/1", "experiment": "demo", "releases": []},
+                {"schema": "pdevidence-sweep/2", "experiment": "demo", "regressions": [],
+                 "releases": [{"version": "1", "classification": "ok"}]}):
+        with pytest.raises(HarnessError, match="sweep table"):
+            sweep.load_document(doc, source="t.json")
 
 
 def test_releases_come_from_wheels_for_this_python_from_the_floor_up(monkeypatch):
-    monkeypatch.setattr(sweep.trees.platform, "machine", lambda: "x86_64")
-    files = [{"filename": f} for f in (
+    monkeypatch.setattr(sweep.trees.tags, "platform_tags", lambda: iter(["manylinux_2_34_x86_64", "linux_x86_64"]))
+    files = [{"filename": f, "upload-time": f"2026-0{i}-01T00:00:00.000000Z"} for i, f in enumerate((
         "sglang-0.5.9-cp312-cp312-manylinux_2_34_x86_64.whl",
         "sglang-0.5.15.post1-cp312-cp312-manylinux_2_34_x86_64.whl",
         "sglang-0.5.16rc0-py3-none-any.whl",
@@ -50,8 +100,13 @@ def test_releases_come_from_wheels_for_this_python_from_the_floor_up(monkeypatch
         "sglang-0.5.18-cp311-cp311-manylinux_2_34_x86_64.whl",
         "sglang-0.5.20-cp312-cp312-manylinux_2_34_x86_64.whl",
         "sglang-0.5.19.tar.gz",
-    )] + [{"filename": "sglang-0.5.21-cp312-cp312-manylinux_2_34_x86_64.whl", "yanked": "broken"}]
-    assert sweep.releases(files, "3.12", "0.5.10") == ["0.5.15.post1", "0.5.17", "0.5.20"]
+        "sglang_router-0.5.22-cp312-cp312-manylinux_2_34_x86_64.whl",
+    ), 1)] + [{"filename": "sglang-0.5.21-cp312-cp312-manylinux_2_34_x86_64.whl", "yanked": "broken"}]
+    assert sweep.releases(files, "3.12", "0.5.10") == ["0.5.17", "0.5.20"]
+    assert sweep.releases(files, "3.12", "0.5.10", pre=True) == ["0.5.15.post1", "0.5.16rc0", "0.5.17", "0.5.20"]
+    # The date a table speaks for: when the newest probed release was uploaded.
+    assert sweep.as_of(files, ["0.5.17", "0.5.20"]) == "2026-07-01T00:00:00.000000Z"
+    assert sweep.as_of(files, ["0.5.99"]) is None
 
 
 def test_drift_repins_only_the_named_packages():
@@ -68,7 +123,7 @@ def test_with_a_declared_differential_only_its_changing_scenarios_and_keys_decid
     exp = registry.load(make_project(tmp_path)).experiment("demo")
     doc = release("0.9.0", {"enqueued": True, "retired": False, "door_check": "absent"})
     doc["scenarios"]["D2"]["observed"] = {"enqueued": True, "backup_marker": "older layout"}
-    assert sweep.classify(doc, BASE, HEAD, exp).classification == sweep.PRE_FIX
+    assert sweep.classify(doc, BASE, HEAD, exp).classification == C.PRE_FIX
 
 
 def test_an_sglang_that_no_longer_imports_is_the_drift_finding_not_a_crash(tmp_path, monkeypatch):
@@ -95,3 +150,27 @@ def test_an_sglang_that_no_longer_imports_is_the_drift_finding_not_a_crash(tmp_p
     assert "qwen3_asr" in found.error
     assert found.packages == {"torch": "9.0.0", "transformers": "9.1.0"}
     assert "cannot run (advisory)" in drift.summary(found)
+
+
+def test_the_weekly_sweep_job_fails_the_run_on_a_regression():
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed")
+    from pathlib import Path
+
+    doc = yaml.safe_load((Path(__file__).resolve().parent.parent / ".github/workflows/probes.yml").read_text())
+    on = doc.get("on", doc.get(True))  # YAML 1.1 reads a bare `on` as true
+    assert on["schedule"]
+    job = doc["jobs"]["sweep"]
+    assert "schedule" in job["if"]
+    step = next(s for s in job["steps"] if s.get("run") == "nox -s sweep")
+    assert not step.get("continue-on-error")  # the sweep's exit 1 must fail the run
+
+
+def test_a_sweep_of_something_that_is_not_a_version_is_a_usage_error(tmp_path, capsys):
+    from pdevidence import cli, errors
+    from synthetic import make_project
+
+    project = make_project(tmp_path / "project")
+    assert cli.main(["--root", str(project), "sweep", "demo"]) == errors.USAGE
+    assert "--experiment demo" in capsys.readouterr().err
+    assert cli.main(["--root", str(project), "sweep", "latest"]) == errors.USAGE
+    assert "'latest' is not a version" in capsys.readouterr().err

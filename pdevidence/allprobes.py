@@ -1,0 +1,62 @@
+"""Every experiment's probe on one tree in one process (probes/probe_all.py): one SGLang import.
+
+What comes back per experiment is either a validated result document or the
+reason it could not run; a crash of the whole process is an error naming its
+output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import results
+from .fetch import sha256_file
+from .probe_run import run_killable, tail, timeout_seconds
+from .registry import Registry
+
+DRIVER = "probe_all.py"
+CANNOT_RUN_SUFFIX = ".cannot-run.json"  # what the driver writes for an experiment whose setup failed
+
+
+@dataclass
+class Outcome:
+    experiment: str
+    doc: dict | None = None  # the result document, when the probe ran
+    result_sha256: str | None = None
+    error: str | None = None  # why it could not run
+
+
+def driver(reg: Registry) -> Path:
+    return reg.root / "probes" / DRIVER
+
+
+def run(reg: Registry, interpreter: Path | str, experiments: list[str], tree_args: dict[str, str], *,
+        out_dir: Path, log: Path, env: dict | None = None) -> dict[str, Outcome]:
+    """Run the driver with ``interpreter``; results land in ``out_dir/<experiment>.json``."""
+    exps = [reg.experiment(name) for name in experiments]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for exp in exps:  # a stale file must never pass for this run's
+        for suffix in (".json", CANNOT_RUN_SUFFIX):
+            (out_dir / f"{exp.name}{suffix}").unlink(missing_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    args = [f"--{key.replace('_', '-')}={value}" for key, value in tree_args.items()]
+    command = [str(interpreter), str(driver(reg)), *[str(e.probe) for e in exps], "--out-dir", str(out_dir), *args]
+    run_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0", **(env or {})}
+    status = run_killable(command, log, timeout=timeout_seconds(), env=run_env, what=f"probe driver {DRIVER}")
+    outcomes = {}
+    for exp in exps:
+        result, failed = out_dir / f"{exp.name}.json", out_dir / f"{exp.name}{CANNOT_RUN_SUFFIX}"
+        if result.exists():
+            doc = results.load(result, experiment=exp.name)
+            outcomes[exp.name] = Outcome(exp.name, doc, sha256_file(result))
+        elif failed.exists():
+            error = json.loads(failed.read_text(encoding="utf-8"))["error"]
+            outcomes[exp.name] = Outcome(exp.name, error=f"{error['type']}: {error['message']}")
+        else:
+            outcomes[exp.name] = Outcome(exp.name, error=f"the probe process exited with status {status} and "
+                                         f"wrote nothing for {exp.name}; last output:\n{tail(log)}")
+    return outcomes
+

@@ -1,0 +1,212 @@
+"""Is my SGLang affected? Run every experiment's probe on one build and say, per fix.
+
+The target is an environment you already have (``--python``: nothing is
+installed into it or written inside it) or a tree the harness installs into a
+cell environment (``--version``, ``--wheel``, ``--path``, ``--git``). Every
+experiment runs in one probe process. Each is judged on the scenarios that
+tell the published base and head results apart: fixed, affected (pre-fix),
+partial (some scenarios fixed, others pre-fix), unknown (matches neither), or
+cannot run (the probe could not import or set up).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import allprobes, cells, sweep, trees
+from .errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, usage, worst
+from .locking import exclusive
+from .paths import results_dir, runs_dir, tree_lock_file, work_dir
+from .registry import Experiment, Registry
+from .sweep import Behaviour, Classification
+
+SCHEMA = "pdevidence-check/1"
+# SGLang itself requires Python >= 3.10; the tests parse the probes with that grammar.
+MIN_PYTHON = (3, 10)
+CHECK_SIDE = "check"
+
+
+class Status(str, enum.Enum):
+    FIXED = "fixed"
+    AFFECTED = "affected"
+    PARTIAL = "partial"
+    UNKNOWN = "unknown"
+    CANNOT_RUN = "cannot run"
+
+
+STATUS_OF = {Classification.FIXED: Status.FIXED, Classification.PRE_FIX: Status.AFFECTED,
+             Classification.PARTIAL: Status.PARTIAL, Classification.NEITHER: Status.UNKNOWN}
+EXIT_OF = {Status.FIXED: CONFIRMED, Status.AFFECTED: BEHAVIOUR_DIFFERS, Status.PARTIAL: BEHAVIOUR_DIFFERS,
+           Status.UNKNOWN: BEHAVIOUR_DIFFERS, Status.CANNOT_RUN: ENVIRONMENT}
+# Which scenarios decide each status: those that put it there.
+DECIDING = {Status.FIXED: (Behaviour.FIXED,), Status.AFFECTED: (Behaviour.PRE_FIX,),
+            Status.PARTIAL: (Behaviour.PRE_FIX,), Status.UNKNOWN: (Behaviour.NEITHER, Behaviour.ERROR)}
+
+
+@dataclass
+class Target:
+    kind: str  # python | release | wheel | path | git
+    ref: str  # as asked: an interpreter, a version, a file, a directory or a commit
+    resolved: str | None = None  # version or commit; for an interpreter, the SGLang version it imports
+    sha256: str | None = None  # of the wheel or archive, where there is one
+
+    def label(self) -> str:
+        if self.kind == "python":
+            return f"python-{hashlib.sha256(self.ref.encode()).hexdigest()[:12]}"
+        return trees.tree_label(self.kind, self.resolved or self.ref)
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "ref": self.ref, "resolved": self.resolved, "sha256": self.sha256}
+
+
+@dataclass
+class ExperimentCheck:
+    experiment: str
+    pr: int
+    status: Status
+    scenarios: dict[str, Behaviour] = field(default_factory=dict)
+    deciding: list[str] = field(default_factory=list)
+    result_sha256: str | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        return {"experiment": self.experiment, "pr": self.pr, "status": self.status.value,
+                "scenarios": {sid: b.value for sid, b in self.scenarios.items()}, "deciding": self.deciding,
+                "result_sha256": self.result_sha256, "error": self.error}
+
+
+@dataclass
+class CheckResult:
+    target: Target
+    experiments: list[ExperimentCheck]
+    sglang_version: str | None = None  # what the build says it is: `sglang.__version__`
+
+    @property
+    def exit_code(self) -> int:
+        return worst(EXIT_OF[e.status] for e in self.experiments)
+
+    def to_json(self) -> dict:
+        return {"schema": SCHEMA, "target": {**self.target.to_json(), "sglang_version": self.sglang_version},
+                "exit_code": self.exit_code,
+                "experiments": [e.to_json() for e in self.experiments]}
+
+
+def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict) -> ExperimentCheck:
+    """One experiment's status from its result and the published base and head results."""
+    if outcome.doc is None:
+        return ExperimentCheck(exp.name, exp.pr, Status.CANNOT_RUN, error=outcome.error)
+    found = sweep.behaviours(outcome.doc, base, head, exp)
+    status = STATUS_OF[sweep.overall(found)]
+    errors = [f"{sid}: {sc['error']['type']}: {sc['error']['message']}"
+              for sid, sc in outcome.doc["scenarios"].items() if sid in found and sc.get("error")]
+    return ExperimentCheck(exp.name, exp.pr, status, found,
+                           [sid for sid, b in found.items() if b in DECIDING[status]],
+                           outcome.result_sha256, "; ".join(errors) or None)
+
+
+def interpreter_version(interpreter: Path) -> tuple[int, int]:
+    """The interpreter's version, asked without site-packages (-I -S): it writes nothing."""
+    try:
+        done = subprocess.run([str(interpreter), "-I", "-S", "-c", "import sys; print(*sys.version_info[:2])"],
+                              capture_output=True, text=True, timeout=60)
+    except OSError as exc:
+        raise usage(f"cannot run {interpreter}: {exc}", todo="pass the python of the environment to check") from None
+    try:
+        major, minor = (int(part) for part in done.stdout.split())
+    except ValueError:
+        raise usage(f"{interpreter} is not a working Python interpreter: "
+                    f"{(done.stderr or done.stdout).strip()[-300:]}") from None
+    return major, minor
+
+
+def check_interpreter(interpreter: Path) -> None:
+    if not interpreter.exists():
+        raise usage(f"no interpreter at {interpreter}",
+                    todo="pass the python of the environment to check, e.g. /opt/venv/bin/python")
+    found = interpreter_version(interpreter)
+    if found < MIN_PYTHON:
+        need = ".".join(map(str, MIN_PYTHON))
+        raise usage(f"{interpreter} is Python {found[0]}.{found[1]}; the probes need Python {need} or newer",
+                    expected=f"the interpreter of an SGLang environment (SGLang itself needs Python >= {need})",
+                    todo="check the environment SGLang runs in, or use --version/--wheel to check a build here")
+
+
+def resolve(reg: Registry, *, python: Path | None = None, version: str | None = None, wheel: Path | None = None,
+            path: Path | None = None, git: str | None = None) -> tuple[Target, trees.Tree | None]:
+    """The target asked for, and the tree to install for it (None for an existing interpreter)."""
+    if python is not None:
+        python = Path(os.path.abspath(python))  # not resolve(): a venv's python is a link to its base
+        check_interpreter(python)
+        return Target("python", str(python)), None
+    lock = trees.LockFile(tree_lock_file(reg.root))
+    if version is not None:
+        tree = trees.release_tree(version, reg.python, lock)
+    elif wheel is not None:
+        tree = trees.wheel_tree(wheel, reg.python)
+    elif path is not None:
+        tree = trees.path_tree(path)
+    elif git is not None:
+        clone = os.environ.get("SGLANG_REPO")
+        tree = trees.git_tree(git, lock, clone=Path(clone) if clone else None)
+    else:
+        raise usage("check needs a target", expected="one of --python, --version, --wheel, --path, --git")
+    ref = tree.origin if tree.kind == "path" else tree.ref
+    return Target(tree.kind, ref, tree.resolved, tree.digest), tree
+
+
+def run(reg: Registry, target: Target, tree: trees.Tree | None, *, log=print) -> CheckResult:
+    exps = list(reg.experiments.values())
+    refs = {exp.name: sweep.references(reg, exp, results_dir(reg.root)) for exp in exps}
+    out = runs_dir(reg.root) / "check" / target.label()
+    logfile = work_dir(reg.root) / "logs" / f"check.{target.label()}.log"
+    args = {"side": CHECK_SIDE, "tree_kind": target.kind, "tree_ref": "" if tree is None else tree.ref,
+            "tree_resolved": "" if tree is None else tree.resolved}
+    names = [exp.name for exp in exps]
+    if tree is None:
+        log(f"check: running every probe with {target.ref}")
+        # Nothing may be written inside the environment checked: no bytecode caches, not even the probes'.
+        outcomes = allprobes.run(reg, target.ref, names, args, out_dir=out, log=logfile,
+                                 env={"PYTHONDONTWRITEBYTECODE": "1"})
+    else:
+        slug = f"{CHECK_SIDE}.{tree.label()}"
+        with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"the check environment {slug}"):
+            env = cells.cell_environment(reg, tree, slug)
+            log(f"check: {'reusing' if env.reused else 'built'} environment {env.path}")
+            outcomes = allprobes.run(reg, env.interpreter, names, args, out_dir=out, log=logfile)
+    versions = {o.doc.get("sglang_version") for o in outcomes.values() if o.doc}
+    version = versions.pop() if len(versions) == 1 else None
+    if target.kind == "python":
+        target.resolved = version
+    return CheckResult(target, [judge(exp, outcomes[exp.name], refs[exp.name]["base"], refs[exp.name]["head"])
+                                for exp in exps], version)
+
+
+def describe(result: CheckResult) -> str:
+    target = result.target
+    if target.kind in ("release", "wheel"):
+        return f"{target.kind} {target.resolved}"
+    commit = f" at {target.resolved}" if target.kind == "path" and target.resolved != "local" else ""
+    found = f" (sglang {result.sglang_version})" if result.sglang_version else ""
+    return f"{target.kind} {target.ref}{commit}{found}"
+
+
+def table(result: CheckResult) -> str:
+    """One line per experiment: status, then the scenarios that decided it."""
+    lines = [f"sglang check: {describe(result)}"]
+    for e in result.experiments:
+        by = {b: [sid for sid, got in e.scenarios.items() if got is b] for b in Behaviour}
+        if e.status is Status.CANNOT_RUN:
+            detail = f"could not run: {e.error}"
+        elif e.status is Status.PARTIAL:
+            detail = f"pre-fix: {', '.join(by[Behaviour.PRE_FIX])}; fixed: {', '.join(by[Behaviour.FIXED])}"
+        elif e.status is Status.UNKNOWN:
+            detail = f"matches neither side: {', '.join(e.deciding)}" + (f" ({e.error})" if e.error else "")
+        else:
+            detail = f"{'fixed' if e.status is Status.FIXED else 'pre-fix'}: {', '.join(e.deciding)}"
+        lines.append(f"  {e.experiment:<10} {e.status.value:<10} PR #{e.pr}  {detail}")
+    return "\n".join(lines)

@@ -1,0 +1,76 @@
+"""OpenVEX v0.2.0 from a check: one statement per experiment, for the product checked.
+
+The document's ``@id`` is a hash of its content and the timestamp is an
+argument, so the same check at the same time gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import urllib.parse
+
+from .check import CheckResult, Status, Target
+from .osv import PR_URL, vuln_id
+from .registry import Registry
+
+CONTEXT = "https://openvex.dev/ns/v0.2.0"
+AUTHOR = "pdevidence check"
+VEX_STATUS = {Status.FIXED: "fixed", Status.AFFECTED: "affected", Status.PARTIAL: "under_investigation",
+              Status.UNKNOWN: "under_investigation", Status.CANNOT_RUN: "under_investigation"}
+GIT_URL = "git+https://github.com/sgl-project/sglang"
+
+
+def purl(target: Target) -> str:
+    """``pkg:pypi/sglang@<version>``; a path, commit or interpreter goes in as a qualifier."""
+    quote = lambda value: urllib.parse.quote(value, safe="")  # noqa: E731
+    if target.kind in ("release", "wheel"):
+        return f"pkg:pypi/sglang@{quote(target.resolved)}"
+    if target.kind == "git":
+        return f"pkg:pypi/sglang?vcs_url={quote(f'{GIT_URL}@{target.resolved}')}"
+    if target.kind == "path":
+        commit = f"&vcs_url={quote(f'git+file://{target.ref}@{target.resolved}')}" \
+            if target.resolved and target.resolved != "local" else ""
+        return f"pkg:pypi/sglang?path={quote(target.ref)}{commit}"
+    version = f"@{quote(target.resolved)}" if target.resolved else ""
+    return f"pkg:pypi/sglang{version}?interpreter={quote(target.ref)}"
+
+
+def product(target: Target) -> dict:
+    found = {"@id": purl(target), "identifiers": {"purl": purl(target)}}
+    if target.sha256:
+        found["hashes"] = {"sha-256": target.sha256}
+    return found
+
+
+def statement(reg: Registry, result: CheckResult, index: int) -> dict:
+    e = result.experiments[index]
+    exp = reg.experiment(e.experiment)
+    notes = f"pdevidence check: {e.status.value}"
+    if e.deciding:
+        notes += f"; deciding scenarios: {', '.join(e.deciding)}"
+    if e.error:
+        notes += f"; error: {e.error}"
+    notes += f"; result sha256: {e.result_sha256 or 'none (no result)'}"
+    found = {
+        "vulnerability": {"@id": PR_URL.format(pr=exp.pr), "name": vuln_id(exp), "description": exp.title},
+        "products": [product(result.target)],
+        "status": VEX_STATUS[e.status],
+        "status_notes": notes,
+    }
+    if e.status is Status.AFFECTED:
+        found["action_statement"] = (f"Upgrade to an SGLang release with PR #{exp.pr} (see the OSV record "
+                                     f"{vuln_id(exp)}) or apply the PR, then rerun `python -m pdevidence check`.")
+    return found
+
+
+def document(reg: Registry, result: CheckResult, timestamp: str) -> dict:
+    body = {
+        "@context": CONTEXT,
+        "author": AUTHOR,
+        "timestamp": timestamp,
+        "version": 1,
+        "statements": [statement(reg, result, i) for i in range(len(result.experiments))],
+    }
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    return {"@id": f"https://openvex.dev/docs/public/vex-{digest}", **body}

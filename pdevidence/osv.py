@@ -1,0 +1,127 @@
+"""OSV records (schema 1.6) from the published sweep tables: one per experiment.
+
+Pure functions from (registry experiment, sweep table, evidence hashes) to an
+OSV dict; ``publish`` writes them to ``results/osv/``. Everything in a record
+comes from its inputs (no wall clock), so the published bytes are reproducible.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from packaging.version import Version
+
+from . import results, sweep
+from .errors import HarnessError
+from .fetch import sha256_file
+from .registry import Experiment, Registry
+from .sweep import Classification
+
+SCHEMA_VERSION = "1.6.0"
+# No CVE or GHSA names these fixes, so this database mints its own ids: a prefix, the
+# year of the fixes (not of the run) and the PR number, which names the fix and never
+# changes, so a rerun or a new release updates the same record instead of minting another.
+ID_PREFIX = "PDEVIDENCE-2026-"
+PR_URL = "https://github.com/sgl-project/sglang/pull/{pr}"
+PACKAGE = {"ecosystem": "PyPI", "name": "sglang", "purl": "pkg:pypi/sglang"}
+AFFECTED_SEEN = (Classification.PRE_FIX.value, Classification.PARTIAL.value)
+OSV_DIR = "osv"
+
+
+def vuln_id(exp: Experiment) -> str:
+    return f"{ID_PREFIX}{exp.pr}"
+
+
+def events(releases: list[dict]) -> list[dict]:
+    """ECOSYSTEM range events from the classified releases: introduced 0, then every switch.
+
+    A release that is pre-fix (or partly so) after a fixed one re-opens the range: a regression.
+    Releases that matched neither side or failed say nothing and change nothing.
+    """
+    found, affected = [{"introduced": "0"}], True
+    for entry in sorted(releases, key=lambda r: Version(r["version"])):
+        if entry["classification"] == Classification.FIXED.value and affected:
+            found.append({"fixed": entry["version"]})
+            affected = False
+        elif entry["classification"] in AFFECTED_SEEN and not affected:
+            found.append({"introduced": entry["version"]})
+            affected = True
+    return found
+
+
+def modified(table: dict) -> str:
+    """The sweep's as-of date (the newest release's upload time), to the second, in UTC."""
+    as_of = table.get("as_of")
+    if not as_of:
+        raise HarnessError(f"the sweep table of {table['experiment']} has no as_of date",
+                           todo="rerun the sweep (`nox -s sweep`), which records it, and publish it")
+    return as_of.split(".")[0].removesuffix("Z") + "Z"
+
+
+def record(exp: Experiment, table: dict, hashes: dict[str, str]) -> dict:
+    releases = table["releases"]
+    seen = [r["version"] for r in releases if r["classification"] in AFFECTED_SEEN]
+    probed = [r["version"] for r in releases]
+    fixed = table.get("first_fixed")
+    details = [
+        f"SGLang PR #{exp.pr} ({PR_URL.format(pr=exp.pr)}): {exp.title}.",
+        f"Decided by running the `{exp.name}` CPU differential probe on every SGLang release from "
+        f"{probed[0]} to {probed[-1]} and comparing what the real code did with the published base and "
+        "head results, not by version numbers.",
+        f"First release that behaves as fixed: {fixed or 'none yet'}."
+        + (f" Releases that behave as pre-fix again after it (regressions): {', '.join(table['regressions'])}."
+           if table["regressions"] else ""),
+        f"Releases before {probed[0]} were not probed; the range starts at 0 because the fix did not exist "
+        "before the PR. Backports, forks and source builds can differ from their version number: "
+        "`python -m pdevidence check` runs the probes on the build you have.",
+    ]
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "id": vuln_id(exp),
+        "modified": modified(table),
+        "summary": exp.title,
+        "details": "\n\n".join(details),
+        "affected": [{
+            "package": dict(PACKAGE),
+            "ranges": [{"type": "ECOSYSTEM", "events": events(releases)}],
+            "versions": seen,
+            "database_specific": {"classification": {r["version"]: r["classification"] for r in releases}},
+        }],
+        "references": [{"type": "FIX", "url": PR_URL.format(pr=exp.pr)},
+                       {"type": "PACKAGE", "url": "https://pypi.org/project/sglang/"}],
+        "database_specific": {
+            "experiment": exp.name,
+            "first_fixed": fixed,
+            "regressions": list(table["regressions"]),
+            "evidence_sha256": dict(sorted(hashes.items())),
+        },
+    }
+
+
+def evidence_of(name: str, hashes: dict[str, str]) -> dict[str, str]:
+    """The hashes of one experiment's files: its sweep table, results and receipts."""
+    return {path: digest for path, digest in hashes.items()
+            if Path(path).name.startswith(f"{name}.") or Path(path).name == f"sweep-{name}.json"}
+
+
+def records(registry: Registry, sweep_docs: dict[str, dict], hashes: dict[str, str]) -> dict[str, dict]:
+    """File name -> OSV record, for every experiment with a sweep table."""
+    return {f"{vuln_id(exp)}.json": record(exp, sweep_docs[name], evidence_of(name, hashes))
+            for name, exp in registry.experiments.items() if name in sweep_docs}
+
+
+def write_records(reg: Registry, published: Path) -> list[Path]:
+    """An OSV record per published sweep table, into ``results/osv/``, with the published evidence's hashes."""
+    tables = {}
+    for name in reg.experiments:
+        path = published / f"sweep-{name}.json"
+        if path.exists():
+            tables[name] = sweep.load_document(json.loads(path.read_text(encoding="utf-8")), source=str(path))
+    hashes = {str(p.relative_to(reg.root)): sha256_file(p) for p in sorted(published.glob("*.json"))
+              if not p.name.startswith("report.")}
+    written = []
+    for filename, rec in records(reg, tables, hashes).items():
+        results.write_atomic(published / OSV_DIR / filename, results.dumps(rec))
+        written.append(published / OSV_DIR / filename)
+    return written

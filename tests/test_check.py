@@ -1,0 +1,276 @@
+"""`check`: classification, exit codes, the interpreter gate, the probe driver and OpenVEX, on synthetic data.
+
+The driver tests run probes/probe_all.py for real, with this interpreter and
+stand-in probe files (no SGLang): what it writes, and that it writes nothing
+inside the environment it runs in.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from pdevidence import allprobes, check, cli, errors, openvex, registry, trees
+from pdevidence.check import Status
+from pdevidence.sweep import Behaviour
+from synthetic import REGISTRY, make_project, result_doc, wheel_bytes, write_cell
+
+ROOT = Path(__file__).resolve().parent.parent
+# Two changing scenarios (D1 a prefill-like door, D3 a decode-like door) and a control (D2).
+TWO_DOORS = REGISTRY + """
+[experiments.demo.expect.D3]
+changes = true
+base = { receiver_created = true }
+head = { receiver_created = false }
+"""
+BEFORE = {"D1": {"enqueued": True, "retired": False}, "D2": {"enqueued": True}, "D3": {"receiver_created": True}}
+AFTER = {"D1": {"enqueued": False, "retired": True}, "D2": {"enqueued": True}, "D3": {"receiver_created": False}}
+
+
+@pytest.fixture
+def project(tmp_path):
+    root = make_project(tmp_path / "project", TWO_DOORS)
+    write_cell(root / "results", "base", result_doc("base", "1.0.0", BEFORE))
+    write_cell(root / "results", "head", result_doc("head", "1.1.0", AFTER))
+    return registry.load(root)
+
+
+def judged(reg, observed, errors_=None):
+    exp = reg.experiment("demo")
+    outcome = allprobes.Outcome("demo", result_doc("check", "9.9.9", observed, errors_), "f" * 64)
+    return check.judge(exp, outcome, result_doc("base", "1.0.0", BEFORE), result_doc("head", "1.1.0", AFTER))
+
+
+def test_a_build_is_fixed_affected_or_partial_by_its_telling_scenarios(project):
+    fixed, affected = judged(project, AFTER), judged(project, BEFORE)
+    assert (fixed.status, fixed.deciding) == (Status.FIXED, ["D1", "D3"])
+    assert (affected.status, affected.deciding) == (Status.AFFECTED, ["D1", "D3"])
+    partial = judged(project, {**AFTER, "D3": {"receiver_created": True}})
+    assert partial.status is Status.PARTIAL
+    assert partial.scenarios == {"D1": Behaviour.FIXED, "D3": Behaviour.PRE_FIX}
+    assert partial.deciding == ["D3"]
+    assert partial.result_sha256 == "f" * 64
+
+
+def test_a_build_matching_neither_side_or_raising_is_unknown_and_names_the_scenarios(project):
+    odd = judged(project, {**AFTER, "D1": {"enqueued": True, "retired": True}})
+    assert (odd.status, odd.deciding) == (Status.UNKNOWN, ["D1"])
+    raised = judged(project, AFTER, {"D3": {"type": "AttributeError", "message": "no attribute 'kv'"}})
+    assert (raised.status, raised.deciding) == (Status.UNKNOWN, ["D3"])
+    assert raised.scenarios["D3"] is Behaviour.ERROR and "AttributeError" in raised.error
+
+
+def test_a_moving_control_does_not_change_the_answer(project):
+    assert judged(project, {**AFTER, "D2": {"enqueued": False}}).status is Status.FIXED
+
+
+def test_a_probe_that_could_not_set_up_is_cannot_run_with_its_error(project):
+    outcome = allprobes.Outcome("demo", error="ImportError: cannot import name 'Req'")
+    got = check.judge(project.experiment("demo"), outcome, {}, {})
+    assert (got.status, got.error, got.result_sha256) == (Status.CANNOT_RUN, "ImportError: cannot import name 'Req'",
+                                                          None)
+
+
+@pytest.mark.parametrize(("statuses", "code"), [
+    ([Status.FIXED, Status.FIXED], errors.CONFIRMED),
+    ([Status.FIXED, Status.AFFECTED], errors.BEHAVIOUR_DIFFERS),
+    ([Status.PARTIAL, Status.FIXED], errors.BEHAVIOUR_DIFFERS),
+    ([Status.UNKNOWN, Status.FIXED], errors.BEHAVIOUR_DIFFERS),
+    ([Status.AFFECTED, Status.CANNOT_RUN], errors.ENVIRONMENT),
+])
+def test_exit_codes(statuses, code):
+    result = check.CheckResult(check.Target("release", "1.0.0", "1.0.0"),
+                               [check.ExperimentCheck(f"e{i}", i, s) for i, s in enumerate(statuses)])
+    assert result.exit_code == code
+    assert result.to_json()["exit_code"] == code
+
+
+def test_the_table_says_each_status_and_its_scenarios(project):
+    result = check.CheckResult(check.Target("release", "1.0.0", "1.0.0"), [
+        judged(project, {**AFTER, "D3": {"receiver_created": True}}),
+        check.ExperimentCheck("other", 7, Status.CANNOT_RUN, error="ModuleNotFoundError: No module named 'sglang'"),
+    ])
+    lines = check.table(result).splitlines()
+    assert lines[0] == "sglang check: release 1.0.0"
+    assert lines[1].split()[:2] == ["demo", "partial"] and "pre-fix: D3; fixed: D1" in lines[1]
+    assert "cannot run" in lines[2] and "No module named 'sglang'" in lines[2]
+
+
+def _vex_result(project, status_observed):
+    target = check.Target("release", "1.0.0", "1.0.0", "a" * 64)
+    return check.CheckResult(target, [judged(project, status_observed)])
+
+
+@pytest.mark.parametrize(("observed", "status"), [
+    (AFTER, "fixed"), (BEFORE, "affected"), ({**AFTER, "D3": {"receiver_created": True}}, "under_investigation")])
+def test_openvex_has_one_statement_per_experiment_with_its_evidence(project, observed, status):
+    doc = openvex.document(project, _vex_result(project, observed), "2026-11-30T00:00:00Z")
+    assert doc["@context"] == "https://openvex.dev/ns/v0.2.0"
+    assert {"@id", "author", "timestamp", "version", "statements"} <= doc.keys()
+    (statement,) = doc["statements"]
+    assert statement["status"] == status
+    assert statement["vulnerability"]["name"] == "PDEVIDENCE-2026-1"
+    assert statement["products"] == [{"@id": "pkg:pypi/sglang@1.0.0", "identifiers": {"purl": "pkg:pypi/sglang@1.0.0"},
+                                      "hashes": {"sha-256": "a" * 64}}]
+    assert "f" * 64 in statement["status_notes"] and "D3" in statement["status_notes"]
+    # OpenVEX requires an action statement for affected products.
+    assert ("action_statement" in statement) == (status == "affected")
+
+
+def test_openvex_id_is_a_hash_of_the_content(project):
+    result = _vex_result(project, AFTER)
+    one = openvex.document(project, result, "2026-11-30T00:00:00Z")
+    assert one == openvex.document(project, result, "2026-11-30T00:00:00Z")
+    assert one["@id"] != openvex.document(project, result, "2026-12-01T00:00:00Z")["@id"]
+    assert one["@id"] != openvex.document(project, _vex_result(project, BEFORE), "2026-11-30T00:00:00Z")["@id"]
+
+
+@pytest.mark.parametrize(("target", "purl"), [
+    (check.Target("wheel", "sglang-0.5.21+fork-py3-none-any.whl", "0.5.21+fork"), "pkg:pypi/sglang@0.5.21%2Bfork"),
+    (check.Target("git", "a" * 40, "a" * 40),
+     "pkg:pypi/sglang?vcs_url=git%2Bhttps%3A%2F%2Fgithub.com%2Fsgl-project%2Fsglang%40" + "a" * 40),
+    (check.Target("path", "/src/sglang", "local"), "pkg:pypi/sglang?path=%2Fsrc%2Fsglang"),
+    (check.Target("python", "/opt/venv/bin/python", "0.5.20"),
+     "pkg:pypi/sglang@0.5.20?interpreter=%2Fopt%2Fvenv%2Fbin%2Fpython"),
+])
+def test_the_product_is_the_build_checked(target, purl):
+    assert openvex.purl(target) == purl
+
+
+def test_the_probes_parse_with_the_oldest_python_check_accepts():
+    for probe in sorted((ROOT / "probes").glob("*.py")):
+        ast.parse(probe.read_text(encoding="utf-8"), filename=str(probe), feature_version=check.MIN_PYTHON)
+
+
+def test_an_interpreter_older_than_the_probes_is_refused_before_anything_runs(tmp_path, capsys):
+    old = tmp_path / "python3.9"
+    old.write_text("#!/bin/sh\necho 3 9\n")
+    old.chmod(0o755)
+    code = cli.main(["--root", str(ROOT), "check", "--python", str(old)])
+    assert code == errors.USAGE
+    assert "Python 3.9; the probes need Python 3.10 or newer" in capsys.readouterr().err
+
+
+def test_a_missing_or_broken_interpreter_is_a_usage_error(tmp_path, capsys):
+    assert cli.main(["--root", str(ROOT), "check", "--python", str(tmp_path / "nope")]) == errors.USAGE
+    assert "no interpreter at" in capsys.readouterr().err
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\necho 'error while loading shared libraries: libpython3.12.so' >&2\nexit 127\n")
+    broken.chmod(0o755)
+    assert cli.main(["--root", str(ROOT), "check", "--python", str(broken)]) == errors.USAGE
+    assert "not a working Python interpreter: error while loading shared libraries" in capsys.readouterr().err
+
+
+def snapshot(directory: Path) -> dict[str, int]:
+    """Every path below ``directory`` with its mtime: what changed, appeared or vanished."""
+    return {str(p.relative_to(directory)): p.lstat().st_mtime_ns for p in sorted(directory.rglob("*"))}
+
+
+def test_an_environment_whose_sglang_cannot_import_is_cannot_run_and_left_untouched(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PDEVIDENCE_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setenv("PDEVIDENCE_WORK", str(tmp_path / "work"))
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)  # check must set it itself
+    env = tmp_path / "serving-venv"
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(env)
+    site = next(env.glob("lib/python*/site-packages"))
+    (site / "sglang").mkdir()
+    (site / "sglang" / "__init__.py").write_text("raise ImportError('libcuda.so.1: cannot open shared object file')\n")
+    before, probes = snapshot(env), snapshot(ROOT / "probes")
+    code = cli.main(["--root", str(ROOT), "check", "--python", str(env / "bin" / "python"), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == errors.ENVIRONMENT
+    assert {e["experiment"]: e["status"] for e in doc["experiments"]} == {"admission": "cannot run",
+                                                                          "prefill": "cannot run"}
+    assert all("ImportError: libcuda.so.1" in e["error"] for e in doc["experiments"])
+    assert snapshot(env) == before  # no __pycache__, nothing else
+    assert snapshot(ROOT / "probes") == probes  # the probes' own bytecode neither
+
+
+STANDIN_OK = """
+from _probekit import ScenarioSet
+SET = ScenarioSet("alpha")
+
+def prepare():
+    return "1.2.3"
+
+@SET.scenario("X1", "a scenario")
+def x1(observed):
+    observed["seen"] = True
+"""
+STANDIN_BROKEN = """
+from _probekit import ScenarioSet
+SCENARIOS = ScenarioSet("beta")
+
+def prepare():
+    from sglang.srt.managers.schedule_batch import Req  # noqa: F401
+    return "never"
+"""
+
+
+def run_driver(tmp_path, *probes):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(ROOT / "probes" / "probe_all.py"), *map(str, probes), "--out-dir",
+                           str(out), "--tree-kind", "wheel", "--side", "check"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    return proc, out
+
+
+def test_the_driver_runs_each_probe_and_records_the_one_that_cannot_set_up(tmp_path):
+    (tmp_path / "probe_alpha_differential.py").write_text(STANDIN_OK)
+    (tmp_path / "probe_beta_differential.py").write_text(STANDIN_BROKEN)
+    proc, out = run_driver(tmp_path, tmp_path / "probe_beta_differential.py", tmp_path / "probe_alpha_differential.py")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((out / "alpha.json").read_text())
+    assert doc["tree"] == {"kind": "wheel", "ref": "1.2.3", "resolved": "1.2.3"}
+    assert doc["scenarios"]["X1"] == {"title": "a scenario", "observed": {"seen": True}, "error": None}
+    broken = json.loads((out / "beta.cannot-run.json").read_text())
+    assert broken["error"]["type"] == "ModuleNotFoundError" and "sglang" in broken["error"]["message"]
+    assert not (out / "beta.json").exists()
+
+
+def test_the_driver_exits_3_when_no_experiment_can_run(tmp_path):
+    (tmp_path / "probe_beta_differential.py").write_text(STANDIN_BROKEN)
+    proc, out = run_driver(tmp_path, tmp_path / "probe_beta_differential.py")
+    assert proc.returncode == 3
+    assert (out / "beta.cannot-run.json").exists()
+
+
+def test_a_wheel_target_must_be_an_sglang_wheel_for_the_cells_python(tmp_path):
+    good = tmp_path / "sglang-0.5.21.post1-py3-none-any.whl"
+    good.write_bytes(wheel_bytes("0.5.21.post1", ""))
+    tree = trees.wheel_tree(good, "3.12")
+    assert (tree.kind, tree.resolved, tree.label()) == ("wheel", "0.5.21.post1", "wheel-0.5.21.post1")
+    assert tree.digest == __import__("hashlib").sha256(good.read_bytes()).hexdigest()
+    other = tmp_path / "vllm-1.0-py3-none-any.whl"
+    other.write_bytes(wheel_bytes("1.0", "", project="vllm"))
+    foreign = tmp_path / "sglang-0.5.21-cp311-cp311-win_amd64.whl"
+    foreign.write_bytes(b"")
+    for path, message in [(other, "not sglang"), (foreign, "does not install on Python 3.12"),
+                          (tmp_path / "sglang.zip", "no wheel at")]:
+        with pytest.raises(errors.HarnessError, match=message) as info:
+            trees.wheel_tree(path, "3.12")
+        assert info.value.code == errors.USAGE
+
+
+def test_targets_resolve_to_the_tree_checked_with_its_provenance(project, tmp_path):
+    source = tmp_path / "my-sglang"
+    (source / "python").mkdir(parents=True)
+    (source / "python" / "pyproject.toml").write_text('[project]\nname = "sglang"\n')
+    target, tree = check.resolve(project, path=source)
+    assert target.to_json() == {"kind": "path", "ref": str(source), "resolved": "local", "sha256": None}
+    assert tree.install_target == source / "python"
+    wheel = tmp_path / "sglang-0.5.20+backport-py3-none-any.whl"
+    wheel.write_bytes(wheel_bytes("0.5.20+backport", ""))
+    target, tree = check.resolve(project, wheel=wheel)
+    assert (target.kind, target.ref, target.resolved) == ("wheel", wheel.name, "0.5.20+backport")
+    assert target.sha256 == tree.digest and len(target.sha256) == 64
+    assert target.label() == "wheel-0.5.20+backp"
+    with pytest.raises(errors.HarnessError, match="check needs a target"):
+        check.resolve(project)

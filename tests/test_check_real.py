@@ -1,0 +1,136 @@
+"""`check` on real SGLang: a release, a release env as "your environment", a partial backport, a broken build.
+
+Slow (about 30 s of SGLang import per probe process, four of them): runs with
+``--sglang``. Every answer is read from what this module's own runs wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pdevidence import cells, check, cli, errors, registry, sweep, trees
+from pdevidence.paths import PROJECT, results_dir, tree_lock_file
+
+pytestmark = pytest.mark.sglang
+
+# The partial backport: 0.5.21 with the fix taken out of the decode door only (A2),
+# by turning its `is_unadmitted_reject(req)` test into `False`. A few tokens, edited at test time.
+DECODE_DOOR = ("srt/disaggregation/decode.py", "and is_unadmitted_reject(req):", "and False:")
+
+
+@pytest.fixture(scope="module")
+def reg(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PDEVIDENCE_RUNS", str(tmp_path_factory.mktemp("runs")))
+        yield registry.load(PROJECT)
+
+
+def run_check(*argv: str) -> tuple[int, dict]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["--root", str(PROJECT), "check", *argv, "--json"])
+    return code, json.loads(out.getvalue())
+
+
+def statuses(doc: dict) -> dict[str, str]:
+    return {e["experiment"]: e["status"] for e in doc["experiments"]}
+
+
+def release_env(reg, version: str, slug: str):
+    tree = trees.release_tree(version, reg.python, trees.LockFile(tree_lock_file(reg.root)))
+    return cells.cell_environment(reg, tree, f"{slug}.{tree.label()}")
+
+
+def snapshot(directory: Path) -> dict[str, int]:
+    return {str(p.relative_to(directory)): p.lstat().st_mtime_ns for p in sorted(directory.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def version_check(reg):
+    return run_check("--version", "0.5.20")
+
+
+@pytest.fixture(scope="module")
+def swept(reg, tmp_path_factory):
+    found, _ = sweep.sweep(reg, list(reg.experiments), published=results_dir(reg.root),
+                           out_dir=tmp_path_factory.mktemp("sweep"), versions=["0.5.20"], jobs=1)
+    return {name: outcomes[0] for name, outcomes in found.items()}
+
+
+def test_0_5_20_has_the_prefill_fix_but_not_the_admission_fix(version_check):
+    code, doc = version_check
+    assert statuses(doc) == {"admission": "affected", "prefill": "fixed"}
+    assert code == errors.BEHAVIOUR_DIFFERS
+    assert doc["target"]["kind"] == "release" and doc["target"]["resolved"] == "0.5.20"
+    admission = doc["experiments"][0]
+    assert admission["deciding"] == ["A1", "A2", "A9"] and len(admission["result_sha256"]) == 64
+
+
+def test_a_release_env_as_your_environment_agrees_with_the_sweep_and_is_left_untouched(reg, swept, version_check):
+    env = release_env(reg, "0.5.20", sweep.SWEEP_SIDE)  # the sweep's own cell, reused
+    before = snapshot(env.path)
+    code, doc = run_check("--python", str(env.interpreter))
+    assert snapshot(env.path) == before
+    assert doc["target"] == {"kind": "python", "ref": str(env.interpreter), "resolved": "0.5.20", "sha256": None,
+                             "sglang_version": "0.5.20"}
+    for entry in doc["experiments"]:
+        row = swept[entry["experiment"]]
+        assert entry["status"] == check.STATUS_OF[row.classification].value
+        assert entry["scenarios"] == {sid: b.value for sid, b in row.scenarios.items()}
+    assert [e["scenarios"] for e in doc["experiments"]] == [e["scenarios"] for e in version_check[1]["experiments"]]
+    assert code == version_check[0]
+
+
+def link_tree(src: Path, dest: Path) -> None:
+    """A copy of an installed package that shares its files' storage (hard links; a copy where they cannot)."""
+    def link(a, b):
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+    shutil.copytree(src, dest, copy_function=link, ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def test_a_partial_backport_is_partial_and_names_the_door_without_the_fix(reg, tmp_path):
+    cell = release_env(reg, "0.5.21", check.CHECK_SIDE)
+    site = next(cell.path.glob("lib/python*/site-packages"))
+    env = tmp_path / "patched-venv"
+    subprocess.run([str(cell.interpreter), "-m", "venv", "--without-pip", str(env)], check=True)
+    patched_site = next(env.glob("lib/python*/site-packages"))
+    # Everything else from the release cell; SGLang itself from the patched copy, which comes first.
+    (patched_site / "release-cell.pth").write_text(f"{site}\n")
+    link_tree(site / "sglang", patched_site / "sglang")
+    target = patched_site / "sglang" / DECODE_DOOR[0]
+    source = target.read_text(encoding="utf-8")
+    assert source.count(DECODE_DOOR[1]) == 1
+    target.unlink()  # a hard link: never write through it into the release cell
+    target.write_text(source.replace(DECODE_DOOR[1], DECODE_DOOR[2]), encoding="utf-8")
+
+    code, doc = run_check("--python", str(env / "bin" / "python"))
+    assert statuses(doc) == {"admission": "partial", "prefill": "fixed"}
+    admission = doc["experiments"][0]
+    assert admission["scenarios"] == {"A1": "fixed", "A2": "pre-fix", "A9": "fixed"}
+    assert admission["deciding"] == ["A2"]
+    assert code == errors.BEHAVIOUR_DIFFERS
+    assert DECODE_DOOR[1] in (site / "sglang" / DECODE_DOOR[0]).read_text()  # the release cell is intact
+
+
+def test_a_tree_that_cannot_import_cannot_run_and_says_why(reg, tmp_path):
+    tree = tmp_path / "broken-sglang"
+    (tree / "sglang").mkdir(parents=True)
+    (tree / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        '[project]\nname = "sglang"\nversion = "0.0.0.dev0"\n\n[tool.setuptools]\npackages = ["sglang"]\n')
+    (tree / "sglang" / "__init__.py").write_text("from sglang.srt import sgl_kernel_ops  # a build that lost a module\n")
+    code, doc = run_check("--path", str(tree))
+    assert statuses(doc) == {"admission": "cannot run", "prefill": "cannot run"}
+    assert all("ModuleNotFoundError" in e["error"] and "sglang.srt" in e["error"] for e in doc["experiments"])
+    assert code == errors.ENVIRONMENT

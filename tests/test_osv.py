@@ -1,0 +1,175 @@
+"""OSV records from sweep tables: every record meets the OSV 1.6 schema's required fields and types.
+
+The checker below is written from the schema (ossf/osv-schema validation/schema.json):
+required `id` and `modified`; `affected[].package` with `ecosystem` and `name`;
+`ranges[]` with a `type` of GIT/SEMVER/ECOSYSTEM and a non-empty `events` list of
+objects with exactly one of introduced/fixed/last_affected/limit, at least one
+introduced; reference types from the schema's list.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from pdevidence import cli, errors, integrity, osv, registry, sweep
+from pdevidence.errors import HarnessError
+from synthetic import make_project, write_cell
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMESTAMP = re.compile(r"^\d{4}-[01]\d-[0-3]\dT[0-2]\d:[0-5]\d:[0-6]\d(\.\d+)?Z$")
+EVENT_KEYS = {"introduced", "fixed", "last_affected", "limit"}
+REFERENCE_TYPES = {"ADVISORY", "ARTICLE", "DETECTION", "DISCUSSION", "REPORT", "FIX", "INTRODUCED", "GIT",
+                   "PACKAGE", "EVIDENCE", "WEB"}
+
+
+def osv_problems(rec: dict) -> list[str]:
+    """What violates the OSV schema's required fields and types (empty: none)."""
+    bad = []
+
+    def need(obj, key, kind, where):
+        if not isinstance(obj, dict) or key not in obj:
+            bad.append(f"{where}.{key} missing")
+            return None
+        if not isinstance(obj[key], kind):
+            bad.append(f"{where}.{key} is {type(obj[key]).__name__}")
+            return None
+        return obj[key]
+
+    need(rec, "id", str, "")
+    modified = need(rec, "modified", str, "")
+    if modified and not TIMESTAMP.match(modified):
+        bad.append(f"modified {modified!r} is not an RFC 3339 UTC timestamp")
+    for key in ("schema_version", "summary", "details"):
+        if key in rec:
+            need(rec, key, str, "")
+    for i, affected in enumerate(rec.get("affected") or []):
+        where = f"affected[{i}]"
+        package = need(affected, "package", dict, where)
+        if package is not None:
+            need(package, "ecosystem", str, f"{where}.package")
+            need(package, "name", str, f"{where}.package")
+        for j, rng in enumerate(need(affected, "ranges", list, where) or []):
+            rwhere = f"{where}.ranges[{j}]"
+            if need(rng, "type", str, rwhere) not in ("GIT", "SEMVER", "ECOSYSTEM"):
+                bad.append(f"{rwhere}.type {rng.get('type')!r}")
+            events = need(rng, "events", list, rwhere) or []
+            if not events or not any("introduced" in e for e in events if isinstance(e, dict)):
+                bad.append(f"{rwhere}.events needs at least one introduced event")
+            for k, event in enumerate(events):
+                if not isinstance(event, dict) or len(event.keys() & EVENT_KEYS) != 1 or \
+                        not all(isinstance(v, str) for v in event.values()):
+                    bad.append(f"{rwhere}.events[{k}] = {event!r}")
+        if "versions" in affected and not all(isinstance(v, str) for v in affected["versions"]):
+            bad.append(f"{where}.versions must be strings")
+        for key in ("database_specific", "ecosystem_specific"):
+            if key in affected:
+                need(affected, key, dict, where)
+    for i, ref in enumerate(rec.get("references") or []):
+        if need(ref, "type", str, f"references[{i}]") not in REFERENCE_TYPES:
+            bad.append(f"references[{i}].type {ref.get('type')!r}")
+        need(ref, "url", str, f"references[{i}]")
+    if "database_specific" in rec:
+        need(rec, "database_specific", dict, "")
+    return bad
+
+
+def row(version, classification):
+    return {"version": version, "classification": classification, "scenarios": {}, "differing": [], "error": None}
+
+
+def table(rows, as_of="2026-10-14T09:30:12.345678Z"):
+    outcomes = [sweep.ReleaseOutcome(r["version"], sweep.Classification(r["classification"])) for r in rows]
+    return sweep.document("demo", outcomes, as_of)
+
+
+@pytest.fixture
+def reg(tmp_path):
+    return registry.load(make_project(tmp_path / "project"))
+
+
+def test_a_record_names_the_pr_the_range_and_the_versions_seen_affected(reg):
+    doc = table([row("1.0.0", "pre-fix"), row("1.0.1", "partial"), row("1.1.0", "fixed"), row("1.2.0", "neither")])
+    hashes = {"results/sweep-demo.json": "1" * 64, "results/demo.base.release-1.0.0.json": "2" * 64,
+              "results/other.base.release-1.0.0.json": "3" * 64}
+    (name, rec), = osv.records(reg, {"demo": doc}, hashes).items()
+    assert osv_problems(rec) == []
+    assert name == "PDEVIDENCE-2026-1.json" and rec["id"] == "PDEVIDENCE-2026-1"
+    assert rec["schema_version"].startswith("1.6") and rec["modified"] == "2026-10-14T09:30:12Z"
+    assert "PR #1" in rec["details"] and "https://github.com/sgl-project/sglang/pull/1" in rec["details"]
+    (affected,) = rec["affected"]
+    assert affected["package"] == {"ecosystem": "PyPI", "name": "sglang", "purl": "pkg:pypi/sglang"}
+    assert affected["ranges"] == [{"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"fixed": "1.1.0"}]}]
+    assert affected["versions"] == ["1.0.0", "1.0.1"]
+    assert rec["database_specific"]["evidence_sha256"] == {"results/demo.base.release-1.0.0.json": "2" * 64,
+                                                           "results/sweep-demo.json": "1" * 64}
+    assert {"type": "FIX", "url": "https://github.com/sgl-project/sglang/pull/1"} in rec["references"]
+
+
+def test_a_regression_reopens_the_range(reg):
+    doc = table([row("1.0.0", "pre-fix"), row("1.1.0", "fixed"), row("1.2.0", "pre-fix"), row("1.3.0", "fixed")])
+    rec = osv.record(reg.experiment("demo"), doc, {})
+    assert osv_problems(rec) == []
+    assert rec["affected"][0]["ranges"][0]["events"] == [
+        {"introduced": "0"}, {"fixed": "1.1.0"}, {"introduced": "1.2.0"}, {"fixed": "1.3.0"}]
+    assert rec["database_specific"]["regressions"] == ["1.2.0"] and "regressions" in rec["details"]
+
+
+def test_with_no_fixed_release_the_range_stays_open(reg):
+    rec = osv.record(reg.experiment("demo"), table([row("1.0.0", "pre-fix"), row("1.1.0", "failed")]), {})
+    assert osv_problems(rec) == []
+    assert rec["affected"][0]["ranges"][0]["events"] == [{"introduced": "0"}]
+
+
+def test_the_record_is_a_pure_function_of_its_inputs(reg):
+    doc = table([row("1.0.0", "pre-fix"), row("1.1.0", "fixed")])
+    one = json.dumps(osv.record(reg.experiment("demo"), doc, {"x": "1"}), sort_keys=True)
+    assert one == json.dumps(osv.record(reg.experiment("demo"), json.loads(json.dumps(doc)), {"x": "1"}),
+                             sort_keys=True)
+    with pytest.raises(HarnessError, match="no as_of"):
+        osv.record(reg.experiment("demo"), {**doc, "as_of": None}, {})
+
+
+def test_the_checker_catches_what_the_schema_forbids():
+    good = {"id": "X-1", "modified": "2026-01-01T00:00:00Z", "affected": [
+        {"package": {"ecosystem": "PyPI", "name": "p"}, "ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "0"}]}]}]}
+    assert osv_problems(good) == []
+    assert osv_problems({"modified": "2026-01-01T00:00:00Z"}) == [".id missing"]
+    assert osv_problems({**good, "modified": "yesterday"})
+    for rng in ({"type": "RANGE", "events": [{"introduced": "0"}]}, {"type": "ECOSYSTEM", "events": []},
+                {"type": "ECOSYSTEM", "events": [{"fixed": "1"}]},
+                {"type": "ECOSYSTEM", "events": [{"introduced": "0", "fixed": "1"}]}):
+        assert osv_problems({**good, "affected": [{**good["affected"][0], "ranges": [rng]}]}), rng
+    assert osv_problems({**good, "affected": [{"ranges": []}]}) == ["affected[0].package missing"]
+
+
+def test_publish_writes_sweep_tables_osv_records_and_vex_covered_by_the_sums(reg, capsys):
+    runs = reg.root / "runs"
+    for side in ("base", "head"):
+        write_cell(runs, side)
+    (runs / "sweep-demo.json").write_text(json.dumps(table([row("1.0.0", "pre-fix"), row("1.1.0", "fixed")])))
+    (runs / "openvex-demo-1.0.0.json").write_text(json.dumps({"@context": "https://openvex.dev/ns/v0.2.0"}))
+    assert cli.main(["--root", str(reg.root), "publish"]) == errors.CONFIRMED
+    printed = capsys.readouterr().out
+    for name in ("results/openvex-demo-1.0.0.json", "results/osv/PDEVIDENCE-2026-1.json", "results/sweep-demo.json"):
+        assert f"published {name}" in printed, name
+    rec = json.loads((reg.root / "results" / "osv" / "PDEVIDENCE-2026-1.json").read_text())
+    assert osv_problems(rec) == []
+    assert rec["affected"][0]["ranges"][0]["events"] == [{"introduced": "0"}, {"fixed": "1.1.0"}]
+    assert set(rec["database_specific"]["evidence_sha256"]) == {
+        "results/sweep-demo.json", *(f"results/demo.{side}.release-{v}{suffix}" for side, v in
+                                     (("base", "1.0.0"), ("head", "1.1.0")) for suffix in (".json", ".receipt.json"))}
+    covered = integrity.covered_files(reg.root)
+    assert "results/osv/PDEVIDENCE-2026-1.json" in covered and "results/openvex-demo-1.0.0.json" in covered
+    assert integrity.problems(reg.root) == {}
+
+
+def test_published_osv_records_meet_the_schema():
+    published = sorted((ROOT / "results" / "osv").glob("*.json"))
+    reg = registry.load(ROOT)
+    assert {p.name for p in published} == {f"{osv.vuln_id(exp)}.json" for exp in reg.experiments.values()}
+    for path in published:
+        assert osv_problems(json.loads(path.read_text())) == [], path.name
