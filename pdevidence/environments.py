@@ -154,6 +154,11 @@ class TorchChoice:
     channel: TorchChannel
     note: str = ""
 
+    @property
+    def override(self) -> str | None:
+        """The PDEVIDENCE_TORCH value this run used, or None when the registry chose the channel."""
+        return None if self.requested == "registry" else self.requested
+
 
 def choose_torch(declared: TorchChannel, requested: str | None = None) -> TorchChoice:
     """The registry's channel (what the published run used) unless PDEVIDENCE_TORCH asks otherwise."""
@@ -211,6 +216,7 @@ class CellEnvironment:
     torch: TorchChoice
     commands: list[list[str]] = field(default_factory=list)
     reused: bool = False
+    base: Interpreter | None = None  # the interpreter the environment was made from (None: not known)
 
     @property
     def interpreter(self) -> Path:
@@ -245,7 +251,7 @@ def ensure(path: Path, python: str, closure: Path, tree: Tree, torch: TorchChoic
     """
     say = log or (lambda msg: None)
     interpreter = find_python(python)
-    env = CellEnvironment(path, python, torch)
+    env = CellEnvironment(path, python, torch, base=interpreter)
     key = environment_key(interpreter, closure, torch.channel, tree)
     info = path / ENV_INFO
     uv = uv_executable()
