@@ -29,6 +29,7 @@ REGISTRY = SYNTHETIC_REGISTRY.replace('python = "3.12"', f'python = "{PY}"')
 PROBE = '''
 """Demo probe: reads the fixture sglang's behaviour through the real probe kit."""
 import os
+import sys
 import time
 
 from _probekit import ScenarioSet, main
@@ -44,7 +45,7 @@ def prepare():
             with open(os.environ["DEMO_PID_FILE"], "w") as fh:
                 fh.write(str(os.getpid()))
         time.sleep(60)
-    if mode == "crash":
+    if mode in ("crash", f"crash-{sys.argv[sys.argv.index('--side') + 1]}"):
         raise SystemExit("probe crashed on purpose")
     return sglang.__version__
 
@@ -224,6 +225,27 @@ def test_the_main_session_runs_the_matrix_and_confirms_the_differential(demo_pro
     report = json.loads((demo_project / "runs" / "report.json").read_text())
     assert report["pairs"][0]["grid"]["D1"]["status"] == "changed"
     assert not (demo_project / "results").exists()  # only `publish` writes results/
+
+
+@pytest.mark.parametrize(("published", "code"), [
+    (None, errors.ENVIRONMENT),  # the failed cell outranks the comparison's "incomplete"
+    ("results/stray.json", errors.INTEGRITY),  # an unlisted published file outranks the failed cell
+])
+def test_a_matrix_with_a_failed_cell_still_compares_and_exits_with_the_worst_code(demo_project, monkeypatch,
+                                                                                  published, code):
+    from pdevidence import cli
+
+    monkeypatch.setenv("DEMO_PROBE_MODE", "crash-head")
+    if published:
+        (demo_project / published).parent.mkdir()
+        (demo_project / published).write_text("{}\n")
+
+    assert cli.main(["--root", str(demo_project), "matrix", "--jobs", "1"]) == code
+
+    (pair,) = json.loads((demo_project / "runs" / "report.json").read_text())["pairs"]
+    assert pair["verdict"] == "incomplete"
+    assert any("no result for release(demo, head)" in reason for reason in pair["reasons"])
+    assert (demo_project / "runs" / "demo.base.release-1.0.0.json").exists()
 
 
 def test_unknown_experiment_in_a_cell_is_a_usage_error(demo_project):
