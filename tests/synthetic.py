@@ -163,5 +163,22 @@ SWEEP = {"schema": "pdevidence-sweep/2", "experiment": "demo", "first_fixed": "1
 
 
 def write_sweep(path: Path) -> None:
+    write_table(path, SWEEP)
+
+
+# The smallest mutation table, OSV record and OpenVEX document publish accepts.
+MUTATIONS = {"schema": "pdevidence-mutate/1", "experiment": "demo",
+             "tree": {"kind": "release", "ref": "1.1.0", "resolved": "1.1.0"},
+             "score": {"killed": 1, "applicable": 1, "total": 1}, "scenarios": ["D1"],
+             "mutants": [{"id": "M1", "title": "drop the door check", "kind": "removes-fix",
+                          "target": "sglang:retire", "operator": "noop", "status": "killed",
+                          "killed_by": {"D1": ["retired"]}, "error": None}]}
+OSV = {"id": "PDE-1", "modified": "2026-01-01T00:00:00Z", "schema_version": "1.6.0",
+       "affected": [{"package": {"ecosystem": "PyPI", "name": "sglang"}}]}
+OPENVEX = {"@context": "https://openvex.dev/ns/v0.2.0", "@id": "https://example.invalid/vex/1",
+           "statements": [{"status": "fixed"}]}
+
+
+def write_table(path: Path, doc: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(SWEEP, indent=2) + "\n")
+    path.write_text(json.dumps(doc, indent=2) + "\n")
