@@ -216,7 +216,6 @@ class CellEnvironment:
     torch: TorchChoice
     commands: list[list[str]] = field(default_factory=list)
     reused: bool = False
-    base: Interpreter | None = None  # the interpreter the environment was made from (None: not known)
 
     @property
     def interpreter(self) -> Path:
@@ -251,7 +250,7 @@ def ensure(path: Path, python: str, closure: Path, tree: Tree, torch: TorchChoic
     """
     say = log or (lambda msg: None)
     interpreter = find_python(python)
-    env = CellEnvironment(path, python, torch, base=interpreter)
+    env = CellEnvironment(path, python, torch)
     key = environment_key(interpreter, closure, torch.channel, tree)
     info = path / ENV_INFO
     uv = uv_executable()

@@ -18,7 +18,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from .environments import CellEnvironment
+from .environments import CellEnvironment, find_python
 from .errors import HarnessError, integrity
 from .fetch import sha256_file
 from .results import read_json, result_beside
@@ -42,9 +42,7 @@ def now() -> datetime:
 def build(*, cell: str, experiment: str, side: str, tree: Tree, env: CellEnvironment, project: Path,
           constraints: Path, probe: Path, result: Path, commands: list[list[str]], started: datetime,
           finished: datetime, exit_status: int, cache_key: str) -> dict:
-    if env.base is None:
-        raise HarnessError(f"the environment of {cell} does not say which interpreter made it",
-                           todo="report this: environments.ensure records it")
+    interpreter = find_python(env.python)  # the one the environment and the cache key were made with
     packages = env.packages()
     doc = {
         "schema": RECEIPT_SCHEMA,
@@ -55,8 +53,8 @@ def build(*, cell: str, experiment: str, side: str, tree: Tree, env: CellEnviron
         "python": {
             "requested": env.python,
             "version": _python_version(env),
-            "implementation": env.base.implementation,
-            "identity": env.base.identity(),  # as the cache key has it
+            "implementation": interpreter.implementation,
+            "identity": interpreter.identity(),  # as the cache key has it
             "platform": platform.platform(),
             "machine": platform.machine(),
         },
@@ -131,6 +129,8 @@ class Receipt:
     @classmethod
     def from_doc(cls, doc: Any, *, source: str) -> Receipt:
         """Every field the harness reads, with its type; a violation is an integrity failure naming ``source``."""
+        known = "|".join(map(str, RECEIPT_SCHEMA_VERSIONS))
+
         def bad(why: str) -> HarnessError:
             return integrity(f"{source} is not a valid receipt: {why}",
                              expected=f"a {RECEIPT_SCHEMA} document as `nox -s release(...)` writes it "
@@ -152,7 +152,6 @@ class Receipt:
                 raise bad(f"{key}.sha256 {sha!r} is not a SHA-256")
             return FileDigest(field(table, "file", str, f"{key}."), sha)
 
-        known = "|".join(map(str, RECEIPT_SCHEMA_VERSIONS))
         if not isinstance(doc, dict):
             raise bad("not a JSON object")
         schema = doc.get("schema")
@@ -246,7 +245,6 @@ class Receipt:
             "probe": self.probe.sha256,
             **{f"package:{name}": _version(version) for name, version in sorted(self.packages.items())},
         }
-
 
     def differing_pins(self, other: Receipt) -> list[str]:
         """The pins on which two receipts differ; a pin one of them predates is not compared."""
