@@ -92,13 +92,16 @@ def cache_key(registry: Registry, probe: Path, tree: trees.Tree, torch_channel: 
 
 
 def _stored_run(result: Path, key: str) -> bool:
-    receipt = results.receipt_path(result)
+    """A run that stands: its receipt loads (and vouches for the result), in the current schema, same key.
+
+    A receipt in an older schema lacks fields the current one records, so its cell reruns.
+    """
     try:
-        stored = json.loads(receipt.read_text(encoding="utf-8"))
-        return (stored.get("cache_key") == key and stored.get("exit_status") == 0
-                and stored["result"]["sha256"] == sha256_file(result))
-    except (OSError, ValueError, KeyError, TypeError):
+        stored = receipts.Receipt.load(results.receipt_path(result))
+    except HarnessError:
         return False
+    return (stored.schema_version == receipts.RECEIPT_SCHEMA_VERSION and stored.cache_key == key
+            and stored.exit_status == 0)
 
 
 def torch_choice(registry: Registry | None = None) -> environments.TorchChoice:

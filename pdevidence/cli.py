@@ -49,11 +49,15 @@ def cmd_cell(args) -> int:
 
 
 def cmd_matrix(args) -> int:
+    """Every cell, then the comparison even when a cell failed: the report names what is missing."""
     reg = registry.load(args.root)
-    code = run_cells(reg, cells.matrix(reg, args.kind), jobs=args.jobs, force=args.force)
-    if code != CONFIRMED:
-        return code
-    return cmd_compare(args)
+    ran = run_cells(reg, cells.matrix(reg, args.kind), jobs=args.jobs, force=args.force)
+    try:
+        compared = cmd_compare(args)
+    except HarnessError as exc:
+        exc.code = worst([ran, exc.code])
+        raise
+    return worst([ran, compared])
 
 
 def cmd_compare(args) -> int:

@@ -290,8 +290,7 @@ def compare_pair(reg: Registry, exp: Experiment, kind: str, runs: Path, publishe
         report.published[side] = entry
         failed += why
         if pub_receipt is not None:
-            a, b = fresh[side][1].pins(), pub_receipt.pins()
-            differing = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            differing = fresh[side][1].differing_pins(pub_receipt)
             if differing:
                 report.pins_differ[side] = differing
 

@@ -13,11 +13,12 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import cells, results
-from .compare import diff_observations, expected_file
+from . import cells
+from .compare import KeyStatus, diff_observations, expected_file
 from .environments import uv_executable
 from .errors import HarnessError, usage
 from .registry import Registry
+from .results import Result
 
 LATEST = "latest"
 
@@ -66,7 +67,7 @@ def compile_constraints(reg: Registry, pins: dict[str, str], dest: Path) -> Path
 def run(reg: Registry, experiment: str, side: str, pins: dict[str, str], *, published: Path,
         work: Path, log=print) -> DriftReport:
     exp = reg.experiment(experiment)
-    pinned = results.load(published / expected_file(exp, side, "release"), experiment=experiment, side=side)
+    pinned = Result.load(published / expected_file(exp, side, "release"), experiment=experiment, side=side)
     constraints = compile_constraints(reg, pins, work / "drift" / f"{experiment}.{side}.txt")
     resolved = {m.group(1): m.group(2) for m in re.finditer(r"^(torch|torchvision|transformers)==(\S+)",
                                                             constraints.read_text(), re.M)}
@@ -76,8 +77,10 @@ def run(reg: Registry, experiment: str, side: str, pins: dict[str, str], *, publ
     except HarnessError as exc:
         # SGLang failing to import on newer pins is exactly what this lane exists to find.
         return DriftReport(experiment, side, pins, "cannot run", error=str(exc), packages=resolved)
-    grid = diff_observations(pinned, results.load(outcome.result))
-    changed = [f"{sid}.{key}" for sid, sc in grid.items() for key, k in sc["keys"].items() if k["status"] != "unchanged"]
+    fresh = Result.load(outcome.result, experiment=experiment, side=side)
+    grid = diff_observations(pinned.doc, fresh.doc)
+    changed = [f"{sid}.{key}" for sid, sc in grid.items() for key, k in sc["keys"].items()
+               if k["status"] is not KeyStatus.UNCHANGED]
     return DriftReport(experiment, side, pins, "changed" if changed else "unchanged", changed, packages=resolved)
 
 

@@ -154,6 +154,11 @@ class TorchChoice:
     channel: TorchChannel
     note: str = ""
 
+    @property
+    def override(self) -> str | None:
+        """The PDEVIDENCE_TORCH value this run used, or None when the registry chose the channel."""
+        return None if self.requested == "registry" else self.requested
+
 
 def choose_torch(declared: TorchChannel, requested: str | None = None) -> TorchChoice:
     """The registry's channel (what the published run used) unless PDEVIDENCE_TORCH asks otherwise."""

@@ -7,23 +7,26 @@ regenerates the report from the files just published, and SHA256SUMS.txt.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import compare, integrity, osv, report
+from .advisories import load_openvex, load_osv
 from .errors import INCOMPLETE, HarnessError, integrity as integrity_error
 from .paths import results_dir
 from .receipts import Receipt
 from .registry import SIDES, Registry
+from .report_inputs import load_mutations, load_sweep
 from .results import Result, receipt_path, write_atomic
 
-# Tables other steps write to runs/, published as they are when present (paths relative to runs/).
-OPTIONAL_ARTIFACTS = (
-    "sweep-*.json",  # the release sweep
-    "mutate.*.json",  # mutation tables
-    "openvex*.json",  # an OpenVEX example (`check ... --openvex runs/openvex-<target>.json`)
-)
+# Tables other steps write to runs/, published as they are when present (paths relative to runs/),
+# each with the loader that must accept it first. The OSV records are not among them: publish
+# writes them from the published sweep tables.
+OPTIONAL_ARTIFACTS = {
+    "sweep-*.json": load_sweep,  # the release sweep
+    "mutate.*.json": load_mutations,  # mutation tables
+    "openvex*.json": load_openvex,  # an OpenVEX example (`check ... --openvex runs/openvex-<target>.json`)
+}
 
 
 @dataclass
@@ -53,14 +56,15 @@ def cell_files(reg: Registry, runs: Path, kind: str) -> list[Path]:
 
 
 def optional_files(runs: Path) -> list[Path]:
-    found = sorted({p for pattern in OPTIONAL_ARTIFACTS for p in runs.glob(pattern) if p.is_file()})
-    for path in found:
+    """The optional tables under ``runs``, each accepted by its loader; one that is not stops the publish."""
+    found = {p: load for pattern, load in OPTIONAL_ARTIFACTS.items() for p in runs.glob(pattern) if p.is_file()}
+    for path, load in sorted(found.items()):
         try:
-            json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise HarnessError(f"cannot publish {path}: not readable JSON ({exc})",
-                               todo="rerun the step that wrote it, or delete it") from None
-    return found
+            load(path)
+        except HarnessError as exc:
+            raise integrity_error(f"cannot publish: {exc.what}", expected=exc.expected,
+                                  todo=f"nothing was published; {exc.todo}") from None
+    return sorted(found)
 
 
 def gate(reg: Registry, runs: Path, kind: str, allow_unconfirmed: bool) -> None:
@@ -97,6 +101,8 @@ def publish(reg: Registry, runs: Path, kind: str, *, allow_unconfirmed: bool = F
     for dest, src in targets.items():
         write_atomic(dest, src.read_bytes())
     osv_records = osv.write_records(reg, published)
+    for record in osv_records:
+        load_osv(record)
     integrity.regenerate(reg.root)
     # The published report compares the published files with themselves: the differential as published.
     summary = compare.compare_all(reg, runs=published, published=published, kinds=published_kinds(reg, published))

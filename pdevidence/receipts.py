@@ -2,6 +2,9 @@
 
 A receipt is evidence: ``Receipt.load`` checks every field the harness reads,
 with its type, and that the result beside it is the one the receipt recorded.
+Schema /2 added what the cell's interpreter is (implementation and the identity
+the cache key uses) and the torch override; /1 receipts (the first published
+ones) still load, with those fields unknown.
 """
 
 from __future__ import annotations
@@ -15,15 +18,18 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from .environments import CellEnvironment
+from .environments import CellEnvironment, find_python
 from .errors import HarnessError, integrity
 from .fetch import sha256_file
 from .results import read_json, result_beside
 from .trees import Tree
 
 RECEIPT_SCHEMA_PREFIX = "pdevidence-receipt/"
-RECEIPT_SCHEMA_VERSION = 1
+RECEIPT_SCHEMA_VERSION = 2  # what ``build`` writes
+RECEIPT_SCHEMA_VERSIONS = (1, 2)  # what ``Receipt.load`` reads
 RECEIPT_SCHEMA = f"{RECEIPT_SCHEMA_PREFIX}{RECEIPT_SCHEMA_VERSION}"
+# Pins a /1 receipt did not record: compared only when both receipts have them.
+_PINS_SINCE_2 = ("python-implementation",)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _TODO = ("a published receipt: restore it from git (`git checkout -- results/`); "
          "a fresh one: rerun its cell with `-- --force`")
@@ -36,6 +42,7 @@ def now() -> datetime:
 def build(*, cell: str, experiment: str, side: str, tree: Tree, env: CellEnvironment, project: Path,
           constraints: Path, probe: Path, result: Path, commands: list[list[str]], started: datetime,
           finished: datetime, exit_status: int, cache_key: str) -> dict:
+    interpreter = find_python(env.python)  # the one the environment and the cache key were made with
     packages = env.packages()
     doc = {
         "schema": RECEIPT_SCHEMA,
@@ -46,6 +53,8 @@ def build(*, cell: str, experiment: str, side: str, tree: Tree, env: CellEnviron
         "python": {
             "requested": env.python,
             "version": _python_version(env),
+            "implementation": interpreter.implementation,
+            "identity": interpreter.identity(),  # as the cache key has it
             "platform": platform.platform(),
             "machine": platform.machine(),
         },
@@ -53,6 +62,7 @@ def build(*, cell: str, experiment: str, side: str, tree: Tree, env: CellEnviron
             "build": env.torch_build(),
             "channel": env.torch.channel,
             "requested": env.torch.requested,
+            "override": env.torch.override,
             "note": env.torch.note,
         },
         "packages": packages,
@@ -103,8 +113,11 @@ class Receipt:
     side: str
     tree: dict[str, Any]
     python_version: Version
+    python_implementation: str | None  # e.g. cpython; None on a /1 receipt (not recorded)
+    python_identity: str | None  # e.g. cpython-3.12.1, the cache key's; None on a /1 receipt
     torch_build: str | None  # None: the tree's environment has no torch
     torch_channel: str
+    torch_override: str | None  # PDEVIDENCE_TORCH, or None (also on a /1 receipt, which did not record it)
     packages: dict[str, str]
     constraints: FileDigest
     probe: FileDigest
@@ -116,12 +129,17 @@ class Receipt:
     @classmethod
     def from_doc(cls, doc: Any, *, source: str) -> Receipt:
         """Every field the harness reads, with its type; a violation is an integrity failure naming ``source``."""
+        known = "|".join(map(str, RECEIPT_SCHEMA_VERSIONS))
+
         def bad(why: str) -> HarnessError:
             return integrity(f"{source} is not a valid receipt: {why}",
-                             expected=f"a {RECEIPT_SCHEMA} document as `nox -s release(...)` writes it", todo=_TODO)
+                             expected=f"a {RECEIPT_SCHEMA} document as `nox -s release(...)` writes it "
+                             f"(or an earlier {RECEIPT_SCHEMA_PREFIX}<{known}>)", todo=_TODO)
 
         def field(table: dict, key: str, kind: type | tuple, where: str) -> Any:
-            value = table.get(key)
+            if key not in table:  # a nullable field too: null is a statement, a missing key is not
+                raise bad(f"{where}{key} is missing")
+            value = table[key]
             # JSON true/false are ints to Python; an integer field must not accept them.
             if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _tuple(kind)):
                 raise bad(f"{where}{key} must be {_kind(kind)}, got {type(value).__name__}")
@@ -136,8 +154,11 @@ class Receipt:
 
         if not isinstance(doc, dict):
             raise bad("not a JSON object")
-        if doc.get("schema") != RECEIPT_SCHEMA:
-            raise bad(f"schema {doc.get('schema')!r}, expected {RECEIPT_SCHEMA!r}")
+        schema = doc.get("schema")
+        schema_version = {f"{RECEIPT_SCHEMA_PREFIX}{v}": v for v in RECEIPT_SCHEMA_VERSIONS}.get(schema) \
+            if isinstance(schema, str) else None
+        if schema_version is None:
+            raise bad(f"schema {schema!r}, expected {RECEIPT_SCHEMA_PREFIX}<{known}>")
         tree = field(doc, "tree", dict, "")
         for key in ("kind", "ref", "resolved"):
             field(tree, key, str, "tree.")
@@ -147,6 +168,13 @@ class Receipt:
         except InvalidVersion:
             raise bad(f"python.version {python['version']!r} is not a version") from None
         torch = field(doc, "torch", dict, "")
+        implementation = identity = override = None
+        if schema_version >= 2:
+            implementation = field(python, "implementation", str, "python.")
+            identity = field(python, "identity", str, "python.")
+            if not _identity_of(identity, implementation):
+                raise bad(f"python.identity {identity!r} is not {implementation}-<version>")
+            override = field(torch, "override", (str, type(None)), "torch.")
         packages = field(doc, "packages", dict, "")
         for name, version in packages.items():
             if not isinstance(version, str):
@@ -158,14 +186,17 @@ class Receipt:
             field(doc, key, str, "")
         field(doc, "duration_s", (int, float), "")
         return cls(
-            schema_version=RECEIPT_SCHEMA_VERSION,
+            schema_version=schema_version,
             cell=field(doc, "cell", str, ""),
             experiment=field(doc, "experiment", str, ""),
             side=field(doc, "side", str, ""),
             tree=tree,
             python_version=python_version,
+            python_implementation=implementation,
+            python_identity=identity,
             torch_build=field(torch, "build", (str, type(None)), "torch."),
             torch_channel=field(torch, "channel", str, "torch."),
+            torch_override=override,
             packages=packages,
             constraints=digest("constraints"),
             probe=digest("probe"),
@@ -199,14 +230,39 @@ class Receipt:
         return receipt
 
     def pins(self) -> dict[str, Version | str]:
-        """What must match for two runs to count as the same environment (versions compare as versions)."""
+        """What must match for two runs to count as the same environment (versions compare as versions).
+
+        The torch channel, not the override: PDEVIDENCE_TORCH naming the registry's own channel
+        installs the same closure as no override, and one naming another channel changes the channel.
+        """
+        implementation = {"python-implementation": self.python_implementation} if self.python_implementation else {}
         return {
             "python": f"{self.python_version.major}.{self.python_version.minor}",
+            **implementation,
             "torch": _version(self.torch_build) if self.torch_build else "none",
+            "torch-channel": self.torch_channel,
             "constraints": self.constraints.sha256,
             "probe": self.probe.sha256,
             **{f"package:{name}": _version(version) for name, version in sorted(self.packages.items())},
         }
+
+    def differing_pins(self, other: Receipt) -> list[str]:
+        """The pins on which two receipts differ; a pin one of them predates is not compared."""
+        mine, theirs = self.pins(), other.pins()
+        unrecorded = {key for key in _PINS_SINCE_2 if key not in mine or key not in theirs}
+        return sorted(key for key in (set(mine) | set(theirs)) - unrecorded if mine.get(key) != theirs.get(key))
+
+
+def _identity_of(identity: str, implementation: str) -> bool:
+    """``<implementation>-<version>``, as ``environments.Interpreter.identity`` writes it."""
+    prefix = f"{implementation}-"
+    if not identity.startswith(prefix):
+        return False
+    try:
+        Version(identity.removeprefix(prefix))
+    except InvalidVersion:
+        return False
+    return True
 
 
 def _version(text: str) -> Version | str:

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import integrity
 from .errors import HarnessError
+from .errors import integrity as integrity_error
+from .paths import results_dir
 from .registry import SIDES, Registry
 
 SWEEP_SCHEMAS = ("pdevidence-sweep/1", "pdevidence-sweep/2")
@@ -61,6 +65,27 @@ def load_mutations(path: Path) -> dict:
     return _read(path, (MUTATE_SCHEMA,), {"experiment", "score", "mutants"})
 
 
+def load_table(reg: Registry, path: Path, load: Callable[[Path], dict]) -> dict:
+    """A table; a published one (under results/) must first check out against SHA256SUMS.txt.
+
+    A published table that fails its sums or its loader is a published artifact failing
+    verification (exit 5), whatever its bytes now parse as.
+    """
+    try:
+        path.resolve().relative_to(results_dir(reg.root).resolve())
+    except ValueError:
+        return load(path)
+    rel = path.resolve().relative_to(reg.root.resolve()).as_posix()
+    todo = "restore it from git (`git checkout -- results/`) or republish it with `nox -s publish`"
+    why = integrity.problems(reg.root).get(rel)
+    if why:
+        raise integrity_error(f"published table {rel} fails verification: {why}", todo=todo)
+    try:
+        return load(path)
+    except HarnessError as exc:
+        raise integrity_error(f"published table {rel} fails verification: {exc.what}", todo=todo) from None
+
+
 def scenario_notes(reg: Registry, report: dict, runs: Path) -> dict[str, dict[str, dict]]:
     """Titles from the compared result documents, roles (changes or control) from the registry."""
     notes: dict[str, dict[str, dict]] = {}
@@ -99,10 +124,10 @@ def gather(reg: Registry, report: dict, *, runs: Path, published: Path) -> Repor
     sweeps, mutations, sources = {}, {}, [reg.root / "experiments.toml"]
     for name in sorted({p["experiment"] for p in report["pairs"]}):
         if (path := find_table(f"sweep-{name}.json", runs, published)) is not None:
-            sweeps[name] = load_sweep(path)
+            sweeps[name] = load_table(reg, path, load_sweep)
             sources.append(path)
         if (path := find_table(f"mutate.{name}.json", runs, published)) is not None:
-            mutations[name] = load_mutations(path)
+            mutations[name] = load_table(reg, path, load_mutations)
             sources.append(path)
     for pair in report["pairs"]:
         sources += [runs / c["file"] for c in pair["cells"].values() if (runs / c["file"]).is_file()]

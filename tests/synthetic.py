@@ -70,16 +70,19 @@ def result_doc(side: str, version: str, observed: dict | None = None, errors: di
     }
 
 
-def receipt_doc(torch: str = "2.14.1+cpu", packages: dict | None = None) -> dict:
+def receipt_doc(torch: str = "2.14.1+cpu", packages: dict | None = None, channel: str = "pypi",
+                override: str | None = None) -> dict:
     """A receipt as ``receipts.build`` writes it; ``write_cell`` fills in the cell and the result's digest."""
     return {
-        "schema": "pdevidence-receipt/1",
+        "schema": "pdevidence-receipt/2",
         "cell": "",
         "experiment": "demo",
         "side": "",
         "tree": {"kind": "release", "ref": "", "resolved": "", "sha256": "e" * 64, "source": "pypi"},
-        "python": {"requested": "3.12", "version": "3.12.3", "platform": "Linux", "machine": "x86_64"},
-        "torch": {"build": torch, "channel": "pypi", "requested": "auto", "note": ""},
+        "python": {"requested": "3.12", "version": "3.12.3", "implementation": "cpython",
+                   "identity": "cpython-3.12.3", "platform": "Linux", "machine": "x86_64"},
+        "torch": {"build": torch, "channel": channel, "requested": override or "registry", "override": override,
+                  "note": ""},
         "packages": packages or {"torch": "2.14.1", "transformers": "5.12.1"},
         "constraints": {"file": "constraints/cells.txt", "sha256": "c" * 64},
         "probe": {"file": "probes/probe_demo.py", "sha256": "d" * 64},
@@ -161,5 +164,20 @@ SWEEP = {"schema": "pdevidence-sweep/2", "experiment": "demo", "first_fixed": "1
 
 
 def write_sweep(path: Path) -> None:
+    write_table(path, SWEEP)
+
+
+# The smallest mutation table and OpenVEX document publish accepts.
+MUTATIONS = {"schema": "pdevidence-mutate/1", "experiment": "demo",
+             "tree": {"kind": "release", "ref": "1.1.0", "resolved": "1.1.0"},
+             "score": {"killed": 1, "applicable": 1, "total": 1}, "scenarios": ["D1"],
+             "mutants": [{"id": "M1", "title": "drop the door check", "kind": "removes-fix",
+                          "target": "sglang:retire", "operator": "noop", "status": "killed",
+                          "killed_by": {"D1": ["retired"]}, "error": None}]}
+OPENVEX = {"@context": "https://openvex.dev/ns/v0.2.0", "@id": "https://example.invalid/vex/1",
+           "statements": [{"status": "fixed"}]}
+
+
+def write_table(path: Path, doc: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(SWEEP, indent=2) + "\n")
+    path.write_text(json.dumps(doc, indent=2) + "\n")

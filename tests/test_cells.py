@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from pdevidence import cells, errors, registry, results
+from pdevidence import cells, environments, errors, receipts, registry, results
 from pdevidence.fetch import sha256_file
 from pdevidence.paths import PROJECT
 from synthetic import REGISTRY as SYNTHETIC_REGISTRY
@@ -29,6 +29,7 @@ REGISTRY = SYNTHETIC_REGISTRY.replace('python = "3.12"', f'python = "{PY}"')
 PROBE = '''
 """Demo probe: reads the fixture sglang's behaviour through the real probe kit."""
 import os
+import sys
 import time
 
 from _probekit import ScenarioSet, main
@@ -44,7 +45,7 @@ def prepare():
             with open(os.environ["DEMO_PID_FILE"], "w") as fh:
                 fh.write(str(os.getpid()))
         time.sleep(60)
-    if mode == "crash":
+    if mode in ("crash", f"crash-{sys.argv[sys.argv.index('--side') + 1]}"):
         raise SystemExit("probe crashed on purpose")
     return sglang.__version__
 
@@ -103,7 +104,11 @@ def test_a_release_cell_writes_a_result_and_a_receipt(demo_project):
     assert receipt["tree"]["source"] == "pypi" and len(receipt["tree"]["sha256"]) == 64
     assert receipt["packages"]["sglang"] == "1.1.0"
     assert receipt["python"]["version"].startswith(PY)
-    assert receipt["torch"]["channel"] == "pypi"
+    assert receipt["torch"]["channel"] == "pypi" and receipt["torch"]["override"] is None
+    assert receipt["schema"] == receipts.RECEIPT_SCHEMA
+    # What the cell is, as the cache key has it: the interpreter's identity, not its path.
+    assert receipt["python"]["implementation"] == sys.implementation.name
+    assert receipt["python"]["identity"] == environments.find_python(PY).identity()
     assert receipt["result"]["sha256"] == sha256_file(outcome.result)
     assert receipt["exit_status"] == 0 and receipt["duration_s"] >= 0
     assert any("probe_demo.py" in part for part in receipt["commands"][-1])
@@ -117,6 +122,32 @@ def test_an_unchanged_cell_is_reused_and_a_changed_probe_reruns_it(demo_project)
     probe = demo_project / "probes" / "probe_demo.py"
     probe.write_text(probe.read_text() + "\n# changed\n")
     assert not run_cell(demo_project).reused
+
+
+def test_the_receipt_records_the_torch_override(demo_project, monkeypatch):
+    monkeypatch.setenv("PDEVIDENCE_TORCH", "pypi")  # the registry's own channel, named explicitly
+    torch = json.loads(run_cell(demo_project).receipt.read_text())["torch"]
+    assert (torch["channel"], torch["override"], torch["requested"]) == ("pypi", "pypi", "pypi")
+
+
+def test_a_stored_receipt_that_does_not_load_means_rerun(demo_project):
+    first = run_cell(demo_project)
+    first.receipt.write_text("{not json")
+    again = run_cell(demo_project)
+    assert not again.reused and receipts.Receipt.load(again.receipt)
+
+
+def test_a_stored_receipt_in_an_older_schema_means_rerun(demo_project):
+    first = run_cell(demo_project)
+    doc = json.loads(first.receipt.read_text())
+    doc["schema"] = "pdevidence-receipt/1"
+    first.receipt.write_text(json.dumps(doc))
+    assert receipts.Receipt.load(first.receipt).schema_version == 1  # it loads: only its schema is older
+
+    again = run_cell(demo_project)
+
+    assert not again.reused
+    assert receipts.Receipt.load(again.receipt).schema_version == receipts.RECEIPT_SCHEMA_VERSION
 
 
 def test_a_hanging_probe_is_killed_and_leaves_no_result(demo_project, monkeypatch):
@@ -194,6 +225,27 @@ def test_the_main_session_runs_the_matrix_and_confirms_the_differential(demo_pro
     report = json.loads((demo_project / "runs" / "report.json").read_text())
     assert report["pairs"][0]["grid"]["D1"]["status"] == "changed"
     assert not (demo_project / "results").exists()  # only `publish` writes results/
+
+
+@pytest.mark.parametrize(("published", "code"), [
+    (None, errors.ENVIRONMENT),  # the failed cell outranks the comparison's "incomplete"
+    ("results/stray.json", errors.INTEGRITY),  # an unlisted published file outranks the failed cell
+])
+def test_a_matrix_with_a_failed_cell_still_compares_and_exits_with_the_worst_code(demo_project, monkeypatch,
+                                                                                  published, code):
+    from pdevidence import cli
+
+    monkeypatch.setenv("DEMO_PROBE_MODE", "crash-head")
+    if published:
+        (demo_project / published).parent.mkdir()
+        (demo_project / published).write_text("{}\n")
+
+    assert cli.main(["--root", str(demo_project), "matrix", "--jobs", "1"]) == code
+
+    (pair,) = json.loads((demo_project / "runs" / "report.json").read_text())["pairs"]
+    assert pair["verdict"] == "incomplete"
+    assert any("no result for release(demo, head)" in reason for reason in pair["reasons"])
+    assert (demo_project / "runs" / "demo.base.release-1.0.0.json").exists()
 
 
 def test_unknown_experiment_in_a_cell_is_a_usage_error(demo_project):

@@ -17,7 +17,7 @@ import pytest
 
 from pdevidence import cli, errors, integrity, osv, registry, sweep
 from pdevidence.errors import HarnessError
-from synthetic import make_project, write_cell
+from synthetic import OPENVEX, make_project, write_cell
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMESTAMP = re.compile(r"^\d{4}-[01]\d-[0-3]\dT[0-2]\d:[0-5]\d:[0-6]\d(\.\d+)?Z$")
@@ -151,7 +151,7 @@ def test_publish_writes_sweep_tables_osv_records_and_vex_covered_by_the_sums(reg
     for side in ("base", "head"):
         write_cell(runs, side)
     (runs / "sweep-demo.json").write_text(json.dumps(table([row("1.0.0", "pre-fix"), row("1.1.0", "fixed")])))
-    (runs / "openvex-demo-1.0.0.json").write_text(json.dumps({"@context": "https://openvex.dev/ns/v0.2.0"}))
+    (runs / "openvex-demo-1.0.0.json").write_text(json.dumps(OPENVEX))
     assert cli.main(["--root", str(reg.root), "publish"]) == errors.CONFIRMED
     printed = capsys.readouterr().out
     for name in ("results/openvex-demo-1.0.0.json", "results/osv/PDEVIDENCE-2026-1.json", "results/sweep-demo.json"):

@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from pdevidence import cli, compare, errors, integrity, publish, registry
-from synthetic import make_project, result_doc, write_cell, write_sweep
+from synthetic import MUTATIONS, OPENVEX, SWEEP, make_project, result_doc, write_cell, write_sweep, write_table
 
 PUBLISHED = ("demo.base.release-1.0.0.json", "demo.base.release-1.0.0.receipt.json",
              "demo.head.release-1.1.0.json", "demo.head.release-1.1.0.receipt.json")
@@ -38,6 +38,8 @@ def test_publish_copies_results_receipts_and_tables_then_reports_from_what_it_pu
                 *(f"results/{name}" for name in PUBLISHED)):
         assert rel in listed, rel
     integrity.verify(project)
+    osv_record = json.loads((results / "osv" / "PDEVIDENCE-2026-1.json").read_text())
+    assert osv_record["affected"][0]["ranges"][0]["events"] == [{"introduced": "0"}, {"fixed": "1.1.0"}]
 
 
 def test_published_files_are_world_readable(project):
@@ -92,11 +94,41 @@ def test_publish_does_not_bless_a_tampered_file_it_does_not_replace(project, cap
 
 
 def test_the_optional_artifacts_are_declared_patterns_under_runs(project):
-    (project / "runs" / "mutate.demo.json").write_text("{}\n")
+    write_table(project / "runs" / "mutate.demo.json", MUTATIONS)
     (project / "runs" / "sweep").mkdir()
     (project / "runs" / "sweep" / "demo.sweep.release-1.0.1.json").write_text("{}\n")  # sweep cells stay in runs/
     found = [p.relative_to(project / "runs").as_posix() for p in publish.optional_files(project / "runs")]
     assert found == ["mutate.demo.json"]
+
+
+OPTIONAL = {"sweep-demo.json": SWEEP, "mutate.demo.json": MUTATIONS, "openvex-demo.json": OPENVEX}
+
+
+def test_every_kind_of_optional_artifact_is_published_when_its_loader_accepts_it(project):
+    for name, doc in OPTIONAL.items():
+        write_table(project / "runs" / name, doc)
+    assert cli.main(["--root", str(project), "publish"]) == errors.CONFIRMED
+    for name in OPTIONAL:
+        assert (project / "results" / name).read_bytes() == (project / "runs" / name).read_bytes(), name
+
+
+@pytest.mark.parametrize(("name", "drop"), [("sweep-demo.json", "releases"), ("mutate.demo.json", "score"),
+                                            ("openvex-demo.json", "@context"), ("openvex-demo.json", "statements")])
+def test_a_malformed_optional_artifact_is_refused_by_name_before_anything_is_published(project, capsys, name,
+                                                                                         drop):
+    for other, doc in OPTIONAL.items():
+        write_table(project / "runs" / other, {k: v for k, v in doc.items() if other != name or k != drop})
+    assert cli.main(["--root", str(project), "publish"]) == errors.INTEGRITY
+    assert f"runs/{name}" in capsys.readouterr().err
+    assert not any((project / "results").rglob("*"))
+    assert not (project / "SHA256SUMS.txt").exists()
+
+
+@pytest.mark.parametrize("text", ["[]\n", "{half\n"])
+def test_an_optional_artifact_that_is_not_a_json_object_is_refused_by_name(project, capsys, text):
+    (project / "runs" / "openvex-demo.json").write_text(text)
+    assert cli.main(["--root", str(project), "publish"]) == errors.INTEGRITY
+    assert "runs/openvex-demo.json" in capsys.readouterr().err
 
 
 def test_checksums_refuses_to_vouch_for_an_invalid_published_receipt(project, capsys):

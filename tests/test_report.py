@@ -13,7 +13,7 @@ import cairosvg
 import pytest
 from PIL import Image
 
-from pdevidence import cli, errors, pictures, registry, report, report_inputs
+from pdevidence import cli, errors, integrity, pictures, registry, report, report_inputs
 from pdevidence.timeline import ERROR, FIXED, NEITHER, PRE_FIX
 from report_data import TITLES, full_document, mutations, notes, report_dict, sweep_v1
 from synthetic import make_project, write_cell
@@ -291,6 +291,7 @@ def test_gather_reads_fresh_tables_before_published_ones_and_titles_from_the_res
     sweep = {**sweep_v1(), "experiment": "demo"}
     _table(project / "results" / "sweep-demo.json", {**sweep, "first_fixed": "0.5.22"})
     _table(project / "results" / "mutate.demo.json", {**mutations(), "experiment": "demo"})
+    integrity.regenerate(project)  # published tables are always under the sums
     data = {"pairs": [{"experiment": "demo", "cells": {"base": {"file": "demo.base.release-1.0.0.json"},
                                                        "head": {"file": "demo.head.release-1.1.0.json"}}}],
             "upstream": []}
@@ -307,6 +308,31 @@ def test_gather_reads_fresh_tables_before_published_ones_and_titles_from_the_res
     _table(project / "runs" / "sweep-demo.json", {"schema": "pdevidence-sweep/9", "experiment": "demo"})
     with pytest.raises(errors.HarnessError, match="sweep-demo.json is not a table the report can read"):
         report_inputs.gather(reg, data, runs=project / "runs", published=project / "results")
+
+
+@pytest.mark.parametrize("content", ["flipped", "valid JSON, not a sweep"])
+def test_a_published_table_that_fails_its_sums_is_an_integrity_failure_naming_it(project, capsys, content):
+    table = project / "results" / "sweep-demo.json"
+    _table(table, {**sweep_v1(), "experiment": "demo"})
+    integrity.regenerate(project)
+    if content == "flipped":  # no longer parses
+        data = bytearray(table.read_bytes())
+        data[0] ^= 0x20
+        table.write_bytes(bytes(data))
+    else:
+        table.write_text('{"first_fixed": "9.9.9"}\n')
+
+    assert cli.main(["--root", str(project), "compare"]) == errors.INTEGRITY
+    assert "published table results/sweep-demo.json fails verification" in capsys.readouterr().err
+
+
+def test_a_published_table_its_sums_vouch_for_but_not_its_loader_is_an_integrity_failure(project):
+    _table(project / "results" / "mutate.demo.json", {"schema": "pdevidence-mutate/1"})
+    integrity.regenerate(project)
+    data = {"pairs": [{"experiment": "demo", "cells": {}}], "upstream": []}
+    with pytest.raises(errors.HarnessError, match="results/mutate.demo.json fails verification: .*not a table") as err:
+        report_inputs.gather(registry.load(project), data, runs=project / "runs", published=project / "results")
+    assert err.value.code == errors.INTEGRITY
 
 
 def test_the_compare_command_writes_the_enriched_report(project, capsys):

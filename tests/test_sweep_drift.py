@@ -174,3 +174,38 @@ def test_a_sweep_of_something_that_is_not_a_version_is_a_usage_error(tmp_path, c
     assert "--experiment demo" in capsys.readouterr().err
     assert cli.main(["--root", str(project), "sweep", "latest"]) == errors.USAGE
     assert "'latest' is not a version" in capsys.readouterr().err
+
+
+def drift_against(tmp_path, monkeypatch, fresh_doc):
+    """The drift lane on the synthetic head cell, its rerun replaced by ``fresh_doc``."""
+    from pdevidence import cells, registry
+    from synthetic import make_project, write_cell
+
+    project = make_project(tmp_path)
+    write_cell(project / "results", "head")
+    fresh = write_cell(tmp_path / "drift-runs", "head", doc=fresh_doc)
+
+    def compile_(reg_, pins, dest):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text("torch==9.0.0\n")
+        return dest
+
+    monkeypatch.setattr(drift, "compile_constraints", compile_)
+    monkeypatch.setattr(cells, "run_cell", lambda *a, **k: cells.CellOutcome(
+        cells.Cell("demo", "head", "release"), fresh, fresh, reused=False))
+    return drift.run(registry.load(project), "demo", "head", {"torch": drift.LATEST},
+                     published=project / "results", work=tmp_path / "work")
+
+
+def test_drift_names_the_observations_that_moved(tmp_path, monkeypatch):
+    moved = result_doc("head", "1.1.0", {"D1": {"enqueued": False, "retired": "absent"}, "D2": {"enqueued": True}})
+    found = drift_against(tmp_path, monkeypatch, moved)
+    assert (found.status, found.changed) == ("changed", ["D1.retired"])
+    assert drift_against(tmp_path / "same", monkeypatch, result_doc("head", "1.1.0")).status == "unchanged"
+
+
+def test_a_drift_result_of_another_side_is_refused_naming_the_file(tmp_path, monkeypatch):
+    from pdevidence import errors
+
+    with pytest.raises(errors.HarnessError, match=r"demo\.head\.release-1\.1\.0\.json.*side 'base'"):
+        drift_against(tmp_path, monkeypatch, result_doc("base", "1.1.0"))
