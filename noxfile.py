@@ -102,3 +102,10 @@ def drift(session: nox.Session, experiment: str, side: str) -> None:
 def upstream(session: nox.Session, experiment: str, side: str) -> None:
     """The PR's own test files on one side's tree (PDEVIDENCE_UPSTREAM_TESTS=<checkout>, `-- --kind release`)."""
     _run("upstream", experiment, side, *session.posargs)
+
+
+@nox.session(tags=["mutate"])
+@nox.parametrize("experiment", list(REGISTRY.experiments), ids=list(REGISTRY.experiments))
+def mutate(session: nox.Session, experiment: str) -> None:
+    """The head release under each declared mutant of the fix: every one must be killed."""
+    _run("mutate", experiment, *session.posargs)

@@ -12,7 +12,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import cells, compare, drift, integrity, registry, report, sweep, upstream
+from . import cells, compare, drift, integrity, mutate, registry, report, sweep, upstream
 from .errors import BEHAVIOUR_DIFFERS, CONFIRMED, EXIT_CODES, HarnessError, worst
 from .paths import PROJECT, results_dir, runs_dir, work_dir
 from .results import dumps, write_atomic
@@ -118,6 +118,16 @@ def cmd_upstream(args) -> int:
     return CONFIRMED
 
 
+def cmd_mutate(args) -> int:
+    """Every mutant of an experiment on its head release; exit 0 only when each applicable one is killed."""
+    reg = registry.load(args.root)
+    result = mutate.run(reg, args.experiment, log=lambda msg: print(msg, flush=True))
+    out = mutate.write(result, reg.root)
+    print(mutate.table(result))
+    print(f"wrote {out}")
+    return result.exit_code
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pdevidence", description=__doc__,
                                 epilog="exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()))
@@ -162,6 +172,10 @@ def parser() -> argparse.ArgumentParser:
     pub = sub.add_parser("publish", help="copy fresh results of a kind into results/ and update SHA256SUMS.txt")
     pub.add_argument("--kind", default="release", choices=["release", "git"])
     pub.set_defaults(func=cmd_publish)
+
+    mu = sub.add_parser("mutate", help="run the probe under each declared mutant of the fix; name survivors")
+    mu.add_argument("experiment")
+    mu.set_defaults(func=cmd_mutate)
 
     up = sub.add_parser("upstream", help="run the PR's own test files (from the head tree) on one side's tree")
     up.add_argument("experiment")

@@ -1,0 +1,279 @@
+"""The mutation lane: operators on a tiny synthetic module, the kill rule, the table."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import textwrap
+
+import pytest
+
+from pdevidence import errors, mutate, registry
+from pdevidence.paths import PROJECT
+
+sys.path.insert(0, str(PROJECT / "probes"))
+
+import _mutants  # noqa: E402
+
+SYNTHETIC = '''
+import functools
+
+LIMIT = 3
+
+
+def helper(x):
+    return x * 10
+
+
+def guard(req):
+    """A docstring that mentions req.held or req.retracted, which no edit may touch."""
+    # a comment about req.held
+    return req.aborted and not (req.retracted or req.held)
+
+
+def stamp(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+class Door:
+    def __init__(self):
+        self.queue = []
+
+    @stamp
+    def add(self, req):
+        if guard(req):
+            return "retired"
+        self.queue.append(req)
+        return "admitted"
+
+    def limit(self):
+        return LIMIT
+
+
+def counter():
+    calls = 0
+
+    def bump(step):
+        nonlocal calls
+        calls += step
+        return calls
+
+    return bump
+'''
+
+
+class Req:
+    def __init__(self, aborted=False, retracted=False, held=False):
+        self.aborted, self.retracted, self.held = aborted, retracted, held
+
+
+@pytest.fixture
+def synthetic(tmp_path, monkeypatch):
+    (tmp_path / "synthmod.py").write_text(textwrap.dedent(SYNTHETIC))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("synthmod", None)
+    module = importlib.import_module("synthmod")
+    yield module
+    sys.modules.pop("synthmod", None)
+
+
+def spec(**fields):
+    base = {"id": "m1", "title": "t", "kind": "removes-fix", "operator": "noop"}
+    return _mutants.MutantSpec.from_json({**base, **fields})
+
+
+def test_constant_reaches_names_imported_elsewhere(synthetic):
+    imported_guard = synthetic.guard  # like `from utils import guard` in another module
+    with _mutants.applied(spec(target="synthmod:guard", operator="constant", value=True)):
+        assert imported_guard(Req()) is True
+        assert synthetic.Door().add(Req()) == "retired"
+    assert imported_guard(Req()) is False
+
+
+def test_noop_on_a_method_and_restore(synthetic):
+    door = synthetic.Door()
+    original = synthetic.Door.limit.__code__
+    with _mutants.applied(spec(target="synthmod:Door.limit")):
+        assert door.limit() is None
+    assert door.limit() == 3 and synthetic.Door.limit.__code__ is original
+
+
+def test_swap_calls_the_replacement_and_removes_its_global(synthetic):
+    with _mutants.applied(spec(target="synthmod:guard", operator="swap", replacement="synthmod:helper")) as patch:
+        assert synthetic.guard(2) == 20
+        assert set(patch.injected) <= set(vars(synthetic))
+    assert not [name for name in vars(synthetic) if name.startswith("__pdevidence")]
+
+
+def test_edit_drops_one_clause_outside_docstring_and_comments(synthetic):
+    held = Req(aborted=True, held=True)
+    assert synthetic.guard(held) is False
+    with _mutants.applied(spec(target="synthmod:guard", operator="edit", old="req.held", new="False")):
+        assert synthetic.guard(held) is True
+        assert synthetic.guard(Req(aborted=True, retracted=True)) is False
+    assert synthetic.guard(held) is False
+
+
+def test_edit_of_a_decorated_method_changes_the_wrapped_function(synthetic):
+    door = synthetic.Door()
+    with _mutants.applied(spec(target="synthmod:Door.add", operator="edit", old="if guard(req):", new="if False:")):
+        assert door.add(Req(aborted=True)) == "admitted"
+    assert door.add(Req(aborted=True)) == "retired"
+
+
+def test_edit_keeps_a_closure_working(synthetic):
+    bump = synthetic.counter()
+    target = spec(target="synthmod:counter.bump", operator="edit", old="calls += step", new="calls += 2 * step")
+    # A nested function is not reachable by attribute: not applicable, never passed.
+    with pytest.raises(_mutants.NotApplicable):
+        _mutants.apply(target)
+    fn = bump
+    original = fn.__code__
+    source, first = _mutants.edited_source(target, fn)
+    fn.__code__ = _mutants._compile(fn, source, first)
+    try:
+        assert bump(1) == 2 and bump(1) == 4
+    finally:
+        fn.__code__ = original
+
+
+def test_edit_whose_text_is_missing_is_a_clear_error(synthetic):
+    with pytest.raises(_mutants.MutantError, match=r"'req.gone' occurs 0 time\(s\).*expected 1"):
+        _mutants.apply(spec(target="synthmod:guard", operator="edit", old="req.gone", new="False"))
+    # Text found only in the docstring or a comment does not count either.
+    with pytest.raises(_mutants.MutantError, match="occurs 1 time"):
+        _mutants.apply(spec(target="synthmod:guard", operator="edit", old="req.held", new="False", count=2))
+    assert synthetic.guard(Req(aborted=True, held=True)) is False
+
+
+def test_missing_targets_are_not_applicable(synthetic):
+    for target in ("synthmod:nothing", "synthmod:Door.nothing", "no_such_module_here:f"):
+        with pytest.raises(_mutants.NotApplicable):
+            _mutants.apply(spec(target=target))
+    with pytest.raises(_mutants.MutantError, match="not a Python function"):
+        _mutants.apply(spec(target="synthmod:LIMIT"))
+
+
+def test_restore_check_fails_when_the_code_is_not_back(synthetic):
+    patch = _mutants.apply(spec(target="synthmod:guard"))
+    with pytest.raises(_mutants.RestoreError, match="original code"):
+        patch.check()
+    patch.restore()
+    patch.check()
+
+
+# ---------------------------------------------------------------- the kill rule
+
+
+def experiment(mutants: dict) -> registry.Experiment:
+    expect = {
+        "D": registry.Expectation("D", True, {"retired": False, "streamed": 0, "status": None, "same": True},
+                                  {"retired": True, "streamed": 2, "status": 400, "same": True}),
+        "C": registry.Expectation("C", False, {"enqueued": True}, {"enqueued": True}),
+    }
+    muts = {mid: registry.Mutant(id=mid, title=mid, kind=registry.MutantKind(kind), target="m:f",
+                                 operator=registry.Operator.NOOP) for mid, kind in mutants.items()}
+    return registry.Experiment(name="demo", pr=1, title="t", probe=PROJECT / "probes" / "x.py", upstream_tests=(),
+                               git={"base": "0" * 40, "head": "1" * 40}, releases={"base": None, "head": None},
+                               expect=expect, mutants=muts)
+
+
+HEAD = {"D": {"observed": {"retired": True, "streamed": 2, "status": 400, "same": True, "fact": "x"}, "error": None},
+        "C": {"observed": {"enqueued": True}, "error": None}}
+
+
+def under(**changes) -> dict:
+    doc = json.loads(json.dumps(HEAD))
+    for sid, observed in changes.items():
+        if isinstance(observed, str):
+            doc[sid] = {"observed": {}, "error": {"type": observed, "message": "boom"}}
+        else:
+            doc[sid]["observed"].update(observed)
+    return doc
+
+
+def document(**runs) -> dict:
+    return {"tree": {"kind": "release", "ref": "9", "resolved": "9"}, "baseline": HEAD, "mutants": runs}
+
+
+def applied(scenarios):
+    return {"status": "applied", "error": None, "scenarios": scenarios}
+
+
+def test_removes_fix_is_killed_by_a_move_toward_base_only():
+    exp = experiment({"a": "removes-fix", "b": "removes-fix", "c": "removes-fix", "d": "removes-fix",
+                      "e": "removes-fix"})
+    result = mutate.judge(exp, document(
+        a=applied(under(D={"retired": False})),         # equals base
+        b=applied(under(D={"streamed": 1})),            # an int closer to base
+        c=applied(under(D={"streamed": 3, "same": False, "fact": "y"})),  # away from base; unexpected keys
+        d=applied(under(C={"enqueued": False})),         # a control moving does not kill a removes-fix
+        e=applied(under(D="AttributeError")),
+    ))
+    outcome = {m.id: (m.status, m.killed_by) for m in result.mutants}
+    assert outcome["a"] == (mutate.Status.KILLED, {"D": ["retired"]})
+    assert outcome["b"] == (mutate.Status.KILLED, {"D": ["streamed"]})
+    assert outcome["c"][0] is mutate.Status.SURVIVED
+    assert outcome["d"][0] is mutate.Status.SURVIVED
+    assert outcome["e"] == (mutate.Status.KILLED, {"D": ["error:AttributeError"]})
+
+
+def test_over_broad_is_killed_by_a_control_only():
+    exp = experiment({"wide": "over-broad", "quiet": "over-broad"})
+    result = mutate.judge(exp, document(wide=applied(under(C={"enqueued": False})),
+                                        quiet=applied(under(D={"retired": False}))))
+    outcome = {m.id: (m.status, m.killed_by) for m in result.mutants}
+    assert outcome == {"wide": (mutate.Status.KILLED, {"C": ["enqueued"]}), "quiet": (mutate.Status.SURVIVED, {})}
+
+
+def test_baseline_that_is_not_head_fails_the_run():
+    exp = experiment({"a": "removes-fix"})
+    doc = document(a=applied(under()))
+    doc["baseline"] = under(D={"streamed": 0})
+    with pytest.raises(errors.HarnessError, match=r"D.streamed: 0, expected 2") as exc:
+        mutate.judge(exp, doc)
+    assert exc.value.code == errors.BEHAVIOUR_DIFFERS
+
+
+def test_table_score_survivors_and_exit_code(tmp_path):
+    exp = experiment({"a": "removes-fix", "gone": "removes-fix", "bad": "over-broad", "s": "over-broad"})
+    result = mutate.judge(exp, document(
+        a=applied(under(D={"retired": False})),
+        gone={"status": "not applicable", "error": "no such function", "scenarios": {}},
+        bad={"status": "error", "error": "edit text not found", "scenarios": {}},
+        s=applied(under()),
+    ))
+    assert result.score == {"killed": 1, "applicable": 3, "total": 4}
+    assert result.exit_code == errors.BEHAVIOUR_DIFFERS
+    text = mutate.table(result)
+    assert text.splitlines()[-1] == "demo: 1 of 3 mutants killed"
+    assert "survived: s" in text and "error: bad" in text and "edit text not found" in text
+    assert "survived: gone" not in text
+    row = next(line for line in text.splitlines() if line.startswith("a "))
+    assert row.split()[2:5] == [".", "K", "killed"]
+    path = tmp_path / "mutate.demo.json"
+    path.write_text(json.dumps(result.to_json()))
+    assert mutate.load(path) == result
+    all_killed = mutate.judge(experiment({"a": "removes-fix"}), document(a=applied(under(D={"retired": False}))))
+    assert all_killed.exit_code == errors.CONFIRMED
+
+
+def test_loader_rejects_a_tampered_score(tmp_path):
+    result = mutate.judge(experiment({"a": "removes-fix"}), document(a=applied(under(D={"retired": False}))))
+    doc = result.to_json()
+    doc["score"]["killed"] = 0
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(errors.HarnessError, match="does not match its mutants"):
+        mutate.load(path)
+
+
+def test_registry_mutants_are_well_formed_for_the_driver():
+    reg = registry.load(PROJECT)
+    for exp in reg.experiments.values():
+        for mutant in exp.mutants.values():
+            assert _mutants.MutantSpec.from_json(mutant.spec()).id == mutant.id
