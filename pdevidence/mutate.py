@@ -7,7 +7,8 @@ declared mutant. ``judge`` turns that document into the mutation table
 (``runs/mutate.<exp>.json``, schema ``pdevidence-mutate/1``).
 
 The kill rule, per mutant, over the scenarios the registry has expectations for,
-and only on the keys it expects (tree facts such as ``door_verdict`` never count):
+and only on the keys it expects that the mutated run observed (tree facts such as
+``door_verdict`` never count, nor a key a crash left unobserved):
 
 - the baseline must show the registry's head expectation on every expected key
   (else no kill can be judged and the run fails);
@@ -17,8 +18,10 @@ and only on the keys it expects (tree facts such as ``door_verdict`` never count
 - ``over-broad``: killed by a control (``changes = false``) when any expected key
   leaves its baseline value;
 - an exception raised inside a scenario under the mutant (the baseline ran clean)
-  counts in the scenarios that count for the mutant's kind, recorded as the key
-  ``error:<Type>``, so the table shows a crash kill apart from an observed one.
+  kills in the scenarios that count for the mutant's kind, recorded as the key
+  ``error:<Type>`` beside whatever keys the scenario observed moving before it
+  (so a crash is never mistaken for an observation): the table marks a scenario
+  that killed only by an error ``E``, one that observed the kill ``K``.
 
 A mutant whose target is missing on the tree is "not applicable" and is not
 scored; one that cannot be built there (an edit whose text is not found) is an
@@ -135,15 +138,14 @@ def scenario_kills(kind: registry.MutantKind, expect: registry.Expectation, base
     """The keys by which one scenario kills one mutant (empty: it does not)."""
     if expect.changes != (kind is registry.MutantKind.REMOVES_FIX):
         return []
-    if mutated.get("error"):
-        return [f"error:{mutated['error'].get('type', 'Exception')}"]
     before, after = baseline.get("observed", {}), mutated.get("observed", {})
     if expect.changes:
-        keys = [k for k in expect.head if k in expect.base and expect.base[k] != expect.head[k]
-                and _moved_toward(expect.base[k], before.get(k), after.get(k))]
+        keys = [k for k in expect.head if k in after and k in expect.base and expect.base[k] != expect.head[k]
+                and _moved_toward(expect.base[k], before.get(k), after[k])]
     else:
-        keys = [k for k in expect.head if after.get(k) != before.get(k)]
-    return sorted(keys)
+        keys = [k for k in expect.head if k in after and after[k] != before.get(k)]
+    error = mutated.get("error")
+    return sorted(keys) + ([f"error:{error.get('type', 'Exception')}"] if error else [])
 
 
 def check_baseline(exp: registry.Experiment, baseline: dict) -> None:

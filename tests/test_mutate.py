@@ -189,8 +189,8 @@ HEAD = {"D": {"observed": {"retired": True, "streamed": 2, "status": 400, "same"
 def under(**changes) -> dict:
     doc = json.loads(json.dumps(HEAD))
     for sid, observed in changes.items():
-        if isinstance(observed, str):
-            doc[sid] = {"observed": {}, "error": {"type": observed, "message": "boom"}}
+        if isinstance(observed, str):  # a crash before any observation but "retired"
+            doc[sid] = {"observed": {"retired": True}, "error": {"type": observed, "message": "boom"}}
         else:
             doc[sid]["observed"].update(observed)
     return doc
@@ -206,20 +206,23 @@ def applied(scenarios):
 
 def test_removes_fix_is_killed_by_a_move_toward_base_only():
     exp = experiment({"a": "removes-fix", "b": "removes-fix", "c": "removes-fix", "d": "removes-fix",
-                      "e": "removes-fix"})
+                      "e": "removes-fix", "f": "removes-fix"})
     result = mutate.judge(exp, document(
         a=applied(under(D={"retired": False})),         # equals base
         b=applied(under(D={"streamed": 1})),            # an int closer to base
         c=applied(under(D={"streamed": 3, "same": False, "fact": "y"})),  # away from base; unexpected keys
         d=applied(under(C={"enqueued": False})),         # a control moving does not kill a removes-fix
         e=applied(under(D="AttributeError")),
+        f=applied(under(D="KeyError", C={"enqueued": False})),
     ))
     outcome = {m.id: (m.status, m.killed_by) for m in result.mutants}
     assert outcome["a"] == (mutate.Status.KILLED, {"D": ["retired"]})
     assert outcome["b"] == (mutate.Status.KILLED, {"D": ["streamed"]})
     assert outcome["c"][0] is mutate.Status.SURVIVED
     assert outcome["d"][0] is mutate.Status.SURVIVED
+    # A crash kills (named as such); keys it left unobserved (status, base null) never count.
     assert outcome["e"] == (mutate.Status.KILLED, {"D": ["error:AttributeError"]})
+    assert outcome["f"] == (mutate.Status.KILLED, {"D": ["error:KeyError"]})
 
 
 def test_over_broad_is_killed_by_a_control_only():
@@ -228,6 +231,9 @@ def test_over_broad_is_killed_by_a_control_only():
                                         quiet=applied(under(D={"retired": False}))))
     outcome = {m.id: (m.status, m.killed_by) for m in result.mutants}
     assert outcome == {"wide": (mutate.Status.KILLED, {"C": ["enqueued"]}), "quiet": (mutate.Status.SURVIVED, {})}
+    crash = mutate.scenario_kills(registry.MutantKind.OVER_BROAD, exp.expect["C"], HEAD["C"],
+                                  {"observed": {"enqueued": False}, "error": {"type": "ValueError"}})
+    assert crash == ["enqueued", "error:ValueError"]
 
 
 def test_baseline_that_is_not_head_fails_the_run():
