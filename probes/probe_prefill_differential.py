@@ -114,10 +114,16 @@ def _scheduler_class(mixin: type) -> type:
             )
             self.spec_algorithm = sg.SPEC_NONE
             self.enable_hicache_storage = False
+            self.enable_overlap = False
             self.chunked_req = None
             self.disagg_prefill_inflight_queue = []
             self.disagg_prefill_pending_chunk_rids = set()
             self.waiting_queue = []
+            # What the optimistic requeue path reads (0.5.20 added the last two); a head
+            # tree with its fix removed runs that path too and must reach its end.
+            self.disagg_prefill_bootstrap_queue = SimpleNamespace(queue=[])
+            self.processed_tokens_counter = 0
+            self._release_aborted_request = Recorder("release_aborted_request")
 
     return ProbeScheduler
 
@@ -204,9 +210,9 @@ class World:
         with self.patched():
             self.scheduler.process_batch_result_disagg_prefill(batch, result)
 
-    def observe(self, req: Any, observed: Observed, keys: tuple[str, ...], suffix: str = ""):
+    def observe(self, req: Any, observed: Observed, keys: tuple[str, ...]):
         for key in keys:
-            observed[key + suffix] = OBSERVATIONS[key](self, req)
+            observed[key] = OBSERVATIONS[key](self, req)
 
     def release_inserts_prefix(self) -> bool | None:
         if not self.release.count:
@@ -260,12 +266,27 @@ B1_KEYS = (
 )
 
 
+class TransportDown(RuntimeError):
+    """B5's failing sender: the only exception the probe lets a scenario survive."""
+
+
 def _final_result_of_aborted_owned(observed: Observed, *, pending_bootstrap: bool) -> None:
     world = World()
     req = owned_req(pending_bootstrap=pending_bootstrap)
     req.to_finish = sg.FINISH_ABORT()
     world.deliver(req)
     world.observe(req, observed, B1_KEYS)
+
+
+def aborted_middle_chunk(*, final_in_flight: bool) -> Any:
+    """An owned request, bootstrap pending, whose middle-chunk result arrives after its abort."""
+    req = owned_req(pending_bootstrap=True)
+    req.to_finish = sg.FINISH_ABORT()
+    req.inflight_middle_chunks = 1
+    # Either the final chunk is already running, or the request yielded and its
+    # next chunk was never launched.
+    schedule_chunk(req, PROMPT_LEN if final_in_flight else PROMPT_LEN // 2)
+    return req
 
 
 # --- scenarios -----------------------------------------------------------------
@@ -286,10 +307,7 @@ def b1b(observed: Observed) -> None:
 )
 def b2(observed: Observed) -> None:
     world = World()
-    req = owned_req(pending_bootstrap=True)
-    req.to_finish = sg.FINISH_ABORT()
-    req.inflight_middle_chunks = 1
-    schedule_chunk(req, PROMPT_LEN // 2)  # the request yielded: its next chunk was never launched
+    req = aborted_middle_chunk(final_in_flight=False)
     world.deliver(req)
     keys = ("requeued", "kv_released", "release_inserts_prefix", "abort_streamed")
     world.observe(req, observed, keys)
@@ -300,15 +318,22 @@ def b2(observed: Observed) -> None:
 )
 def b3(observed: Observed) -> None:
     world = World()
-    req = owned_req(pending_bootstrap=True)
-    req.to_finish = sg.FINISH_ABORT()
-    req.inflight_middle_chunks = 1
-    schedule_chunk(req, PROMPT_LEN)  # the final chunk is already running
-    keys = ("kv_released", "abort_streamed")
+    req = aborted_middle_chunk(final_in_flight=True)
     world.deliver(req)
-    world.observe(req, observed, keys, "_after_middle")
     world.deliver(req)
-    world.observe(req, observed, keys, "_after_final")
+    keys = ("cached_unfinished", "enqueued_inflight", "kv_released", "abort_streamed")
+    world.observe(req, observed, keys)
+
+
+@SCENARIOS.scenario(
+    "B3m", "control: aborted middle-chunk result while the final chunk is in flight, alone"
+)
+def b3m(observed: Observed) -> None:
+    # The running final chunk still writes this KV: nothing may be released yet.
+    world = World()
+    req = aborted_middle_chunk(final_in_flight=True)
+    world.deliver(req)
+    keys = ("requeued", "kv_released", "sender_aborted", "abort_streamed")
     world.observe(req, observed, keys)
 
 
@@ -326,9 +351,15 @@ def b4(observed: Observed) -> None:
 def b5(observed: Observed) -> None:
     world = World()
     req = owned_req(pending_bootstrap=True)
-    req.disagg_kv_sender.abort.raises = RuntimeError("probe: transport is down")
+    req.disagg_kv_sender.abort.raises = TransportDown("probe: transport is down")
     req.to_finish = sg.FINISH_ABORT()
-    world.deliver(req)
+    # A fix that lets the sender's error escape skips the local cleanup: observe that,
+    # rather than end the scenario on the error.
+    try:
+        world.deliver(req)
+        observed["sender_error_escaped"] = False
+    except TransportDown:
+        observed["sender_error_escaped"] = True
     world.observe(req, observed, ("kv_released", "metadata_freed", "abort_streamed", "finished"))
 
 
@@ -364,12 +395,51 @@ def b8(observed: Observed) -> None:
     world.observe(req, observed, ("enqueued_inflight", "kv_released", "abort_streamed"))
 
 
+NORMAL_FINAL_KEYS = ("cached_unfinished", "enqueued_inflight", "kv_chunk_sent", "kv_released")
+
+
 @SCENARIOS.scenario("B9", "control: normal (not aborted) final result, bootstrap done")
 def b9(observed: Observed) -> None:
     world = World()
     req = owned_req(pending_bootstrap=False)
     world.deliver(req)
-    keys = ("cached_unfinished", "enqueued_inflight", "kv_chunk_sent", "kv_released")
+    world.observe(req, observed, NORMAL_FINAL_KEYS)
+
+
+@SCENARIOS.scenario("B9g", "control: as B9, and the grammar accepts the sampled token")
+def b9g(observed: Observed) -> None:
+    world = World()
+    req = owned_req(pending_bootstrap=False)
+    req.grammar = SimpleNamespace(accept_token=Recorder("grammar.accept_token"), finished=False)
+    world.deliver(req)
+    world.observe(req, observed, NORMAL_FINAL_KEYS)
+
+
+@SCENARIOS.scenario(
+    "B10", "control: late middle-chunk result for a request already retired (owns nothing)"
+)
+def b10(observed: Observed) -> None:
+    # What a retirement leaves: abort final, bootstrap no longer pending, nothing held.
+    world = World()
+    req = make_req(kv=False, mamba=False, metadata=False, pending_bootstrap=False)
+    req.finished_reason = sg.FINISH_ABORT()
+    req.inflight_middle_chunks = 1
+    schedule_chunk(req, PROMPT_LEN // 2)
+    world.deliver(req)
+    keys = ("requeued", "kv_released", "sender_aborted", "abort_streamed")
+    world.observe(req, observed, keys)
+
+
+@SCENARIOS.scenario(
+    "B11", "control: normal middle-chunk result after a yield, bootstrap pending: requeued"
+)
+def b11(observed: Observed) -> None:
+    world = World()
+    req = owned_req(pending_bootstrap=True)
+    req.inflight_middle_chunks = 1
+    schedule_chunk(req, PROMPT_LEN // 2)
+    world.deliver(req)
+    keys = ("requeued", "cached_unfinished", "kv_released", "release_inserts_prefix", "abort_streamed")
     world.observe(req, observed, keys)
 
 
