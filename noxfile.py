@@ -5,6 +5,7 @@
     nox -s "release(prefill, base)"      one release-backed cell
     nox -s matrix                        release-backed matrix, then compare
     nox -s compare                       aggregate existing results
+    nox -s "mutate(admission)"           the head release under each declared mutant of the fix
 """
 
 from __future__ import annotations

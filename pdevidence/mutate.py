@@ -209,10 +209,11 @@ def table(result: MutationTable) -> str:
     for m in result.mutants:
         marks = " ".join(_mark(m, s).rjust(len(c)) for s, c in zip(result.scenarios, cols))
         lines.append(f"{m.id:<{width}}  {m.kind:<11}  {marks}  {m.status.value}")
-    errors = [m for m in result.mutants if any(k.startswith("error:") for keys in m.killed_by.values() for k in keys)]
-    for m in errors:
-        lines.append(f"killed by an error: {m.id}: " + ", ".join(
-            f"{s} {k}" for s, keys in m.killed_by.items() for k in keys if k.startswith("error:")))
+    for m in result.mutants:
+        raised = [f"{s} {k.removeprefix('error:')}" for s, keys in m.killed_by.items() for k in keys
+                  if k.startswith("error:")]
+        if raised:
+            lines.append(f"raised under {m.id}: {', '.join(raised)}")
     for m in result.survivors:
         why = f" ({m.error})" if m.error else ""
         lines.append(f"{m.status.value}: {m.id} [{m.kind}] {m.title}{why}")

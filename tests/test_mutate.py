@@ -283,3 +283,21 @@ def test_registry_mutants_are_well_formed_for_the_driver():
     for exp in reg.experiments.values():
         for mutant in exp.mutants.values():
             assert _mutants.MutantSpec.from_json(mutant.spec()).id == mutant.id
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("name", ["admission", "prefill"])
+def test_real_lane_kills_every_mutant_and_every_scenario_kills(name, tmp_path, monkeypatch, capsys):
+    from pdevidence import cli
+
+    monkeypatch.setenv("PDEVIDENCE_RUNS", str(tmp_path))
+    code = cli.main(["--root", str(PROJECT), "mutate", name])
+    result = mutate.load(tmp_path / f"mutate.{name}.json")
+    out = capsys.readouterr().out
+    assert out.rstrip().splitlines()[-2] == f"{name}: {result.score['killed']} of {result.score['applicable']} mutants killed"
+    assert result.score["applicable"] >= 10
+    assert [m.id for m in result.survivors] == []
+    assert code == errors.CONFIRMED
+    killers = {sid for m in result.mutants for sid in m.killed_by}
+    assert killers == set(result.scenarios), f"scenarios that kill nothing: {set(result.scenarios) - killers}"
+    assert {m.kind for m in result.mutants} == {"removes-fix", "over-broad"}
