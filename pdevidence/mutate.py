@@ -10,8 +10,9 @@ The kill rule, per mutant, over the scenarios the registry has expectations for,
 and only on the keys it expects that the mutated run observed (tree facts such as
 ``door_verdict`` never count, nor a key a crash left unobserved):
 
-- the baseline must show the registry's head expectation on every expected key
-  (else no kill can be judged and the run fails);
+- the baseline must show the registry's head expectation on every expected key,
+  and the scenarios rerun unmutated after all mutants must equal it (else no kill
+  can be judged and the run fails);
 - ``removes-fix``: killed by a differential scenario (``changes = true``) when a
   key whose base and head expectations differ leaves its baseline value and
   either equals the base expectation or, both being integers, comes closer to it;
@@ -168,6 +169,11 @@ def check_baseline(exp: registry.Experiment, baseline: dict) -> None:
 def judge(exp: registry.Experiment, doc: dict) -> MutationTable:
     """The mutation table of one driver document."""
     check_baseline(exp, doc["baseline"])
+    if doc.get("baseline_after", doc["baseline"]) != doc["baseline"]:
+        moved = sorted(sid for sid, sc in doc["baseline"].items() if doc["baseline_after"].get(sid) != sc)
+        raise HarnessError(f"{exp.name}: the unmutated scenarios ran differently after the mutants ({', '.join(moved)}):"
+                           " a mutant left state behind, so no kill can be trusted", code=ENVIRONMENT,
+                           todo="run the mutants one at a time with the driver's --only to find which one")
     scenarios = sorted(exp.expect)
     outcomes = []
     for mid, mutant in exp.mutants.items():

@@ -2,7 +2,7 @@
 
 One SGLang import: the probe's ``prepare`` runs once, then the scenarios run
 unmutated (the baseline), then once per mutant (apply, run, restore, check the
-restore). The harness (``python -m pdevidence mutate <exp>``) judges the kills
+restore), then unmutated again (``baseline_after``). The harness (``python -m pdevidence mutate <exp>``) judges the kills
 from this document; this script only observes.
 
     python probes/probe_mutants.py --probe probes/probe_admission_differential.py \
@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         except _mutants.RestoreError as exc:
             print(f"restore failed, every later run would be void: {exc}", file=sys.stderr)
             return _probekit.EXIT_CANNOT_RUN
+    # Run again unmutated: a mutant that left state behind shows up as a different baseline.
+    doc["baseline_after"] = run_all(scenario_set)
     text = _probekit.dumps(doc)
     if args.out:
         _probekit.write_atomic(args.out, text)

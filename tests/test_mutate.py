@@ -245,6 +245,13 @@ def test_baseline_that_is_not_head_fails_the_run():
     assert exc.value.code == errors.BEHAVIOUR_DIFFERS
 
 
+def test_state_left_behind_by_a_mutant_fails_the_run():
+    doc = document(a=applied(under(D={"retired": False})))
+    doc["baseline_after"] = under(C={"enqueued": False})
+    with pytest.raises(errors.HarnessError, match=r"ran differently after the mutants \(C\)"):
+        mutate.judge(experiment({"a": "removes-fix"}), doc)
+
+
 def test_table_score_survivors_and_exit_code(tmp_path):
     exp = experiment({"a": "removes-fix", "gone": "removes-fix", "bad": "over-broad", "s": "over-broad"})
     result = mutate.judge(exp, document(
@@ -301,3 +308,64 @@ def test_real_lane_kills_every_mutant_and_every_scenario_kills(name, tmp_path, m
     killers = {sid for m in result.mutants for sid in m.killed_by}
     assert killers == set(result.scenarios), f"scenarios that kill nothing: {set(result.scenarios) - killers}"
     assert {m.kind for m in result.mutants} == {"removes-fix", "over-broad"}
+
+
+DEMO_PROBE = '''
+from _probekit import ScenarioSet
+
+DEMO = ScenarioSet("demo")
+
+
+def prepare():
+    import synthmod  # noqa: F401
+    return "1.0"
+
+
+class Req:
+    def __init__(self, **marks):
+        self.aborted, self.retracted, self.held = (marks.get(k, False) for k in ("aborted", "retracted", "held"))
+
+
+@DEMO.scenario("D", "an aborted request at the door")
+def d(observed):
+    import synthmod
+    observed["retired"] = synthmod.Door().add(Req(aborted=True)) == "retired"
+
+
+@DEMO.scenario("C", "an aborted request that holds something")
+def c(observed):
+    import synthmod
+    observed["retired"] = synthmod.Door().add(Req(aborted=True, held=True)) == "retired"
+'''
+
+
+def test_driver_runs_every_mutant_in_one_process_and_records_each_status(tmp_path):
+    import subprocess
+
+    (tmp_path / "synthmod.py").write_text(textwrap.dedent(SYNTHETIC))
+    (tmp_path / "probe_demo.py").write_text(DEMO_PROBE)
+    specs = [
+        {"id": "door", "title": "t", "kind": "removes-fix", "target": "synthmod:Door.add", "operator": "edit",
+         "old": "if guard(req):", "new": "if False:", "count": 1},
+        {"id": "wide", "title": "t", "kind": "over-broad", "target": "synthmod:guard", "operator": "edit",
+         "old": "req.held", "new": "False", "count": 1},
+        {"id": "gone", "title": "t", "kind": "removes-fix", "target": "synthmod:Door.gone", "operator": "noop"},
+        {"id": "stale", "title": "t", "kind": "removes-fix", "target": "synthmod:guard", "operator": "edit",
+         "old": "req.gone", "new": "False", "count": 1},
+    ]
+    (tmp_path / "specs.json").write_text(json.dumps(specs))
+    out = tmp_path / "out.json"
+    done = subprocess.run([sys.executable, str(PROJECT / "probes" / "probe_mutants.py"), "--probe",
+                           str(tmp_path / "probe_demo.py"), "--mutants", str(tmp_path / "specs.json"),
+                           "--out", str(out)], env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(out.read_text())
+    observed = {mid: {sid: sc["observed"]["retired"] for sid, sc in run["scenarios"].items()}
+                for mid, run in doc["mutants"].items()}
+    assert {sid: sc["observed"]["retired"] for sid, sc in doc["baseline"].items()} == {"D": True, "C": False}
+    assert observed["door"] == {"D": False, "C": False} and observed["wide"] == {"D": True, "C": True}
+    assert {mid: run["status"] for mid, run in doc["mutants"].items()} == {
+        "door": "applied", "wide": "applied", "gone": "not applicable", "stale": "error"}
+    assert "occurs 0 time(s)" in doc["mutants"]["stale"]["error"]
+    assert doc["baseline_after"] == doc["baseline"]
