@@ -55,6 +55,9 @@ def run_mutant(spec: _mutants.MutantSpec, scenario_set) -> dict:
         return {**record, "status": "not applicable", "error": _probekit.scrub(str(exc))}
     except _mutants.MutantError as exc:
         return {**record, "status": "error", "error": _probekit.scrub(str(exc))}
+    except Exception as exc:  # an operator that breaks on this tree's source: record it, run the rest
+        err = _probekit.describe_error(exc)
+        return {**record, "status": "error", "error": f"cannot apply: {err['type']}: {err['message']}"}
     try:
         record["scenarios"] = run_all(scenario_set)
     finally:
