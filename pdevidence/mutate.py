@@ -61,9 +61,9 @@ class Status(str, enum.Enum):
 class MutantOutcome:
     id: str
     title: str
-    kind: str
+    kind: registry.MutantKind
     target: str
-    operator: str
+    operator: registry.Operator
     status: Status
     killed_by: dict[str, list[str]] = field(default_factory=dict)
     error: str | None = None
@@ -94,7 +94,8 @@ class MutationTable:
     def to_json(self) -> dict[str, Any]:
         return {"schema": self.schema, "experiment": self.experiment, "tree": self.tree, "score": self.score,
                 "scenarios": self.scenarios,
-                "mutants": [{**asdict(m), "status": m.status.value} for m in self.mutants]}
+                "mutants": [{**asdict(m), "kind": m.kind.value, "operator": m.operator.value,
+                             "status": m.status.value} for m in self.mutants]}
 
 
 def load(path: Path) -> MutationTable:
@@ -110,8 +111,8 @@ def load(path: Path) -> MutationTable:
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise bad(f"schema {doc.get('schema') if isinstance(doc, dict) else None!r}")
     try:
-        mutants = [MutantOutcome(id=m["id"], title=m["title"], kind=m["kind"], target=m["target"],
-                                 operator=m["operator"], status=Status(m["status"]),
+        mutants = [MutantOutcome(id=m["id"], title=m["title"], kind=registry.MutantKind(m["kind"]), target=m["target"],
+                                 operator=registry.Operator(m["operator"]), status=Status(m["status"]),
                                  killed_by={s: list(keys) for s, keys in m["killed_by"].items()},
                                  error=m["error"]) for m in doc["mutants"]]
         table = MutationTable(experiment=doc["experiment"], tree=dict(doc["tree"]),
@@ -181,8 +182,8 @@ def judge(exp: registry.Experiment, doc: dict) -> MutationTable:
         if run is None:
             raise HarnessError(f"the mutant driver reported nothing for {mid}", todo="rerun; if it persists, "
                                f"the driver {DRIVER} is broken")
-        common = dict(id=mid, title=mutant.title, kind=mutant.kind.value, target=mutant.target,
-                      operator=mutant.operator.value)
+        common = dict(id=mid, title=mutant.title, kind=mutant.kind, target=mutant.target,
+                      operator=mutant.operator)
         if run["status"] != "applied":
             status = Status.NOT_APPLICABLE if run["status"] == "not applicable" else Status.ERROR
             outcomes.append(MutantOutcome(**common, status=status, error=run["error"]))
@@ -214,7 +215,7 @@ def table(result: MutationTable) -> str:
     lines = [f"{'mutant':<{width}}  {'kind':<11}  " + " ".join(cols) + "  status"]
     for m in result.mutants:
         marks = " ".join(_mark(m, s).rjust(len(c)) for s, c in zip(result.scenarios, cols))
-        lines.append(f"{m.id:<{width}}  {m.kind:<11}  {marks}  {m.status.value}")
+        lines.append(f"{m.id:<{width}}  {m.kind.value:<11}  {marks}  {m.status.value}")
     for m in result.mutants:
         raised = [f"{s} {k.removeprefix('error:')}" for s, keys in m.killed_by.items() for k in keys
                   if k.startswith("error:")]
@@ -222,7 +223,7 @@ def table(result: MutationTable) -> str:
             lines.append(f"raised under {m.id}: {', '.join(raised)}")
     for m in result.survivors:
         why = f" ({m.error})" if m.error else ""
-        lines.append(f"{m.status.value}: {m.id} [{m.kind}] {m.title}{why}")
+        lines.append(f"{m.status.value}: {m.id} [{m.kind.value}] {m.title}{why}")
     score = result.score
     lines.append(f"{result.experiment}: {score['killed']} of {score['applicable']} mutants killed")
     return "\n".join(lines)
