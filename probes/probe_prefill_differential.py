@@ -185,8 +185,9 @@ def schedule_chunk(req: Any, end: int) -> None:
 class World:
     """A stand-in scheduler plus the recorders patched into the prefill module."""
 
-    def __init__(self, *, mamba_cache: bool = False, real_release: bool = False):
+    def __init__(self, *, mamba_cache: bool = False, real_release: bool = False, hicache: bool = False):
         self.scheduler = sg.Scheduler(mamba_cache=mamba_cache)
+        self.scheduler.enable_hicache_storage = hicache
         self.cache_unfinished = Recorder("cache_unfinished")
         # B7 keeps the real release: its mamba-only branch touches nothing but the
         # tree cache's mamba allocator stand-in, which is what B7 observes.
@@ -238,6 +239,13 @@ def _metadata_freed(world: World, _req: Any) -> int:
     return freed.count(METADATA_BUFFER)
 
 
+def _cache_aborted(world: World, _req: Any) -> int:
+    """Calls telling the tree cache the request ended in an abort (hicache storage)."""
+    finish = world.scheduler.tree_cache.finish
+    outcomes = [finish.arg("outcome", 1, call) for call in range(finish.count)]
+    return sum(1 for outcome in outcomes if getattr(outcome, "name", None) == "ABORT")
+
+
 OBSERVATIONS: dict[str, Callable[[World, Any], Any]] = {
     "cached_unfinished": lambda w, r: w.cache_unfinished.count,
     "enqueued_inflight": lambda w, r: w.scheduler.disagg_prefill_inflight_queue.count(r),
@@ -251,6 +259,7 @@ OBSERVATIONS: dict[str, Callable[[World, Any], Any]] = {
     # With attempts left (OPTIMISTIC_ATTEMPTS) the requeue path goes to the waiting queue.
     "requeued": lambda w, r: w.scheduler.waiting_queue.count(r),
     "mamba_freed": lambda w, r: w.scheduler.tree_cache.req_to_token_pool.mamba_allocator.free.count,
+    "cache_aborted": _cache_aborted,
 }
 
 B1_KEYS = (
@@ -300,6 +309,15 @@ def b1(observed: Observed) -> None:
 @SCENARIOS.scenario("B1b", "as B1 but bootstrap already done")
 def b1b(observed: Observed) -> None:
     _final_result_of_aborted_owned(observed, pending_bootstrap=False)
+
+
+@SCENARIOS.scenario("B1h", "as B1 with hicache storage on: the cache learns of the abort")
+def b1h(observed: Observed) -> None:
+    world = World(hicache=True)
+    req = owned_req(pending_bootstrap=True)
+    req.to_finish = sg.FINISH_ABORT()
+    world.deliver(req)
+    world.observe(req, observed, ("cache_aborted", "cached_unfinished", "kv_released"))
 
 
 @SCENARIOS.scenario(
