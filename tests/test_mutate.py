@@ -369,3 +369,63 @@ def test_driver_runs_every_mutant_in_one_process_and_records_each_status(tmp_pat
         "door": "applied", "wide": "applied", "gone": "not applicable", "stale": "error"}
     assert "occurs 0 time(s)" in doc["mutants"]["stale"]["error"]
     assert doc["baseline_after"] == doc["baseline"]
+
+
+def demo_lane(tmp_path, monkeypatch, mutants: dict, probe_text: str = DEMO_PROBE):
+    """A whole lane on the synthetic module: the harness runs the real driver in a subprocess."""
+    import shutil
+    from types import SimpleNamespace
+
+    from pdevidence import cells, trees
+
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    for name in ("_mutants.py", "_probekit.py", "probe_mutants.py"):
+        shutil.copy(PROJECT / "probes" / name, probes / name)
+    (probes / "probe_demo.py").write_text(probe_text)
+    (tmp_path / "synthmod.py").write_text(textwrap.dedent(SYNTHETIC))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("PDEVIDENCE_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setenv("PDEVIDENCE_WORK", str(tmp_path / "work"))
+    exp = experiment({})
+    expect = {"D": registry.Expectation("D", True, {"retired": False}, {"retired": True}),
+              "C": registry.Expectation("C", False, {"retired": False}, {"retired": False})}
+    muts = {mid: registry.Mutant(id=mid, title=mid, **fields) for mid, fields in mutants.items()}
+    exp = registry.Experiment(**{**exp.__dict__, "probe": probes / "probe_demo.py", "expect": expect, "mutants": muts})
+    reg = SimpleNamespace(root=tmp_path, experiment=lambda name: exp)
+    tree = trees.Tree("release", "9.9", "9.9", tmp_path, None, "pypi", "test")
+    monkeypatch.setattr(cells, "resolve_tree", lambda reg, cell: tree)
+    monkeypatch.setattr(cells, "cell_slug", lambda reg, cell, tree: "demo.head.release-9.9")
+    monkeypatch.setattr(cells, "cell_environment", lambda reg, tree, slug: SimpleNamespace(interpreter=sys.executable))
+    return mutate.run(reg, "demo", log=lambda msg: None)
+
+
+EDIT = registry.Operator.EDIT
+
+
+def test_lane_end_to_end_kills_by_observation(tmp_path, monkeypatch):
+    result = demo_lane(tmp_path, monkeypatch, {
+        "door": dict(kind=registry.MutantKind.REMOVES_FIX, target="synthmod:Door.add", operator=EDIT,
+                     old="if guard(req):", new="if False:"),
+        "wide": dict(kind=registry.MutantKind.OVER_BROAD, target="synthmod:guard", operator=EDIT,
+                     old="req.held", new="False"),
+    })
+    assert {m.id: m.killed_by for m in result.mutants} == {"door": {"D": ["retired"]}, "wide": {"C": ["retired"]}}
+    assert result.exit_code == errors.CONFIRMED and result.tree == {"kind": "release", "ref": "9.9", "resolved": "9.9"}
+
+
+def test_lane_aborts_with_exit_3_when_a_restore_fails(tmp_path, monkeypatch):
+    # A scenario that rebinds the target under the mutant leaves another function there: the check must notice.
+    rebinding = DEMO_PROBE + '''
+
+@DEMO.scenario("R", "rebinds guard when it is a no-op")
+def r(observed):
+    import synthmod
+    if synthmod.guard(Req()) is None:
+        synthmod.guard = lambda req: False
+'''
+    with pytest.raises(errors.HarnessError, match="exited with status 3") as exc:
+        demo_lane(tmp_path, monkeypatch, {"g": dict(kind=registry.MutantKind.REMOVES_FIX, target="synthmod:guard",
+                                                    operator=registry.Operator.NOOP)}, rebinding)
+    assert exc.value.code == errors.ENVIRONMENT
+    assert "restore failed" in str(exc.value)
