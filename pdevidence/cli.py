@@ -122,9 +122,8 @@ def cmd_mutate(args) -> int:
     """Every mutant of an experiment on its head release; exit 0 only when each applicable one is killed."""
     reg = registry.load(args.root)
     result = mutate.run(reg, args.experiment, log=lambda msg: print(msg, flush=True))
-    out = mutate.write(result, reg.root)
-    print(mutate.table(result))
-    print(f"wrote {out}")
+    print(f"wrote {mutate.write(result, reg.root)}")
+    print(mutate.table(result))  # its last line is the score: "<experiment>: K of N mutants killed"
     return result.exit_code
 
 

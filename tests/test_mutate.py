@@ -301,7 +301,7 @@ def test_real_lane_kills_every_mutant_and_every_scenario_kills(name, tmp_path, m
     code = cli.main(["--root", str(PROJECT), "mutate", name])
     result = mutate.load(tmp_path / f"mutate.{name}.json")
     out = capsys.readouterr().out
-    assert out.rstrip().splitlines()[-2] == f"{name}: {result.score['killed']} of {result.score['applicable']} mutants killed"
+    assert out.rstrip().splitlines()[-1] == f"{name}: {result.score['killed']} of {result.score['applicable']} mutants killed"
     assert result.score["applicable"] >= 10
     assert [m.id for m in result.survivors] == []
     assert code == errors.CONFIRMED
