@@ -293,8 +293,8 @@ def aborted_middle_chunk(*, final_in_flight: bool, pending_bootstrap: bool = Tru
     """An owned request whose middle-chunk result arrives after its abort."""
     req = aborted_owned(pending_bootstrap=pending_bootstrap)
     req.inflight_middle_chunks = 1
-    # Either the final chunk is already running, or the request yielded and its
-    # next chunk was never launched.
+    # Either the final chunk is already running, or no later chunk was launched
+    # (the request yielded, or its chunking stopped at the abort).
     schedule_chunk(req, PROMPT_LEN if final_in_flight else PROMPT_LEN // 2)
     return req
 
