@@ -5,6 +5,7 @@
     nox -s "release(prefill, base)"      one release-backed cell
     nox -s matrix                        release-backed matrix, then compare
     nox -s compare                       aggregate existing results
+    nox -s "mutate(admission)"           the head release under each declared mutant of the fix
     nox -s lock_cpu                      compile the hashed CPU-torch closure (needs the PyTorch CPU index)
 
 One selected session exits with the harness's own code (README, "Exit codes"). With
@@ -146,3 +147,10 @@ def lock_cpu(session: nox.Session) -> None:
         print(f"error: {exc}", file=sys.stderr)
         _finish(session, exc.code)
     session.log(f"wrote {dest}; commit it and set constraints_cpu = \"{dest.relative_to(ROOT)}\" in experiments.toml")
+
+
+@nox.session(tags=["mutate"])
+@nox.parametrize("experiment", list(REGISTRY.experiments), ids=list(REGISTRY.experiments))
+def mutate(session: nox.Session, experiment: str) -> None:
+    """The head release under each declared mutant of the fix: every one must be killed."""
+    _run(session, "mutate", experiment, *session.posargs)

@@ -13,7 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import cells, check, children, compare, drift, integrity, openvex, publish, registry, report, sweep, upstream
+from . import (cells, check, children, compare, drift, integrity, mutate, openvex, publish, registry, report,
+               sweep, upstream)
 from .errors import BEHAVIOUR_DIFFERS, CONFIRMED, EXIT_CODES, HarnessError, worst
 from .paths import PROJECT, results_dir, runs_dir, work_dir
 from .results import dumps, write_atomic
@@ -155,6 +156,15 @@ def cmd_upstream(args) -> int:
     return CONFIRMED
 
 
+def cmd_mutate(args) -> int:
+    """Every mutant of an experiment on its head release; exit 0 only when each applicable one is killed."""
+    reg = registry.load(args.root)
+    result = mutate.run(reg, args.experiment, log=lambda msg: print(msg, flush=True))
+    print(f"wrote {mutate.write(result, reg.root)}")
+    print(mutate.table(result))  # its last line is the score: "<experiment>: K of N mutants killed"
+    return result.exit_code
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pdevidence", description=__doc__,
                                 epilog="exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()))
@@ -214,6 +224,10 @@ def parser() -> argparse.ArgumentParser:
     pub.add_argument("--allow-unconfirmed", action="store_true",
                      help="publish even if the fresh differential is not confirmed (the report says so)")
     pub.set_defaults(func=cmd_publish)
+
+    mu = sub.add_parser("mutate", help="run the probe under each declared mutant of the fix; name survivors")
+    mu.add_argument("experiment")
+    mu.set_defaults(func=cmd_mutate)
 
     up = sub.add_parser("upstream", help="run the PR's own test files (from the head tree) on one side's tree")
     up.add_argument("experiment")

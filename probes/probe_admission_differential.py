@@ -128,6 +128,21 @@ def pending_abort_req():
     return req
 
 
+def hold(req, names: tuple[str, ...], value) -> str:
+    """Mark a resource as held where this tree keeps it; returns where ("kv.<name>" or "<name>").
+
+    Since 0.5.19 a request's resources live on `req.kv` (a `ReqKvInfo`); older
+    trees keep them on the request, some under another name (`names[1:]`).
+    """
+    kv = getattr(req, "kv", None)
+    if kv is not None and hasattr(kv, names[0]):
+        setattr(kv, names[0], value)
+        return f"kv.{names[0]}"
+    name = next((n for n in names if hasattr(req, n)), names[-1])
+    setattr(req, name, value)
+    return name
+
+
 def make_scheduler():
     """A stand-in Scheduler carrying the real methods the exercised paths call.
 
@@ -238,6 +253,19 @@ def finished_status(req):
     return None
 
 
+def observe_retirement(sched, req, observed: Observed) -> None:
+    """What a retirement does, step by step, seen from its collaborators and the request.
+
+    `retired` records only the door's hand-off; these keys move when a step of
+    the retirement itself is skipped: group retired, cache-side state
+    released, finish state set, the abort streamed.
+    """
+    observed["group_retired"] = sched.beam_coordinator.retire_group.count
+    observed["released"] = sched.tree_cache.finish.count
+    observed["finished_status"] = finished_status(req)
+    observed["abort_streamed"] = abort_streamed(sched, req)
+
+
 def decode_enqueued(q, req) -> bool:
     return req in q.retracted_queue or any(d.req is req for d in q.queue + q.pending_reqs)
 
@@ -253,12 +281,13 @@ def offer_prefill(req, observed: Observed) -> None:
     sched = make_scheduler()
     q = prefill_queue(sched)
     with stand_in_transport() as (sender, _):
-        SG.PrefillBootstrapQueue.add(q, req, 8)
-    observed["sender_created"] = sender.count > 0
-    observed["enqueued"] = req in q.queue
-    observed["retired"] = sched.retire_unadmitted_request.count > 0
-    observed["abort_streamed"] = abort_streamed(sched, req)
-    observed["finished_status"] = finished_status(req)
+        try:
+            SG.PrefillBootstrapQueue.add(q, req, 8)
+        finally:  # a door that raises still leaves what it did observable
+            observed["sender_created"] = sender.count > 0
+            observed["enqueued"] = req in q.queue
+            observed["retired"] = sched.retire_unadmitted_request.count > 0
+            observe_retirement(sched, req, observed)
 
 
 def offer_decode(req, observed: Observed, **flags):
@@ -266,12 +295,13 @@ def offer_decode(req, observed: Observed, **flags):
     sched = make_scheduler()
     q = decode_queue(sched)
     with stand_in_transport() as (_, receiver):
-        SG.DecodePreallocQueue.add(q, req, **flags)
-    observed["receiver_created"] = receiver.count > 0
-    observed["enqueued"] = decode_enqueued(q, req)
-    observed["retired"] = sched.retire_unadmitted_request.count > 0
-    observed["abort_streamed"] = abort_streamed(sched, req)
-    observed["finished_status"] = finished_status(req)
+        try:
+            SG.DecodePreallocQueue.add(q, req, **flags)
+        finally:
+            observed["receiver_created"] = receiver.count > 0
+            observed["enqueued"] = decode_enqueued(q, req)
+            observed["retired"] = sched.retire_unadmitted_request.count > 0
+            observe_retirement(sched, req, observed)
     return q
 
 
@@ -313,14 +343,8 @@ def a4(observed: Observed) -> None:
 @PROBE.scenario("A5", "re-entry with a pending abort holding a host retraction backup, prefill door")
 def a5(observed: Observed) -> None:
     req = pending_abort_req()
-    # 0.5.19 moved the backup from `req.kv_cache_cpu` to
-    # `req.kv.retraction_backup`; mark it where this tree keeps it.
-    if req.kv is not None and hasattr(req.kv, "retraction_backup"):
-        req.kv.retraction_backup = object()
-        observed["backup_marker"] = "kv.retraction_backup"
-    else:
-        req.kv_cache_cpu = object()
-        observed["backup_marker"] = "kv_cache_cpu"
+    # 0.5.19 moved the backup from `req.kv_cache_cpu` to `req.kv.retraction_backup`.
+    observed["backup_marker"] = hold(req, ("retraction_backup", "kv_cache_cpu"), object())
     offer_prefill(req, observed)
 
 
@@ -363,21 +387,54 @@ def a8(observed: Observed) -> None:
     observed["abort_pending"] = isinstance(req.to_finish, SG.FINISH_ABORT)
 
 
-@PROBE.scenario("A9", "retirement of a rejected request that belongs to a streaming session")
-def a9(observed: Observed) -> None:
+def retire_session_request(streaming: bool, observed: Observed):
+    """Retire a rejected request of a session with the real method, where the tree has one.
+
+    The call is the probe's own, so nothing observed counts it: the keys are
+    what SGLang did to the session and the request.
+    """
     observed["retire_method"] = presence(SG.Scheduler, "retire_unadmitted_request")
-    session = SimpleNamespace(streaming=True, abort_req=Recorder("session.abort_req"))
+    session = SimpleNamespace(streaming=streaming, abort_req=Recorder("session.abort_req"))
     req = rejected_req(session=session)
     sched = make_scheduler()
-    if observed["retire_method"] == "absent":
-        observed["session_detached"] = "absent"
-        observed["retired"] = "absent"
-    else:
-        sched.retire_unadmitted_request(req)
-        observed["session_detached"] = req.session is None and session.abort_req.count == 1
-        observed["retired"] = sched.retire_unadmitted_request.count > 0
-    observed["abort_streamed"] = abort_streamed(sched, req)
-    observed["finished_status"] = finished_status(req)
+    real_retire = getattr(SG.Scheduler, "retire_unadmitted_request", None)
+    if real_retire is not None:
+        real_retire(sched, req)
+    observed["session_aborted"] = session.abort_req.count
+    observed["session_detached"] = req.session is None
+    return sched, req
+
+
+@PROBE.scenario("A9", "retirement of a rejected request that belongs to a streaming session")
+def a9(observed: Observed) -> None:
+    sched, req = retire_session_request(True, observed)
+    observe_retirement(sched, req, observed)
+
+
+@PROBE.scenario("A9n", "retirement of a rejected request of a non-streaming session keeps the session")
+def a9n(observed: Observed) -> None:
+    retire_session_request(False, observed)
+
+
+@PROBE.scenario("A10", "re-entry with a pending abort holding a KV row, prefill door")
+def a10(observed: Observed) -> None:
+    req = pending_abort_req()
+    observed["held"] = hold(req, ("req_pool_idx",), 5)
+    offer_prefill(req, observed)
+
+
+@PROBE.scenario("A11", "re-entry with a pending abort holding a mamba slot, prefill door")
+def a11(observed: Observed) -> None:
+    req = pending_abort_req()
+    observed["held"] = hold(req, ("mamba_pool_idx",), object())
+    offer_prefill(req, observed)
+
+
+@PROBE.scenario("A12", "request already finished with an abort (finished_reason set), prefill door")
+def a12(observed: Observed) -> None:
+    req = make_req(16)
+    req.finished_reason = SG.FINISH_ABORT(REJECT_MSG, HTTPStatus.BAD_REQUEST)
+    offer_prefill(req, observed)
 
 
 if __name__ == "__main__":

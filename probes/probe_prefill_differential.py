@@ -5,7 +5,10 @@ on a stand-in scheduler that subclasses the real mixin, with real ``Req``,
 ``ReqKvInfo``, ``FINISH_ABORT`` and ``GenerationBatchResult``. Only the
 transport / cache / scheduler boundary is replaced by recorders: the KV sender,
 ``send_kv_chunk``, ``release_kv_cache``, the unfinished-request cache call,
-the tree cache, the allocators, the output streamer and the metrics.
+the tree cache, the allocators, the output streamer, the metrics and the
+scheduler's queues and cache-side abort hook. The stand-ins carry everything
+the pre-fix paths read too, so a head tree with its fix removed (the mutation
+lane, ``python -m pdevidence mutate prefill``) shows the base behaviour.
 
 Run it by hand against one tree, in a Python 3.12 venv holding the pinned
 closure (`uv pip install -r constraints/cells-py312.txt`) plus SGLang without
@@ -114,10 +117,17 @@ def _scheduler_class(mixin: type) -> type:
             )
             self.spec_algorithm = sg.SPEC_NONE
             self.enable_hicache_storage = False
+            self.enable_overlap = False
             self.chunked_req = None
             self.disagg_prefill_inflight_queue = []
             self.disagg_prefill_pending_chunk_rids = set()
             self.waiting_queue = []
+            # What the optimistic requeue path reads (0.5.20 added the last two; the
+            # abort hook is Scheduler's, not the mixin's); a head tree with its fix
+            # removed runs that path too and must reach its end.
+            self.disagg_prefill_bootstrap_queue = SimpleNamespace(queue=[])
+            self.processed_tokens_counter = 0
+            self._release_aborted_request = Recorder("release_aborted_request")
 
     return ProbeScheduler
 
@@ -179,8 +189,9 @@ def schedule_chunk(req: Any, end: int) -> None:
 class World:
     """A stand-in scheduler plus the recorders patched into the prefill module."""
 
-    def __init__(self, *, mamba_cache: bool = False, real_release: bool = False):
+    def __init__(self, *, mamba_cache: bool = False, real_release: bool = False, hicache: bool = False):
         self.scheduler = sg.Scheduler(mamba_cache=mamba_cache)
+        self.scheduler.enable_hicache_storage = hicache
         self.cache_unfinished = Recorder("cache_unfinished")
         # B7 keeps the real release: its mamba-only branch touches nothing but the
         # tree cache's mamba allocator stand-in, which is what B7 observes.
@@ -204,9 +215,9 @@ class World:
         with self.patched():
             self.scheduler.process_batch_result_disagg_prefill(batch, result)
 
-    def observe(self, req: Any, observed: Observed, keys: tuple[str, ...], suffix: str = ""):
+    def observe(self, req: Any, observed: Observed, keys: tuple[str, ...]):
         for key in keys:
-            observed[key + suffix] = OBSERVATIONS[key](self, req)
+            observed[key] = OBSERVATIONS[key](self, req)
 
     def release_inserts_prefix(self) -> bool | None:
         if not self.release.count:
@@ -232,6 +243,13 @@ def _metadata_freed(world: World, _req: Any) -> int:
     return freed.count(METADATA_BUFFER)
 
 
+def _cache_aborted(world: World, _req: Any) -> int:
+    """Calls telling the tree cache the request ended in an abort (hicache storage)."""
+    finish = world.scheduler.tree_cache.finish
+    outcomes = [finish.arg("outcome", 1, call) for call in range(finish.count)]
+    return sum(1 for outcome in outcomes if getattr(outcome, "name", None) == "ABORT")
+
+
 OBSERVATIONS: dict[str, Callable[[World, Any], Any]] = {
     "cached_unfinished": lambda w, r: w.cache_unfinished.count,
     "enqueued_inflight": lambda w, r: w.scheduler.disagg_prefill_inflight_queue.count(r),
@@ -245,6 +263,7 @@ OBSERVATIONS: dict[str, Callable[[World, Any], Any]] = {
     # With attempts left (OPTIMISTIC_ATTEMPTS) the requeue path goes to the waiting queue.
     "requeued": lambda w, r: w.scheduler.waiting_queue.count(r),
     "mamba_freed": lambda w, r: w.scheduler.tree_cache.req_to_token_pool.mamba_allocator.free.count,
+    "cache_aborted": _cache_aborted,
 }
 
 B1_KEYS = (
@@ -260,12 +279,39 @@ B1_KEYS = (
 )
 
 
-def _final_result_of_aborted_owned(observed: Observed, *, pending_bootstrap: bool) -> None:
-    world = World()
+class TransportDown(RuntimeError):
+    """B5's failing sender: the only exception the probe lets a scenario survive."""
+
+
+def aborted_owned(*, pending_bootstrap: bool) -> Any:
     req = owned_req(pending_bootstrap=pending_bootstrap)
     req.to_finish = sg.FINISH_ABORT()
-    world.deliver(req)
-    world.observe(req, observed, B1_KEYS)
+    return req
+
+
+def aborted_middle_chunk(*, final_in_flight: bool, pending_bootstrap: bool = True) -> Any:
+    """An owned request whose middle-chunk result arrives after its abort."""
+    req = aborted_owned(pending_bootstrap=pending_bootstrap)
+    req.inflight_middle_chunks = 1
+    # Either the final chunk is already running, or no later chunk was launched
+    # (the request yielded, or its chunking stopped at the abort).
+    schedule_chunk(req, PROMPT_LEN if final_in_flight else PROMPT_LEN // 2)
+    return req
+
+
+def retired_req() -> Any:
+    """What a retirement leaves: abort final, bootstrap no longer pending, nothing held."""
+    req = make_req(kv=False, mamba=False, metadata=False, pending_bootstrap=False)
+    req.finished_reason = sg.FINISH_ABORT()
+    return req
+
+
+def run(observed: Observed, req: Any, keys: tuple[str, ...], *, deliveries: int = 1, **world: bool) -> None:
+    """A fresh world, ``deliveries`` results for ``req``, then the observations."""
+    w = World(**world)
+    for _ in range(deliveries):
+        w.deliver(req)
+    w.observe(req, observed, keys)
 
 
 # --- scenarios -----------------------------------------------------------------
@@ -273,104 +319,133 @@ def _final_result_of_aborted_owned(observed: Observed, *, pending_bootstrap: boo
 
 @SCENARIOS.scenario("B1", "final-chunk result, owned request, pending abort, bootstrap pending")
 def b1(observed: Observed) -> None:
-    _final_result_of_aborted_owned(observed, pending_bootstrap=True)
+    run(observed, aborted_owned(pending_bootstrap=True), B1_KEYS)
 
 
 @SCENARIOS.scenario("B1b", "as B1 but bootstrap already done")
 def b1b(observed: Observed) -> None:
-    _final_result_of_aborted_owned(observed, pending_bootstrap=False)
+    run(observed, aborted_owned(pending_bootstrap=False), B1_KEYS)
+
+
+@SCENARIOS.scenario("B1h", "as B1 with hicache storage on: the cache learns of the abort")
+def b1h(observed: Observed) -> None:
+    keys = ("cache_aborted", "cached_unfinished", "kv_released")
+    run(observed, aborted_owned(pending_bootstrap=True), keys, hicache=True)
 
 
 @SCENARIOS.scenario(
     "B2", "aborted middle-chunk result, no later chunk in flight, bootstrap pending"
 )
 def b2(observed: Observed) -> None:
-    world = World()
-    req = owned_req(pending_bootstrap=True)
-    req.to_finish = sg.FINISH_ABORT()
-    req.inflight_middle_chunks = 1
-    schedule_chunk(req, PROMPT_LEN // 2)  # the request yielded: its next chunk was never launched
-    world.deliver(req)
     keys = ("requeued", "kv_released", "release_inserts_prefix", "abort_streamed")
-    world.observe(req, observed, keys)
+    run(observed, aborted_middle_chunk(final_in_flight=False), keys)
+
+
+@SCENARIOS.scenario(
+    "B2d", "aborted middle-chunk result, no later chunk in flight, bootstrap done (abandoned)"
+)
+def b2d(observed: Observed) -> None:
+    keys = ("requeued", "kv_released", "metadata_freed", "sender_aborted", "abort_streamed")
+    run(observed, aborted_middle_chunk(final_in_flight=False, pending_bootstrap=False), keys)
 
 
 @SCENARIOS.scenario(
     "B3", "aborted middle-chunk result while the final chunk is in flight, then the final result"
 )
 def b3(observed: Observed) -> None:
-    world = World()
-    req = owned_req(pending_bootstrap=True)
-    req.to_finish = sg.FINISH_ABORT()
-    req.inflight_middle_chunks = 1
-    schedule_chunk(req, PROMPT_LEN)  # the final chunk is already running
-    keys = ("kv_released", "abort_streamed")
-    world.deliver(req)
-    world.observe(req, observed, keys, "_after_middle")
-    world.deliver(req)
-    world.observe(req, observed, keys, "_after_final")
-    world.observe(req, observed, keys)
+    keys = ("cached_unfinished", "enqueued_inflight", "kv_released", "abort_streamed")
+    run(observed, aborted_middle_chunk(final_in_flight=True), keys, deliveries=2)
+
+
+@SCENARIOS.scenario(
+    "B3m", "control: aborted middle-chunk result while the final chunk is in flight, alone"
+)
+def b3m(observed: Observed) -> None:
+    # The running final chunk still writes this KV: nothing may be released yet.
+    keys = ("requeued", "kv_released", "sender_aborted", "abort_streamed")
+    run(observed, aborted_middle_chunk(final_in_flight=True), keys)
 
 
 @SCENARIOS.scenario("B4", "delayed final result for a request already retired (owns nothing)")
 def b4(observed: Observed) -> None:
-    world = World()
-    req = make_req(kv=False, mamba=False, metadata=False, pending_bootstrap=False)
-    req.finished_reason = sg.FINISH_ABORT()
-    world.deliver(req)
     keys = ("cached_unfinished", "enqueued_inflight", "kv_chunk_sent", "abort_streamed")
-    world.observe(req, observed, keys)
+    run(observed, retired_req(), keys)
 
 
 @SCENARIOS.scenario("B5", "as B1, but the sender's abort raises")
 def b5(observed: Observed) -> None:
     world = World()
-    req = owned_req(pending_bootstrap=True)
-    req.disagg_kv_sender.abort.raises = RuntimeError("probe: transport is down")
-    req.to_finish = sg.FINISH_ABORT()
-    world.deliver(req)
+    req = aborted_owned(pending_bootstrap=True)
+    req.disagg_kv_sender.abort.raises = TransportDown("probe: transport is down")
+    # A fix that lets the sender's error escape skips the local cleanup: observe that,
+    # rather than end the scenario on the error.
+    try:
+        world.deliver(req)
+        observed["sender_error_escaped"] = False
+    except TransportDown:
+        observed["sender_error_escaped"] = True
     world.observe(req, observed, ("kv_released", "metadata_freed", "abort_streamed", "finished"))
+
+
+def with_grammar(req: Any, *, rejects: bool) -> Any:
+    error = ValueError("probe: token rejected") if rejects else None
+    req.grammar = SimpleNamespace(accept_token=Recorder("grammar.accept_token", raises=error), finished=False)
+    return req
 
 
 @SCENARIOS.scenario("B6", "grammar rejects the sampled token of a final result, bootstrap done")
 def b6(observed: Observed) -> None:
-    world = World()
-    req = owned_req(pending_bootstrap=False)
-    req.grammar = SimpleNamespace(
-        accept_token=Recorder("grammar.accept_token", raises=ValueError("probe: token rejected")),
-        finished=False,
-    )
-    world.deliver(req)
     keys = ("cached_unfinished", "kv_chunk_sent", "kv_released", "abort_streamed")
-    world.observe(req, observed, keys)
+    run(observed, with_grammar(owned_req(pending_bootstrap=False), rejects=True), keys)
 
 
 @SCENARIOS.scenario("B7", "aborted request holding only a mamba slot")
 def b7(observed: Observed) -> None:
-    world = World(mamba_cache=True, real_release=True)
     req = make_req(kv=False, mamba=True, metadata=False, pending_bootstrap=True)
     req.to_finish = sg.FINISH_ABORT()
-    world.deliver(req)
-    world.observe(req, observed, ("mamba_freed", "abort_streamed"))
+    run(observed, req, ("mamba_freed", "abort_streamed"), mamba_cache=True, real_release=True)
 
 
 @SCENARIOS.scenario("B8", "B1's result delivered twice")
 def b8(observed: Observed) -> None:
-    world = World()
-    req = owned_req(pending_bootstrap=True)
-    req.to_finish = sg.FINISH_ABORT()
-    world.deliver(req)
-    world.deliver(req)
-    world.observe(req, observed, ("enqueued_inflight", "kv_released", "abort_streamed"))
+    keys = ("enqueued_inflight", "kv_released", "abort_streamed")
+    run(observed, aborted_owned(pending_bootstrap=True), keys, deliveries=2)
+
+
+NORMAL_FINAL_KEYS = ("cached_unfinished", "enqueued_inflight", "kv_chunk_sent", "kv_released")
 
 
 @SCENARIOS.scenario("B9", "control: normal (not aborted) final result, bootstrap done")
 def b9(observed: Observed) -> None:
-    world = World()
-    req = owned_req(pending_bootstrap=False)
-    world.deliver(req)
-    keys = ("cached_unfinished", "enqueued_inflight", "kv_chunk_sent", "kv_released")
-    world.observe(req, observed, keys)
+    run(observed, owned_req(pending_bootstrap=False), NORMAL_FINAL_KEYS)
+
+
+@SCENARIOS.scenario("B9g", "control: as B9, and the grammar accepts the sampled token")
+def b9g(observed: Observed) -> None:
+    run(observed, with_grammar(owned_req(pending_bootstrap=False), rejects=False), NORMAL_FINAL_KEYS)
+
+
+@SCENARIOS.scenario(
+    "B10", "control: late middle-chunk result for a request already retired (owns nothing)"
+)
+def b10(observed: Observed) -> None:
+    req = retired_req()
+    req.inflight_middle_chunks = 1
+    schedule_chunk(req, PROMPT_LEN // 2)
+    run(observed, req, ("requeued", "kv_released", "sender_aborted", "abort_streamed"))
+
+
+@SCENARIOS.scenario(
+    "B11", "control: normal middle-chunk result after a yield, bootstrap pending: requeued"
+)
+def b11(observed: Observed) -> None:
+    req = owned_req(pending_bootstrap=True)
+    req.inflight_middle_chunks = 1
+    schedule_chunk(req, PROMPT_LEN // 2)
+    # Not release_inserts_prefix: from 0.5.22 this path keeps the prefix by a checkpoint
+    # call (cached_unfinished) and releases without one.
+    keys = ("requeued", "cached_unfinished", "kv_released", "abort_streamed")
+    run(observed, req, keys)
 
 
 if __name__ == "__main__":

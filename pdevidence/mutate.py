@@ -1,0 +1,289 @@
+"""The mutation lane: does each probe notice when its fix is broken?
+
+``run`` takes the registry's head release of an experiment (tree and cell
+environment as its release cell has them) and runs ``probes/probe_mutants.py``
+there once: the probe's scenarios unmutated (the baseline), then under each
+declared mutant. ``judge`` turns that document into the mutation table
+(``runs/mutate.<exp>.json``, schema ``pdevidence-mutate/1``).
+
+The kill rule, per mutant, over the scenarios the registry has expectations for,
+and only on the keys it expects that the mutated run observed (tree facts such as
+``door_verdict`` never count, nor a key a crash left unobserved):
+
+- the baseline must show the registry's head expectation on every expected key,
+  and the scenarios rerun unmutated after all mutants must equal it (else no kill
+  can be judged and the run fails);
+- ``removes-fix``: killed by a differential scenario (``changes = true``) when a
+  key whose base and head expectations differ leaves its baseline value and
+  either equals the base expectation or, both being integers, comes closer to it;
+- ``over-broad``: killed by a control (``changes = false``) when any expected key
+  leaves its baseline value;
+- an exception raised inside a scenario under the mutant (the baseline ran clean)
+  kills in the scenarios that count for the mutant's kind, recorded as the key
+  ``error:<Type>`` beside whatever keys the scenario observed moving before it
+  (so a crash is never mistaken for an observation): the table marks a scenario
+  that killed only by an error ``E``, one that observed the kill ``K``.
+
+A mutant whose target is missing on the tree is "not applicable" and is not
+scored; one that cannot be built there (an edit whose text is not found) is an
+"error" and counts as not killed. Exit 0 only when every applicable mutant is
+killed; survivors and errors are named.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import cells, probe_run, registry
+from .errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, HarnessError, usage
+from .locking import exclusive
+from .paths import runs_dir, work_dir
+from .results import dumps, write_atomic
+
+SCHEMA = "pdevidence-mutate/1"
+PROBE_SCHEMA = "pd-mutant-probe/1"
+DRIVER = "probe_mutants.py"
+
+
+class Status(str, enum.Enum):
+    KILLED = "killed"
+    SURVIVED = "survived"
+    NOT_APPLICABLE = "not applicable"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class MutantOutcome:
+    id: str
+    title: str
+    kind: registry.MutantKind
+    target: str
+    operator: registry.Operator
+    status: Status
+    killed_by: dict[str, list[str]] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class MutationTable:
+    experiment: str
+    tree: dict[str, str]
+    scenarios: list[str]
+    mutants: list[MutantOutcome]
+    schema: str = SCHEMA
+
+    @property
+    def score(self) -> dict[str, int]:
+        applicable = [m for m in self.mutants if m.status is not Status.NOT_APPLICABLE]
+        return {"killed": sum(m.status is Status.KILLED for m in applicable),
+                "applicable": len(applicable), "total": len(self.mutants)}
+
+    @property
+    def survivors(self) -> list[MutantOutcome]:
+        return [m for m in self.mutants if m.status in (Status.SURVIVED, Status.ERROR)]
+
+    @property
+    def exit_code(self) -> int:
+        return CONFIRMED if self.score["applicable"] and not self.survivors else BEHAVIOUR_DIFFERS
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": self.schema, "experiment": self.experiment, "tree": self.tree, "score": self.score,
+                "scenarios": self.scenarios,
+                "mutants": [{**asdict(m), "kind": m.kind.value, "operator": m.operator.value,
+                             "status": m.status.value} for m in self.mutants]}
+
+
+def load(path: Path) -> MutationTable:
+    """Read and validate a mutation table; a bad one names the file and the field."""
+    def bad(why: str) -> HarnessError:
+        return HarnessError(f"{path} is not a valid mutation table: {why}",
+                            expected=f"a {SCHEMA} document", todo="rerun `python -m pdevidence mutate <experiment>`")
+
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise bad(str(exc)) from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise bad(f"schema {doc.get('schema') if isinstance(doc, dict) else None!r}")
+    try:
+        mutants = [MutantOutcome(id=m["id"], title=m["title"], kind=registry.MutantKind(m["kind"]), target=m["target"],
+                                 operator=registry.Operator(m["operator"]), status=Status(m["status"]),
+                                 killed_by={s: list(keys) for s, keys in m["killed_by"].items()},
+                                 error=m["error"]) for m in doc["mutants"]]
+        table = MutationTable(experiment=doc["experiment"], tree=dict(doc["tree"]),
+                              scenarios=list(doc["scenarios"]), mutants=mutants)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise bad(f"{type(exc).__name__}: {exc}") from None
+    if doc.get("score") != table.score:
+        raise bad(f"score {doc.get('score')} does not match its mutants ({table.score})")
+    return table
+
+
+# ---------------------------------------------------------------- the kill rule
+
+
+def _moved_toward(base: Any, baseline: Any, mutated: Any) -> bool:
+    if mutated == baseline:
+        return False
+    if mutated == base:
+        return True
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (base, baseline, mutated))
+    return ints and abs(mutated - base) < abs(baseline - base)
+
+
+def scenario_kills(kind: registry.MutantKind, expect: registry.Expectation, baseline: dict, mutated: dict) -> list[str]:
+    """The keys by which one scenario kills one mutant (empty: it does not)."""
+    if expect.changes != (kind is registry.MutantKind.REMOVES_FIX):
+        return []
+    before, after = baseline.get("observed", {}), mutated.get("observed", {})
+    if expect.changes:
+        keys = [k for k in expect.head if k in after and k in expect.base and expect.base[k] != expect.head[k]
+                and _moved_toward(expect.base[k], before.get(k), after[k])]
+    else:
+        keys = [k for k in expect.head if k in after and after[k] != before.get(k)]
+    error = mutated.get("error")
+    return sorted(keys) + ([f"error:{error.get('type', 'Exception')}"] if error else [])
+
+
+def check_baseline(exp: registry.Experiment, baseline: dict) -> None:
+    """The unmutated run must be the head the registry expects, or no kill means anything."""
+    wrong = []
+    for sid, expect in sorted(exp.expect.items()):
+        sc = baseline.get(sid)
+        if sc is None or sc.get("error"):
+            wrong.append(f"{sid}: {'missing' if sc is None else sc['error']}")
+            continue
+        wrong += [f"{sid}.{k}: {sc['observed'].get(k)!r}, expected {v!r}"
+                  for k, v in sorted(expect.head.items()) if sc["observed"].get(k, "<missing>") != v]
+    if wrong:
+        raise HarnessError(
+            f"{exp.name}: the unmutated head run does not show the registry's head expectations:\n  "
+            + "\n  ".join(wrong), code=BEHAVIOUR_DIFFERS,
+            todo=f"run `nox -s \"release({exp.name}, head)\"` and compare; fix the probe or the expectations first")
+
+
+def judge(exp: registry.Experiment, doc: dict) -> MutationTable:
+    """The mutation table of one driver document."""
+    check_baseline(exp, doc["baseline"])
+    if doc.get("baseline_after", doc["baseline"]) != doc["baseline"]:
+        moved = sorted(sid for sid, sc in doc["baseline"].items() if doc["baseline_after"].get(sid) != sc)
+        raise HarnessError(f"{exp.name}: the unmutated scenarios ran differently after the mutants ({', '.join(moved)}):"
+                           " a mutant left state behind, so no kill can be trusted", code=ENVIRONMENT,
+                           todo="run the mutants one at a time with the driver's --only to find which one")
+    scenarios = sorted(exp.expect)
+    outcomes = []
+    for mid, mutant in exp.mutants.items():
+        run = doc["mutants"].get(mid)
+        if run is None:
+            raise HarnessError(f"the mutant driver reported nothing for {mid}", todo="rerun; if it persists, "
+                               f"the driver {DRIVER} is broken")
+        common = dict(id=mid, title=mutant.title, kind=mutant.kind, target=mutant.target,
+                      operator=mutant.operator)
+        if run["status"] != "applied":
+            status = Status.NOT_APPLICABLE if run["status"] == "not applicable" else Status.ERROR
+            outcomes.append(MutantOutcome(**common, status=status, error=run["error"]))
+            continue
+        killed_by = {}
+        for sid in scenarios:
+            keys = scenario_kills(mutant.kind, exp.expect[sid], doc["baseline"][sid], run["scenarios"].get(sid, {}))
+            if keys:
+                killed_by[sid] = keys
+        outcomes.append(MutantOutcome(**common, status=Status.KILLED if killed_by else Status.SURVIVED,
+                                      killed_by=killed_by))
+    return MutationTable(experiment=exp.name, tree=dict(doc["tree"]), scenarios=scenarios, mutants=outcomes)
+
+
+# ---------------------------------------------------------------- presentation
+
+
+def _mark(outcome: MutantOutcome, sid: str) -> str:
+    keys = outcome.killed_by.get(sid)
+    if not keys:
+        return "."
+    return "E" if all(k.startswith("error:") for k in keys) else "K"
+
+
+def table(result: MutationTable) -> str:
+    """Mutant x scenario: K killed by observation, E killed by an error, . not; then survivors and the score."""
+    width = max(len(m.id) for m in result.mutants) if result.mutants else 6
+    cols = [s.rjust(max(3, len(s))) for s in result.scenarios]
+    lines = [f"{'mutant':<{width}}  {'kind':<11}  " + " ".join(cols) + "  status"]
+    for m in result.mutants:
+        marks = " ".join(_mark(m, s).rjust(len(c)) for s, c in zip(result.scenarios, cols))
+        lines.append(f"{m.id:<{width}}  {m.kind.value:<11}  {marks}  {m.status.value}")
+    for m in result.mutants:
+        raised = [f"{s} {k.removeprefix('error:')}" for s, keys in m.killed_by.items() for k in keys
+                  if k.startswith("error:")]
+        if raised:
+            lines.append(f"raised under {m.id}: {', '.join(raised)}")
+    for m in result.survivors:
+        why = f" ({m.error})" if m.error else ""
+        lines.append(f"{m.status.value}: {m.id} [{m.kind.value}] {m.title}{why}")
+    score = result.score
+    lines.append(f"{result.experiment}: {score['killed']} of {score['applicable']} mutants killed")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- running it
+
+
+def run(reg: registry.Registry, experiment: str, *, log=print) -> MutationTable:
+    """Every mutant of ``experiment`` on its head release, in one probe process."""
+    exp = reg.experiment(experiment)
+    if not exp.mutants:
+        raise usage(f"experiment {experiment!r} declares no mutants",
+                    todo=f"add [experiments.{experiment}.mutants.<id>] tables to {registry.REGISTRY_FILE}")
+    cell = cells.Cell(experiment, "head", "release")
+    tree = cells.resolve_tree(reg, cell)
+    slug = cells.cell_slug(reg, cell, tree)
+    runs = runs_dir(reg.root)
+    specs = runs / "mutate" / f"{experiment}.specs.json"
+    out = runs / "mutate" / f"{experiment}.probe.json"
+    partial = out.with_name(f".{out.name}.partial")
+    write_atomic(specs, dumps([m.spec() for m in exp.mutants.values()]))
+    with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"cell {cell.name}"):
+        env = cells.cell_environment(reg, tree, slug)
+        log(f"mutate({experiment}): {len(exp.mutants)} mutants on {tree.label()}")
+        logfile = work_dir(reg.root) / "logs" / f"mutate.{experiment}.log"
+        logfile.parent.mkdir(parents=True, exist_ok=True)
+        command = [str(env.interpreter), str(exp.probe.parent / DRIVER), "--probe", str(exp.probe),
+                   "--mutants", str(specs), "--tree-kind", tree.kind, "--tree-ref", tree.ref,
+                   "--tree-resolved", tree.resolved, "--out", str(partial)]
+        run_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0"}
+        try:
+            status = probe_run.run_killable(command, logfile, timeout=probe_run.timeout_seconds(), env=run_env,
+                                            what=f"mutant driver for {experiment}")
+            if status != 0:
+                raise HarnessError(f"mutant driver for {experiment} exited with status {status}; no table written.\n"
+                                   f"last output:\n{probe_run.tail(logfile)}", code=ENVIRONMENT,
+                                   todo=f"full log: {logfile}")
+            doc = _driver_document(partial, exp)
+            os.replace(partial, out)
+        finally:
+            partial.unlink(missing_ok=True)
+    return judge(exp, doc)
+
+
+def _driver_document(path: Path, exp: registry.Experiment) -> dict:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise HarnessError(f"the mutant driver exited 0 but wrote no readable document: {exc}") from None
+    ok = (isinstance(doc, dict) and doc.get("schema") == PROBE_SCHEMA and doc.get("experiment") == exp.name
+          and isinstance(doc.get("baseline"), dict) and isinstance(doc.get("mutants"), dict)
+          and isinstance(doc.get("tree"), dict))
+    if not ok:
+        raise HarnessError(f"{path} is not a {PROBE_SCHEMA} document for {exp.name}",
+                           todo=f"the driver {DRIVER} and the harness disagree; rerun from one checkout")
+    return doc
+
+
+def write(result: MutationTable, root: Path) -> Path:
+    path = runs_dir(root) / f"mutate.{result.experiment}.json"
+    write_atomic(path, dumps(result.to_json()))
+    return path

@@ -1,0 +1,431 @@
+"""The mutation lane: operators on a tiny synthetic module, the kill rule, the table."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import textwrap
+
+import pytest
+
+from pdevidence import errors, mutate, registry
+from pdevidence.paths import PROJECT
+
+sys.path.insert(0, str(PROJECT / "probes"))
+
+import _mutants  # noqa: E402
+
+SYNTHETIC = '''
+import functools
+
+LIMIT = 3
+
+
+def helper(x):
+    return x * 10
+
+
+def guard(req):
+    """A docstring that mentions req.held or req.retracted, which no edit may touch."""
+    # a comment about req.held
+    return req.aborted and not (req.retracted or req.held)
+
+
+def stamp(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+class Door:
+    def __init__(self):
+        self.queue = []
+
+    @stamp
+    def add(self, req):
+        if guard(req):
+            return "retired"
+        self.queue.append(req)
+        return "admitted"
+
+    def limit(self):
+        return LIMIT
+
+
+def counter():
+    calls = 0
+
+    def bump(step):
+        nonlocal calls
+        calls += step
+        return calls
+
+    return bump
+'''
+
+
+class Req:
+    def __init__(self, aborted=False, retracted=False, held=False):
+        self.aborted, self.retracted, self.held = aborted, retracted, held
+
+
+@pytest.fixture
+def synthetic(tmp_path, monkeypatch):
+    (tmp_path / "synthmod.py").write_text(textwrap.dedent(SYNTHETIC))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("synthmod", None)
+    module = importlib.import_module("synthmod")
+    yield module
+    sys.modules.pop("synthmod", None)
+
+
+def spec(**fields):
+    base = {"id": "m1", "title": "t", "kind": "removes-fix", "operator": "noop"}
+    return _mutants.MutantSpec.from_json({**base, **fields})
+
+
+def test_constant_reaches_names_imported_elsewhere(synthetic):
+    imported_guard = synthetic.guard  # like `from utils import guard` in another module
+    with _mutants.applied(spec(target="synthmod:guard", operator="constant", value=True)):
+        assert imported_guard(Req()) is True
+        assert synthetic.Door().add(Req()) == "retired"
+    assert imported_guard(Req()) is False
+
+
+def test_noop_on_a_method_and_restore(synthetic):
+    door = synthetic.Door()
+    original = synthetic.Door.limit.__code__
+    with _mutants.applied(spec(target="synthmod:Door.limit")):
+        assert door.limit() is None
+    assert door.limit() == 3 and synthetic.Door.limit.__code__ is original
+
+
+def test_swap_calls_the_replacement_and_removes_its_global(synthetic):
+    with _mutants.applied(spec(target="synthmod:guard", operator="swap", replacement="synthmod:helper")) as patch:
+        assert synthetic.guard(2) == 20
+        assert set(patch.injected) <= set(vars(synthetic))
+    assert not [name for name in vars(synthetic) if name.startswith("__pdevidence")]
+
+
+def test_edit_drops_one_clause_outside_docstring_and_comments(synthetic):
+    held = Req(aborted=True, held=True)
+    assert synthetic.guard(held) is False
+    with _mutants.applied(spec(target="synthmod:guard", operator="edit", old="req.held", new="False")):
+        assert synthetic.guard(held) is True
+        assert synthetic.guard(Req(aborted=True, retracted=True)) is False
+    assert synthetic.guard(held) is False
+
+
+def test_edit_of_a_decorated_method_changes_the_wrapped_function(synthetic):
+    door = synthetic.Door()
+    with _mutants.applied(spec(target="synthmod:Door.add", operator="edit", old="if guard(req):", new="if False:")):
+        assert door.add(Req(aborted=True)) == "admitted"
+    assert door.add(Req(aborted=True)) == "retired"
+
+
+def test_edit_keeps_a_closure_working(synthetic):
+    bump = synthetic.counter()
+    target = spec(target="synthmod:counter.bump", operator="edit", old="calls += step", new="calls += 2 * step")
+    # A nested function is not reachable by attribute: not applicable, never passed.
+    with pytest.raises(_mutants.NotApplicable):
+        _mutants.apply(target)
+    fn = bump
+    original = fn.__code__
+    source, first = _mutants.edited_source(target, fn)
+    fn.__code__ = _mutants._compile(fn, source, first)
+    try:
+        assert bump(1) == 2 and bump(1) == 4
+    finally:
+        fn.__code__ = original
+
+
+def test_edit_whose_text_is_missing_is_a_clear_error(synthetic):
+    with pytest.raises(_mutants.MutantError, match=r"'req.gone' occurs 0 time\(s\).*expected 1"):
+        _mutants.apply(spec(target="synthmod:guard", operator="edit", old="req.gone", new="False"))
+    # Text found only in the docstring or a comment does not count either.
+    with pytest.raises(_mutants.MutantError, match="occurs 1 time"):
+        _mutants.apply(spec(target="synthmod:guard", operator="edit", old="req.held", new="False", count=2))
+    assert synthetic.guard(Req(aborted=True, held=True)) is False
+
+
+def test_missing_targets_are_not_applicable(synthetic):
+    for target in ("synthmod:nothing", "synthmod:Door.nothing", "no_such_module_here:f"):
+        with pytest.raises(_mutants.NotApplicable):
+            _mutants.apply(spec(target=target))
+    with pytest.raises(_mutants.MutantError, match="not a Python function"):
+        _mutants.apply(spec(target="synthmod:LIMIT"))
+
+
+def test_restore_check_fails_when_the_code_is_not_back(synthetic):
+    patch = _mutants.apply(spec(target="synthmod:guard"))
+    with pytest.raises(_mutants.RestoreError, match="original code"):
+        patch.check()
+    patch.restore()
+    patch.check()
+
+
+# ---------------------------------------------------------------- the kill rule
+
+
+def experiment(mutants: dict) -> registry.Experiment:
+    expect = {
+        "D": registry.Expectation("D", True, {"retired": False, "streamed": 0, "status": None, "same": True},
+                                  {"retired": True, "streamed": 2, "status": 400, "same": True}),
+        "C": registry.Expectation("C", False, {"enqueued": True}, {"enqueued": True}),
+    }
+    muts = {mid: registry.Mutant(id=mid, title=mid, kind=registry.MutantKind(kind), target="m:f",
+                                 operator=registry.Operator.NOOP) for mid, kind in mutants.items()}
+    return registry.Experiment(name="demo", pr=1, title="t", probe=PROJECT / "probes" / "x.py", upstream_tests=(),
+                               git={"base": "0" * 40, "head": "1" * 40}, releases={"base": None, "head": None},
+                               expect=expect, mutants=muts)
+
+
+HEAD = {"D": {"observed": {"retired": True, "streamed": 2, "status": 400, "same": True, "fact": "x"}, "error": None},
+        "C": {"observed": {"enqueued": True}, "error": None}}
+
+
+def under(**changes) -> dict:
+    doc = json.loads(json.dumps(HEAD))
+    for sid, observed in changes.items():
+        if isinstance(observed, str):  # a crash before any observation but "retired"
+            doc[sid] = {"observed": {"retired": True}, "error": {"type": observed, "message": "boom"}}
+        else:
+            doc[sid]["observed"].update(observed)
+    return doc
+
+
+def document(**runs) -> dict:
+    return {"tree": {"kind": "release", "ref": "9", "resolved": "9"}, "baseline": HEAD, "mutants": runs}
+
+
+def applied(scenarios):
+    return {"status": "applied", "error": None, "scenarios": scenarios}
+
+
+def test_removes_fix_is_killed_by_a_move_toward_base_only():
+    exp = experiment({"a": "removes-fix", "b": "removes-fix", "c": "removes-fix", "d": "removes-fix",
+                      "e": "removes-fix", "f": "removes-fix"})
+    result = mutate.judge(exp, document(
+        a=applied(under(D={"retired": False})),         # equals base
+        b=applied(under(D={"streamed": 1})),            # an int closer to base
+        c=applied(under(D={"streamed": 3, "same": False, "fact": "y"})),  # away from base; unexpected keys
+        d=applied(under(C={"enqueued": False})),         # a control moving does not kill a removes-fix
+        e=applied(under(D="AttributeError")),
+        f=applied(under(D="KeyError", C={"enqueued": False})),
+    ))
+    outcome = {m.id: (m.status, m.killed_by) for m in result.mutants}
+    assert outcome["a"] == (mutate.Status.KILLED, {"D": ["retired"]})
+    assert outcome["b"] == (mutate.Status.KILLED, {"D": ["streamed"]})
+    assert outcome["c"][0] is mutate.Status.SURVIVED
+    assert outcome["d"][0] is mutate.Status.SURVIVED
+    # A crash kills (named as such); keys it left unobserved (status, base null) never count.
+    assert outcome["e"] == (mutate.Status.KILLED, {"D": ["error:AttributeError"]})
+    assert outcome["f"] == (mutate.Status.KILLED, {"D": ["error:KeyError"]})
+
+
+def test_over_broad_is_killed_by_a_control_only():
+    exp = experiment({"wide": "over-broad", "quiet": "over-broad"})
+    result = mutate.judge(exp, document(wide=applied(under(C={"enqueued": False})),
+                                        quiet=applied(under(D={"retired": False}))))
+    outcome = {m.id: (m.status, m.killed_by) for m in result.mutants}
+    assert outcome == {"wide": (mutate.Status.KILLED, {"C": ["enqueued"]}), "quiet": (mutate.Status.SURVIVED, {})}
+    crash = mutate.scenario_kills(registry.MutantKind.OVER_BROAD, exp.expect["C"], HEAD["C"],
+                                  {"observed": {"enqueued": False}, "error": {"type": "ValueError"}})
+    assert crash == ["enqueued", "error:ValueError"]
+
+
+def test_baseline_that_is_not_head_fails_the_run():
+    exp = experiment({"a": "removes-fix"})
+    doc = document(a=applied(under()))
+    doc["baseline"] = under(D={"streamed": 0})
+    with pytest.raises(errors.HarnessError, match=r"D.streamed: 0, expected 2") as exc:
+        mutate.judge(exp, doc)
+    assert exc.value.code == errors.BEHAVIOUR_DIFFERS
+
+
+def test_state_left_behind_by_a_mutant_fails_the_run():
+    doc = document(a=applied(under(D={"retired": False})))
+    doc["baseline_after"] = under(C={"enqueued": False})
+    with pytest.raises(errors.HarnessError, match=r"ran differently after the mutants \(C\)"):
+        mutate.judge(experiment({"a": "removes-fix"}), doc)
+
+
+def test_table_score_survivors_and_exit_code(tmp_path):
+    exp = experiment({"a": "removes-fix", "gone": "removes-fix", "bad": "over-broad", "s": "over-broad"})
+    result = mutate.judge(exp, document(
+        a=applied(under(D={"retired": False})),
+        gone={"status": "not applicable", "error": "no such function", "scenarios": {}},
+        bad={"status": "error", "error": "edit text not found", "scenarios": {}},
+        s=applied(under()),
+    ))
+    assert result.score == {"killed": 1, "applicable": 3, "total": 4}
+    assert result.exit_code == errors.BEHAVIOUR_DIFFERS
+    text = mutate.table(result)
+    assert text.splitlines()[-1] == "demo: 1 of 3 mutants killed"
+    assert "survived: s" in text and "error: bad" in text and "edit text not found" in text
+    assert "survived: gone" not in text
+    row = next(line for line in text.splitlines() if line.startswith("a "))
+    assert row.split()[2:5] == [".", "K", "killed"]
+    path = tmp_path / "mutate.demo.json"
+    path.write_text(json.dumps(result.to_json()))
+    assert mutate.load(path) == result
+    all_killed = mutate.judge(experiment({"a": "removes-fix"}), document(a=applied(under(D={"retired": False}))))
+    assert all_killed.exit_code == errors.CONFIRMED
+
+
+def test_loader_rejects_a_tampered_score(tmp_path):
+    result = mutate.judge(experiment({"a": "removes-fix"}), document(a=applied(under(D={"retired": False}))))
+    doc = result.to_json()
+    doc["score"]["killed"] = 0
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(errors.HarnessError, match="does not match its mutants"):
+        mutate.load(path)
+
+
+def test_registry_mutants_are_well_formed_for_the_driver():
+    reg = registry.load(PROJECT)
+    for exp in reg.experiments.values():
+        for mutant in exp.mutants.values():
+            assert _mutants.MutantSpec.from_json(mutant.spec()).id == mutant.id
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("name", ["admission", "prefill"])
+def test_real_lane_kills_every_mutant_and_every_scenario_kills(name, tmp_path, monkeypatch, capsys):
+    from pdevidence import cli
+
+    monkeypatch.setenv("PDEVIDENCE_RUNS", str(tmp_path))
+    code = cli.main(["--root", str(PROJECT), "mutate", name])
+    result = mutate.load(tmp_path / f"mutate.{name}.json")
+    out = capsys.readouterr().out
+    assert out.rstrip().splitlines()[-1] == f"{name}: {result.score['killed']} of {result.score['applicable']} mutants killed"
+    assert result.score["applicable"] >= 10
+    assert [m.id for m in result.survivors] == []
+    assert code == errors.CONFIRMED
+    killers = {sid for m in result.mutants for sid in m.killed_by}
+    assert killers == set(result.scenarios), f"scenarios that kill nothing: {set(result.scenarios) - killers}"
+    assert {m.kind for m in result.mutants} == set(registry.MutantKind)
+
+
+DEMO_PROBE = '''
+from _probekit import ScenarioSet
+
+DEMO = ScenarioSet("demo")
+
+
+def prepare():
+    import synthmod  # noqa: F401
+    return "1.0"
+
+
+class Req:
+    def __init__(self, **marks):
+        self.aborted, self.retracted, self.held = (marks.get(k, False) for k in ("aborted", "retracted", "held"))
+
+
+@DEMO.scenario("D", "an aborted request at the door")
+def d(observed):
+    import synthmod
+    observed["retired"] = synthmod.Door().add(Req(aborted=True)) == "retired"
+
+
+@DEMO.scenario("C", "an aborted request that holds something")
+def c(observed):
+    import synthmod
+    observed["retired"] = synthmod.Door().add(Req(aborted=True, held=True)) == "retired"
+'''
+
+
+def test_driver_runs_every_mutant_in_one_process_and_records_each_status(tmp_path):
+    import subprocess
+
+    (tmp_path / "synthmod.py").write_text(textwrap.dedent(SYNTHETIC))
+    (tmp_path / "probe_demo.py").write_text(DEMO_PROBE)
+    specs = [
+        {"id": "door", "title": "t", "kind": "removes-fix", "target": "synthmod:Door.add", "operator": "edit",
+         "old": "if guard(req):", "new": "if False:", "count": 1},
+        {"id": "wide", "title": "t", "kind": "over-broad", "target": "synthmod:guard", "operator": "edit",
+         "old": "req.held", "new": "False", "count": 1},
+        {"id": "gone", "title": "t", "kind": "removes-fix", "target": "synthmod:Door.gone", "operator": "noop"},
+        {"id": "stale", "title": "t", "kind": "removes-fix", "target": "synthmod:guard", "operator": "edit",
+         "old": "req.gone", "new": "False", "count": 1},
+    ]
+    (tmp_path / "specs.json").write_text(json.dumps(specs))
+    out = tmp_path / "out.json"
+    done = subprocess.run([sys.executable, str(PROJECT / "probes" / "probe_mutants.py"), "--probe",
+                           str(tmp_path / "probe_demo.py"), "--mutants", str(tmp_path / "specs.json"),
+                           "--out", str(out)], env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(out.read_text())
+    observed = {mid: {sid: sc["observed"]["retired"] for sid, sc in run["scenarios"].items()}
+                for mid, run in doc["mutants"].items()}
+    assert {sid: sc["observed"]["retired"] for sid, sc in doc["baseline"].items()} == {"D": True, "C": False}
+    assert observed["door"] == {"D": False, "C": False} and observed["wide"] == {"D": True, "C": True}
+    assert {mid: run["status"] for mid, run in doc["mutants"].items()} == {
+        "door": "applied", "wide": "applied", "gone": "not applicable", "stale": "error"}
+    assert "occurs 0 time(s)" in doc["mutants"]["stale"]["error"]
+    assert doc["baseline_after"] == doc["baseline"]
+
+
+def demo_lane(tmp_path, monkeypatch, mutants: dict, probe_text: str = DEMO_PROBE):
+    """A whole lane on the synthetic module: the harness runs the real driver in a subprocess."""
+    import shutil
+    from types import SimpleNamespace
+
+    from pdevidence import cells, trees
+
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    for name in ("_mutants.py", "_probekit.py", "probe_mutants.py"):
+        shutil.copy(PROJECT / "probes" / name, probes / name)
+    (probes / "probe_demo.py").write_text(probe_text)
+    (tmp_path / "synthmod.py").write_text(textwrap.dedent(SYNTHETIC))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("PDEVIDENCE_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setenv("PDEVIDENCE_WORK", str(tmp_path / "work"))
+    exp = experiment({})
+    expect = {"D": registry.Expectation("D", True, {"retired": False}, {"retired": True}),
+              "C": registry.Expectation("C", False, {"retired": False}, {"retired": False})}
+    muts = {mid: registry.Mutant(id=mid, title=mid, **fields) for mid, fields in mutants.items()}
+    exp = registry.Experiment(**{**exp.__dict__, "probe": probes / "probe_demo.py", "expect": expect, "mutants": muts})
+    reg = SimpleNamespace(root=tmp_path, experiment=lambda name: exp)
+    tree = trees.Tree("release", "9.9", "9.9", tmp_path, None, "pypi", "test")
+    monkeypatch.setattr(cells, "resolve_tree", lambda reg, cell: tree)
+    monkeypatch.setattr(cells, "cell_slug", lambda reg, cell, tree: "demo.head.release-9.9")
+    monkeypatch.setattr(cells, "cell_environment", lambda reg, tree, slug: SimpleNamespace(interpreter=sys.executable))
+    return mutate.run(reg, "demo", log=lambda msg: None)
+
+
+EDIT = registry.Operator.EDIT
+
+
+def test_lane_end_to_end_kills_by_observation(tmp_path, monkeypatch):
+    result = demo_lane(tmp_path, monkeypatch, {
+        "door": dict(kind=registry.MutantKind.REMOVES_FIX, target="synthmod:Door.add", operator=EDIT,
+                     old="if guard(req):", new="if False:"),
+        "wide": dict(kind=registry.MutantKind.OVER_BROAD, target="synthmod:guard", operator=EDIT,
+                     old="req.held", new="False"),
+    })
+    assert {m.id: m.killed_by for m in result.mutants} == {"door": {"D": ["retired"]}, "wide": {"C": ["retired"]}}
+    assert result.exit_code == errors.CONFIRMED and result.tree == {"kind": "release", "ref": "9.9", "resolved": "9.9"}
+
+
+def test_lane_aborts_with_exit_3_when_a_restore_fails(tmp_path, monkeypatch):
+    # A scenario that rebinds the target under the mutant leaves another function there: the check must notice.
+    rebinding = DEMO_PROBE + '''
+
+@DEMO.scenario("R", "rebinds guard when it is a no-op")
+def r(observed):
+    import synthmod
+    if synthmod.guard(Req()) is None:
+        synthmod.guard = lambda req: False
+'''
+    with pytest.raises(errors.HarnessError, match="exited with status 3") as exc:
+        demo_lane(tmp_path, monkeypatch, {"g": dict(kind=registry.MutantKind.REMOVES_FIX, target="synthmod:guard",
+                                                    operator=registry.Operator.NOOP)}, rebinding)
+    assert exc.value.code == errors.ENVIRONMENT
+    assert "restore failed" in str(exc.value)
