@@ -140,13 +140,27 @@ def upstream_text(entry: dict) -> str:
             f"base: {totals(entry['sides']['base'])}; head: {totals(entry['sides']['head'])}")
 
 
+def overview(told: Story) -> str:
+    """The story in one sentence: how many scenarios changed, whether as declared, and the controls."""
+    unexpected = [c.sid for c in told.changes if c.failures or c.role is not True] + told.flat
+    text = f"{_counted(len(told.changes), 'scenario')} differently after the fix"
+    text += f"; not as declared: {', '.join(unexpected)}" if unexpected else ", each as experiments.toml declares"
+    if told.controls_held:
+        text += f"; {_counted(len(told.controls_held), 'control')} the same"
+    return text + "."
+
+
+def _counted(count: int, noun: str) -> str:
+    return f"1 {noun} behaves" if count == 1 else f"{count} {noun}s behave"
+
+
 def _lines(pair: dict, doc: dict, *, arrow: str, bullet: str, strong) -> list[str]:
     """The summary of one pair: what changed, what did not, and the other evidence for it."""
     name = pair["experiment"]
     if not pair["grid"]:
         return [f"{bullet}{reason}" for reason in pair["reasons"]] or [f"{bullet}not compared"]
     told = story(pair, doc.get("scenarios", {}).get(name, {}))
-    lines = []
+    lines = [f"{bullet}{overview(told)}"]
     for c in told.changes:
         title = f" {c.title}" if c.title else ""
         flag = ("" if not c.failures else "; NOT as expected: " + "; ".join(failure_text(f) for f in c.failures))

@@ -202,6 +202,7 @@ def test_the_first_screen_holds_every_verdict_tree_and_narrative():
         assert f"**{sid}** {TITLES[sid]}" in screen
     assert "enqueued true → false" in screen and "requeued 1 → 0" in screen
     assert "controls unchanged, as expected: A3p" in screen and "controls unchanged, as expected: B9" in screen
+    assert "differently after the fix, each as experiments.toml declares;" in screen
     assert "0.5.17–0.5.20 pre-fix, 0.5.21 fixed, 0.5.22 failed, 0.5.23.post1 fixed; first fixed 0.5.21" in screen
     assert "pre-fix again after a fixed release: 0.5.21" in screen
     assert "kv_chunk_sent" not in screen.split("**B1**")[1].split("\n")[0]  # unchanged keys are not told
@@ -215,6 +216,8 @@ def test_the_narrative_is_generated_from_the_data():
     assert "### admission: not reproduced" in md
     flat = report.markdown(DOCUMENTS["head observes base"])
     assert "expected to change but unchanged: A1" in flat
+    assert "2 scenarios behave differently after the fix; not as declared: A1; 1 control behaves the same." in md
+    assert "1 scenario behaves differently after the fix; not as declared: A1;" in flat
     retitled = full_document()
     retitled["scenarios"]["admission"]["A1"]["title"] = "a title the registry never had"
     assert "**A1** a title the registry never had" in report.markdown(retitled)
