@@ -62,7 +62,7 @@ def test_several_sessions_all_run_and_a_failure_fails_only_its_own(demo_project,
 
     assert done.returncode == 1, done.stdout + done.stderr  # nox's own failure code
     assert "Ran 2 sessions" in done.stderr
-    assert f"* probe(demo, base): aborted" in done.stderr and f"* {BASE}: success" in done.stderr
+    assert "* probe(demo, base): aborted" in done.stderr and f"* {BASE}: success" in done.stderr
     assert f"Session probe(demo, base) aborted: exit {errors.ENVIRONMENT}: environment problem" in done.stderr
     assert (demo_project / "runs" / "demo.base.release-1.0.0.json").exists()  # the second one ran
 

@@ -101,7 +101,7 @@ def test_admission_rejected_requests_are_retired_at_both_doors_only_after_the_fi
 
 def test_admission_controls_and_reentries_do_not_change(matrix):
     pair = matrix[1]["admission"]
-    for scenario in ("A3p", "A3d", "A4", "A5", "A6p", "A6d", "A7r", "A7b", "A8"):
+    for scenario in ("A3p", "A3d", "A4", "A5", "A6p", "A6d", "A7r", "A7b", "A8", "A10", "A11"):
         assert pair["grid"][scenario]["status"] == "unchanged", scenario
         assert observed(pair, scenario, "head")["enqueued"] is True, scenario
 
@@ -119,4 +119,5 @@ def test_prefill_aborted_results_are_retired_once_only_after_the_fix(matrix):
 
 
 def test_prefill_normal_results_are_processed_the_same(matrix):
-    assert matrix[1]["prefill"]["grid"]["B9"]["status"] == "unchanged"
+    for scenario in ("B3m", "B9", "B9g", "B10", "B11"):
+        assert matrix[1]["prefill"]["grid"][scenario]["status"] == "unchanged", scenario
