@@ -123,8 +123,12 @@ def totals(side: dict | None) -> str:
     if side is None:
         return "not run"
     t = side["totals"]
+    text = f"{t['passed']}/{t['total']} passed"
+    if side.get("subtest_totals", {}).get("total") and side.get("pytest_summary"):
+        # A unittest method whose subtests failed still counts as passed: pytest's own words say more.
+        text += " (pytest: " + ", ".join(f"{n} {what}" for what, n in side["pytest_summary"].items()) + ")"
     types = ", ".join(f"{n} {name}" for name, n in side["types"].items())
-    return f"{t['passed']}/{t['total']} passed" + (f" ({types})" if types else "")
+    return text + (f" ({types})" if types else "")
 
 
 def upstream_tree(entry: dict) -> str:

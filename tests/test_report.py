@@ -13,7 +13,7 @@ import cairosvg
 import pytest
 from PIL import Image
 
-from pdevidence import cli, errors, integrity, pictures, registry, report, report_inputs
+from pdevidence import cli, errors, integrity, narrative, pictures, registry, report, report_inputs
 from pdevidence.timeline import ERROR, FIXED, NEITHER, PRE_FIX
 from report_data import TITLES, full_document, mutations, notes, report_dict, sweep_v1
 from synthetic import make_project, write_cell
@@ -354,3 +354,11 @@ def test_the_compare_command_writes_the_enriched_report(project, capsys):
     assert "- **D1** D1: enqueued true → false, retired false → true" in md
     assert all(p.stat().st_mode & 0o777 == 0o644 for p in written)
     render(written[2].read_text())
+
+
+def test_upstream_sides_whose_subtests_failed_show_pytests_own_counts():
+    side = {"totals": {"passed": 1, "total": 1}, "types": {"KeyError": 1},
+            "subtest_totals": {"passed": 2, "failed": 1, "total": 3},
+            "pytest_summary": {"failed": 1, "passed": 1, "subtests passed": 2}}
+    assert narrative.totals(side) == "1/1 passed (pytest: 1 failed, 1 passed, 2 subtests passed) (1 KeyError)"
+    assert narrative.totals({**side, "subtest_totals": {"total": 0}}) == "1/1 passed (1 KeyError)"
