@@ -99,7 +99,7 @@ class Experiment:
             raise usage(
                 f"experiment {self.name!r} has no release-backed {side} yet",
                 expected=f"[experiments.{self.name}.releases] {side} = \"<version>\" in {REGISTRY_FILE}",
-                todo=f"run `nox -s \"sweep({self.name})\"` to find the bracketing releases, then record them",
+                todo=f"run `nox -s sweep -- --experiment {self.name}` to find the bracketing releases, then record them",
             )
         return version
 
