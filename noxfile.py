@@ -22,7 +22,7 @@ import nox
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from pdevidence import cli, environments, errors, registry  # noqa: E402
+from pdevidence import cli, errors, registry  # noqa: E402
 
 nox.options.default_venv_backend = "none"
 # Bare `nox` runs the main job; `nox -l` still lists every cell.
@@ -138,15 +138,7 @@ def upstream(session: nox.Session, experiment: str, side: str) -> None:
 @nox.session
 def lock_cpu(session: nox.Session) -> None:
     """Compile the CPU channel's hashed closure (`uv pip compile --generate-hashes`, PyTorch CPU index)."""
-    dest = REGISTRY.constraints_cpu or ROOT / "constraints" / f"cells-py{REGISTRY.python.replace('.', '')}-cpu.txt"
-    try:
-        if REGISTRY.constraints_input is None:
-            raise errors.usage("the registry names no constraints_input to compile")
-        environments.compile_cpu_closure(REGISTRY.constraints_input, dest, REGISTRY.python)
-    except errors.HarnessError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        _finish(session, exc.code)
-    session.log(f"wrote {dest}; commit it and set constraints_cpu = \"{dest.relative_to(ROOT)}\" in experiments.toml")
+    _run(session, "lock-cpu")
 
 
 @nox.session(tags=["mutate"])

@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import (cells, check, children, compare, drift, integrity, mutate, openvex, publish, registry, report,
-               sweep, upstream)
-from .errors import BEHAVIOUR_DIFFERS, CONFIRMED, EXIT_CODES, HarnessError, worst
+from . import (cells, check, children, compare, drift, environments, integrity, mutate, openvex, publish, registry,
+               report, sweep, upstream)
+from .errors import BEHAVIOUR_DIFFERS, CONFIRMED, EXIT_CODES, HarnessError, usage, worst
 from .paths import PROJECT, results_dir, runs_dir, work_dir
 from .results import dumps, write_atomic
 
@@ -88,6 +88,17 @@ def cmd_verify(args) -> int:
 def cmd_checksums(args) -> int:
     path = integrity.regenerate(args.root)
     print(f"wrote {path}")
+    return CONFIRMED
+
+
+def cmd_lock_cpu(args) -> int:
+    """The CPU channel's hashed closure, compiled where the PyTorch CPU index is reachable."""
+    reg = registry.load(args.root)
+    if reg.constraints_input is None:
+        raise usage("the registry names no constraints_input to compile")
+    dest = reg.constraints_cpu or reg.root / "constraints" / f"cells-py{reg.python.replace('.', '')}-cpu.txt"
+    environments.compile_cpu_closure(reg.constraints_input, dest, reg.python)
+    print(f"wrote {dest}; commit it and set constraints_cpu = \"{dest.relative_to(reg.root)}\" in experiments.toml")
     return CONFIRMED
 
 
@@ -191,6 +202,8 @@ def parser() -> argparse.ArgumentParser:
 
     sub.add_parser("verify", help="check SHA256SUMS.txt").set_defaults(func=cmd_verify)
     sub.add_parser("checksums", help="regenerate SHA256SUMS.txt").set_defaults(func=cmd_checksums)
+    sub.add_parser("lock-cpu", help="compile the CPU torch channel's hashed closure (needs the PyTorch CPU index)"
+                   ).set_defaults(func=cmd_lock_cpu)
 
     sw = sub.add_parser("sweep", help="probe every release (all experiments, one import each) and classify each")
     sw.add_argument("versions", nargs="*", help="releases to probe (default: the registry floor up to the newest)")
