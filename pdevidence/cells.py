@@ -18,10 +18,9 @@ from . import environments, receipts, results, trees
 from .errors import HarnessError, usage
 from .fetch import sha256_file
 from .locking import exclusive
-from .paths import PROJECT, runs_dir, tree_lock_file, work_dir
+from .paths import runs_dir, tree_lock_file, work_dir
 from .probe_run import partial_path, run_probe
 from .registry import SIDES, Registry, TorchChannel, check_side
-from .registry import load as load_registry
 
 # The session name of each tree kind: `probe(...)` is the pinned-commit cell.
 SESSION_OF_KIND = {"git": "probe", "release": "release", "path": "path"}
@@ -104,10 +103,9 @@ def _stored_run(result: Path, key: str) -> bool:
             and stored.exit_status == 0)
 
 
-def torch_choice(registry: Registry | None = None) -> environments.TorchChoice:
-    """The registry's torch channel unless PDEVIDENCE_TORCH overrides it (default: this project's)."""
-    declared = (registry or load_registry(PROJECT)).torch_channel
-    return environments.choose_torch(declared)
+def torch_choice(registry: Registry) -> environments.TorchChoice:
+    """The registry's torch channel unless PDEVIDENCE_TORCH overrides it."""
+    return environments.choose_torch(registry.torch_channel)
 
 
 def _closure(registry: Registry, torch: environments.TorchChoice, constraints: Path) -> Path:

@@ -14,11 +14,10 @@ from __future__ import annotations
 import enum
 import hashlib
 import os
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import allprobes, cells, sweep, trees
+from . import allprobes, cells, children, sweep, trees
 from .errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, usage, worst
 from .locking import exclusive
 from .paths import results_dir, runs_dir, tree_lock_file, work_dir
@@ -112,8 +111,8 @@ def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict) -
 def interpreter_version(interpreter: Path) -> tuple[int, int]:
     """The interpreter's version, asked without site-packages (-I -S): it writes nothing."""
     try:
-        done = subprocess.run([str(interpreter), "-I", "-S", "-c", "import sys; print(*sys.version_info[:2])"],
-                              capture_output=True, text=True, timeout=60)
+        done = children.run([str(interpreter), "-I", "-S", "-c", "import sys; print(*sys.version_info[:2])"],
+                            capture_output=True, text=True, timeout=60)
     except OSError as exc:
         raise usage(f"cannot run {interpreter}: {exc}", todo="pass the python of the environment to check") from None
     try:

@@ -9,11 +9,10 @@ finding, not a failure.
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import cells
+from . import cells, children
 from .compare import KeyStatus, diff_observations, expected_file
 from .environments import uv_executable
 from .errors import HarnessError, usage
@@ -55,9 +54,9 @@ def compile_constraints(reg: Registry, pins: dict[str, str], dest: Path) -> Path
     dest.parent.mkdir(parents=True, exist_ok=True)
     source = dest.with_suffix(".in")
     source.write_text(drift_inputs(reg.constraints_input.read_text(), pins))
-    done = subprocess.run([uv_executable(), "pip", "compile", "--quiet", "--no-header", "--generate-hashes",
-                           "--python-version", reg.python, str(source), "-o", str(dest)],
-                          capture_output=True, text=True)
+    done = children.run([uv_executable(), "pip", "compile", "--quiet", "--no-header", "--generate-hashes",
+                         "--python-version", reg.python, str(source), "-o", str(dest)],
+                        capture_output=True, text=True)
     if done.returncode != 0:
         raise HarnessError(f"cannot resolve the drift pins {pins}: {done.stderr.strip()[-800:]}",
                            todo="pick versions that exist together on PyPI")

@@ -172,7 +172,7 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
     refs = {name: references(reg, reg.experiment(name), published) for name in experiments}
     files = trees.index_files("sglang")
     versions = versions or releases(files, reg.python, reg.release_floor, pre=pre)
-    cells.torch_choice()
+    cells.torch_choice(reg)
     lock = trees.LockFile(tree_lock_file(reg.root))
 
     def one(version: str) -> dict[str, ReleaseOutcome]:
@@ -238,6 +238,12 @@ def document(experiment: str, outcomes: list[ReleaseOutcome], as_of_date: str | 
     return {"schema": SCHEMA, "experiment": experiment, "first_fixed": first_fixed(outcomes),
             "regressions": regressions(outcomes), "as_of": as_of_date,
             "releases": [o.to_json() for o in outcomes]}
+
+
+def load(path: Path) -> dict:
+    """A sweep table file (schema 2), checked."""
+    doc = results.read_json(path, "sweep table", todo="rerun the sweep (`nox -s sweep`)")
+    return load_document(doc, source=str(path))
 
 
 def load_document(doc: object, *, source: str) -> dict:

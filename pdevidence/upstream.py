@@ -22,7 +22,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from . import cells, receipts, results, trees
+from . import cells, children, receipts, results, trees
 from .errors import ENVIRONMENT, HarnessError, usage
 from .fetch import sha256_file
 from .locking import exclusive
@@ -109,7 +109,7 @@ def _git_state(directory: Path, files: list[Path]) -> dict:
     """For a directory inside a git checkout: which checkout, its HEAD, and whether the test
     files differ from that HEAD (modified or untracked)."""
     def git(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["git", "-C", str(directory), *args], capture_output=True, text=True)
+        return children.run(["git", "-C", str(directory), *args], capture_output=True, text=True)
 
     if not shutil.which("git") or git("rev-parse", "--is-inside-work-tree").returncode != 0:
         return {"git_head": None}
