@@ -77,17 +77,22 @@ def listed(root: Path) -> dict[str, str]:
 def problems(root: Path) -> dict[str, str]:
     """Each covered or listed file that does not check out against SHA256SUMS.txt, with why."""
     entries = listed(root)
-    found = {}
-    for rel in sorted(set(entries) | set(covered_files(root))):
-        if rel not in entries:
-            found[rel] = f"not listed in {SUMS_FILE}"
-        elif not (root / rel).exists():
-            found[rel] = f"listed in {SUMS_FILE} but missing"
-        else:
-            actual = sha256_file(root / rel)
-            if actual != entries[rel]:
-                found[rel] = f"SHA-256 {actual}, {SUMS_FILE} says {entries[rel]}"
-    return found
+    found = {rel: _problem(root, rel, entries) for rel in sorted(set(entries) | set(covered_files(root)))}
+    return {rel: why for rel, why in found.items() if why}
+
+
+def problem(root: Path, rel: str) -> str | None:
+    """Why one file (a path relative to ``root``) does not check out against SHA256SUMS.txt, if it does not."""
+    return _problem(root, rel, listed(root))
+
+
+def _problem(root: Path, rel: str, entries: dict[str, str]) -> str | None:
+    if rel not in entries:
+        return f"not listed in {SUMS_FILE}"
+    if not (root / rel).exists():
+        return f"listed in {SUMS_FILE} but missing"
+    actual = sha256_file(root / rel)
+    return None if actual == entries[rel] else f"SHA-256 {actual}, {SUMS_FILE} says {entries[rel]}"
 
 
 def document_problems(root: Path) -> dict[str, str]:

@@ -7,7 +7,6 @@ comes from its inputs (no wall clock), so the published bytes are reproducible.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from packaging.version import Version
@@ -117,7 +116,7 @@ def write_records(reg: Registry, published: Path) -> list[Path]:
     for name in reg.experiments:
         path = published / f"sweep-{name}.json"
         if path.exists():
-            tables[name] = sweep.load_document(json.loads(path.read_text(encoding="utf-8")), source=str(path))
+            tables[name] = sweep.load(path)
     hashes = {str(p.relative_to(reg.root)): sha256_file(p) for p in sorted(published.glob("*.json"))
               if not p.name.startswith("report.")}
     written = []

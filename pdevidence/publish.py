@@ -10,21 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import compare, integrity, osv, report
+from . import compare, integrity, mutate, osv, report, sweep
 from .advisories import load_openvex, load_osv
 from .errors import INCOMPLETE, HarnessError, integrity as integrity_error
 from .paths import results_dir
 from .receipts import Receipt
 from .registry import SIDES, Registry
-from .report_inputs import load_mutations, load_sweep
 from .results import Result, receipt_path, write_atomic
 
 # Tables other steps write to runs/, published as they are when present (paths relative to runs/),
 # each with the loader that must accept it first. The OSV records are not among them: publish
 # writes them from the published sweep tables.
 OPTIONAL_ARTIFACTS = {
-    "sweep-*.json": load_sweep,  # the release sweep
-    "mutate.*.json": load_mutations,  # mutation tables
+    "sweep-*.json": sweep.load,  # the release sweep
+    "mutate.*.json": mutate.load,  # mutation tables
     "openvex*.json": load_openvex,  # an OpenVEX example (`check ... --openvex runs/openvex-<target>.json`)
 }
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import pictures
 from .narrative import failure_text, markdown_summary, terminal_summary, totals, upstream_tree, value
-from .report_inputs import ReportInputs, gather  # noqa: F401  (gather: the CLI's one entry point)
+from .report_inputs import ReportInputs, gather
 from .results import dumps, write_atomic
 
 COLOURS = pictures.COLOURS
@@ -147,9 +147,9 @@ def svg(report) -> str:
     return pictures.svg(_data(report))
 
 
-def write(report, directory: Path, inputs: ReportInputs | None = None, *, command: str | None = None) -> list[Path]:
+def write(report, directory: Path) -> list[Path]:
     """``report.json`` (the enriched dict), ``report.md`` and ``report.svg``, each atomically, mode 0644."""
-    doc = document(report, inputs, command=command)
+    doc = _data(report)
     outputs = {"report.json": dumps(doc), "report.md": markdown(doc), "report.svg": svg(doc)}
     paths = []
     for name, text in outputs.items():

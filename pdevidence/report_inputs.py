@@ -77,7 +77,7 @@ def load_table(reg: Registry, path: Path, load: Callable[[Path], dict]) -> dict:
         return load(path)
     rel = path.resolve().relative_to(reg.root.resolve()).as_posix()
     todo = "restore it from git (`git checkout -- results/`) or republish it with `nox -s publish`"
-    why = integrity.problems(reg.root).get(rel)
+    why = integrity.problem(reg.root, rel)
     if why:
         raise integrity_error(f"published table {rel} fails verification: {why}", todo=todo)
     try:
