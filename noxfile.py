@@ -22,7 +22,8 @@ import nox
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from pdevidence import cli, errors, registry  # noqa: E402
+from pdevidence import cli, registry  # noqa: E402
+from pdevidence.core import errors  # noqa: E402
 
 nox.options.default_venv_backend = "none"
 # Bare `nox` runs the main job; `nox -l` still lists every cell.

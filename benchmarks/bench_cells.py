@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pdevidence import cells, cli, registry  # noqa: E402
-from pdevidence.paths import PROJECT, work_dir  # noqa: E402
+from pdevidence.core.paths import PROJECT, work_dir  # noqa: E402
 
 probe_seconds: list[float] = []
 _real_run_probe = cells.run_probe

@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pdevidence import cells, cli, registry  # noqa: E402
+from pdevidence import cells, cli, environments, registry  # noqa: E402
 from pdevidence import check as ck  # noqa: E402
-from pdevidence.paths import PROJECT  # noqa: E402
+from pdevidence.core.paths import PROJECT  # noqa: E402
 
 TARGET = 1.3
 
@@ -43,9 +43,9 @@ def main() -> int:
     check = ["--root", str(PROJECT), "check", "--version", args.version]
     # Build both environments first: the figures compare cached runs, not environment builds.
     tree = cells.resolve_tree(reg, cells.Cell(experiment, side, "release", args.version))
-    cells.cell_environment(reg, tree, f"{ck.CHECK_SIDE}.{tree.label()}")
+    environments.cell_environment(reg, tree, f"{ck.CHECK_SIDE}.{tree.label()}")
     cell_tree = cells.resolve_tree(reg, cell)
-    cells.cell_environment(reg, cell_tree, cells.cell_slug(reg, cell, cell_tree))
+    environments.cell_environment(reg, cell_tree, cells.cell_slug(reg, cell, cell_tree))
     cell_s = seconds(lambda: cells.run_cell(reg, cell, force=True, log=lambda _msg: None))
     check_s = seconds(lambda: cli.main(check))
     ratio = check_s / cell_s

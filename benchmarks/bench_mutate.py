@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pdevidence import cells, mutate, registry  # noqa: E402
-from pdevidence.paths import PROJECT  # noqa: E402
+from pdevidence.core.paths import PROJECT  # noqa: E402
 
 TARGET = 1.5
 

@@ -13,16 +13,22 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import (cells, check, children, compare, drift, environments, integrity, mutate, openvex, publish, registry,
-               report, sweep, upstream)
-from .errors import BEHAVIOUR_DIFFERS, CONFIRMED, EXIT_CODES, HarnessError, usage, worst
-from .paths import PROJECT, results_dir, runs_dir, work_dir
-from .results import dumps, write_atomic
+from . import environments, registry
+from .cells import cells
+from .core import children
+from .core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, EXIT_CODES, HarnessError, usage, worst
+from .core.paths import PROJECT, results_dir, runs_dir, work_dir
+from .documents import integrity
+from .documents.results import dumps, write_atomic
+from .judge import compare
+from .lanes import check, drift, mutate, sweep, upstream
+from .publish import openvex, publish
+from .report import report
 
 
 def run_cells(reg: registry.Registry, todo: list[cells.Cell], *, jobs: int = 1, force: bool = False) -> int:
     """Run cells, ``jobs`` at a time; every cell runs even when another fails."""
-    cells.torch_choice(reg)  # a bad PDEVIDENCE_TORCH is one usage error, not one per cell
+    environments.torch_choice(reg)  # a bad PDEVIDENCE_TORCH is one usage error, not one per cell
 
     def one(cell: cells.Cell) -> int:
         try:

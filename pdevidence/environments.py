@@ -24,11 +24,12 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from . import children
-from .errors import HarnessError, usage
-from .fetch import sha256_file
-from .registry import TorchChannel
-from .trees import Tree
+from .core import children
+from .core.errors import HarnessError, usage
+from .core.paths import work_dir
+from .registry import Registry, TorchChannel
+from .sources.fetch import sha256_file
+from .sources.trees import Tree
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 ENV_INFO = ".pdevidence-env.json"
@@ -280,3 +281,26 @@ def _install_tree(uv: str, env: CellEnvironment, tree: Tree, say: Callable[[str]
     run([uv, "pip", "install", "--quiet", "--no-deps", *reinstall, "--python", str(env.interpreter),
          str(tree.install_target)], env.commands, env={"SGLANG_BUILD_RUST_EXTS": "none"},
         what=f"installing the SGLang tree {tree.label()}", progress=True)
+
+
+# --- the environment for a tree, as the registry declares it -----------------------------------
+
+
+def torch_choice(registry: Registry) -> TorchChoice:
+    """The registry's torch channel unless PDEVIDENCE_TORCH overrides it."""
+    return choose_torch(registry.torch_channel)
+
+
+def closure_of(registry: Registry, torch: TorchChoice, constraints: Path) -> Path:
+    """The file a cell installs: the given closure, or for the CPU channel the registry's CPU closure."""
+    if constraints != registry.constraints:  # the drift lane's own pins
+        return constraints
+    return closure_for(torch, registry.constraints, registry.constraints_cpu)
+
+
+def cell_environment(registry: Registry, tree: Tree, slug: str,
+                     constraints: Path | None = None, log=None) -> CellEnvironment:
+    """The cell's uv environment under ``.cells/envs/<slug>``, built or reused."""
+    torch = torch_choice(registry)
+    closure = closure_of(registry, torch, constraints or registry.constraints)
+    return ensure(work_dir(registry.root) / "envs" / slug, registry.python, closure, tree, torch, log=log)

@@ -18,7 +18,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from .errors import usage
+from .core.errors import usage
 
 SIDES = ("base", "head")
 REGISTRY_FILE = "experiments.toml"

@@ -14,12 +14,15 @@ import sys
 import textwrap
 
 import pytest
-
-from pdevidence import cells, environments, errors, receipts, registry, results
-from pdevidence.fetch import sha256_file
-from pdevidence.paths import PROJECT
 from synthetic import REGISTRY as SYNTHETIC_REGISTRY
 from synthetic import serve_index, wheel_bytes
+
+from pdevidence import environments, registry
+from pdevidence.cells import cells
+from pdevidence.core import errors
+from pdevidence.core.paths import PROJECT
+from pdevidence.documents import receipts, results
+from pdevidence.sources.fetch import sha256_file
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 

@@ -16,11 +16,16 @@ import venv
 from pathlib import Path
 
 import pytest
-
-from pdevidence import allprobes, check, cli, errors, openvex, registry, trees
-from pdevidence.check import Status
-from pdevidence.sweep import Behaviour
 from synthetic import REGISTRY, make_project, result_doc, wheel_bytes, write_cell
+
+from pdevidence import cli, registry
+from pdevidence.cells import allprobes
+from pdevidence.core import errors
+from pdevidence.lanes import check
+from pdevidence.lanes.check import Status
+from pdevidence.lanes.sweep import Behaviour
+from pdevidence.publish import openvex
+from pdevidence.sources import trees
 
 ROOT = Path(__file__).resolve().parent.parent
 # Two changing scenarios (D1 a prefill-like door, D3 a decode-like door) and a control (D2).

@@ -16,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from pdevidence import cells, check, cli, errors, registry, sweep, trees
-from pdevidence.paths import PROJECT, results_dir, tree_lock_file
+from pdevidence import cli, environments, registry
+from pdevidence.core import errors
+from pdevidence.core.paths import PROJECT, results_dir, tree_lock_file
+from pdevidence.lanes import check, sweep
+from pdevidence.sources import trees
 
 pytestmark = pytest.mark.sglang
 
@@ -46,7 +49,7 @@ def statuses(doc: dict) -> dict[str, str]:
 
 def release_env(reg, version: str, slug: str):
     tree = trees.release_tree(version, reg.python, trees.LockFile(tree_lock_file(reg.root)))
-    return cells.cell_environment(reg, tree, f"{slug}.{tree.label()}")
+    return environments.cell_environment(reg, tree, f"{slug}.{tree.label()}")
 
 
 def snapshot(directory: Path) -> dict[str, int]:

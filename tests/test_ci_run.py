@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from pdevidence.paths import PROJECT
+from pdevidence.core.paths import PROJECT
 
 RECORD = '#!/bin/sh\necho "{name} $*" >> "$CALLS"\n'
 STUBS = {

@@ -9,11 +9,15 @@ import subprocess
 import sys
 
 import pytest
-
 import synthetic
-from pdevidence import cli, compare, errors, integrity, registry, report
-from pdevidence.paths import PROJECT
 from synthetic import make_project, receipt_doc, result_doc, write_cell, write_sweep
+
+from pdevidence import cli, registry
+from pdevidence.core import errors
+from pdevidence.core.paths import PROJECT
+from pdevidence.documents import integrity
+from pdevidence.judge import compare
+from pdevidence.report import report
 
 
 @pytest.fixture

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pdevidence import environments, errors, trees
-from pdevidence.errors import HarnessError
+from pdevidence import environments
+from pdevidence.core import errors
+from pdevidence.core.errors import HarnessError
 from pdevidence.registry import TorchChannel
+from pdevidence.sources import trees
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 THIS = f"{PY}.{sys.version_info.micro}"

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pdevidence import errors, fetch
-from pdevidence.errors import HarnessError
+from pdevidence.core import errors
+from pdevidence.core.errors import HarnessError
+from pdevidence.sources import fetch
 
 PAYLOAD = b"sglang source archive\n" * 1000
 PAYLOAD_SHA = hashlib.sha256(PAYLOAD).hexdigest()

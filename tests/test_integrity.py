@@ -8,10 +8,12 @@ import stat
 import subprocess
 
 import pytest
-
-from pdevidence import cli, errors, integrity
-from pdevidence.paths import PROJECT
 from synthetic import make_project, write_cell
+
+from pdevidence import cli
+from pdevidence.core import errors
+from pdevidence.core.paths import PROJECT
+from pdevidence.documents import integrity
 
 
 def test_the_committed_sums_match_the_committed_files():
@@ -85,7 +87,7 @@ def test_a_published_result_without_its_receipt_fails_verification(tmp_path):
 
 
 def test_write_atomic_creates_world_readable_files(tmp_path):
-    from pdevidence.results import write_atomic
+    from pdevidence.documents.results import write_atomic
 
     old = os.umask(0o077)
     try:

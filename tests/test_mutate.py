@@ -9,8 +9,10 @@ import textwrap
 
 import pytest
 
-from pdevidence import errors, mutate, registry
-from pdevidence.paths import PROJECT
+from pdevidence import environments, registry
+from pdevidence.core import errors
+from pdevidence.core.paths import PROJECT
+from pdevidence.lanes import mutate
 
 sys.path.insert(0, str(PROJECT / "probes"))
 
@@ -376,7 +378,8 @@ def demo_lane(tmp_path, monkeypatch, mutants: dict, probe_text: str = DEMO_PROBE
     import shutil
     from types import SimpleNamespace
 
-    from pdevidence import cells, trees
+    from pdevidence.cells import cells
+    from pdevidence.sources import trees
 
     probes = tmp_path / "probes"
     probes.mkdir()
@@ -396,7 +399,7 @@ def demo_lane(tmp_path, monkeypatch, mutants: dict, probe_text: str = DEMO_PROBE
     tree = trees.Tree("release", "9.9", "9.9", tmp_path, None, "pypi", "test")
     monkeypatch.setattr(cells, "resolve_tree", lambda reg, cell: tree)
     monkeypatch.setattr(cells, "cell_slug", lambda reg, cell, tree: "demo.head.release-9.9")
-    monkeypatch.setattr(cells, "cell_environment", lambda reg, tree, slug: SimpleNamespace(interpreter=sys.executable))
+    monkeypatch.setattr(environments, "cell_environment", lambda reg, tree, slug: SimpleNamespace(interpreter=sys.executable))
     return mutate.run(reg, "demo", log=lambda msg: None)
 
 

@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
-from pdevidence import cells, registry
-from pdevidence.locking import exclusive
-from pdevidence.paths import PROJECT, work_dir
+from pdevidence import environments, registry
+from pdevidence.cells import cells
+from pdevidence.core.locking import exclusive
+from pdevidence.core.paths import PROJECT, work_dir
 
 sys.path.insert(0, str(PROJECT / "probes"))
 
@@ -40,7 +41,7 @@ def test_head_without_its_gates_runs_the_old_paths_to_the_base_expectations(tmp_
     specs, out = tmp_path / "specs.json", tmp_path / "out.json"
     specs.write_text(json.dumps([GATES_OFF]))
     with exclusive(work_dir(REG.root) / "locks" / f"{slug}.lock", f"cell {cell.name}"):
-        env = cells.cell_environment(REG, tree, slug)
+        env = environments.cell_environment(REG, tree, slug)
         done = subprocess.run([str(env.interpreter), str(PROJECT / "probes" / "probe_mutants.py"), "--probe",
                                str(PREFILL.probe), "--mutants", str(specs), "--out", str(out)],
                               capture_output=True, text=True, timeout=900)

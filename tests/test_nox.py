@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from pdevidence import errors
-from pdevidence.paths import PROJECT
 from test_cells import demo_project, run_cell  # noqa: F401 - the fixture project
+
+from pdevidence.core import errors
+from pdevidence.core.paths import PROJECT
 
 BASE, HEAD = "release(demo, base)", "release(demo, head)"
 

@@ -14,10 +14,14 @@ import re
 from pathlib import Path
 
 import pytest
-
-from pdevidence import cli, errors, integrity, osv, registry, sweep
-from pdevidence.errors import HarnessError
 from synthetic import OPENVEX, make_project, write_cell
+
+from pdevidence import cli, registry
+from pdevidence.core import errors
+from pdevidence.core.errors import HarnessError
+from pdevidence.documents import integrity
+from pdevidence.lanes import sweep
+from pdevidence.publish import osv
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMESTAMP = re.compile(r"^\d{4}-[01]\d-[0-3]\dT[0-2]\d:[0-5]\d:[0-6]\d(\.\d+)?Z$")

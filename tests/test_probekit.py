@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from pdevidence.paths import PROJECT as ROOT
+from pdevidence.core.paths import PROJECT as ROOT
 
 
 @pytest.fixture

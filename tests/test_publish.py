@@ -6,9 +6,13 @@ import json
 import stat
 
 import pytest
-
-from pdevidence import cli, compare, errors, integrity, publish, registry
 from synthetic import MUTATIONS, OPENVEX, SWEEP, make_project, result_doc, write_cell, write_sweep, write_table
+
+from pdevidence import cli, registry
+from pdevidence.core import errors
+from pdevidence.documents import integrity
+from pdevidence.judge import compare
+from pdevidence.publish import publish
 
 PUBLISHED = ("demo.base.release-1.0.0.json", "demo.base.release-1.0.0.receipt.json",
              "demo.head.release-1.1.0.json", "demo.head.release-1.1.0.receipt.json")

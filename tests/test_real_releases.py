@@ -14,8 +14,10 @@ import sys
 
 import pytest
 
-from pdevidence import cli, compare, errors
-from pdevidence.paths import PROJECT, results_dir
+from pdevidence import cli
+from pdevidence.core import errors
+from pdevidence.core.paths import PROJECT, results_dir
+from pdevidence.judge import compare
 
 pytestmark = pytest.mark.sglang
 

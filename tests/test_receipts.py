@@ -6,11 +6,14 @@ import copy
 import json
 
 import pytest
-
-from pdevidence import compare, errors, integrity, registry
-from pdevidence.paths import PROJECT
-from pdevidence.receipts import RECEIPT_SCHEMA, Receipt
 from synthetic import make_project, receipt_doc, write_cell
+
+from pdevidence import registry
+from pdevidence.core import errors
+from pdevidence.core.paths import PROJECT
+from pdevidence.documents import integrity
+from pdevidence.documents.receipts import RECEIPT_SCHEMA, Receipt
+from pdevidence.judge import compare
 
 
 def v1(doc: dict) -> dict:

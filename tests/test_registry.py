@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
-from pdevidence import errors, registry
-from pdevidence.paths import PROJECT
 from synthetic import REGISTRY, make_project
+
+from pdevidence import registry
+from pdevidence.core import errors
+from pdevidence.core.paths import PROJECT
 
 
 def load_text(tmp_path, text):

@@ -12,11 +12,14 @@ import cairocffi
 import cairosvg
 import pytest
 from PIL import Image
-
-from pdevidence import cli, errors, integrity, narrative, pictures, registry, report, report_inputs
-from pdevidence.timeline import ERROR, FIXED, NEITHER, PRE_FIX
 from report_data import TITLES, full_document, mutations, notes, report_dict, sweep_v1
 from synthetic import make_project, write_cell
+
+from pdevidence import cli, registry
+from pdevidence.core import errors
+from pdevidence.documents import integrity
+from pdevidence.report import narrative, pictures, report, report_inputs
+from pdevidence.report.timeline import ERROR, FIXED, NEITHER, PRE_FIX
 
 NS = "{http://www.w3.org/2000/svg}"
 
@@ -343,7 +346,7 @@ def test_the_compare_command_writes_the_enriched_report(project, capsys):
                                                    "releases": [{"version": "1.0.0", "classification": "pre-fix"},
                                                                 {"version": "1.1.0", "classification": "fixed"}],
                                                    "first_fixed": "1.1.0"})
-    from pdevidence import integrity
+    from pdevidence.documents import integrity
     integrity.regenerate(project)
     assert cli.main(["--root", str(project), "compare"]) == errors.CONFIRMED
     assert "release sweep (2 releases): 1.0.0 pre-fix, 1.1.0 fixed; first fixed 1.1.0" in capsys.readouterr().out

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from pdevidence import drift, sweep
-from pdevidence.errors import HarnessError
 from synthetic import result_doc
+
+from pdevidence.core.errors import HarnessError
+from pdevidence.lanes import drift, sweep
 
 BASE = result_doc("base", "1.0.0")
 HEAD = result_doc("head", "1.1.0")
@@ -65,8 +65,10 @@ def test_a_release_after_the_first_fixed_one_that_behaves_as_pre_fix_is_a_regres
 
 
 def test_the_sweep_command_prints_a_regression_and_exits_1(tmp_path, monkeypatch, capsys):
-    from pdevidence import cli, errors
     from synthetic import make_project
+
+    from pdevidence import cli
+    from pdevidence.core import errors
 
     project = make_project(tmp_path / "project")
     monkeypatch.setenv("PDEVIDENCE_RUNS", str(tmp_path / "runs"))
@@ -117,8 +119,9 @@ def test_drift_repins_only_the_named_packages():
 
 
 def test_with_a_declared_differential_only_its_changing_scenarios_and_keys_decide(tmp_path):
-    from pdevidence import registry
     from synthetic import make_project
+
+    from pdevidence import registry
 
     exp = registry.load(make_project(tmp_path)).experiment("demo")
     doc = release("0.9.0", {"enqueued": True, "retired": False, "door_check": "absent"})
@@ -127,8 +130,11 @@ def test_with_a_declared_differential_only_its_changing_scenarios_and_keys_decid
 
 
 def test_an_sglang_that_no_longer_imports_is_the_drift_finding_not_a_crash(tmp_path, monkeypatch):
-    from pdevidence import cells, errors, registry
     from synthetic import make_project, write_cell
+
+    from pdevidence import registry
+    from pdevidence.cells import cells
+    from pdevidence.core import errors
 
     project = make_project(tmp_path)
     write_cell(project / "results", "head")
@@ -166,8 +172,10 @@ def test_the_weekly_sweep_job_fails_the_run_on_a_regression():
 
 
 def test_a_sweep_of_something_that_is_not_a_version_is_a_usage_error(tmp_path, capsys):
-    from pdevidence import cli, errors
     from synthetic import make_project
+
+    from pdevidence import cli
+    from pdevidence.core import errors
 
     project = make_project(tmp_path / "project")
     assert cli.main(["--root", str(project), "sweep", "demo"]) == errors.USAGE
@@ -178,8 +186,10 @@ def test_a_sweep_of_something_that_is_not_a_version_is_a_usage_error(tmp_path, c
 
 def drift_against(tmp_path, monkeypatch, fresh_doc):
     """The drift lane on the synthetic head cell, its rerun replaced by ``fresh_doc``."""
-    from pdevidence import cells, registry
     from synthetic import make_project, write_cell
+
+    from pdevidence import registry
+    from pdevidence.cells import cells
 
     project = make_project(tmp_path)
     write_cell(project / "results", "head")
@@ -205,7 +215,7 @@ def test_drift_names_the_observations_that_moved(tmp_path, monkeypatch):
 
 
 def test_a_drift_result_of_another_side_is_refused_naming_the_file(tmp_path, monkeypatch):
-    from pdevidence import errors
+    from pdevidence.core import errors
 
     with pytest.raises(errors.HarnessError, match=r"demo\.head\.release-1\.1\.0\.json.*side 'base'"):
         drift_against(tmp_path, monkeypatch, result_doc("base", "1.1.0"))

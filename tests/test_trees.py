@@ -16,9 +16,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from pdevidence import errors, trees
-from pdevidence.errors import HarnessError
-from pdevidence.trees import LockFile
+from pdevidence.core import errors
+from pdevidence.core.errors import HarnessError
+from pdevidence.sources import trees
+from pdevidence.sources.trees import LockFile
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 ARCHIVE_PATH = f"/sgl-project/sglang/tar.gz/{SHA}"

@@ -14,15 +14,29 @@ import time
 from pathlib import Path
 
 import pytest
-
 from packaging.version import Version
-
-from pdevidence import cells, cli, environments, registry, results, trees, upstream, upstream_pytest
-from pdevidence.errors import ENVIRONMENT, USAGE, HarnessError
-from pdevidence.upstream_model import (RESULT_SCHEMA, Outcome, Subtest, TestEntry, UpstreamResult, Verdict, load,
-                                       pytest_summary, subtest_totals, summary_line, totals, type_counts)
-
 from synthetic import REGISTRY, make_project
+
+from pdevidence import cli, environments, registry
+from pdevidence.cells import cells
+from pdevidence.core.errors import ENVIRONMENT, USAGE, HarnessError
+from pdevidence.documents import results
+from pdevidence.documents.upstream_model import (
+    RESULT_SCHEMA,
+    Outcome,
+    Subtest,
+    TestEntry,
+    UpstreamResult,
+    Verdict,
+    load,
+    pytest_summary,
+    subtest_totals,
+    summary_line,
+    totals,
+    type_counts,
+)
+from pdevidence.lanes import upstream, upstream_pytest
+from pdevidence.sources import trees
 
 SUITE = Path(__file__).parent / "fixtures" / "upstream_suite"
 RELS = ["test/unit/suite_upstream.py", "test/unit/suite_import_error.py"]
@@ -347,7 +361,7 @@ def fake_cell(project, tmp_path, monkeypatch):
                                             reused=True)
 
     monkeypatch.setattr(cells, "resolve_tree", lambda reg, cell: tree)
-    monkeypatch.setattr(cells, "cell_environment", environment)
+    monkeypatch.setattr(environments, "cell_environment", environment)
     monkeypatch.setattr(environments.CellEnvironment, "packages", lambda self: {"pytest": "9"})
     return project, seen
 

@@ -19,7 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from pdevidence import cells, registry, results, trees
+from pdevidence import registry
+from pdevidence.cells import cells
+from pdevidence.documents import results
+from pdevidence.sources import trees
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = ROOT / ".github" / "workflows" / "probes.yml"

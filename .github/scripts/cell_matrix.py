@@ -12,7 +12,7 @@ sessions of that tree kind and prints one line of JSON, the job matrix::
                   "artifact": "cell-release-admission-base",
                   "files": "runs/admission.base.release-*.json"}, ...]}
 
-``files`` matches the cell's result and its receipt (``pdevidence.results``
+``files`` matches the cell's result and its receipt (``pdevidence.documents.results``
 names them ``<experiment>.<side>.<tree label>.json`` and ``...receipt.json``,
 the tree label starting with the kind). With ``$GITHUB_OUTPUT`` set, appends
 ``matrix=<that JSON>`` and ``kind=<kind>`` to it.
@@ -35,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Tree kind -> (nox tag, session name); tests/test_workflow.py checks it against pdevidence.cells.SESSION_OF_KIND.
+# Tree kind -> (nox tag, session name); tests/test_workflow.py checks it against pdevidence.cells.cells.SESSION_OF_KIND.
 KINDS = {"release": ("release", "release"), "git": ("git", "probe")}
 ARTIFACT_PREFIX = "cell-"
 

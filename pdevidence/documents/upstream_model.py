@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from .errors import HarnessError
-from .trees import tree_label
+from ..core.errors import HarnessError
+from ..sources.trees import tree_label
 
 RESULT_SCHEMA = "pdevidence-upstream/2"
 

@@ -18,11 +18,11 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from .environments import CellEnvironment, find_python
-from .errors import HarnessError, integrity
-from .fetch import sha256_file
+from ..core.errors import HarnessError, integrity
+from ..environments import CellEnvironment, find_python
+from ..sources.fetch import sha256_file
+from ..sources.trees import Tree
 from .results import read_json, result_beside
-from .trees import Tree
 
 RECEIPT_SCHEMA_PREFIX = "pdevidence-receipt/"
 RECEIPT_SCHEMA_VERSION = 2  # what ``build`` writes

@@ -10,13 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import compare, integrity, mutate, osv, report, sweep
+from ..core.errors import INCOMPLETE, HarnessError
+from ..core.errors import integrity as integrity_error
+from ..core.paths import results_dir
+from ..documents import integrity
+from ..documents.receipts import Receipt
+from ..documents.results import Result, receipt_path, write_atomic
+from ..judge import compare
+from ..lanes import mutate, sweep
+from ..registry import SIDES, Registry
+from ..report import report
+from . import osv
 from .advisories import load_openvex, load_osv
-from .errors import INCOMPLETE, HarnessError, integrity as integrity_error
-from .paths import results_dir
-from .receipts import Receipt
-from .registry import SIDES, Registry
-from .results import Result, receipt_path, write_atomic
 
 # Tables other steps write to runs/, published as they are when present (paths relative to runs/),
 # each with the loader that must accept it first. The OSV records are not among them: publish

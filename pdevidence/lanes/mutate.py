@@ -39,11 +39,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import cells, probe_run, registry
-from .errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, HarnessError, usage
-from .locking import exclusive
-from .paths import runs_dir, work_dir
-from .results import dumps, write_atomic
+from .. import environments, registry
+from ..cells import cells, probe_run
+from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, HarnessError, usage
+from ..core.locking import exclusive
+from ..core.paths import runs_dir, work_dir
+from ..documents.results import dumps, write_atomic
 
 SCHEMA = "pdevidence-mutate/1"
 PROBE_SCHEMA = "pd-mutant-probe/1"
@@ -247,7 +248,7 @@ def run(reg: registry.Registry, experiment: str, *, log=print) -> MutationTable:
     partial = out.with_name(f".{out.name}.partial")
     write_atomic(specs, dumps([m.spec() for m in exp.mutants.values()]))
     with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"cell {cell.name}"):
-        env = cells.cell_environment(reg, tree, slug)
+        env = environments.cell_environment(reg, tree, slug)
         log(f"mutate({experiment}): {len(exp.mutants)} mutants on {tree.label()}")
         logfile = work_dir(reg.root) / "logs" / f"mutate.{experiment}.log"
         logfile.parent.mkdir(parents=True, exist_ok=True)

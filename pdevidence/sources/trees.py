@@ -25,10 +25,11 @@ from packaging import tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from . import children, fetch
-from .errors import HarnessError, integrity, usage
-from .locking import exclusive
-from .paths import cache_dir
+from ..core import children
+from ..core.errors import HarnessError, integrity, usage
+from ..core.locking import exclusive
+from ..core.paths import cache_dir
+from . import fetch
 
 GIT_ARCHIVE_URL = "https://codeload.github.com/sgl-project/sglang/tar.gz/{sha}"
 INDEX_URL = "https://pypi.org/simple"

@@ -12,12 +12,13 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import cells, children
-from .compare import KeyStatus, diff_observations, expected_file
-from .environments import uv_executable
-from .errors import HarnessError, usage
-from .registry import Registry
-from .results import Result
+from ..cells import cells
+from ..core import children
+from ..core.errors import HarnessError, usage
+from ..documents.results import Result
+from ..environments import uv_executable
+from ..judge.compare import KeyStatus, diff_observations, expected_file
+from ..registry import Registry
 
 LATEST = "latest"
 

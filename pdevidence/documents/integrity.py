@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .errors import HarnessError, integrity
-from .fetch import sha256_file
-from .paths import results_dir
+from ..core.errors import HarnessError, integrity
+from ..core.paths import results_dir
+from ..registry import REGISTRY_FILE, TorchChannel
+from ..registry import load as load_registry
+from ..sources.fetch import sha256_file
 from .receipts import Receipt
-from .registry import REGISTRY_FILE, TorchChannel
-from .registry import load as load_registry
 from .results import RECEIPT_SUFFIX, RESULT_SCHEMA_PREFIX, Result, receipt_path, result_beside, write_atomic
 
 SUMS_FILE = "SHA256SUMS.txt"

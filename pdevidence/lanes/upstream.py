@@ -22,13 +22,17 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from . import cells, children, receipts, results, trees
-from .errors import ENVIRONMENT, HarnessError, usage
-from .fetch import sha256_file
-from .locking import exclusive
-from .paths import runs_dir, tree_lock_file, work_dir
-from .registry import SIDES, Experiment, Registry
-from .upstream_model import Outcome, TestEntry, UpstreamResult, Verdict, load, pytest_summary, summary_line
+from .. import environments
+from ..cells import cells
+from ..core import children
+from ..core.errors import ENVIRONMENT, HarnessError, usage
+from ..core.locking import exclusive
+from ..core.paths import runs_dir, tree_lock_file, work_dir
+from ..documents import receipts, results
+from ..documents.upstream_model import Outcome, TestEntry, UpstreamResult, Verdict, load, pytest_summary, summary_line
+from ..registry import SIDES, Experiment, Registry
+from ..sources import trees
+from ..sources.fetch import sha256_file
 from .upstream_pytest import run_suite
 
 RECEIPT_SCHEMA = "pdevidence-upstream-receipt/1"
@@ -189,7 +193,7 @@ def run_upstream(registry: Registry, cell: cells.Cell, *, tests_dir: Path | None
         result.unlink(missing_ok=True)
         receipt_file.unlink(missing_ok=True)
         started = receipts.now()
-        env = cells.cell_environment(registry, tree, slug)
+        env = environments.cell_environment(registry, tree, slug)
         log(f"{name}: {'reusing' if env.reused else 'built'} environment {env.path}")
         log(f"{name}: running pytest on {tree.label()}")
         run = run_suite(env.interpreter, source.files, work / "logs" / f"{slug}.upstream.log")

@@ -14,13 +14,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import environments, receipts, results, trees
-from .errors import HarnessError, usage
-from .fetch import sha256_file
-from .locking import exclusive
-from .paths import runs_dir, tree_lock_file, work_dir
+from .. import environments
+from ..core.errors import HarnessError, usage
+from ..core.locking import exclusive
+from ..core.paths import runs_dir, tree_lock_file, work_dir
+from ..documents import receipts, results
+from ..registry import SIDES, Registry, TorchChannel, check_side
+from ..sources import trees
+from ..sources.fetch import sha256_file
 from .probe_run import partial_path, run_probe
-from .registry import SIDES, Registry, TorchChannel, check_side
 
 # The session name of each tree kind: `probe(...)` is the pinned-commit cell.
 SESSION_OF_KIND = {"git": "probe", "release": "release", "path": "path"}
@@ -103,33 +105,12 @@ def _stored_run(result: Path, key: str) -> bool:
             and stored.exit_status == 0)
 
 
-def torch_choice(registry: Registry) -> environments.TorchChoice:
-    """The registry's torch channel unless PDEVIDENCE_TORCH overrides it."""
-    return environments.choose_torch(registry.torch_channel)
-
-
-def _closure(registry: Registry, torch: environments.TorchChoice, constraints: Path) -> Path:
-    """The file a cell installs: the given closure, or for the CPU channel the registry's CPU closure."""
-    if constraints != registry.constraints:  # the drift lane's own pins
-        return constraints
-    return environments.closure_for(torch, registry.constraints, registry.constraints_cpu)
-
-
 def cell_slug(registry: Registry, cell: Cell, tree: trees.Tree, constraints: Path | None = None) -> str:
     """The name a cell's environment, lock and log share; the upstream sessions reuse them."""
     slug = f"{cell.experiment}.{cell.side}.{tree.label()}"
     if constraints is not None and constraints != registry.constraints:
         slug += f".{sha256_file(constraints)[:8]}"
     return slug
-
-
-def cell_environment(registry: Registry, tree: trees.Tree, slug: str,
-                     constraints: Path | None = None, log=None) -> environments.CellEnvironment:
-    """The cell's uv environment under ``.cells/envs/<slug>``, built or reused."""
-    torch = torch_choice(registry)
-    closure = _closure(registry, torch, constraints or registry.constraints)
-    return environments.ensure(work_dir(registry.root) / "envs" / slug, registry.python, closure, tree, torch,
-                               log=log)
 
 
 def staging_dir(result: Path) -> Path:
@@ -156,9 +137,9 @@ def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Pa
     if not exp.probe.exists():
         raise usage(f"the probe of {cell.experiment} is missing: {exp.probe}")
     environments.find_python(registry.python)  # no Python 3.12: say so before any download
-    torch = torch_choice(registry)
+    torch = environments.torch_choice(registry)
     constraints = constraints or registry.constraints
-    closure = _closure(registry, torch, constraints)
+    closure = environments.closure_of(registry, torch, constraints)
     tree = resolve_tree(registry, cell)
     key = cache_key(registry, exp.probe, tree, torch.channel, closure)
     out = out_dir or runs_dir(registry.root)
@@ -178,7 +159,7 @@ def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Pa
             result.unlink(missing_ok=True)
             receipt_file.unlink(missing_ok=True)
         started = receipts.now()
-        env = cell_environment(registry, tree, slug, constraints, log=lambda msg: log(f"{cell.name}: {msg}"))
+        env = environments.cell_environment(registry, tree, slug, constraints, log=lambda msg: log(f"{cell.name}: {msg}"))
         log(f"{cell.name}: {'reusing' if env.reused else 'built'} environment {env.path}")
         args = ["--side", cell.side, "--tree-kind", tree.kind, "--tree-ref", tree.ref,
                 "--tree-resolved", tree.resolved]

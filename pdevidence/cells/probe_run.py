@@ -13,8 +13,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import children, results
-from .errors import HarnessError
+from ..core import children
+from ..core.errors import HarnessError
+from ..documents import results
 
 DEFAULT_TIMEOUT = 900.0
 STDERR_TAIL_LINES = 25

@@ -10,9 +10,9 @@ import hashlib
 import json
 import urllib.parse
 
-from .check import CheckResult, Status, Target
+from ..lanes.check import CheckResult, Status, Target
+from ..registry import Registry
 from .osv import PR_URL, vuln_id
-from .registry import Registry
 
 CONTEXT = "https://openvex.dev/ns/v0.2.0"
 AUTHOR = "pdevidence check"

@@ -18,8 +18,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from . import children
-from .errors import HarnessError, integrity
+from ..core import children
+from ..core.errors import HarnessError, integrity
 
 CHUNK = 1 << 20
 

@@ -3,7 +3,7 @@
 Why not JUnit XML: pytest 9 writes one ``<failure>`` per failed subtest inside its test's
 ``<testcase>``, without the subtest's parameters, nothing for a passed subtest, and counts every
 report in ``tests=``; a unittest method whose subtests failed is itself "passed" in pytest's
-summary, which JUnit cannot say. ``upstream_plugin`` records each report pytest logs instead.
+summary, which JUnit cannot say. ``probes/_upstream_plugin.py`` records each report pytest logs instead.
 """
 
 from __future__ import annotations
@@ -16,19 +16,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from . import receipts
-from .errors import HarnessError
-from .fetch import sha256_file
-from .probe_run import run_killable, tail, timeout_seconds
-from .upstream_model import BAD, Outcome, Subtest, TestEntry
+from ..cells.probe_run import run_killable, tail, timeout_seconds
+from ..core.errors import HarnessError
+from ..core.paths import PROJECT
+from ..documents import receipts
+from ..documents.upstream_model import BAD, Outcome, Subtest, TestEntry
+from ..sources.fetch import sha256_file
 
 # pytest: 0 all passed, 1 some failed, 5 nothing collected - all data. 2 interrupted,
 # 3 internal error, 4 usage error: the run itself went wrong.
 BROKEN_RUN = (2, 3, 4)
-# upstream_plugin.py runs inside the cell, under this module name; it imports pytest, so it is
+# probes/_upstream_plugin.py runs inside the cell, under this module name; it imports pytest, so it is
 # copied as a file and never imported here (pdevidence itself does not need pytest).
 PLUGIN = "pdevidence_upstream_record"
-PLUGIN_SOURCE = Path(__file__).with_name("upstream_plugin.py")
+PLUGIN_SOURCE = PROJECT / "probes" / "_upstream_plugin.py"
 RECORD_ENV = "PDEVIDENCE_UPSTREAM_RECORD"  # where the plugin writes its lines
 # Passed subtests show in pytest's summary ("6 subtests passed") only with subtest verbosity.
 PYTEST_INI = "[pytest]\nverbosity_subtests = 1\n"

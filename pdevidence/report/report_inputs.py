@@ -12,11 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import integrity
-from .errors import HarnessError
-from .errors import integrity as integrity_error
-from .paths import results_dir
-from .registry import SIDES, Registry
+from ..core.errors import HarnessError
+from ..core.errors import integrity as integrity_error
+from ..core.paths import results_dir
+from ..documents import integrity
+from ..registry import SIDES, Registry
 
 SWEEP_SCHEMAS = ("pdevidence-sweep/1", "pdevidence-sweep/2")
 MUTATE_SCHEMA = "pdevidence-mutate/1"

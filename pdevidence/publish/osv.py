@@ -11,11 +11,12 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from . import results, sweep
-from .errors import HarnessError
-from .fetch import sha256_file
-from .registry import Experiment, Registry
-from .sweep import Classification
+from ..core.errors import HarnessError
+from ..documents import results
+from ..lanes import sweep
+from ..lanes.sweep import Classification
+from ..registry import Experiment, Registry
+from ..sources.fetch import sha256_file
 
 SCHEMA_VERSION = "1.6.0"
 # No CVE or GHSA names these fixes, so this database mints its own ids: a prefix, the

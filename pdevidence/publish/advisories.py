@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import HarnessError
-from .results import read_json
+from ..core.errors import HarnessError
+from ..documents.results import read_json
 
 # Per format: the fields every document has, and their JSON types.
 OSV_FIELDS = {"id": str, "modified": str, "schema_version": str, "affected": list}

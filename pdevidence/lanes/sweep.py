@@ -19,12 +19,15 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from . import allprobes, cells, results, trees
-from .compare import expected_file, same
-from .errors import INCOMPLETE, HarnessError, usage
-from .locking import exclusive
-from .paths import tree_lock_file, work_dir
-from .registry import SIDES, Experiment, Registry
+from .. import environments
+from ..cells import allprobes
+from ..core.errors import INCOMPLETE, HarnessError, usage
+from ..core.locking import exclusive
+from ..core.paths import tree_lock_file, work_dir
+from ..documents import results
+from ..judge.compare import expected_file, same
+from ..registry import SIDES, Experiment, Registry
+from ..sources import trees
 
 SCHEMA = "pdevidence-sweep/2"
 SWEEP_SIDE = "sweep"
@@ -172,7 +175,7 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
     refs = {name: references(reg, reg.experiment(name), published) for name in experiments}
     files = trees.index_files("sglang")
     versions = versions or releases(files, reg.python, reg.release_floor, pre=pre)
-    cells.torch_choice(reg)
+    environments.torch_choice(reg)
     lock = trees.LockFile(tree_lock_file(reg.root))
 
     def one(version: str) -> dict[str, ReleaseOutcome]:
@@ -180,7 +183,7 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
             tree = trees.release_tree(version, reg.python, lock)
             slug = f"{SWEEP_SIDE}.{tree.label()}"
             with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"the sweep environment {slug}"):
-                env = cells.cell_environment(reg, tree, slug)
+                env = environments.cell_environment(reg, tree, slug)
                 log(f"sweep: probing {', '.join(experiments)} on {tree.label()}")
                 outcomes = allprobes.run(reg, env.interpreter, experiments,
                                          {"side": SWEEP_SIDE, "tree_kind": "release", "tree_ref": version,

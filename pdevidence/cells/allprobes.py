@@ -12,10 +12,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import results
-from .fetch import sha256_file
+from ..documents import results
+from ..registry import Registry
+from ..sources.fetch import sha256_file
 from .probe_run import run_killable, tail, timeout_seconds
-from .registry import Registry
 
 DRIVER = "probe_all.py"
 CANNOT_RUN_SUFFIX = ".cannot-run.json"  # what the driver writes for an experiment whose setup failed

@@ -17,11 +17,15 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import allprobes, cells, children, sweep, trees
-from .errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, usage, worst
-from .locking import exclusive
-from .paths import results_dir, runs_dir, tree_lock_file, work_dir
-from .registry import Experiment, Registry
+from .. import environments
+from ..cells import allprobes
+from ..core import children
+from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, usage, worst
+from ..core.locking import exclusive
+from ..core.paths import results_dir, runs_dir, tree_lock_file, work_dir
+from ..registry import Experiment, Registry
+from ..sources import trees
+from . import sweep
 from .sweep import Behaviour, Classification
 
 SCHEMA = "pdevidence-check/1"
@@ -174,7 +178,7 @@ def run(reg: Registry, target: Target, tree: trees.Tree | None, *, log=print) ->
     else:
         slug = f"{CHECK_SIDE}.{tree.label()}"
         with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"the check environment {slug}"):
-            env = cells.cell_environment(reg, tree, slug)
+            env = environments.cell_environment(reg, tree, slug)
             log(f"check: {'reusing' if env.reused else 'built'} environment {env.path}")
             outcomes = allprobes.run(reg, env.interpreter, names, args, out_dir=out, log=logfile)
     versions = {o.doc.get("sglang_version") for o in outcomes.values() if o.doc}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import INCOMPLETE, HarnessError
+from ..core.errors import INCOMPLETE, HarnessError
 
 RESULT_SCHEMA_PREFIX = "pd-differential-probe/"
 RESULT_SCHEMA_VERSIONS = (1,)  # what this harness reads; a newer probe must bump it here too

@@ -13,14 +13,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import integrity
-from .cells import Cell
-from .errors import (BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT_DIFFERS, INCOMPLETE, INTEGRITY, HarnessError,
-                     usage, worst)
-from .receipts import Receipt
-from .registry import SIDES, Experiment, Registry
-from .results import Result, read_json, receipt_path, result_name
-from .trees import tree_label
+from ..cells.cells import Cell
+from ..core.errors import (
+    BEHAVIOUR_DIFFERS,
+    CONFIRMED,
+    ENVIRONMENT_DIFFERS,
+    INCOMPLETE,
+    INTEGRITY,
+    HarnessError,
+    usage,
+    worst,
+)
+from ..documents import integrity
+from ..documents.receipts import Receipt
+from ..documents.results import Result, read_json, receipt_path, result_name
+from ..registry import SIDES, Experiment, Registry
+from ..sources.trees import tree_label
 
 COMPARED_KINDS = ("release", "git")
 REPORT_SCHEMA = "pdevidence-report/1"

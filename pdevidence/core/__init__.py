@@ -1,0 +1,1 @@
+"""Ground floor: exit codes and errors, paths, locks, child processes, files."""

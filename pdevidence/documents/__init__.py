@@ -1,0 +1,1 @@
+"""The documents the pipeline writes and reads: results, receipts, upstream results, published sums."""

@@ -1,0 +1,1 @@
+"""Lanes beyond the matrix: release sweep, drift, mutation, check, the PRs' own tests."""

@@ -1,0 +1,1 @@
+"""The one writer of results/: published files, OSV records, OpenVEX statements."""

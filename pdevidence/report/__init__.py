@@ -1,0 +1,1 @@
+"""Reports: terminal, Markdown, JSON and SVG, from the judged documents."""

@@ -1,0 +1,1 @@
+"""Tree sources: pinned git commits, PyPI releases, wheels, local paths; verified downloads."""
