@@ -329,7 +329,7 @@ def index_files(project: str, index_url: str | None = None) -> list[dict]:
     req = urllib.request.Request(f"{index_url.rstrip('/')}/{project}/",
                                  headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        with fetch.open_url(req, timeout=30) as resp:
             # PEP 691 lets a file's url be relative to the project page.
             return [{**f, "url": urllib.parse.urljoin(resp.geturl(), f["url"])}
                     for f in json.load(resp)["files"]]
