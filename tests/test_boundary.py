@@ -135,3 +135,11 @@ def test_a_probe_result_is_written_0644(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(PROJECT / "probes")}
     subprocess.run([sys.executable, str(probe), "--out", str(out)], check=True, env=env, timeout=120)
     assert Path(out).stat().st_mode & 0o777 == 0o644
+
+
+def test_the_readme_documents_every_exit_code():
+    readme = (PROJECT / "README.md").read_text()
+    section = readme[readme.index("## Exit codes"):readme.index("## Layout")]
+    documented = {int(line.split("|")[1]) for line in section.splitlines()
+                  if line.startswith("| ") and line.split("|")[1].strip().isdigit()}
+    assert set(errors.EXIT_CODES) <= documented

@@ -663,3 +663,22 @@ def test_the_committed_lock_pins_every_wheel_of_each_release_the_published_resul
         assert all(name.startswith(f"sglang-{version}-") for name in files)
         assert any(name.endswith("_x86_64.whl") for name in files), version
         assert any(name.endswith("_aarch64.whl") for name in files), version  # not one machine's wheel only
+
+
+def test_lock_trees_pins_every_wheel_of_the_brackets_with_the_index_hashes(tmp_path, http_server, monkeypatch):
+    from synthetic import make_project, serve_index, wheel_bytes
+
+    from pdevidence import cli
+
+    root = make_project(tmp_path / "project")
+    wheels = {f"sglang-{v}-{tag}.whl": wheel_bytes(v, "") for v in ("1.0.0", "1.1.0")
+              for tag in ("py3-none-any", "cp312-cp312-manylinux_2_34_aarch64")}
+    monkeypatch.setenv("PDEVIDENCE_INDEX_URL", serve_index(http_server, wheels))
+
+    assert cli.main(["--root", str(root), "lock-trees"]) == errors.CONFIRMED
+
+    lock = LockFile(root / "constraints" / "trees.lock.json")
+    for version in ("1.0.0", "1.1.0"):
+        assert lock.pinned("release", f"sglang=={version}") == {"files": {
+            name: sha256(data) for name, data in wheels.items() if name.startswith(f"sglang-{version}-")}}
+    assert lock.path.stat().st_mode & 0o777 == 0o644
