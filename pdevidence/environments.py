@@ -26,9 +26,9 @@ from packaging.version import Version
 
 from .core import children
 from .core.errors import HarnessError, usage
+from .core.files import sha256_file
 from .core.paths import work_dir
 from .registry import Registry, TorchChannel
-from .sources.fetch import sha256_file
 from .sources.trees import Tree
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"

@@ -27,6 +27,7 @@ from packaging.version import InvalidVersion, Version
 
 from ..core import children
 from ..core.errors import HarnessError, integrity, usage
+from ..core.files import dumps, sha256_file, write_atomic
 from ..core.locking import exclusive
 from ..core.paths import cache_dir
 from . import fetch
@@ -91,11 +92,7 @@ class LockFile:
         with exclusive(self.path.with_suffix(".lock"), "the tree lock file"):
             data = self._read()
             data.setdefault(section, {})[key] = entry
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".trees.", suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(data, fh, indent=2, sort_keys=True)
-                fh.write("\n")
-            os.replace(tmp, self.path)
+            write_atomic(self.path, dumps(data))
 
 
 def _check_pinned(lock: LockFile, section: str, key: str, actual: str, what: str, on_mismatch) -> None:
@@ -161,7 +158,7 @@ def _git_tree_from_github(sha: str, dest: Path, lock: LockFile) -> Tree:
         )
         archive = cache_dir() / "archives" / f"{digest}.tar.gz"
         os.replace(tmp, archive)
-    digest = fetch.sha256_file(archive)
+    digest = sha256_file(archive)
     _check_pinned(lock, "git", sha, digest, f"the archive of {sha[:12]}", archive.unlink)
     info = {"source": "github", "origin": url, "sha256": digest}
     try:
@@ -324,7 +321,7 @@ def release_tree(version: str, python: str, lock: LockFile, project: str = "sgla
             os.replace(tmp, wheel)
             if entry is None:
                 lock.record("release", key, {"filename": chosen["filename"], "sha256": digest})
-        digest = fetch.sha256_file(wheel)
+        digest = sha256_file(wheel)
         _check_pinned(lock, "release", key, digest, wheel.name, wheel.unlink)
     return Tree("release", version, version, wheel, digest, "pypi", wheel.name)
 
@@ -380,4 +377,4 @@ def wheel_tree(wheel: Path, python: str, project: str = "sglang") -> Tree:
         raise usage(f"{wheel.name} does not install on Python {python} on this machine",
                     expected=f"a wheel for CPython {python} ({platform.machine()})",
                     todo="check it in an environment that runs it instead: `check --python <its interpreter>`")
-    return Tree("wheel", wheel.name, str(version), wheel, fetch.sha256_file(wheel), "file", str(wheel))
+    return Tree("wheel", wheel.name, str(version), wheel, sha256_file(wheel), "file", str(wheel))
