@@ -9,16 +9,15 @@ from __future__ import annotations
 import argparse
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 from pathlib import Path
 
 from . import environments, registry
 from .cells import cells
-from .core import children, settings
+from .core import children, clock, settings
 from .core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, EXIT_CODES, HarnessError, boundary, usage, worst
+from .core.files import dumps, write_atomic
 from .core.paths import PROJECT, results_dir, runs_dir, tree_lock_file, work_dir
-from .documents import integrity
-from .documents.results import dumps, write_atomic
+from .documents import integrity, reports
 from .judge import compare
 from .lanes import check, drift, mutate, sweep, upstream
 from .publish import openvex, publish
@@ -84,7 +83,7 @@ def cmd_verify(args) -> int:
     integrity.verify(args.root)
     published_report = results_dir(args.root) / "report.json"
     if published_report.exists():
-        compare.load_report(published_report)
+        reports.load_report(published_report)
     print("SHA256SUMS.txt: every listed file matches, every covered file is listed, "
           "every published receipt is valid for the result beside it, and the published report is valid")
     return CONFIRMED
@@ -159,7 +158,7 @@ def cmd_check(args) -> int:
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
     result = check.run(reg, target, tree, log=log)
     if args.openvex:
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
         write_atomic(args.openvex, dumps(openvex.document(reg, result, stamp)))
         log(f"wrote {args.openvex}")
     print(dumps(result.to_json()) if args.json else check.table(result), end="" if args.json else "\n")

@@ -24,11 +24,11 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from .core import atomic, children, settings
+from .core import children, files, settings
 from .core.errors import HarnessError
+from .core.files import sha256_file
 from .core.paths import work_dir
 from .registry import Registry, TorchChannel
-from .sources.fetch import sha256_file
 from .sources.trees import Tree
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -250,7 +250,7 @@ def ensure(path: Path, python: str, closure: Path, tree: Tree, torch: TorchChoic
     key = environment_key(interpreter, closure, torch.channel, tree)
     info = path / ENV_INFO
     uv = uv_executable()
-    stored = atomic.read_marker(info, "key")  # missing or truncated: rebuild
+    stored = files.read_marker(info, "key")  # missing or truncated: rebuild
     if stored is not None and stored["key"] == key:
         env.reused = True
         if tree.kind == "path":  # the developer's work in progress: always reinstall it
@@ -266,7 +266,7 @@ def ensure(path: Path, python: str, closure: Path, tree: Tree, torch: TorchChoic
     run([uv, "pip", "sync", "--require-hashes", *channel, "--python", str(env.interpreter), str(closure)],
         env.commands, what="installing the pinned closure", progress=True)
     _install_tree(uv, env, tree, say)
-    atomic.write_marker(info, {"key": key})
+    files.write_marker(info, {"key": key})
     return env
 
 

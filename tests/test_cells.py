@@ -20,9 +20,9 @@ from synthetic import serve_index, wheel_bytes
 from pdevidence import environments, registry
 from pdevidence.cells import cells
 from pdevidence.core import errors
+from pdevidence.core.files import sha256_file
 from pdevidence.core.paths import PROJECT
 from pdevidence.documents import receipts, results
-from pdevidence.sources.fetch import sha256_file
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 

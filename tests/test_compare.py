@@ -15,7 +15,7 @@ from synthetic import make_project, receipt_doc, result_doc, write_cell, write_s
 from pdevidence import cli, registry
 from pdevidence.core import errors
 from pdevidence.core.paths import PROJECT
-from pdevidence.documents import integrity
+from pdevidence.documents import integrity, reports
 from pdevidence.judge import compare
 from pdevidence.report import report
 
@@ -132,7 +132,7 @@ def test_the_compare_command_writes_reports_under_runs_and_leaves_results_alone(
     assert cli.main(["--root", str(project), "compare"]) == errors.CONFIRMED
     out = capsys.readouterr().out
     assert "DIFFERENTIAL CONFIRMED" in out
-    machine = compare.load_report(project / "runs" / "report.json")
+    machine = reports.load_report(project / "runs" / "report.json")
     assert machine["pairs"][0]["verdict"] == "differential confirmed"
     markdown = (project / "runs" / "report.md").read_text()
     assert "| D1 | retired | false | true | changed |" in markdown
@@ -152,7 +152,7 @@ def test_no_comparison_touches_results_even_without_runs(project, argv):
     before = snapshot(project / "results")
     assert cli.main(["--root", str(project), *argv]) == errors.INCOMPLETE
     assert snapshot(project / "results") == before
-    assert compare.load_report(project / "runs" / "report.json")["exit_code"] == errors.INCOMPLETE
+    assert reports.load_report(project / "runs" / "report.json")["exit_code"] == errors.INCOMPLETE
 
 
 def test_the_report_is_byte_stable_across_processes(project):
@@ -292,7 +292,7 @@ def test_the_report_loader_refuses_a_report_whose_verdict_is_unknown(tmp_path):
                                 "pairs": [{"experiment": "demo", "verdict": "confirmed", "published": {},
                                            "exit_code": 0}]}))
     with pytest.raises(errors.HarnessError, match="confirmed") as err:
-        compare.load_report(path)
+        reports.load_report(path)
     assert err.value.code == errors.INTEGRITY
 
 
@@ -319,7 +319,7 @@ def test_a_flipped_byte_in_any_published_file_is_named_by_compare_and_verify(pro
     flip_byte(project / "results" / name, at=3)
     assert cli.main(["--root", str(project), "compare"]) == errors.INTEGRITY
     assert f"results/{name}" in capsys.readouterr().out
-    assert compare.load_report(project / "runs" / "report.json")["published_failures"].keys() == {f"results/{name}"}
+    assert reports.load_report(project / "runs" / "report.json")["published_failures"].keys() == {f"results/{name}"}
     assert cli.main(["--root", str(project), "verify"]) == errors.INTEGRITY
     assert f"results/{name}" in capsys.readouterr().err
 
@@ -337,7 +337,7 @@ def test_on_a_fresh_clone_nox_compare_leaves_the_checkout_clean(tmp_path, posarg
                           cwd=PROJECT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == errors.INCOMPLETE, done.stdout + done.stderr
     assert (snapshot(PROJECT / "results"), status()) == before
-    assert compare.load_report(tmp_path / "runs" / "report.json")["exit_code"] == errors.INCOMPLETE
+    assert reports.load_report(tmp_path / "runs" / "report.json")["exit_code"] == errors.INCOMPLETE
 
 
 def test_verify_refuses_a_published_report_that_is_not_a_report_even_with_blessed_sums(project, capsys):

@@ -87,7 +87,7 @@ def test_a_published_result_without_its_receipt_fails_verification(tmp_path):
 
 
 def test_write_atomic_creates_world_readable_files(tmp_path):
-    from pdevidence.documents.results import write_atomic
+    from pdevidence.core.files import write_atomic
 
     old = os.umask(0o077)
     try:

@@ -12,6 +12,8 @@ import pytest
 from pdevidence import environments, registry
 from pdevidence.core import errors
 from pdevidence.core.paths import PROJECT
+from pdevidence.documents.tables import MutationTable
+from pdevidence.documents.vocabulary import MutantStatus
 from pdevidence.lanes import mutate
 
 sys.path.insert(0, str(PROJECT / "probes"))
@@ -218,13 +220,13 @@ def test_removes_fix_is_killed_by_a_move_toward_base_only():
         f=applied(under(D="KeyError", C={"enqueued": False})),
     ))
     outcome = {m.id: (m.status, m.killed_by) for m in result.mutants}
-    assert outcome["a"] == (mutate.Status.KILLED, {"D": ["retired"]})
-    assert outcome["b"] == (mutate.Status.KILLED, {"D": ["streamed"]})
-    assert outcome["c"][0] is mutate.Status.SURVIVED
-    assert outcome["d"][0] is mutate.Status.SURVIVED
+    assert outcome["a"] == (MutantStatus.KILLED, {"D": ["retired"]})
+    assert outcome["b"] == (MutantStatus.KILLED, {"D": ["streamed"]})
+    assert outcome["c"][0] is MutantStatus.SURVIVED
+    assert outcome["d"][0] is MutantStatus.SURVIVED
     # A crash kills (named as such); keys it left unobserved (status, base null) never count.
-    assert outcome["e"] == (mutate.Status.KILLED, {"D": ["error:AttributeError"]})
-    assert outcome["f"] == (mutate.Status.KILLED, {"D": ["error:KeyError"]})
+    assert outcome["e"] == (MutantStatus.KILLED, {"D": ["error:AttributeError"]})
+    assert outcome["f"] == (MutantStatus.KILLED, {"D": ["error:KeyError"]})
 
 
 def test_over_broad_is_killed_by_a_control_only():
@@ -232,7 +234,7 @@ def test_over_broad_is_killed_by_a_control_only():
     result = mutate.judge(exp, document(wide=applied(under(C={"enqueued": False})),
                                         quiet=applied(under(D={"retired": False}))))
     outcome = {m.id: (m.status, m.killed_by) for m in result.mutants}
-    assert outcome == {"wide": (mutate.Status.KILLED, {"C": ["enqueued"]}), "quiet": (mutate.Status.SURVIVED, {})}
+    assert outcome == {"wide": (MutantStatus.KILLED, {"C": ["enqueued"]}), "quiet": (MutantStatus.SURVIVED, {})}
     crash = mutate.scenario_kills(registry.MutantKind.OVER_BROAD, exp.expect["C"], HEAD["C"],
                                   {"observed": {"enqueued": False}, "error": {"type": "ValueError"}})
     assert crash == ["enqueued", "error:ValueError"]
@@ -272,7 +274,7 @@ def test_table_score_survivors_and_exit_code(tmp_path):
     assert row.split()[2:5] == [".", "K", "killed"]
     path = tmp_path / "mutate.demo.json"
     path.write_text(json.dumps(result.to_json()))
-    assert mutate.load(path) == result
+    assert MutationTable.load(path) == result
     all_killed = mutate.judge(experiment({"a": "removes-fix"}), document(a=applied(under(D={"retired": False}))))
     assert all_killed.exit_code == errors.CONFIRMED
 
@@ -284,7 +286,7 @@ def test_loader_rejects_a_tampered_score(tmp_path):
     path = tmp_path / "m.json"
     path.write_text(json.dumps(doc))
     with pytest.raises(errors.HarnessError, match="does not match its mutants"):
-        mutate.load(path)
+        MutationTable.load(path)
 
 
 def test_registry_mutants_are_well_formed_for_the_driver():
@@ -301,7 +303,7 @@ def test_real_lane_kills_every_mutant_and_every_scenario_kills(name, tmp_path, m
 
     monkeypatch.setenv("PDEVIDENCE_RUNS", str(tmp_path))
     code = cli.main(["--root", str(PROJECT), "mutate", name])
-    result = mutate.load(tmp_path / f"mutate.{name}.json")
+    result = MutationTable.load(tmp_path / f"mutate.{name}.json")
     out = capsys.readouterr().out
     assert out.rstrip().splitlines()[-1] == f"{name}: {result.score['killed']} of {result.score['applicable']} mutants killed"
     assert result.score["applicable"] >= 10

@@ -9,6 +9,7 @@ introduced; reference types from the schema's list.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -20,6 +21,7 @@ from pdevidence import cli, registry
 from pdevidence.core import errors
 from pdevidence.core.errors import HarnessError
 from pdevidence.documents import integrity
+from pdevidence.documents.tables import SweepTable
 from pdevidence.lanes import sweep
 from pdevidence.publish import osv
 
@@ -87,7 +89,7 @@ def row(version, classification):
 
 def table(rows, as_of="2026-10-14T09:30:12.345678Z"):
     outcomes = [sweep.ReleaseOutcome(r["version"], sweep.Classification(r["classification"])) for r in rows]
-    return sweep.document("demo", outcomes, as_of)
+    return SweepTable.from_doc(sweep.document("demo", outcomes, as_of), source="test")
 
 
 @pytest.fixture
@@ -131,10 +133,10 @@ def test_with_no_fixed_release_the_range_stays_open(reg):
 def test_the_record_is_a_pure_function_of_its_inputs(reg):
     doc = table([row("1.0.0", "pre-fix"), row("1.1.0", "fixed")])
     one = json.dumps(osv.record(reg.experiment("demo"), doc, {"x": "1"}), sort_keys=True)
-    assert one == json.dumps(osv.record(reg.experiment("demo"), json.loads(json.dumps(doc)), {"x": "1"}),
+    assert one == json.dumps(osv.record(reg.experiment("demo"), SweepTable.from_doc(json.loads(json.dumps(doc.doc)), source="copy"), {"x": "1"}),
                              sort_keys=True)
     with pytest.raises(HarnessError, match="no as_of"):
-        osv.record(reg.experiment("demo"), {**doc, "as_of": None}, {})
+        osv.record(reg.experiment("demo"), dataclasses.replace(doc, as_of=None), {})
 
 
 def test_the_checker_catches_what_the_schema_forbids():
@@ -154,7 +156,7 @@ def test_publish_writes_sweep_tables_osv_records_and_vex_covered_by_the_sums(reg
     runs = reg.root / "runs"
     for side in ("base", "head"):
         write_cell(runs, side)
-    (runs / "sweep-demo.json").write_text(json.dumps(table([row("1.0.0", "pre-fix"), row("1.1.0", "fixed")])))
+    (runs / "sweep-demo.json").write_text(json.dumps(table([row("1.0.0", "pre-fix"), row("1.1.0", "fixed")]).doc))
     (runs / "openvex-demo-1.0.0.json").write_text(json.dumps(OPENVEX))
     assert cli.main(["--root", str(reg.root), "publish"]) == errors.CONFIRMED
     printed = capsys.readouterr().out

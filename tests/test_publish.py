@@ -10,8 +10,7 @@ from synthetic import MUTATIONS, OPENVEX, SWEEP, make_project, result_doc, write
 
 from pdevidence import cli, registry
 from pdevidence.core import errors
-from pdevidence.documents import integrity
-from pdevidence.judge import compare
+from pdevidence.documents import integrity, reports
 from pdevidence.publish import publish
 
 PUBLISHED = ("demo.base.release-1.0.0.json", "demo.base.release-1.0.0.receipt.json",
@@ -33,7 +32,7 @@ def test_publish_copies_results_receipts_and_tables_then_reports_from_what_it_pu
     results = project / "results"
     for name in (*PUBLISHED, "sweep-demo.json"):
         assert (results / name).read_bytes() == (project / "runs" / name).read_bytes(), name
-    doc = compare.load_report(results / "report.json")
+    doc = reports.load_report(results / "report.json")
     assert [p["verdict"] for p in doc["pairs"]] == ["differential confirmed"]
     assert {p["status"] for p in doc["pairs"][0]["published"].values()} == {"identical"}
     listed = integrity.listed(project)
@@ -67,7 +66,7 @@ def test_publish_refuses_an_unconfirmed_differential_unless_told(project, capsys
     assert "not reproduced" in err and "--allow-unconfirmed" in err
     assert not list((project / "results").iterdir())
     assert cli.main(["--root", str(project), "publish", "--allow-unconfirmed"]) == errors.CONFIRMED
-    doc = compare.load_report(project / "results" / "report.json")
+    doc = reports.load_report(project / "results" / "report.json")
     assert doc["pairs"][0]["verdict"] == "not reproduced"
     integrity.verify(project)
 
@@ -148,6 +147,6 @@ def test_the_published_report_covers_every_kind_that_is_published(project):
     for side in ("base", "head"):
         write_cell(project / "runs", side, kind="git")
     assert cli.main(["--root", str(project), "publish", "--kind", "git"]) == errors.CONFIRMED
-    doc = compare.load_report(project / "results" / "report.json")
+    doc = reports.load_report(project / "results" / "report.json")
     assert [(p["kind"], p["verdict"]) for p in doc["pairs"]] == [("release", "differential confirmed"),
                                                                   ("git", "differential confirmed")]

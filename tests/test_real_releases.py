@@ -17,7 +17,7 @@ import pytest
 from pdevidence import cli
 from pdevidence.core import errors
 from pdevidence.core.paths import PROJECT, results_dir
-from pdevidence.judge import compare
+from pdevidence.documents import reports
 
 pytestmark = pytest.mark.sglang
 
@@ -51,7 +51,7 @@ def matrix(runs):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PDEVIDENCE_RUNS", str(runs))
         code = cli.main(["--root", str(PROJECT), "matrix", "--kind", "release"])
-    report = compare.load_report(runs / "report.json")
+    report = reports.load_report(runs / "report.json")
     return code, {pair["experiment"]: pair for pair in report["pairs"]}, before
 
 

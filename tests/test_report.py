@@ -18,8 +18,8 @@ from synthetic import make_project, write_cell
 from pdevidence import cli, registry
 from pdevidence.core import errors
 from pdevidence.documents import integrity
+from pdevidence.documents.vocabulary import Behaviour
 from pdevidence.report import narrative, pictures, report, report_inputs
-from pdevidence.report.timeline import ERROR, FIXED, NEITHER, PRE_FIX
 
 NS = "{http://www.w3.org/2000/svg}"
 
@@ -156,20 +156,20 @@ def test_cells_say_which_side_each_release_behaves_like():
     states = _states(full_document())
     # Schema 1: every telling cell takes the release's classification; a failed release is an error.
     assert [states[f"A1 on {v}"] for v in ("0.5.20", "0.5.21", "0.5.22", "0.5.23.post1")] == \
-        [PRE_FIX, FIXED, ERROR, FIXED]
-    assert states["A9 on 0.5.17"] == PRE_FIX and "A3p on 0.5.17" not in states  # controls are not placed
+        [Behaviour.PRE_FIX, Behaviour.FIXED, Behaviour.ERROR, Behaviour.FIXED]
+    assert states["A9 on 0.5.17"] == Behaviour.PRE_FIX and "A3p on 0.5.17" not in states  # controls are not placed
     # Schema 2: per scenario; a release without per-scenario data falls back to its classification.
-    assert states["B2 on 0.5.18"] == NEITHER and states["B1 on 0.5.18"] == PRE_FIX
-    assert states["B1 on 0.5.21"] == PRE_FIX and states["B2 on 0.5.21"] == FIXED
-    assert states["B1 on 0.5.17"] == ERROR
+    assert states["B2 on 0.5.18"] == Behaviour.NEITHER and states["B1 on 0.5.18"] == Behaviour.PRE_FIX
+    assert states["B1 on 0.5.21"] == Behaviour.PRE_FIX and states["B2 on 0.5.21"] == Behaviour.FIXED
+    assert states["B1 on 0.5.17"] == Behaviour.ERROR
 
 
 def test_a_head_that_misses_its_expectation_is_coloured_by_what_it_observes():
-    assert _states(DOCUMENTS["not reproduced"])["A1 on 0.5.20"] == PRE_FIX  # the sweep decides here
+    assert _states(DOCUMENTS["not reproduced"])["A1 on 0.5.20"] == Behaviour.PRE_FIX  # the sweep decides here
     plain = _not_reproduced(report_dict(), same_as_base=False)
-    assert _states(plain)["A1 on 0.5.21"] == NEITHER
-    assert _states(DOCUMENTS["head observes base"])["A1 on 0.5.21"] == PRE_FIX
-    assert _states(report_dict())["A1 on 0.5.21"] == FIXED
+    assert _states(plain)["A1 on 0.5.21"] == Behaviour.NEITHER
+    assert _states(DOCUMENTS["head observes base"])["A1 on 0.5.21"] == Behaviour.PRE_FIX
+    assert _states(report_dict())["A1 on 0.5.21"] == Behaviour.FIXED
 
 
 def test_the_first_fixed_release_is_marked_at_its_column():
@@ -312,7 +312,7 @@ def test_gather_reads_fresh_tables_before_published_ones_and_titles_from_the_res
     assert found.sources == ["experiments.toml", "results/mutate.demo.json", "runs/demo.base.release-1.0.0.json",
                              "runs/demo.head.release-1.1.0.json", "runs/sweep-demo.json"]
     _table(project / "runs" / "sweep-demo.json", {"schema": "pdevidence-sweep/9", "experiment": "demo"})
-    with pytest.raises(errors.HarnessError, match="sweep-demo.json is not a table the report can read"):
+    with pytest.raises(errors.HarnessError, match="sweep-demo.json is not a sweep table"):
         report_inputs.gather(reg, data, runs=project / "runs", published=project / "results")
 
 
@@ -336,7 +336,7 @@ def test_a_published_table_its_sums_vouch_for_but_not_its_loader_is_an_integrity
     _table(project / "results" / "mutate.demo.json", {"schema": "pdevidence-mutate/1"})
     integrity.regenerate(project)
     data = {"pairs": [{"experiment": "demo", "cells": {}}], "upstream": []}
-    with pytest.raises(errors.HarnessError, match="results/mutate.demo.json fails verification: .*not a table") as err:
+    with pytest.raises(errors.HarnessError, match="results/mutate.demo.json fails verification: .*not a mutation table") as err:
         report_inputs.gather(registry.load(project), data, runs=project / "runs", published=project / "results")
     assert err.value.code == errors.INTEGRITY
 

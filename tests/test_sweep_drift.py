@@ -8,6 +8,7 @@ import pytest
 from synthetic import result_doc
 
 from pdevidence.core.errors import HarnessError
+from pdevidence.documents.tables import SweepTable
 from pdevidence.lanes import drift, sweep
 
 BASE = result_doc("base", "1.0.0")
@@ -60,7 +61,7 @@ def test_a_release_after_the_first_fixed_one_that_behaves_as_pre_fix_is_a_regres
     assert "0.4          fixed\n" in text
     doc = sweep.document("demo", outcomes, "2026-10-01T00:00:00Z")
     assert (doc["schema"], doc["first_fixed"], doc["regressions"]) == ("pdevidence-sweep/2", "0.2", ["0.3", "0.6"])
-    assert sweep.load_document(doc, source="test") is doc
+    assert SweepTable.from_doc(doc, source="test").doc is doc
     assert sweep.first_fixed(outcomes[:1]) is None and sweep.regressions(outcomes[:1]) == []
 
 
@@ -84,11 +85,11 @@ def test_the_sweep_command_prints_a_regression_and_exits_1(tmp_path, monkeypatch
 
 
 def test_a_sweep_table_of_another_schema_is_refused():
-    for doc in ({"schema": "pdevidence-sweep/1", "experiment": "demo", "releases": []},
+    for doc in ({"schema": "pdevidence-sweep/9", "experiment": "demo", "releases": [], "regressions": []},
                 {"schema": "pdevidence-sweep/2", "experiment": "demo", "regressions": [],
                  "releases": [{"version": "1", "classification": "ok"}]}):
         with pytest.raises(HarnessError, match="sweep table"):
-            sweep.load_document(doc, source="t.json")
+            SweepTable.from_doc(doc, source="t.json")
 
 
 def test_releases_come_from_wheels_for_this_python_from_the_floor_up(monkeypatch):

@@ -20,7 +20,7 @@ from synthetic import REGISTRY, make_project
 from pdevidence import cli, environments, registry
 from pdevidence.cells import cells
 from pdevidence.core.errors import ENVIRONMENT, USAGE, HarnessError
-from pdevidence.documents import results
+from pdevidence.core.files import dumps, write_atomic
 from pdevidence.documents.upstream_model import (
     RESULT_SCHEMA,
     Outcome,
@@ -380,7 +380,7 @@ def test_the_session_writes_a_deterministic_result_and_a_receipt(fake_cell, caps
         "files": {rel: sha256(SUITE / rel) for rel in RELS},
         "tests": EXPECTED_TESTS, "totals": EXPECTED_TOTALS, "subtest_totals": NO_SUBTESTS, "types": EXPECTED_TYPES,
     }
-    assert result.read_text() == results.dumps(doc)
+    assert result.read_text() == dumps(doc)
     assert load(result, experiment="demo", side="base").to_json() == doc
     rec = json.loads(receipt.read_text())
     log = reg.root / ".cells" / "logs" / "demo.base.release-1.0.0.upstream.log"
@@ -428,7 +428,7 @@ def test_the_session_without_a_test_source_exits_with_the_environment_code(fake_
 def write_upstream(runs: Path, side: str, version: str, tests: list[TestEntry]) -> Path:
     doc = UpstreamResult("demo", side, {"kind": "release", "ref": version, "resolved": version}, {UP: "f" * 64}, tests)
     path = runs / upstream.result_name("demo", side, f"release-{version}")
-    results.write_atomic(path, results.dumps(doc.to_json()))
+    write_atomic(path, dumps(doc.to_json()))
     return path
 
 

@@ -7,14 +7,13 @@ output.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.files import read_json, sha256_file
 from ..documents import results
 from ..registry import Registry
-from ..sources.fetch import sha256_file
 from .probe_run import run_killable, tail, timeout_seconds
 
 DRIVER = "probe_all.py"
@@ -53,7 +52,7 @@ def run(reg: Registry, interpreter: Path | str, experiments: list[str], tree_arg
             doc = results.load(result, experiment=exp.name)
             outcomes[exp.name] = Outcome(exp.name, doc, sha256_file(result))
         elif failed.exists():
-            error = json.loads(failed.read_text(encoding="utf-8"))["error"]
+            error = read_json(failed, "cannot-run record", todo=f"full log: {log}")["error"]
             outcomes[exp.name] = Outcome(exp.name, error=f"{error['type']}: {error['message']}")
         else:
             outcomes[exp.name] = Outcome(exp.name, error=f"the probe process exited with status {status} and "

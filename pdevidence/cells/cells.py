@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import environments
+from ..core import clock
 from ..core.errors import HarnessError, usage
+from ..core.files import dumps, sha256_file, write_atomic
 from ..core.locking import exclusive
 from ..core.paths import runs_dir, tree_lock_file, work_dir
 from ..documents import receipts, results
 from ..registry import SIDES, Registry, TorchChannel, check_side
 from ..sources import trees
-from ..sources.fetch import sha256_file
 from .probe_run import partial_path, run_probe
 
 # The session name of each tree kind: `probe(...)` is the pinned-commit cell.
@@ -158,7 +159,7 @@ def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Pa
         if not current:  # stale: it describes other inputs and must not be compared as current
             result.unlink(missing_ok=True)
             receipt_file.unlink(missing_ok=True)
-        started = receipts.now()
+        started = clock.now()
         env = environments.cell_environment(registry, tree, slug, constraints, log=lambda msg: log(f"{cell.name}: {msg}"))
         log(f"{cell.name}: {'reusing' if env.reused else 'built'} environment {env.path}")
         args = ["--side", cell.side, "--tree-kind", tree.kind, "--tree-ref", tree.ref,
@@ -173,10 +174,10 @@ def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Pa
             receipt = receipts.build(
                 cell=cell.name, experiment=cell.experiment, side=cell.side, tree=tree, env=env,
                 project=registry.root, constraints=closure, probe=exp.probe, result=staged_result,
-                commands=[*env.commands, run.command], started=started, finished=receipts.now(),
+                commands=[*env.commands, run.command], started=started, finished=clock.now(),
                 exit_status=run.exit_status, cache_key=key,
             )
-            results.write_atomic(staged_receipt, results.dumps(receipt))
+            write_atomic(staged_receipt, dumps(receipt))
             # Result first: a reader between the two renames sees a receipt that does not
             # match the result, which never counts as a stored run.
             os.replace(staged_result, result)

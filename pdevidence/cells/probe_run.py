@@ -7,7 +7,6 @@ leaves no result file.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from pathlib import Path
 
 from ..core import children, settings
 from ..core.errors import HarnessError
+from ..core.files import read_json
 from ..documents import results
 
 STDERR_TAIL_LINES = 25
@@ -76,10 +76,10 @@ def run_probe(interpreter: Path, probe: Path, args: list[str], dest: Path, log: 
                 todo=f"full log: {log}",
             )
         try:
-            doc = json.loads(partial.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise HarnessError(f"probe {probe.name} exited 0 but wrote no readable result: {exc}",
-                               todo=f"full log: {log}") from None
+            doc = read_json(partial, "result", todo=f"full log: {log}")
+        except HarnessError as exc:
+            raise HarnessError(f"probe {probe.name} exited 0 but wrote no readable result: {exc.what}",
+                               todo=exc.todo) from None
         results.validate(doc, source=f"output of {probe.name}", experiment=experiment, side=side)
         os.replace(partial, dest)
         return ProbeRun(command, status, log)

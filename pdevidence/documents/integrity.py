@@ -7,16 +7,15 @@ sums, every published receipt must be a valid receipt of the result beside it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..core.errors import HarnessError, integrity
+from ..core.files import read_json, relative, sha256_file, write_atomic
 from ..core.paths import results_dir
 from ..registry import REGISTRY_FILE, TorchChannel
 from ..registry import load as load_registry
-from ..sources.fetch import sha256_file
 from .receipts import Receipt
-from .results import RECEIPT_SUFFIX, RESULT_SCHEMA_PREFIX, Result, receipt_path, result_beside, write_atomic
+from .results import RECEIPT_SUFFIX, RESULT_SCHEMA_PREFIX, Result, receipt_path, result_beside
 
 SUMS_FILE = "SHA256SUMS.txt"
 _TODO = ("if you changed a probe, the registry or the constraints on purpose, run `nox -s checksums`; "
@@ -103,23 +102,24 @@ def document_problems(root: Path) -> dict[str, str]:
         try:
             Receipt.load(receipt)
         except HarnessError as exc:
-            found[_rel(receipt, root)] = exc.what
+            found[relative(receipt, root)] = exc.what
             continue
         try:
             Result.load(result_beside(receipt))
         except HarnessError as exc:
-            found[_rel(result_beside(receipt), root)] = exc.what
+            found[relative(result_beside(receipt), root)] = exc.what
     for path in sorted(top.glob("*.json")):
         if not path.name.endswith(RECEIPT_SUFFIX) and not receipt_path(path).exists() and _looks_like_result(path):
-            found[_rel(path, root)] = f"a published result without its receipt {receipt_path(path).name}"
+            found[relative(path, root)] = f"a published result without its receipt {receipt_path(path).name}"
     return found
 
 
 def _looks_like_result(path: Path) -> bool:
     try:
-        schema = json.loads(path.read_text(encoding="utf-8")).get("schema")
-    except (OSError, ValueError, AttributeError):
+        doc = read_json(path, "document", todo="")
+    except HarnessError:
         return False
+    schema = doc.get("schema") if isinstance(doc, dict) else None
     return isinstance(schema, str) and schema.startswith(RESULT_SCHEMA_PREFIX)
 
 
@@ -140,7 +140,3 @@ def verify(root: Path) -> None:
 
 def _listing(bad: dict[str, str]) -> str:
     return "\n".join(f"  {rel}: {why}" for rel, why in sorted(bad.items()))
-
-
-def _rel(path: Path, root: Path) -> str:
-    return path.relative_to(root).as_posix()

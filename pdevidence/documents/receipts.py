@@ -4,7 +4,7 @@ A receipt is evidence: ``Receipt.load`` checks every field the harness reads,
 with its type, and that the result beside it is the one the receipt recorded.
 Schema /2 added what the cell's interpreter is (implementation and the identity
 the cache key uses) and the torch override; /1 receipts (the first published
-ones) still load, with those fields unknown.
+ones) still load: their upgrade step records those fields as unknown (null).
 """
 
 from __future__ import annotations
@@ -12,31 +12,37 @@ from __future__ import annotations
 import platform
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
 from ..core.errors import HarnessError, integrity
+from ..core.files import read_json, relative, sha256_file
 from ..environments import CellEnvironment, find_python
-from ..sources.fetch import sha256_file
 from ..sources.trees import Tree
-from .results import read_json, result_beside
+from .results import result_beside
+from .versions import Schema
 
-RECEIPT_SCHEMA_PREFIX = "pdevidence-receipt/"
-RECEIPT_SCHEMA_VERSION = 2  # what ``build`` writes
-RECEIPT_SCHEMA_VERSIONS = (1, 2)  # what ``Receipt.load`` reads
-RECEIPT_SCHEMA = f"{RECEIPT_SCHEMA_PREFIX}{RECEIPT_SCHEMA_VERSION}"
+
+def _receipt_1_to_2(doc: dict) -> dict:
+    """/1 did not record the interpreter's implementation and identity, nor the torch override."""
+    for table, keys in (("python", ("implementation", "identity")), ("torch", ("override",))):
+        if isinstance(doc.get(table), dict):
+            for key in keys:
+                doc[table].setdefault(key, None)
+    return doc
+
+
+SCHEMA = Schema("pdevidence-receipt/", 2, {1: _receipt_1_to_2})
+RECEIPT_SCHEMA_VERSION = SCHEMA.current  # what ``build`` writes
+RECEIPT_SCHEMA = SCHEMA.name
 # Pins a /1 receipt did not record: compared only when both receipts have them.
 _PINS_SINCE_2 = ("python-implementation",)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _TODO = ("a published receipt: restore it from git (`git checkout -- results/`); "
          "a fresh one: rerun its cell with `-- --force`")
-
-
-def now() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def build(*, cell: str, experiment: str, side: str, tree: Tree, env: CellEnvironment, project: Path,
@@ -66,8 +72,8 @@ def build(*, cell: str, experiment: str, side: str, tree: Tree, env: CellEnviron
             "note": env.torch.note,
         },
         "packages": packages,
-        "constraints": {"file": _rel(constraints, project), "sha256": sha256_file(constraints)},
-        "probe": {"file": _rel(probe, project), "sha256": sha256_file(probe)},
+        "constraints": {"file": relative(constraints, project), "sha256": sha256_file(constraints)},
+        "probe": {"file": relative(probe, project), "sha256": sha256_file(probe)},
         "result": {"file": result.name, "sha256": sha256_file(result)},
         "environment": {"path": str(env.path), "reused": env.reused},
         "commands": commands,
@@ -88,13 +94,6 @@ def _python_version(env: CellEnvironment) -> str:
         if key.strip() in ("version_info", "version"):
             return value.strip()
     return env.python
-
-
-def _rel(path: Path, root: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(root.resolve()))
-    except ValueError:
-        return str(path)
 
 
 @dataclass(frozen=True)
@@ -129,12 +128,10 @@ class Receipt:
     @classmethod
     def from_doc(cls, doc: Any, *, source: str) -> Receipt:
         """Every field the harness reads, with its type; a violation is an integrity failure naming ``source``."""
-        known = "|".join(map(str, RECEIPT_SCHEMA_VERSIONS))
-
         def bad(why: str) -> HarnessError:
             return integrity(f"{source} is not a valid receipt: {why}",
-                             expected=f"a {RECEIPT_SCHEMA} document as `nox -s release(...)` writes it "
-                             f"(or an earlier {RECEIPT_SCHEMA_PREFIX}<{known}>)", todo=_TODO)
+                             expected=f"a {SCHEMA.name} document as `nox -s release(...)` writes it "
+                             f"(or an earlier {SCHEMA.readable})", todo=_TODO)
 
         def field(table: dict, key: str, kind: type | tuple, where: str) -> Any:
             if key not in table:  # a nullable field too: null is a statement, a missing key is not
@@ -154,11 +151,12 @@ class Receipt:
 
         if not isinstance(doc, dict):
             raise bad("not a JSON object")
-        schema = doc.get("schema")
-        schema_version = {f"{RECEIPT_SCHEMA_PREFIX}{v}": v for v in RECEIPT_SCHEMA_VERSIONS}.get(schema) \
-            if isinstance(schema, str) else None
+        schema_version = SCHEMA.version_of(doc)
         if schema_version is None:
-            raise bad(f"schema {schema!r}, expected {RECEIPT_SCHEMA_PREFIX}<{known}>")
+            raise bad(f"schema {doc.get('schema')!r}, expected {SCHEMA.readable}")
+        written, doc = doc, SCHEMA.upgrade(doc, schema_version)
+        # Null where the upgrade from /1 could not know; a /2 receipt records them.
+        unknown = (str, type(None)) if schema_version < 2 else str
         tree = field(doc, "tree", dict, "")
         for key in ("kind", "ref", "resolved"):
             field(tree, key, str, "tree.")
@@ -168,13 +166,11 @@ class Receipt:
         except InvalidVersion:
             raise bad(f"python.version {python['version']!r} is not a version") from None
         torch = field(doc, "torch", dict, "")
-        implementation = identity = override = None
-        if schema_version >= 2:
-            implementation = field(python, "implementation", str, "python.")
-            identity = field(python, "identity", str, "python.")
-            if not _identity_of(identity, implementation):
-                raise bad(f"python.identity {identity!r} is not {implementation}-<version>")
-            override = field(torch, "override", (str, type(None)), "torch.")
+        implementation = field(python, "implementation", unknown, "python.")
+        identity = field(python, "identity", unknown, "python.")
+        if identity is not None and not _identity_of(identity, implementation):
+            raise bad(f"python.identity {identity!r} is not {implementation}-<version>")
+        override = field(torch, "override", (str, type(None)), "torch.")
         packages = field(doc, "packages", dict, "")
         for name, version in packages.items():
             if not isinstance(version, str):
@@ -203,7 +199,7 @@ class Receipt:
             result=digest("result"),
             exit_status=field(doc, "exit_status", int, ""),
             cache_key=field(doc, "cache_key", str, ""),
-            doc=doc,
+            doc=written,
         )
 
     @classmethod

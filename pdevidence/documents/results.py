@@ -1,4 +1,4 @@
-"""Result documents: names, the typed result, atomic writes.
+"""Result documents: names and the typed result.
 
 The result is the probe's contract (see the README); the file name says
 experiment, side and tree: ``<experiment>.<side>.<kind>-<ref>.json``, with the
@@ -7,19 +7,18 @@ receipt beside it as ``....receipt.json``.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import INCOMPLETE, HarnessError
+from ..core.errors import HarnessError
+from ..core.files import read_json
+from .versions import Schema
 
 RESULT_SCHEMA_PREFIX = "pd-differential-probe/"
-RESULT_SCHEMA_VERSIONS = (1,)  # what this harness reads; a newer probe must bump it here too
+# What the probes write (probes/_probekit.py): a newer probe bumps it here too, with an upgrade step.
+RESULT_SCHEMA = Schema(RESULT_SCHEMA_PREFIX, 1)
 RECEIPT_SUFFIX = ".receipt.json"
-FILE_MODE = 0o644  # published files are read by everyone; mkstemp alone gives 0600
 
 
 def result_name(experiment: str, side: str, tree_label: str, suffix: str = ".json") -> str:
@@ -32,36 +31,6 @@ def receipt_path(result: Path) -> Path:
 
 def result_beside(receipt: Path) -> Path:
     return receipt.with_name(receipt.name.removesuffix(RECEIPT_SUFFIX) + ".json")
-
-
-def dumps(doc: dict) -> str:
-    """The one serialization every result, receipt and report uses: stable bytes for stable data."""
-    return json.dumps(doc, sort_keys=True, indent=2, ensure_ascii=True) + "\n"
-
-
-def write_atomic(path: Path, text: str | bytes) -> None:
-    """Write via a temporary file in the same directory, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = text.encode("utf-8") if isinstance(text, str) else text
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
-def read_json(path: Path, what: str, *, todo: str) -> Any:
-    """A JSON file, or one error naming it: missing (incomplete) or unreadable."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise HarnessError(f"no {what} at {path}", code=INCOMPLETE, todo=todo) from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HarnessError(f"{path} is not a readable {what}: {exc}", todo=todo) from None
 
 
 @dataclass(frozen=True)
@@ -99,12 +68,10 @@ class Result:
 
         if not isinstance(doc, dict):
             raise bad("not a JSON object")
-        schema = doc.get("schema")
-        version = schema.removeprefix(RESULT_SCHEMA_PREFIX) if isinstance(schema, str) else ""
-        if not (isinstance(schema, str) and schema.startswith(RESULT_SCHEMA_PREFIX) and version.isdigit()
-                and int(version) in RESULT_SCHEMA_VERSIONS):
-            known = "|".join(map(str, RESULT_SCHEMA_VERSIONS))
-            raise bad(f"schema {schema!r}, expected {RESULT_SCHEMA_PREFIX}<{known}>")
+        version = RESULT_SCHEMA.version_of(doc)
+        if version is None:
+            raise bad(f"schema {doc.get('schema')!r}, expected {RESULT_SCHEMA.readable}")
+        written, doc = doc, RESULT_SCHEMA.upgrade(doc, version)
         for key in ("experiment", "side"):
             if not isinstance(doc.get(key), str):
                 raise bad(f"{key} must be a string")
@@ -128,8 +95,8 @@ class Result:
             if not (title is None or isinstance(title, str)):
                 raise bad(f"scenario {sid}: title must be a string")
             parsed[sid] = Scenario(title, sc["observed"], sc["error"])
-        return cls(int(version), doc["experiment"], doc["side"],
-                   TreeRef(tree["kind"], tree["ref"], tree["resolved"]), parsed, doc)
+        return cls(version, doc["experiment"], doc["side"],
+                   TreeRef(tree["kind"], tree["ref"], tree["resolved"]), parsed, written)
 
     @classmethod
     def load(cls, path: Path, *, experiment: str | None = None, side: str | None = None) -> Result:

@@ -14,6 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from ..core.errors import HarnessError
+from ..core.files import read_json
 from ..sources.trees import tree_label
 
 RESULT_SCHEMA = "pdevidence-upstream/2"
@@ -200,9 +201,9 @@ def load(path: Path, *, experiment: str | None = None, side: str | None = None,
                             todo="delete it and rerun its upstream session")
 
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise bad(str(exc)) from None
+        doc = read_json(path, "upstream result", todo="")
+    except HarnessError as exc:
+        raise bad(exc.what) from None
     try:
         result = UpstreamResult.from_json(doc)
     except Invalid as exc:

@@ -7,7 +7,6 @@ experiment and tree kind carries the verdict and everything behind it.
 from __future__ import annotations
 
 import difflib
-import enum
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -15,65 +14,23 @@ from typing import Any
 
 from ..cells.cells import Cell
 from ..core.errors import (
-    BEHAVIOUR_DIFFERS,
-    CONFIRMED,
-    ENVIRONMENT_DIFFERS,
-    INCOMPLETE,
     INTEGRITY,
     HarnessError,
     usage,
     worst,
 )
+from ..core.files import relative
 from ..documents import integrity
 from ..documents.receipts import Receipt
-from ..documents.results import Result, read_json, receipt_path, result_name
+from ..documents.reports import REPORT_SCHEMA
+from ..documents.results import Result, receipt_path, result_name
+from ..documents.vocabulary import KeyStatus, PublishedStatus, Verdict
 from ..registry import SIDES, Experiment, Registry
 from ..sources.trees import tree_label
 
 COMPARED_KINDS = ("release", "git")
-REPORT_SCHEMA = "pdevidence-report/1"
 MISSING = "<missing>"
 ABSENT = "absent"  # what a probe records for code that does not exist on a tree
-
-
-class Verdict(enum.StrEnum):
-    CONFIRMED = "differential confirmed"
-    NOT_REPRODUCED = "not reproduced"
-    INCOMPLETE = "incomplete"
-    ENVIRONMENT_DIFFERS = "environment differs"
-    PUBLISHED_DIFFERS = "differs from published"
-    INTEGRITY = "published artifact failed verification"
-
-    @property
-    def exit_code(self) -> int:
-        return _VERDICT_CODES[self]
-
-
-_VERDICT_CODES = {
-    Verdict.CONFIRMED: CONFIRMED,
-    Verdict.NOT_REPRODUCED: BEHAVIOUR_DIFFERS,
-    Verdict.PUBLISHED_DIFFERS: BEHAVIOUR_DIFFERS,
-    Verdict.INCOMPLETE: INCOMPLETE,
-    Verdict.ENVIRONMENT_DIFFERS: ENVIRONMENT_DIFFERS,
-    Verdict.INTEGRITY: INTEGRITY,
-}
-
-
-class PublishedStatus(enum.StrEnum):
-    """A fresh result against its published counterpart in results/."""
-
-    IDENTICAL = "identical"
-    DIFFERS = "differs"
-    UNPUBLISHED = "unpublished"
-    FAILED = "failed verification"
-
-
-class KeyStatus(enum.StrEnum):
-    """An observation (or a whole scenario) from base to head."""
-
-    UNCHANGED = "unchanged"
-    CHANGED = "changed"
-    ABSENT = "absent"  # only one tree has it
 
 
 @dataclass
@@ -111,36 +68,6 @@ class Summary:
                "pairs": [{**asdict(p), "exit_code": p.exit_code} for p in self.pairs], "upstream": self.upstream,
                "published_failures": self.published_failures}
         return json.loads(json.dumps(doc))  # enum members become their plain string values
-
-
-def load_report(path: Path) -> dict:
-    """A report.json as ``Summary.to_json`` wrote it, with its schema, verdicts and statuses checked."""
-    todo = "regenerate it: `nox -s compare` writes runs/report.json, `nox -s publish` results/report.json"
-    try:
-        doc = read_json(path, "report", todo=todo)
-    except HarnessError as exc:
-        raise HarnessError(exc.what, code=INTEGRITY, todo=todo) from None
-
-    def bad(why: str) -> HarnessError:
-        return HarnessError(f"{path} is not a valid report: {why}", code=INTEGRITY, todo=todo)
-
-    if not isinstance(doc, dict) or doc.get("schema") != REPORT_SCHEMA:
-        raise bad(f"schema {doc.get('schema') if isinstance(doc, dict) else None!r}, expected {REPORT_SCHEMA!r}")
-    if not isinstance(doc.get("pairs"), list) or not isinstance(doc.get("exit_code"), int):
-        raise bad("pairs must be a list and exit_code an integer")
-    for n, pair in enumerate(doc["pairs"]):
-        try:
-            verdict = Verdict(pair["verdict"])
-            for entry in pair["published"].values():
-                PublishedStatus(entry["status"])
-        except (TypeError, KeyError, ValueError, AttributeError) as exc:
-            raise bad(f"pairs[{n}]: {exc!r}") from None
-        if pair.get("exit_code") != verdict.exit_code or not isinstance(pair.get("experiment"), str):
-            raise bad(f"pairs[{n}]: exit code {pair.get('exit_code')!r} for verdict {verdict.value!r}")
-    failures = doc.get("published_failures", {})
-    if doc["exit_code"] != worst([*(p["exit_code"] for p in doc["pairs"]), *([INTEGRITY] if failures else [])]):
-        raise bad(f"exit_code {doc['exit_code']} does not follow from its pairs")
-    return doc
 
 
 def expected_file(exp: Experiment, side: str, kind: str) -> str:
@@ -250,13 +177,6 @@ def _show(value) -> str:
     return MISSING if value == MISSING else json.dumps(value)
 
 
-def _rel(path: Path, root: Path) -> str:
-    try:
-        return path.resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
-        return str(path)
-
-
 def _fresh_cells(exp: Experiment, report: PairReport, runs: Path) -> dict[str, tuple[Result, Receipt]] | None:
     """Both sides' fresh result and receipt, validated; None (and the report incomplete) if any is missing."""
     missing = []
@@ -325,8 +245,8 @@ def _against_published(fresh: Path, published: Path, root: Path,
     """The published status of one cell, its verified receipt, and why it failed verification (if it did)."""
     entry: dict[str, Any] = {"file": published.name}
     receipt = receipt_path(published)
-    failed = [f"{_rel(p, root)} fails verification ({bad[_rel(p, root)]})"
-              for p in (published, receipt) if _rel(p, root) in bad]
+    failed = [f"{relative(p, root)} fails verification ({bad[relative(p, root)]})"
+              for p in (published, receipt) if relative(p, root) in bad]
     if not failed and not published.exists() and not receipt.exists():
         return {**entry, "status": PublishedStatus.UNPUBLISHED, "diffs": []}, None, []
     pub_receipt = None
@@ -335,13 +255,13 @@ def _against_published(fresh: Path, published: Path, root: Path,
             pub_receipt = Receipt.load(receipt)
             Result.load(published)
         except HarnessError as exc:
-            failed = [f"{_rel(receipt if pub_receipt is None else published, root)} fails verification "
+            failed = [f"{relative(receipt if pub_receipt is None else published, root)} fails verification "
                       f"({exc.what})"]
     if failed:
         return {**entry, "status": PublishedStatus.FAILED, "diffs": failed}, None, failed
     if fresh.read_bytes() == published.read_bytes():
         return {**entry, "status": PublishedStatus.IDENTICAL, "diffs": []}, pub_receipt, []
-    diffs = _key_diffs(json.loads(fresh.read_text()), json.loads(published.read_text()))
+    diffs = _key_diffs(Result.load(fresh).doc, Result.load(published).doc)
     return ({**entry, "status": PublishedStatus.DIFFERS, "diffs": diffs or ["same data, different bytes (formatting)"]},
             pub_receipt, [])
 
@@ -360,6 +280,6 @@ def compare_all(reg: Registry, *, runs: Path, published: Path | None, kinds: lis
                     raise
                 pairs.append(PairReport(exp.name, exp.pr, exp.title, kind, cells={}, verdict=Verdict.INCOMPLETE,
                                         reasons=[str(exc)]))
-    prefix = f"{_rel(published, reg.root)}/" if published is not None else None
+    prefix = f"{relative(published, reg.root)}/" if published is not None else None
     return Summary(pairs, published_failures={rel: why for rel, why in bad.items()
                                               if prefix and rel.startswith(prefix)})

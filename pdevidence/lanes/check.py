@@ -23,10 +23,10 @@ from ..core import children
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, usage, worst
 from ..core.locking import exclusive
 from ..core.paths import results_dir, runs_dir, tree_lock_file, work_dir
+from ..documents.vocabulary import Behaviour, Classification
 from ..registry import Experiment, Registry
 from ..sources import trees
 from . import sweep
-from .sweep import Behaviour, Classification
 
 SCHEMA = "pdevidence-check/1"
 # SGLang itself requires Python >= 3.10; the tests parse the probes with that grammar.

@@ -16,8 +16,9 @@ from ..cells import cells
 from ..core import children
 from ..core.errors import HarnessError, usage
 from ..documents.results import Result
+from ..documents.vocabulary import KeyStatus
 from ..environments import uv_executable
-from ..judge.compare import KeyStatus, diff_observations, expected_file
+from ..judge.compare import diff_observations, expected_file
 from ..registry import Registry
 
 LATEST = "latest"

@@ -32,97 +32,21 @@ killed; survivors and errors are named.
 
 from __future__ import annotations
 
-import enum
-import json
 import os
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .. import environments, registry
 from ..cells import cells, probe_run
-from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, HarnessError, usage
+from ..core.errors import BEHAVIOUR_DIFFERS, ENVIRONMENT, HarnessError, usage
+from ..core.files import dumps, read_json, write_atomic
 from ..core.locking import exclusive
 from ..core.paths import runs_dir, work_dir
-from ..documents.results import dumps, write_atomic
+from ..documents.tables import MutantOutcome, MutationTable
+from ..documents.vocabulary import MutantStatus
 
-SCHEMA = "pdevidence-mutate/1"
 PROBE_SCHEMA = "pd-mutant-probe/1"
 DRIVER = "probe_mutants.py"
-
-
-class Status(str, enum.Enum):
-    KILLED = "killed"
-    SURVIVED = "survived"
-    NOT_APPLICABLE = "not applicable"
-    ERROR = "error"
-
-
-@dataclass(frozen=True)
-class MutantOutcome:
-    id: str
-    title: str
-    kind: registry.MutantKind
-    target: str
-    operator: registry.Operator
-    status: Status
-    killed_by: dict[str, list[str]] = field(default_factory=dict)
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class MutationTable:
-    experiment: str
-    tree: dict[str, str]
-    scenarios: list[str]
-    mutants: list[MutantOutcome]
-    schema: str = SCHEMA
-
-    @property
-    def score(self) -> dict[str, int]:
-        applicable = [m for m in self.mutants if m.status is not Status.NOT_APPLICABLE]
-        return {"killed": sum(m.status is Status.KILLED for m in applicable),
-                "applicable": len(applicable), "total": len(self.mutants)}
-
-    @property
-    def survivors(self) -> list[MutantOutcome]:
-        return [m for m in self.mutants if m.status in (Status.SURVIVED, Status.ERROR)]
-
-    @property
-    def exit_code(self) -> int:
-        return CONFIRMED if self.score["applicable"] and not self.survivors else BEHAVIOUR_DIFFERS
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": self.schema, "experiment": self.experiment, "tree": self.tree, "score": self.score,
-                "scenarios": self.scenarios,
-                "mutants": [{**asdict(m), "kind": m.kind.value, "operator": m.operator.value,
-                             "status": m.status.value} for m in self.mutants]}
-
-
-def load(path: Path) -> MutationTable:
-    """Read and validate a mutation table; a bad one names the file and the field."""
-    def bad(why: str) -> HarnessError:
-        return HarnessError(f"{path} is not a valid mutation table: {why}",
-                            expected=f"a {SCHEMA} document", todo="rerun `python -m pdevidence mutate <experiment>`")
-
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise bad(str(exc)) from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise bad(f"schema {doc.get('schema') if isinstance(doc, dict) else None!r}")
-    try:
-        mutants = [MutantOutcome(id=m["id"], title=m["title"], kind=registry.MutantKind(m["kind"]), target=m["target"],
-                                 operator=registry.Operator(m["operator"]), status=Status(m["status"]),
-                                 killed_by={s: list(keys) for s, keys in m["killed_by"].items()},
-                                 error=m["error"]) for m in doc["mutants"]]
-        table = MutationTable(experiment=doc["experiment"], tree=dict(doc["tree"]),
-                              scenarios=list(doc["scenarios"]), mutants=mutants)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise bad(f"{type(exc).__name__}: {exc}") from None
-    if doc.get("score") != table.score:
-        raise bad(f"score {doc.get('score')} does not match its mutants ({table.score})")
-    return table
 
 
 # ---------------------------------------------------------------- the kill rule
@@ -186,7 +110,7 @@ def judge(exp: registry.Experiment, doc: dict) -> MutationTable:
         common = dict(id=mid, title=mutant.title, kind=mutant.kind, target=mutant.target,
                       operator=mutant.operator)
         if run["status"] != "applied":
-            status = Status.NOT_APPLICABLE if run["status"] == "not applicable" else Status.ERROR
+            status = MutantStatus.NOT_APPLICABLE if run["status"] == "not applicable" else MutantStatus.ERROR
             outcomes.append(MutantOutcome(**common, status=status, error=run["error"]))
             continue
         killed_by = {}
@@ -194,7 +118,7 @@ def judge(exp: registry.Experiment, doc: dict) -> MutationTable:
             keys = scenario_kills(mutant.kind, exp.expect[sid], doc["baseline"][sid], run["scenarios"].get(sid, {}))
             if keys:
                 killed_by[sid] = keys
-        outcomes.append(MutantOutcome(**common, status=Status.KILLED if killed_by else Status.SURVIVED,
+        outcomes.append(MutantOutcome(**common, status=MutantStatus.KILLED if killed_by else MutantStatus.SURVIVED,
                                       killed_by=killed_by))
     return MutationTable(experiment=exp.name, tree=dict(doc["tree"]), scenarios=scenarios, mutants=outcomes)
 
@@ -272,9 +196,9 @@ def run(reg: registry.Registry, experiment: str, *, log=print) -> MutationTable:
 
 def _driver_document(path: Path, exp: registry.Experiment) -> dict:
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise HarnessError(f"the mutant driver exited 0 but wrote no readable document: {exc}") from None
+        doc = read_json(path, "mutant driver document", todo="")
+    except HarnessError as exc:
+        raise HarnessError(f"the mutant driver exited 0 but wrote no readable document: {exc.what}") from None
     ok = (isinstance(doc, dict) and doc.get("schema") == PROBE_SCHEMA and doc.get("experiment") == exp.name
           and isinstance(doc.get("baseline"), dict) and isinstance(doc.get("mutants"), dict)
           and isinstance(doc.get("tree"), dict))

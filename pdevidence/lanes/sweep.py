@@ -11,9 +11,7 @@ regression.
 
 from __future__ import annotations
 
-import enum
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
@@ -25,49 +23,13 @@ from ..core.errors import INCOMPLETE, HarnessError, usage
 from ..core.locking import exclusive
 from ..core.paths import tree_lock_file, work_dir
 from ..documents import results
+from ..documents.tables import SWEEP_SCHEMA, ReleaseOutcome, first_fixed, regressions
+from ..documents.vocabulary import Behaviour, Classification
 from ..judge.compare import expected_file, same
 from ..registry import SIDES, Experiment, Registry
 from ..sources import trees
 
-SCHEMA = "pdevidence-sweep/2"
 SWEEP_SIDE = "sweep"
-
-
-class Behaviour(str, enum.Enum):
-    """What one telling scenario did on a tree."""
-
-    PRE_FIX = "pre-fix"
-    FIXED = "fixed"
-    NEITHER = "neither"
-    ERROR = "error"
-
-
-class Classification(str, enum.Enum):
-    """What a release did, over all telling scenarios."""
-
-    PRE_FIX = "pre-fix"
-    FIXED = "fixed"
-    PARTIAL = "partial"
-    NEITHER = "neither"
-    FAILED = "failed"
-
-
-# Behaviours that put a release back before the fix.
-REGRESSED = (Classification.PRE_FIX, Classification.PARTIAL)
-
-
-@dataclass
-class ReleaseOutcome:
-    version: str
-    classification: Classification
-    scenarios: dict[str, Behaviour] = field(default_factory=dict)
-    differing: list[str] = field(default_factory=list)  # scenarios matching neither reference, or erroring
-    error: str | None = None
-
-    def to_json(self) -> dict:
-        return {"version": self.version, "classification": self.classification.value,
-                "scenarios": {sid: b.value for sid, b in self.scenarios.items()},
-                "differing": self.differing, "error": self.error}
 
 
 def releases(files: list[dict], python: str, floor: str, *, pre: bool = False, project: str = "sglang") -> list[str]:
@@ -205,20 +167,6 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
     return {name: [r[name] for r in per_release] for name in experiments}, as_of(files, versions)
 
 
-def first_fixed(outcomes: list[ReleaseOutcome]) -> str | None:
-    """The first release that behaves as fixed."""
-    return next((o.version for o in outcomes if o.classification is Classification.FIXED), None)
-
-
-def regressions(outcomes: list[ReleaseOutcome]) -> list[str]:
-    """Releases after the first fixed one that behave as pre-fix again, wholly or in part."""
-    fixed = first_fixed(outcomes)
-    if fixed is None:
-        return []
-    after = [o for o in outcomes if Version(o.version) > Version(fixed)]
-    return [o.version for o in after if o.classification in REGRESSED]
-
-
 def table(experiment: str, outcomes: list[ReleaseOutcome], bracket: dict[str, str | None]) -> str:
     lines = [f"release sweep: {experiment}", f"  {'release':<12} classification"]
     regressed = set(regressions(outcomes))
@@ -238,30 +186,6 @@ def table(experiment: str, outcomes: list[ReleaseOutcome], bracket: dict[str, st
 
 
 def document(experiment: str, outcomes: list[ReleaseOutcome], as_of_date: str | None = None) -> dict:
-    return {"schema": SCHEMA, "experiment": experiment, "first_fixed": first_fixed(outcomes),
+    return {"schema": SWEEP_SCHEMA.name, "experiment": experiment, "first_fixed": first_fixed(outcomes),
             "regressions": regressions(outcomes), "as_of": as_of_date,
             "releases": [o.to_json() for o in outcomes]}
-
-
-def load(path: Path) -> dict:
-    """A sweep table file (schema 2), checked."""
-    doc = results.read_json(path, "sweep table", todo="rerun the sweep (`nox -s sweep`)")
-    return load_document(doc, source=str(path))
-
-
-def load_document(doc: object, *, source: str) -> dict:
-    """Check a sweep table (schema 2); a violation names the file and the field."""
-    def bad(why: str) -> HarnessError:
-        return HarnessError(f"{source} is not a {SCHEMA} sweep table: {why}",
-                            todo="rerun the sweep (`nox -s sweep`) and publish it")
-
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise bad(f"schema {doc.get('schema') if isinstance(doc, dict) else None!r}")
-    for key in ("experiment", "releases", "regressions"):
-        if key not in doc:
-            raise bad(f"missing {key!r}")
-    kinds = {c.value for c in Classification}
-    for entry in doc["releases"]:
-        if not isinstance(entry, dict) or entry.get("classification") not in kinds or "version" not in entry:
-            raise bad(f"release entry {entry!r}")
-    return doc

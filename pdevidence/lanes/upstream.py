@@ -24,15 +24,15 @@ from pathlib import Path, PurePosixPath
 
 from .. import environments
 from ..cells import cells
-from ..core import children
+from ..core import children, clock
 from ..core.errors import ENVIRONMENT, HarnessError, usage
+from ..core.files import dumps, sha256_file, write_atomic
 from ..core.locking import exclusive
 from ..core.paths import runs_dir, tree_lock_file, work_dir
-from ..documents import receipts, results
+from ..documents import results
 from ..documents.upstream_model import Outcome, TestEntry, UpstreamResult, Verdict, load, pytest_summary, summary_line
 from ..registry import SIDES, Experiment, Registry
 from ..sources import trees
-from ..sources.fetch import sha256_file
 from .upstream_pytest import run_suite
 
 RECEIPT_SCHEMA = "pdevidence-upstream-receipt/1"
@@ -208,7 +208,7 @@ def _run_staged(registry: Registry, cell: cells.Cell, name: str, source: TestSou
     result = staging / dest.name
     receipt_file = results.receipt_path(result)
     staging.mkdir(parents=True)
-    started = receipts.now()
+    started = clock.now()
     env = environments.cell_environment(registry, tree, slug)
     log(f"{name}: {'reusing' if env.reused else 'built'} environment {env.path}")
     log(f"{name}: running pytest on {tree.label()}")
@@ -216,8 +216,8 @@ def _run_staged(registry: Registry, cell: cells.Cell, name: str, source: TestSou
     packages = env.packages()  # before the result: no result without its receipt
     doc = UpstreamResult(cell.experiment, cell.side, tree.result_tree(),
                          {f.rel: f.sha256 for f in source.files}, run.tests)
-    results.write_atomic(result, results.dumps(doc.to_json()))
-    finished = receipts.now()
+    write_atomic(result, dumps(doc.to_json()))
+    finished = clock.now()
     receipt = {
         "schema": RECEIPT_SCHEMA,
         "cell": name,
@@ -240,7 +240,7 @@ def _run_staged(registry: Registry, cell: cells.Cell, name: str, source: TestSou
         "finished": finished.isoformat(timespec="seconds"),
         "duration_s": round((finished - started).total_seconds(), 3),
     }
-    results.write_atomic(receipt_file, results.dumps(receipt))
+    write_atomic(receipt_file, dumps(receipt))
     # Result first: between the renames the receipt does not vouch for the result, never the reverse.
     os.replace(result, dest)
     os.replace(receipt_file, results.receipt_path(dest))

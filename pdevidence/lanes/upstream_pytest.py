@@ -17,11 +17,11 @@ from datetime import datetime
 from pathlib import Path
 
 from ..cells.probe_run import run_killable, tail, timeout_seconds
+from ..core import clock
 from ..core.errors import HarnessError
+from ..core.files import sha256_file
 from ..core.paths import PROJECT
-from ..documents import receipts
 from ..documents.upstream_model import BAD, Outcome, Subtest, TestEntry
-from ..sources.fetch import sha256_file
 
 # pytest: 0 all passed, 1 some failed, 5 nothing collected - all data. 2 interrupted,
 # 3 internal error, 4 usage error: the run itself went wrong.
@@ -85,9 +85,9 @@ def run_suite(interpreter: Path, files: list, log: Path, *, timeout: float | Non
         command = [str(interpreter), "-m", "pytest", "-p", "no:cacheprovider", "-p", PLUGIN,
                    "--continue-on-collection-errors", "-c", str(suite / "pytest.ini"), "--rootdir", str(suite),
                    "--confcutdir", str(suite), *[f.rel for f in files]]
-        started = receipts.now()
+        started = clock.now()
         status = run_killable(command, log, timeout=timeout, env=run_env, cwd=suite, what="the upstream tests")
-        finished = receipts.now()
+        finished = clock.now()
         lines = record.read_text(encoding="utf-8").splitlines()
     if status in BROKEN_RUN:
         raise HarnessError(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..core.errors import HarnessError
-from ..documents.results import read_json
+from ..core.files import read_json
 
 # Per format: the fields every document has, and their JSON types.
 OSV_FIELDS = {"id": str, "modified": str, "schema_version": str, "affected": list}

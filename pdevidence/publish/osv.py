@@ -12,11 +12,10 @@ from pathlib import Path
 from packaging.version import Version
 
 from ..core.errors import HarnessError
-from ..documents import results
-from ..lanes import sweep
-from ..lanes.sweep import Classification
+from ..core.files import dumps, relative, sha256_file, write_atomic
+from ..documents.tables import ReleaseOutcome, SweepTable
+from ..documents.vocabulary import LACKS_FIX, Classification
 from ..registry import Experiment, Registry
-from ..sources.fetch import sha256_file
 
 SCHEMA_VERSION = "1.6.0"
 # No CVE or GHSA names these fixes, so this database mints its own ids: a prefix, the
@@ -25,7 +24,6 @@ SCHEMA_VERSION = "1.6.0"
 ID_PREFIX = "PDEVIDENCE-2026-"
 PR_URL = "https://github.com/sgl-project/sglang/pull/{pr}"
 PACKAGE = {"ecosystem": "PyPI", "name": "sglang", "purl": "pkg:pypi/sglang"}
-AFFECTED_SEEN = (Classification.PRE_FIX.value, Classification.PARTIAL.value)
 OSV_DIR = "osv"
 
 
@@ -33,45 +31,45 @@ def vuln_id(exp: Experiment) -> str:
     return f"{ID_PREFIX}{exp.pr}"
 
 
-def events(releases: list[dict]) -> list[dict]:
+def events(releases: list[ReleaseOutcome]) -> list[dict]:
     """ECOSYSTEM range events from the classified releases: introduced 0, then every switch.
 
     A release that is pre-fix (or partly so) after a fixed one re-opens the range: a regression.
     Releases that matched neither side or failed say nothing and change nothing.
     """
     found, affected = [{"introduced": "0"}], True
-    for entry in sorted(releases, key=lambda r: Version(r["version"])):
-        if entry["classification"] == Classification.FIXED.value and affected:
-            found.append({"fixed": entry["version"]})
+    for entry in sorted(releases, key=lambda r: Version(r.version)):
+        if entry.classification is Classification.FIXED and affected:
+            found.append({"fixed": entry.version})
             affected = False
-        elif entry["classification"] in AFFECTED_SEEN and not affected:
-            found.append({"introduced": entry["version"]})
+        elif entry.classification in LACKS_FIX and not affected:
+            found.append({"introduced": entry.version})
             affected = True
     return found
 
 
-def modified(table: dict) -> str:
+def modified(table: SweepTable) -> str:
     """The sweep's as-of date (the newest release's upload time), to the second, in UTC."""
-    as_of = table.get("as_of")
+    as_of = table.as_of
     if not as_of:
-        raise HarnessError(f"the sweep table of {table['experiment']} has no as_of date",
+        raise HarnessError(f"the sweep table of {table.experiment} has no as_of date",
                            todo="rerun the sweep (`nox -s sweep`), which records it, and publish it")
     return as_of.split(".")[0].removesuffix("Z") + "Z"
 
 
-def record(exp: Experiment, table: dict, hashes: dict[str, str]) -> dict:
-    releases = table["releases"]
-    seen = [r["version"] for r in releases if r["classification"] in AFFECTED_SEEN]
-    probed = [r["version"] for r in releases]
-    fixed = table.get("first_fixed")
+def record(exp: Experiment, table: SweepTable, hashes: dict[str, str]) -> dict:
+    releases = table.releases
+    seen = [r.version for r in releases if r.classification in LACKS_FIX]
+    probed = [r.version for r in releases]
+    fixed = table.first_fixed
     details = [
         f"SGLang PR #{exp.pr} ({PR_URL.format(pr=exp.pr)}): {exp.title}.",
         f"Decided by running the `{exp.name}` CPU differential probe on every SGLang release from "
         f"{probed[0]} to {probed[-1]} and comparing what the real code did with the published base and "
         "head results, not by version numbers.",
         f"First release that behaves as fixed: {fixed or 'none yet'}."
-        + (f" Releases that behave as pre-fix again after it (regressions): {', '.join(table['regressions'])}."
-           if table["regressions"] else ""),
+        + (f" Releases that behave as pre-fix again after it (regressions): {', '.join(table.regressions)}."
+           if table.regressions else ""),
         f"Releases before {probed[0]} were not probed; the range starts at 0 because the fix did not exist "
         "before the PR. Backports, forks and source builds can differ from their version number: "
         "`python -m pdevidence check` runs the probes on the build you have.",
@@ -86,14 +84,14 @@ def record(exp: Experiment, table: dict, hashes: dict[str, str]) -> dict:
             "package": dict(PACKAGE),
             "ranges": [{"type": "ECOSYSTEM", "events": events(releases)}],
             "versions": seen,
-            "database_specific": {"classification": {r["version"]: r["classification"] for r in releases}},
+            "database_specific": {"classification": {r.version: r.classification.value for r in releases}},
         }],
         "references": [{"type": "FIX", "url": PR_URL.format(pr=exp.pr)},
                        {"type": "PACKAGE", "url": "https://pypi.org/project/sglang/"}],
         "database_specific": {
             "experiment": exp.name,
             "first_fixed": fixed,
-            "regressions": list(table["regressions"]),
+            "regressions": list(table.regressions),
             "evidence_sha256": dict(sorted(hashes.items())),
         },
     }
@@ -105,7 +103,7 @@ def evidence_of(name: str, hashes: dict[str, str]) -> dict[str, str]:
             if Path(path).name.startswith(f"{name}.") or Path(path).name == f"sweep-{name}.json"}
 
 
-def records(registry: Registry, sweep_docs: dict[str, dict], hashes: dict[str, str]) -> dict[str, dict]:
+def records(registry: Registry, sweep_docs: dict[str, SweepTable], hashes: dict[str, str]) -> dict[str, dict]:
     """File name -> OSV record, for every experiment with a sweep table."""
     return {f"{vuln_id(exp)}.json": record(exp, sweep_docs[name], evidence_of(name, hashes))
             for name, exp in registry.experiments.items() if name in sweep_docs}
@@ -117,11 +115,11 @@ def write_records(reg: Registry, published: Path) -> list[Path]:
     for name in reg.experiments:
         path = published / f"sweep-{name}.json"
         if path.exists():
-            tables[name] = sweep.load(path)
-    hashes = {str(p.relative_to(reg.root)): sha256_file(p) for p in sorted(published.glob("*.json"))
+            tables[name] = SweepTable.load(path)
+    hashes = {relative(p, reg.root): sha256_file(p) for p in sorted(published.glob("*.json"))
               if not p.name.startswith("report.")}
     written = []
     for filename, rec in records(reg, tables, hashes).items():
-        results.write_atomic(published / OSV_DIR / filename, results.dumps(rec))
+        write_atomic(published / OSV_DIR / filename, dumps(rec))
         written.append(published / OSV_DIR / filename)
     return written

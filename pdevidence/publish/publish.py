@@ -12,12 +12,13 @@ from pathlib import Path
 
 from ..core.errors import INCOMPLETE, HarnessError
 from ..core.errors import integrity as integrity_error
+from ..core.files import write_atomic
 from ..core.paths import results_dir
 from ..documents import integrity
 from ..documents.receipts import Receipt
-from ..documents.results import Result, receipt_path, write_atomic
+from ..documents.results import Result, receipt_path
+from ..documents.tables import MutationTable, SweepTable
 from ..judge import compare
-from ..lanes import mutate, sweep
 from ..registry import SIDES, Registry
 from ..report import report
 from . import osv
@@ -27,8 +28,8 @@ from .advisories import load_openvex, load_osv
 # each with the loader that must accept it first. The OSV records are not among them: publish
 # writes them from the published sweep tables.
 OPTIONAL_ARTIFACTS = {
-    "sweep-*.json": sweep.load,  # the release sweep
-    "mutate.*.json": mutate.load,  # mutation tables
+    "sweep-*.json": SweepTable.load,  # the release sweep
+    "mutate.*.json": MutationTable.load,  # mutation tables
     "openvex*.json": load_openvex,  # an OpenVEX example (`check ... --openvex runs/openvex-<target>.json`)
 }
 

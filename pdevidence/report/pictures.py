@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 from html import escape
 
+from ..documents.vocabulary import Behaviour, MutantStatus
 from .narrative import mutation_text, upstream_text
-from .timeline import ERROR, FIXED, NEITHER, PRE_FIX, Timeline, timelines
+from .timeline import Timeline, timelines
 
 FONT = "DejaVu Sans, Verdana, sans-serif"
 # Average advance per character, in font sizes: above DejaVu Sans (about 0.56 and 0.63), a wide font.
@@ -19,16 +20,16 @@ MARGIN, CELL_H, GAP = 12, 20, 6
 
 # Each legend: state -> (colour, meaning). Every coloured mark in the picture takes its colour from one.
 LEGEND = {
-    PRE_FIX: ("#d95f02", "behaves like the tree before the fix (base)"),
-    FIXED: ("#1b9e77", "behaves like the tree with the fix (head)"),
-    NEITHER: ("#7570b3", "behaves like neither"),
-    ERROR: ("#4d4d4d", "raised, missing, or the release could not be probed"),
+    Behaviour.PRE_FIX.value: ("#d95f02", "behaves like the tree before the fix (base)"),
+    Behaviour.FIXED.value: ("#1b9e77", "behaves like the tree with the fix (head)"),
+    Behaviour.NEITHER.value: ("#7570b3", "behaves like neither"),
+    Behaviour.ERROR.value: ("#4d4d4d", "raised, missing, or the release could not be probed"),
 }
 MUTANT_LEGEND = {
-    "killed": ("#2c7bb6", "a mutant of the fix that a scenario noticed"),
-    "survived": ("#fdae61", "a mutant of the fix no scenario noticed"),
-    "not applicable": ("#d9d9d9", "a mutant whose target is not on this tree"),
-    "error": ("#762a83", "a mutant that could not be run"),
+    MutantStatus.KILLED.value: ("#2c7bb6", "a mutant of the fix that a scenario noticed"),
+    MutantStatus.SURVIVED.value: ("#fdae61", "a mutant of the fix no scenario noticed"),
+    MutantStatus.NOT_APPLICABLE.value: ("#d9d9d9", "a mutant whose target is not on this tree"),
+    MutantStatus.ERROR.value: ("#762a83", "a mutant that could not be run"),
 }
 TEST_LEGEND = {
     "passed": ("#66bd63", "a test of the PR that passed"),
@@ -102,7 +103,7 @@ def _timeline(c: Canvas, t: Timeline, y: int, label_w: int) -> int:
         for r, sid in enumerate(t.rows):
             c.text(MARGIN, y + r * CELL_H + 14, sid)
             for i, col in enumerate(strip.columns):
-                state = col.states[sid]
+                state = col.states[sid].value
                 c.rect(MARGIN + label_w + i * col_w + 1, y + r * CELL_H + 1, col_w - 2, CELL_H - 2, COLOURS[state],
                        kind="cell", state=state, tip=f"{sid} on {col.label}: {state}")
         y += len(t.rows) * CELL_H
@@ -120,7 +121,7 @@ def _mutants(c: Canvas, table: dict, y: int) -> int:
     c.text(MARGIN, y + 13, mutation_text(table))
     y += 18
     for i, m in enumerate(table["mutants"]):
-        c.rect(MARGIN + i * 16, y, 14, 14, MUTANT_COLOURS.get(m["status"], MUTANT_COLOURS["error"]),
+        c.rect(MARGIN + i * 16, y, 14, 14, MUTANT_COLOURS.get(m["status"], MUTANT_COLOURS[MutantStatus.ERROR]),
                kind="mutant", state=m["status"], tip=f"{m['id']}: {m['status']}")
     return y + 22
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..documents.results import dumps, write_atomic
+from ..core.files import dumps, write_atomic
 from . import pictures
 from .narrative import failure_text, markdown_summary, terminal_summary, totals, upstream_tree, value
 from .report_inputs import ReportInputs, gather

@@ -6,21 +6,21 @@ are looked up in ``runs/`` first (fresh), else in ``results/`` (published).
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from ..core.errors import HarnessError
 from ..core.errors import integrity as integrity_error
+from ..core.files import relative
 from ..core.paths import results_dir
 from ..documents import integrity
+from ..documents.results import Result
+from ..documents.tables import MutationTable, SweepTable
 from ..registry import SIDES, Registry
 
-SWEEP_SCHEMAS = ("pdevidence-sweep/1", "pdevidence-sweep/2")
-MUTATE_SCHEMA = "pdevidence-mutate/1"
-
+T = TypeVar("T")
 
 @dataclass(frozen=True)
 class ReportInputs:
@@ -40,32 +40,7 @@ def find_table(name: str, runs: Path, published: Path) -> Path | None:
     return None
 
 
-def _read(path: Path, schemas: tuple[str, ...], keys: set[str]) -> dict:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise HarnessError(f"{path} is unreadable: {exc}", todo="delete it and rerun the command that wrote it") \
-            from None
-    if not isinstance(doc, dict) or doc.get("schema") not in schemas or not keys <= doc.keys():
-        raise HarnessError(f"{path} is not a table the report can read",
-                           expected=f"schema {' or '.join(schemas)} with {', '.join(sorted(keys))}",
-                           todo="delete it and rerun the command that wrote it")
-    return doc
-
-
-def load_sweep(path: Path) -> dict:
-    doc = _read(path, SWEEP_SCHEMAS, {"experiment", "first_fixed", "releases"})
-    if not all(isinstance(r, dict) and {"version", "classification"} <= r.keys() for r in doc["releases"]):
-        raise HarnessError(f"{path}: every release needs version and classification",
-                           todo="delete it and rerun the sweep")
-    return doc
-
-
-def load_mutations(path: Path) -> dict:
-    return _read(path, (MUTATE_SCHEMA,), {"experiment", "score", "mutants"})
-
-
-def load_table(reg: Registry, path: Path, load: Callable[[Path], dict]) -> dict:
+def load_table(reg: Registry, path: Path, load: Callable[[Path], T]) -> T:
     """A table; a published one (under results/) must first check out against SHA256SUMS.txt.
 
     A published table that fails its sums or its loader is a published artifact failing
@@ -101,22 +76,14 @@ def scenario_notes(reg: Registry, report: dict, runs: Path) -> dict[str, dict[st
             if path is None or not path.is_file():
                 continue
             try:
-                scenarios = json.loads(path.read_text(encoding="utf-8")).get("scenarios", {})
-            except (OSError, ValueError):
+                scenarios = Result.load(path).scenarios
+            except HarnessError:
                 continue  # the comparison already reported this file; titles are decoration
             for sid, sc in scenarios.items():
                 note = found.setdefault(sid, {"title": None, "changes": None, "keys": []})
-                if note["title"] is None and isinstance(sc, dict):
-                    note["title"] = sc.get("title")
+                if note["title"] is None:
+                    note["title"] = sc.title
     return notes
-
-
-def _shown(path: Path, root: Path) -> str:
-    """Paths under the project are shown relative to it, so the report reads the same everywhere."""
-    try:
-        return path.resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
-        return os.fspath(path)
 
 
 def gather(reg: Registry, report: dict, *, runs: Path, published: Path) -> ReportInputs:
@@ -124,14 +91,14 @@ def gather(reg: Registry, report: dict, *, runs: Path, published: Path) -> Repor
     sweeps, mutations, sources = {}, {}, [reg.root / "experiments.toml"]
     for name in sorted({p["experiment"] for p in report["pairs"]}):
         if (path := find_table(f"sweep-{name}.json", runs, published)) is not None:
-            sweeps[name] = load_table(reg, path, load_sweep)
+            sweeps[name] = load_table(reg, path, SweepTable.load).doc
             sources.append(path)
         if (path := find_table(f"mutate.{name}.json", runs, published)) is not None:
-            mutations[name] = load_table(reg, path, load_mutations)
+            mutations[name] = load_table(reg, path, MutationTable.load).doc
             sources.append(path)
     for pair in report["pairs"]:
         sources += [runs / c["file"] for c in pair["cells"].values() if (runs / c["file"]).is_file()]
     for entry in report.get("upstream", []):
         sources += [runs / s["file"] for s in entry["sides"].values() if s and "file" in s]
     return ReportInputs(scenario_notes(reg, report, runs), sweeps, mutations,
-                        sorted({_shown(p, reg.root) for p in sources}))
+                        sorted({relative(p, reg.root) for p in sources}))

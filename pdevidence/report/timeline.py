@@ -9,20 +9,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..documents.vocabulary import Behaviour, Classification
 from .narrative import tree, trees_text
 
-PRE_FIX, FIXED, NEITHER, ERROR = "pre-fix", "fixed", "neither", "error"
-STATES = (PRE_FIX, FIXED, NEITHER, ERROR)
-SIDE_STATE = {"base": PRE_FIX, "head": FIXED}
+SIDE_STATE = {"base": Behaviour.PRE_FIX, "head": Behaviour.FIXED}
 # A release's overall classification, for sweep tables without per-scenario data (schema 1).
-RELEASE_STATE = {"pre-fix": PRE_FIX, "fixed": FIXED, "neither": NEITHER, "partial": NEITHER, "failed": ERROR}
+RELEASE_STATE = {Classification.PRE_FIX: Behaviour.PRE_FIX, Classification.FIXED: Behaviour.FIXED,
+                 Classification.NEITHER: Behaviour.NEITHER, Classification.PARTIAL: Behaviour.NEITHER,
+                 Classification.FAILED: Behaviour.ERROR}
 
 
 @dataclass(frozen=True)
 class Column:
     label: str  # a full version, or a commit
     note: str  # "base" / "head" when the comparison used this tree, else ""
-    states: dict[str, str]
+    states: dict[str, Behaviour]
 
 
 @dataclass(frozen=True)
@@ -56,34 +57,34 @@ def telling_rows(doc: dict, name: str) -> list[str]:
     return rows + extra
 
 
-def pair_state(pair: dict, sid: str, side: str) -> str:
+def pair_state(pair: dict, sid: str, side: str) -> Behaviour:
     """A compared tree behaves like its own side unless its expectation failed; then like the other
     side if it observes what the other side observes, else neither."""
     sc = pair["grid"].get(sid)
     if sc is None or not sc["present"][side] or sc["errors"][side] is not None:
-        return ERROR
+        return Behaviour.ERROR
     failing = {f["side"] for f in pair["expectation_failures"] if f["scenario"] == sid}
     if side not in failing:
         return SIDE_STATE[side]
     other = "head" if side == "base" else "base"
     if other not in failing and all(k["status"] != "changed" for k in sc["keys"].values()):
         return SIDE_STATE[other]
-    return NEITHER
+    return Behaviour.NEITHER
 
 
-def release_state(release: dict, sid: str) -> str:
+def release_state(release: dict, sid: str) -> Behaviour:
     """Per-scenario data where the table has it (schema 2), else the release's overall classification."""
     per_scenario = release.get("scenarios") or {}
     if sid in per_scenario:
-        return per_scenario[sid]
-    return RELEASE_STATE.get(release["classification"], NEITHER)
+        return Behaviour(per_scenario[sid])
+    return RELEASE_STATE.get(release["classification"], Behaviour.NEITHER)
 
 
 def first_fixed(columns: list[Column]) -> int | None:
     """The first all-fixed column after which no column is pre-fix again."""
     for i, col in enumerate(columns):
         rest = [s for c in columns[i:] for s in c.states.values()]
-        if col.states and set(col.states.values()) == {FIXED} and PRE_FIX not in rest:
+        if col.states and set(col.states.values()) == {Behaviour.FIXED} and Behaviour.PRE_FIX not in rest:
             return i
     return None
 

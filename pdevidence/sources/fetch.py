@@ -22,16 +22,7 @@ from pathlib import Path
 
 from ..core import children
 from ..core.errors import HarnessError, integrity
-
-CHUNK = 1 << 20
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
+from ..core.files import CHUNK
 
 
 class Progress:

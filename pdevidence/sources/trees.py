@@ -25,8 +25,9 @@ from packaging import tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from ..core import atomic, children, settings
+from ..core import children, settings
 from ..core.errors import HarnessError, integrity, usage
+from ..core.files import read_marker, sha256_file, write_atomic, write_marker
 from ..core.locking import exclusive
 from ..core.paths import cache_dir
 from . import fetch
@@ -125,14 +126,14 @@ class LockFile:
             if section == "release" and key in data["release"]:
                 entry = {"files": {**data["release"][key]["files"], **entry["files"]}}
             data[section][key] = entry
-            atomic.write_text(self.seen, _lock_dumps(data))
+            write_atomic(self.seen, _lock_dumps(data))
 
     def pin_releases(self, pins: dict[str, dict[str, str]]) -> None:
         """The maintainer's step: ``{"sglang==<version>": {file: sha256}}`` into the tracked file."""
         with exclusive(cache_dir() / "locks" / "trees.pinned.lock", "the tracked tree lock"):
             data = self._pins()
             data["release"].update({key: {"files": dict(files)} for key, files in pins.items()})
-            atomic.write_text(self.path, _lock_dumps(data))
+            write_atomic(self.path, _lock_dumps(data))
 
 
 def _lock_dumps(data: dict) -> str:
@@ -218,7 +219,7 @@ def _git_tree_from_github(sha: str, dest: Path, lock: LockFile) -> Tree:
         )
         archive = cache_dir() / "archives" / f"{digest}.tar.gz"
         os.replace(tmp, archive)
-    digest = fetch.sha256_file(archive)
+    digest = sha256_file(archive)
     _check_digest(entry and entry["sha256"], digest, f"the archive of {sha[:12]}", lock_path, archive.unlink)
     info = {"source": "github", "origin": url, "sha256": digest}
     try:
@@ -270,7 +271,7 @@ def _git_tree_from_clone(sha: str, clone: Path, dest: Path, lock: LockFile) -> T
 
 def _tree_info(dest: Path) -> dict | None:
     """A built tree's provenance; None when it is missing or truncated: the tree is rebuilt."""
-    return atomic.read_marker(dest / TREE_INFO, "source", "origin")
+    return read_marker(dest / TREE_INFO, "source", "origin")
 
 
 def _materialize(dest: Path, info: dict, build) -> None:
@@ -280,7 +281,7 @@ def _materialize(dest: Path, info: dict, build) -> None:
     shutil.rmtree(dest, ignore_errors=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
     build(dest)
-    atomic.write_marker(dest / TREE_INFO, info)
+    write_marker(dest / TREE_INFO, info)
 
 
 def _git_tree(sha: str, dest: Path) -> Tree:
@@ -394,7 +395,7 @@ def release_tree(version: str, python: str, lock: LockFile, project: str = "sgla
             if name not in known:
                 lock.record_seen("release", key, {"files": {name: digest}})
                 known = {**known, name: digest}
-        digest = fetch.sha256_file(wheel)
+        digest = sha256_file(wheel)
         _check_digest(known[wheel.name], digest, wheel.name, lock_path, wheel.unlink)
     return Tree("release", version, version, wheel, digest, "pypi", wheel.name)
 
@@ -480,4 +481,4 @@ def wheel_tree(wheel: Path, python: str, project: str = "sglang") -> Tree:
         raise usage(f"{wheel.name} does not install on Python {python} on this machine",
                     expected=f"a wheel for CPython {python} ({platform.machine()})",
                     todo="check it in an environment that runs it instead: `check --python <its interpreter>`")
-    return Tree("wheel", wheel.name, str(version), wheel, fetch.sha256_file(wheel), "file", str(wheel))
+    return Tree("wheel", wheel.name, str(version), wheel, sha256_file(wheel), "file", str(wheel))

@@ -1,0 +1,84 @@
+"""Files: the one atomic write, hash, JSON serialization and reader, markers, and how a path is shown.
+
+Every file the harness writes goes through ``write_atomic``: readers never see
+half a file, a failure leaves nothing behind, and the mode is 0644 whatever the
+umask gives a temporary file (published files are read by everyone).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import INCOMPLETE, HarnessError
+
+FILE_MODE = 0o644  # mkstemp alone gives 0600
+CHUNK = 1 << 20
+
+
+def dumps(doc: Any) -> str:
+    """The one serialization every document uses: stable bytes for stable data."""
+    return json.dumps(doc, sort_keys=True, indent=2, ensure_ascii=True) + "\n"
+
+
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """Write via a temporary file in the same directory, renamed into place once complete."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, FILE_MODE)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_json(path: Path, what: str, *, todo: str) -> Any:
+    """A JSON file, or one error naming it: missing (incomplete) or unreadable."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise HarnessError(f"no {what} at {path}", code=INCOMPLETE, todo=todo) from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise HarnessError(f"{path} is not a readable {what}: {exc}", todo=todo) from None
+
+
+def write_marker(path: Path, doc: dict) -> None:
+    """A marker: a small JSON object saying a directory is complete."""
+    write_atomic(path, json.dumps(doc, sort_keys=True) + "\n")
+
+
+def read_marker(path: Path, *keys: str) -> dict | None:
+    """The marker, or None when it is missing, truncated, not an object or lacks one of ``keys``:
+    all of which mean "rebuild"."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or any(key not in doc for key in keys):
+        return None
+    return doc
+
+
+def relative(path: Path, root: Path) -> str:
+    """``path`` relative to ``root`` (POSIX separators) when it is under it, else as given:
+    what documents and reports record, so they read the same on every checkout."""
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return os.fspath(path)

@@ -1,0 +1,201 @@
+"""The tables the lanes write: the release sweep's and the mutation lane's, typed, with one loader each.
+
+``SweepTable.load`` and ``MutationTable.load`` are the only readers of these
+files: the report, publish and the OSV records all go through them. Each keeps
+the document as written (``doc``) for the report, which shows it as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, HarnessError
+from ..core.files import read_json
+from ..registry import MutantKind, Operator
+from .versions import Schema
+from .vocabulary import LACKS_FIX, Behaviour, Classification, MutantStatus
+
+SWEEP_TODO = "rerun the sweep (`nox -s sweep`) and publish it"
+MUTATION_TODO = "rerun `python -m pdevidence mutate <experiment>`"
+
+
+# ---------------------------------------------------------------- the release sweep
+
+
+@dataclass
+class ReleaseOutcome:
+    """One release in a sweep table: its classification and, per telling scenario, its behaviour."""
+
+    version: str
+    classification: Classification
+    scenarios: dict[str, Behaviour] = field(default_factory=dict)
+    differing: list[str] = field(default_factory=list)  # scenarios matching neither reference, or erroring
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        return {"version": self.version, "classification": self.classification.value,
+                "scenarios": {sid: b.value for sid, b in self.scenarios.items()},
+                "differing": self.differing, "error": self.error}
+
+
+def first_fixed(outcomes: list[ReleaseOutcome]) -> str | None:
+    """The oldest release that behaves as fixed (a later one may still regress)."""
+    return next((o.version for o in outcomes if o.classification is Classification.FIXED), None)
+
+
+def regressions(outcomes: list[ReleaseOutcome]) -> list[str]:
+    """Releases after the first fixed one that behave as pre-fix again, wholly or in part."""
+    fixed = first_fixed(outcomes)
+    if fixed is None:
+        return []
+    after = [o for o in outcomes if Version(o.version) > Version(fixed)]
+    return [o.version for o in after if o.classification in LACKS_FIX]
+
+
+def _sweep_1_to_2(doc: dict) -> dict:
+    """/1 had one classification per release: no behaviour per scenario (none known), no as-of
+    date, and no list of regressions, which /2 derives from the classifications by the same rule."""
+    releases = doc.get("releases") if isinstance(doc.get("releases"), list) else []
+    for entry in releases:
+        if isinstance(entry, dict):
+            entry.setdefault("scenarios", {})
+    doc.setdefault("as_of", None)
+    if "regressions" not in doc:
+        try:
+            doc["regressions"] = regressions([ReleaseOutcome(r["version"], Classification(r["classification"]))
+                                              for r in releases])
+        except (TypeError, KeyError, ValueError, InvalidVersion):
+            pass  # the check of the upgraded document names what is wrong
+    return doc
+
+
+SWEEP_SCHEMA = Schema("pdevidence-sweep/", 2, {1: _sweep_1_to_2})
+
+
+@dataclass(frozen=True)
+class SweepTable:
+    schema_version: int  # as written; the fields are in the current form
+    experiment: str
+    first_fixed: str | None
+    regressions: list[str]
+    as_of: str | None  # the newest probed release's upload time
+    releases: list[ReleaseOutcome]
+    doc: dict[str, Any]
+
+    @classmethod
+    def from_doc(cls, doc: Any, *, source: str) -> SweepTable:
+        """Check a sweep table; a violation names the source and the field."""
+        def bad(why: str) -> HarnessError:
+            return HarnessError(f"{source} is not a sweep table: {why}", expected=f"a {SWEEP_SCHEMA.readable} document",
+                                todo=SWEEP_TODO)
+
+        version = SWEEP_SCHEMA.version_of(doc)
+        if version is None:
+            raise bad(f"schema {doc.get('schema') if isinstance(doc, dict) else None!r}")
+        written, doc = doc, SWEEP_SCHEMA.upgrade(doc, version)
+        for key in ("experiment", "releases", "regressions", "first_fixed"):
+            if key not in doc:
+                raise bad(f"missing {key!r}")
+        if not isinstance(doc["experiment"], str) or not isinstance(doc["releases"], list):
+            raise bad("experiment must be a string and releases a list")
+        if not (isinstance(doc["regressions"], list) and all(isinstance(v, str) for v in doc["regressions"])):
+            raise bad("regressions must be a list of versions")
+        if not isinstance(doc["first_fixed"], (str, type(None))) or not isinstance(doc.get("as_of"), (str, type(None))):
+            raise bad("first_fixed and as_of must be strings or null")
+        releases = []
+        for entry in doc["releases"]:
+            try:
+                releases.append(ReleaseOutcome(
+                    entry["version"], Classification(entry["classification"]),
+                    {sid: Behaviour(b) for sid, b in entry.get("scenarios", {}).items()},
+                    list(entry.get("differing", [])), entry.get("error")))
+            except (TypeError, KeyError, ValueError, AttributeError):
+                raise bad(f"release entry {entry!r}") from None
+            if not isinstance(entry["version"], str) or not isinstance(releases[-1].error, (str, type(None))):
+                raise bad(f"release entry {entry!r}")
+        return cls(version, doc["experiment"], doc["first_fixed"], list(doc["regressions"]), doc.get("as_of"),
+                   releases, written)
+
+    @classmethod
+    def load(cls, path: Path) -> SweepTable:
+        return cls.from_doc(read_json(path, "sweep table", todo=SWEEP_TODO), source=str(path))
+
+
+# ---------------------------------------------------------------- the mutation lane
+
+
+@dataclass(frozen=True)
+class MutantOutcome:
+    id: str
+    title: str
+    kind: MutantKind
+    target: str
+    operator: Operator
+    status: MutantStatus
+    killed_by: dict[str, list[str]] = field(default_factory=dict)
+    error: str | None = None
+
+
+MUTATION_SCHEMA = Schema("pdevidence-mutate/", 1)
+
+
+@dataclass(frozen=True)
+class MutationTable:
+    experiment: str
+    tree: dict[str, str]
+    scenarios: list[str]
+    mutants: list[MutantOutcome]
+    schema: str = MUTATION_SCHEMA.name
+    doc: dict[str, Any] | None = field(default=None, compare=False, repr=False)  # as written, when loaded
+
+    @property
+    def score(self) -> dict[str, int]:
+        applicable = [m for m in self.mutants if m.status is not MutantStatus.NOT_APPLICABLE]
+        return {"killed": sum(m.status is MutantStatus.KILLED for m in applicable),
+                "applicable": len(applicable), "total": len(self.mutants)}
+
+    @property
+    def survivors(self) -> list[MutantOutcome]:
+        return [m for m in self.mutants if m.status in (MutantStatus.SURVIVED, MutantStatus.ERROR)]
+
+    @property
+    def exit_code(self) -> int:
+        return CONFIRMED if self.score["applicable"] and not self.survivors else BEHAVIOUR_DIFFERS
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": self.schema, "experiment": self.experiment, "tree": self.tree, "score": self.score,
+                "scenarios": self.scenarios,
+                "mutants": [{**asdict(m), "kind": m.kind.value, "operator": m.operator.value,
+                             "status": m.status.value} for m in self.mutants]}
+
+    @classmethod
+    def from_doc(cls, doc: Any, *, source: str) -> MutationTable:
+        """Check a mutation table; a bad one names the source and the field."""
+        def bad(why: str) -> HarnessError:
+            return HarnessError(f"{source} is not a mutation table: {why}",
+                                expected=f"a {MUTATION_SCHEMA.readable} document", todo=MUTATION_TODO)
+
+        version = MUTATION_SCHEMA.version_of(doc)
+        if version is None:
+            raise bad(f"schema {doc.get('schema') if isinstance(doc, dict) else None!r}")
+        written, doc = doc, MUTATION_SCHEMA.upgrade(doc, version)
+        try:
+            mutants = [MutantOutcome(id=m["id"], title=m["title"], kind=MutantKind(m["kind"]), target=m["target"],
+                                     operator=Operator(m["operator"]), status=MutantStatus(m["status"]),
+                                     killed_by={s: list(keys) for s, keys in m["killed_by"].items()},
+                                     error=m["error"]) for m in doc["mutants"]]
+            table = cls(experiment=doc["experiment"], tree=dict(doc["tree"]),
+                        scenarios=list(doc["scenarios"]), mutants=mutants, doc=written)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise bad(f"{type(exc).__name__}: {exc}") from None
+        if doc.get("score") != table.score:
+            raise bad(f"score {doc.get('score')} does not match its mutants ({table.score})")
+        return table
+
+    @classmethod
+    def load(cls, path: Path) -> MutationTable:
+        return cls.from_doc(read_json(path, "mutation table", todo=MUTATION_TODO), source=str(path))

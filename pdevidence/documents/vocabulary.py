@@ -1,0 +1,86 @@
+"""The words our documents carry: every enum a result, table or report stores as a string.
+
+They live here, below the stages that decide them, so that a loader can check
+a document and every stage (judge, lanes, report, publish) compares members,
+never restated strings.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT_DIFFERS, INCOMPLETE, INTEGRITY
+
+
+class Behaviour(str, enum.Enum):
+    """What one telling scenario did on a tree: what base did, what head did, neither, or raised."""
+
+    PRE_FIX = "pre-fix"
+    FIXED = "fixed"
+    NEITHER = "neither"
+    ERROR = "error"
+
+
+class Classification(str, enum.Enum):
+    """What a release did, over all telling scenarios (a sweep table's column)."""
+
+    PRE_FIX = "pre-fix"
+    FIXED = "fixed"
+    PARTIAL = "partial"
+    NEITHER = "neither"
+    FAILED = "failed"
+
+
+# A release classified so lacks the fix, wholly or in part (after a fixed one: a regression).
+LACKS_FIX = (Classification.PRE_FIX, Classification.PARTIAL)
+
+
+class MutantStatus(str, enum.Enum):
+    """A mutant's fate in a mutation table."""
+
+    KILLED = "killed"
+    SURVIVED = "survived"
+    NOT_APPLICABLE = "not applicable"
+    ERROR = "error"
+
+
+class Verdict(enum.StrEnum):
+    """A comparison's answer per experiment and tree kind (the report's pairs)."""
+
+    CONFIRMED = "differential confirmed"
+    NOT_REPRODUCED = "not reproduced"
+    INCOMPLETE = "incomplete"
+    ENVIRONMENT_DIFFERS = "environment differs"
+    PUBLISHED_DIFFERS = "differs from published"
+    INTEGRITY = "published artifact failed verification"
+
+    @property
+    def exit_code(self) -> int:
+        return _VERDICT_CODES[self]
+
+
+_VERDICT_CODES = {
+    Verdict.CONFIRMED: CONFIRMED,
+    Verdict.NOT_REPRODUCED: BEHAVIOUR_DIFFERS,
+    Verdict.PUBLISHED_DIFFERS: BEHAVIOUR_DIFFERS,
+    Verdict.INCOMPLETE: INCOMPLETE,
+    Verdict.ENVIRONMENT_DIFFERS: ENVIRONMENT_DIFFERS,
+    Verdict.INTEGRITY: INTEGRITY,
+}
+
+
+class PublishedStatus(enum.StrEnum):
+    """A fresh result against its published counterpart in results/."""
+
+    IDENTICAL = "identical"
+    DIFFERS = "differs"
+    UNPUBLISHED = "unpublished"
+    FAILED = "failed verification"
+
+
+class KeyStatus(enum.StrEnum):
+    """An observation (or a whole scenario) from base to head."""
+
+    UNCHANGED = "unchanged"
+    CHANGED = "changed"
+    ABSENT = "absent"  # only one tree has it
