@@ -47,3 +47,9 @@ def test_the_stages_import_only_downward():
     done = subprocess.run([lint, "--no-cache"], cwd=PROJECT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 kept, 0 broken" in done.stdout
+
+
+@pytest.mark.parametrize("bench", sorted((PROJECT / "benchmarks").glob("bench_*.py")), ids=lambda p: p.name)
+def test_every_benchmark_still_imports_the_harness(bench):
+    done = subprocess.run([sys.executable, str(bench), "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
