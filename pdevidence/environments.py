@@ -24,8 +24,8 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from .core import children
-from .core.errors import HarnessError, usage
+from .core import atomic, children, settings
+from .core.errors import HarnessError
 from .core.paths import work_dir
 from .registry import Registry, TorchChannel
 from .sources.fetch import sha256_file
@@ -161,17 +161,12 @@ class TorchChoice:
         return None if self.requested == "registry" else self.requested
 
 
-def choose_torch(declared: TorchChannel, requested: str | None = None) -> TorchChoice:
+def choose_torch(declared: TorchChannel) -> TorchChoice:
     """The registry's channel (what the published run used) unless PDEVIDENCE_TORCH asks otherwise."""
-    requested = requested or os.environ.get("PDEVIDENCE_TORCH") or None
+    requested = settings.get("PDEVIDENCE_TORCH")  # checked there: one of TorchChannel's values
     if requested is None:
         return TorchChoice("registry", declared, f"the registry's torch_channel = {declared.value!r}")
-    try:
-        channel = TorchChannel(requested)
-    except ValueError:
-        raise usage(f"PDEVIDENCE_TORCH={requested!r} is not a torch channel",
-                    expected=f"one of: {', '.join(c.value for c in TorchChannel)}, or unset "
-                    f"(the registry's {declared.value!r})") from None
+    channel = TorchChannel(requested)
     note = f"PDEVIDENCE_TORCH={requested}"
     if channel is not declared:
         note += (f" overrides the registry's torch_channel = {declared.value!r} (the published run's): "
@@ -258,7 +253,8 @@ def ensure(path: Path, python: str, closure: Path, tree: Tree | None, torch: Tor
     key = environment_key(interpreter, closure, torch.channel, tree)
     info = path / ENV_INFO
     uv = uv_executable()
-    if info.exists() and json.loads(info.read_text()).get("key") == key:
+    stored = atomic.read_marker(info, "key")  # missing or truncated: rebuild
+    if stored is not None and stored["key"] == key:
         env.reused = True
         if tree is not None and tree.kind == "path":  # the developer's work in progress: always reinstall it
             _install_tree(uv, env, tree, say)
@@ -274,7 +270,7 @@ def ensure(path: Path, python: str, closure: Path, tree: Tree | None, torch: Tor
         env.commands, what="installing the pinned closure", progress=True)
     if tree is not None:
         _install_tree(uv, env, tree, say)
-    info.write_text(json.dumps({"key": key}) + "\n", encoding="utf-8")
+    atomic.write_marker(info, {"key": key})
     return env
 
 
