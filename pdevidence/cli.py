@@ -138,7 +138,8 @@ def cmd_sweep(args) -> int:
     reg = registry.load(args.root)
     names = args.experiment or list(reg.experiments)
     found, as_of = sweep.sweep(reg, names, published=results_dir(reg.root), out_dir=runs_dir(reg.root) / "sweep",
-                               versions=args.versions or None, pre=args.pre, jobs=args.jobs)
+                               versions=args.versions or None, pre=args.pre, jobs=args.jobs, cold=args.cold,
+                               force=args.force)
     code = CONFIRMED
     for name, outcomes in found.items():
         out = runs_dir(reg.root) / f"sweep-{name}.json"
@@ -238,6 +239,9 @@ def parser() -> argparse.ArgumentParser:
     sw.add_argument("--experiment", action="append", help="only this experiment (repeatable; default: all)")
     sw.add_argument("--pre", action="store_true", help="also pre-, post- and dev releases")
     sw.add_argument("--jobs", type=int, default=2)
+    sw.add_argument("--cold", action="store_true",
+                    help="one environment and one fresh probe process per release instead of the warm engine")
+    sw.add_argument("--force", action="store_true", help="reprobe releases whose outcome is cached")
     sw.set_defaults(func=cmd_sweep)
 
     ck = sub.add_parser("check", help="is my SGLang affected? run every probe on one build and judge each fix")
