@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .core.errors import usage
@@ -105,6 +106,26 @@ class Experiment:
 
 
 @dataclass(frozen=True)
+class Era:
+    """SGLang releases that run in one closure: the torch, transformers and the rest they were built for.
+
+    A release outside every declared era runs in the registry's own closure (``constraints``).
+    ``stand_ins`` are import stand-ins for compiled GPU-only packages that the era's releases
+    import at top level but the probed code never calls (declared in ``[stand_ins]``).
+    """
+
+    name: str
+    releases: SpecifierSet
+    constraints: Path
+    constraints_input: Path | None
+    stand_ins: tuple[str, ...]
+    note: str
+
+    def holds(self, version: str) -> bool:
+        return self.releases.contains(Version(version), prereleases=True)
+
+
+@dataclass(frozen=True)
 class Registry:
     root: Path
     python: str
@@ -114,6 +135,22 @@ class Registry:
     constraints_input: Path | None
     release_floor: str
     experiments: dict[str, Experiment]
+    eras: dict[str, Era] = field(default_factory=dict)
+    stand_ins: dict[str, str] = field(default_factory=dict)  # module -> why it may be a stand-in
+
+    def era_of(self, version: str | None) -> Era | None:
+        """The declared era that holds ``version``; None: the registry's own closure."""
+        if version is None:
+            return None
+        try:
+            Version(version)
+        except InvalidVersion:
+            return None
+        holders = [era for era in self.eras.values() if era.holds(version)]
+        if len(holders) > 1:
+            raise usage(f"eras {', '.join(e.name for e in holders)} all hold {version}",
+                        expected="each release in at most one era", todo=f"fix their releases in {REGISTRY_FILE}")
+        return holders[0] if holders else None
 
     def experiment(self, name: str) -> Experiment:
         try:
@@ -217,7 +254,7 @@ def _version(value: str, where: str) -> str:
 def _parse(root: Path, data: dict) -> Registry:
     _table(data, "registry", required={"schema": int, "python": str, "constraints": str, "release_floor": str,
                                        "experiments": dict, "torch_channel": str},
-           optional={"constraints_input": str, "constraints_cpu": str})
+           optional={"constraints_input": str, "constraints_cpu": str, "eras": dict, "stand_ins": dict})
     if data["schema"] != SCHEMA:
         raise RegistryError(f"registry.schema: {data['schema']} is not a schema this harness reads ({SCHEMA})")
     experiments = {}
@@ -228,6 +265,9 @@ def _parse(root: Path, data: dict) -> Registry:
     if not experiments:
         raise RegistryError("registry declares no experiments")
     channel = _enum(TorchChannel, data["torch_channel"], "registry.torch_channel")
+    stand_ins = {name: _table(spec, f"stand_ins.{name}", required={"why": str}, optional={})["why"]
+                 for name, spec in data.get("stand_ins", {}).items()}
+    eras = {name: _parse_era(root, name, table, stand_ins) for name, table in data.get("eras", {}).items()}
     return Registry(
         root=root,
         python=data["python"],
@@ -237,7 +277,29 @@ def _parse(root: Path, data: dict) -> Registry:
         constraints_input=root / data["constraints_input"] if "constraints_input" in data else None,
         release_floor=_version(data["release_floor"], "registry.release_floor"),
         experiments=experiments,
+        eras=eras,
+        stand_ins=stand_ins,
     )
+
+
+def _parse_era(root: Path, name: str, table: Any, stand_ins: dict[str, str]) -> Era:
+    where = f"eras.{name}"
+    if not _NAME.match(name.replace("-", "_").replace(".", "_")):
+        raise RegistryError(f"{where}: the name must be lowercase letters, digits, '-', '.' and _")
+    _table(table, where, required={"releases": str, "constraints": str},
+           optional={"constraints_input": str, "stand_ins": list, "note": str})
+    try:
+        releases = SpecifierSet(table["releases"])
+    except InvalidSpecifier:
+        raise RegistryError(f"{where}.releases: {table['releases']!r} is not a version specifier "
+                            "(e.g. \">=0.5.11,<0.5.17\")") from None
+    names = _strings(table.get("stand_ins", []), f"{where}.stand_ins")
+    for module in names:
+        if module not in stand_ins:
+            raise RegistryError(f"{where}.stand_ins: {module!r} is not declared in [stand_ins] (with why it may be)")
+    return Era(name, releases, root / table["constraints"],
+               root / table["constraints_input"] if "constraints_input" in table else None, names,
+               table.get("note", ""))
 
 
 def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:

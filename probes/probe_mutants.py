@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _mutants  # noqa: E402
 import _probekit  # noqa: E402
+import _standins  # noqa: E402
 
 SCHEMA = "pd-mutant-probe/1"
 
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     scenario_set, prepare = load_probe(args.probe)
     _probekit.quiet_environment()
     _probekit.block_network()
+    _standins.install()
     try:
         version = prepare()
     except Exception as exc:

@@ -22,7 +22,7 @@ from pdevidence import registry
 from pdevidence.cells import allprobes, engine
 
 ROOT = Path(__file__).resolve().parent.parent
-IN_CELL = ("engine.py", "probe_all.py", "_probekit.py")
+IN_CELL = ("engine.py", "probe_all.py", "_probekit.py", "_standins.py")
 
 CLOSURE_MODULE = """
 REGISTERED = set()
