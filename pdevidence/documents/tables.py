@@ -80,7 +80,7 @@ SWEEP_SCHEMA = Schema("pdevidence-sweep/", 2, {1: _sweep_1_to_2})
 class SweepTable:
     schema_version: int  # as written; the fields are in the current form
     experiment: str
-    first_fixed: str | None
+    first_fixed: str | None  # the oldest release that behaves as fixed; a later one may regress
     regressions: list[str]
     as_of: str | None  # the newest probed release's upload time
     releases: list[ReleaseOutcome]
