@@ -30,11 +30,19 @@ nox.options.default_venv_backend = "none"
 nox.options.sessions = ["matrix"]
 
 ROOT = Path(__file__).parent
-try:
-    REGISTRY = registry.load(ROOT)
-except errors.HarnessError as exc:  # a broken registry: say so, not a traceback
-    print(f"error: {exc}", file=sys.stderr)
-    sys.exit(exc.code)
+
+
+def _load_registry() -> registry.Registry:
+    """The sessions are made from the registry: a broken one is its exit code, not a traceback."""
+    loaded = []
+    code = errors.boundary(lambda: loaded.append(registry.load(ROOT)) or errors.CONFIRMED,
+                           where="the noxfile, reading experiments.toml")
+    if code != errors.CONFIRMED:
+        sys.exit(code)
+    return loaded[0]
+
+
+REGISTRY = _load_registry()
 CELLS = [(name, side) for name in REGISTRY.experiments for side in registry.SIDES]
 CELL_IDS = [f"{name}, {side}" for name, side in CELLS]
 
@@ -58,11 +66,13 @@ def _finish(session: nox.Session, code: int) -> None:
 
 
 def _run(session: nox.Session, *argv: str) -> None:
-    try:
-        code = cli.main(["--root", str(ROOT), *argv])
-    except SystemExit as exc:  # argparse's usage errors exit 2: this session's failure, not nox's end
-        code = exc.code if isinstance(exc.code, int) else errors.USAGE
-    _finish(session, code)
+    def command() -> int:
+        try:
+            return cli.main(["--root", str(ROOT), *argv])
+        except SystemExit as exc:  # argparse's usage errors exit 2: this session's failure, not nox's end
+            return exc.code if isinstance(exc.code, int) else errors.USAGE
+
+    _finish(session, errors.boundary(command, where=f"nox session {session.name}"))
 
 
 @nox.session(tags=["cell", "git"])

@@ -20,7 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pdevidence import cells, cli, registry  # noqa: E402
+from pdevidence import cli, registry  # noqa: E402
+from pdevidence.cells import cells  # noqa: E402
 from pdevidence.core.paths import PROJECT, work_dir  # noqa: E402
 
 probe_seconds: list[float] = []

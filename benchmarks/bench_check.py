@@ -18,8 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pdevidence import cells, cli, environments, registry  # noqa: E402
-from pdevidence import check as ck  # noqa: E402
+from pdevidence import cli, environments, registry  # noqa: E402
+from pdevidence.cells import cells  # noqa: E402
+from pdevidence.lanes import check as ck  # noqa: E402
 from pdevidence.core.paths import PROJECT  # noqa: E402
 
 TARGET = 1.3

@@ -18,7 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pdevidence import cells, mutate, registry  # noqa: E402
+from pdevidence import registry  # noqa: E402
+from pdevidence.cells import cells  # noqa: E402
+from pdevidence.lanes import mutate  # noqa: E402
 from pdevidence.core.paths import PROJECT  # noqa: E402
 
 TARGET = 1.5

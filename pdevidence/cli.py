@@ -7,22 +7,22 @@ do, and the exit code documented in the README.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import environments, registry
 from .cells import cells
-from .core import children, clock
-from .core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, EXIT_CODES, HarnessError, usage, worst
+from .core import children, clock, settings
+from .core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, EXIT_CODES, HarnessError, boundary, usage, worst
 from .core.files import dumps, write_atomic
-from .core.paths import PROJECT, results_dir, runs_dir, work_dir
+from .core.paths import PROJECT, results_dir, runs_dir, tree_lock_file, work_dir
 from .documents import integrity, reports
 from .judge import compare
 from .lanes import check, drift, mutate, sweep, upstream
 from .publish import openvex, publish
 from .report import report
+from .sources import trees
 
 
 def run_cells(reg: registry.Registry, todo: list[cells.Cell], *, jobs: int = 1, force: bool = False) -> int:
@@ -30,12 +30,11 @@ def run_cells(reg: registry.Registry, todo: list[cells.Cell], *, jobs: int = 1, 
     environments.torch_choice(reg)  # a bad PDEVIDENCE_TORCH is one usage error, not one per cell
 
     def one(cell: cells.Cell) -> int:
-        try:
+        def run() -> int:
             cells.run_cell(reg, cell, force=force, log=lambda msg: print(msg, flush=True))
             return CONFIRMED
-        except HarnessError as exc:
-            cells.report_failure(cell, exc)
-            return exc.code
+        # In a worker thread too: an unexpected exception fails this cell as a bug, never vanishes.
+        return boundary(run, where=f"cell {cell.name}", report=lambda exc: cells.report_failure(cell, exc))
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         try:
@@ -107,6 +106,25 @@ def cmd_lock_cpu(args) -> int:
     return CONFIRMED
 
 
+def cmd_lock_trees(args) -> int:
+    """Pin every wheel file of releases in the tracked tree lock, with the index's SHA-256s.
+
+    Default: the releases pinned already and the registry's release brackets (a new published
+    release, e.g. from the sweep, is named explicitly). The only writer of that file.
+    """
+    reg = registry.load(args.root)
+    lock = trees.LockFile(tree_lock_file(reg.root))
+    versions = args.versions or sorted(
+        {key.split("==", 1)[1] for key in lock.pinned_keys("sglang")}
+        | {v for exp in reg.experiments.values() for v in exp.releases.values() if v}, key=trees.parse_version)
+    for version in versions:
+        trees.parse_version(version)
+    files = trees.index_files("sglang")
+    lock.pin_releases({f"sglang=={v}": trees.pinned_release_files(files, "sglang", v) for v in versions})
+    print(f"pinned every wheel of sglang {', '.join(versions)} in {lock.path}; commit it")
+    return CONFIRMED
+
+
 def cmd_publish(args) -> int:
     reg = registry.load(args.root)
     done = publish.publish(reg, runs_dir(reg.root), args.kind, allow_unconfirmed=args.allow_unconfirmed)
@@ -120,7 +138,8 @@ def cmd_sweep(args) -> int:
     reg = registry.load(args.root)
     names = args.experiment or list(reg.experiments)
     found, as_of = sweep.sweep(reg, names, published=results_dir(reg.root), out_dir=runs_dir(reg.root) / "sweep",
-                               versions=args.versions or None, pre=args.pre, jobs=args.jobs)
+                               versions=args.versions or None, pre=args.pre, jobs=args.jobs, cold=args.cold,
+                               force=args.force)
     code = CONFIRMED
     for name, outcomes in found.items():
         out = runs_dir(reg.root) / f"sweep-{name}.json"
@@ -165,7 +184,7 @@ def cmd_drift(args) -> int:
 def cmd_upstream(args) -> int:
     """Failing upstream tests are the data, not an error: a written result exits 0."""
     reg = registry.load(args.root)
-    cell = cells.parse_cell(reg, args.kind, args.experiment, args.side)
+    cell = cells.parse_cell(reg, args.kind or settings.get("PDEVIDENCE_UPSTREAM_KIND"), args.experiment, args.side)
     if args.ref:
         cell = cells.Cell(cell.experiment, cell.side, cell.kind, args.ref)
     upstream.run_upstream(reg, cell, tests_dir=args.tests, log=lambda msg: print(msg, flush=True))
@@ -210,11 +229,19 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("lock-cpu", help="compile the CPU torch channel's hashed closure (needs the PyTorch CPU index)"
                    ).set_defaults(func=cmd_lock_cpu)
 
+    lt = sub.add_parser("lock-trees", help="pin every wheel file of SGLang releases in constraints/trees.lock.json "
+                        "(default: those pinned already and the registry's brackets)")
+    lt.add_argument("versions", nargs="*")
+    lt.set_defaults(func=cmd_lock_trees)
+
     sw = sub.add_parser("sweep", help="probe every release (all experiments, one import each) and classify each")
     sw.add_argument("versions", nargs="*", help="releases to probe (default: the registry floor up to the newest)")
     sw.add_argument("--experiment", action="append", help="only this experiment (repeatable; default: all)")
     sw.add_argument("--pre", action="store_true", help="also pre-, post- and dev releases")
     sw.add_argument("--jobs", type=int, default=2)
+    sw.add_argument("--cold", action="store_true",
+                    help="one environment and one fresh probe process per release instead of the warm engine")
+    sw.add_argument("--force", action="store_true", help="reprobe releases whose outcome is cached")
     sw.set_defaults(func=cmd_sweep)
 
     ck = sub.add_parser("check", help="is my SGLang affected? run every probe on one build and judge each fix")
@@ -250,8 +277,8 @@ def parser() -> argparse.ArgumentParser:
     up = sub.add_parser("upstream", help="run the PR's own test files (from the head tree) on one side's tree")
     up.add_argument("experiment")
     up.add_argument("side")
-    up.add_argument("--kind", choices=list(cells.SESSION_OF_KIND), default=os.environ.get("PDEVIDENCE_UPSTREAM_KIND", "git"),
-                    help="whose tree and environment: git (default, or $PDEVIDENCE_UPSTREAM_KIND), release or path")
+    up.add_argument("--kind", choices=list(cells.SESSION_OF_KIND), default=None,
+                    help="whose tree and environment: git, release or path (default: $PDEVIDENCE_UPSTREAM_KIND, else git)")
     up.add_argument("--tests", type=Path, metavar="DIR",
                     help=f"an SGLang checkout (or a directory) holding the test files; default ${upstream.TESTS_ENV}, "
                     "else the head commit's tree (SGLANG_REPO or GitHub)")
@@ -261,13 +288,16 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Every command's exit code as the README documents it; argparse's own errors exit 2."""
     args = parser().parse_args(argv)
+
+    def command() -> int:
+        settings.check_all()  # a bad setting is one usage error up front, naming the variable
+        return args.func(args)
+
     try:
         with children.stop_on_signals():
-            return args.func(args)
-    except HarnessError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.code
+            return boundary(command, where=f"`pdevidence {args.command}`")
     except children.Interrupted as exc:
         print(f"{exc}: child processes stopped, no result written by the interrupted cells", file=sys.stderr)
         return exc.exit_code

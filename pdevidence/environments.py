@@ -24,8 +24,8 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from .core import children
-from .core.errors import HarnessError, usage
+from .core import children, files, settings
+from .core.errors import HarnessError
 from .core.files import sha256_file
 from .core.paths import work_dir
 from .registry import Registry, TorchChannel
@@ -161,17 +161,12 @@ class TorchChoice:
         return None if self.requested == "registry" else self.requested
 
 
-def choose_torch(declared: TorchChannel, requested: str | None = None) -> TorchChoice:
+def choose_torch(declared: TorchChannel) -> TorchChoice:
     """The registry's channel (what the published run used) unless PDEVIDENCE_TORCH asks otherwise."""
-    requested = requested or os.environ.get("PDEVIDENCE_TORCH") or None
+    requested = settings.get("PDEVIDENCE_TORCH")  # checked there: one of TorchChannel's values
     if requested is None:
         return TorchChoice("registry", declared, f"the registry's torch_channel = {declared.value!r}")
-    try:
-        channel = TorchChannel(requested)
-    except ValueError:
-        raise usage(f"PDEVIDENCE_TORCH={requested!r} is not a torch channel",
-                    expected=f"one of: {', '.join(c.value for c in TorchChannel)}, or unset "
-                    f"(the registry's {declared.value!r})") from None
+    channel = TorchChannel(requested)
     note = f"PDEVIDENCE_TORCH={requested}"
     if channel is not declared:
         note += (f" overrides the registry's torch_channel = {declared.value!r} (the published run's): "
@@ -236,14 +231,17 @@ class CellEnvironment:
         return None
 
 
-def environment_key(interpreter: Interpreter, closure: Path, channel: TorchChannel, tree: Tree) -> str:
+def environment_key(interpreter: Interpreter, closure: Path, channel: TorchChannel, tree: Tree | None) -> str:
     # A path tree is reinstalled on every run, so its changing HEAD must not force a rebuild.
-    identity = str(tree.install_target) if tree.kind == "path" else f"{tree.resolved}:{tree.digest}"
-    parts = [interpreter.identity(), sha256_file(closure), channel.value, tree.kind, identity]
+    if tree is None:  # a closure environment: the warm engine brings each tree itself
+        identity = "no tree"
+    else:
+        identity = str(tree.install_target) if tree.kind == "path" else f"{tree.resolved}:{tree.digest}"
+    parts = [interpreter.identity(), sha256_file(closure), channel.value, tree.kind if tree else "", identity]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def ensure(path: Path, python: str, closure: Path, tree: Tree, torch: TorchChoice, *,
+def ensure(path: Path, python: str, closure: Path, tree: Tree | None, torch: TorchChoice, *,
            log: Callable[[str], None] | None = None) -> CellEnvironment:
     """The cell's environment at ``path``, built or reused; ``log`` gets one line per step.
 
@@ -255,9 +253,10 @@ def ensure(path: Path, python: str, closure: Path, tree: Tree, torch: TorchChoic
     key = environment_key(interpreter, closure, torch.channel, tree)
     info = path / ENV_INFO
     uv = uv_executable()
-    if info.exists() and json.loads(info.read_text()).get("key") == key:
+    stored = files.read_marker(info, "key")  # missing or truncated: rebuild
+    if stored is not None and stored["key"] == key:
         env.reused = True
-        if tree.kind == "path":  # the developer's work in progress: always reinstall it
+        if tree is not None and tree.kind == "path":  # the developer's work in progress: always reinstall it
             _install_tree(uv, env, tree, say)
         return env
     shutil.rmtree(path, ignore_errors=True)
@@ -269,8 +268,9 @@ def ensure(path: Path, python: str, closure: Path, tree: Tree, torch: TorchChoic
     say(f"installing the pinned closure {closure.name} (uv pip sync; about 6 GB on a cold uv cache) ...")
     run([uv, "pip", "sync", "--require-hashes", *channel, "--python", str(env.interpreter), str(closure)],
         env.commands, what="installing the pinned closure", progress=True)
-    _install_tree(uv, env, tree, say)
-    info.write_text(json.dumps({"key": key}) + "\n", encoding="utf-8")
+    if tree is not None:
+        _install_tree(uv, env, tree, say)
+    files.write_marker(info, {"key": key})
     return env
 
 
@@ -304,3 +304,11 @@ def cell_environment(registry: Registry, tree: Tree, slug: str,
     torch = torch_choice(registry)
     closure = closure_of(registry, torch, constraints or registry.constraints)
     return ensure(work_dir(registry.root) / "envs" / slug, registry.python, closure, tree, torch, log=log)
+
+
+def closure_environment(registry: Registry, log=None) -> CellEnvironment:
+    """The registry's closure without SGLang, under ``.cells/envs/closure.<digest>``: the warm engine's."""
+    torch = torch_choice(registry)
+    closure = closure_of(registry, torch, registry.constraints)
+    slug = f"closure.{sha256_file(closure)[:12]}"
+    return ensure(work_dir(registry.root) / "envs" / slug, registry.python, closure, None, torch, log=log)

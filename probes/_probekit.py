@@ -16,6 +16,7 @@ import re
 import socket
 import sys
 import tempfile
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -25,6 +26,7 @@ EXIT_OK = 0
 EXIT_CANNOT_RUN = 3
 EXIT_USAGE = 2
 TREE_KINDS = ["git", "release", "path"]  # what a cell names; the check driver takes any
+FILE_MODE = 0o644  # results are read by everyone; mkstemp alone gives 0600
 
 Observed = dict[str, Any]
 
@@ -170,7 +172,7 @@ def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o644)
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.replace(tmp, path)
@@ -252,12 +254,28 @@ def parse_args(argv: list[str] | None, experiment: str) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def run_driver(main: Callable[[], int]) -> int:
+    """Every probe entry point's boundary: an exception outside any scenario (a scenario's own is
+    recorded in the result) is a bug of the probe kit, and means the probe could not run."""
+    try:
+        return main()
+    except Exception:
+        traceback.print_exc()
+        print("probe cannot run: the probe driver failed outside any scenario; this is a bug in "
+              "pdevidence's probes, please report it with the traceback above", file=sys.stderr)
+        return EXIT_CANNOT_RUN
+
+
 def main(scenario_set: ScenarioSet, prepare: Callable[[], str], argv: list[str] | None = None) -> int:
     """Run every scenario and write the result document.
 
     ``prepare`` imports SGLang and sets up what all scenarios share; it
     returns the installed SGLang version. If it fails the probe cannot run.
     """
+    return run_driver(lambda: _main(scenario_set, prepare, argv))
+
+
+def _main(scenario_set: ScenarioSet, prepare: Callable[[], str], argv: list[str] | None) -> int:
     try:
         args = parse_args(argv, scenario_set.experiment)
     except SystemExit as exc:

@@ -8,7 +8,8 @@ with the error instead; the others still run.
 
     python probes/probe_all.py --out-dir /tmp/out --tree-kind release --tree-ref 0.5.21
 
-Exit 0 when at least one experiment ran, 3 when none could, 2 on bad arguments.
+Exit 0 when at least one experiment ran, 3 when none could (or the driver itself failed:
+its traceback is printed), 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _probekit import (EXIT_CANNOT_RUN, EXIT_OK, EXIT_USAGE, add_tree_arguments, block_network,  # noqa: E402
-                       build_document, describe_error, dumps, load_probe, quiet_environment, tree_of, write_atomic)
+                       build_document, describe_error, dumps, load_probe, quiet_environment, run_driver, tree_of,
+                       write_atomic)
 
 CANNOT_RUN_SCHEMA = "pd-probe-cannot-run/1"
 CANNOT_RUN_SUFFIX = ".cannot-run.json"
@@ -67,4 +69,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_driver(main))

@@ -10,8 +10,8 @@ from this document; this script only observes.
 
 ``specs.json`` is a JSON list of the registry's ``Mutant.spec()``. Exit 0 when
 every mutant ran (an inapplicable or unbuildable mutant is recorded, not fatal),
-3 when SGLang cannot be set up or a restore failed (every later run would be
-void), 2 on bad arguments.
+3 when SGLang cannot be set up, a restore failed (every later run would be
+void) or the driver itself failed (its traceback is printed), 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -106,4 +106,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_probekit.run_driver(main))

@@ -396,3 +396,22 @@ def test_each_step_of_a_cold_cell_is_one_line_naming_the_cell(demo_project):
     assert [s.split(":")[0] for s in steps] == ["release(demo, base)"] * len(steps)
     assert any("(uv venv)" in s for s in steps) and any("(uv pip sync" in s for s in steps)
     assert any("running probe_demo.py" in s for s in steps)
+
+
+def test_every_document_and_marker_a_cell_writes_is_0644(demo_project):
+    outcome = run_cell(demo_project)
+    marker = demo_project / ".cells" / "envs" / "demo.base.release-1.0.0" / environments.ENV_INFO
+    for path in (outcome.result, outcome.receipt, marker):
+        assert path.stat().st_mode & 0o777 == 0o644, path
+
+
+def test_a_truncated_environment_marker_means_rebuild(demo_project):
+    run_cell(demo_project)
+    marker = demo_project / ".cells" / "envs" / "demo.base.release-1.0.0" / environments.ENV_INFO
+    marker.write_text('{"key": "')
+    said = []
+
+    cells.run_cell(registry.load(demo_project), cells.Cell("demo", "base", "release"), force=True, log=said.append)
+
+    assert any("built environment" in line for line in said), said
+    assert json.loads(marker.read_text())["key"]

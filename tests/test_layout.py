@@ -14,9 +14,9 @@ from pdevidence.core.paths import PROJECT
 
 PROBES = PROJECT / "probes"
 # What code running inside a cell's interpreter may import besides the standard library:
-# the probed tree and the torch it runs on, the probes' own kit, and (for the upstream plugin)
+# the probed tree and the torch it runs on, the probes' own kit and driver, and (for the upstream plugin)
 # the pytest that runs it.
-IN_CELL_ALLOWED = {"sglang", "torch", "_probekit", "_mutants", "pytest"}
+IN_CELL_ALLOWED = {"sglang", "torch", "_probekit", "_mutants", "probe_all", "pytest"}
 
 
 def _top_level_imports(path: Path) -> set[str]:
@@ -47,3 +47,9 @@ def test_the_stages_import_only_downward():
     done = subprocess.run([lint, "--no-cache"], cwd=PROJECT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 kept, 0 broken" in done.stdout
+
+
+@pytest.mark.parametrize("bench", sorted((PROJECT / "benchmarks").glob("bench_*.py")), ids=lambda p: p.name)
+def test_every_benchmark_still_imports_the_harness(bench):
+    done = subprocess.run([sys.executable, str(bench), "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -54,7 +54,7 @@ def test_a_usage_error_from_the_environment_keeps_its_code(demo_project, monkeyp
     monkeypatch.setenv("PDEVIDENCE_TORCH", "auto")  # the old network probe is gone: a usage error now
     done = nox(demo_project, "-s", BASE)
     assert done.returncode == errors.USAGE, done.stderr
-    assert "PDEVIDENCE_TORCH='auto' is not a torch channel" in done.stderr
+    assert "PDEVIDENCE_TORCH='auto' is not a valid setting" in done.stderr
 
 
 def test_several_sessions_all_run_and_a_failure_fails_only_its_own(demo_project, no_github):

@@ -44,6 +44,15 @@ def lock(tmp_path) -> LockFile:
     return LockFile(tmp_path / "constraints" / "trees.lock.json")
 
 
+def pin(lock: LockFile, section: str, key: str, entry: dict) -> None:
+    """What a maintainer committed to the tracked lock file."""
+    data = json.loads(lock.path.read_text()) if lock.path.exists() else {
+        "schema": trees.LOCK_SCHEMA, "git": {}, "release": {}}
+    data[section][key] = entry
+    lock.path.parent.mkdir(parents=True, exist_ok=True)
+    lock.path.write_text(json.dumps(data))
+
+
 def stray_files(*roots: Path) -> list[str]:
     """Half-written downloads, extraction staging dirs and lock-file temporaries."""
     found = []
@@ -84,7 +93,8 @@ def test_first_fetch_extracts_the_tree_and_records_the_archive_hash(github, make
     assert tree.install_target == cache / "trees" / f"git-{SHA}" / "python"
     assert (tree.install_target / "sglang" / "__init__.py").read_text() == "__version__ = '1'\n"
     assert (tree.repo_root / "test" / "srt" / "test_x.py").exists()
-    assert lock.get("git", SHA) == {"sha256": sha256(archive), "url": url}
+    assert lock.first_seen("git", SHA) == {"sha256": sha256(archive), "url": url}
+    assert not lock.path.exists()  # the tracked file is never written by a run
     assert (cache / "archives" / f"{sha256(archive)}.tar.gz").read_bytes() == archive
     assert stray_files(cache, lock.path.parent) == []
 
@@ -103,7 +113,7 @@ def test_download_not_matching_the_lock_file_is_refused_and_deleted(github, make
     archive = sglang_archive(make_tarball)
     github.serve(ARCHIVE_PATH, archive)
     pinned = "f" * 64
-    lock.record("git", SHA, {"sha256": pinned, "url": "https://example.invalid"})
+    pin(lock, "git", SHA, {"sha256": pinned, "url": "https://example.invalid"})
 
     with pytest.raises(HarnessError) as caught:
         trees.git_tree(SHA, lock)
@@ -112,14 +122,16 @@ def test_download_not_matching_the_lock_file_is_refused_and_deleted(github, make
     assert pinned in str(caught.value) and sha256(archive) in str(caught.value)
     assert list((cache / "archives").iterdir()) == []  # the download was deleted
     assert not (cache / "trees" / f"git-{SHA}").exists()
-    assert lock.get("git", SHA)["sha256"] == pinned  # the lock is not rewritten
+    assert lock.pinned("git", SHA)["sha256"] == pinned  # the lock is not rewritten
+    assert lock.first_seen("git", SHA) is None
 
 
-def test_archive_tampered_on_the_server_after_it_was_locked_is_refused(github, make_tarball, cache, lock):
+def test_archive_tampered_on_the_server_after_it_was_first_seen_is_refused(github, make_tarball, cache, lock):
     github.serve(ARCHIVE_PATH, sglang_archive(make_tarball))
     trees.git_tree(SHA, lock)
-    recorded = lock.get("git", SHA)
-    shutil.rmtree(cache)  # another machine: same lock file, empty cache
+    recorded = lock.first_seen("git", SHA)
+    for evicted in ("archives", "trees"):  # the cached copies are gone, what was seen is not
+        shutil.rmtree(cache / evicted)
     tampered = sglang_archive(make_tarball, version="evil")
     github.serve(ARCHIVE_PATH, tampered)
 
@@ -130,7 +142,19 @@ def test_archive_tampered_on_the_server_after_it_was_locked_is_refused(github, m
     assert recorded["sha256"] in str(caught.value) and sha256(tampered) in str(caught.value)
     assert list((cache / "archives").iterdir()) == []
     assert not (cache / "trees" / f"git-{SHA}").exists()
-    assert lock.get("git", SHA) == recorded
+    assert lock.first_seen("git", SHA) == recorded
+
+
+def test_a_pinned_archive_tampered_on_the_server_is_refused_on_another_machine(github, make_tarball, cache, lock):
+    pin(lock, "git", SHA, {"sha256": sha256(sglang_archive(make_tarball)), "url": "https://example.invalid"})
+    tampered = sglang_archive(make_tarball, version="evil")
+    github.serve(ARCHIVE_PATH, tampered)
+
+    with pytest.raises(HarnessError) as caught:
+        trees.git_tree(SHA, lock)
+
+    assert caught.value.code == errors.INTEGRITY and sha256(tampered) in str(caught.value)
+    assert lock.first_seen("git", SHA) is None
 
 
 def test_cached_archive_corrupted_on_disk_is_deleted_then_refetched(github, make_tarball, cache, lock):
@@ -159,7 +183,7 @@ def test_unreachable_github_points_at_a_local_clone_and_the_release_cells(cache,
     assert caught.value.code == errors.ENVIRONMENT
     assert "SGLANG_REPO" in message
     assert "release" in message and "nox -s matrix" in message
-    assert lock.get("git", SHA) is None
+    assert lock.first_seen("git", SHA) is None
     assert stray_files(cache) == []
 
 
@@ -201,7 +225,7 @@ def test_concurrent_fetches_of_one_commit_download_it_once(github, make_tarball,
     assert len(results) == 2 and results[0] == results[1]
     assert (results[0].install_target / "pyproject.toml").exists()
     assert github.hits(ARCHIVE_PATH) == 1
-    assert lock.get("git", SHA)["sha256"] == sha256(archive)
+    assert lock.first_seen("git", SHA)["sha256"] == sha256(archive)
     assert os.listdir(cache / "trees") == [f"git-{SHA}"]
     assert os.listdir(cache / "archives") == [f"{sha256(archive)}.tar.gz"]
     assert stray_files(cache, lock.path.parent) == []
@@ -344,7 +368,7 @@ def test_release_downloads_the_wheel_caches_it_and_records_its_hash(index, cache
     assert tree.digest == sha256(WHEEL)
     with zipfile.ZipFile(tree.install_target) as whl:
         assert "__version__ = '0.0.1'" in whl.read("sglang/__init__.py").decode()
-    assert lock.get("release", "sglang==0.0.1") == {"filename": WHEEL_NAME, "sha256": sha256(WHEEL)}
+    assert lock.first_seen("release", "sglang==0.0.1") == {"files": {WHEEL_NAME: sha256(WHEEL)}}
     assert stray_files(cache, lock.path.parent) == []
 
 
@@ -373,13 +397,13 @@ def test_release_wheel_not_matching_the_index_hash_is_refused(index, cache, lock
 
     assert caught.value.code == errors.INTEGRITY
     assert listed in str(caught.value) and sha256(WHEEL) in str(caught.value)
-    assert lock.get("release", "sglang==0.0.1") is None
+    assert lock.first_seen("release", "sglang==0.0.1") is None
     assert [p for p in (cache / "wheels").rglob("*") if p.is_file()] == []
 
 
 def test_release_index_hash_differing_from_the_lock_is_refused_before_download(index, cache, lock):
     pinned = "d" * 64
-    lock.record("release", "sglang==0.0.1", {"filename": WHEEL_NAME, "sha256": pinned})
+    pin(lock, "release", "sglang==0.0.1", {"files": {WHEEL_NAME: pinned}})
     index.publish()
 
     with pytest.raises(HarnessError) as caught:
@@ -388,7 +412,7 @@ def test_release_index_hash_differing_from_the_lock_is_refused_before_download(i
     assert caught.value.code == errors.INTEGRITY
     assert pinned in str(caught.value) and sha256(WHEEL) in str(caught.value)
     assert index.hits(f"/files/{WHEEL_NAME}") == 0
-    assert lock.get("release", "sglang==0.0.1")["sha256"] == pinned
+    assert lock.pinned("release", "sglang==0.0.1") == {"files": {WHEEL_NAME: pinned}}
 
 
 def test_release_version_not_in_the_index_is_a_usage_error(index, lock):
@@ -450,7 +474,7 @@ def test_concurrent_fetches_of_one_release_download_it_once_and_record_it_once(i
 
     assert failures == [] and len(got) == 2 and got[0] == got[1]
     assert http_server.hits(f"/files/{WHEEL_NAME}") == 1
-    assert lock.get("release", "sglang==0.0.1") == {"filename": WHEEL_NAME, "sha256": sha256(WHEEL)}
+    assert lock.first_seen("release", "sglang==0.0.1") == {"files": {WHEEL_NAME: sha256(WHEEL)}}
     assert stray_files(cache, lock.path.parent) == []
 
 
@@ -555,3 +579,106 @@ def test_a_clean_path_tree_has_a_stable_digest_and_ignored_files_do_not_count(cl
     (clone.path / "build" / "artifact.o").write_bytes(b"\0")
     after = trees.path_tree(clone.path)
     assert before.digest == after.digest and not after.resolved.endswith("-dirty")
+
+
+# --- the tree lock: pinned in the tracked file, first seen in the user cache -------------------
+
+OTHER_MACHINE_WHEEL = "sglang-0.0.1-cp311-cp311-manylinux_2_34_aarch64.whl"
+
+
+def test_a_pinned_release_verifies_whichever_of_its_wheels_this_machine_picks(index, cache, lock):
+    """The lock was made where the aarch64 wheel was picked; this machine picks the pure one."""
+    pin(lock, "release", "sglang==0.0.1", {"files": {OTHER_MACHINE_WHEEL: "a" * 64, WHEEL_NAME: sha256(WHEEL)}})
+    pinned = lock.path.read_bytes()
+    index.publish()
+
+    tree = trees.release_tree("0.0.1", "3.11", lock)
+
+    assert tree.digest == sha256(WHEEL)
+    assert lock.path.read_bytes() == pinned and lock.first_seen("release", "sglang==0.0.1") is None
+
+
+def test_a_file_the_pinned_release_does_not_list_is_an_integrity_failure(index, cache, lock):
+    pin(lock, "release", "sglang==0.0.1", {"files": {OTHER_MACHINE_WHEEL: "a" * 64}})
+    index.publish()
+
+    with pytest.raises(HarnessError) as caught:
+        trees.release_tree("0.0.1", "3.11", lock)
+
+    assert caught.value.code == errors.INTEGRITY and WHEEL_NAME in str(caught.value)
+    assert index.hits(f"/files/{WHEEL_NAME}") == 0
+
+
+def test_an_unpinned_release_is_recorded_in_the_user_cache_never_in_the_tracked_file(index, cache, lock):
+    pin(lock, "release", "sglang==9.9.9", {"files": {"sglang-9.9.9-py3-none-any.whl": "b" * 64}})
+    pinned = lock.path.read_bytes()
+    index.publish()
+
+    trees.release_tree("0.0.1", "3.11", lock)
+
+    assert lock.path.read_bytes() == pinned
+    assert lock.seen == cache / "trees.seen.json"
+    assert lock.first_seen("release", "sglang==0.0.1") == {"files": {WHEEL_NAME: sha256(WHEEL)}}
+    assert lock.seen.stat().st_mode & 0o777 == 0o644
+
+
+@pytest.mark.parametrize("which", ["tracked", "seen"])
+def test_a_corrupt_lock_file_is_an_integrity_failure_naming_it(index, cache, lock, which):
+    path = lock.path if which == "tracked" else lock.seen
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"release": {"sglang==0.0.1": {"filename": "x.whl", "sha256": "')  # truncated
+    index.publish()
+
+    with pytest.raises(HarnessError) as caught:
+        trees.release_tree("0.0.1", "3.11", lock)
+
+    assert caught.value.code == errors.INTEGRITY and str(path) in str(caught.value)
+
+
+def test_a_truncated_tree_marker_means_rebuild(github, make_tarball, cache, lock):
+    github.serve(ARCHIVE_PATH, sglang_archive(make_tarball))
+    first = trees.git_tree(SHA, lock)
+    marker = first.repo_root / trees.TREE_INFO
+    assert marker.stat().st_mode & 0o777 == 0o644
+    marker.write_text('{"source": "git')
+
+    again = trees.git_tree(SHA, lock)
+
+    assert again == first and json.loads(marker.read_text())["source"] == "github"
+
+
+def test_the_committed_lock_pins_every_wheel_of_each_release_the_published_results_use():
+    """The brackets and every release of the published sweep tables; each with all its files."""
+    from pdevidence import registry
+    from pdevidence.core.paths import PROJECT, tree_lock_file
+
+    reg = registry.load(PROJECT)
+    lock = LockFile(tree_lock_file(PROJECT))
+    used = {v for exp in reg.experiments.values() for v in exp.releases.values() if v}
+    for sweep in (PROJECT / "results").glob("sweep-*.json"):
+        used |= {r["version"] for r in json.loads(sweep.read_text())["releases"]}
+    assert used
+    for version in used:
+        files = lock.pinned("release", f"sglang=={version}")["files"]
+        assert all(name.startswith(f"sglang-{version}-") for name in files)
+        assert any(name.endswith("_x86_64.whl") for name in files), version
+        assert any(name.endswith("_aarch64.whl") for name in files), version  # not one machine's wheel only
+
+
+def test_lock_trees_pins_every_wheel_of_the_brackets_with_the_index_hashes(tmp_path, http_server, monkeypatch):
+    from synthetic import make_project, serve_index, wheel_bytes
+
+    from pdevidence import cli
+
+    root = make_project(tmp_path / "project")
+    wheels = {f"sglang-{v}-{tag}.whl": wheel_bytes(v, "") for v in ("1.0.0", "1.1.0")
+              for tag in ("py3-none-any", "cp312-cp312-manylinux_2_34_aarch64")}
+    monkeypatch.setenv("PDEVIDENCE_INDEX_URL", serve_index(http_server, wheels))
+
+    assert cli.main(["--root", str(root), "lock-trees"]) == errors.CONFIRMED
+
+    lock = LockFile(root / "constraints" / "trees.lock.json")
+    for version in ("1.0.0", "1.1.0"):
+        assert lock.pinned("release", f"sglang=={version}") == {"files": {
+            name: sha256(data) for name, data in wheels.items() if name.startswith(f"sglang-{version}-")}}
+    assert lock.path.stat().st_mode & 0o777 == 0o644

@@ -397,6 +397,22 @@ def test_the_session_writes_a_deterministic_result_and_a_receipt(fake_cell, caps
     assert result.read_bytes() == first  # same tree, same tests, same environment: same bytes
 
 
+def test_a_failed_rerun_keeps_the_previous_pair_as_it_was(fake_cell, monkeypatch):
+    reg, _ = fake_cell
+    argv = ["--root", str(reg.root), "upstream", "demo", "base", "--kind", "release", "--tests", str(SUITE)]
+    assert cli.main(argv) == 0
+    runs = reg.root / "runs"
+    before = {p.name: p.read_bytes() for p in runs.iterdir()}
+
+    def packages_fail(self):  # pytest ran; listing the environment fails before the receipt
+        raise HarnessError("uv pip list failed")
+
+    monkeypatch.setattr(environments.CellEnvironment, "packages", packages_fail)
+    assert cli.main(argv) == ENVIRONMENT
+
+    assert {p.name: p.read_bytes() for p in runs.iterdir()} == before  # byte-identical, no staging left
+
+
 def test_the_session_without_a_test_source_exits_with_the_environment_code(fake_cell, monkeypatch, unreachable_url,
                                                                             capsys):
     reg, seen = fake_cell

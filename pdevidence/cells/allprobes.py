@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..core.files import read_json, sha256_file
 from ..documents import results
-from ..registry import Registry
+from ..registry import Experiment, Registry
 from .probe_run import run_killable, tail, timeout_seconds
 
 DRIVER = "probe_all.py"
@@ -32,19 +32,36 @@ def driver(reg: Registry) -> Path:
     return reg.root / "probes" / DRIVER
 
 
+PROBE_ENV = {"HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0"}
+
+
+def clear(out_dir: Path, experiments: list[str]) -> None:
+    """A stale file must never pass for this run's."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in experiments:
+        for suffix in (".json", CANNOT_RUN_SUFFIX):
+            (out_dir / f"{name}{suffix}").unlink(missing_ok=True)
+
+
+def tree_argv(tree_args: dict[str, str]) -> list[str]:
+    return [f"--{key.replace('_', '-')}={value}" for key, value in tree_args.items()]
+
+
 def run(reg: Registry, interpreter: Path | str, experiments: list[str], tree_args: dict[str, str], *,
         out_dir: Path, log: Path, env: dict | None = None) -> dict[str, Outcome]:
     """Run the driver with ``interpreter``; results land in ``out_dir/<experiment>.json``."""
     exps = [reg.experiment(name) for name in experiments]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for exp in exps:  # a stale file must never pass for this run's
-        for suffix in (".json", CANNOT_RUN_SUFFIX):
-            (out_dir / f"{exp.name}{suffix}").unlink(missing_ok=True)
+    clear(out_dir, experiments)
     log.parent.mkdir(parents=True, exist_ok=True)
-    args = [f"--{key.replace('_', '-')}={value}" for key, value in tree_args.items()]
-    command = [str(interpreter), str(driver(reg)), *[str(e.probe) for e in exps], "--out-dir", str(out_dir), *args]
-    run_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0", **(env or {})}
+    command = [str(interpreter), str(driver(reg)), *[str(e.probe) for e in exps], "--out-dir", str(out_dir),
+               *tree_argv(tree_args)]
+    run_env = {**os.environ, **PROBE_ENV, **(env or {})}
     status = run_killable(command, log, timeout=timeout_seconds(), env=run_env, what=f"probe driver {DRIVER}")
+    return collect(exps, out_dir, log, f"exited with status {status}")
+
+
+def collect(exps: list[Experiment], out_dir: Path, log: Path, status: str) -> dict[str, Outcome]:
+    """What the driver left per experiment: a result, the reason it could not run, or nothing (say why)."""
     outcomes = {}
     for exp in exps:
         result, failed = out_dir / f"{exp.name}.json", out_dir / f"{exp.name}{CANNOT_RUN_SUFFIX}"
@@ -55,7 +72,6 @@ def run(reg: Registry, interpreter: Path | str, experiments: list[str], tree_arg
             error = read_json(failed, "cannot-run record", todo=f"full log: {log}")["error"]
             outcomes[exp.name] = Outcome(exp.name, error=f"{error['type']}: {error['message']}")
         else:
-            outcomes[exp.name] = Outcome(exp.name, error=f"the probe process exited with status {status} and "
-                                         f"wrote nothing for {exp.name}; last output:\n{tail(log)}")
+            outcomes[exp.name] = Outcome(exp.name, error=f"the probe process {status} and wrote nothing for "
+                                         f"{exp.name}; last output:\n{tail(log)}")
     return outcomes
-

@@ -12,12 +12,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import children
+from ..core import children, settings
 from ..core.errors import HarnessError
 from ..core.files import read_json
 from ..documents import results
 
-DEFAULT_TIMEOUT = 900.0
 STDERR_TAIL_LINES = 25
 
 
@@ -29,7 +28,7 @@ class ProbeRun:
 
 
 def timeout_seconds() -> float:
-    return float(os.environ.get("PDEVIDENCE_PROBE_TIMEOUT", DEFAULT_TIMEOUT))
+    return settings.get("PDEVIDENCE_PROBE_TIMEOUT")
 
 
 def tail(log: Path) -> str:

@@ -4,7 +4,9 @@ Cells run in worker threads, but a signal reaches only the main thread. So the
 handler itself kills every live child group and marks the run as stopping;
 each worker then sees its child gone, raises ``Interrupted`` and writes
 nothing. Without this, Ctrl-C waited for the probe and wrote its result, and
-SIGTERM left the probe orphaned.
+SIGTERM left the probe orphaned. Waits that are not on a child (a lock, a
+download) either poll ``sleep`` or register a ``on_stop`` callback that ends
+them, since a worker thread never sees the signal itself.
 """
 
 from __future__ import annotations
@@ -14,12 +16,16 @@ import os
 import signal
 import subprocess
 import threading
+from collections.abc import Callable
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 _lock = threading.RLock()  # re-entrant: the handler may run while the main thread holds it
 _live: set[int] = set()  # process-group ids
+_cancels: dict[int, Callable[[], None]] = {}  # what else a stop signal ends (sockets a worker blocks on)
 _stopping: int | None = None  # the signal that stopped this run
+_stop = threading.Event()  # set with _stopping: wakes ``sleep`` in any thread
+_starting = False  # the main thread is between starting a child and registering it
 
 
 class Interrupted(BaseException):
@@ -47,11 +53,43 @@ def _kill(pgid: int) -> None:
         pass
 
 
-def popen(command: list[str], **kw) -> subprocess.Popen:
+def sleep(seconds: float) -> None:
+    """Wait, but raise ``Interrupted`` at once when a stop signal arrives (in any thread)."""
+    _stop.wait(seconds)
+    check()
+
+
+@contextlib.contextmanager
+def on_stop(cancel: Callable[[], None]):
+    """While inside, a stop signal also calls ``cancel`` (from the main thread)."""
     with _lock:
         check()
-        proc = subprocess.Popen(command, start_new_session=True, **kw)
-        _live.add(proc.pid)
+        _cancels[id(cancel)] = cancel
+    try:
+        yield
+    finally:
+        with _lock:
+            _cancels.pop(id(cancel), None)
+
+
+def popen(command: list[str], **kw) -> subprocess.Popen:
+    """Start a child in its own process group, registered before a stop signal can miss it."""
+    global _starting
+    main = threading.current_thread() is threading.main_thread()
+    with _lock:  # a handler running meanwhile (main thread) sees _starting and defers its raise
+        check()
+        _starting = main
+        try:
+            proc = subprocess.Popen(command, start_new_session=True, **kw)
+            _live.add(proc.pid)
+        finally:
+            _starting = False
+    if _stopping is not None:  # the signal landed while the child started: it is registered, stop it
+        _kill(proc.pid)
+        with _lock:
+            _live.discard(proc.pid)
+        proc.wait()
+        raise Interrupted(_stopping)
     return proc
 
 
@@ -89,9 +127,13 @@ def _handler(signum, frame) -> None:
     global _stopping
     with _lock:
         _stopping = signum
+        _stop.set()
         for pgid in list(_live):
             _kill(pgid)
-    raise Interrupted(signum)
+        for cancel in list(_cancels.values()):
+            cancel()
+    if not _starting:  # else popen raises once its child is registered, and stops it
+        raise Interrupted(signum)
 
 
 @contextlib.contextmanager
@@ -108,3 +150,4 @@ def stop_on_signals():
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         _stopping = None
+        _stop.clear()

@@ -5,6 +5,10 @@ Every code means one thing; the README documents them.
 
 from __future__ import annotations
 
+import sys
+import traceback
+from collections.abc import Callable
+
 CONFIRMED = 0  # differential confirmed / the command did what was asked
 BEHAVIOUR_DIFFERS = 1  # not reproduced, or a fresh result differs from the published one
 USAGE = 2  # bad arguments, unknown experiment or side, malformed registry
@@ -12,6 +16,7 @@ ENVIRONMENT = 3  # a tree could not be fetched, an env not built, a probe not ru
 INCOMPLETE = 4  # cells the comparison needs have no result yet
 INTEGRITY = 5  # a checksum did not match (download, published artifact, SHA256SUMS)
 ENVIRONMENT_DIFFERS = 6  # behaviour confirmed, but on other pins than the published run
+INTERNAL = 7  # an unexpected exception: a bug in pdevidence, never a verdict
 
 EXIT_CODES = {
     CONFIRMED: "differential confirmed (or the command succeeded)",
@@ -21,6 +26,7 @@ EXIT_CODES = {
     INCOMPLETE: "incomplete: a cell the comparison needs has no result",
     INTEGRITY: "integrity failure: a checksum did not match",
     ENVIRONMENT_DIFFERS: "behaviour confirmed, but the receipts show other pins than the published run",
+    INTERNAL: "internal error: a bug in pdevidence (the traceback is printed; please report it)",
 }
 
 
@@ -50,8 +56,38 @@ def usage(what: str, *, expected: str = "", todo: str = "") -> HarnessError:
 def integrity(what: str, *, expected: str = "", todo: str = "") -> HarnessError:
     return HarnessError(what, expected=expected, todo=todo, code=INTEGRITY)
 
-# When several things went wrong, the exit code names the one to fix first.
-_PRECEDENCE = (USAGE, INTEGRITY, ENVIRONMENT, BEHAVIOUR_DIFFERS, INCOMPLETE, ENVIRONMENT_DIFFERS, CONFIRMED)
+
+def print_error(exc: HarnessError) -> None:
+    print(f"error: {exc}", file=sys.stderr)
+
+
+def internal_error(exc: BaseException, where: str) -> int:
+    """An exception no one expected: its traceback, a line saying whose bug it is, and INTERNAL."""
+    traceback.print_exception(exc, file=sys.stderr)
+    print(f"internal error in {where}: {type(exc).__name__}: {exc}\n"
+          "  this is a bug in pdevidence, not a verdict about SGLang: please report it with the traceback above",
+          file=sys.stderr)
+    return INTERNAL
+
+
+def boundary(fn: Callable[[], int], *, where: str, report: Callable[[HarnessError], None] = print_error) -> int:
+    """The one error boundary of every entry point (the CLI, nox sessions, worker threads).
+
+    A ``HarnessError`` becomes its own exit code; any other ``Exception`` becomes INTERNAL, so a
+    crash can never read as a verdict (``check``'s 1 is "affected"). Signals (BaseException) pass.
+    """
+    try:
+        return fn()
+    except HarnessError as exc:
+        report(exc)
+        return exc.code
+    except Exception as exc:
+        return internal_error(exc, where)
+
+
+# When several things went wrong, the exit code names the one to fix first; a bug in the
+# harness first of all, since nothing else it says can then be trusted.
+_PRECEDENCE = (INTERNAL, USAGE, INTEGRITY, ENVIRONMENT, BEHAVIOUR_DIFFERS, INCOMPLETE, ENVIRONMENT_DIFFERS, CONFIRMED)
 
 
 def worst(codes) -> int:

@@ -1,4 +1,4 @@
-"""Files: the one atomic write, hash, JSON serialization and reader, and how a path is shown.
+"""Files: the one atomic write, hash, JSON serialization and reader, markers, and how a path is shown.
 
 Every file the harness writes goes through ``write_atomic``: readers never see
 half a file, a failure leaves nothing behind, and the mode is 0644 whatever the
@@ -56,6 +56,23 @@ def read_json(path: Path, what: str, *, todo: str) -> Any:
         raise HarnessError(f"no {what} at {path}", code=INCOMPLETE, todo=todo) from None
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise HarnessError(f"{path} is not a readable {what}: {exc}", todo=todo) from None
+
+
+def write_marker(path: Path, doc: dict) -> None:
+    """A marker: a small JSON object saying a directory is complete."""
+    write_atomic(path, json.dumps(doc, sort_keys=True) + "\n")
+
+
+def read_marker(path: Path, *keys: str) -> dict | None:
+    """The marker, or None when it is missing, truncated, not an object or lacks one of ``keys``:
+    all of which mean "rebuild"."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or any(key not in doc for key in keys):
+        return None
+    return doc
 
 
 def relative(path: Path, root: Path) -> str:

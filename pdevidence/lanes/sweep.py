@@ -18,7 +18,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from .. import environments
-from ..cells import allprobes
+from ..cells import allprobes, warm
 from ..core.errors import INCOMPLETE, HarnessError, usage
 from ..core.locking import exclusive
 from ..core.paths import tree_lock_file, work_dir
@@ -126,9 +126,14 @@ def references(reg: Registry, exp: Experiment, published: Path) -> dict[str, dic
 
 
 def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Path,
-          versions: list[str] | None = None, pre: bool = False, jobs: int = 2,
-          log=print) -> tuple[dict[str, list[ReleaseOutcome]], str | None]:
-    """Every release, every experiment in one probe process per release; outcomes per experiment and as-of date."""
+          versions: list[str] | None = None, pre: bool = False, jobs: int = 2, cold: bool = False,
+          force: bool = False, log=print) -> tuple[dict[str, list[ReleaseOutcome]], str | None]:
+    """Every release, every experiment; outcomes per experiment and as-of date.
+
+    By default the warm engine probes the releases whose outcome is not cached yet; ``cold``
+    runs one fresh probe process per release in its own environment instead (the reference
+    the engine is measured and checked against).
+    """
     for version in versions or []:
         if version in reg.experiments:
             raise usage(f"{version!r} is an experiment, not a version",
@@ -139,21 +144,13 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
     versions = versions or releases(files, reg.python, reg.release_floor, pre=pre)
     environments.torch_choice(reg)
     lock = trees.LockFile(tree_lock_file(reg.root))
+    probed = _cold(reg, versions, experiments, lock, out_dir, jobs, log) if cold else \
+        _warm(reg, versions, experiments, lock, out_dir, jobs, force, log)
 
-    def one(version: str) -> dict[str, ReleaseOutcome]:
-        try:
-            tree = trees.release_tree(version, reg.python, lock)
-            slug = f"{SWEEP_SIDE}.{tree.label()}"
-            with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"the sweep environment {slug}"):
-                env = environments.cell_environment(reg, tree, slug)
-                log(f"sweep: probing {', '.join(experiments)} on {tree.label()}")
-                outcomes = allprobes.run(reg, env.interpreter, experiments,
-                                         {"side": SWEEP_SIDE, "tree_kind": "release", "tree_ref": version,
-                                          "tree_resolved": version},
-                                         out_dir=out_dir / tree.label(), log=work_dir(reg.root) / "logs" / f"{slug}.log")
-        except HarnessError as exc:
-            error = str(exc).splitlines()[0]
-            return {name: ReleaseOutcome(version, Classification.FAILED, error=error) for name in experiments}
+    def judged(version: str) -> dict[str, ReleaseOutcome]:
+        outcomes = probed[version]
+        if isinstance(outcomes, str):
+            return {name: ReleaseOutcome(version, Classification.FAILED, error=outcomes) for name in experiments}
         found = {}
         for name, outcome in outcomes.items():
             if outcome.doc is None:
@@ -162,9 +159,49 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
                 found[name] = classify(outcome.doc, refs[name]["base"], refs[name]["head"], reg.experiment(name))
         return found
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        per_release = list(pool.map(one, versions))
+    per_release = [judged(version) for version in versions]
     return {name: [r[name] for r in per_release] for name in experiments}, as_of(files, versions)
+
+
+def _tree_args(version: str) -> dict[str, str]:
+    return {"side": SWEEP_SIDE, "tree_kind": "release", "tree_ref": version, "tree_resolved": version}
+
+
+def _cold(reg: Registry, versions: list[str], experiments: list[str], lock: trees.LockFile, out_dir: Path,
+          jobs: int, log) -> dict[str, dict[str, allprobes.Outcome] | str]:
+    """One environment and one fresh probe process per release."""
+    def one(version: str) -> dict[str, allprobes.Outcome] | str:
+        try:
+            tree = trees.release_tree(version, reg.python, lock)
+            slug = f"{SWEEP_SIDE}.{tree.label()}"
+            with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"the sweep environment {slug}"):
+                env = environments.cell_environment(reg, tree, slug)
+                log(f"sweep: probing {', '.join(experiments)} on {tree.label()}")
+                return allprobes.run(reg, env.interpreter, experiments, _tree_args(version),
+                                     out_dir=out_dir / tree.label(), log=work_dir(reg.root) / "logs" / f"{slug}.log")
+        except HarnessError as exc:
+            return str(exc).splitlines()[0]
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return dict(zip(versions, pool.map(one, versions)))
+
+
+def _warm(reg: Registry, versions: list[str], experiments: list[str], lock: trees.LockFile, out_dir: Path,
+          jobs: int, force: bool, log) -> dict[str, dict[str, allprobes.Outcome] | str]:
+    """Every release through the warm engine, the unchanged ones from the outcome cache."""
+    found: dict[str, dict[str, allprobes.Outcome] | str] = {}
+    ready = []
+    for version in versions:
+        try:
+            ready.append(trees.release_tree(version, reg.python, lock))
+        except HarnessError as exc:
+            found[version] = str(exc).splitlines()[0]
+    with exclusive(work_dir(reg.root) / "locks" / f"{SWEEP_SIDE}.engine.lock", "the sweep's warm engine"):
+        probed = warm.probe_trees(reg, ready, experiments, {t.label(): _tree_args(t.resolved) for t in ready},
+                                  out_dir=out_dir, jobs=jobs, force=force, log=log)
+    for tree in ready:
+        found[tree.resolved] = probed[tree.label()]
+    return found
 
 
 def table(experiment: str, outcomes: list[ReleaseOutcome], bracket: dict[str, str | None]) -> str:

@@ -190,43 +190,61 @@ def run_upstream(registry: Registry, cell: cells.Cell, *, tests_dir: Path | None
     work = work_dir(registry.root)
     # The probe cell's lock: its environment may be rebuilt by either run, never by both at once.
     with exclusive(work / "locks" / f"{slug}.lock", f"cell {name}"):
-        result.unlink(missing_ok=True)
-        receipt_file.unlink(missing_ok=True)
-        started = clock.now()
-        env = environments.cell_environment(registry, tree, slug)
-        log(f"{name}: {'reusing' if env.reused else 'built'} environment {env.path}")
-        log(f"{name}: running pytest on {tree.label()}")
-        run = run_suite(env.interpreter, source.files, work / "logs" / f"{slug}.upstream.log")
-        packages = env.packages()  # before the result: no result without its receipt
-        doc = UpstreamResult(cell.experiment, cell.side, tree.result_tree(),
-                             {f.rel: f.sha256 for f in source.files}, run.tests)
-        write_atomic(result, dumps(doc.to_json()))
-        finished = clock.now()
-        receipt = {
-            "schema": RECEIPT_SCHEMA,
-            "cell": name,
-            "experiment": cell.experiment,
-            "side": cell.side,
-            "tree": tree.receipt(),
-            "tests_source": source.receipt(),
-            "result": {"file": result.name, "sha256": sha256_file(result)},
-            "log": {"file": str(run.log), "sha256": run.log_sha256},
-            "command": run.command,
-            "pytest_exit_status": run.exit_status,
-            "messages": run.messages,
-            "environment": {"path": str(env.path), "reused": env.reused, "interpreter": str(env.interpreter),
-                            "setup_commands": env.commands},
-            "torch": {"build": env.torch_build(), "channel": env.torch.channel, "note": env.torch.note},
-            "packages": packages,
-            "started": started.isoformat(timespec="seconds"),
-            "pytest_started": run.started.isoformat(timespec="seconds"),
-            "pytest_finished": run.finished.isoformat(timespec="seconds"),
-            "finished": finished.isoformat(timespec="seconds"),
-            "duration_s": round((finished - started).total_seconds(), 3),
-        }
-        write_atomic(receipt_file, dumps(receipt))
+        staging = cells.staging_dir(result)
+        shutil.rmtree(staging, ignore_errors=True)  # what an interrupted run left
+        try:
+            doc = _run_staged(registry, cell, name, source, tree, slug, staging, result, log)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     log(f"{name}: {describe(doc)}; wrote {result}")
     return UpstreamOutcome(name, result, receipt_file, doc)
+
+
+def _run_staged(registry: Registry, cell: cells.Cell, name: str, source: TestSource, tree: trees.Tree, slug: str,
+                staging: Path, dest: Path, log) -> UpstreamResult:
+    """Run and write the pair under ``staging``, then swap it in: the previous pair stays until
+    the new one is complete (a failure or Ctrl-C leaves it as it was)."""
+    work = work_dir(registry.root)
+    result = staging / dest.name
+    receipt_file = results.receipt_path(result)
+    staging.mkdir(parents=True)
+    started = clock.now()
+    env = environments.cell_environment(registry, tree, slug)
+    log(f"{name}: {'reusing' if env.reused else 'built'} environment {env.path}")
+    log(f"{name}: running pytest on {tree.label()}")
+    run = run_suite(env.interpreter, source.files, work / "logs" / f"{slug}.upstream.log")
+    packages = env.packages()  # before the result: no result without its receipt
+    doc = UpstreamResult(cell.experiment, cell.side, tree.result_tree(),
+                         {f.rel: f.sha256 for f in source.files}, run.tests)
+    write_atomic(result, dumps(doc.to_json()))
+    finished = clock.now()
+    receipt = {
+        "schema": RECEIPT_SCHEMA,
+        "cell": name,
+        "experiment": cell.experiment,
+        "side": cell.side,
+        "tree": tree.receipt(),
+        "tests_source": source.receipt(),
+        "result": {"file": result.name, "sha256": sha256_file(result)},
+        "log": {"file": str(run.log), "sha256": run.log_sha256},
+        "command": run.command,
+        "pytest_exit_status": run.exit_status,
+        "messages": run.messages,
+        "environment": {"path": str(env.path), "reused": env.reused, "interpreter": str(env.interpreter),
+                        "setup_commands": env.commands},
+        "torch": {"build": env.torch_build(), "channel": env.torch.channel, "note": env.torch.note},
+        "packages": packages,
+        "started": started.isoformat(timespec="seconds"),
+        "pytest_started": run.started.isoformat(timespec="seconds"),
+        "pytest_finished": run.finished.isoformat(timespec="seconds"),
+        "finished": finished.isoformat(timespec="seconds"),
+        "duration_s": round((finished - started).total_seconds(), 3),
+    }
+    write_atomic(receipt_file, dumps(receipt))
+    # Result first: between the renames the receipt does not vouch for the result, never the reverse.
+    os.replace(result, dest)
+    os.replace(receipt_file, results.receipt_path(dest))
+    return doc
 
 
 def describe(doc: UpstreamResult) -> str:

@@ -7,10 +7,12 @@ tampered transfer never leaves a file that looks complete.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import os
 import shutil
+import socket
 import sys
 import tarfile
 import tempfile
@@ -45,6 +47,52 @@ class Progress:
             self.stream.write(f"  {self.label}: {self.done / 1e6:.1f} MB\n")
 
 
+def _recording(connection_class, opened: list):
+    def connect(*args, **kw):
+        conn = connection_class(*args, **kw)
+        opened.append(conn)
+        return conn
+    return connect
+
+
+def _opener(opened: list) -> urllib.request.OpenerDirector:
+    """urllib's opener, remembering every HTTP(S) connection it makes (redirects too)."""
+    class Http(urllib.request.HTTPHandler):
+        def http_open(self, req):
+            return self.do_open(_recording(http.client.HTTPConnection, opened), req)
+
+    class Https(urllib.request.HTTPSHandler):
+        def https_open(self, req):
+            return self.do_open(_recording(http.client.HTTPSConnection, opened), req, context=self._context)
+
+    return urllib.request.build_opener(Http, Https)
+
+
+@contextlib.contextmanager
+def open_url(url: str | urllib.request.Request, *, timeout: float):
+    """``urlopen`` that Ctrl-C or SIGTERM ends at once in any thread.
+
+    The signal reaches only the main thread; a worker blocked on a socket would wait for the
+    server or the timeout. The stop handler shuts the sockets down instead, and whatever the
+    read then raises is reported as the interruption it is.
+    """
+    opened: list[http.client.HTTPConnection] = []
+
+    def cancel() -> None:
+        for conn in opened:
+            if conn.sock is not None:
+                with contextlib.suppress(OSError):
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+
+    with children.on_stop(cancel):
+        try:
+            with _opener(opened).open(url, timeout=timeout) as resp:
+                yield resp
+        except BaseException:
+            children.check()
+            raise
+
+
 def download(url: str, dest: Path, *, expected_sha256: str | None = None, timeout: float = 30.0,
              what: str = "download", todo_unreachable: str = "") -> str:
     """Fetch ``url`` to ``dest``; return its SHA-256. Nothing is left at ``dest`` on failure."""
@@ -54,7 +102,7 @@ def download(url: str, dest: Path, *, expected_sha256: str | None = None, timeou
     try:
         digest = hashlib.sha256()
         try:
-            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
+            with os.fdopen(fd, "wb") as out, open_url(url, timeout=timeout) as resp:
                 length = resp.headers.get("Content-Length")
                 total = int(length) if length else None
                 progress = Progress(what, total)
@@ -63,6 +111,7 @@ def download(url: str, dest: Path, *, expected_sha256: str | None = None, timeou
                     out.write(block)
                     digest.update(block)
                     progress.update(len(block))
+                children.check()  # a stopped transfer ends early: not a truncation
                 progress.close()
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError,
                 http.client.HTTPException) as exc:

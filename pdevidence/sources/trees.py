@@ -25,15 +25,13 @@ from packaging import tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from ..core import children
+from ..core import children, settings
 from ..core.errors import HarnessError, integrity, usage
-from ..core.files import dumps, sha256_file, write_atomic
+from ..core.files import read_marker, sha256_file, write_atomic, write_marker
 from ..core.locking import exclusive
 from ..core.paths import cache_dir
 from . import fetch
 
-GIT_ARCHIVE_URL = "https://codeload.github.com/sgl-project/sglang/tar.gz/{sha}"
-INDEX_URL = "https://pypi.org/simple"
 TREE_INFO = ".pdevidence-tree.json"
 KINDS = ("git", "release", "path", "wheel")
 DIRTY = "-dirty"
@@ -70,43 +68,105 @@ def tree_label(kind: str, resolved: str) -> str:
     return f"{kind}-{resolved.removesuffix(DIRTY)[:12]}{dirty}"
 
 
+LOCK_SCHEMA = "pdevidence-tree-lock/2"
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
 class LockFile:
-    """``constraints/trees.lock.json``: the SHA-256 of every archive and wheel ever used."""
+    """The SHA-256 of every archive and wheel: pinned in the tracked file, else first seen in the cache.
 
-    def __init__(self, path: Path):
+    The tracked ``constraints/trees.lock.json`` pins every wheel file of each release the published
+    results were made from (any machine's wheel of a pinned version verifies) and any pinned
+    commit's archive. No run writes it (``python -m pdevidence lock-trees`` does): a release or
+    commit it does not pin is recorded the first time it is used in ``<cache>/trees.seen.json``
+    and checked against that on later runs on this machine.
+    """
+
+    def __init__(self, path: Path, seen: Path | None = None):
         self.path = path
+        self.seen = seen or cache_dir() / "trees.seen.json"
 
-    def _read(self) -> dict:
+    @staticmethod
+    def _load(path: Path, todo: str) -> dict:
         try:
-            return json.loads(self.path.read_text(encoding="utf-8"))
+            doc = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            return {"git": {}, "release": {}}
-        except json.JSONDecodeError as exc:
-            raise integrity(f"{self.path} is corrupt: {exc}",
-                            todo="restore it from git (`git checkout -- constraints/trees.lock.json`)") from None
+            return {"schema": LOCK_SCHEMA, "git": {}, "release": {}}
+        except (OSError, ValueError) as exc:
+            raise integrity(f"{path} is not readable: {exc}", todo=todo) from None
+        why = _lock_problem(doc)
+        if why:
+            raise integrity(f"{path} is not a {LOCK_SCHEMA} tree lock: {why}", todo=todo)
+        return doc
 
-    def get(self, section: str, key: str) -> dict | None:
-        return self._read().get(section, {}).get(key)
+    def _pins(self) -> dict:
+        return self._load(self.path, "restore it from git (`git checkout -- constraints/trees.lock.json`)")
 
-    def record(self, section: str, key: str, entry: dict) -> None:
-        with exclusive(self.path.with_suffix(".lock"), "the tree lock file"):
-            data = self._read()
-            data.setdefault(section, {})[key] = entry
-            write_atomic(self.path, dumps(data))
+    def _first_seen(self) -> dict:
+        return self._load(self.seen, f"delete {self.seen}: what it recorded is recorded again on the next run")
+
+    def pinned(self, section: str, key: str) -> dict | None:
+        return self._pins()[section].get(key)
+
+    def first_seen(self, section: str, key: str) -> dict | None:
+        return self._first_seen()[section].get(key)
+
+    def pinned_keys(self, project: str) -> list[str]:
+        return [key for key in self._pins()["release"] if key.startswith(f"{project}==")]
+
+    def expected(self, section: str, key: str) -> tuple[dict | None, Path]:
+        """The entry that binds ``key``, and the file it is in: the tracked pin wins."""
+        pinned = self.pinned(section, key)
+        return (pinned, self.path) if pinned is not None else (self.first_seen(section, key), self.seen)
+
+    def record_seen(self, section: str, key: str, entry: dict) -> None:
+        """Record what was first seen (never in the tracked file); a release's files are merged."""
+        with exclusive(cache_dir() / "locks" / "trees.seen.lock", "the user's tree lock"):
+            data = self._first_seen()
+            if section == "release" and key in data["release"]:
+                entry = {"files": {**data["release"][key]["files"], **entry["files"]}}
+            data[section][key] = entry
+            write_atomic(self.seen, _lock_dumps(data))
+
+    def pin_releases(self, pins: dict[str, dict[str, str]]) -> None:
+        """The maintainer's step: ``{"sglang==<version>": {file: sha256}}`` into the tracked file."""
+        with exclusive(cache_dir() / "locks" / "trees.pinned.lock", "the tracked tree lock"):
+            data = self._pins()
+            data["release"].update({key: {"files": dict(files)} for key, files in pins.items()})
+            write_atomic(self.path, _lock_dumps(data))
 
 
-def _check_pinned(lock: LockFile, section: str, key: str, actual: str, what: str, on_mismatch) -> None:
-    entry = lock.get(section, key)
-    if entry is None:
+def _lock_dumps(data: dict) -> str:
+    return json.dumps({**data, "schema": LOCK_SCHEMA}, indent=2, sort_keys=True) + "\n"
+
+
+def _lock_problem(doc) -> str | None:
+    """What is wrong with a tree lock document, or None."""
+    if not isinstance(doc, dict) or doc.get("schema") != LOCK_SCHEMA:
+        return f"schema {doc.get('schema') if isinstance(doc, dict) else None!r}"
+    if set(doc) != {"schema", "git", "release"}:
+        return f"keys {sorted(doc)}, expected git, release and schema"
+    for sha, entry in doc["git"].items():
+        if not (isinstance(entry, dict) and _HEX64.match(str(entry.get("sha256"))) and isinstance(entry.get("url"), str)):
+            return f"git.{sha} must have sha256 (64 hex) and url"
+    for key, entry in doc["release"].items():
+        files = entry.get("files") if isinstance(entry, dict) else None
+        if not (isinstance(files, dict) and files and all(isinstance(f, str) and _HEX64.match(str(h))
+                                                          for f, h in files.items())):
+            return f"release.{key} must have files: {{wheel file name: sha256 (64 hex)}}"
+    return None
+
+
+def _check_digest(expected: str | None, actual: str, what: str, lock: Path, on_mismatch) -> None:
+    if expected is None or expected == actual:
         return
-    if entry["sha256"] != actual:
-        on_mismatch()
-        raise integrity(
-            f"SHA-256 of {what} does not match the lock file {lock.path.name}",
-            expected=f"{entry['sha256']}, got {actual}",
-            todo="the cached copy was removed; run again to refetch. If it still differs, the source "
-            "changed under the same name: investigate before updating the lock entry",
-        )
+    on_mismatch()
+    raise integrity(
+        f"SHA-256 of {what} does not match the lock file {lock}",
+        expected=f"{expected}, got {actual}",
+        todo="the cached copy was removed; run again to refetch. If it still differs, the source "
+        "changed under the same name: investigate before updating the lock entry",
+    )
 
 
 def resolve_ref(ref: str, clone: Path | None) -> str:
@@ -137,7 +197,8 @@ def git_tree(sha: str, lock: LockFile, *, clone: Path | None = None) -> Tree:
     with exclusive(cache_dir() / "locks" / f"git-{sha}.lock", f"the cached tree {sha[:12]}"):
         # A tree exported from a clone is that commit (git checks its own object hashes): reuse it
         # even without the clone, and say where it came from. GitHub trees re-check their archive.
-        if (dest / TREE_INFO).exists() and json.loads((dest / TREE_INFO).read_text())["source"] == "clone":
+        built = _tree_info(dest)
+        if built is not None and built["source"] == "clone":
             return _git_tree(sha, dest)
         if clone is not None:
             return _git_tree_from_clone(sha, clone, dest, lock)
@@ -145,8 +206,8 @@ def git_tree(sha: str, lock: LockFile, *, clone: Path | None = None) -> Tree:
 
 
 def _git_tree_from_github(sha: str, dest: Path, lock: LockFile) -> Tree:
-    url = os.environ.get("PDEVIDENCE_GIT_ARCHIVE_URL", GIT_ARCHIVE_URL).format(sha=sha)
-    entry = lock.get("git", sha)
+    url = settings.get("PDEVIDENCE_GIT_ARCHIVE_URL").format(sha=sha)
+    entry, lock_path = lock.expected("git", sha)
     archive = cache_dir() / "archives" / f"{entry['sha256']}.tar.gz" if entry else None
     if archive is None or not archive.exists():
         tmp = cache_dir() / "archives" / f"incoming-{sha}.tar.gz"
@@ -159,16 +220,16 @@ def _git_tree_from_github(sha: str, dest: Path, lock: LockFile) -> Tree:
         archive = cache_dir() / "archives" / f"{digest}.tar.gz"
         os.replace(tmp, archive)
     digest = sha256_file(archive)
-    _check_pinned(lock, "git", sha, digest, f"the archive of {sha[:12]}", archive.unlink)
+    _check_digest(entry and entry["sha256"], digest, f"the archive of {sha[:12]}", lock_path, archive.unlink)
     info = {"source": "github", "origin": url, "sha256": digest}
     try:
         _materialize(dest, info, lambda target: fetch.extract_tar(archive, target))
     except HarnessError:
         archive.unlink(missing_ok=True)
         raise
-    # Pinned only once it extracted: a truncated first download must not become the reference.
+    # Recorded only once it extracted: a truncated first download must not become the reference.
     if entry is None:
-        lock.record("git", sha, {"sha256": digest, "url": url})
+        lock.record_seen("git", sha, {"sha256": digest, "url": url})
     return _git_tree(sha, dest)
 
 
@@ -208,19 +269,24 @@ def _git_tree_from_clone(sha: str, clone: Path, dest: Path, lock: LockFile) -> T
     return _git_tree(sha, dest)
 
 
+def _tree_info(dest: Path) -> dict | None:
+    """A built tree's provenance; None when it is missing or truncated: the tree is rebuilt."""
+    return read_marker(dest / TREE_INFO, "source", "origin")
+
+
 def _materialize(dest: Path, info: dict, build) -> None:
     """Build ``dest`` once; it appears only complete, with its provenance inside."""
-    if (dest / TREE_INFO).exists():
+    if _tree_info(dest) is not None:
         return
     shutil.rmtree(dest, ignore_errors=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
     build(dest)
-    (dest / TREE_INFO).write_text(json.dumps(info, sort_keys=True) + "\n", encoding="utf-8")
+    write_marker(dest / TREE_INFO, info)
 
 
 def _git_tree(sha: str, dest: Path) -> Tree:
     """The cached tree, described by the provenance stored when it was built (clone or GitHub)."""
-    info = json.loads((dest / TREE_INFO).read_text(encoding="utf-8"))
+    info = _tree_info(dest)
     python_dir = dest / "python"
     if not (python_dir / "pyproject.toml").exists() and not (python_dir / "setup.py").exists():
         raise HarnessError(f"the tree of {sha[:12]} has no python/ package directory",
@@ -260,11 +326,11 @@ def wheel_fits(filename: str, project: str, supported: list[tags.Tag]) -> Versio
 
 def index_files(project: str, index_url: str | None = None) -> list[dict]:
     """Files of a project from a PEP 691 JSON simple index."""
-    index_url = index_url or os.environ.get("PDEVIDENCE_INDEX_URL", INDEX_URL)
+    index_url = index_url or settings.get("PDEVIDENCE_INDEX_URL")
     req = urllib.request.Request(f"{index_url.rstrip('/')}/{project}/",
                                  headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        with fetch.open_url(req, timeout=30) as resp:
             # PEP 691 lets a file's url be relative to the project page.
             return [{**f, "url": urllib.parse.urljoin(resp.geturl(), f["url"])}
                     for f in json.load(resp)["files"]]
@@ -300,30 +366,68 @@ def pick_wheel(files: list[dict], project: str, version: str, python: str) -> di
 
 
 def release_tree(version: str, python: str, lock: LockFile, project: str = "sglang") -> Tree:
+    """The release's wheel for this machine, checked against the lock: a pinned version's files
+    are all listed in the tracked file; another version's hash is recorded the first time."""
     key = f"{project}=={version}"
-    # Read, download and record under one per-wheel lock: two runs must not both find no
+    # Read, download and record under one per-release lock: two runs must not both find no
     # entry, both download, and race on recording it.
     with exclusive(cache_dir() / "locks" / f"{key}.lock", f"the wheel of {key}"):
-        entry = lock.get("release", key)
-        wheel = cache_dir() / "wheels" / entry["sha256"] / entry["filename"] if entry else None
-        if wheel is None or not wheel.exists():
+        entry, lock_path = lock.expected("release", key)
+        known = entry["files"] if entry else {}
+        wheel = _cached_wheel(known, project, version, python)
+        if wheel is None:
             chosen = pick_wheel(index_files(project), project, version, python)
-            published = chosen.get("hashes", {}).get("sha256")
-            if entry and published and published != entry["sha256"]:
-                raise integrity(f"the index now publishes another SHA-256 for {chosen['filename']}",
-                                expected=f"{entry['sha256']} (lock file), index says {published}",
+            name, published = chosen["filename"], chosen.get("hashes", {}).get("sha256")
+            if lock_path == lock.path and name not in known:
+                raise integrity(f"{name} is not among the files the lock file pins for {key}",
+                                expected=f"one of: {', '.join(sorted(known))} ({lock.path})",
+                                todo="the index has a file the pinned release did not have: investigate "
+                                "before pinning it (`python -m pdevidence lock-trees " + version + "`)")
+            if name in known and published and published != known[name]:
+                raise integrity(f"the index now publishes another SHA-256 for {name}",
+                                expected=f"{known[name]} (lock file {lock_path}), index says {published}",
                                 todo="do not use it; investigate before updating the lock entry")
-            expected = entry["sha256"] if entry else published
-            tmp = cache_dir() / "wheels" / f"incoming-{chosen['filename']}"
-            digest = fetch.download(chosen["url"], tmp, expected_sha256=expected, what=chosen["filename"])
-            wheel = cache_dir() / "wheels" / digest / chosen["filename"]
+            tmp = cache_dir() / "wheels" / f"incoming-{name}"
+            digest = fetch.download(chosen["url"], tmp, expected_sha256=known.get(name) or published, what=name)
+            wheel = cache_dir() / "wheels" / digest / name
             wheel.parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp, wheel)
-            if entry is None:
-                lock.record("release", key, {"filename": chosen["filename"], "sha256": digest})
+            if name not in known:
+                lock.record_seen("release", key, {"files": {name: digest}})
+                known = {**known, name: digest}
         digest = sha256_file(wheel)
-        _check_pinned(lock, "release", key, digest, wheel.name, wheel.unlink)
+        _check_digest(known[wheel.name], digest, wheel.name, lock_path, wheel.unlink)
     return Tree("release", version, version, wheel, digest, "pypi", wheel.name)
+
+
+def _cached_wheel(known: dict[str, str], project: str, version: str, python: str) -> Path | None:
+    """The cached copy of the best known file of the release for this machine, if there is one."""
+    try:
+        best = pick_wheel([{"filename": name} for name in known], project, version, python)
+    except HarnessError:  # none known fits here: ask the index
+        return None
+    wheel = cache_dir() / "wheels" / known[best["filename"]] / best["filename"]
+    return wheel if wheel.exists() else None
+
+
+def pinned_release_files(files: list[dict], project: str, version: str) -> dict[str, str]:
+    """Every wheel file of ``project==version`` in the index, with its published SHA-256."""
+    wanted = Version(version)
+    found = {}
+    for f in files:
+        try:
+            name, found_version, _build, _tags = parse_wheel_filename(f["filename"])
+        except (InvalidWheelFilename, InvalidVersion):
+            continue
+        if name == canonicalize_name(project) and found_version == wanted and not f.get("yanked"):
+            sha = f.get("hashes", {}).get("sha256")
+            if not sha:
+                raise integrity(f"the index publishes no SHA-256 for {f['filename']}",
+                                todo="pin from an index that publishes hashes (PEP 691)")
+            found[f["filename"]] = sha
+    if not found:
+        raise usage(f"no {project}=={version} wheel in the index", todo="check the version")
+    return found
 
 
 def path_tree(directory: Path) -> Tree:

@@ -1,0 +1,106 @@
+"""Probe many trees through the warm engine, keeping each tree's outcome under a key of what made it.
+
+A tree's outcome (per experiment: the result document, or why its setup failed) is
+kept under ``.cells/outcomes/<key>/``, the key being the tree's digest (wheel or
+archive SHA-256), the closure, every file that runs in the cell (probes, kit,
+drivers, engine), the harness itself, the interpreter and the torch channel. An
+unchanged rerun probes nothing; a new release is the only tree probed. What the
+engine could not finish (a crash, a timeout) is never kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .. import environments
+from ..core.files import sha256_file
+from ..core.paths import work_dir
+from ..registry import Registry
+from ..sources.importable import importable_dir
+from ..sources.trees import Tree
+from . import allprobes, engine
+
+HARNESS = Path(__file__).resolve().parents[1]
+
+
+def _tree_digest(files: list[Path], root: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(f"{path.relative_to(root)}\0{sha256_file(path)}\n".encode())
+    return digest.hexdigest()
+
+
+def outcome_key(reg: Registry, tree: Tree, closure: Path, interpreter: str, channel: str) -> str:
+    parts = {
+        "tree": [tree.kind, tree.resolved, tree.digest],
+        "closure": sha256_file(closure),
+        "in_cell": _tree_digest(list((reg.root / "probes").glob("*.py")), reg.root),
+        "harness": _tree_digest(list(HARNESS.rglob("*.py")), HARNESS),
+        "python": interpreter,
+        "torch": channel,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _complete(directory: Path, experiments: list[str]) -> bool:
+    """Every experiment left a result or a cannot-run record: an outcome worth keeping (or reusing)."""
+    return all((directory / f"{name}.json").exists() or (directory / f"{name}{allprobes.CANNOT_RUN_SUFFIX}").exists()
+               for name in experiments)
+
+
+def _copy(source: Path, dest: Path, experiments: list[str]) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in experiments:
+        for suffix in (".json", allprobes.CANNOT_RUN_SUFFIX):
+            if (source / f"{name}{suffix}").exists():
+                shutil.copy2(source / f"{name}{suffix}", dest / f"{name}{suffix}")
+
+
+def _keep(entry: Path, produced: Path, experiments: list[str]) -> None:
+    """Copy what the probe wrote into the cache entry, renamed into place whole."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{entry.name}.", suffix=".tmp"))
+    try:
+        _copy(produced, staging, experiments)
+        os.chmod(staging, 0o755)
+        shutil.rmtree(entry, ignore_errors=True)
+        os.replace(staging, entry)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def probe_trees(reg: Registry, trees: list[Tree], experiments: list[str], tree_args: dict[str, dict[str, str]], *,
+                out_dir: Path, jobs: int = 2, force: bool = False, log=print) -> dict[str, dict[str, allprobes.Outcome]]:
+    """Per tree label, per experiment, the outcome: from the cache, else from one engine run for all misses."""
+    exps = [reg.experiment(name) for name in experiments]
+    work = work_dir(reg.root)
+    env = environments.closure_environment(reg, log=lambda msg: log(f"engine: {msg}"))
+    closure = environments.closure_of(reg, env.torch, reg.constraints)
+    identity = environments.find_python(reg.python).identity()
+    keys = {tree.label(): outcome_key(reg, tree, closure, identity, env.torch.channel.value) for tree in trees}
+    found: dict[str, dict[str, allprobes.Outcome]] = {}
+    todo = []
+    for tree in trees:
+        label, entry = tree.label(), work / "outcomes" / keys[tree.label()]
+        if not force and _complete(entry, experiments):
+            allprobes.clear(out_dir / label, experiments)
+            _copy(entry, out_dir / label, experiments)
+            found[label] = allprobes.collect(exps, out_dir / label, entry / "none.log", "left no outcome")
+        else:
+            todo.append(engine.TreeTask(label, importable_dir(tree, work), tree_args[label]))
+    if found:
+        log(f"engine: {len(found)} tree(s) unchanged, outcomes reused: {', '.join(found)} (use --force to reprobe)")
+    if todo:
+        log(f"engine: probing {', '.join(t.label for t in todo)} ({jobs} at a time)")
+        ran = engine.run(reg, env.interpreter, todo, experiments, out_dir=out_dir, logs=work / "logs" / "engine",
+                         preload=work / "engine" / f"{env.path.name}.preload.json", jobs=jobs, log=log)
+        for label, outcomes in ran.items():
+            found[label] = outcomes
+            if _complete(out_dir / label, experiments):
+                _keep(work / "outcomes" / keys[label], out_dir / label, experiments)
+    return found

@@ -1,0 +1,90 @@
+"""Settings read from the environment, each parsed and checked here, in one place.
+
+A bad value is a usage error naming the variable and what it accepts, before
+anything runs; an empty value means unset.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from .errors import usage
+
+TORCH_CHANNELS = ("pypi", "cpu")  # registry.TorchChannel's values (the registry sits above core)
+TREE_KINDS = ("git", "release", "path")
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    accepted: str  # what a value may be, in words, for the error message
+    parse: Callable[[str], Any]  # raises ValueError on a bad value
+    default: Any = None
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(text)
+    return value
+
+
+def _choice(*values: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in values:
+            raise ValueError(text)
+        return text
+    return parse
+
+
+def _url(text: str) -> str:
+    if urlsplit(text).scheme not in ("http", "https", "file"):
+        raise ValueError(text)
+    return text
+
+
+def _archive_url(text: str) -> str:
+    try:
+        filled = text.format(sha="0" * 40)
+    except (KeyError, IndexError, ValueError):
+        raise ValueError(text) from None
+    if "0" * 40 not in filled:
+        raise ValueError(text)
+    return _url(text)
+
+
+SETTINGS = {s.name: s for s in (
+    Setting("PDEVIDENCE_PROBE_TIMEOUT", "a positive number of seconds, e.g. 900 (the default)", _seconds, 900.0),
+    Setting("PDEVIDENCE_TORCH", f"one of: {', '.join(TORCH_CHANNELS)}; unset for the registry's torch_channel",
+            _choice(*TORCH_CHANNELS)),
+    Setting("PDEVIDENCE_UPSTREAM_KIND", f"one of: {', '.join(TREE_KINDS)} (default git)", _choice(*TREE_KINDS), "git"),
+    Setting("PDEVIDENCE_INDEX_URL", "the http(s) or file URL of a PEP 691 simple index, e.g. https://pypi.org/simple",
+            _url, "https://pypi.org/simple"),
+    Setting("PDEVIDENCE_GIT_ARCHIVE_URL", "an http(s) or file URL with {sha} where the commit goes, e.g. "
+            "https://codeload.github.com/sgl-project/sglang/tar.gz/{sha}", _archive_url,
+            "https://codeload.github.com/sgl-project/sglang/tar.gz/{sha}"),
+)}
+
+
+def get(name: str) -> Any:
+    """The setting's parsed value, or its default when unset or empty."""
+    setting = SETTINGS[name]
+    raw = os.environ.get(name, "")
+    if raw == "":
+        return setting.default
+    try:
+        return setting.parse(raw)
+    except ValueError:
+        raise usage(f"{name}={raw!r} is not a valid setting", expected=setting.accepted,
+                    todo=f"fix {name} or unset it") from None
+
+
+def check_all() -> None:
+    """Every setting at once: a typo stops the run before it starts, not in the middle."""
+    for name in SETTINGS:
+        get(name)

@@ -1,0 +1,155 @@
+"""A warm probe engine: import a closure once, fork one child per SGLang tree.
+
+Every SGLang import pays for the closure under it (torch, transformers, ...), which
+is the same for every tree of an era. The engine runs in a closure environment that
+holds no SGLang; it reads one task per line from a file, forks a child per task, and the
+child puts that task's tree first on ``sys.path`` and runs ``probe_all`` on it, so
+each child imports its own SGLang into a fresh copy of the warm parent. The parent
+never imports SGLang: a child's registrations and patches die with it.
+
+What the parent preloads is not a list written here: after each child, the engine
+imports the third-party modules that child had loaded (nothing of the tree's), so
+the next child starts warmer. A module that fails to preload is simply left to the
+children.
+
+    task (--tasks):  {"id": "0.5.21", "path": "<dir with sglang/>", "log": "<file>", "argv": [probe_all args]}
+    report (stdout): {"id": "0.5.21", "status": 0, "signal": null, "seconds": 7.1}
+                     {"id": ..., "status": null, "signal": 9, "timeout": true}  killed past --timeout
+
+Children run at most ``--jobs`` at a time; the engine exits when every child has been
+reported, after writing the modules the children needed back to ``--preload``. Standard library only: it runs inside the cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import probe_all  # noqa: E402
+
+EXIT_INTERNAL = 70  # the child died outside probe_all's own exit codes (EX_SOFTWARE)
+
+
+def _third_party(tree: str) -> list[str]:
+    """Modules loaded now that neither the standard library nor ``tree`` (nor the probes) provide."""
+    stdlib = sys.stdlib_module_names
+    own = (tree, str(HERE))
+    found = []
+    for name, module in list(sys.modules.items()):
+        top = name.partition(".")[0]
+        if top in stdlib or top.startswith("_") or top in ("sglang", "pdprobe", "probe_all", "_probekit"):
+            continue
+        path = getattr(module, "__file__", None) or ""
+        if not path or path.startswith(own) or name.startswith("pdprobe_"):
+            continue
+        found.append(name)
+    return found
+
+
+def _child(task: dict, modules_file: Path) -> int:
+    """In the forked child: this tree first on the path, every probe, the modules it needed."""
+    log = os.open(task["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    sys.path.insert(0, task["path"])
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    code = probe_all.main(task["argv"])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    modules_file.write_text(json.dumps(_third_party(task["path"])), encoding="utf-8")
+    return code
+
+
+def _preload(names: list[str], done: set[str]) -> None:
+    for name in names:
+        if name in done or name in sys.modules:
+            continue
+        done.add(name)
+        try:
+            importlib.import_module(name)
+        except BaseException:  # noqa: BLE001 - a module the child can still import itself
+            pass
+
+
+def _report(line: dict) -> None:
+    sys.stdout.write(json.dumps(line, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def _fork(task: dict, modules_file: Path) -> int:
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            code = _child(task, modules_file)
+        except BaseException:  # noqa: BLE001 - whatever happens, the child must not return into the loop
+            traceback.print_exc()
+            code = EXIT_INTERNAL
+        os._exit(code)
+    return pid
+
+
+def _status(status: int) -> tuple[int | None, int | None]:
+    if os.WIFSIGNALED(status):
+        return None, os.WTERMSIG(status)
+    return os.waitstatus_to_exitcode(status), None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Fork one probe child per SGLang tree from a warm closure.")
+    parser.add_argument("--tasks", type=Path, required=True, help="one JSON task per line")
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per child")
+    parser.add_argument("--scratch", type=Path, required=True, help="where children leave their module lists")
+    parser.add_argument("--preload", type=Path, required=True,
+                        help="modules to import before the first child; updated with what the children needed")
+    args = parser.parse_args(argv)
+    args.scratch.mkdir(parents=True, exist_ok=True)
+    probe_all.quiet_environment()
+    pending = [json.loads(line) for line in args.tasks.read_text(encoding="utf-8").splitlines() if line.strip()]
+    needed: list[str] = json.loads(args.preload.read_text(encoding="utf-8")) if args.preload.exists() else []
+    preloaded: set[str] = set()
+    _preload(needed, preloaded)
+    running: dict[int, tuple[dict, float, Path]] = {}
+    while pending or running:
+        while pending and len(running) < max(1, args.jobs):
+            task = pending.pop(0)
+            modules_file = args.scratch / f"modules.{task['id']}.json"
+            running[_fork(task, modules_file)] = (task, time.monotonic(), modules_file)
+        time.sleep(0.05)
+        for pid, (task, started, modules_file) in list(running.items()):
+            seconds = round(time.monotonic() - started, 1)
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done == 0 and seconds <= args.timeout:
+                continue
+            if done == 0:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            del running[pid]
+            code, killed_by = (None, signal.SIGKILL) if done == 0 else _status(status)
+            _report({"id": task["id"], "status": code, "signal": killed_by, "timeout": done == 0,
+                     "seconds": seconds})
+            if modules_file.exists():
+                found = json.loads(modules_file.read_text(encoding="utf-8"))
+                modules_file.unlink()
+                needed.extend(name for name in found if name not in needed)
+                _preload(found, preloaded)
+    tmp = args.preload.with_name(f".{args.preload.name}.tmp")
+    tmp.write_text(json.dumps(needed), encoding="utf-8")
+    os.replace(tmp, args.preload)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

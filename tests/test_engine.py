@@ -1,0 +1,228 @@
+"""The warm probe engine (probes/engine.py) on synthetic trees, with this interpreter and no SGLang.
+
+Each synthetic tree is a directory holding an ``sglang`` package; a "closure"
+directory holds a third-party module with a global registry that refuses a second
+registration, as transformers refuses a config name twice. The engine must give every
+tree the answers a fresh process gives it, keep each fault to its own tree, and never
+carry one tree's SGLang into the next.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from synthetic import REGISTRY, make_project
+
+from pdevidence import registry
+from pdevidence.cells import allprobes, engine
+
+ROOT = Path(__file__).resolve().parent.parent
+IN_CELL = ("engine.py", "probe_all.py", "_probekit.py")
+
+CLOSURE_MODULE = """
+REGISTERED = set()
+
+def register(name):
+    if name in REGISTERED:
+        raise ValueError(f"{name!r} is already registered")
+    REGISTERED.add(name)
+"""
+SGLANG = """
+import os
+import closurelib
+closurelib.register("sglang-config")
+__version__ = "{version}"
+GUARD = {guard}
+BEHAVIOUR = "{behaviour}"
+if BEHAVIOUR == "crash":
+    os._exit(9)
+if BEHAVIOUR == "hang":
+    import time
+    time.sleep(600)
+"""
+PROBE = """
+from _probekit import ScenarioSet
+SET = ScenarioSet("demo")
+
+def prepare():
+    import sglang
+    return sglang.__version__
+
+@SET.scenario("D1", "the door")
+def d1(observed):
+    import sglang, closurelib
+    observed["retired"] = sglang.GUARD
+    observed["registrations"] = len(closurelib.REGISTERED)
+"""
+
+
+def make_tree(root: Path, version: str, *, guard: bool, behaviour: str = "normal") -> Path:
+    (root / "sglang").mkdir(parents=True)
+    (root / "sglang" / "__init__.py").write_text(SGLANG.format(version=version, guard=guard, behaviour=behaviour))
+    return root
+
+
+@pytest.fixture
+def world(tmp_path):
+    """A project whose probes dir holds the real in-cell files and a demo probe; a closure on PYTHONPATH."""
+    root = make_project(tmp_path / "project", REGISTRY)
+    for name in IN_CELL:
+        (root / "probes" / name).write_bytes((ROOT / "probes" / name).read_bytes())
+    (root / "probes" / "probe_demo.py").write_text(PROBE)
+    closure = tmp_path / "closure"
+    closure.mkdir()
+    (closure / "closurelib.py").write_text(CLOSURE_MODULE)
+    return registry.load(root), tmp_path, closure
+
+
+def args_for(version: str) -> dict[str, str]:
+    return {"side": "sweep", "tree_kind": "release", "tree_ref": version, "tree_resolved": version}
+
+
+def run_engine(reg, tmp_path, closure, trees: dict[str, Path], monkeypatch, jobs=1, timeout=None):
+    monkeypatch.setenv("PYTHONPATH", str(closure))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    if timeout:
+        monkeypatch.setenv("PDEVIDENCE_PROBE_TIMEOUT", str(timeout))
+    tasks = [engine.TreeTask(label, path, args_for(label)) for label, path in trees.items()]
+    lines = []
+    found = engine.run(reg, Path(sys.executable), tasks, ["demo"], out_dir=tmp_path / "out", logs=tmp_path / "logs",
+                       preload=tmp_path / "preload.json", jobs=jobs, log=lines.append)
+    return found, lines
+
+
+def fresh_result(reg, tmp_path, closure, label: str, tree: Path) -> bytes:
+    """What probe_all writes for the tree in a process of its own."""
+    out = tmp_path / "fresh" / label
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(closure)]), "PYTHONDONTWRITEBYTECODE": "1"}
+    subprocess.run([sys.executable, str(reg.root / "probes" / "probe_all.py"), str(reg.experiment("demo").probe),
+                    "--out-dir", str(out), *allprobes.tree_argv(args_for(label))], env=env, check=True, timeout=60)
+    return (out / "demo.json").read_bytes()
+
+
+def test_every_tree_gets_the_bytes_a_fresh_process_writes(world, monkeypatch):
+    reg, tmp_path, closure = world
+    trees = {"1.0.0": make_tree(tmp_path / "t1", "1.0.0", guard=False),
+             "1.1.0": make_tree(tmp_path / "t2", "1.1.0", guard=True),
+             "1.2.0": make_tree(tmp_path / "t3", "1.2.0", guard=True)}
+    found, _ = run_engine(reg, tmp_path, closure, trees, monkeypatch)
+    for label, tree in trees.items():
+        assert found[label]["demo"].doc is not None, found[label]["demo"].error
+        assert (tmp_path / "out" / label / "demo.json").read_bytes() == fresh_result(reg, tmp_path, closure, label, tree)
+    assert [found[v]["demo"].doc["scenarios"]["D1"]["observed"]["retired"] for v in trees] == [False, True, True]
+
+
+def test_the_engine_preloads_what_children_needed_but_never_sglang(world, monkeypatch):
+    reg, tmp_path, closure = world
+    trees = {"1.0.0": make_tree(tmp_path / "t1", "1.0.0", guard=False),
+             "1.1.0": make_tree(tmp_path / "t2", "1.1.0", guard=True)}
+    found, _ = run_engine(reg, tmp_path, closure, trees, monkeypatch)
+    preloaded = json.loads((tmp_path / "preload.json").read_text())
+    assert "closurelib" in preloaded
+    assert not [name for name in preloaded if name.partition(".")[0] in ("sglang", "_probekit", "probe_all")]
+    # The second child ran in a parent that had imported closurelib: it still saw one registration,
+    # its own, as a fresh process does - the parent never imported the first tree's SGLang.
+    for label in trees:
+        assert found[label]["demo"].doc["scenarios"]["D1"]["observed"]["registrations"] == 1
+    again, _ = run_engine(reg, tmp_path, closure, trees, monkeypatch)  # starts warm from the preload file
+    assert again["1.1.0"]["demo"].doc == found["1.1.0"]["demo"].doc
+
+
+def test_a_child_that_dies_fails_its_own_tree_only(world, monkeypatch):
+    reg, tmp_path, closure = world
+    trees = {"1.0.0": make_tree(tmp_path / "t1", "1.0.0", guard=False, behaviour="crash"),
+             "1.1.0": make_tree(tmp_path / "t2", "1.1.0", guard=True)}
+    found, lines = run_engine(reg, tmp_path, closure, trees, monkeypatch, jobs=2)
+    assert found["1.0.0"]["demo"].doc is None
+    assert "exited with status 9 and wrote nothing for demo" in found["1.0.0"]["demo"].error
+    assert found["1.1.0"]["demo"].doc is not None
+    assert any("1.0.0 done" in line and "exited with status 9" in line for line in lines)
+
+
+def test_a_child_past_the_timeout_is_killed_and_reported_for_its_tree(world, monkeypatch):
+    reg, tmp_path, closure = world
+    trees = {"1.0.0": make_tree(tmp_path / "t1", "1.0.0", guard=False, behaviour="hang"),
+             "1.1.0": make_tree(tmp_path / "t2", "1.1.0", guard=True)}
+    found, _ = run_engine(reg, tmp_path, closure, trees, monkeypatch, jobs=2, timeout=3)
+    assert "timed out after" in found["1.0.0"]["demo"].error
+    assert found["1.1.0"]["demo"].doc is not None
+
+
+def test_a_tree_whose_sglang_does_not_import_is_recorded_as_cannot_run(world, monkeypatch):
+    reg, tmp_path, closure = world
+    broken = tmp_path / "t1"
+    (broken / "sglang").mkdir(parents=True)
+    (broken / "sglang" / "__init__.py").write_text("import gpu_only_kernels\n")
+    found, _ = run_engine(reg, tmp_path, closure, {"1.0.0": broken}, monkeypatch)
+    assert found["1.0.0"]["demo"].error == "ModuleNotFoundError: No module named 'gpu_only_kernels'"
+
+
+@pytest.fixture
+def warm_world(world, monkeypatch):
+    """probe_trees with this interpreter as the closure environment (PYTHONPATH holds the closure)."""
+    from types import SimpleNamespace
+
+    from pdevidence import environments
+    from pdevidence.registry import TorchChannel
+    from pdevidence.sources.trees import Tree
+
+    reg, tmp_path, closure = world
+    monkeypatch.setenv("PDEVIDENCE_WORK", str(tmp_path / "work"))
+    monkeypatch.setenv("PYTHONPATH", str(closure))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    env = SimpleNamespace(interpreter=Path(sys.executable), path=tmp_path / "closure-env",
+                          torch=SimpleNamespace(channel=TorchChannel.PYPI))
+    monkeypatch.setattr(environments, "closure_environment", lambda reg, log=None: env)
+    monkeypatch.setattr(environments, "find_python", lambda version: SimpleNamespace(identity=lambda: "cpython-3.12.1"))
+
+    def tree(version: str, guard: bool) -> Tree:
+        path = make_tree(tmp_path / f"tree-{version}", version, guard=guard)
+        return Tree("release", version, version, path, version.replace(".", "") * 8, "pypi", "test")
+
+    return reg, tmp_path, [tree("1.0.0", False), tree("1.1.0", True)]
+
+
+def probe(reg, tmp_path, trees, **kw):
+    from pdevidence.cells import warm
+
+    lines = []
+    found = warm.probe_trees(reg, trees, ["demo"], {t.label(): args_for(t.resolved) for t in trees},
+                             out_dir=tmp_path / "sweep", log=lines.append, **kw)
+    return found, "\n".join(lines)
+
+
+def test_an_unchanged_rerun_probes_nothing_and_gives_the_same_outcomes(warm_world):
+    reg, tmp_path, trees = warm_world
+    first, said = probe(reg, tmp_path, trees)
+    assert "probing release-1.0.0, release-1.1.0" in said
+    again, said = probe(reg, tmp_path, trees)
+    assert "probing" not in said and "2 tree(s) unchanged" in said
+    assert {k: v["demo"].doc for k, v in again.items()} == {k: v["demo"].doc for k, v in first.items()}
+    forced, said = probe(reg, tmp_path, trees, force=True)
+    assert "probing release-1.0.0, release-1.1.0" in said
+
+
+def test_a_changed_probe_or_a_new_release_is_probed_again(warm_world):
+    reg, tmp_path, trees = warm_world
+    probe(reg, tmp_path, trees[:1])
+    _, said = probe(reg, tmp_path, trees)
+    assert "probing release-1.1.0 " in said and "1 tree(s) unchanged" in said
+    probe_file = reg.experiment("demo").probe
+    probe_file.write_text(probe_file.read_text() + "\n# a comment is a change\n")
+    _, said = probe(reg, tmp_path, trees)
+    assert "probing release-1.0.0, release-1.1.0" in said
+
+
+def test_what_the_engine_could_not_finish_is_never_kept(warm_world):
+    reg, tmp_path, trees = warm_world
+    crash = trees[0].install_target / "sglang" / "__init__.py"
+    crash.write_text(crash.read_text().replace('BEHAVIOUR = "normal"', 'BEHAVIOUR = "crash"'))
+    found, _ = probe(reg, tmp_path, trees)
+    assert found["release-1.0.0"]["demo"].doc is None
+    _, said = probe(reg, tmp_path, trees)
+    assert "probing release-1.0.0 " in said and "outcomes reused: release-1.1.0 " in said
