@@ -82,6 +82,39 @@ class Mutant:
                 "old": self.old, "new": self.new, "count": self.count}
 
 
+class Justification(str, enum.Enum):
+    """Why a tree is not affected, in OpenVEX's words (v0.2.0 status justifications)."""
+
+    CODE_NOT_PRESENT = "vulnerable_code_not_present"
+    NOT_IN_EXECUTE_PATH = "vulnerable_code_not_in_execute_path"
+
+
+@dataclass(frozen=True)
+class NotAffected:
+    """An observation that shows the vulnerable path does not exist on a tree.
+
+    It holds when scenario ``scenario`` observed ``key`` = ``value`` (e.g. ``"absent"``: the
+    function the fix guards is not in the tree). ``why`` is what a reader is told.
+    """
+
+    id: str
+    scenario: str
+    key: str
+    value: Any
+    justification: Justification
+    why: str
+
+    def holds(self, doc: dict) -> bool:
+        scenario = (doc.get("scenarios") or {}).get(self.scenario) or {}
+        observed = scenario.get("observed") or {}
+        value = observed.get(self.key, _MISSING)
+        # Typed: True is not 1, as everywhere observations are compared.
+        return type(value) is type(self.value) and value == self.value
+
+
+_MISSING = object()
+
+
 @dataclass(frozen=True)
 class Experiment:
     name: str
@@ -93,6 +126,7 @@ class Experiment:
     releases: dict[str, str | None]
     expect: dict[str, Expectation] = field(default_factory=dict)
     mutants: dict[str, Mutant] = field(default_factory=dict)
+    not_affected: dict[str, NotAffected] = field(default_factory=dict)
 
     def release(self, side: str) -> str:
         version = self.releases.get(side)
@@ -305,7 +339,8 @@ def _parse_era(root: Path, name: str, table: Any, stand_ins: dict[str, str]) -> 
 def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
     where = f"experiments.{name}"
     _table(table, where, required={"pr": int, "title": str, "probe": str, "git": dict},
-           optional={"upstream_tests": list, "releases": dict, "expect": dict, "mutants": dict})
+           optional={"upstream_tests": list, "releases": dict, "expect": dict, "mutants": dict,
+                     "not_affected": dict})
     git = _table(table["git"], f"{where}.git", required={side: str for side in SIDES}, optional={})
     for side in SIDES:
         if not _SHA.match(git[side]):
@@ -315,6 +350,8 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
               for sid, spec in table.get("expect", {}).items()}
     mutants = {mid: _parse_mutant(f"{where}.mutants.{mid}", mid, spec)
                for mid, spec in table.get("mutants", {}).items()}
+    not_affected = {rid: _parse_not_affected(f"{where}.not_affected.{rid}", rid, spec)
+                    for rid, spec in table.get("not_affected", {}).items()}
     return Experiment(
         name=name,
         pr=table["pr"],
@@ -326,7 +363,17 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
                   for side in SIDES},
         expect=expect,
         mutants=mutants,
+        not_affected=not_affected,
     )
+
+
+def _parse_not_affected(where: str, rid: str, spec: Any) -> NotAffected:
+    if not _SCENARIO.match(rid):
+        raise RegistryError(f"{where}: {rid!r} is not an id (letters, digits, _)")
+    _table(spec, where, required={"scenario": str, "key": str, "value": (bool, int, str), "justification": str,
+                                  "why": str}, optional={})
+    return NotAffected(rid, spec["scenario"], spec["key"], spec["value"],
+                       _enum(Justification, spec["justification"], f"{where}.justification"), spec["why"])
 
 
 def _values(values: dict, where: str) -> dict:
