@@ -2,7 +2,7 @@
 
 The registry declares which packages may be stood in for, and why, and which era
 uses them; the harness passes them in ``PDEVIDENCE_STAND_INS`` (comma-separated
-top-level names; ``triton-driver`` is a CPU stand-in for triton's active driver,
+dotted names, each with its submodules; ``triton-driver`` is a CPU stand-in for triton's active driver,
 which triton 3.1-3.3 autotuner decorators ask for at import). A stand-in module
 answers every attribute with a placeholder class, so ``from sgl_kernel import x``,
 ``class Y(x)`` and decorators work at import; calling anything raises
@@ -60,7 +60,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.roots = roots
 
     def find_spec(self, fullname, path, target=None):
-        if fullname.partition(".")[0] in self.roots:
+        if any(fullname == root or fullname.startswith(root + ".") for root in self.roots):
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
 
