@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import _standins
+
 SCHEMA = "pd-differential-probe/1"
 EXIT_OK = 0
 EXIT_CANNOT_RUN = 3
@@ -129,10 +131,15 @@ def describe_error(exc: BaseException) -> dict[str, str]:
 def run_scenario(sc: Scenario) -> dict[str, Any]:
     observed: Observed = {}
     error = None
+    calls = len(_standins.CALLED)
     try:
         sc.run(observed)
     except Exception as exc:  # one scenario's failure must not stop the others
         error = describe_error(exc)
+    reached = _standins.CALLED[calls:]
+    if reached:  # even if SGLang caught it: what a stand-in did is never an observation
+        error = {"type": _standins.StandInCalled.__name__,
+                 "message": f"the scenario called the import stand-in(s) {', '.join(sorted(set(reached)))}"}
     try:
         plain = _plain(observed)
     except TypeError as exc:
@@ -159,6 +166,9 @@ def build_document(scenario_set: ScenarioSet, side: str, tree: dict[str, str], e
         "tree": tree,
         "scenarios": {sc.id: run_scenario(sc) for sc in scenario_set.scenarios},
     }
+    stand_ins = _standins.record()
+    if stand_ins is not None:  # absent, not empty, where none ran: today's documents keep their bytes
+        doc["stand_ins"] = stand_ins
     doc.update(extra or {})
     return doc
 
@@ -282,6 +292,7 @@ def _main(scenario_set: ScenarioSet, prepare: Callable[[], str], argv: list[str]
         return EXIT_USAGE if exc.code else EXIT_OK
     quiet_environment()
     block_network()
+    _standins.install()
     version = prepared(prepare)
     if version is None:
         return EXIT_CANNOT_RUN

@@ -21,6 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import _standins  # noqa: E402
 from _probekit import (EXIT_CANNOT_RUN, EXIT_OK, EXIT_USAGE, add_tree_arguments, block_network,  # noqa: E402
                        build_document, describe_error, dumps, load_probe, quiet_environment, run_driver, tree_of,
                        write_atomic)
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     probes = args.probes or sorted(HERE.glob("probe_*_differential.py"))
     quiet_environment()
     block_network()
+    _standins.install()  # before any probe imports SGLang
     ran = [run_one(path.resolve(), args) for path in probes]
     return EXIT_OK if any(ran) else EXIT_CANNOT_RUN
 

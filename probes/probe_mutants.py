@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _mutants  # noqa: E402
 import _probekit  # noqa: E402
+import _standins  # noqa: E402
 
 SCHEMA = "pd-mutant-probe/1"
 
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return _probekit.EXIT_USAGE
     _probekit.quiet_environment()
     _probekit.block_network()
+    _standins.install()
     version = _probekit.prepared(prepare)
     if version is None:
         return _probekit.EXIT_CANNOT_RUN
