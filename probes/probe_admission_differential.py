@@ -62,13 +62,14 @@ def presence(owner, name: str) -> str:
 
 def prepare() -> str:
     import sglang
+    # First, as a server imports it: 0.4.6's doors import its layers in a circle otherwise.
+    from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.disaggregation import decode as decode_module
     from sglang.srt.disaggregation import prefill as prefill_module
     from sglang.srt.disaggregation import utils as disagg_utils
     from sglang.srt.disaggregation.decode import DecodePreallocQueue
     from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue
     from sglang.srt.managers import schedule_batch
-    from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.server_args import ServerArgs
 
