@@ -96,9 +96,10 @@ def prepare() -> str:
     SG.prefill_module, SG.decode_module = prefill_module, decode_module
     try:
         from sglang.srt.disaggregation import fake as fake_transport
-    except ImportError:  # up to 0.4.6 the doors build the sender/receiver classes they import by name
-        PROBE.adapted("named-kv-classes")
+    except ImportError:  # up to 0.4.6 no fake transport to route
         fake_transport = None
+        # 0.4.6 looks the classes up (get_kv_class, no fake backend); 0.4.5 imports them by name.
+        PROBE.adapted("kv-class-lookup" if hasattr(prefill_module, "get_kv_class") else "named-kv-classes")
     SG.fake_transport = fake_transport
     SG.transfer_backend = getattr(disagg_utils, "TransferBackend", None)
     if SG.transfer_backend is None:  # 0.4.5: one transport, no backend to name
@@ -226,6 +227,13 @@ def stand_in_transport():
     package at call time, so swapping them there replaces only the classes.
     """
     sender, receiver = kv_endpoint_class("kv_sender"), kv_endpoint_class("kv_receiver")
+    if SG.fake_transport is None and hasattr(SG.prefill_module, "get_kv_class"):  # kv-class-lookup
+        def lookup(_backend, class_type):
+            return {"SENDER": sender, "RECEIVER": receiver}.get(class_type.name)
+
+        with swapped(SG.prefill_module, get_kv_class=lookup), swapped(SG.decode_module, get_kv_class=lookup):
+            yield sender, receiver
+        return
     if SG.fake_transport is None:  # the door modules' own names for the classes (named-kv-classes)
         with swapped(SG.prefill_module, KVSender=sender), swapped(SG.decode_module, KVReceiver=receiver):
             yield sender, receiver

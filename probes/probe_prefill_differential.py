@@ -163,6 +163,14 @@ def _scheduler_class(mixin: type) -> type:
     return ProbeScheduler
 
 
+# Scheduler methods older result paths call, by the adaptation that names each.
+OLDER_SCHEDULER_HOOKS = {
+    "report_prefill_stats": "scheduler-report-prefill-stats",
+    "log_prefill_stats_late": "scheduler-log-prefill-stats-late",
+    "set_next_batch_sampling_info_done": "scheduler-sampling-info-done",
+}
+
+
 def _older_scheduler_state(sched: Any) -> None:
     """What older trees' result paths read from the scheduler, each where the tree reads it."""
     mixin = sg.prefill.SchedulerDisaggregationPrefillMixin
@@ -170,12 +178,10 @@ def _older_scheduler_state(sched: Any) -> None:
     if reads(mixin, "self.server_args"):  # 0.5.13 to 0.5.16: the requeue path's knob
         SCENARIOS.adapted("scheduler-server-args")
         sched.server_args = sg.server_args
-    if reads(result_path, "self.report_prefill_stats"):
-        SCENARIOS.adapted("scheduler-report-prefill-stats")
-        sched.report_prefill_stats = Recorder("report_prefill_stats")
-    if reads(result_path, "self.set_next_batch_sampling_info_done"):
-        SCENARIOS.adapted("scheduler-sampling-info-done")
-        sched.set_next_batch_sampling_info_done = Recorder("set_next_batch_sampling_info_done")
+    for hook, name in OLDER_SCHEDULER_HOOKS.items():  # metrics and sampling hooks: recorders
+        if reads(result_path, f"self.{hook}("):
+            SCENARIOS.adapted(name)
+            setattr(sched, hook, Recorder(hook))
     if reads(result_path, "disagg_prefill_infight_queue"):  # 0.4.5's spelling of the same queue
         SCENARIOS.adapted("infight-queue-name")
         sched.disagg_prefill_infight_queue = sched.disagg_prefill_inflight_queue
