@@ -98,7 +98,7 @@ def prepare() -> str:
 
 def _optimistic_prefill(ServerArgs: type) -> dict[str, int]:
     """The optimistic-prefill knob under the tree's name, or none where the tree has no such path."""
-    fields = getattr(ServerArgs, "__dataclass_fields__", {})
+    fields = inspect.signature(ServerArgs).parameters  # a dataclass up to 0.5.19, generated later
     if "optimistic_prefill_attempts" in fields:
         return {"optimistic_prefill_attempts": OPTIMISTIC_ATTEMPTS}
     if "optimistic_prefill_retries" in fields:  # 0.5.13 to 0.5.15
