@@ -34,7 +34,7 @@ class ReleaseOutcome:
     classification: Classification
     scenarios: dict[str, Behaviour] = field(default_factory=dict)
     differing: list[str] = field(default_factory=list)  # scenarios matching neither reference, or erroring
-    error: str | None = None
+    error: str | None = None  # why it could not be probed (failed), or what its scenarios raised (error)
 
     def to_json(self) -> dict:
         return {"version": self.version, "classification": self.classification.value,
@@ -56,6 +56,20 @@ def regressions(outcomes: list[ReleaseOutcome]) -> list[str]:
     return [o.version for o in after if o.classification in LACKS_FIX]
 
 
+def flagged(outcomes: list[ReleaseOutcome]) -> list[str]:
+    """The release watch: releases after the first fixed one that are not fixed, whatever they are
+    instead (a regression, a probe that breaks or matches neither side, a release that failed)."""
+    fixed = first_fixed(outcomes)
+    if fixed is None:
+        return []
+    return [o.version for o in outcomes
+            if Version(o.version) > Version(fixed) and o.classification is not Classification.FIXED]
+
+
+def _outcomes(releases: list) -> list[ReleaseOutcome]:
+    return [ReleaseOutcome(r["version"], Classification(r["classification"])) for r in releases]
+
+
 def _sweep_1_to_2(doc: dict) -> dict:
     """/1 had one classification per release: no behaviour per scenario (none known), no as-of
     date, and no list of regressions, which /2 derives from the classifications by the same rule."""
@@ -66,14 +80,23 @@ def _sweep_1_to_2(doc: dict) -> dict:
     doc.setdefault("as_of", None)
     if "regressions" not in doc:
         try:
-            doc["regressions"] = regressions([ReleaseOutcome(r["version"], Classification(r["classification"]))
-                                              for r in releases])
+            doc["regressions"] = regressions(_outcomes(releases))
         except (TypeError, KeyError, ValueError, InvalidVersion):
             pass  # the check of the upgraded document names what is wrong
     return doc
 
 
-SWEEP_SCHEMA = Schema("pdevidence-sweep/", 2, {1: _sweep_1_to_2})
+def _sweep_2_to_3(doc: dict) -> dict:
+    """/3 added the classification "error" (before, a release whose telling scenario raised was
+    "neither") and the release watch's list, which it derives from the classifications by the same rule."""
+    try:
+        doc["flagged"] = flagged(_outcomes(doc["releases"]))
+    except (TypeError, KeyError, ValueError, InvalidVersion):
+        pass  # the check of the upgraded document names what is wrong
+    return doc
+
+
+SWEEP_SCHEMA = Schema("pdevidence-sweep/", 3, {1: _sweep_1_to_2, 2: _sweep_2_to_3})
 
 
 @dataclass(frozen=True)
@@ -82,6 +105,7 @@ class SweepTable:
     experiment: str
     first_fixed: str | None
     regressions: list[str]
+    flagged: list[str]  # the release watch: after the first fixed release, not fixed
     as_of: str | None  # the newest probed release's upload time
     releases: list[ReleaseOutcome]
     doc: dict[str, Any]
@@ -97,13 +121,14 @@ class SweepTable:
         if version is None:
             raise bad(f"schema {doc.get('schema') if isinstance(doc, dict) else None!r}")
         written, doc = doc, SWEEP_SCHEMA.upgrade(doc, version)
-        for key in ("experiment", "releases", "regressions", "first_fixed"):
+        for key in ("experiment", "releases", "regressions", "flagged", "first_fixed"):
             if key not in doc:
                 raise bad(f"missing {key!r}")
         if not isinstance(doc["experiment"], str) or not isinstance(doc["releases"], list):
             raise bad("experiment must be a string and releases a list")
-        if not (isinstance(doc["regressions"], list) and all(isinstance(v, str) for v in doc["regressions"])):
-            raise bad("regressions must be a list of versions")
+        for key in ("regressions", "flagged"):
+            if not (isinstance(doc[key], list) and all(isinstance(v, str) for v in doc[key])):
+                raise bad(f"{key} must be a list of versions")
         if not isinstance(doc["first_fixed"], (str, type(None))) or not isinstance(doc.get("as_of"), (str, type(None))):
             raise bad("first_fixed and as_of must be strings or null")
         releases = []
@@ -117,8 +142,15 @@ class SweepTable:
                 raise bad(f"release entry {entry!r}") from None
             if not isinstance(entry["version"], str) or not isinstance(releases[-1].error, (str, type(None))):
                 raise bad(f"release entry {entry!r}")
-        return cls(version, doc["experiment"], doc["first_fixed"], list(doc["regressions"]), doc.get("as_of"),
-                   releases, written)
+        try:
+            derived = {"first_fixed": first_fixed(releases), "regressions": regressions(releases),
+                       "flagged": flagged(releases)}
+        except InvalidVersion as exc:
+            raise bad(f"release version: {exc}") from None
+        if any(doc[key] != value for key, value in derived.items()):
+            raise bad(f"first_fixed, regressions and flagged must be what its releases' classifications give: {derived}")
+        return cls(version, doc["experiment"], doc["first_fixed"], list(doc["regressions"]), list(doc["flagged"]),
+                   doc.get("as_of"), releases, written)
 
     @classmethod
     def load(cls, path: Path) -> SweepTable:
