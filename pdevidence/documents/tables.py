@@ -168,11 +168,36 @@ class MutantOutcome:
     target: str
     operator: Operator
     status: MutantStatus
-    killed_by: dict[str, list[str]] = field(default_factory=dict)
+    killed_by: dict[str, list[str]] = field(default_factory=dict)  # per scenario: keys moved, and error:<Type>
     error: str | None = None
 
+    @property
+    def only_raised(self) -> bool:
+        """Killed, but no scenario observed it: every kill is an exception (``error:<Type>``)."""
+        return self.status is MutantStatus.KILLED and raised_only(self.killed_by)
 
-MUTATION_SCHEMA = Schema("pdevidence-mutate/", 1)
+
+RAISED = "error:"  # how killed_by records a kill by an exception: error:<Type>
+
+
+def raised_only(killed_by: dict[str, list[str]]) -> bool:
+    keys = [k for keys in killed_by.values() for k in keys]
+    return bool(keys) and all(k.startswith(RAISED) for k in keys)
+
+
+def _mutate_1_to_2(doc: dict) -> dict:
+    """/2 counts kills by observation and kills only by raising apart in the score; /1 recorded
+    every kill's keys, so both counts follow from its mutants."""
+    try:
+        killed = [m["killed_by"] for m in doc["mutants"] if m["status"] == MutantStatus.KILLED.value]
+        raised = sum(raised_only(k) for k in killed)
+        doc["score"] = {**doc["score"], "by_observation": len(killed) - raised, "only_raising": raised}
+    except (TypeError, KeyError, AttributeError):
+        pass  # the check of the upgraded document names what is wrong
+    return doc
+
+
+MUTATION_SCHEMA = Schema("pdevidence-mutate/", 2, {1: _mutate_1_to_2})
 
 
 @dataclass(frozen=True)
@@ -187,7 +212,9 @@ class MutationTable:
     @property
     def score(self) -> dict[str, int]:
         applicable = [m for m in self.mutants if m.status is not MutantStatus.NOT_APPLICABLE]
-        return {"killed": sum(m.status is MutantStatus.KILLED for m in applicable),
+        killed = [m for m in applicable if m.status is MutantStatus.KILLED]
+        raised = sum(m.only_raised for m in killed)
+        return {"killed": len(killed), "by_observation": len(killed) - raised, "only_raising": raised,
                 "applicable": len(applicable), "total": len(self.mutants)}
 
     @property

@@ -120,6 +120,8 @@ def mutation_text(table: dict) -> str:
     survived = [m["id"] for m in table["mutants"] if m["status"] == "survived"]
     text = (f"mutants: the probe kills {score['killed']} of {score['applicable']} applicable "
             f"({score['total']} declared)")
+    if "only_raising" in score:  # tables since schema 2 count kills only by raising apart
+        text += f", {score['by_observation']} by observation and {score['only_raising']} only by raising"
     return text + (f"; survived: {', '.join(survived)}" if survived else "")
 
 
