@@ -22,7 +22,7 @@ from pdevidence import registry
 from pdevidence.cells import allprobes, engine
 
 ROOT = Path(__file__).resolve().parent.parent
-IN_CELL = ("engine.py", "probe_all.py", "_probekit.py")
+IN_CELL = ("engine.py", "probe_all.py", "_probekit.py", "_standins.py")
 
 CLOSURE_MODULE = """
 REGISTERED = set()
@@ -177,7 +177,7 @@ def warm_world(world, monkeypatch):
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     env = SimpleNamespace(interpreter=Path(sys.executable), path=tmp_path / "closure-env",
                           torch=SimpleNamespace(channel=TorchChannel.PYPI))
-    monkeypatch.setattr(environments, "closure_environment", lambda reg, log=None: env)
+    monkeypatch.setattr(environments, "closure_environment", lambda reg, era=None, log=None: env)
     monkeypatch.setattr(environments, "find_python", lambda version: SimpleNamespace(identity=lambda: "cpython-3.12.1"))
 
     def tree(version: str, guard: bool) -> Tree:

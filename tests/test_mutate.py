@@ -437,7 +437,7 @@ def demo_lane(tmp_path, monkeypatch, mutants: dict, probe_text: str = DEMO_PROBE
 
     probes = tmp_path / "probes"
     probes.mkdir()
-    for name in ("_mutants.py", "_probekit.py", "probe_mutants.py"):
+    for name in ("_mutants.py", "_probekit.py", "_standins.py", "probe_mutants.py"):
         shutil.copy(PROJECT / "probes" / name, probes / name)
     (probes / "probe_demo.py").write_text(probe_text)
     (tmp_path / "synthmod.py").write_text(textwrap.dedent(SYNTHETIC))

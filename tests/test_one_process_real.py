@@ -55,7 +55,7 @@ def both(reg, tmp_path_factory):
                                 ["--side", check.CHECK_SIDE, "--tree-kind", tree.kind, "--tree-ref", tree.ref,
                                  "--tree-resolved", tree.resolved],
                                 dest, work_dir(reg.root) / "logs" / f"alone.{name}.{tree.label()}.log",
-                                experiment=name, side=check.CHECK_SIDE)
+                                experiment=name, side=check.CHECK_SIDE, env=env.probe_env)
             found[version, name] = together, results.load(dest, experiment=name)
     return found
 

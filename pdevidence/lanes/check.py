@@ -179,7 +179,7 @@ def run(reg: Registry, target: Target, tree: trees.Tree | None, *, log=print) ->
         with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"the check environment {slug}"):
             env = environments.cell_environment(reg, tree, slug)
             log(f"check: {'reusing' if env.reused else 'built'} environment {env.path}")
-            outcomes = allprobes.run(reg, env.interpreter, names, args, out_dir=out, log=logfile)
+            outcomes = allprobes.run(reg, env.interpreter, names, args, out_dir=out, log=logfile, env=env.probe_env)
     versions = {o.doc.get("sglang_version") for o in outcomes.values() if o.doc}
     version = versions.pop() if len(versions) == 1 else None
     if target.kind == "python":

@@ -113,7 +113,8 @@ def _cold(reg: Registry, versions: list[str], experiments: list[str], lock: tree
                 env = environments.cell_environment(reg, tree, slug)
                 log(f"sweep: probing {', '.join(experiments)} on {tree.label()}")
                 return allprobes.run(reg, env.interpreter, experiments, _tree_args(version),
-                                     out_dir=out_dir / tree.label(), log=work_dir(reg.root) / "logs" / f"{slug}.log")
+                                     out_dir=out_dir / tree.label(), log=work_dir(reg.root) / "logs" / f"{slug}.log",
+                                     env=env.probe_env)
         except HarnessError as exc:
             return str(exc).splitlines()[0]
 
