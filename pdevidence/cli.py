@@ -19,7 +19,7 @@ from .core.files import dumps, write_atomic
 from .core.paths import PROJECT, results_dir, runs_dir, tree_lock_file, work_dir
 from .documents import integrity, reports
 from .judge import compare
-from .lanes import check, drift, mutate, sweep, upstream
+from .lanes import check, drift, mutate, sweep, sweep_parts, upstream
 from .publish import openvex, publish
 from .report import report
 from .sources import trees
@@ -137,15 +137,40 @@ def cmd_publish(args) -> int:
 def cmd_sweep(args) -> int:
     reg = registry.load(args.root)
     names = args.experiment or list(reg.experiments)
+    versions = args.versions or None
+    out = runs_dir(reg.root)
+    if args.era:  # one job of the CI fan-out: this era's releases, written as a part
+        versions = sweep_parts.in_era(reg, args.era, versions or sweep.default_releases(reg, pre=args.pre))
+        out = sweep_parts.part_dir(out, args.era)
+        if not versions:
+            print(f"sweep: no release of era {args.era} to probe")
+            return CONFIRMED
     found, as_of = sweep.sweep(reg, names, published=results_dir(reg.root), out_dir=runs_dir(reg.root) / "sweep",
-                               versions=args.versions or None, pre=args.pre, jobs=args.jobs, cold=args.cold,
-                               force=args.force)
+                               versions=versions, pre=args.pre, jobs=args.jobs, cold=args.cold, force=args.force)
+    if args.era:
+        for name, outcomes in found.items():
+            write_atomic(out / f"sweep-{name}.json", dumps(sweep.document(name, outcomes, as_of)))
+        print(f"wrote the {args.era} part under {out}; `sweep-merge` joins the parts")
+        return CONFIRMED
+    return _sweep_tables(reg, found, as_of, out)
+
+
+def cmd_sweep_merge(args) -> int:
+    reg = registry.load(args.root)
+    names = args.experiment or list(reg.experiments)
+    merged = sweep_parts.merge(runs_dir(reg.root) / sweep_parts.PARTS, names)
+    return _sweep_tables(reg, {name: outcomes for name, (outcomes, _) in merged.items()},
+                         max((d for _, d in merged.values() if d), default=None), runs_dir(reg.root))
+
+
+def _sweep_tables(reg: registry.Registry, found: dict, as_of: str | None, out: Path) -> int:
+    """Write and print each experiment's table; the exit code is the release watch's."""
     code = CONFIRMED
     for name, outcomes in found.items():
-        out = runs_dir(reg.root) / f"sweep-{name}.json"
-        write_atomic(out, dumps(sweep.document(name, outcomes, as_of)))
+        path = out / f"sweep-{name}.json"
+        write_atomic(path, dumps(sweep.document(name, outcomes, as_of)))
         print(sweep.table(name, outcomes, reg.experiment(name).releases))
-        print(f"wrote {out}")
+        print(f"wrote {path}")
         if not sweep.first_fixed(outcomes) or sweep.regressions(outcomes):
             code = BEHAVIOUR_DIFFERS
     return code
@@ -242,7 +267,13 @@ def parser() -> argparse.ArgumentParser:
     sw.add_argument("--cold", action="store_true",
                     help="one environment and one fresh probe process per release instead of the warm engine")
     sw.add_argument("--force", action="store_true", help="reprobe releases whose outcome is cached")
+    sw.add_argument("--era", help="only the releases of this era ('current': of none), written as a part under "
+                    "runs/sweep-parts/<era>/ for `sweep-merge` (the CI fan-out)")
     sw.set_defaults(func=cmd_sweep)
+
+    sm = sub.add_parser("sweep-merge", help="join the era parts under runs/sweep-parts/ into the sweep tables")
+    sm.add_argument("--experiment", action="append", help="only this experiment (repeatable; default: all)")
+    sm.set_defaults(func=cmd_sweep_merge)
 
     ck = sub.add_parser("check", help="is my SGLang affected? run every probe on one build and judge each fix")
     target = ck.add_mutually_exclusive_group(required=True)
