@@ -177,18 +177,24 @@ def _sweep_tables(reg: registry.Registry, found: dict, as_of: str | None, out: P
 
 
 def cmd_check(args) -> int:
-    """Is my SGLang affected? Exit 0 all fixed, 1 any affected/partial/unknown, 3 any cannot run."""
+    """Is my SGLang affected? Exit 0 all fixed, 1 any affected/partial/unknown, 3 any cannot run.
+    Several targets share one warm engine; the exit code is the worst of theirs."""
     reg = registry.load(args.root)
-    target, tree = check.resolve(reg, python=args.python, version=args.version, wheel=args.wheel,
-                                 path=args.path, git=args.git)
+    asked = [{kind: value} for kind in ("python", "version", "wheel", "path", "git") for value in getattr(args, kind) or []]
+    if not asked:
+        raise usage("check needs a target", expected="one or more of --python, --version, --wheel, --path, --git")
+    targets = [check.resolve(reg, **target) for target in asked]
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
-    result = check.run(reg, target, tree, log=log)
+    found = check.run_all(reg, targets, log=log)
     if args.openvex:
         stamp = clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
-        write_atomic(args.openvex, dumps(openvex.document(reg, result, stamp)))
+        write_atomic(args.openvex, dumps(openvex.document(reg, found, stamp)))
         log(f"wrote {args.openvex}")
-    print(dumps(result.to_json()) if args.json else check.table(result), end="" if args.json else "\n")
-    return result.exit_code
+    if args.json:  # one target: its document, as before; several: a list of them
+        print(dumps(found[0].to_json() if len(found) == 1 else [r.to_json() for r in found]), end="")
+    else:
+        print("\n".join(check.table(result) for result in found))
+    return worst(result.exit_code for result in found)
 
 
 def cmd_drift(args) -> int:
@@ -276,12 +282,12 @@ def parser() -> argparse.ArgumentParser:
     sm.set_defaults(func=cmd_sweep_merge)
 
     ck = sub.add_parser("check", help="is my SGLang affected? run every probe on one build and judge each fix")
-    target = ck.add_mutually_exclusive_group(required=True)
-    target.add_argument("--python", type=Path, help="an existing environment's interpreter (left untouched)")
-    target.add_argument("--version", help="an SGLang release from PyPI, in a cell environment")
-    target.add_argument("--wheel", type=Path, help="an SGLang wheel file (a backport, a fork's build)")
-    target.add_argument("--path", type=Path, help="an SGLang source tree (checkout root or its python/)")
-    target.add_argument("--git", metavar="SHA", help="a commit: GitHub's archive, or SGLANG_REPO=<clone>")
+    # Each option may repeat; every target named is checked, release and wheel targets in one engine.
+    ck.add_argument("--python", type=Path, action="append", help="an existing environment's interpreter (left untouched)")
+    ck.add_argument("--version", action="append", help="an SGLang release from PyPI")
+    ck.add_argument("--wheel", type=Path, action="append", help="an SGLang wheel file (a backport, a fork's build)")
+    ck.add_argument("--path", type=Path, action="append", help="an SGLang source tree (checkout root or its python/)")
+    ck.add_argument("--git", metavar="SHA", action="append", help="a commit: GitHub's archive, or SGLANG_REPO=<clone>")
     ck.add_argument("--json", action="store_true", help=f"print the {check.SCHEMA} document instead of the table")
     ck.add_argument("--openvex", type=Path, metavar="FILE", help="also write an OpenVEX v0.2.0 document")
     ck.set_defaults(func=cmd_check)
