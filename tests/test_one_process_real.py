@@ -1,8 +1,9 @@
 """One process, same answers: `check` runs every probe in one process; a cell runs one probe per process.
 
 Slow (``--sglang``): for each bracket release, ``check --version`` runs both probes in
-one process (``probes/probe_all.py``), then each probe runs alone in its own fresh
-process, as a cell runs it, with the same interpreter and tree. The test compares what
+one process (``probes/probe_all.py``, in a child of the warm engine), then each probe
+runs alone in its own fresh process, as a cell runs it, in an environment of the same
+closure and tree. The test compares what
 those runs wrote, scenario by scenario and key by key, with compare's typed equality
 (``true`` is not ``1``): every published reference was made one probe per process, so
 check and the sweep judge a tree fairly only if the two give the same observations.
@@ -46,7 +47,7 @@ def both(reg, tmp_path_factory):
         label = json.loads(out.getvalue())["target"]
         assert label["resolved"] == version
         tree = trees.release_tree(version, reg.python, trees.LockFile(tree_lock_file(reg.root)))
-        env = environments.cell_environment(reg, tree, f"{check.CHECK_SIDE}.{tree.label()}")  # check's, reused
+        env = environments.cell_environment(reg, tree, f"alone.{tree.label()}")  # as a cell builds its own
         alone = tmp_path_factory.mktemp(f"alone-{version}")
         for name, exp in reg.experiments.items():
             together = results.load(runs_dir(reg.root) / "check" / tree.label() / f"{name}.json", experiment=name)

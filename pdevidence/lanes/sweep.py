@@ -98,6 +98,11 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
     return {name: [r[name] for r in per_release] for name in experiments}, as_of(files, versions)
 
 
+def default_releases(reg: Registry, *, pre: bool = False) -> list[str]:
+    """What a sweep probes when no version is named: every release from the registry's floor up."""
+    return releases(trees.index_files("sglang"), reg.python, reg.release_floor, pre=pre)
+
+
 def _tree_args(version: str) -> dict[str, str]:
     return {"side": SWEEP_SIDE, "tree_kind": "release", "tree_ref": version, "tree_resolved": version}
 
