@@ -14,11 +14,11 @@ from pathlib import Path
 from . import environments, registry
 from .cells import cells
 from .core import children, clock, settings
-from .core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, EXIT_CODES, HarnessError, boundary, usage, worst
+from .core.errors import CONFIRMED, EXIT_CODES, HarnessError, boundary, usage, worst
 from .core.files import dumps, write_atomic
 from .core.paths import PROJECT, results_dir, runs_dir, tree_lock_file, work_dir
 from .documents import integrity, reports
-from .judge import compare
+from .judge import classify, compare
 from .lanes import check, drift, mutate, sweep, sweep_parts, upstream
 from .publish import openvex, publish
 from .report import report
@@ -165,15 +165,12 @@ def cmd_sweep_merge(args) -> int:
 
 def _sweep_tables(reg: registry.Registry, found: dict, as_of: str | None, out: Path) -> int:
     """Write and print each experiment's table; the exit code is the release watch's."""
-    code = CONFIRMED
     for name, outcomes in found.items():
         path = out / f"sweep-{name}.json"
         write_atomic(path, dumps(sweep.document(name, outcomes, as_of)))
         print(sweep.table(name, outcomes, reg.experiment(name).releases))
         print(f"wrote {path}")
-        if not sweep.first_fixed(outcomes) or sweep.regressions(outcomes):
-            code = BEHAVIOUR_DIFFERS
-    return code
+    return worst(classify.watch_exit(outcomes) for outcomes in found.values())
 
 
 def cmd_check(args) -> int:

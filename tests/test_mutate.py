@@ -264,10 +264,10 @@ def test_table_score_survivors_and_exit_code(tmp_path):
         bad={"status": "error", "error": "edit text not found", "scenarios": {}},
         s=applied(under()),
     ))
-    assert result.score == {"killed": 1, "applicable": 3, "total": 4}
+    assert result.score == {"killed": 1, "by_observation": 1, "only_raising": 0, "applicable": 3, "total": 4}
     assert result.exit_code == errors.BEHAVIOUR_DIFFERS
     text = mutate.table(result)
-    assert text.splitlines()[-1] == "demo: 1 of 3 mutants killed"
+    assert text.splitlines()[-1] == "demo: 1 of 3 mutants killed (1 by observation, 0 only by raising)"
     assert "survived: s" in text and "error: bad" in text and "edit text not found" in text
     assert "survived: gone" not in text
     row = next(line for line in text.splitlines() if line.startswith("a "))
@@ -277,6 +277,55 @@ def test_table_score_survivors_and_exit_code(tmp_path):
     assert MutationTable.load(path) == result
     all_killed = mutate.judge(experiment({"a": "removes-fix"}), document(a=applied(under(D={"retired": False}))))
     assert all_killed.exit_code == errors.CONFIRMED
+
+
+def test_kills_by_observation_and_kills_only_by_raising_are_counted_apart(tmp_path):
+    exp = experiment({"seen": "removes-fix", "crash": "removes-fix", "both": "removes-fix"})
+    result = mutate.judge(exp, document(
+        seen=applied(under(D={"retired": False})),
+        crash=applied(under(D="AttributeError")),
+        both=applied({**under(D="KeyError"), "D": {"observed": {"retired": False}, "error": {"type": "KeyError"}}}),
+    ))
+    assert [m.only_raised for m in result.mutants] == [False, True, False]
+    assert result.score == {"killed": 3, "by_observation": 2, "only_raising": 1, "applicable": 3, "total": 3}
+    # A crash can never read as fixed (sweep: error, check: unknown), so it still counts as a kill.
+    assert result.exit_code == errors.CONFIRMED
+    text = mutate.table(result)
+    assert text.splitlines()[-1] == "demo: 3 of 3 mutants killed (2 by observation, 1 only by raising)"
+    rows = {line.split()[0]: line for line in text.splitlines()[1:4]}
+    assert rows["crash"].split()[2:] == [".", "E", "killed", "(only", "by", "raising)"]
+    assert rows["both"].split()[2:] == [".", "K", "killed"]
+    path = tmp_path / "mutate.demo.json"
+    path.write_text(json.dumps(result.to_json()))
+    assert MutationTable.load(path).score == result.score
+
+
+def test_a_schema_1_mutation_table_loads_with_both_counts_derived_from_its_kills(tmp_path):
+    result = mutate.judge(experiment({"seen": "removes-fix", "crash": "removes-fix"}), document(
+        seen=applied(under(D={"retired": False})), crash=applied(under(D="AttributeError"))))
+    doc = result.to_json()
+    doc["schema"] = "pdevidence-mutate/1"
+    doc["score"] = {"killed": 2, "applicable": 2, "total": 2}  # as /1 wrote it
+    loaded = MutationTable.from_doc(doc, source="v1")
+    assert loaded.score == {"killed": 2, "by_observation": 1, "only_raising": 1, "applicable": 2, "total": 2}
+    assert loaded.doc is doc and "only_raising" not in doc["score"]
+
+
+def test_true_is_not_the_count_1_for_the_baseline_or_a_kill():
+    expect = {"D": registry.Expectation("D", True, {"sent": 1}, {"sent": 0})}
+    exp = experiment({"m": "removes-fix"})
+    exp = registry.Experiment(**{**vars(exp), "expect": expect})
+    head = {"D": {"observed": {"sent": 0}, "error": None}}
+    # Under the mutant the probe observes True where base sent 1: not base's value, and no count.
+    doc = {"tree": {"kind": "release", "ref": "9", "resolved": "9"}, "baseline": head,
+           "mutants": {"m": applied({"D": {"observed": {"sent": True}, "error": None}})}}
+    assert mutate.judge(exp, doc).mutants[0].status is MutantStatus.SURVIVED
+    doc["mutants"]["m"] = applied({"D": {"observed": {"sent": 1}, "error": None}})
+    assert mutate.judge(exp, doc).mutants[0].status is MutantStatus.KILLED
+    # A baseline observing False where the registry's head says 0 is not the head it expects.
+    doc["baseline"] = {"D": {"observed": {"sent": False}, "error": None}}
+    with pytest.raises(errors.HarnessError, match="D.sent: False, expected 0"):
+        mutate.judge(exp, doc)
 
 
 def test_loader_rejects_a_tampered_score(tmp_path):
@@ -305,7 +354,10 @@ def test_real_lane_kills_every_mutant_and_every_scenario_kills(name, tmp_path, m
     code = cli.main(["--root", str(PROJECT), "mutate", name])
     result = MutationTable.load(tmp_path / f"mutate.{name}.json")
     out = capsys.readouterr().out
-    assert out.rstrip().splitlines()[-1] == f"{name}: {result.score['killed']} of {result.score['applicable']} mutants killed"
+    score = result.score
+    assert out.rstrip().splitlines()[-1] == (f"{name}: {score['killed']} of {score['applicable']} mutants killed "
+                                             f"({score['by_observation']} by observation, "
+                                             f"{score['only_raising']} only by raising)")
     assert result.score["applicable"] >= 10
     assert [m.id for m in result.survivors] == []
     assert code == errors.CONFIRMED

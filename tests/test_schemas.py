@@ -11,9 +11,10 @@ import synthetic
 from schemas import problems
 
 from pdevidence.core.paths import PROJECT
+from pdevidence.documents.tables import MutationTable, ReleaseOutcome
 from pdevidence.documents.upstream_model import Outcome, Subtest, TestEntry, UpstreamResult
-from pdevidence.documents.vocabulary import Behaviour
-from pdevidence.lanes import check
+from pdevidence.documents.vocabulary import Behaviour, Classification
+from pdevidence.lanes import check, sweep
 
 RESULTS = PROJECT / "results"
 
@@ -63,7 +64,13 @@ FIXTURES = {
     "result": lambda: synthetic.result_doc("base", "1.0.0", {"D1": {"enqueued": True}}),
     "sweep v1": lambda: report_data.sweep_v1(),
     "sweep v2": lambda: report_data.sweep_v2(),
+    "sweep v3": lambda: report_data.sweep_v3(),
     "sweep": lambda: synthetic.SWEEP,
+    "sweep as the lane writes it": lambda: sweep.document("demo", [
+        ReleaseOutcome("1.0.0", Classification.PRE_FIX, {"D1": Behaviour.PRE_FIX}),
+        ReleaseOutcome("1.1.0", Classification.FIXED, {"D1": Behaviour.FIXED}),
+        ReleaseOutcome("1.2.0", Classification.ERROR, {"D1": Behaviour.ERROR}, ["D1"], "D1: KeyError: 'x'")]),
+    "mutation as the lane writes it": lambda: MutationTable.from_doc(synthetic.MUTATIONS, source="v1").to_json(),
     "mutation": lambda: synthetic.MUTATIONS,
     "mutation report data": lambda: report_data.mutations(),
     "report": lambda: report_data.full_document(),
@@ -82,6 +89,8 @@ def test_the_test_fixtures_and_what_the_code_writes_meet_the_schemas(name):
     ("result", lambda d: d["scenarios"]["D1"].pop("error")),
     ("sweep", lambda d: d["releases"][0].update(classification="mostly")),
     ("sweep", lambda d: d.pop("regressions")),
+    ("sweep", lambda d: d.update(schema="pdevidence-sweep/3")),  # /3 without its release watch list
+    ("mutation", lambda d: d.update(schema="pdevidence-mutate/2")),  # /2 without both kill counts
     ("mutation", lambda d: d["mutants"][0].update(status="wounded")),
     ("report", lambda d: d["pairs"][0].update(verdict="probably")),
     ("check", lambda d: d["experiments"][0].update(status="fine")),

@@ -57,9 +57,10 @@ def test_merged_parts_are_the_table_one_sweep_would_write(reg, monkeypatch, caps
 def test_a_release_that_lost_its_fix_in_any_part_fails_the_merge(reg, monkeypatch):
     monkeypatch.setenv("PDEVIDENCE_RUNS", str(reg.root / "runs"))
     part(reg, "old", ("0.9.0", Classification.FIXED))
-    part(reg, "current", ("1.0.0", Classification.PRE_FIX))
-    assert cli.main(["--root", str(reg.root), "sweep-merge"]) == errors.BEHAVIOUR_DIFFERS
-    assert json.loads((reg.root / "runs" / "sweep-demo.json").read_text())["regressions"] == ["1.0.0"]
+    part(reg, "current", ("1.0.0", Classification.PRE_FIX), ("1.1.0", Classification.ERROR))
+    assert cli.main(["--root", str(reg.root), "sweep-merge"]) == errors.RELEASE_WATCH
+    table = json.loads((reg.root / "runs" / "sweep-demo.json").read_text())
+    assert (table["regressions"], table["flagged"]) == (["1.0.0"], ["1.0.0", "1.1.0"])
 
 
 def test_a_release_in_two_parts_or_no_part_at_all_is_refused(reg):

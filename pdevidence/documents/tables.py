@@ -34,7 +34,7 @@ class ReleaseOutcome:
     classification: Classification
     scenarios: dict[str, Behaviour] = field(default_factory=dict)
     differing: list[str] = field(default_factory=list)  # scenarios matching neither reference, or erroring
-    error: str | None = None
+    error: str | None = None  # why it could not be probed (failed), or what its scenarios raised (error)
 
     def to_json(self) -> dict:
         return {"version": self.version, "classification": self.classification.value,
@@ -56,6 +56,20 @@ def regressions(outcomes: list[ReleaseOutcome]) -> list[str]:
     return [o.version for o in after if o.classification in LACKS_FIX]
 
 
+def flagged(outcomes: list[ReleaseOutcome]) -> list[str]:
+    """The release watch: releases after the first fixed one that are not fixed, whatever they are
+    instead (a regression, a probe that breaks or matches neither side, a release that failed)."""
+    fixed = first_fixed(outcomes)
+    if fixed is None:
+        return []
+    return [o.version for o in outcomes
+            if Version(o.version) > Version(fixed) and o.classification is not Classification.FIXED]
+
+
+def _outcomes(releases: list) -> list[ReleaseOutcome]:
+    return [ReleaseOutcome(r["version"], Classification(r["classification"])) for r in releases]
+
+
 def _sweep_1_to_2(doc: dict) -> dict:
     """/1 had one classification per release: no behaviour per scenario (none known), no as-of
     date, and no list of regressions, which /2 derives from the classifications by the same rule."""
@@ -66,14 +80,23 @@ def _sweep_1_to_2(doc: dict) -> dict:
     doc.setdefault("as_of", None)
     if "regressions" not in doc:
         try:
-            doc["regressions"] = regressions([ReleaseOutcome(r["version"], Classification(r["classification"]))
-                                              for r in releases])
+            doc["regressions"] = regressions(_outcomes(releases))
         except (TypeError, KeyError, ValueError, InvalidVersion):
             pass  # the check of the upgraded document names what is wrong
     return doc
 
 
-SWEEP_SCHEMA = Schema("pdevidence-sweep/", 2, {1: _sweep_1_to_2})
+def _sweep_2_to_3(doc: dict) -> dict:
+    """/3 added the classification "error" (before, a release whose telling scenario raised was
+    "neither") and the release watch's list, which it derives from the classifications by the same rule."""
+    try:
+        doc["flagged"] = flagged(_outcomes(doc["releases"]))
+    except (TypeError, KeyError, ValueError, InvalidVersion):
+        pass  # the check of the upgraded document names what is wrong
+    return doc
+
+
+SWEEP_SCHEMA = Schema("pdevidence-sweep/", 3, {1: _sweep_1_to_2, 2: _sweep_2_to_3})
 
 
 @dataclass(frozen=True)
@@ -82,6 +105,7 @@ class SweepTable:
     experiment: str
     first_fixed: str | None  # the oldest release that behaves as fixed; a later one may regress
     regressions: list[str]
+    flagged: list[str]  # the release watch: after the first fixed release, not fixed
     as_of: str | None  # the newest probed release's upload time
     releases: list[ReleaseOutcome]
     doc: dict[str, Any]
@@ -95,13 +119,14 @@ class SweepTable:
 
         written = doc
         version, doc = SWEEP_SCHEMA.read(doc, bad)
-        for key in ("experiment", "releases", "regressions", "first_fixed"):
+        for key in ("experiment", "releases", "regressions", "flagged", "first_fixed"):
             if key not in doc:
                 raise bad(f"missing {key!r}")
         if not isinstance(doc["experiment"], str) or not isinstance(doc["releases"], list):
             raise bad("experiment must be a string and releases a list")
-        if not (isinstance(doc["regressions"], list) and all(isinstance(v, str) for v in doc["regressions"])):
-            raise bad("regressions must be a list of versions")
+        for key in ("regressions", "flagged"):
+            if not (isinstance(doc[key], list) and all(isinstance(v, str) for v in doc[key])):
+                raise bad(f"{key} must be a list of versions")
         if not isinstance(doc["first_fixed"], (str, type(None))) or not isinstance(doc.get("as_of"), (str, type(None))):
             raise bad("first_fixed and as_of must be strings or null")
         releases = []
@@ -115,8 +140,15 @@ class SweepTable:
                 raise bad(f"release entry {entry!r}") from None
             if not isinstance(entry["version"], str) or not isinstance(releases[-1].error, (str, type(None))):
                 raise bad(f"release entry {entry!r}")
-        return cls(version, doc["experiment"], doc["first_fixed"], list(doc["regressions"]), doc.get("as_of"),
-                   releases, written)
+        try:
+            derived = {"first_fixed": first_fixed(releases), "regressions": regressions(releases),
+                       "flagged": flagged(releases)}
+        except InvalidVersion as exc:
+            raise bad(f"release version: {exc}") from None
+        if any(doc[key] != value for key, value in derived.items()):
+            raise bad(f"first_fixed, regressions and flagged must be what its releases' classifications give: {derived}")
+        return cls(version, doc["experiment"], doc["first_fixed"], list(doc["regressions"]), list(doc["flagged"]),
+                   doc.get("as_of"), releases, written)
 
     @classmethod
     def load(cls, path: Path) -> SweepTable:
@@ -134,11 +166,36 @@ class MutantOutcome:
     target: str
     operator: Operator
     status: MutantStatus
-    killed_by: dict[str, list[str]] = field(default_factory=dict)
+    killed_by: dict[str, list[str]] = field(default_factory=dict)  # per scenario: keys moved, and error:<Type>
     error: str | None = None
 
+    @property
+    def only_raised(self) -> bool:
+        """Killed, but no scenario observed it: every kill is an exception (``error:<Type>``)."""
+        return self.status is MutantStatus.KILLED and raised_only(self.killed_by)
 
-MUTATION_SCHEMA = Schema("pdevidence-mutate/", 1)
+
+RAISED = "error:"  # how killed_by records a kill by an exception: error:<Type>
+
+
+def raised_only(killed_by: dict[str, list[str]]) -> bool:
+    keys = [k for keys in killed_by.values() for k in keys]
+    return bool(keys) and all(k.startswith(RAISED) for k in keys)
+
+
+def _mutate_1_to_2(doc: dict) -> dict:
+    """/2 counts kills by observation and kills only by raising apart in the score; /1 recorded
+    every kill's keys, so both counts follow from its mutants."""
+    try:
+        killed = [m["killed_by"] for m in doc["mutants"] if m["status"] == MutantStatus.KILLED.value]
+        raised = sum(raised_only(k) for k in killed)
+        doc["score"] = {**doc["score"], "by_observation": len(killed) - raised, "only_raising": raised}
+    except (TypeError, KeyError, AttributeError):
+        pass  # the check of the upgraded document names what is wrong
+    return doc
+
+
+MUTATION_SCHEMA = Schema("pdevidence-mutate/", 2, {1: _mutate_1_to_2})
 
 
 @dataclass(frozen=True)
@@ -153,7 +210,9 @@ class MutationTable:
     @property
     def score(self) -> dict[str, int]:
         applicable = [m for m in self.mutants if m.status is not MutantStatus.NOT_APPLICABLE]
-        return {"killed": sum(m.status is MutantStatus.KILLED for m in applicable),
+        killed = [m for m in applicable if m.status is MutantStatus.KILLED]
+        raised = sum(m.only_raised for m in killed)
+        return {"killed": len(killed), "by_observation": len(killed) - raised, "only_raising": raised,
                 "applicable": len(applicable), "total": len(self.mutants)}
 
     @property

@@ -28,7 +28,8 @@ class Classification(str, enum.Enum):
     FIXED = "fixed"
     PARTIAL = "partial"
     NEITHER = "neither"
-    FAILED = "failed"
+    ERROR = "error"  # a telling scenario raised: the probe broke on this release, named beside the others
+    FAILED = "failed"  # the release could not be probed at all
 
 
 # A release classified so lacks the fix, wholly or in part (after a fixed one: a regression).

@@ -24,9 +24,9 @@ from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, usage, wors
 from ..core.locking import exclusive
 from ..core.paths import results_dir, runs_dir, tree_lock_file, work_dir
 from ..documents.vocabulary import Behaviour, Classification
+from ..judge import classify
 from ..registry import Experiment, Registry
 from ..sources import trees
-from . import sweep
 
 SCHEMA = "pdevidence-check/1"
 # SGLang itself requires Python >= 3.10; the tests parse the probes with that grammar.
@@ -46,7 +46,8 @@ class Status(str, enum.Enum):
 
 
 STATUS_OF = {Classification.FIXED: Status.FIXED, Classification.PRE_FIX: Status.AFFECTED,
-             Classification.PARTIAL: Status.PARTIAL, Classification.NEITHER: Status.UNKNOWN}
+             Classification.PARTIAL: Status.PARTIAL, Classification.NEITHER: Status.UNKNOWN,
+             Classification.ERROR: Status.UNKNOWN}
 EXIT_OF = {Status.FIXED: CONFIRMED, Status.AFFECTED: BEHAVIOUR_DIFFERS, Status.PARTIAL: BEHAVIOUR_DIFFERS,
            Status.UNKNOWN: BEHAVIOUR_DIFFERS, Status.CANNOT_RUN: ENVIRONMENT}
 # Which scenarios decide each status: those that put it there.
@@ -106,13 +107,11 @@ def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict) -
     """One experiment's status from its result and the published base and head results."""
     if outcome.doc is None:
         return ExperimentCheck(exp.name, exp.pr, Status.CANNOT_RUN, error=outcome.error)
-    found = sweep.behaviours(outcome.doc, base, head, exp)
-    status = STATUS_OF[sweep.overall(found)]
-    errors = [f"{sid}: {sc['error']['type']}: {sc['error']['message']}"
-              for sid, sc in outcome.doc["scenarios"].items() if sid in found and sc.get("error")]
+    found = classify.behaviours(outcome.doc, base, head, exp)
+    status = STATUS_OF[classify.overall(found)]
     return ExperimentCheck(exp.name, exp.pr, status, found,
                            [sid for sid, b in found.items() if b in DECIDING[status]],
-                           outcome.result_sha256, "; ".join(errors) or None)
+                           outcome.result_sha256, classify.raised(outcome.doc, found))
 
 
 def interpreter_version(interpreter: Path) -> tuple[int, int]:
@@ -173,7 +172,7 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, l
     """Every target, each judged on its own; release and wheel targets share one warm engine per era
     (an unpacked wheel is what installing it gives), with their outcomes cached by what made them."""
     exps = list(reg.experiments.values())
-    refs = {exp.name: sweep.references(reg, exp, results_dir(reg.root)) for exp in exps}
+    refs = {exp.name: classify.references(exp, results_dir(reg.root)) for exp in exps}
     names = [exp.name for exp in exps]
     out = runs_dir(reg.root) / "check"
     warm_trees = [tree for _, tree in targets if tree is not None and tree.kind in WARM_KINDS]
@@ -235,7 +234,8 @@ def table(result: CheckResult) -> str:
         elif e.status is Status.PARTIAL:
             detail = f"pre-fix: {', '.join(by[Behaviour.PRE_FIX])}; fixed: {', '.join(by[Behaviour.FIXED])}"
         elif e.status is Status.UNKNOWN:
-            detail = f"matches neither side: {', '.join(e.deciding)}" + (f" ({e.error})" if e.error else "")
+            neither = f"matches neither side: {', '.join(by[Behaviour.NEITHER])}" if by[Behaviour.NEITHER] else ""
+            detail = "; ".join(part for part in (neither, f"raised: {e.error}" if e.error else "") if part)
         else:
             detail = f"{'fixed' if e.status is Status.FIXED else 'pre-fix'}: {', '.join(e.deciding)}"
         lines.append(f"  {e.experiment:<10} {e.status.value:<10} PR #{e.pr}  {detail}")

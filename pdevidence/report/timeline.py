@@ -16,7 +16,7 @@ SIDE_STATE = {"base": Behaviour.PRE_FIX, "head": Behaviour.FIXED}
 # A release's overall classification, for sweep tables without per-scenario data (schema 1).
 RELEASE_STATE = {Classification.PRE_FIX: Behaviour.PRE_FIX, Classification.FIXED: Behaviour.FIXED,
                  Classification.NEITHER: Behaviour.NEITHER, Classification.PARTIAL: Behaviour.NEITHER,
-                 Classification.FAILED: Behaviour.ERROR}
+                 Classification.ERROR: Behaviour.ERROR, Classification.FAILED: Behaviour.ERROR}
 
 
 @dataclass(frozen=True)

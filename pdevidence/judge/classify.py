@@ -1,0 +1,102 @@
+"""Which side a tree behaves like: per telling scenario, per release, and the release watch.
+
+A tree's result is judged against the published base and head results on the
+scenarios that tell them apart: per scenario pre-fix (observes what base
+observes), fixed (what head observes), neither, or error (it raised); per tree
+pre-fix, fixed, partial (some of each), neither, or error (a telling scenario
+raised: named, with the others' behaviour beside it). The sweep and ``check``
+both judge through here; the release watch (``flagged``) names every release
+after the first fixed one that is not fixed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, INCOMPLETE, RELEASE_WATCH, HarnessError
+from ..documents import results
+from ..documents.tables import ReleaseOutcome, first_fixed, flagged
+from ..documents.vocabulary import Behaviour, Classification
+from ..registry import SIDES, Experiment
+from .compare import expected_file, same
+
+
+def signature(doc: dict, telling: dict[str, list[str] | None]) -> dict[str, object]:
+    """The observations that decide: per scenario, the named keys (or all of them)."""
+    out = {}
+    for sid, keys in telling.items():
+        observed = doc["scenarios"].get(sid, {}).get("observed") or {}
+        out[sid] = observed if keys is None else {k: observed.get(k) for k in keys}
+    return out
+
+
+def telling_scenarios(base: dict, head: dict, exp: Experiment | None = None) -> dict[str, list[str] | None]:
+    """What tells base from head: the registry's changing scenarios on their declared keys,
+    else every scenario whose observations differ. Tree facts and controls do not decide."""
+    if exp is not None and any(e.changes for e in exp.expect.values()):
+        return {sid: sorted(set(e.base) | set(e.head)) for sid, e in sorted(exp.expect.items()) if e.changes}
+    return {sid: None for sid in sorted(set(base["scenarios"]) | set(head["scenarios"]))
+            if not same(base["scenarios"].get(sid, {}).get("observed"), head["scenarios"].get(sid, {}).get("observed"))}
+
+
+def behaviours(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -> dict[str, Behaviour]:
+    """Per telling scenario: did ``doc`` do what base did, what head did, neither, or raise?"""
+    telling = telling_scenarios(base, head, exp)
+    got, was, now = signature(doc, telling), signature(base, telling), signature(head, telling)
+    out = {}
+    for sid in telling:
+        if (doc["scenarios"].get(sid) or {}).get("error") is not None:
+            out[sid] = Behaviour.ERROR
+        elif same(got[sid], was[sid]):
+            out[sid] = Behaviour.PRE_FIX
+        elif same(got[sid], now[sid]):
+            out[sid] = Behaviour.FIXED
+        else:
+            out[sid] = Behaviour.NEITHER
+    return out
+
+
+def overall(found: dict[str, Behaviour]) -> Classification:
+    """A raise anywhere is an error (never folded into neither); then neither, then the sides."""
+    kinds = set(found.values())
+    if Behaviour.ERROR in kinds:
+        return Classification.ERROR
+    if Behaviour.NEITHER in kinds or not kinds:
+        return Classification.NEITHER
+    if kinds == {Behaviour.PRE_FIX}:
+        return Classification.PRE_FIX
+    if kinds == {Behaviour.FIXED}:
+        return Classification.FIXED
+    return Classification.PARTIAL
+
+
+def raised(doc: dict, found: dict[str, Behaviour]) -> str | None:
+    """What the erroring telling scenarios raised, one ``sid: Type: message`` each."""
+    errors = [f"{sid}: {doc['scenarios'][sid]['error']['type']}: {doc['scenarios'][sid]['error']['message']}"
+              for sid, b in found.items() if b is Behaviour.ERROR]
+    return "; ".join(errors) or None
+
+
+def classify(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -> ReleaseOutcome:
+    found = behaviours(doc, base, head, exp)
+    differing = [sid for sid, b in found.items() if b in (Behaviour.NEITHER, Behaviour.ERROR)]
+    return ReleaseOutcome(doc["tree"]["resolved"], overall(found), found, differing, raised(doc, found))
+
+
+def watch_exit(outcomes: list[ReleaseOutcome]) -> int:
+    """The sweep's exit code for one experiment: a flagged release outranks no fixed release at all."""
+    if flagged(outcomes):
+        return RELEASE_WATCH
+    return CONFIRMED if first_fixed(outcomes) else BEHAVIOUR_DIFFERS
+
+
+def references(exp: Experiment, published: Path) -> dict[str, dict]:
+    """The registry's release-backed base and head results, as published."""
+    docs = {}
+    for side in SIDES:
+        path = published / expected_file(exp, side, "release")
+        if not path.exists():
+            raise HarnessError(f"judging {exp.name} needs the published {side} result {path.name}", code=INCOMPLETE,
+                               todo=f"run `nox -s \"release({exp.name}, {side})\"` and `nox -s publish` first")
+        docs[side] = results.load(path, experiment=exp.name)
+    return docs
