@@ -18,6 +18,7 @@ from .core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, EXIT_CODES, HarnessError,
 from .core.files import dumps, write_atomic
 from .core.paths import PROJECT, results_dir, runs_dir, tree_lock_file, work_dir
 from .documents import integrity, reports
+from .documents.tables import SweepParameters
 from .judge import compare
 from .lanes import check, drift, mutate, sweep, upstream
 from .publish import openvex, publish
@@ -137,13 +138,18 @@ def cmd_publish(args) -> int:
 def cmd_sweep(args) -> int:
     reg = registry.load(args.root)
     names = args.experiment or list(reg.experiments)
-    found, as_of = sweep.sweep(reg, names, published=results_dir(reg.root), out_dir=runs_dir(reg.root) / "sweep",
-                               versions=args.versions or None, pre=args.pre, jobs=args.jobs, cold=args.cold,
-                               force=args.force)
+    fresh = args.references == "fresh"
+    made = sweep.made_by(reg, names)  # before anything runs: what a change during the run must not pass for
+    found, as_of, refs = sweep.sweep(reg, names, published=runs_dir(reg.root) if fresh else results_dir(reg.root),
+                                     out_dir=runs_dir(reg.root) / "sweep", versions=args.versions or None,
+                                     pre=args.pre, jobs=args.jobs, cold=args.cold, force=args.force,
+                                     fresh_references=fresh)
     code = CONFIRMED
     for name, outcomes in found.items():
         out = runs_dir(reg.root) / f"sweep-{name}.json"
-        write_atomic(out, dumps(sweep.document(name, outcomes, as_of)))
+        parameters = SweepParameters(explicit=bool(args.versions), pre=args.pre, floor=reg.release_floor,
+                                     references=refs[name].digests)
+        write_atomic(out, dumps(sweep.document(name, outcomes, as_of, made, parameters)))
         print(sweep.table(name, outcomes, reg.experiment(name).releases))
         print(f"wrote {out}")
         if not sweep.first_fixed(outcomes) or sweep.regressions(outcomes):
@@ -157,7 +163,7 @@ def cmd_check(args) -> int:
     target, tree = check.resolve(reg, python=args.python, version=args.version, wheel=args.wheel,
                                  path=args.path, git=args.git)
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
-    result = check.run(reg, target, tree, log=log)
+    result = check.run(reg, target, tree, fresh_references=args.references == "fresh", log=log)
     if args.openvex:
         stamp = clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
         write_atomic(args.openvex, dumps(openvex.document(reg, result, stamp)))
@@ -242,6 +248,9 @@ def parser() -> argparse.ArgumentParser:
     sw.add_argument("--cold", action="store_true",
                     help="one environment and one fresh probe process per release instead of the warm engine")
     sw.add_argument("--force", action="store_true", help="reprobe releases whose outcome is cached")
+    sw.add_argument("--references", choices=sweep.REFERENCES, default="published",
+                    help="judge against the published base and head results (default), or the fresh ones in "
+                    "runs/ from `nox -s matrix` (republishing, when the published ones are stale)")
     sw.set_defaults(func=cmd_sweep)
 
     ck = sub.add_parser("check", help="is my SGLang affected? run every probe on one build and judge each fix")
@@ -253,6 +262,9 @@ def parser() -> argparse.ArgumentParser:
     target.add_argument("--git", metavar="SHA", help="a commit: GitHub's archive, or SGLANG_REPO=<clone>")
     ck.add_argument("--json", action="store_true", help=f"print the {check.SCHEMA} document instead of the table")
     ck.add_argument("--openvex", type=Path, metavar="FILE", help="also write an OpenVEX v0.2.0 document")
+    ck.add_argument("--references", choices=sweep.REFERENCES, default="published",
+                    help="judge against the published base and head results (default), or the fresh ones in "
+                    "runs/ (republishing)")
     ck.set_defaults(func=cmd_check)
 
     dr = sub.add_parser("drift", help="rerun a release cell on newer torch/transformers; advisory")

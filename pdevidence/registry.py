@@ -114,6 +114,8 @@ class Registry:
     constraints_input: Path | None
     release_floor: str
     experiments: dict[str, Experiment]
+    # The release whose `check --openvex` document is published as the OpenVEX example (None: none is).
+    openvex_example: str | None = None
 
     def experiment(self, name: str) -> Experiment:
         try:
@@ -217,7 +219,7 @@ def _version(value: str, where: str) -> str:
 def _parse(root: Path, data: dict) -> Registry:
     _table(data, "registry", required={"schema": int, "python": str, "constraints": str, "release_floor": str,
                                        "experiments": dict, "torch_channel": str},
-           optional={"constraints_input": str, "constraints_cpu": str})
+           optional={"constraints_input": str, "constraints_cpu": str, "openvex_example": str})
     if data["schema"] != SCHEMA:
         raise RegistryError(f"registry.schema: {data['schema']} is not a schema this harness reads ({SCHEMA})")
     experiments = {}
@@ -237,6 +239,8 @@ def _parse(root: Path, data: dict) -> Registry:
         constraints_input=root / data["constraints_input"] if "constraints_input" in data else None,
         release_floor=_version(data["release_floor"], "registry.release_floor"),
         experiments=experiments,
+        openvex_example=_version(data["openvex_example"], "registry.openvex_example")
+        if "openvex_example" in data else None,
     )
 
 

@@ -162,9 +162,13 @@ def resolve(reg: Registry, *, python: Path | None = None, version: str | None = 
     return Target(tree.kind, ref, tree.resolved, tree.digest), tree
 
 
-def run(reg: Registry, target: Target, tree: trees.Tree | None, *, log=print) -> CheckResult:
+def run(reg: Registry, target: Target, tree: trees.Tree | None, *, fresh_references: bool = False,
+        log=print) -> CheckResult:
+    """Every probe on the target, judged against the published base and head results (verified first),
+    or with ``fresh_references`` against the fresh ones in runs/ (while republishing)."""
     exps = list(reg.experiments.values())
-    refs = {exp.name: sweep.references(reg, exp, results_dir(reg.root)) for exp in exps}
+    directory = runs_dir(reg.root) if fresh_references else results_dir(reg.root)
+    refs = {exp.name: sweep.references(reg, exp, directory, fresh=fresh_references) for exp in exps}
     out = runs_dir(reg.root) / "check" / target.label()
     logfile = work_dir(reg.root) / "logs" / f"check.{target.label()}.log"
     args = {"side": CHECK_SIDE, "tree_kind": target.kind, "tree_ref": "" if tree is None else tree.ref,
@@ -185,7 +189,7 @@ def run(reg: Registry, target: Target, tree: trees.Tree | None, *, log=print) ->
     version = versions.pop() if len(versions) == 1 else None
     if target.kind == "python":
         target.resolved = version
-    return CheckResult(target, [judge(exp, outcomes[exp.name], refs[exp.name]["base"], refs[exp.name]["head"])
+    return CheckResult(target, [judge(exp, outcomes[exp.name], refs[exp.name].base, refs[exp.name].head)
                                 for exp in exps], version)
 
 

@@ -42,7 +42,8 @@ from ..core.errors import BEHAVIOUR_DIFFERS, ENVIRONMENT, HarnessError, usage
 from ..core.files import dumps, read_json, write_atomic
 from ..core.locking import exclusive
 from ..core.paths import runs_dir, work_dir
-from ..documents.tables import MutantOutcome, MutationTable
+from ..documents import provenance
+from ..documents.tables import MutantOutcome, MutationParameters, MutationTable
 from ..documents.vocabulary import MutantStatus
 
 PROBE_SCHEMA = "pd-mutant-probe/1"
@@ -92,8 +93,8 @@ def check_baseline(exp: registry.Experiment, baseline: dict) -> None:
             todo=f"run `nox -s \"release({exp.name}, head)\"` and compare; fix the probe or the expectations first")
 
 
-def judge(exp: registry.Experiment, doc: dict) -> MutationTable:
-    """The mutation table of one driver document."""
+def judge(exp: registry.Experiment, doc: dict, made_by: provenance.Provenance) -> MutationTable:
+    """The mutation table of one driver document, made by ``made_by``."""
     check_baseline(exp, doc["baseline"])
     if doc.get("baseline_after", doc["baseline"]) != doc["baseline"]:
         moved = sorted(sid for sid, sc in doc["baseline"].items() if doc["baseline_after"].get(sid) != sc)
@@ -120,7 +121,8 @@ def judge(exp: registry.Experiment, doc: dict) -> MutationTable:
                 killed_by[sid] = keys
         outcomes.append(MutantOutcome(**common, status=MutantStatus.KILLED if killed_by else MutantStatus.SURVIVED,
                                       killed_by=killed_by))
-    return MutationTable(experiment=exp.name, tree=dict(doc["tree"]), scenarios=scenarios, mutants=outcomes)
+    return MutationTable(experiment=exp.name, tree=dict(doc["tree"]), scenarios=scenarios, mutants=outcomes,
+                         provenance=made_by, parameters=MutationParameters(list(exp.mutants)))
 
 
 # ---------------------------------------------------------------- presentation
@@ -171,6 +173,8 @@ def run(reg: registry.Registry, experiment: str, *, log=print) -> MutationTable:
     out = runs / "mutate" / f"{experiment}.probe.json"
     partial = out.with_name(f".{out.name}.partial")
     write_atomic(specs, dumps([m.spec() for m in exp.mutants.values()]))
+    closure = environments.closure_of(reg, environments.torch_choice(reg), reg.constraints)
+    made_by = provenance.record(reg.root, provenance.inputs(reg, [experiment], provenance.MUTATION_DRIVERS, closure))
     with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"cell {cell.name}"):
         env = environments.cell_environment(reg, tree, slug)
         log(f"mutate({experiment}): {len(exp.mutants)} mutants on {tree.label()}")
@@ -191,7 +195,7 @@ def run(reg: registry.Registry, experiment: str, *, log=print) -> MutationTable:
             os.replace(partial, out)
         finally:
             partial.unlink(missing_ok=True)
-    return judge(exp, doc)
+    return judge(exp, doc, made_by)
 
 
 def _driver_document(path: Path, exp: registry.Experiment) -> dict:

@@ -12,6 +12,7 @@ regression.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
@@ -20,10 +21,14 @@ from packaging.version import InvalidVersion, Version
 from .. import environments
 from ..cells import allprobes, warm
 from ..core.errors import INCOMPLETE, HarnessError, usage
+from ..core.errors import integrity as integrity_error
+from ..core.files import relative, sha256_file
 from ..core.locking import exclusive
 from ..core.paths import tree_lock_file, work_dir
-from ..documents import results
-from ..documents.tables import SWEEP_SCHEMA, ReleaseOutcome, first_fixed, regressions
+from ..documents import integrity, provenance, results
+from ..documents.provenance import Provenance, stale_error
+from ..documents.receipts import Receipt
+from ..documents.tables import SWEEP_SCHEMA, ReleaseOutcome, SweepParameters, first_fixed, regressions
 from ..documents.vocabulary import Behaviour, Classification
 from ..judge.compare import expected_file, same
 from ..registry import SIDES, Experiment, Registry
@@ -113,22 +118,71 @@ def classify(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -
     return ReleaseOutcome(doc["tree"]["resolved"], overall(found), found, differing)
 
 
-def references(reg: Registry, exp: Experiment, published: Path) -> dict[str, dict]:
-    """The registry's release-backed base and head results, as published."""
-    docs = {}
+REFERENCES = ("published", "fresh")  # what the sweep and check judge against: results/, or runs/ (republishing)
+
+
+@dataclass(frozen=True)
+class References:
+    """The base and head result documents a build is judged against, and each file's SHA-256 (by name)."""
+
+    docs: dict[str, dict]  # side -> result document
+    digests: dict[str, str]
+
+    @property
+    def base(self) -> dict:
+        return self.docs["base"]
+
+    @property
+    def head(self) -> dict:
+        return self.docs["head"]
+
+
+def references(reg: Registry, exp: Experiment, directory: Path, *, fresh: bool = False) -> References:
+    """The registry's release-backed base and head results, verified before anything is judged by them.
+
+    Published (``results/``): each file and its receipt must match SHA256SUMS.txt and load (else exit 5,
+    naming it). Fresh (``runs/``, while republishing): each must load with its receipt. Either way the
+    receipt must record this checkout's probe, kit, registry, constraints and harness (else exit 8).
+    """
+    docs, digests, stale = {}, {}, {}
     for side in SIDES:
-        path = published / expected_file(exp, side, "release")
+        path = directory / expected_file(exp, side, "release")
         if not path.exists():
-            raise HarnessError(f"the sweep needs the published {side} result {path.name}", code=INCOMPLETE,
-                               todo=f"run `nox -s \"release({exp.name}, {side})\"` and `nox -s publish` first")
-        docs[side] = results.load(path, experiment=exp.name)
-    return docs
+            todo = ("run `nox -s matrix` first" if fresh else
+                    f"run `nox -s \"release({exp.name}, {side})\"` and `nox -s publish` first")
+            raise HarnessError(f"the {'fresh' if fresh else 'published'} {side} result {path.name} is missing",
+                               code=INCOMPLETE, todo=todo)
+        receipt = results.receipt_path(path)
+        if not fresh:
+            for file in (path, receipt):
+                why = integrity.problem(reg.root, relative(file, reg.root))
+                if why:
+                    raise integrity_error(f"the published reference {relative(file, reg.root)} fails verification: "
+                                          f"{why}", todo="restore it from git (`git checkout -- results/`) "
+                                          "or republish; nothing was judged")
+        try:
+            docs[side] = results.load(path, experiment=exp.name)
+            made = Receipt.load(receipt, experiment=exp.name, side=side)
+        except HarnessError as exc:
+            raise integrity_error(f"the {'fresh' if fresh else 'published'} reference {relative(path, reg.root)} "
+                                  f"is not valid: {exc.what}", todo=exc.todo) from None
+        digests[path.name] = sha256_file(path)
+        why = made.stale(reg.root)
+        if why:
+            stale[relative(receipt, reg.root)] = why
+    if stale:
+        raise stale_error(stale, reg, what="reference results")
+    return References(docs, digests)
 
 
 def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Path,
           versions: list[str] | None = None, pre: bool = False, jobs: int = 2, cold: bool = False,
-          force: bool = False, log=print) -> tuple[dict[str, list[ReleaseOutcome]], str | None]:
-    """Every release, every experiment; outcomes per experiment and as-of date.
+          force: bool = False, fresh_references: bool = False,
+          log=print) -> tuple[dict[str, list[ReleaseOutcome]], str | None, dict[str, References]]:
+    """Every release, every experiment; outcomes per experiment, as-of date, and what they were judged against.
+
+    ``published`` holds the base and head results judged against: results/, or runs/ with
+    ``fresh_references`` (a republish, where the published ones are stale).
 
     By default the warm engine probes the releases whose outcome is not cached yet; ``cold``
     runs one fresh probe process per release in its own environment instead (the reference
@@ -139,7 +193,7 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
             raise usage(f"{version!r} is an experiment, not a version",
                         todo=f"name experiments with --experiment {version}")
         trees.parse_version(version)
-    refs = {name: references(reg, reg.experiment(name), published) for name in experiments}
+    refs = {name: references(reg, reg.experiment(name), published, fresh=fresh_references) for name in experiments}
     files = trees.index_files("sglang")
     versions = versions or releases(files, reg.python, reg.release_floor, pre=pre)
     environments.torch_choice(reg)
@@ -156,11 +210,11 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
             if outcome.doc is None:
                 found[name] = ReleaseOutcome(version, Classification.FAILED, error=outcome.error)
             else:
-                found[name] = classify(outcome.doc, refs[name]["base"], refs[name]["head"], reg.experiment(name))
+                found[name] = classify(outcome.doc, refs[name].base, refs[name].head, reg.experiment(name))
         return found
 
     per_release = [judged(version) for version in versions]
-    return {name: [r[name] for r in per_release] for name in experiments}, as_of(files, versions)
+    return {name: [r[name] for r in per_release] for name in experiments}, as_of(files, versions), refs
 
 
 def _tree_args(version: str) -> dict[str, str]:
@@ -222,7 +276,16 @@ def table(experiment: str, outcomes: list[ReleaseOutcome], bracket: dict[str, st
     return "\n".join(lines)
 
 
-def document(experiment: str, outcomes: list[ReleaseOutcome], as_of_date: str | None = None) -> dict:
+def made_by(reg: Registry, experiments: list[str]) -> Provenance:
+    """What makes a sweep's tables: the experiments' probes, the kit, the engine and its driver, the registry,
+    the closure, the harness."""
+    closure = environments.closure_of(reg, environments.torch_choice(reg), reg.constraints)
+    return provenance.record(reg.root, provenance.inputs(reg, experiments, provenance.SWEEP_DRIVERS, closure))
+
+
+def document(experiment: str, outcomes: list[ReleaseOutcome], as_of_date: str | None, made: Provenance,
+             parameters: SweepParameters) -> dict:
     return {"schema": SWEEP_SCHEMA.name, "experiment": experiment, "first_fixed": first_fixed(outcomes),
             "regressions": regressions(outcomes), "as_of": as_of_date,
-            "releases": [o.to_json() for o in outcomes]}
+            "releases": [o.to_json() for o in outcomes],
+            "provenance": made.to_json(), "parameters": parameters.to_json()}
