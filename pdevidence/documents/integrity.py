@@ -24,9 +24,8 @@ from .tables import MutationTable, SweepTable
 
 SUMS_FILE = "SHA256SUMS.txt"
 TABLES = (("sweep-*.json", SweepTable.load), ("mutate.*.json", MutationTable.load))  # published tables, by loader
-_TODO = ("if you changed a probe, the registry or the constraints on purpose, republish (`nox -s checksums` "
-         "refuses while published evidence was made by other inputs): " + republish_steps() + "; "
-         "otherwise restore the file from git")
+_TODO = ("if you changed a probe, the registry or the constraints on purpose (`nox -s checksums` refuses while "
+         "published evidence was made by other inputs), " + republish_steps() + "; otherwise restore the file from git")
 
 
 def published_inputs(root: Path) -> list[Path]:

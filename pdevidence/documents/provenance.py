@@ -46,12 +46,15 @@ def harness_digest() -> str:
 
 def republish_steps(reg: Registry | None = None) -> str:
     """What to run after any change to the harness, a probe, the registry or the constraints."""
-    names = list(reg.experiments) if reg else ["<experiment>"]
+    names = [n for n, e in reg.experiments.items() if e.mutants] if reg else ["<experiment>"]
     example = reg.openvex_example if reg else "<version>"
-    mutate = " ".join(f'"mutate({name})"' for name in names)
-    return (f"republish: `nox -s matrix`, `nox -s sweep -- --references fresh`, `nox -s {mutate}`, "
-            f"`python -m pdevidence check --references fresh --version {example} "
-            f"--openvex runs/openvex-sglang-{example}.json`, then `nox -s publish`")
+    steps = ["`nox -s matrix`", "`nox -s sweep -- --references fresh`"]
+    if names:
+        steps.append("`nox -s " + " ".join(f'"mutate({name})"' for name in names) + "`")
+    if example:
+        steps.append(f"`python -m pdevidence check --references fresh --version {example} "
+                     f"--openvex runs/openvex-sglang-{example}.json`")
+    return f"republish: {', '.join(steps)}, then `nox -s publish`"
 
 
 def _role(rel: str) -> str:

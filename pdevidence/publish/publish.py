@@ -169,22 +169,21 @@ def _choose(reg: Registry, runs: Path, kind: str) -> dict[str, Path]:
     for item in manifest(reg, kind):
         fresh, old = runs / item.name, published / item.name
         if fresh.is_file():
-            source = fresh
+            chosen[item] = fresh
         elif item.fresh_required:
             missing.append(f"{item.name} (run `nox -s matrix`, or the {kind} cells)")
-            continue
         elif old.is_file():
-            why = integrity.problem(reg.root, relative(old, reg.root))
-            if why:
-                raise integrity_error(f"refusing to publish: the published {relative(old, reg.root)}, which this "
-                                      f"run would keep, fails verification: {why}",
-                                      todo="restore it from git (`git checkout -- results/`), then publish again")
-            source = old
-        elif item.optional:
-            continue
-        else:
+            chosen[item] = old
+        elif not item.optional:
             missing.append(f"{item.name} ({_how_to_make(reg, item.name)})")
-            continue
+    if missing:
+        raise HarnessError("cannot publish: the declared set is incomplete; missing " + "; ".join(missing),
+                           code=INCOMPLETE, todo=republish_steps(reg))
+    for item, source in chosen.items():
+        if source.parent == published and (why := integrity.problem(reg.root, relative(source, reg.root))):
+            raise integrity_error(f"refusing to publish: the published {relative(source, reg.root)}, which this "
+                                  f"run would keep, fails verification: {why}",
+                                  todo="restore it from git (`git checkout -- results/`), then publish again")
         try:
             item.check(reg, source)
         except HarnessError as exc:
@@ -193,11 +192,7 @@ def _choose(reg: Registry, runs: Path, kind: str) -> dict[str, Path]:
             code = exc.code if exc.code in (STALE, INCOMPLETE, INTEGRITY) or item.fresh_required else INTEGRITY
             raise HarnessError(f"cannot publish {relative(source, reg.root)}: {exc.what}", expected=exc.expected,
                                todo=f"nothing was published; {exc.todo}", code=code) from None
-        chosen[item.name] = source
-    if missing:
-        raise HarnessError("cannot publish: the declared set is incomplete; missing " + "; ".join(missing),
-                           code=INCOMPLETE, todo=republish_steps(reg))
-    return chosen
+    return {item.name: source for item, source in chosen.items()}
 
 
 def _how_to_make(reg: Registry, name: str) -> str:
