@@ -6,7 +6,7 @@ import json
 import stat
 
 import pytest
-from synthetic import MUTATIONS, OPENVEX, SWEEP, make_project, result_doc, write_cell, write_sweep, write_table
+from synthetic import make_project, result_doc, write_cell, write_sweep
 
 from pdevidence import cli, registry
 from pdevidence.core import errors

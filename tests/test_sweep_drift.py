@@ -8,7 +8,8 @@ import pytest
 from synthetic import result_doc
 
 from pdevidence.core.errors import HarnessError
-from pdevidence.documents.tables import SweepTable
+from pdevidence.documents import provenance
+from pdevidence.documents.tables import SweepParameters, SweepTable
 from pdevidence.lanes import drift, sweep
 
 BASE = result_doc("base", "1.0.0")
@@ -59,8 +60,10 @@ def test_a_release_after_the_first_fixed_one_that_behaves_as_pre_fix_is_a_regres
     text = sweep.table("demo", outcomes, {"head": "0.2"})
     assert "0.3          pre-fix  REGRESSION" in text and "regressions: 0.3, 0.6" in text
     assert "0.4          fixed\n" in text
-    doc = sweep.document("demo", outcomes, "2026-10-01T00:00:00Z")
-    assert (doc["schema"], doc["first_fixed"], doc["regressions"]) == ("pdevidence-sweep/2", "0.2", ["0.3", "0.6"])
+    made = provenance.Provenance({"probes/probe_demo.py": "d" * 64}, "0" * 64)
+    parameters = SweepParameters(explicit=False, pre=False, floor="0.1", references={})
+    doc = sweep.document("demo", outcomes, "2026-10-01T00:00:00Z", made, parameters)
+    assert (doc["schema"], doc["first_fixed"], doc["regressions"]) == ("pdevidence-sweep/3", "0.2", ["0.3", "0.6"])
     assert SweepTable.from_doc(doc, source="test").doc is doc
     assert sweep.first_fixed(outcomes[:1]) is None and sweep.regressions(outcomes[:1]) == []
 
@@ -75,12 +78,16 @@ def test_the_sweep_command_prints_a_regression_and_exits_1(tmp_path, monkeypatch
     monkeypatch.setenv("PDEVIDENCE_RUNS", str(tmp_path / "runs"))
     outcomes = [sweep.ReleaseOutcome("1.0.0", C.PRE_FIX), sweep.ReleaseOutcome("1.1.0", C.FIXED),
                 sweep.ReleaseOutcome("1.2.0", C.PRE_FIX, {"D1": sweep.Behaviour.PRE_FIX})]
-    monkeypatch.setattr(sweep, "sweep", lambda reg, names, **kw: ({"demo": outcomes}, "2026-10-01T00:00:00Z"))
-    assert cli.main(["--root", str(project), "sweep"]) == errors.BEHAVIOUR_DIFFERS
+    refs = {"demo": sweep.References({}, {"demo.base.release-1.0.0.json": "a" * 64})}
+    monkeypatch.setattr(sweep, "sweep", lambda reg, names, **kw: ({"demo": outcomes}, "2026-10-01T00:00:00Z", refs))
+    assert cli.main(["--root", str(project), "sweep", "1.0.0", "1.1.0", "1.2.0"]) == errors.BEHAVIOUR_DIFFERS
     assert "1.2.0        pre-fix  REGRESSION: the fix is gone again" in capsys.readouterr().out
     written = json.loads((tmp_path / "runs" / "sweep-demo.json").read_text())
     assert written["regressions"] == ["1.2.0"] and written["as_of"] == "2026-10-01T00:00:00Z"
-    monkeypatch.setattr(sweep, "sweep", lambda reg, names, **kw: ({"demo": outcomes[:2]}, None))
+    assert written["parameters"] == {"explicit": True, "pre": False, "floor": "1.0.0",
+                                     "references": {"demo.base.release-1.0.0.json": "a" * 64}}
+    assert SweepTable.load(tmp_path / "runs" / "sweep-demo.json").stale(project, "probes/probe_demo.py") == []
+    monkeypatch.setattr(sweep, "sweep", lambda reg, names, **kw: ({"demo": outcomes[:2]}, None, refs))
     assert cli.main(["--root", str(project), "sweep"]) == errors.CONFIRMED
 
 

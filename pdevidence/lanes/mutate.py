@@ -173,8 +173,7 @@ def run(reg: registry.Registry, experiment: str, *, log=print) -> MutationTable:
     out = runs / "mutate" / f"{experiment}.probe.json"
     partial = out.with_name(f".{out.name}.partial")
     write_atomic(specs, dumps([m.spec() for m in exp.mutants.values()]))
-    closure = environments.closure_of(reg, environments.torch_choice(reg), reg.constraints)
-    made_by = provenance.record(reg.root, provenance.inputs(reg, [experiment], provenance.MUTATION_DRIVERS, closure))
+    made = made_by(reg, experiment)  # before anything runs: what a change during the run must not pass for
     with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"cell {cell.name}"):
         env = environments.cell_environment(reg, tree, slug)
         log(f"mutate({experiment}): {len(exp.mutants)} mutants on {tree.label()}")
@@ -195,7 +194,14 @@ def run(reg: registry.Registry, experiment: str, *, log=print) -> MutationTable:
             os.replace(partial, out)
         finally:
             partial.unlink(missing_ok=True)
-    return judge(exp, doc, made_by)
+    return judge(exp, doc, made)
+
+
+def made_by(reg: registry.Registry, experiment: str) -> provenance.Provenance:
+    """What makes a mutation table: the probe, the kit, the driver and its mutant kit, the registry, the
+    closure, the harness."""
+    closure = environments.closure_of(reg, environments.torch_choice(reg), reg.constraints)
+    return provenance.record(reg.root, provenance.inputs(reg, [experiment], provenance.MUTATION_DRIVERS, closure))
 
 
 def _driver_document(path: Path, exp: registry.Experiment) -> dict:
