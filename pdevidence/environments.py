@@ -28,7 +28,7 @@ from .core import children, files, settings
 from .core.errors import HarnessError
 from .core.files import sha256_file
 from .core.paths import work_dir
-from .registry import Registry, TorchChannel
+from .registry import Era, Registry, TorchChannel
 from .sources.trees import Tree
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -212,6 +212,7 @@ class CellEnvironment:
     torch: TorchChoice
     commands: list[list[str]] = field(default_factory=list)
     reused: bool = False
+    probe_env: dict[str, str] = field(default_factory=dict)  # what a probe run here needs (an era's stand-ins)
 
     @property
     def interpreter(self) -> Path:
@@ -300,15 +301,37 @@ def closure_of(registry: Registry, torch: TorchChoice, constraints: Path) -> Pat
 
 def cell_environment(registry: Registry, tree: Tree, slug: str,
                      constraints: Path | None = None, log=None) -> CellEnvironment:
-    """The cell's uv environment under ``.cells/envs/<slug>``, built or reused."""
+    """The cell's uv environment under ``.cells/envs/<slug>``, built or reused: the tree's era's
+    closure (today's unless the registry declares an era for its version), or ``constraints``."""
     torch = torch_choice(registry)
-    closure = closure_of(registry, torch, constraints or registry.constraints)
-    return ensure(work_dir(registry.root) / "envs" / slug, registry.python, closure, tree, torch, log=log)
+    era = era_of(registry, tree)
+    closure = closure_of(registry, torch, constraints or closure_for_era(registry, era))
+    env = ensure(work_dir(registry.root) / "envs" / slug, registry.python, closure, tree, torch, log=log)
+    if era is not None and closure == era.constraints:  # the era's own closure: its stand-ins with it
+        env.probe_env = stand_in_env(era)
+    return env
 
 
-def closure_environment(registry: Registry, log=None) -> CellEnvironment:
-    """The registry's closure without SGLang, under ``.cells/envs/closure.<digest>``: the warm engine's."""
+def era_of(registry: Registry, tree: Tree | None) -> Era | None:
+    """The era a tree runs in: a release's or wheel's version decides; a source tree runs in today's closure."""
+    if tree is None or tree.kind not in ("release", "wheel"):
+        return None
+    return registry.era_of(tree.resolved)
+
+
+def closure_for_era(registry: Registry, era: Era | None) -> Path:
+    return era.constraints if era else closure_of(registry, torch_choice(registry), registry.constraints)
+
+
+def stand_in_env(era: Era | None) -> dict[str, str]:
+    """What tells the probe process which import stand-ins its era declares (nothing for today's closure)."""
+    return {"PDEVIDENCE_STAND_INS": ",".join(era.stand_ins)} if era and era.stand_ins else {}
+
+
+def closure_environment(registry: Registry, era: Era | None = None, log=None) -> CellEnvironment:
+    """An era's closure (default: the registry's) without SGLang, under ``.cells/envs/closure.<digest>``:
+    the warm engine's environment."""
     torch = torch_choice(registry)
-    closure = closure_of(registry, torch, registry.constraints)
+    closure = closure_for_era(registry, era)
     slug = f"closure.{sha256_file(closure)[:12]}"
     return ensure(work_dir(registry.root) / "envs" / slug, registry.python, closure, None, torch, log=log)

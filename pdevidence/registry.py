@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .core.errors import usage
@@ -81,6 +82,39 @@ class Mutant:
                 "old": self.old, "new": self.new, "count": self.count}
 
 
+class Justification(str, enum.Enum):
+    """Why a tree is not affected, in OpenVEX's words (v0.2.0 status justifications)."""
+
+    CODE_NOT_PRESENT = "vulnerable_code_not_present"
+    NOT_IN_EXECUTE_PATH = "vulnerable_code_not_in_execute_path"
+
+
+@dataclass(frozen=True)
+class NotAffected:
+    """An observation that shows the vulnerable path does not exist on a tree.
+
+    It holds when scenario ``scenario`` observed ``key`` = ``value`` (e.g. ``"absent"``: the
+    function the fix guards is not in the tree). ``why`` is what a reader is told.
+    """
+
+    id: str
+    scenario: str
+    key: str
+    value: Any
+    justification: Justification
+    why: str
+
+    def holds(self, doc: dict) -> bool:
+        scenario = (doc.get("scenarios") or {}).get(self.scenario) or {}
+        observed = scenario.get("observed") or {}
+        value = observed.get(self.key, _MISSING)
+        # Typed: True is not 1, as everywhere observations are compared.
+        return type(value) is type(self.value) and value == self.value
+
+
+_MISSING = object()
+
+
 @dataclass(frozen=True)
 class Experiment:
     name: str
@@ -92,6 +126,7 @@ class Experiment:
     releases: dict[str, str | None]
     expect: dict[str, Expectation] = field(default_factory=dict)
     mutants: dict[str, Mutant] = field(default_factory=dict)
+    not_affected: dict[str, NotAffected] = field(default_factory=dict)
 
     def release(self, side: str) -> str:
         version = self.releases.get(side)
@@ -102,6 +137,26 @@ class Experiment:
                 todo=f"run `nox -s sweep -- --experiment {self.name}` to find the bracketing releases, then record them",
             )
         return version
+
+
+@dataclass(frozen=True)
+class Era:
+    """SGLang releases that run in one closure: the torch, transformers and the rest they were built for.
+
+    A release outside every declared era runs in the registry's own closure (``constraints``).
+    ``stand_ins`` are import stand-ins for compiled GPU-only packages that the era's releases
+    import at top level but the probed code never calls (declared in ``[stand_ins]``).
+    """
+
+    name: str
+    releases: SpecifierSet
+    constraints: Path
+    constraints_input: Path | None
+    stand_ins: tuple[str, ...]
+    note: str
+
+    def holds(self, version: str) -> bool:
+        return self.releases.contains(Version(version), prereleases=True)
 
 
 @dataclass(frozen=True)
@@ -116,6 +171,22 @@ class Registry:
     experiments: dict[str, Experiment]
     # The release whose `check --openvex` document is published as the OpenVEX example (None: none is).
     openvex_example: str | None = None
+    eras: dict[str, Era] = field(default_factory=dict)
+    stand_ins: dict[str, str] = field(default_factory=dict)  # module -> why it may be a stand-in
+
+    def era_of(self, version: str | None) -> Era | None:
+        """The declared era that holds ``version``; None: the registry's own closure."""
+        if version is None:
+            return None
+        try:
+            Version(version)
+        except InvalidVersion:
+            return None
+        holders = [era for era in self.eras.values() if era.holds(version)]
+        if len(holders) > 1:
+            raise usage(f"eras {', '.join(e.name for e in holders)} all hold {version}",
+                        expected="each release in at most one era", todo=f"fix their releases in {REGISTRY_FILE}")
+        return holders[0] if holders else None
 
     def experiment(self, name: str) -> Experiment:
         try:
@@ -219,7 +290,8 @@ def _version(value: str, where: str) -> str:
 def _parse(root: Path, data: dict) -> Registry:
     _table(data, "registry", required={"schema": int, "python": str, "constraints": str, "release_floor": str,
                                        "experiments": dict, "torch_channel": str},
-           optional={"constraints_input": str, "constraints_cpu": str, "openvex_example": str})
+           optional={"constraints_input": str, "constraints_cpu": str, "openvex_example": str, "eras": dict,
+                     "stand_ins": dict})
     if data["schema"] != SCHEMA:
         raise RegistryError(f"registry.schema: {data['schema']} is not a schema this harness reads ({SCHEMA})")
     experiments = {}
@@ -230,6 +302,9 @@ def _parse(root: Path, data: dict) -> Registry:
     if not experiments:
         raise RegistryError("registry declares no experiments")
     channel = _enum(TorchChannel, data["torch_channel"], "registry.torch_channel")
+    stand_ins = {name: _table(spec, f"stand_ins.{name}", required={"why": str}, optional={})["why"]
+                 for name, spec in data.get("stand_ins", {}).items()}
+    eras = {name: _parse_era(root, name, table, stand_ins) for name, table in data.get("eras", {}).items()}
     return Registry(
         root=root,
         python=data["python"],
@@ -239,15 +314,38 @@ def _parse(root: Path, data: dict) -> Registry:
         constraints_input=root / data["constraints_input"] if "constraints_input" in data else None,
         release_floor=_version(data["release_floor"], "registry.release_floor"),
         experiments=experiments,
+        eras=eras,
+        stand_ins=stand_ins,
         openvex_example=_version(data["openvex_example"], "registry.openvex_example")
         if "openvex_example" in data else None,
     )
 
 
+def _parse_era(root: Path, name: str, table: Any, stand_ins: dict[str, str]) -> Era:
+    where = f"eras.{name}"
+    if not _NAME.match(name.replace("-", "_").replace(".", "_")):
+        raise RegistryError(f"{where}: the name must be lowercase letters, digits, '-', '.' and _")
+    _table(table, where, required={"releases": str, "constraints": str},
+           optional={"constraints_input": str, "stand_ins": list, "note": str})
+    try:
+        releases = SpecifierSet(table["releases"])
+    except InvalidSpecifier:
+        raise RegistryError(f"{where}.releases: {table['releases']!r} is not a version specifier "
+                            "(e.g. \">=0.5.11,<0.5.17\")") from None
+    names = _strings(table.get("stand_ins", []), f"{where}.stand_ins")
+    for module in names:
+        if module not in stand_ins:
+            raise RegistryError(f"{where}.stand_ins: {module!r} is not declared in [stand_ins] (with why it may be)")
+    return Era(name, releases, root / table["constraints"],
+               root / table["constraints_input"] if "constraints_input" in table else None, names,
+               table.get("note", ""))
+
+
 def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
     where = f"experiments.{name}"
     _table(table, where, required={"pr": int, "title": str, "probe": str, "git": dict},
-           optional={"upstream_tests": list, "releases": dict, "expect": dict, "mutants": dict})
+           optional={"upstream_tests": list, "releases": dict, "expect": dict, "mutants": dict,
+                     "not_affected": dict})
     git = _table(table["git"], f"{where}.git", required={side: str for side in SIDES}, optional={})
     for side in SIDES:
         if not _SHA.match(git[side]):
@@ -257,6 +355,8 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
               for sid, spec in table.get("expect", {}).items()}
     mutants = {mid: _parse_mutant(f"{where}.mutants.{mid}", mid, spec)
                for mid, spec in table.get("mutants", {}).items()}
+    not_affected = {rid: _parse_not_affected(f"{where}.not_affected.{rid}", rid, spec)
+                    for rid, spec in table.get("not_affected", {}).items()}
     return Experiment(
         name=name,
         pr=table["pr"],
@@ -268,7 +368,17 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
                   for side in SIDES},
         expect=expect,
         mutants=mutants,
+        not_affected=not_affected,
     )
+
+
+def _parse_not_affected(where: str, rid: str, spec: Any) -> NotAffected:
+    if not _SCENARIO.match(rid):
+        raise RegistryError(f"{where}: {rid!r} is not an id (letters, digits, _)")
+    _table(spec, where, required={"scenario": str, "key": str, "value": (bool, int, str), "justification": str,
+                                  "why": str}, optional={})
+    return NotAffected(rid, spec["scenario"], spec["key"], spec["value"],
+                       _enum(Justification, spec["justification"], f"{where}.justification"), spec["why"])
 
 
 def _values(values: dict, where: str) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -20,10 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import _standins
+
 SCHEMA = "pd-differential-probe/1"
 EXIT_OK = 0
 EXIT_CANNOT_RUN = 3
 EXIT_USAGE = 2
+TREE_KINDS = ["git", "release", "path"]  # what a cell names; the check driver takes any
 FILE_MODE = 0o644  # results are read by everyone; mkstemp alone gives 0600
 
 Observed = dict[str, Any]
@@ -127,10 +131,15 @@ def describe_error(exc: BaseException) -> dict[str, str]:
 def run_scenario(sc: Scenario) -> dict[str, Any]:
     observed: Observed = {}
     error = None
+    calls = len(_standins.CALLED)
     try:
         sc.run(observed)
     except Exception as exc:  # one scenario's failure must not stop the others
         error = describe_error(exc)
+    reached = _standins.CALLED[calls:]
+    if reached:  # even if SGLang caught it: what a stand-in did is never an observation
+        error = {"type": _standins.StandInCalled.__name__,
+                 "message": f"the scenario called the import stand-in(s) {', '.join(sorted(set(reached)))}"}
     try:
         plain = _plain(observed)
     except TypeError as exc:
@@ -157,6 +166,9 @@ def build_document(scenario_set: ScenarioSet, side: str, tree: dict[str, str], e
         "tree": tree,
         "scenarios": {sc.id: run_scenario(sc) for sc in scenario_set.scenarios},
     }
+    stand_ins = _standins.record()
+    if stand_ins is not None:  # absent, not empty, where none ran: today's documents keep their bytes
+        doc["stand_ins"] = stand_ins
     doc.update(extra or {})
     return doc
 
@@ -166,6 +178,7 @@ def dumps(doc: dict) -> str:
 
 
 def write_atomic(path: Path, text: str) -> None:
+    """As the harness writes files (pdevidence.core.files, which a cell cannot import): whole, 0644."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -199,14 +212,54 @@ def quiet_environment() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def load_probe(path: Path) -> tuple[ScenarioSet, Callable[[], str]]:
+    """A probe module's one scenario set and its ``prepare()``, loaded by path (for the drivers)."""
+    spec = importlib.util.spec_from_file_location(f"pdprobe_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    sets = [value for value in vars(module).values() if isinstance(value, ScenarioSet)]
+    if len(sets) != 1 or not callable(getattr(module, "prepare", None)):
+        raise TypeError(f"{path.name} must define one ScenarioSet and a prepare() function")
+    return sets[0], module.prepare
+
+
+def add_tree_arguments(parser: argparse.ArgumentParser, kinds: list[str] | None = TREE_KINDS) -> None:
+    """What the tree under test is; ``kinds=None`` takes any kind (a check also names wheels, interpreters)."""
+    parser.add_argument("--tree-kind", default="path", choices=kinds)
+    parser.add_argument("--tree-ref", default="", help="the ref as asked for (commit, version, directory label)")
+    parser.add_argument("--tree-resolved", default="", help="full SHA or version; default: sglang.__version__")
+
+
+def tree_of(args: argparse.Namespace, version: str) -> dict[str, str]:
+    """The result's tree: as the harness named it, else the SGLang version ``prepare()`` found."""
+    return {"kind": args.tree_kind, "ref": args.tree_ref or version, "resolved": args.tree_resolved or version}
+
+
+def prepared(prepare: Callable[[], str]) -> str | None:
+    """``prepare()``'s SGLang version, or None after saying why the probe cannot run."""
+    try:
+        return prepare()
+    except Exception as exc:
+        err = describe_error(exc)
+        print(f"probe cannot run: SGLang setup failed: {err['type']}: {err['message']}", file=sys.stderr)
+        return None
+
+
+def emit(text: str, out: Path | None) -> None:
+    """The document to ``out`` (atomically), or to stdout."""
+    if out:
+        write_atomic(out, text)
+    else:
+        sys.stdout.write(text)
+
+
 def parse_args(argv: list[str] | None, experiment: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=f"Run the {experiment} differential probe against the installed SGLang."
     )
     parser.add_argument("--side", default="local", help="label of the tree under test (base, head, a release)")
-    parser.add_argument("--tree-kind", default="path", choices=["git", "release", "path"])
-    parser.add_argument("--tree-ref", default="", help="the ref as asked for (commit, version, directory label)")
-    parser.add_argument("--tree-resolved", default="", help="full SHA or version; default: sglang.__version__")
+    add_tree_arguments(parser)
     parser.add_argument("--out", type=Path, help="write the result here (atomically); default: stdout")
     return parser.parse_args(argv)
 
@@ -239,21 +292,10 @@ def _main(scenario_set: ScenarioSet, prepare: Callable[[], str], argv: list[str]
         return EXIT_USAGE if exc.code else EXIT_OK
     quiet_environment()
     block_network()
-    try:
-        version = prepare()
-    except Exception as exc:
-        err = describe_error(exc)
-        print(f"probe cannot run: SGLang setup failed: {err['type']}: {err['message']}", file=sys.stderr)
+    _standins.install()
+    version = prepared(prepare)
+    if version is None:
         return EXIT_CANNOT_RUN
-    tree = {
-        "kind": args.tree_kind,
-        "ref": args.tree_ref or version,
-        "resolved": args.tree_resolved or version,
-    }
-    doc = build_document(scenario_set, args.side, tree, {"sglang_version": version})
-    text = dumps(doc)
-    if args.out:
-        write_atomic(args.out, text)
-    else:
-        sys.stdout.write(text)
+    emit(dumps(build_document(scenario_set, args.side, tree_of(args, version), {"sglang_version": version})),
+         args.out)
     return EXIT_OK

@@ -35,6 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import _standins  # noqa: E402
 import probe_all  # noqa: E402
 
 EXIT_INTERNAL = 70  # the child died outside probe_all's own exit codes (EX_SOFTWARE)
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.scratch.mkdir(parents=True, exist_ok=True)
     probe_all.quiet_environment()
+    _standins.install()  # the children inherit them; preloading must not import the real ones
     pending = [json.loads(line) for line in args.tasks.read_text(encoding="utf-8").splitlines() if line.strip()]
     needed: list[str] = json.loads(args.preload.read_text(encoding="utf-8")) if args.preload.exists() else []
     preloaded: set[str] = set()

@@ -15,15 +15,16 @@ its traceback is printed), 2 on bad arguments.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _probekit import (EXIT_CANNOT_RUN, EXIT_OK, EXIT_USAGE, ScenarioSet, block_network,  # noqa: E402
-                       build_document, describe_error, dumps, quiet_environment, run_driver, write_atomic)
+import _standins  # noqa: E402
+from _probekit import (EXIT_CANNOT_RUN, EXIT_OK, EXIT_USAGE, add_tree_arguments, block_network,  # noqa: E402
+                       build_document, describe_error, dumps, load_probe, quiet_environment, run_driver, tree_of,
+                       write_atomic)
 
 CANNOT_RUN_SCHEMA = "pd-probe-cannot-run/1"
 CANNOT_RUN_SUFFIX = ".cannot-run.json"
@@ -34,22 +35,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("probes", nargs="*", type=Path, help="probe files (default: probe_*_differential.py here)")
     parser.add_argument("--out-dir", type=Path, required=True, help="one <experiment>.json per experiment")
     parser.add_argument("--side", default="local", help="label of the tree under test")
-    # Free text here (not the single probes' choices): a check also names wheels and interpreters.
-    parser.add_argument("--tree-kind", default="path")
-    parser.add_argument("--tree-ref", default="")
-    parser.add_argument("--tree-resolved", default="", help="default: sglang.__version__")
+    add_tree_arguments(parser, kinds=None)
     return parser.parse_args(argv)
-
-
-def load_probe(path: Path):
-    """The probe's scenario set and prepare(), whatever the module names them."""
-    spec = importlib.util.spec_from_file_location(f"pdprobe_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sets = [value for value in vars(module).values() if isinstance(value, ScenarioSet)]
-    if len(sets) != 1 or not callable(getattr(module, "prepare", None)):
-        raise TypeError(f"{path.name} must define one ScenarioSet and a prepare() function")
-    return sets[0], module.prepare
 
 
 def run_one(path: Path, args: argparse.Namespace) -> bool:
@@ -65,8 +52,7 @@ def run_one(path: Path, args: argparse.Namespace) -> bool:
         record = {"schema": CANNOT_RUN_SCHEMA, "experiment": experiment, "error": error}
         write_atomic(args.out_dir / f"{experiment}{CANNOT_RUN_SUFFIX}", dumps(record))
         return False
-    tree = {"kind": args.tree_kind, "ref": args.tree_ref or version, "resolved": args.tree_resolved or version}
-    doc = build_document(scenario_set, args.side, tree, {"sglang_version": version})
+    doc = build_document(scenario_set, args.side, tree_of(args, version), {"sglang_version": version})
     write_atomic(args.out_dir / f"{experiment}.json", dumps(doc))
     return True
 
@@ -79,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     probes = args.probes or sorted(HERE.glob("probe_*_differential.py"))
     quiet_environment()
     block_network()
+    _standins.install()  # before any probe imports SGLang
     ran = [run_one(path.resolve(), args) for path in probes]
     return EXIT_OK if any(ran) else EXIT_CANNOT_RUN
 

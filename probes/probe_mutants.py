@@ -17,7 +17,7 @@ void) or the driver itself failed (its traceback is printed), 2 on bad arguments
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -26,20 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _mutants  # noqa: E402
 import _probekit  # noqa: E402
+import _standins  # noqa: E402
 
 SCHEMA = "pd-mutant-probe/1"
-
-
-def load_probe(path: Path):
-    """The probe module's scenario set and its ``prepare``."""
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    sets = [v for v in vars(module).values() if isinstance(v, _probekit.ScenarioSet)]
-    if len(sets) != 1 or not callable(getattr(module, "prepare", None)):
-        raise SystemExit(f"{path}: expected one ScenarioSet and a prepare() function")
-    return sets[0], module.prepare
 
 
 def run_all(scenario_set) -> dict:
@@ -49,20 +38,17 @@ def run_all(scenario_set) -> dict:
 def run_mutant(spec: _mutants.MutantSpec, scenario_set) -> dict:
     """One mutant's record; a failed restore propagates (RestoreError)."""
     record = {"status": "applied", "error": None, "scenarios": {}}
-    try:
-        patch = _mutants.apply(spec)
-    except _mutants.NotApplicable as exc:
-        return {**record, "status": "not applicable", "error": _probekit.scrub(str(exc))}
-    except _mutants.MutantError as exc:
-        return {**record, "status": "error", "error": _probekit.scrub(str(exc))}
-    except Exception as exc:  # an operator that breaks on this tree's source: record it, run the rest
-        err = _probekit.describe_error(exc)
-        return {**record, "status": "error", "error": f"cannot apply: {err['type']}: {err['message']}"}
-    try:
+    with contextlib.ExitStack() as mutated:  # restored and checked on the way out, whatever the scenarios do
+        try:
+            mutated.enter_context(_mutants.applied(spec))
+        except _mutants.NotApplicable as exc:
+            return {**record, "status": "not applicable", "error": _probekit.scrub(str(exc))}
+        except _mutants.MutantError as exc:
+            return {**record, "status": "error", "error": _probekit.scrub(str(exc))}
+        except Exception as exc:  # an operator that breaks on this tree's source: record it, run the rest
+            err = _probekit.describe_error(exc)
+            return {**record, "status": "error", "error": f"cannot apply: {err['type']}: {err['message']}"}
         record["scenarios"] = run_all(scenario_set)
-    finally:
-        patch.restore()
-        patch.check()
     return record
 
 
@@ -71,9 +57,7 @@ def parse_args(argv):
     parser.add_argument("--probe", type=Path, required=True, help="the differential probe whose scenarios run")
     parser.add_argument("--mutants", type=Path, required=True, help="JSON list of mutant specs")
     parser.add_argument("--only", action="append", default=[], help="run only this mutant id (repeatable)")
-    parser.add_argument("--tree-kind", default="path", choices=["git", "release", "path"])
-    parser.add_argument("--tree-ref", default="")
-    parser.add_argument("--tree-resolved", default="")
+    _probekit.add_tree_arguments(parser)
     parser.add_argument("--out", type=Path, help="write the document here (atomically); default: stdout")
     return parser.parse_args(argv)
 
@@ -92,19 +76,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--only names unknown mutants: {', '.join(sorted(unknown))}", file=sys.stderr)
         return _probekit.EXIT_USAGE
     specs = [s for s in specs if not args.only or s.id in args.only]
-    scenario_set, prepare = load_probe(args.probe)
+    try:
+        scenario_set, prepare = _probekit.load_probe(args.probe)
+    except TypeError as exc:
+        print(exc, file=sys.stderr)
+        return _probekit.EXIT_USAGE
     _probekit.quiet_environment()
     _probekit.block_network()
-    try:
-        version = prepare()
-    except Exception as exc:
-        err = _probekit.describe_error(exc)
-        print(f"probe cannot run: SGLang setup failed: {err['type']}: {err['message']}", file=sys.stderr)
+    _standins.install()
+    version = _probekit.prepared(prepare)
+    if version is None:
         return _probekit.EXIT_CANNOT_RUN
     doc = {
         "schema": SCHEMA,
         "experiment": scenario_set.experiment,
-        "tree": {"kind": args.tree_kind, "ref": args.tree_ref or version, "resolved": args.tree_resolved or version},
+        "tree": _probekit.tree_of(args, version),
         "sglang_version": version,
         "baseline": run_all(scenario_set),
         "mutants": {},
@@ -117,11 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             return _probekit.EXIT_CANNOT_RUN
     # Run again unmutated: a mutant that left state behind shows up as a different baseline.
     doc["baseline_after"] = run_all(scenario_set)
-    text = _probekit.dumps(doc)
-    if args.out:
-        _probekit.write_atomic(args.out, text)
-    else:
-        sys.stdout.write(text)
+    _probekit.emit(_probekit.dumps(doc), args.out)
     return _probekit.EXIT_OK
 
 

@@ -78,6 +78,7 @@ def demo_project(tmp_path, http_server, monkeypatch):
     (root / "experiments.toml").write_text(REGISTRY)
     (root / "constraints" / "cells.txt").write_text("")
     shutil.copy(PROJECT / "probes" / "_probekit.py", root / "probes")
+    shutil.copy(PROJECT / "probes" / "_standins.py", root / "probes")
     shutil.copy(PROJECT / "noxfile.py", root / "noxfile.py")
     (root / "probes" / "probe_demo.py").write_text(PROBE)
     index = serve_index(http_server, {

@@ -16,6 +16,7 @@ import venv
 from pathlib import Path
 
 import pytest
+from schemas import problems
 from synthetic import REGISTRY, make_project, result_doc, wheel_bytes, write_cell
 
 from pdevidence import cli, registry
@@ -117,6 +118,7 @@ def _vex_result(project, status_observed):
     (AFTER, "fixed"), (BEFORE, "affected"), ({**AFTER, "D3": {"receiver_created": True}}, "under_investigation")])
 def test_openvex_has_one_statement_per_experiment_with_its_evidence(project, observed, status):
     doc = openvex.document(project, _vex_result(project, observed), "2026-11-30T00:00:00Z")
+    assert problems("openvex-0.2.0", doc) == []
     assert doc["@context"] == "https://openvex.dev/ns/v0.2.0"
     assert {"@id", "author", "timestamp", "version", "statements"} <= doc.keys()
     (statement,) = doc["statements"]

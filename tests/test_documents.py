@@ -49,3 +49,24 @@ def test_a_schema_1_receipt_upgrades_with_what_it_did_not_record_unknown():
     upgraded = step({"python": {"version": "3.12.1"}, "torch": {"channel": "pypi"}})
     assert upgraded["python"] == {"version": "3.12.1", "implementation": None, "identity": None}
     assert upgraded["torch"] == {"channel": "pypi", "override": None}
+
+
+def test_children_run_honours_check_as_subprocess_run_does():
+    import subprocess
+    import sys
+
+    from pdevidence.core import children
+
+    assert children.run([sys.executable, "-c", "raise SystemExit(3)"]).returncode == 3
+    with pytest.raises(subprocess.CalledProcessError) as err:
+        children.run([sys.executable, "-c", "raise SystemExit(3)"], check=True)
+    assert err.value.returncode == 3
+
+
+def test_a_failed_atomic_write_leaves_nothing_behind(tmp_path):
+    from pdevidence.core.files import write_atomic
+
+    (tmp_path / "a.json").mkdir()  # the rename onto a directory fails after the temporary is written
+    with pytest.raises(OSError):
+        write_atomic(tmp_path / "a.json", "{}\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]

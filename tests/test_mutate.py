@@ -394,7 +394,7 @@ def demo_lane(tmp_path, monkeypatch, mutants: dict, probe_text: str = DEMO_PROBE
 
     probes = tmp_path / "probes"
     probes.mkdir()
-    for name in ("_mutants.py", "_probekit.py", "probe_mutants.py"):
+    for name in ("_mutants.py", "_probekit.py", "_standins.py", "probe_mutants.py"):
         shutil.copy(PROJECT / "probes" / name, probes / name)
     (probes / "probe_demo.py").write_text(probe_text)
     (tmp_path / "synthmod.py").write_text(textwrap.dedent(SYNTHETIC))
@@ -411,7 +411,7 @@ def demo_lane(tmp_path, monkeypatch, mutants: dict, probe_text: str = DEMO_PROBE
     monkeypatch.setattr(cells, "resolve_tree", lambda reg, cell: tree)
     monkeypatch.setattr(cells, "cell_slug", lambda reg, cell, tree: "demo.head.release-9.9")
     monkeypatch.setattr(environments, "cell_environment", lambda reg, tree, slug: SimpleNamespace(interpreter=sys.executable))
-    monkeypatch.setattr(mutate, "made_by", lambda reg, experiment: MADE)
+    monkeypatch.setattr(mutate, "made_by", lambda reg, experiment, tree: MADE)
     result = mutate.run(reg, "demo", log=lambda msg: None)
     assert result.provenance == MADE and result.parameters.mutants == list(mutants)
     return result

@@ -16,14 +16,14 @@ from pdevidence.core.paths import PROJECT, work_dir
 
 sys.path.insert(0, str(PROJECT / "probes"))
 
-import probe_mutants  # noqa: E402
+import _probekit  # noqa: E402
 
 REG = registry.load(PROJECT)
 PREFILL = REG.experiment("prefill")
 
 
 def test_every_prefill_scenario_is_expected_and_every_expectation_runs():
-    scenario_set, _prepare = probe_mutants.load_probe(PREFILL.probe)  # no SGLang import until prepare()
+    scenario_set, _prepare = _probekit.load_probe(PREFILL.probe)  # no SGLang import until prepare()
     assert [sc.id for sc in scenario_set.scenarios] and {sc.id for sc in scenario_set.scenarios} == set(PREFILL.expect)
 
 

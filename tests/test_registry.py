@@ -135,3 +135,59 @@ def test_a_registry_typo_exits_2_from_the_command_line_naming_the_key(tmp_path, 
     make_project(tmp_path, REGISTRY.replace('base = "1.0.0"', 'bsae = "1.0.0"'))
     assert cli.main(["--root", str(tmp_path), "compare"]) == errors.USAGE
     assert "experiments.demo.releases.bsae; did you mean 'base'" in capsys.readouterr().err
+
+
+ERAS = REGISTRY + """
+[stand_ins.gpu_kernels]
+why = "compiled CUDA kernels imported at top level; the probed doors never call them"
+
+[eras.old]
+releases = ">=0.4.0,<1.0.0"
+constraints = "constraints/old.txt"
+stand_ins = ["gpu_kernels"]
+note = "the closure the 0.x releases were built for"
+
+[experiments.demo.not_affected.no_door]
+scenario = "D1"
+key = "door"
+value = "absent"
+justification = "vulnerable_code_not_present"
+why = "the door the fix guards is not in this tree"
+"""
+
+
+def test_a_release_runs_in_the_era_that_holds_it_and_a_newer_one_in_todays_closure(tmp_path):
+    reg = load_text(tmp_path, ERAS)
+    assert reg.era_of("0.4.5").name == "old" and reg.era_of("0.9.9").stand_ins == ("gpu_kernels",)
+    assert reg.era_of("1.0.0") is None and reg.era_of(None) is None and reg.era_of("not-a-version") is None
+    assert reg.eras["old"].constraints == tmp_path / "constraints" / "old.txt"
+
+
+@pytest.mark.parametrize("broken, message", [
+    (ERAS.replace('stand_ins = ["gpu_kernels"]', 'stand_ins = ["vllm"]'), "'vllm' is not declared in \\[stand_ins\\]"),
+    (ERAS.replace('releases = ">=0.4.0,<1.0.0"', 'releases = "0.4 to 1.0"'), "not a version specifier"),
+    (ERAS.replace('justification = "vulnerable_code_not_present"', 'justification = "not_vulnerable"'),
+     "is not one of: vulnerable_code_not_present, vulnerable_code_not_in_execute_path"),
+    (ERAS.replace('why = "the door', 'reason = "the door'), "unknown key experiments.demo.not_affected.no_door.reason"),
+])
+def test_eras_stand_ins_and_not_affected_rules_are_checked_strictly(tmp_path, broken, message):
+    with pytest.raises(errors.HarnessError, match=message) as err:
+        load_text(tmp_path, broken)
+    assert err.value.code == errors.USAGE
+
+
+def test_two_eras_that_hold_one_release_are_refused_when_it_is_asked_for(tmp_path):
+    reg = load_text(tmp_path, ERAS + '[eras.overlap]\nreleases = ">=0.9"\nconstraints = "constraints/o.txt"\n')
+    assert reg.era_of("0.5.0").name == "old"
+    with pytest.raises(errors.HarnessError, match="old, overlap all hold 0.9.1"):
+        reg.era_of("0.9.1")
+
+
+def test_a_not_affected_rule_holds_on_its_typed_observation_only(tmp_path):
+    rule = load_text(tmp_path, ERAS).experiment("demo").not_affected["no_door"]
+    assert rule.justification is registry.Justification.CODE_NOT_PRESENT
+    assert rule.holds({"scenarios": {"D1": {"observed": {"door": "absent"}}}})
+    assert not rule.holds({"scenarios": {"D1": {"observed": {"door": "present"}}}})
+    assert not rule.holds({"scenarios": {"D2": {"observed": {"door": "absent"}}}})
+    truthy = registry.NotAffected("x", "D1", "door", True, rule.justification, "")
+    assert not truthy.holds({"scenarios": {"D1": {"observed": {"door": 1}}}})

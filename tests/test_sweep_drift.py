@@ -173,10 +173,9 @@ def test_the_weekly_sweep_job_fails_the_run_on_a_regression():
     doc = yaml.safe_load((Path(__file__).resolve().parent.parent / ".github/workflows/probes.yml").read_text())
     on = doc.get("on", doc.get(True))  # YAML 1.1 reads a bare `on` as true
     assert on["schedule"]
-    job = doc["jobs"]["sweep"]
-    assert "schedule" in job["if"]
-    step = next(s for s in job["steps"] if s.get("run") == "nox -s sweep")
-    assert not step.get("continue-on-error")  # the sweep's exit 1 must fail the run
+    assert "schedule" in doc["jobs"]["sweep-list"]["if"]  # the era jobs and the merge follow it
+    step = next(s for s in doc["jobs"]["sweep"]["steps"] if s.get("run") == "nox -s sweep_merge")
+    assert not step.get("continue-on-error")  # the watch's exit code must fail the run
 
 
 def test_a_sweep_of_something_that_is_not_a_version_is_a_usage_error(tmp_path, capsys):

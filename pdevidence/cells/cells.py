@@ -138,11 +138,14 @@ def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Pa
         raise usage(f"the probe of {cell.experiment} is missing: {exp.probe}")
     environments.find_python(registry.python)  # no Python 3.12: say so before any download
     torch = environments.torch_choice(registry)
-    constraints = constraints or registry.constraints
-    closure = environments.closure_of(registry, torch, constraints)
+    # A CPU channel without its closure stops here, before any download.
+    environments.closure_of(registry, torch, constraints or registry.constraints)
     tree = resolve_tree(registry, cell)
+    # A release of a declared era runs in that era's closure; the drift lane brings its own.
+    constraints = constraints or environments.closure_for_era(registry, environments.era_of(registry, tree))
+    closure = environments.closure_of(registry, torch, constraints)
     made_by = provenance.record(registry.root, provenance.inputs(registry, [cell.experiment],
-                                                                 provenance.CELL_DRIVERS, closure))
+                                                                 provenance.CELL_DRIVERS, [closure]))
     key = cache_key(registry, made_by, tree, torch.channel)
     out = out_dir or runs_dir(registry.root)
     result = out / results.result_name(cell.experiment, cell.side, tree.label())
@@ -171,7 +174,7 @@ def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Pa
         staged_result.parent.mkdir(parents=True)
         try:
             run = run_probe(env.interpreter, exp.probe, args, staged_result, work / "logs" / f"{slug}.log",
-                            experiment=cell.experiment, side=cell.side)
+                            experiment=cell.experiment, side=cell.side, env=env.probe_env)
             receipt = receipts.build(
                 cell=cell.name, experiment=cell.experiment, side=cell.side, tree=tree, env=env,
                 project=registry.root, constraints=closure, probe=exp.probe, result=staged_result,

@@ -35,8 +35,10 @@ class TreeTask:
 
 
 def run(reg: Registry, interpreter: Path, tasks: list[TreeTask], experiments: list[str], *,
-        out_dir: Path, logs: Path, preload: Path, jobs: int = 2, log=print) -> dict[str, dict[str, allprobes.Outcome]]:
-    """Every experiment on every tree; per tree label, per experiment, what came back."""
+        out_dir: Path, logs: Path, preload: Path, jobs: int = 2, env: dict[str, str] | None = None,
+        log=print) -> dict[str, dict[str, allprobes.Outcome]]:
+    """Every experiment on every tree; per tree label, per experiment, what came back.
+    ``env`` is added to the engine's environment (an era's stand-ins)."""
     if not tasks:
         return {}
     exps = [reg.experiment(name) for name in experiments]
@@ -57,7 +59,7 @@ def run(reg: Registry, interpreter: Path, tasks: list[TreeTask], experiments: li
     engine_log = logs / "engine.log"
     reports = {}
     with open(engine_log, "wb") as err:
-        proc = children.popen(command, stdout=subprocess.PIPE, stderr=err, env={**os.environ, **allprobes.PROBE_ENV})
+        proc = children.popen(command, stdout=subprocess.PIPE, stderr=err, env={**os.environ, **allprobes.PROBE_ENV, **(env or {})})
         try:
             for raw in proc.stdout:  # one line per child, as each ends
                 report = json.loads(raw)

@@ -21,13 +21,14 @@ from .. import environments
 from ..core.files import sha256_file
 from ..core.paths import work_dir
 from ..documents.provenance import harness_digest, tree_digest
-from ..registry import Registry
+from ..registry import Era, Registry
 from ..sources.importable import importable_dir
 from ..sources.trees import Tree
 from . import allprobes, engine
 
 
-def outcome_key(reg: Registry, tree: Tree, closure: Path, interpreter: str, channel: str) -> str:
+def outcome_key(reg: Registry, tree: Tree, closure: Path, interpreter: str, channel: str,
+                stand_ins: dict[str, str]) -> str:
     parts = {
         "tree": [tree.kind, tree.resolved, tree.digest],
         "closure": sha256_file(closure),
@@ -35,6 +36,7 @@ def outcome_key(reg: Registry, tree: Tree, closure: Path, interpreter: str, chan
         "harness": harness_digest(),
         "python": interpreter,
         "torch": channel,
+        "stand_ins": stand_ins,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
@@ -68,13 +70,30 @@ def _keep(entry: Path, produced: Path, experiments: list[str]) -> None:
 
 def probe_trees(reg: Registry, trees: list[Tree], experiments: list[str], tree_args: dict[str, dict[str, str]], *,
                 out_dir: Path, jobs: int = 2, force: bool = False, log=print) -> dict[str, dict[str, allprobes.Outcome]]:
-    """Per tree label, per experiment, the outcome: from the cache, else from one engine run for all misses."""
+    """Per tree label, per experiment, the outcome: from the cache, else from one engine per era for the misses."""
+    by_era: dict[str, tuple[Era | None, list[Tree]]] = {}
+    for tree in trees:
+        era = environments.era_of(reg, tree)
+        by_era.setdefault(era.name if era else "", (era, []))[1].append(tree)
+    found = {}
+    for era, members in by_era.values():
+        found.update(_probe_era(reg, era, members, experiments, tree_args, out_dir=out_dir, jobs=jobs, force=force,
+                                log=log))
+    return found
+
+
+def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: list[str],
+               tree_args: dict[str, dict[str, str]], *, out_dir: Path, jobs: int, force: bool,
+               log) -> dict[str, dict[str, allprobes.Outcome]]:
     exps = [reg.experiment(name) for name in experiments]
     work = work_dir(reg.root)
-    env = environments.closure_environment(reg, log=lambda msg: log(f"engine: {msg}"))
-    closure = environments.closure_of(reg, env.torch, reg.constraints)
+    where = f"engine ({era.name})" if era else "engine"
+    env = environments.closure_environment(reg, era, log=lambda msg: log(f"{where}: {msg}"))
+    closure = environments.closure_for_era(reg, era)
+    stand_ins = environments.stand_in_env(era)
     identity = environments.find_python(reg.python).identity()
-    keys = {tree.label(): outcome_key(reg, tree, closure, identity, env.torch.channel.value) for tree in trees}
+    keys = {tree.label(): outcome_key(reg, tree, closure, identity, env.torch.channel.value, stand_ins)
+            for tree in trees}
     found: dict[str, dict[str, allprobes.Outcome]] = {}
     todo = []
     for tree in trees:
@@ -86,11 +105,12 @@ def probe_trees(reg: Registry, trees: list[Tree], experiments: list[str], tree_a
         else:
             todo.append(engine.TreeTask(label, importable_dir(tree, work), tree_args[label]))
     if found:
-        log(f"engine: {len(found)} tree(s) unchanged, outcomes reused: {', '.join(found)} (use --force to reprobe)")
+        log(f"{where}: {len(found)} tree(s) unchanged, outcomes reused: {', '.join(found)} (use --force to reprobe)")
     if todo:
-        log(f"engine: probing {', '.join(t.label for t in todo)} ({jobs} at a time)")
+        log(f"{where}: probing {', '.join(t.label for t in todo)} ({jobs} at a time)")
         ran = engine.run(reg, env.interpreter, todo, experiments, out_dir=out_dir, logs=work / "logs" / "engine",
-                         preload=work / "engine" / f"{env.path.name}.preload.json", jobs=jobs, log=log)
+                         preload=work / "engine" / f"{env.path.name}.preload.json", jobs=jobs, env=stand_ins,
+                         log=log)
         for label, outcomes in ran.items():
             found[label] = outcomes
             if _complete(out_dir / label, experiments):

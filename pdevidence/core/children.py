@@ -109,15 +109,18 @@ def wait(proc: subprocess.Popen, *, timeout: float | None = None, input: bytes |
 
 
 def run(command: list[str], *, timeout: float | None = None, input=None, **kw) -> subprocess.CompletedProcess:
-    """``subprocess.run`` in a stoppable process group; ``capture_output``/``text`` as there."""
+    """``subprocess.run`` in a stoppable process group; ``capture_output``, ``text`` and ``check`` as there."""
+    check = kw.pop("check", False)
     if kw.pop("capture_output", False):
         kw["stdout"] = kw["stderr"] = subprocess.PIPE
     if input is not None:
         kw["stdin"] = subprocess.PIPE
-    kw.pop("check", None)
     proc = popen(command, **kw)
     out, err = wait(proc, timeout=timeout, input=input)
-    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+    done = subprocess.CompletedProcess(command, proc.returncode, out, err)
+    if check:
+        done.check_returncode()  # CalledProcessError, as subprocess.run(check=True) raises
+    return done
 
 
 def _handler(signum, frame) -> None:

@@ -29,12 +29,12 @@ _TODO = ("if you changed a probe, the registry or the constraints on purpose (`n
 
 
 def published_inputs(root: Path) -> list[Path]:
-    """The registry and the constraints closure the published run was built from."""
+    """The registry and the constraints closures the published runs were built from (every era's too)."""
     reg = load_registry(root)
     inputs = [root / REGISTRY_FILE, reg.constraints]
     if reg.torch_channel is TorchChannel.CPU and reg.constraints_cpu:
         inputs.append(reg.constraints_cpu)
-    return inputs
+    return inputs + [era.constraints for era in reg.eras.values()]
 
 
 def _published(top: Path) -> list[Path]:

@@ -25,6 +25,7 @@ from ..registry import REGISTRY_FILE, Registry
 HARNESS = Path(__file__).resolve().parents[1]  # the pdevidence package that is running
 HARNESS_NAME = "the harness (pdevidence/**/*.py)"
 KIT = "probes/_probekit.py"
+STAND_INS = "probes/_standins.py"  # the era stand-ins the kit loads in every cell, where the checkout has them
 # The in-cell drivers of each kind of document, beside the experiment's own probe.
 CELL_DRIVERS: tuple[str, ...] = ()  # a cell runs its probe file directly
 SWEEP_DRIVERS = ("probes/probe_all.py", "probes/engine.py")
@@ -110,10 +111,12 @@ def record(root: Path, files: list[Path]) -> Provenance:
     return Provenance({relative(path, root): sha256_file(path) for path in files}, harness_digest())
 
 
-def inputs(reg: Registry, experiments: list[str], drivers: tuple[str, ...], closure: Path) -> list[Path]:
+def inputs(reg: Registry, experiments: list[str], drivers: tuple[str, ...], closures: list[Path]) -> list[Path]:
     """The files that run in the cell or decide a document's content."""
     probes = [reg.experiment(name).probe for name in experiments]
-    return [*probes, reg.root / KIT, *(reg.root / d for d in drivers), reg.root / REGISTRY_FILE, closure]
+    stand_ins = [reg.root / STAND_INS] if (reg.root / STAND_INS).is_file() else []
+    return [*probes, reg.root / KIT, *stand_ins, *(reg.root / d for d in drivers), reg.root / REGISTRY_FILE,
+            *dict.fromkeys(closures)]
 
 
 def required(reg: Registry, experiment: str, drivers: tuple[str, ...]) -> list[str]:

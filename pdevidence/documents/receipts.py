@@ -163,10 +163,8 @@ class Receipt:
 
         if not isinstance(doc, dict):
             raise bad("not a JSON object")
-        schema_version = SCHEMA.version_of(doc)
-        if schema_version is None:
-            raise bad(f"schema {doc.get('schema')!r}, expected {SCHEMA.readable}")
-        written, doc = doc, SCHEMA.upgrade(doc, schema_version)
+        written = doc
+        schema_version, doc = SCHEMA.read(doc, bad)
         # Null where the upgrade from /1 could not know; a /2 receipt records them.
         unknown = (str, type(None)) if schema_version < 2 else str
         tree = field(doc, "tree", dict, "")

@@ -29,10 +29,7 @@ def load_report(path: Path) -> dict:
     def bad(why: str) -> HarnessError:
         return HarnessError(f"{path} is not a valid report: {why}", code=INTEGRITY, todo=todo)
 
-    version = SCHEMA.version_of(doc)
-    if version is None:
-        raise bad(f"schema {doc.get('schema') if isinstance(doc, dict) else None!r}, expected {SCHEMA.readable!r}")
-    doc = SCHEMA.upgrade(doc, version)
+    _, doc = SCHEMA.read(doc, bad)
     if not isinstance(doc.get("pairs"), list) or not isinstance(doc.get("exit_code"), int):
         raise bad("pairs must be a list and exit_code an integer")
     for n, pair in enumerate(doc["pairs"]):

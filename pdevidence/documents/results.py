@@ -68,10 +68,8 @@ class Result:
 
         if not isinstance(doc, dict):
             raise bad("not a JSON object")
-        version = RESULT_SCHEMA.version_of(doc)
-        if version is None:
-            raise bad(f"schema {doc.get('schema')!r}, expected {RESULT_SCHEMA.readable}")
-        written, doc = doc, RESULT_SCHEMA.upgrade(doc, version)
+        written = doc
+        version, doc = RESULT_SCHEMA.read(doc, bad)
         for key in ("experiment", "side"):
             if not isinstance(doc.get(key), str):
                 raise bad(f"{key} must be a string")

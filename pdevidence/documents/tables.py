@@ -114,7 +114,7 @@ class SweepParameters:
 class SweepTable:
     schema_version: int  # as written; the fields are in the current form
     experiment: str
-    first_fixed: str | None
+    first_fixed: str | None  # the oldest release that behaves as fixed; a later one may regress
     regressions: list[str]
     as_of: str | None  # the newest probed release's upload time
     releases: list[ReleaseOutcome]
@@ -133,10 +133,8 @@ class SweepTable:
             return HarnessError(f"{source} is not a sweep table: {why}", expected=f"a {SWEEP_SCHEMA.readable} document",
                                 todo=SWEEP_TODO)
 
-        version = SWEEP_SCHEMA.version_of(doc)
-        if version is None:
-            raise bad(f"schema {doc.get('schema') if isinstance(doc, dict) else None!r}")
-        written, doc = doc, SWEEP_SCHEMA.upgrade(doc, version)
+        written = doc
+        version, doc = SWEEP_SCHEMA.read(doc, bad)
         for key in ("experiment", "releases", "regressions", "first_fixed"):
             if key not in doc:
                 raise bad(f"missing {key!r}")
@@ -264,10 +262,8 @@ class MutationTable:
             return HarnessError(f"{source} is not a mutation table: {why}",
                                 expected=f"a {MUTATION_SCHEMA.readable} document", todo=MUTATION_TODO)
 
-        version = MUTATION_SCHEMA.version_of(doc)
-        if version is None:
-            raise bad(f"schema {doc.get('schema') if isinstance(doc, dict) else None!r}")
-        written, doc = doc, MUTATION_SCHEMA.upgrade(doc, version)
+        written = doc
+        version, doc = MUTATION_SCHEMA.read(doc, bad)
         try:
             mutants = [MutantOutcome(id=m["id"], title=m["title"], kind=MutantKind(m["kind"]), target=m["target"],
                                      operator=Operator(m["operator"]), status=MutantStatus(m["status"]),

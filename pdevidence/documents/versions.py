@@ -50,6 +50,13 @@ class Schema:
             return None
         return int(version)
 
+    def read(self, doc: Any, bad: Callable[[str], Exception]) -> tuple[int, dict]:
+        """The version ``doc`` is written in and ``doc`` in the current form; ``bad(why)`` for any other schema."""
+        version = self.version_of(doc)
+        if version is None:
+            raise bad(f"schema {doc.get('schema') if isinstance(doc, dict) else None!r}, expected {self.readable}")
+        return version, self.upgrade(doc, version)
+
     def upgrade(self, doc: dict, version: int) -> dict:
         """``doc`` (written in ``version``) in the current form; a copy, when any step runs."""
         if version == self.current:

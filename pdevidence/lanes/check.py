@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import environments
-from ..cells import allprobes
+from ..cells import allprobes, warm
 from ..core import children
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, usage, worst
 from ..core.locking import exclusive
@@ -32,6 +32,9 @@ SCHEMA = "pdevidence-check/1"
 # SGLang itself requires Python >= 3.10; the tests parse the probes with that grammar.
 MIN_PYTHON = (3, 10)
 CHECK_SIDE = "check"
+# Targets the warm engine runs as they are: a wheel unpacked is the package installed. A source
+# tree (--path, --git) is built into an environment of its own, so it reports its built version.
+WARM_KINDS = ("release", "wheel")
 
 
 class Status(str, enum.Enum):
@@ -164,33 +167,58 @@ def resolve(reg: Registry, *, python: Path | None = None, version: str | None = 
 
 def run(reg: Registry, target: Target, tree: trees.Tree | None, *, fresh_references: bool = False,
         log=print) -> CheckResult:
-    """Every probe on the target, judged against the published base and head results (verified first),
-    or with ``fresh_references`` against the fresh ones in runs/ (while republishing)."""
+    return run_all(reg, [(target, tree)], fresh_references=fresh_references, log=log)[0]
+
+
+def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, fresh_references: bool = False,
+            log=print) -> list[CheckResult]:
+    """Every target, each judged on its own against the published base and head results (verified first), or
+    with ``fresh_references`` against the fresh ones in runs/ (while republishing); release and wheel targets
+    share one warm engine per era (an unpacked wheel is what installing it gives), with their outcomes cached
+    by what made them."""
     exps = list(reg.experiments.values())
     directory = runs_dir(reg.root) if fresh_references else results_dir(reg.root)
     refs = {exp.name: sweep.references(reg, exp, directory, fresh=fresh_references) for exp in exps}
-    out = runs_dir(reg.root) / "check" / target.label()
-    logfile = work_dir(reg.root) / "logs" / f"check.{target.label()}.log"
-    args = {"side": CHECK_SIDE, "tree_kind": target.kind, "tree_ref": "" if tree is None else tree.ref,
-            "tree_resolved": "" if tree is None else tree.resolved}
     names = [exp.name for exp in exps]
+    out = runs_dir(reg.root) / "check"
+    warm_trees = [tree for _, tree in targets if tree is not None and tree.kind in WARM_KINDS]
+    engine_outcomes = warm.probe_trees(reg, warm_trees, names, {t.label(): _tree_args(t) for t in warm_trees},
+                                       out_dir=out, log=log) if warm_trees else {}
+    found = []
+    for target, tree in targets:
+        if tree is not None and tree.kind in WARM_KINDS:
+            outcomes = engine_outcomes[tree.label()]
+        else:
+            outcomes = _in_own_process(reg, names, target, tree, out / target.label(), log)
+        versions = {o.doc.get("sglang_version") for o in outcomes.values() if o.doc}
+        version = versions.pop() if len(versions) == 1 else None
+        if target.kind == "python":
+            target.resolved = version
+        found.append(CheckResult(target, [judge(exp, outcomes[exp.name], refs[exp.name].base,
+                                                refs[exp.name].head) for exp in exps], version))
+    return found
+
+
+def _tree_args(tree: trees.Tree | None, kind: str = "") -> dict[str, str]:
+    return {"side": CHECK_SIDE, "tree_kind": tree.kind if tree else kind, "tree_ref": tree.ref if tree else "",
+            "tree_resolved": tree.resolved if tree else ""}
+
+
+def _in_own_process(reg: Registry, names: list[str], target: Target, tree: trees.Tree | None, out: Path,
+                    log) -> dict[str, allprobes.Outcome]:
+    """An interpreter as it is, or a source tree installed into its own check environment."""
+    logfile = work_dir(reg.root) / "logs" / f"check.{target.label()}.log"
+    args = _tree_args(tree, target.kind)
     if tree is None:
         log(f"check: running every probe with {target.ref}")
         # Nothing may be written inside the environment checked: no bytecode caches, not even the probes'.
-        outcomes = allprobes.run(reg, target.ref, names, args, out_dir=out, log=logfile,
-                                 env={"PYTHONDONTWRITEBYTECODE": "1"})
-    else:
-        slug = f"{CHECK_SIDE}.{tree.label()}"
-        with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"the check environment {slug}"):
-            env = environments.cell_environment(reg, tree, slug)
-            log(f"check: {'reusing' if env.reused else 'built'} environment {env.path}")
-            outcomes = allprobes.run(reg, env.interpreter, names, args, out_dir=out, log=logfile)
-    versions = {o.doc.get("sglang_version") for o in outcomes.values() if o.doc}
-    version = versions.pop() if len(versions) == 1 else None
-    if target.kind == "python":
-        target.resolved = version
-    return CheckResult(target, [judge(exp, outcomes[exp.name], refs[exp.name].base, refs[exp.name].head)
-                                for exp in exps], version)
+        return allprobes.run(reg, target.ref, names, args, out_dir=out, log=logfile,
+                             env={"PYTHONDONTWRITEBYTECODE": "1"})
+    slug = f"{CHECK_SIDE}.{tree.label()}"
+    with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"the check environment {slug}"):
+        env = environments.cell_environment(reg, tree, slug)
+        log(f"check: {'reusing' if env.reused else 'built'} environment {env.path}")
+        return allprobes.run(reg, env.interpreter, names, args, out_dir=out, log=logfile, env=env.probe_env)
 
 
 def describe(result: CheckResult) -> str:

@@ -173,7 +173,7 @@ def run(reg: registry.Registry, experiment: str, *, log=print) -> MutationTable:
     out = runs / "mutate" / f"{experiment}.probe.json"
     partial = out.with_name(f".{out.name}.partial")
     write_atomic(specs, dumps([m.spec() for m in exp.mutants.values()]))
-    made = made_by(reg, experiment)  # before anything runs: what a change during the run must not pass for
+    made = made_by(reg, experiment, tree)  # before anything runs: what a change during the run must not pass for
     with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"cell {cell.name}"):
         env = environments.cell_environment(reg, tree, slug)
         log(f"mutate({experiment}): {len(exp.mutants)} mutants on {tree.label()}")
@@ -197,11 +197,11 @@ def run(reg: registry.Registry, experiment: str, *, log=print) -> MutationTable:
     return judge(exp, doc, made)
 
 
-def made_by(reg: registry.Registry, experiment: str) -> provenance.Provenance:
+def made_by(reg: registry.Registry, experiment: str, tree) -> provenance.Provenance:
     """What makes a mutation table: the probe, the kit, the driver and its mutant kit, the registry, the
-    closure, the harness."""
-    closure = environments.closure_of(reg, environments.torch_choice(reg), reg.constraints)
-    return provenance.record(reg.root, provenance.inputs(reg, [experiment], provenance.MUTATION_DRIVERS, closure))
+    closure ``tree`` runs in, the harness."""
+    closure = environments.closure_for_era(reg, environments.era_of(reg, tree))
+    return provenance.record(reg.root, provenance.inputs(reg, [experiment], provenance.MUTATION_DRIVERS, [closure]))
 
 
 def _driver_document(path: Path, exp: registry.Experiment) -> dict:

@@ -217,6 +217,11 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
     return {name: [r[name] for r in per_release] for name in experiments}, as_of(files, versions), refs
 
 
+def default_releases(reg: Registry, *, pre: bool = False) -> list[str]:
+    """What a sweep probes when no version is named: every release from the registry's floor up."""
+    return releases(trees.index_files("sglang"), reg.python, reg.release_floor, pre=pre)
+
+
 def _tree_args(version: str) -> dict[str, str]:
     return {"side": SWEEP_SIDE, "tree_kind": "release", "tree_ref": version, "tree_resolved": version}
 
@@ -232,7 +237,8 @@ def _cold(reg: Registry, versions: list[str], experiments: list[str], lock: tree
                 env = environments.cell_environment(reg, tree, slug)
                 log(f"sweep: probing {', '.join(experiments)} on {tree.label()}")
                 return allprobes.run(reg, env.interpreter, experiments, _tree_args(version),
-                                     out_dir=out_dir / tree.label(), log=work_dir(reg.root) / "logs" / f"{slug}.log")
+                                     out_dir=out_dir / tree.label(), log=work_dir(reg.root) / "logs" / f"{slug}.log",
+                                     env=env.probe_env)
         except HarnessError as exc:
             return str(exc).splitlines()[0]
 
@@ -278,9 +284,9 @@ def table(experiment: str, outcomes: list[ReleaseOutcome], bracket: dict[str, st
 
 def made_by(reg: Registry, experiments: list[str]) -> Provenance:
     """What makes a sweep's tables: the experiments' probes, the kit, the engine and its driver, the registry,
-    the closure, the harness."""
-    closure = environments.closure_of(reg, environments.torch_choice(reg), reg.constraints)
-    return provenance.record(reg.root, provenance.inputs(reg, experiments, provenance.SWEEP_DRIVERS, closure))
+    every closure a release may run in (today's and each era's), the harness."""
+    closures = [environments.closure_for_era(reg, None), *(era.constraints for era in reg.eras.values())]
+    return provenance.record(reg.root, provenance.inputs(reg, experiments, provenance.SWEEP_DRIVERS, closures))
 
 
 def document(experiment: str, outcomes: list[ReleaseOutcome], as_of_date: str | None, made: Provenance,

@@ -72,13 +72,15 @@ def statement(reg: Registry, result: CheckResult, index: int) -> dict:
     return found
 
 
-def document(reg: Registry, result: CheckResult, timestamp: str) -> dict:
+def document(reg: Registry, result: CheckResult | list[CheckResult], timestamp: str) -> dict:
+    """One document for one check or several: one statement per experiment and product checked."""
+    checked = result if isinstance(result, list) else [result]
     body = {
         "@context": CONTEXT,
         "author": AUTHOR,
         "timestamp": timestamp,
         "version": 1,
-        "statements": [statement(reg, result, i) for i in range(len(result.experiments))],
+        "statements": [statement(reg, r, i) for r in checked for i in range(len(r.experiments))],
     }
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
     return {"@id": f"https://openvex.dev/docs/public/vex-{digest}", **body}

@@ -105,7 +105,7 @@ def sweep_text(sweep: dict, dash: str = "–") -> str:
     spans = ranges([(r["version"], r["classification"]) for r in sweep["releases"]])
     parts = [f"{a} {cls}" if a == b else f"{a}{dash}{b} {cls}" for a, b, cls in spans]
     text = f"release sweep ({len(sweep['releases'])} releases): " + ", ".join(parts)
-    text += f"; first fixed {sweep['first_fixed']}" if sweep["first_fixed"] else "; no release is fixed for good"
+    text += f"; first fixed {sweep['first_fixed']}" if sweep["first_fixed"] else "; no release behaves as fixed"
     if sweep.get("regressions"):
         text += "; pre-fix again after a fixed release: " + ", ".join(sweep["regressions"])
     return text

@@ -30,7 +30,9 @@ class Column:
 class Strip:
     caption: str
     columns: list[Column]
-    first_fixed: int | None  # index of the first column that is fixed for good
+    # The column marked "first fixed": a sweep's first fixed release (the oldest that behaves as
+    # fixed; the sweep names any regression after it), else the first tree that is fixed for good.
+    first_fixed: int | None
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ def release_state(release: dict, sid: str) -> Behaviour:
     return RELEASE_STATE.get(release["classification"], Behaviour.NEITHER)
 
 
-def first_fixed(columns: list[Column]) -> int | None:
+def fixed_for_good(columns: list[Column]) -> int | None:
     """The first all-fixed column after which no column is pre-fix again."""
     for i, col in enumerate(columns):
         rest = [s for c in columns[i:] for s in c.states.values()]
@@ -101,7 +103,7 @@ def sweep_strip(sweep: dict, rows: list[str], pairs: list[dict]) -> Strip:
 def pair_strip(pair: dict, rows: list[str]) -> Strip:
     columns = [Column(tree(pair["cells"].get(side))[1], side, {sid: pair_state(pair, sid, side) for sid in rows})
                for side in ("base", "head")]
-    return Strip(f"compared {trees_text(pair)}", columns, first_fixed(columns))
+    return Strip(f"compared {trees_text(pair)}", columns, fixed_for_good(columns))
 
 
 def timelines(doc: dict) -> list[Timeline]:

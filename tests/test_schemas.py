@@ -1,0 +1,107 @@
+"""The JSON Schemas describe every document we publish or ship as a fixture, and reject broken ones."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import report_data
+import synthetic
+from schemas import problems
+
+from pdevidence.core.paths import PROJECT
+from pdevidence.documents.upstream_model import Outcome, Subtest, TestEntry, UpstreamResult
+from pdevidence.documents.vocabulary import Behaviour
+from pdevidence.lanes import check
+
+RESULTS = PROJECT / "results"
+
+
+def kind_of(path: Path) -> str:
+    """Which schema a file under results/ follows, by its name."""
+    name = path.name
+    if path.parent.name == "osv":
+        return "osv-1.6"
+    if name.startswith("openvex-"):
+        return "openvex-0.2.0"
+    for prefix, kind in (("sweep-", "sweep"), ("mutate.", "mutation"), ("report.", "report")):
+        if name.startswith(prefix):
+            return kind
+    return "receipt" if name.endswith(".receipt.json") else "result"
+
+
+PUBLISHED = sorted(RESULTS.rglob("*.json"))
+
+
+def test_every_kind_of_published_document_is_covered():
+    assert {kind_of(p) for p in PUBLISHED} == {"osv-1.6", "openvex-0.2.0", "sweep", "mutation", "report", "receipt",
+                                                 "result"}
+
+
+@pytest.mark.parametrize("path", PUBLISHED, ids=lambda p: p.relative_to(RESULTS).as_posix())
+def test_every_published_document_meets_its_schema(path):
+    assert problems(kind_of(path), json.loads(path.read_text())) == []
+
+
+def _upstream() -> dict:
+    sub = Subtest("case", {"n": 1}, Outcome.FAILED, "AssertionError")
+    tests = [TestEntry("test/unit/t.py::T::test_a", Outcome.FAILED, "call", "AssertionError", (sub,)),
+             TestEntry("test/unit/t.py::T::test_b", Outcome.PASSED, None, None, ())]
+    return UpstreamResult("demo", "base", {"kind": "release", "ref": "1.0.0", "resolved": "1.0.0"},
+                          {"test/unit/t.py": "0" * 64}, tests).to_json()
+
+
+def _check() -> dict:
+    found = check.ExperimentCheck("demo", 1, check.Status.PARTIAL, {"D1": Behaviour.FIXED, "D2": Behaviour.PRE_FIX},
+                                  ["D2"], "f" * 64)
+    cannot = check.ExperimentCheck("other", 2, check.Status.CANNOT_RUN, error="ImportError: no sglang")
+    return check.CheckResult(check.Target("release", "1.0.0", "1.0.0", "a" * 64), [found, cannot], "1.0.0").to_json()
+
+
+FIXTURES = {
+    "result": lambda: synthetic.result_doc("base", "1.0.0", {"D1": {"enqueued": True}}),
+    "sweep v1": lambda: report_data.sweep_v1(),
+    "sweep v2": lambda: report_data.sweep_v2(),
+    "sweep": lambda: synthetic.SWEEP,
+    "mutation": lambda: synthetic.MUTATIONS,
+    "mutation report data": lambda: report_data.mutations(),
+    "report": lambda: report_data.full_document(),
+    "check": _check,
+    "upstream": _upstream,
+}
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_the_test_fixtures_and_what_the_code_writes_meet_the_schemas(name):
+    assert problems(name.split()[0], FIXTURES[name]()) == []
+
+
+@pytest.mark.parametrize(("kind", "breaks"), [
+    ("result", lambda d: d.pop("scenarios")),
+    ("result", lambda d: d["scenarios"]["D1"].pop("error")),
+    ("sweep", lambda d: d["releases"][0].update(classification="mostly")),
+    ("sweep", lambda d: d.pop("regressions")),
+    ("mutation", lambda d: d["mutants"][0].update(status="wounded")),
+    ("report", lambda d: d["pairs"][0].update(verdict="probably")),
+    ("check", lambda d: d["experiments"][0].update(status="fine")),
+    ("upstream", lambda d: d["tests"][0].pop("nodeid")),
+])
+def test_a_broken_document_is_rejected(kind, breaks):
+    doc = {"result": FIXTURES["result"], "sweep": lambda: json.loads(json.dumps(synthetic.SWEEP)),
+           "mutation": lambda: json.loads(json.dumps(synthetic.MUTATIONS)), "report": FIXTURES["report"],
+           "check": _check, "upstream": _upstream}[kind]()
+    breaks(doc)
+    assert problems(kind, doc)
+
+
+def test_openvex_rules_beyond_field_types():
+    doc = json.loads((RESULTS / "openvex-sglang-0.5.20.json").read_text())
+    affected = next(s for s in doc["statements"] if s["status"] == "affected")
+    affected.pop("action_statement")
+    assert problems("openvex-0.2.0", doc) == [f"statements/{doc['statements'].index(affected)}: "
+                                              "'action_statement' is a required property"]
+    affected.update(status="not_affected")
+    assert problems("openvex-0.2.0", doc)  # needs a justification or an impact statement
+    affected.update(justification="vulnerable_code_not_present")
+    assert problems("openvex-0.2.0", doc) == []
