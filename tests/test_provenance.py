@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -166,6 +167,21 @@ def test_a_stale_reference_is_8_naming_it(published):
         sweep.references(published, published.experiment("demo"), published.root / "results")
     assert caught.value.code == errors.STALE
     assert "--references fresh" in caught.value.todo
+
+
+@pytest.mark.parametrize("command", [["check", "--python", sys.executable], ["sweep", "1.1.0"]])
+def test_check_and_sweep_refuse_a_tampered_or_stale_reference_before_running_anything(published, capsys, command):
+    root = published.root
+    receipt = root / "results" / "demo.head.release-1.1.0.receipt.json"
+    receipt.write_text(receipt.read_text().replace('"exit_status": 0', '"exit_status": 0 '))
+    assert run(root, *command) == errors.INTEGRITY
+    assert "results/demo.head.release-1.1.0.receipt.json" in capsys.readouterr().err
+    (root / integrity.SUMS_FILE).write_text(integrity.render(root))
+    (root / "experiments.toml").write_text(FULL + "\n# a comment\n")
+    (root / integrity.SUMS_FILE).write_text(integrity.render(root))  # even blessed: made by another registry
+    assert run(root, *command) == errors.STALE
+    assert "experiments.toml: made by another registry" in capsys.readouterr().err
+    assert not (root / "runs" / "check").exists() and not (root / "runs" / "sweep").exists()
 
 
 def test_fresh_references_need_no_sums_but_must_be_current(project):

@@ -26,7 +26,8 @@ from packaging.version import Version
 from ..core.errors import INCOMPLETE, INTEGRITY, STALE, HarnessError
 from ..core.errors import integrity as integrity_error
 from ..core.files import relative, sha256_file, write_atomic
-from ..core.paths import results_dir
+from ..core.locking import exclusive
+from ..core.paths import results_dir, work_dir
 from ..documents import integrity
 from ..documents.provenance import republish_steps, stale_error
 from ..documents.receipts import Receipt
@@ -274,16 +275,17 @@ def _swap(root: Path, staged: Path) -> None:
 
 def publish(reg: Registry, runs: Path, kind: str, *, allow_unconfirmed: bool = False) -> Published:
     root = reg.root
-    recover(root)
-    chosen = _choose(reg, runs, kind)
-    gate(reg, runs, kind, allow_unconfirmed)
-    staged = root / STAGING
-    staged.mkdir()
-    try:
-        extra, summary = _stage(reg, chosen, staged)
-        _swap(root, staged)
-    finally:
-        shutil.rmtree(staged, ignore_errors=True)
+    with exclusive(work_dir(root) / "locks" / "publish.lock", "another publish"):
+        recover(root)
+        chosen = _choose(reg, runs, kind)
+        gate(reg, runs, kind, allow_unconfirmed)
+        staged = root / STAGING
+        staged.mkdir()
+        try:
+            extra, summary = _stage(reg, chosen, staged)
+            _swap(root, staged)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
     published = results_dir(root)
     files = [published / name for name in chosen] + [published / p.relative_to(staged) for p in extra]
     return Published(sorted(files), summary, root / integrity.SUMS_FILE)
