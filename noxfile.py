@@ -110,13 +110,13 @@ def verify(session: nox.Session) -> None:
 
 @nox.session
 def checksums(session: nox.Session) -> None:
-    """Regenerate SHA256SUMS.txt."""
+    """Regenerate SHA256SUMS.txt (refused while published evidence is stale: republish instead)."""
     _run(session, "checksums")
 
 
 @nox.session
 def publish(session: nox.Session) -> None:
-    """Copy fresh release results into results/ and regenerate SHA256SUMS.txt."""
+    """Publish the declared set (fresh cells, sweep and mutation tables, the OpenVEX example) into results/, whole."""
     _run(session, "publish", *session.posargs)
 
 

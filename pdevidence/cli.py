@@ -18,6 +18,7 @@ from .core.errors import CONFIRMED, EXIT_CODES, HarnessError, boundary, usage, w
 from .core.files import dumps, write_atomic
 from .core.paths import PROJECT, results_dir, runs_dir, tree_lock_file, work_dir
 from .documents import integrity, reports
+from .documents.tables import SweepParameters
 from .judge import classify, compare
 from .lanes import check, drift, mutate, sweep, sweep_parts, upstream
 from .publish import openvex, publish
@@ -138,6 +139,7 @@ def cmd_sweep(args) -> int:
     reg = registry.load(args.root)
     names = args.experiment or list(reg.experiments)
     versions = args.versions or None
+    fresh = args.references == "fresh"
     out = runs_dir(reg.root)
     if args.era:  # one job of the CI fan-out: this era's releases, written as a part
         versions = sweep_parts.in_era(reg, args.era, versions or sweep.default_releases(reg, pre=args.pre))
@@ -145,29 +147,37 @@ def cmd_sweep(args) -> int:
         if not versions:
             print(f"sweep: no release of era {args.era} to probe")
             return CONFIRMED
-    found, as_of = sweep.sweep(reg, names, published=results_dir(reg.root), out_dir=runs_dir(reg.root) / "sweep",
-                               versions=versions, pre=args.pre, jobs=args.jobs, cold=args.cold, force=args.force)
+    made = sweep.made_by(reg, names)  # before anything runs: what a change during the run must not pass for
+    found, as_of, refs = sweep.sweep(reg, names, published=runs_dir(reg.root) if fresh else results_dir(reg.root),
+                                     out_dir=runs_dir(reg.root) / "sweep", versions=versions, pre=args.pre,
+                                     jobs=args.jobs, cold=args.cold, force=args.force, fresh_references=fresh)
+    parameters = {name: SweepParameters(explicit=bool(args.versions), pre=args.pre, floor=reg.release_floor,
+                                        references=refs[name].digests) for name in found}
     if args.era:
         for name, outcomes in found.items():
-            write_atomic(out / f"sweep-{name}.json", dumps(sweep.document(name, outcomes, as_of)))
+            write_atomic(out / f"sweep-{name}.json", dumps(sweep.document(name, outcomes, as_of, made,
+                                                                          parameters[name])))
         print(f"wrote the {args.era} part under {out}; `sweep-merge` joins the parts")
         return CONFIRMED
-    return _sweep_tables(reg, found, as_of, out)
+    return _sweep_tables(reg, found, as_of, made, parameters, out)
 
 
 def cmd_sweep_merge(args) -> int:
     reg = registry.load(args.root)
     names = args.experiment or list(reg.experiments)
-    merged = sweep_parts.merge(runs_dir(reg.root) / sweep_parts.PARTS, names)
-    return _sweep_tables(reg, {name: outcomes for name, (outcomes, _) in merged.items()},
-                         max((d for _, d in merged.values() if d), default=None), runs_dir(reg.root))
+    merged = sweep_parts.merge(reg, runs_dir(reg.root) / sweep_parts.PARTS, names)
+    return _sweep_tables(reg, {name: m.outcomes for name, m in merged.items()},
+                         max((m.as_of for m in merged.values() if m.as_of), default=None),
+                         sweep.made_by(reg, names), {name: m.parameters for name, m in merged.items()},
+                         runs_dir(reg.root))
 
 
-def _sweep_tables(reg: registry.Registry, found: dict, as_of: str | None, out: Path) -> int:
+def _sweep_tables(reg: registry.Registry, found: dict, as_of: str | None, made, parameters: dict,
+                  out: Path) -> int:
     """Write and print each experiment's table; the exit code is the release watch's."""
     for name, outcomes in found.items():
         path = out / f"sweep-{name}.json"
-        write_atomic(path, dumps(sweep.document(name, outcomes, as_of)))
+        write_atomic(path, dumps(sweep.document(name, outcomes, as_of, made, parameters[name])))
         print(sweep.table(name, outcomes, reg.experiment(name).releases))
         print(f"wrote {path}")
     return worst(classify.watch_exit(outcomes) for outcomes in found.values())
@@ -182,7 +192,7 @@ def cmd_check(args) -> int:
         raise usage("check needs a target", expected="one or more of --python, --version, --wheel, --path, --git")
     targets = [check.resolve(reg, **target) for target in asked]
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
-    found = check.run_all(reg, targets, log=log)
+    found = check.run_all(reg, targets, fresh_references=args.references == "fresh", log=log)
     if args.openvex:
         stamp = clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
         write_atomic(args.openvex, dumps(openvex.document(reg, found, stamp)))
@@ -270,6 +280,9 @@ def parser() -> argparse.ArgumentParser:
     sw.add_argument("--cold", action="store_true",
                     help="one environment and one fresh probe process per release instead of the warm engine")
     sw.add_argument("--force", action="store_true", help="reprobe releases whose outcome is cached")
+    sw.add_argument("--references", choices=classify.REFERENCES, default="published",
+                    help="judge against the published base and head results (default), or the fresh ones in "
+                    "runs/ from `nox -s matrix` (republishing, when the published ones are stale)")
     sw.add_argument("--era", help="only the releases of this era ('current': of none), written as a part under "
                     "runs/sweep-parts/<era>/ for `sweep-merge` (the CI fan-out)")
     sw.set_defaults(func=cmd_sweep)
@@ -287,6 +300,9 @@ def parser() -> argparse.ArgumentParser:
     ck.add_argument("--git", metavar="SHA", action="append", help="a commit: GitHub's archive, or SGLANG_REPO=<clone>")
     ck.add_argument("--json", action="store_true", help=f"print the {check.SCHEMA} document instead of the table")
     ck.add_argument("--openvex", type=Path, metavar="FILE", help="also write an OpenVEX v0.2.0 document")
+    ck.add_argument("--references", choices=classify.REFERENCES, default="published",
+                    help="judge against the published base and head results (default), or the fresh ones in "
+                    "runs/ (republishing)")
     ck.set_defaults(func=cmd_check)
 
     dr = sub.add_parser("drift", help="rerun a release cell on newer torch/transformers; advisory")

@@ -252,11 +252,13 @@ def test_several_check_targets_share_one_engine_and_each_gets_its_answer(warm_wo
     from synthetic import result_doc, wheel_bytes, write_cell
 
     from pdevidence import cli
+    from pdevidence.documents import integrity
 
     reg, tmp_path, _ = warm_world
     reg.experiment("demo").probe.write_text(DOOR_PROBE)
     write_cell(reg.root / "results", "base", result_doc("base", "1.0.0"))
     write_cell(reg.root / "results", "head", result_doc("head", "1.1.0"))
+    integrity.regenerate(reg.root)  # check verifies the published references before judging by them
     wheels = []
     for version, guard in (("2.0.0", False), ("2.1.0", True)):
         wheel = tmp_path / f"sglang-{version}-py3-none-any.whl"

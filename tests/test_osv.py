@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 from schemas import problems
-from synthetic import OPENVEX, make_project, write_cell
+from synthetic import make_project, sweep_doc, write_cell, write_table
 
 from pdevidence import cli, registry
 from pdevidence.core import errors
 from pdevidence.core.errors import HarnessError
-from pdevidence.documents import integrity
-from pdevidence.documents.tables import SweepTable
+from pdevidence.documents import integrity, provenance
+from pdevidence.documents.tables import SweepParameters, SweepTable
 from pdevidence.lanes import sweep
 from pdevidence.publish import osv
 
@@ -39,7 +39,9 @@ def row(version, classification):
 
 def table(rows, as_of="2026-10-14T09:30:12.345678Z"):
     outcomes = [sweep.ReleaseOutcome(r["version"], sweep.Classification(r["classification"])) for r in rows]
-    return SweepTable.from_doc(sweep.document("demo", outcomes, as_of), source="test")
+    made = provenance.Provenance({"probes/probe_demo.py": "d" * 64}, "0" * 64)
+    parameters = SweepParameters(explicit=False, pre=False, floor="1.0.0", references={})
+    return SweepTable.from_doc(sweep.document("demo", outcomes, as_of, made, parameters), source="test")
 
 
 @pytest.fixture
@@ -108,11 +110,12 @@ def test_publish_writes_sweep_tables_osv_records_and_vex_covered_by_the_sums(reg
     runs = reg.root / "runs"
     for side in ("base", "head"):
         write_cell(runs, side)
-    (runs / "sweep-demo.json").write_text(json.dumps(table([row("1.0.0", "pre-fix"), row("1.1.0", "fixed")]).doc))
-    (runs / "openvex-demo-1.0.0.json").write_text(json.dumps(OPENVEX))
+    doc = sweep_doc(reg.root)
+    doc["releases"] = [row("1.0.0", "pre-fix"), row("1.1.0", "fixed")]
+    write_table(runs / "sweep-demo.json", doc)
     assert cli.main(["--root", str(reg.root), "publish"]) == errors.CONFIRMED
     printed = capsys.readouterr().out
-    for name in ("results/openvex-demo-1.0.0.json", "results/osv/PDEVIDENCE-2026-1.json", "results/sweep-demo.json"):
+    for name in ( "results/osv/PDEVIDENCE-2026-1.json", "results/sweep-demo.json"):
         assert f"published {name}" in printed, name
     rec = json.loads((reg.root / "results" / "osv" / "PDEVIDENCE-2026-1.json").read_text())
     assert osv_problems(rec) == []
@@ -121,7 +124,7 @@ def test_publish_writes_sweep_tables_osv_records_and_vex_covered_by_the_sums(reg
         "results/sweep-demo.json", *(f"results/demo.{side}.release-{v}{suffix}" for side, v in
                                      (("base", "1.0.0"), ("head", "1.1.0")) for suffix in (".json", ".receipt.json"))}
     covered = integrity.covered_files(reg.root)
-    assert "results/osv/PDEVIDENCE-2026-1.json" in covered and "results/openvex-demo-1.0.0.json" in covered
+    assert "results/osv/PDEVIDENCE-2026-1.json" in covered
     assert integrity.problems(reg.root) == {}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import synthetic
 from schemas import problems
 
 from pdevidence.core.paths import PROJECT
-from pdevidence.documents.tables import MutationTable, ReleaseOutcome
+from pdevidence.documents.provenance import Provenance
+from pdevidence.documents.tables import MutationParameters, MutationTable, ReleaseOutcome, SweepParameters
 from pdevidence.documents.upstream_model import Outcome, Subtest, TestEntry, UpstreamResult
 from pdevidence.documents.vocabulary import Behaviour, Classification
 from pdevidence.lanes import check, sweep
@@ -60,6 +62,7 @@ def _check() -> dict:
     return check.CheckResult(check.Target("release", "1.0.0", "1.0.0", "a" * 64), [found, cannot], "1.0.0").to_json()
 
 
+MADE = Provenance({"probes/probe_demo.py": "d" * 64}, "0" * 64)
 FIXTURES = {
     "result": lambda: synthetic.result_doc("base", "1.0.0", {"D1": {"enqueued": True}}),
     "sweep v1": lambda: report_data.sweep_v1(),
@@ -69,8 +72,11 @@ FIXTURES = {
     "sweep as the lane writes it": lambda: sweep.document("demo", [
         ReleaseOutcome("1.0.0", Classification.PRE_FIX, {"D1": Behaviour.PRE_FIX}),
         ReleaseOutcome("1.1.0", Classification.FIXED, {"D1": Behaviour.FIXED}),
-        ReleaseOutcome("1.2.0", Classification.ERROR, {"D1": Behaviour.ERROR}, ["D1"], "D1: KeyError: 'x'")]),
-    "mutation as the lane writes it": lambda: MutationTable.from_doc(synthetic.MUTATIONS, source="v1").to_json(),
+        ReleaseOutcome("1.2.0", Classification.ERROR, {"D1": Behaviour.ERROR}, ["D1"], "D1: KeyError: 'x'")],
+        None, MADE, SweepParameters(explicit=False, pre=False, floor="1.0.0", references={})),
+    "mutation as the lane writes it": lambda: dataclasses.replace(
+        MutationTable.from_doc(synthetic.MUTATIONS, source="v1"), provenance=MADE,
+        parameters=MutationParameters(["M1"])).to_json(),
     "mutation": lambda: synthetic.MUTATIONS,
     "mutation report data": lambda: report_data.mutations(),
     "report": lambda: report_data.full_document(),

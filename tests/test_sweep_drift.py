@@ -8,7 +8,8 @@ import pytest
 from synthetic import result_doc
 
 from pdevidence.core.errors import HarnessError
-from pdevidence.documents.tables import SweepTable
+from pdevidence.documents import provenance
+from pdevidence.documents.tables import SweepParameters, SweepTable
 from pdevidence.lanes import drift, sweep
 
 C = sweep.Classification
@@ -23,7 +24,9 @@ def test_a_release_after_the_first_fixed_one_that_behaves_as_pre_fix_is_a_regres
     text = sweep.table("demo", outcomes, {"head": "0.2"})
     assert "0.3          pre-fix  REGRESSION" in text and "regressions: 0.3, 0.6" in text
     assert "0.4          fixed\n" in text
-    doc = sweep.document("demo", outcomes, "2026-10-01T00:00:00Z")
+    made = provenance.Provenance({"probes/probe_demo.py": "d" * 64}, "0" * 64)
+    parameters = SweepParameters(explicit=False, pre=False, floor="0.1", references={})
+    doc = sweep.document("demo", outcomes, "2026-10-01T00:00:00Z", made, parameters)
     assert (doc["schema"], doc["first_fixed"], doc["regressions"]) == ("pdevidence-sweep/3", "0.2", ["0.3", "0.6"])
     assert SweepTable.from_doc(doc, source="test").doc is doc
     assert sweep.first_fixed(outcomes[:1]) is None and sweep.regressions(outcomes[:1]) == []
@@ -40,7 +43,10 @@ def test_every_release_after_the_first_fixed_one_that_is_not_fixed_is_flagged_wh
     assert "0.8          error  WATCH: not fixed after a fixed release" in text
     assert "release watch: not fixed after 0.3: 0.5 (pre-fix), 0.6 (partial), 0.7 (neither), 0.8 (error), " \
            "0.9 (failed)" in text
-    assert sweep.document("demo", before + after)["flagged"] == ["0.5", "0.6", "0.7", "0.8", "0.9"]
+    made = provenance.Provenance({"probes/probe_demo.py": "d" * 64}, "0" * 64)
+    parameters = SweepParameters(explicit=False, pre=False, floor="0.1", references={})
+    doc = sweep.document("demo", before + after, None, made, parameters)
+    assert doc["flagged"] == ["0.5", "0.6", "0.7", "0.8", "0.9"] and SweepTable.from_doc(doc, source="test")
 
 
 @pytest.mark.parametrize("kind", [C.PRE_FIX, C.PARTIAL, C.NEITHER, C.ERROR, C.FAILED])
@@ -55,15 +61,19 @@ def test_the_sweep_command_exits_9_naming_a_release_that_is_not_fixed_after_the_
     monkeypatch.setenv("PDEVIDENCE_RUNS", str(tmp_path / "runs"))
     outcomes = [sweep.ReleaseOutcome("1.0.0", C.PRE_FIX), sweep.ReleaseOutcome("1.1.0", C.FIXED),
                 sweep.ReleaseOutcome("1.2.0", kind, {"D1": sweep.Behaviour.PRE_FIX})]
-    monkeypatch.setattr(sweep, "sweep", lambda reg, names, **kw: ({"demo": outcomes}, "2026-10-01T00:00:00Z"))
-    assert cli.main(["--root", str(project), "sweep"]) == errors.RELEASE_WATCH == 9
+    refs = {"demo": sweep.References({}, {"demo.base.release-1.0.0.json": "a" * 64})}
+    monkeypatch.setattr(sweep, "sweep", lambda reg, names, **kw: ({"demo": outcomes}, "2026-10-01T00:00:00Z", refs))
+    assert cli.main(["--root", str(project), "sweep", "1.0.0", "1.1.0", "1.2.0"]) == errors.RELEASE_WATCH == 9
     assert f"release watch: not fixed after 1.1.0: 1.2.0 ({kind.value})" in capsys.readouterr().out
     written = json.loads((tmp_path / "runs" / "sweep-demo.json").read_text())
     assert written["flagged"] == ["1.2.0"] and written["as_of"] == "2026-10-01T00:00:00Z"
     assert written["regressions"] == (["1.2.0"] if kind in (C.PRE_FIX, C.PARTIAL) else [])
-    monkeypatch.setattr(sweep, "sweep", lambda reg, names, **kw: ({"demo": outcomes[:2]}, None))
+    assert written["parameters"] == {"explicit": True, "pre": False, "floor": "1.0.0",
+                                     "references": {"demo.base.release-1.0.0.json": "a" * 64}}
+    assert SweepTable.load(tmp_path / "runs" / "sweep-demo.json").stale(project, "probes/probe_demo.py") == []
+    monkeypatch.setattr(sweep, "sweep", lambda reg, names, **kw: ({"demo": outcomes[:2]}, None, refs))
     assert cli.main(["--root", str(project), "sweep"]) == errors.CONFIRMED
-    monkeypatch.setattr(sweep, "sweep", lambda reg, names, **kw: ({"demo": outcomes[:1]}, None))
+    monkeypatch.setattr(sweep, "sweep", lambda reg, names, **kw: ({"demo": outcomes[:1]}, None, refs))
     assert cli.main(["--root", str(project), "sweep"]) == errors.BEHAVIOUR_DIFFERS  # no fixed release at all
 
 

@@ -9,7 +9,7 @@ from synthetic import REGISTRY, make_project
 
 from pdevidence import cli, registry
 from pdevidence.core import errors
-from pdevidence.documents.tables import ReleaseOutcome
+from pdevidence.documents.tables import ReleaseOutcome, SweepParameters
 from pdevidence.documents.vocabulary import Classification
 from pdevidence.lanes import sweep, sweep_parts
 
@@ -22,14 +22,20 @@ constraints = "constraints/old.txt"
 
 @pytest.fixture
 def reg(tmp_path):
-    return registry.load(make_project(tmp_path / "project", ERAS))
+    project = make_project(tmp_path / "project", ERAS)
+    (project / "constraints" / "old.txt").write_text("")
+    return registry.load(project)
 
 
-def part(reg, era: str, *releases: tuple[str, Classification], as_of: str = "2026-10-01T00:00:00Z") -> None:
+def part(reg, era: str, *releases: tuple[str, Classification], as_of: str = "2026-10-01T00:00:00Z",
+         references: dict | None = None) -> None:
+    """A part as `sweep --era` writes it in this checkout."""
     outcomes = [ReleaseOutcome(v, c) for v, c in releases]
     path = sweep_parts.part_dir(reg.root / "runs", era) / "sweep-demo.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(sweep.document("demo", outcomes, as_of)))
+    parameters = SweepParameters(explicit=False, pre=False, floor="1.0.0",
+                                 references=references or {"demo.base.release-1.0.0.json": "a" * 64})
+    path.write_text(json.dumps(sweep.document("demo", outcomes, as_of, sweep.made_by(reg, ["demo"]), parameters)))
 
 
 def test_each_era_job_probes_its_own_releases_and_current_the_rest(reg):
@@ -51,6 +57,7 @@ def test_merged_parts_are_the_table_one_sweep_would_write(reg, monkeypatch, caps
     table = json.loads((reg.root / "runs" / "sweep-demo.json").read_text())
     assert [r["version"] for r in table["releases"]] == ["0.9.0", "1.0.0", "1.1.0"]
     assert (table["first_fixed"], table["as_of"]) == ("1.1.0", "2026-10-01T00:00:00Z")
+    assert table["parameters"]["explicit"] is False
     assert "first fixed release: 1.1.0" in capsys.readouterr().out
 
 
@@ -66,10 +73,24 @@ def test_a_release_that_lost_its_fix_in_any_part_fails_the_merge(reg, monkeypatc
 def test_a_release_in_two_parts_or_no_part_at_all_is_refused(reg):
     parts = reg.root / "runs" / sweep_parts.PARTS
     with pytest.raises(errors.HarnessError, match="no sweep part for demo") as err:
-        sweep_parts.merge(parts, ["demo"])
+        sweep_parts.merge(reg, parts, ["demo"])
     assert err.value.code == errors.INCOMPLETE
     part(reg, "old", ("0.9.0", Classification.PRE_FIX))
     part(reg, "current", ("0.9.0", Classification.PRE_FIX))
     with pytest.raises(errors.HarnessError, match="0.9.0 is in two sweep parts") as err:
-        sweep_parts.merge(parts, ["demo"])
+        sweep_parts.merge(reg, parts, ["demo"])
     assert err.value.code == errors.USAGE
+
+
+def test_parts_made_by_another_checkout_or_judged_against_other_results_are_refused(reg):
+    parts = reg.root / "runs" / sweep_parts.PARTS
+    part(reg, "old", ("0.9.0", Classification.PRE_FIX))
+    part(reg, "current", ("1.0.0", Classification.PRE_FIX), references={"demo.base.release-1.0.0.json": "b" * 64})
+    with pytest.raises(errors.HarnessError, match="judged against other base and head results") as err:
+        sweep_parts.merge(reg, parts, ["demo"])
+    assert err.value.code == errors.STALE
+    part(reg, "current", ("1.0.0", Classification.PRE_FIX))
+    (reg.root / "probes" / "engine.py").write_text("# another engine\n")
+    with pytest.raises(errors.HarnessError, match="probes/engine.py: made by another driver") as err:
+        sweep_parts.merge(reg, parts, ["demo"])
+    assert err.value.code == errors.STALE

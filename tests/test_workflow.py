@@ -21,8 +21,8 @@ import pytest
 
 from pdevidence import registry
 from pdevidence.cells import cells
-from pdevidence.documents import results
 from pdevidence.core.paths import PROJECT
+from pdevidence.documents import results
 from pdevidence.sources import trees
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,19 +20,11 @@ from pathlib import Path
 from .. import environments
 from ..core.files import sha256_file
 from ..core.paths import work_dir
+from ..documents.provenance import harness_digest, tree_digest
 from ..registry import Era, Registry
 from ..sources.importable import importable_dir
 from ..sources.trees import Tree
 from . import allprobes, engine
-
-HARNESS = Path(__file__).resolve().parents[1]
-
-
-def _tree_digest(files: list[Path], root: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(files):
-        digest.update(f"{path.relative_to(root)}\0{sha256_file(path)}\n".encode())
-    return digest.hexdigest()
 
 
 def outcome_key(reg: Registry, tree: Tree, closure: Path, interpreter: str, channel: str,
@@ -40,8 +32,8 @@ def outcome_key(reg: Registry, tree: Tree, closure: Path, interpreter: str, chan
     parts = {
         "tree": [tree.kind, tree.resolved, tree.digest],
         "closure": sha256_file(closure),
-        "in_cell": _tree_digest(list((reg.root / "probes").glob("*.py")), reg.root),
-        "harness": _tree_digest(list(HARNESS.rglob("*.py")), HARNESS),
+        "in_cell": tree_digest(list((reg.root / "probes").glob("*.py")), reg.root),
+        "harness": harness_digest(),
         "python": interpreter,
         "torch": channel,
         "stand_ins": stand_ins,

@@ -11,13 +11,18 @@ after the first fixed one that is not fixed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, INCOMPLETE, RELEASE_WATCH, HarnessError
-from ..documents import results
+from ..core.errors import integrity as integrity_error
+from ..core.files import relative, sha256_file
+from ..documents import integrity, results
+from ..documents.provenance import stale_error
+from ..documents.receipts import Receipt
 from ..documents.tables import ReleaseOutcome, first_fixed, flagged
 from ..documents.vocabulary import Behaviour, Classification
-from ..registry import SIDES, Experiment
+from ..registry import SIDES, Experiment, Registry
 from .compare import expected_file, same
 
 
@@ -90,13 +95,58 @@ def watch_exit(outcomes: list[ReleaseOutcome]) -> int:
     return CONFIRMED if first_fixed(outcomes) else BEHAVIOUR_DIFFERS
 
 
-def references(exp: Experiment, published: Path) -> dict[str, dict]:
-    """The registry's release-backed base and head results, as published."""
-    docs = {}
+REFERENCES = ("published", "fresh")  # what the sweep and check judge against: results/, or runs/ (republishing)
+
+
+@dataclass(frozen=True)
+class References:
+    """The base and head result documents a build is judged against, and each file's SHA-256 (by name)."""
+
+    docs: dict[str, dict]  # side -> result document
+    digests: dict[str, str]
+
+    @property
+    def base(self) -> dict:
+        return self.docs["base"]
+
+    @property
+    def head(self) -> dict:
+        return self.docs["head"]
+
+
+def references(reg: Registry, exp: Experiment, directory: Path, *, fresh: bool = False) -> References:
+    """The registry's release-backed base and head results, verified before anything is judged by them.
+
+    Published (``results/``): each file and its receipt must match SHA256SUMS.txt and load (else exit 5,
+    naming it). Fresh (``runs/``, while republishing): each must load with its receipt. Either way the
+    receipt must record this checkout's probe, kit, registry, constraints and harness (else exit 8).
+    """
+    docs, digests, stale = {}, {}, {}
     for side in SIDES:
-        path = published / expected_file(exp, side, "release")
+        path = directory / expected_file(exp, side, "release")
         if not path.exists():
-            raise HarnessError(f"judging {exp.name} needs the published {side} result {path.name}", code=INCOMPLETE,
-                               todo=f"run `nox -s \"release({exp.name}, {side})\"` and `nox -s publish` first")
-        docs[side] = results.load(path, experiment=exp.name)
-    return docs
+            todo = ("run `nox -s matrix` first" if fresh else
+                    f"run `nox -s \"release({exp.name}, {side})\"` and `nox -s publish` first")
+            raise HarnessError(f"the {'fresh' if fresh else 'published'} {side} result {path.name} is missing",
+                               code=INCOMPLETE, todo=todo)
+        receipt = results.receipt_path(path)
+        if not fresh:
+            for file in (path, receipt):
+                why = integrity.problem(reg.root, relative(file, reg.root))
+                if why:
+                    raise integrity_error(f"the published reference {relative(file, reg.root)} fails verification: "
+                                          f"{why}", todo="restore it from git (`git checkout -- results/`) "
+                                          "or republish; nothing was judged")
+        try:
+            docs[side] = results.load(path, experiment=exp.name)
+            made = Receipt.load(receipt, experiment=exp.name, side=side)
+        except HarnessError as exc:
+            raise integrity_error(f"the {'fresh' if fresh else 'published'} reference {relative(path, reg.root)} "
+                                  f"is not valid: {exc.what}", todo=exc.todo) from None
+        digests[path.name] = sha256_file(path)
+        why = made.stale(reg.root)
+        if why:
+            stale[relative(receipt, reg.root)] = why
+    if stale:
+        raise stale_error(stale, reg, what="reference results")
+    return References(docs, digests)

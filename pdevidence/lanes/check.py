@@ -164,15 +164,20 @@ def resolve(reg: Registry, *, python: Path | None = None, version: str | None = 
     return Target(tree.kind, ref, tree.resolved, tree.digest), tree
 
 
-def run(reg: Registry, target: Target, tree: trees.Tree | None, *, log=print) -> CheckResult:
-    return run_all(reg, [(target, tree)], log=log)[0]
+def run(reg: Registry, target: Target, tree: trees.Tree | None, *, fresh_references: bool = False,
+        log=print) -> CheckResult:
+    return run_all(reg, [(target, tree)], fresh_references=fresh_references, log=log)[0]
 
 
-def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, log=print) -> list[CheckResult]:
-    """Every target, each judged on its own; release and wheel targets share one warm engine per era
-    (an unpacked wheel is what installing it gives), with their outcomes cached by what made them."""
+def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, fresh_references: bool = False,
+            log=print) -> list[CheckResult]:
+    """Every target, each judged on its own against the published base and head results (verified first), or
+    with ``fresh_references`` against the fresh ones in runs/ (while republishing); release and wheel targets
+    share one warm engine per era (an unpacked wheel is what installing it gives), with their outcomes cached
+    by what made them."""
     exps = list(reg.experiments.values())
-    refs = {exp.name: classify.references(exp, results_dir(reg.root)) for exp in exps}
+    directory = runs_dir(reg.root) if fresh_references else results_dir(reg.root)
+    refs = {exp.name: classify.references(reg, exp, directory, fresh=fresh_references) for exp in exps}
     names = [exp.name for exp in exps]
     out = runs_dir(reg.root) / "check"
     warm_trees = [tree for _, tree in targets if tree is not None and tree.kind in WARM_KINDS]
@@ -188,8 +193,8 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, l
         version = versions.pop() if len(versions) == 1 else None
         if target.kind == "python":
             target.resolved = version
-        found.append(CheckResult(target, [judge(exp, outcomes[exp.name], refs[exp.name]["base"],
-                                                refs[exp.name]["head"]) for exp in exps], version))
+        found.append(CheckResult(target, [judge(exp, outcomes[exp.name], refs[exp.name].base,
+                                                refs[exp.name].head) for exp in exps], version))
     return found
 
 

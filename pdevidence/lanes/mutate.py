@@ -47,7 +47,8 @@ from ..core.errors import BEHAVIOUR_DIFFERS, ENVIRONMENT, HarnessError, usage
 from ..core.files import dumps, read_json, write_atomic
 from ..core.locking import exclusive
 from ..core.paths import runs_dir, work_dir
-from ..documents.tables import RAISED, MutantOutcome, MutationTable
+from ..documents import provenance
+from ..documents.tables import RAISED, MutantOutcome, MutationParameters, MutationTable
 from ..documents.vocabulary import MutantStatus
 from ..judge.compare import MISSING, same
 
@@ -98,8 +99,8 @@ def check_baseline(exp: registry.Experiment, baseline: dict) -> None:
             todo=f"run `nox -s \"release({exp.name}, head)\"` and compare; fix the probe or the expectations first")
 
 
-def judge(exp: registry.Experiment, doc: dict) -> MutationTable:
-    """The mutation table of one driver document."""
+def judge(exp: registry.Experiment, doc: dict, made_by: provenance.Provenance) -> MutationTable:
+    """The mutation table of one driver document, made by ``made_by``."""
     check_baseline(exp, doc["baseline"])
     if not same(doc.get("baseline_after", doc["baseline"]), doc["baseline"]):
         moved = sorted(sid for sid, sc in doc["baseline"].items() if not same(doc["baseline_after"].get(sid), sc))
@@ -126,7 +127,8 @@ def judge(exp: registry.Experiment, doc: dict) -> MutationTable:
                 killed_by[sid] = keys
         outcomes.append(MutantOutcome(**common, status=MutantStatus.KILLED if killed_by else MutantStatus.SURVIVED,
                                       killed_by=killed_by))
-    return MutationTable(experiment=exp.name, tree=dict(doc["tree"]), scenarios=scenarios, mutants=outcomes)
+    return MutationTable(experiment=exp.name, tree=dict(doc["tree"]), scenarios=scenarios, mutants=outcomes,
+                         provenance=made_by, parameters=MutationParameters(list(exp.mutants)))
 
 
 # ---------------------------------------------------------------- presentation
@@ -180,6 +182,7 @@ def run(reg: registry.Registry, experiment: str, *, log=print) -> MutationTable:
     out = runs / "mutate" / f"{experiment}.probe.json"
     partial = out.with_name(f".{out.name}.partial")
     write_atomic(specs, dumps([m.spec() for m in exp.mutants.values()]))
+    made = made_by(reg, experiment, tree)  # before anything runs: what a change during the run must not pass for
     with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"cell {cell.name}"):
         env = environments.cell_environment(reg, tree, slug)
         log(f"mutate({experiment}): {len(exp.mutants)} mutants on {tree.label()}")
@@ -200,7 +203,14 @@ def run(reg: registry.Registry, experiment: str, *, log=print) -> MutationTable:
             os.replace(partial, out)
         finally:
             partial.unlink(missing_ok=True)
-    return judge(exp, doc)
+    return judge(exp, doc, made)
+
+
+def made_by(reg: registry.Registry, experiment: str, tree) -> provenance.Provenance:
+    """What makes a mutation table: the probe, the kit, the driver and its mutant kit, the registry, the
+    closure ``tree`` runs in, the harness."""
+    closure = environments.closure_for_era(reg, environments.era_of(reg, tree))
+    return provenance.record(reg.root, provenance.inputs(reg, [experiment], provenance.MUTATION_DRIVERS, [closure]))
 
 
 def _driver_document(path: Path, exp: registry.Experiment) -> dict:

@@ -22,9 +22,11 @@ from ..cells import allprobes, warm
 from ..core.errors import HarnessError, usage
 from ..core.locking import exclusive
 from ..core.paths import tree_lock_file, work_dir
-from ..documents.tables import SWEEP_SCHEMA, ReleaseOutcome, first_fixed, flagged, regressions
+from ..documents import provenance
+from ..documents.provenance import Provenance
+from ..documents.tables import SWEEP_SCHEMA, ReleaseOutcome, SweepParameters, first_fixed, flagged, regressions
 from ..documents.vocabulary import Behaviour, Classification
-from ..judge.classify import classify, references
+from ..judge.classify import References, classify, references
 from ..registry import Registry
 from ..sources import trees
 
@@ -62,8 +64,12 @@ def as_of(files: list[dict], versions: list[str], project: str = "sglang") -> st
 
 def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Path,
           versions: list[str] | None = None, pre: bool = False, jobs: int = 2, cold: bool = False,
-          force: bool = False, log=print) -> tuple[dict[str, list[ReleaseOutcome]], str | None]:
-    """Every release, every experiment; outcomes per experiment and as-of date.
+          force: bool = False, fresh_references: bool = False,
+          log=print) -> tuple[dict[str, list[ReleaseOutcome]], str | None, dict[str, References]]:
+    """Every release, every experiment; outcomes per experiment, as-of date, and what they were judged against.
+
+    ``published`` holds the base and head results judged against: results/, or runs/ with
+    ``fresh_references`` (a republish, where the published ones are stale).
 
     By default the warm engine probes the releases whose outcome is not cached yet; ``cold``
     runs one fresh probe process per release in its own environment instead (the reference
@@ -74,7 +80,7 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
             raise usage(f"{version!r} is an experiment, not a version",
                         todo=f"name experiments with --experiment {version}")
         trees.parse_version(version)
-    refs = {name: references(reg.experiment(name), published) for name in experiments}
+    refs = {name: references(reg, reg.experiment(name), published, fresh=fresh_references) for name in experiments}
     files = trees.index_files("sglang")
     versions = versions or releases(files, reg.python, reg.release_floor, pre=pre)
     environments.torch_choice(reg)
@@ -91,11 +97,11 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
             if outcome.doc is None:
                 found[name] = ReleaseOutcome(version, Classification.FAILED, error=outcome.error)
             else:
-                found[name] = classify(outcome.doc, refs[name]["base"], refs[name]["head"], reg.experiment(name))
+                found[name] = classify(outcome.doc, refs[name].base, refs[name].head, reg.experiment(name))
         return found
 
     per_release = [judged(version) for version in versions]
-    return {name: [r[name] for r in per_release] for name in experiments}, as_of(files, versions)
+    return {name: [r[name] for r in per_release] for name in experiments}, as_of(files, versions), refs
 
 
 def default_releases(reg: Registry, *, pre: bool = False) -> list[str]:
@@ -180,7 +186,16 @@ def table(experiment: str, outcomes: list[ReleaseOutcome], bracket: dict[str, st
     return "\n".join(lines)
 
 
-def document(experiment: str, outcomes: list[ReleaseOutcome], as_of_date: str | None = None) -> dict:
+def made_by(reg: Registry, experiments: list[str]) -> Provenance:
+    """What makes a sweep's tables: the experiments' probes, the kit, the engine and its driver, the registry,
+    every closure a release may run in (today's and each era's), the harness."""
+    closures = [environments.closure_for_era(reg, None), *(era.constraints for era in reg.eras.values())]
+    return provenance.record(reg.root, provenance.inputs(reg, experiments, provenance.SWEEP_DRIVERS, closures))
+
+
+def document(experiment: str, outcomes: list[ReleaseOutcome], as_of_date: str | None, made: Provenance,
+             parameters: SweepParameters) -> dict:
     return {"schema": SWEEP_SCHEMA.name, "experiment": experiment, "first_fixed": first_fixed(outcomes),
             "regressions": regressions(outcomes), "flagged": flagged(outcomes), "as_of": as_of_date,
-            "releases": [o.to_json() for o in outcomes]}
+            "releases": [o.to_json() for o in outcomes],
+            "provenance": made.to_json(), "parameters": parameters.to_json()}

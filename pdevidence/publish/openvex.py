@@ -21,11 +21,19 @@ VEX_STATUS = {Status.FIXED: "fixed", Status.AFFECTED: "affected", Status.PARTIAL
 GIT_URL = "git+https://github.com/sgl-project/sglang"
 
 
+def _quote(value: str) -> str:
+    return urllib.parse.quote(value, safe="")
+
+
+def purl_of_release(version: str) -> str:
+    return f"pkg:pypi/sglang@{_quote(version)}"
+
+
 def purl(target: Target) -> str:
     """``pkg:pypi/sglang@<version>``; a path, commit or interpreter goes in as a qualifier."""
-    quote = lambda value: urllib.parse.quote(value, safe="")  # noqa: E731
+    quote = _quote
     if target.kind in ("release", "wheel"):
-        return f"pkg:pypi/sglang@{quote(target.resolved)}"
+        return purl_of_release(target.resolved)
     if target.kind == "git":
         return f"pkg:pypi/sglang?vcs_url={quote(f'{GIT_URL}@{target.resolved}')}"
     if target.kind == "path":

@@ -2,17 +2,21 @@
 
 Pure functions from (registry experiment, sweep table, evidence hashes) to an
 OSV dict; ``publish`` writes them to ``results/osv/``. Everything in a record
-comes from its inputs (no wall clock), so the published bytes are reproducible.
+comes from its inputs, except that ``publish`` sets ``modified`` to when the
+record's content last changed: the previous record's when nothing else did.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from packaging.version import Version
 
+from ..core import clock
 from ..core.errors import HarnessError
 from ..core.files import dumps, relative, sha256_file, write_atomic
+from ..core.paths import results_dir
 from ..documents.tables import ReleaseOutcome, SweepTable
 from ..documents.vocabulary import LACKS_FIX, Classification
 from ..registry import Experiment, Registry
@@ -109,17 +113,38 @@ def records(registry: Registry, sweep_docs: dict[str, SweepTable], hashes: dict[
             for name, exp in registry.experiments.items() if name in sweep_docs}
 
 
-def write_records(reg: Registry, published: Path) -> list[Path]:
-    """An OSV record per published sweep table, into ``results/osv/``, with the published evidence's hashes."""
+def keep_modified(rec: dict, before: Path, now: str) -> dict:
+    """``modified`` is when the record's content last changed: the previous record's when nothing else did,
+    else ``now``."""
+    try:
+        old = json.loads(before.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        old = None
+    if isinstance(old, dict) and isinstance(old.get("modified"), str) and \
+            {**old, "modified": None} == {**rec, "modified": None}:
+        return {**rec, "modified": old["modified"]}
+    return {**rec, "modified": now}
+
+
+def write_records(reg: Registry, published: Path, previous: Path | None = None) -> list[Path]:
+    """An OSV record per sweep table in ``published``, into its ``osv/``, with that evidence's hashes.
+
+    The hashes name the files as published (results/...). With ``previous`` (the results/ being
+    replaced), a record whose content equals the one there keeps its ``modified``; any other is
+    modified now.
+    """
     tables = {}
     for name in reg.experiments:
         path = published / f"sweep-{name}.json"
         if path.exists():
             tables[name] = SweepTable.load(path)
-    hashes = {relative(p, reg.root): sha256_file(p) for p in sorted(published.glob("*.json"))
+    shown = results_dir(reg.root)
+    hashes = {relative(shown / p.name, reg.root): sha256_file(p) for p in sorted(published.glob("*.json"))
               if not p.name.startswith("report.")}
-    written = []
+    written, now = [], clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
     for filename, rec in records(reg, tables, hashes).items():
+        if previous is not None:
+            rec = keep_modified(rec, previous / OSV_DIR / filename, now)
         write_atomic(published / OSV_DIR / filename, dumps(rec))
         written.append(published / OSV_DIR / filename)
     return written
