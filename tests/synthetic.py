@@ -182,7 +182,9 @@ def serve_index(server, wheels: dict[str, bytes], project: str = "sglang") -> st
 # The smallest sweep table the report and publish accept: one release, fixed (/2: no provenance).
 SWEEP = {"schema": "pdevidence-sweep/2", "experiment": "demo", "first_fixed": "1.1.0", "regressions": [],
          "as_of": "2026-10-01T00:00:00Z",
-         "releases": [{"version": "1.1.0", "classification": "fixed", "scenarios": {"D1": "fixed"},
+         "releases": [{"version": "1.0.0", "classification": "pre-fix", "scenarios": {"D1": "pre-fix"},
+                       "differing": [], "error": None},
+                      {"version": "1.1.0", "classification": "fixed", "scenarios": {"D1": "fixed"},
                        "differing": [], "error": None}]}
 CELLS = ("demo.base.release-1.0.0.json", "demo.head.release-1.1.0.json")
 

@@ -274,3 +274,15 @@ def test_several_check_targets_share_one_engine_and_each_gets_its_answer(warm_wo
     assert captured.err.count("engine: probing") == 1 and "wheel-2.0.0, wheel-2.1.0" in captured.err
     products = [s["products"][0]["@id"] for s in json.loads(vex.read_text())["statements"]]
     assert products == ["pkg:pypi/sglang@2.0.0", "pkg:pypi/sglang@2.1.0"]
+
+
+def test_a_tree_probed_for_another_lane_is_probed_again_not_reused_under_its_side(warm_world):
+    from pdevidence.cells import warm
+
+    reg, tmp_path, trees = warm_world
+    probe(reg, tmp_path, trees[:1])  # side "sweep"
+    lines = []
+    found = warm.probe_trees(reg, trees[:1], ["demo"], {trees[0].label(): {**args_for("1.0.0"), "side": "check"}},
+                             out_dir=tmp_path / "check", log=lines.append)
+    assert "probing release-1.0.0" in "\n".join(lines)
+    assert found["release-1.0.0"]["demo"].doc["side"] == "check"

@@ -254,13 +254,13 @@ def test_a_partial_sweep_is_refused(project, capsys):
 
 def test_a_sweep_covering_fewer_releases_than_the_published_one_is_refused(project, capsys):
     doc = sweep_doc(project)
-    doc["releases"] = [{"version": "1.0.0", "classification": "pre-fix", "scenarios": {"D1": "pre-fix"},
+    doc["releases"] = [{"version": "0.9.0", "classification": "pre-fix", "scenarios": {"D1": "pre-fix"},
                         "differing": [], "error": None}, *doc["releases"]]
     write_table(project / "runs" / "sweep-demo.json", doc)
     assert run(project, "publish") == errors.CONFIRMED
-    write_sweep(project / "runs" / "sweep-demo.json")  # only 1.1.0
+    write_sweep(project / "runs" / "sweep-demo.json")  # only 1.0.0 and 1.1.0
     assert run(project, "publish") == errors.INCOMPLETE
-    assert "fewer releases than the published one (missing 1.0.0)" in capsys.readouterr().err
+    assert "fewer releases than the published one (missing 0.9.0)" in capsys.readouterr().err
 
 
 def test_a_sweep_judged_against_other_results_than_those_published_is_refused(project, capsys):
@@ -349,7 +349,7 @@ def test_osv_modified_is_when_the_record_last_changed(project, monkeypatch):
     assert json.loads(record.read_text())["modified"] == "2026-11-01T00:00:00Z"
     doc = sweep_doc(project)
     doc["as_of"] = "2026-11-15T00:00:00Z"
-    doc["releases"].append({**doc["releases"][0], "version": "1.2.0"})
+    doc["releases"].append({**doc["releases"][-1], "version": "1.2.0"})
     write_table(project / "runs" / "sweep-demo.json", doc)
     assert run(project, "publish") == errors.CONFIRMED
     assert json.loads(record.read_text())["modified"] == "2026-12-01T00:00:00Z"

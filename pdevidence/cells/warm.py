@@ -28,9 +28,10 @@ from . import allprobes, engine
 
 
 def outcome_key(reg: Registry, tree: Tree, closure: Path, interpreter: str, channel: str,
-                stand_ins: dict[str, str]) -> str:
+                stand_ins: dict[str, str], tree_args: dict[str, str]) -> str:
     parts = {
         "tree": [tree.kind, tree.resolved, tree.digest],
+        "args": tree_args,  # what the documents say of the tree (a sweep's side is not a check's)
         "closure": sha256_file(closure),
         "in_cell": tree_digest(list((reg.root / "probes").glob("*.py")), reg.root),
         "harness": harness_digest(),
@@ -92,7 +93,8 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
     closure = environments.closure_for_era(reg, era)
     stand_ins = environments.stand_in_env(era)
     identity = environments.find_python(reg.python).identity()
-    keys = {tree.label(): outcome_key(reg, tree, closure, identity, env.torch.channel.value, stand_ins)
+    keys = {tree.label(): outcome_key(reg, tree, closure, identity, env.torch.channel.value, stand_ins,
+                                      tree_args[tree.label()])
             for tree in trees}
     found: dict[str, dict[str, allprobes.Outcome]] = {}
     todo = []

@@ -38,11 +38,15 @@ class ReleaseOutcome:
     scenarios: dict[str, Behaviour] = field(default_factory=dict)
     differing: list[str] = field(default_factory=list)  # scenarios matching neither reference, or erroring
     error: str | None = None  # why it could not be probed (failed), or what its scenarios raised (error)
+    evidence: list[str] = field(default_factory=list)  # not affected: the observations that show it
 
     def to_json(self) -> dict:
-        return {"version": self.version, "classification": self.classification.value,
-                "scenarios": {sid: b.value for sid, b in self.scenarios.items()},
-                "differing": self.differing, "error": self.error}
+        found = {"version": self.version, "classification": self.classification.value,
+                 "scenarios": {sid: b.value for sid, b in self.scenarios.items()},
+                 "differing": self.differing, "error": self.error}
+        if self.evidence:  # only where a release is not affected: other entries keep their bytes
+            found["evidence"] = self.evidence
+        return found
 
 
 def first_fixed(outcomes: list[ReleaseOutcome]) -> str | None:
@@ -171,7 +175,7 @@ class SweepTable:
                 releases.append(ReleaseOutcome(
                     entry["version"], Classification(entry["classification"]),
                     {sid: Behaviour(b) for sid, b in entry.get("scenarios", {}).items()},
-                    list(entry.get("differing", [])), entry.get("error")))
+                    list(entry.get("differing", [])), entry.get("error"), list(entry.get("evidence", []))))
             except (TypeError, KeyError, ValueError, AttributeError):
                 raise bad(f"release entry {entry!r}") from None
             if not isinstance(entry["version"], str) or not isinstance(releases[-1].error, (str, type(None))):

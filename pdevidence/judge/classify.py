@@ -22,7 +22,7 @@ from ..documents.provenance import stale_error
 from ..documents.receipts import Receipt
 from ..documents.tables import ReleaseOutcome, first_fixed, flagged
 from ..documents.vocabulary import Behaviour, Classification
-from ..registry import SIDES, Experiment, Registry
+from ..registry import SIDES, Experiment, NotAffected, Registry
 from .compare import expected_file, same
 
 
@@ -82,8 +82,20 @@ def raised(doc: dict, found: dict[str, Behaviour]) -> str | None:
     return "; ".join(errors) or None
 
 
+def not_affected(doc: dict, exp: Experiment | None) -> list[NotAffected]:
+    """The registry's rules whose observation holds on ``doc``: the vulnerable path is not in this tree."""
+    return [rule for rule in (exp.not_affected.values() if exp else ()) if rule.holds(doc)]
+
+
+def evidence(rules: list[NotAffected]) -> list[str]:
+    return [f"{r.scenario}.{r.key} = {r.value!r}: {r.why} ({r.justification.value})" for r in rules]
+
+
 def classify(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -> ReleaseOutcome:
     found = behaviours(doc, base, head, exp)
+    rules = not_affected(doc, exp)
+    if rules:
+        return ReleaseOutcome(doc["tree"]["resolved"], Classification.NOT_AFFECTED, found, [], None, evidence(rules))
     differing = [sid for sid, b in found.items() if b in (Behaviour.NEITHER, Behaviour.ERROR)]
     return ReleaseOutcome(doc["tree"]["resolved"], overall(found), found, differing, raised(doc, found))
 

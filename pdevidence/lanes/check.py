@@ -43,13 +43,14 @@ class Status(str, enum.Enum):
     PARTIAL = "partial"
     UNKNOWN = "unknown"
     CANNOT_RUN = "cannot run"
+    NOT_AFFECTED = "not affected"
 
 
 STATUS_OF = {Classification.FIXED: Status.FIXED, Classification.PRE_FIX: Status.AFFECTED,
              Classification.PARTIAL: Status.PARTIAL, Classification.NEITHER: Status.UNKNOWN,
              Classification.ERROR: Status.UNKNOWN}
 EXIT_OF = {Status.FIXED: CONFIRMED, Status.AFFECTED: BEHAVIOUR_DIFFERS, Status.PARTIAL: BEHAVIOUR_DIFFERS,
-           Status.UNKNOWN: BEHAVIOUR_DIFFERS, Status.CANNOT_RUN: ENVIRONMENT}
+           Status.UNKNOWN: BEHAVIOUR_DIFFERS, Status.CANNOT_RUN: ENVIRONMENT, Status.NOT_AFFECTED: CONFIRMED}
 # Which scenarios decide each status: those that put it there.
 DECIDING = {Status.FIXED: (Behaviour.FIXED,), Status.AFFECTED: (Behaviour.PRE_FIX,),
             Status.PARTIAL: (Behaviour.PRE_FIX,), Status.UNKNOWN: (Behaviour.NEITHER, Behaviour.ERROR)}
@@ -80,11 +81,16 @@ class ExperimentCheck:
     deciding: list[str] = field(default_factory=list)
     result_sha256: str | None = None
     error: str | None = None
+    evidence: list[str] = field(default_factory=list)  # not affected: the observations that show it
+    justification: str | None = None  # not affected: OpenVEX's justification
 
     def to_json(self) -> dict:
-        return {"experiment": self.experiment, "pr": self.pr, "status": self.status.value,
-                "scenarios": {sid: b.value for sid, b in self.scenarios.items()}, "deciding": self.deciding,
-                "result_sha256": self.result_sha256, "error": self.error}
+        found = {"experiment": self.experiment, "pr": self.pr, "status": self.status.value,
+                 "scenarios": {sid: b.value for sid, b in self.scenarios.items()}, "deciding": self.deciding,
+                 "result_sha256": self.result_sha256, "error": self.error}
+        if self.status is Status.NOT_AFFECTED:
+            found.update(evidence=self.evidence, justification=self.justification)
+        return found
 
 
 @dataclass
@@ -108,6 +114,10 @@ def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict) -
     if outcome.doc is None:
         return ExperimentCheck(exp.name, exp.pr, Status.CANNOT_RUN, error=outcome.error)
     found = classify.behaviours(outcome.doc, base, head, exp)
+    rules = classify.not_affected(outcome.doc, exp)
+    if rules:  # the vulnerable path is not in this build: which observation shows it decides
+        return ExperimentCheck(exp.name, exp.pr, Status.NOT_AFFECTED, found, sorted({r.scenario for r in rules}),
+                               outcome.result_sha256, None, classify.evidence(rules), rules[0].justification.value)
     status = STATUS_OF[classify.overall(found)]
     return ExperimentCheck(exp.name, exp.pr, status, found,
                            [sid for sid, b in found.items() if b in DECIDING[status]],
@@ -236,6 +246,8 @@ def table(result: CheckResult) -> str:
         by = {b: [sid for sid, got in e.scenarios.items() if got is b] for b in Behaviour}
         if e.status is Status.CANNOT_RUN:
             detail = f"could not run: {e.error}"
+        elif e.status is Status.NOT_AFFECTED:
+            detail = "the vulnerable path is not in this build: " + "; ".join(e.evidence)
         elif e.status is Status.PARTIAL:
             detail = f"pre-fix: {', '.join(by[Behaviour.PRE_FIX])}; fixed: {', '.join(by[Behaviour.FIXED])}"
         elif e.status is Status.UNKNOWN:
@@ -243,5 +255,5 @@ def table(result: CheckResult) -> str:
             detail = "; ".join(part for part in (neither, f"raised: {e.error}" if e.error else "") if part)
         else:
             detail = f"{'fixed' if e.status is Status.FIXED else 'pre-fix'}: {', '.join(e.deciding)}"
-        lines.append(f"  {e.experiment:<10} {e.status.value:<10} PR #{e.pr}  {detail}")
+        lines.append(f"  {e.experiment:<10} {e.status.value:<12} PR #{e.pr}  {detail}")
     return "\n".join(lines)

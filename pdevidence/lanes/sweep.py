@@ -155,6 +155,8 @@ def detail(o: ReleaseOutcome) -> str:
     """Why a release is not simply pre-fix or fixed: each scenario's behaviour beside the others."""
     if o.classification is Classification.FAILED:
         return f" ({o.error})" if o.error else ""
+    if o.classification is Classification.NOT_AFFECTED:
+        return f" ({'; '.join(o.evidence)})"
     by = {b: [sid for sid, got in o.scenarios.items() if got is b] for b in Behaviour}
     if o.classification is Classification.PARTIAL:
         return f" (pre-fix: {', '.join(by[Behaviour.PRE_FIX])})"

@@ -17,7 +17,8 @@ from .osv import PR_URL, vuln_id
 CONTEXT = "https://openvex.dev/ns/v0.2.0"
 AUTHOR = "pdevidence check"
 VEX_STATUS = {Status.FIXED: "fixed", Status.AFFECTED: "affected", Status.PARTIAL: "under_investigation",
-              Status.UNKNOWN: "under_investigation", Status.CANNOT_RUN: "under_investigation"}
+              Status.UNKNOWN: "under_investigation", Status.CANNOT_RUN: "under_investigation",
+              Status.NOT_AFFECTED: "not_affected"}
 GIT_URL = "git+https://github.com/sgl-project/sglang"
 
 
@@ -66,6 +67,9 @@ def statement(reg: Registry, result: CheckResult, index: int) -> dict:
         "status": VEX_STATUS[e.status],
         "status_notes": notes,
     }
+    if e.status is Status.NOT_AFFECTED:  # OpenVEX requires a justification or an impact statement
+        found["justification"] = e.justification
+        found["impact_statement"] = "; ".join(e.evidence)
     if e.status is Status.AFFECTED:
         found["action_statement"] = (f"Upgrade to an SGLang release with PR #{exp.pr} (see the OSV record "
                                      f"{vuln_id(exp)}) or apply the PR, then rerun `python -m pdevidence check`.")

@@ -36,12 +36,12 @@ def vuln_id(exp: Experiment) -> str:
 
 
 def events(releases: list[ReleaseOutcome]) -> list[dict]:
-    """ECOSYSTEM range events from the classified releases: introduced 0, then every switch.
-
-    A release that is pre-fix (or partly so) after a fixed one re-opens the range: a regression.
-    Releases that matched neither side or failed say nothing and change nothing.
+    """ECOSYSTEM range events from the classified releases: introduced at the first release that
+    behaves pre-fix (observed, not assumed: a release without the vulnerable path is not affected),
+    then every switch. A release that is pre-fix (or partly so) after a fixed one re-opens the range:
+    a regression. Releases that matched neither side, raised or failed say nothing and change nothing.
     """
-    found, affected = [{"introduced": "0"}], True
+    found, affected = [], False
     for entry in sorted(releases, key=lambda r: Version(r.version)):
         if entry.classification is Classification.FIXED and affected:
             found.append({"fixed": entry.version})
@@ -64,6 +64,11 @@ def modified(table: SweepTable) -> str:
 def record(exp: Experiment, table: SweepTable, hashes: dict[str, str]) -> dict:
     releases = table.releases
     seen = [r.version for r in releases if r.classification in LACKS_FIX]
+    if not seen:
+        raise HarnessError(f"no release of the sweep behaves pre-fix for {exp.name}: an OSV record would name "
+                           "no affected range", todo="check the sweep table; publish needs a release observed "
+                           "to lack the fix")
+    not_affected = [r.version for r in releases if r.classification is Classification.NOT_AFFECTED]
     probed = [r.version for r in releases]
     fixed = table.first_fixed
     details = [
@@ -74,8 +79,11 @@ def record(exp: Experiment, table: SweepTable, hashes: dict[str, str]) -> dict:
         f"First release that behaves as fixed: {fixed or 'none yet'}."
         + (f" Releases that behave as pre-fix again after it (regressions): {', '.join(table.regressions)}."
            if table.regressions else ""),
-        f"Releases before {probed[0]} were not probed; the range starts at 0 because the fix did not exist "
-        "before the PR. Backports, forks and source builds can differ from their version number: "
+        f"The range opens at the first release observed to behave pre-fix ({seen[0] if seen else 'none'}); "
+        + (f"releases before it lack the vulnerable path ({', '.join(not_affected)}: the sweep names the "
+           "observation that shows it) or were not probed. " if not_affected else
+           f"releases before {probed[0]} were not probed. ")
+        + "Backports, forks and source builds can differ from their version number: "
         "`python -m pdevidence check` runs the probes on the build you have.",
     ]
     return {
