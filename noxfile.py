@@ -45,6 +45,7 @@ def _load_registry() -> registry.Registry:
 REGISTRY = _load_registry()
 CELLS = [(name, side) for name in REGISTRY.experiments for side in registry.SIDES]
 CELL_IDS = [f"{name}, {side}" for name, side in CELLS]
+ERAS = ["current", *REGISTRY.eras]  # lanes.sweep_parts.CURRENT: the releases of no declared era
 
 
 def _selected_sessions(session: nox.Session) -> int | None:
@@ -109,13 +110,13 @@ def verify(session: nox.Session) -> None:
 
 @nox.session
 def checksums(session: nox.Session) -> None:
-    """Regenerate SHA256SUMS.txt."""
+    """Regenerate SHA256SUMS.txt (refused while published evidence is stale: republish instead)."""
     _run(session, "checksums")
 
 
 @nox.session
 def publish(session: nox.Session) -> None:
-    """Copy fresh release results into results/ and regenerate SHA256SUMS.txt."""
+    """Publish the declared set (fresh cells, sweep and mutation tables, the OpenVEX example) into results/, whole."""
     _run(session, "publish", *session.posargs)
 
 
@@ -124,6 +125,19 @@ def sweep(session: nox.Session) -> None:
     """Every SGLang release from the registry floor up, all experiments in one import each; flags regressions.
     `-- --experiment admission` for one, `-- --pre` for pre/post releases."""
     _run(session, "sweep", *session.posargs)
+
+
+@nox.session(tags=["era"])
+@nox.parametrize("era", ERAS, ids=ERAS)
+def sweep_era(session: nox.Session, era: str) -> None:
+    """One era's releases (its own closure, one warm engine), written as a part: the CI fan-out's job."""
+    _run(session, "sweep", "--era", era, *session.posargs)
+
+
+@nox.session
+def sweep_merge(session: nox.Session) -> None:
+    """Join every era's part into the sweep tables; fails on a release that lost a fix (the watch)."""
+    _run(session, "sweep-merge", *session.posargs)
 
 
 @nox.session

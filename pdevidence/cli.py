@@ -14,12 +14,13 @@ from pathlib import Path
 from . import environments, registry
 from .cells import cells
 from .core import children, clock, settings
-from .core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, EXIT_CODES, HarnessError, boundary, usage, worst
+from .core.errors import CONFIRMED, EXIT_CODES, HarnessError, boundary, usage, worst
 from .core.files import dumps, write_atomic
 from .core.paths import PROJECT, results_dir, runs_dir, tree_lock_file, work_dir
 from .documents import integrity, reports
-from .judge import compare
-from .lanes import check, drift, mutate, sweep, upstream
+from .documents.tables import SweepParameters
+from .judge import classify, compare
+from .lanes import check, drift, mutate, sweep, sweep_parts, upstream
 from .publish import openvex, publish
 from .report import report
 from .sources import trees
@@ -137,33 +138,70 @@ def cmd_publish(args) -> int:
 def cmd_sweep(args) -> int:
     reg = registry.load(args.root)
     names = args.experiment or list(reg.experiments)
-    found, as_of = sweep.sweep(reg, names, published=results_dir(reg.root), out_dir=runs_dir(reg.root) / "sweep",
-                               versions=args.versions or None, pre=args.pre, jobs=args.jobs, cold=args.cold,
-                               force=args.force)
-    code = CONFIRMED
+    versions = args.versions or None
+    fresh = args.references == "fresh"
+    out = runs_dir(reg.root)
+    if args.era:  # one job of the CI fan-out: this era's releases, written as a part
+        versions = sweep_parts.in_era(reg, args.era, versions or sweep.default_releases(reg, pre=args.pre))
+        out = sweep_parts.part_dir(out, args.era)
+        if not versions:
+            print(f"sweep: no release of era {args.era} to probe")
+            return CONFIRMED
+    made = sweep.made_by(reg, names)  # before anything runs: what a change during the run must not pass for
+    found, as_of, refs = sweep.sweep(reg, names, published=runs_dir(reg.root) if fresh else results_dir(reg.root),
+                                     out_dir=runs_dir(reg.root) / "sweep", versions=versions, pre=args.pre,
+                                     jobs=args.jobs, cold=args.cold, force=args.force, fresh_references=fresh)
+    parameters = {name: SweepParameters(explicit=bool(args.versions), pre=args.pre, floor=reg.release_floor,
+                                        references=refs[name].digests) for name in found}
+    if args.era:
+        for name, outcomes in found.items():
+            write_atomic(out / f"sweep-{name}.json", dumps(sweep.document(name, outcomes, as_of, made,
+                                                                          parameters[name])))
+        print(f"wrote the {args.era} part under {out}; `sweep-merge` joins the parts")
+        return CONFIRMED
+    return _sweep_tables(reg, found, as_of, made, parameters, out)
+
+
+def cmd_sweep_merge(args) -> int:
+    reg = registry.load(args.root)
+    names = args.experiment or list(reg.experiments)
+    merged = sweep_parts.merge(reg, runs_dir(reg.root) / sweep_parts.PARTS, names)
+    return _sweep_tables(reg, {name: m.outcomes for name, m in merged.items()},
+                         max((m.as_of for m in merged.values() if m.as_of), default=None),
+                         sweep.made_by(reg, names), {name: m.parameters for name, m in merged.items()},
+                         runs_dir(reg.root))
+
+
+def _sweep_tables(reg: registry.Registry, found: dict, as_of: str | None, made, parameters: dict,
+                  out: Path) -> int:
+    """Write and print each experiment's table; the exit code is the release watch's."""
     for name, outcomes in found.items():
-        out = runs_dir(reg.root) / f"sweep-{name}.json"
-        write_atomic(out, dumps(sweep.document(name, outcomes, as_of)))
+        path = out / f"sweep-{name}.json"
+        write_atomic(path, dumps(sweep.document(name, outcomes, as_of, made, parameters[name])))
         print(sweep.table(name, outcomes, reg.experiment(name).releases))
-        print(f"wrote {out}")
-        if not sweep.first_fixed(outcomes) or sweep.regressions(outcomes):
-            code = BEHAVIOUR_DIFFERS
-    return code
+        print(f"wrote {path}")
+    return worst(classify.watch_exit(outcomes) for outcomes in found.values())
 
 
 def cmd_check(args) -> int:
-    """Is my SGLang affected? Exit 0 all fixed, 1 any affected/partial/unknown, 3 any cannot run."""
+    """Is my SGLang affected? Exit 0 all fixed, 1 any affected/partial/unknown, 3 any cannot run.
+    Several targets share one warm engine; the exit code is the worst of theirs."""
     reg = registry.load(args.root)
-    target, tree = check.resolve(reg, python=args.python, version=args.version, wheel=args.wheel,
-                                 path=args.path, git=args.git)
+    asked = [{kind: value} for kind in ("python", "version", "wheel", "path", "git") for value in getattr(args, kind) or []]
+    if not asked:
+        raise usage("check needs a target", expected="one or more of --python, --version, --wheel, --path, --git")
+    targets = [check.resolve(reg, **target) for target in asked]
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
-    result = check.run(reg, target, tree, log=log)
+    found = check.run_all(reg, targets, fresh_references=args.references == "fresh", log=log)
     if args.openvex:
         stamp = clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
-        write_atomic(args.openvex, dumps(openvex.document(reg, result, stamp)))
+        write_atomic(args.openvex, dumps(openvex.document(reg, found, stamp)))
         log(f"wrote {args.openvex}")
-    print(dumps(result.to_json()) if args.json else check.table(result), end="" if args.json else "\n")
-    return result.exit_code
+    if args.json:  # one target: its document, as before; several: a list of them
+        print(dumps(found[0].to_json() if len(found) == 1 else [r.to_json() for r in found]), end="")
+    else:
+        print("\n".join(check.table(result) for result in found))
+    return worst(result.exit_code for result in found)
 
 
 def cmd_drift(args) -> int:
@@ -242,17 +280,29 @@ def parser() -> argparse.ArgumentParser:
     sw.add_argument("--cold", action="store_true",
                     help="one environment and one fresh probe process per release instead of the warm engine")
     sw.add_argument("--force", action="store_true", help="reprobe releases whose outcome is cached")
+    sw.add_argument("--references", choices=classify.REFERENCES, default="published",
+                    help="judge against the published base and head results (default), or the fresh ones in "
+                    "runs/ from `nox -s matrix` (republishing, when the published ones are stale)")
+    sw.add_argument("--era", help="only the releases of this era ('current': of none), written as a part under "
+                    "runs/sweep-parts/<era>/ for `sweep-merge` (the CI fan-out)")
     sw.set_defaults(func=cmd_sweep)
 
+    sm = sub.add_parser("sweep-merge", help="join the era parts under runs/sweep-parts/ into the sweep tables")
+    sm.add_argument("--experiment", action="append", help="only this experiment (repeatable; default: all)")
+    sm.set_defaults(func=cmd_sweep_merge)
+
     ck = sub.add_parser("check", help="is my SGLang affected? run every probe on one build and judge each fix")
-    target = ck.add_mutually_exclusive_group(required=True)
-    target.add_argument("--python", type=Path, help="an existing environment's interpreter (left untouched)")
-    target.add_argument("--version", help="an SGLang release from PyPI, in a cell environment")
-    target.add_argument("--wheel", type=Path, help="an SGLang wheel file (a backport, a fork's build)")
-    target.add_argument("--path", type=Path, help="an SGLang source tree (checkout root or its python/)")
-    target.add_argument("--git", metavar="SHA", help="a commit: GitHub's archive, or SGLANG_REPO=<clone>")
+    # Each option may repeat; every target named is checked, release and wheel targets in one engine.
+    ck.add_argument("--python", type=Path, action="append", help="an existing environment's interpreter (left untouched)")
+    ck.add_argument("--version", action="append", help="an SGLang release from PyPI")
+    ck.add_argument("--wheel", type=Path, action="append", help="an SGLang wheel file (a backport, a fork's build)")
+    ck.add_argument("--path", type=Path, action="append", help="an SGLang source tree (checkout root or its python/)")
+    ck.add_argument("--git", metavar="SHA", action="append", help="a commit: GitHub's archive, or SGLANG_REPO=<clone>")
     ck.add_argument("--json", action="store_true", help=f"print the {check.SCHEMA} document instead of the table")
     ck.add_argument("--openvex", type=Path, metavar="FILE", help="also write an OpenVEX v0.2.0 document")
+    ck.add_argument("--references", choices=classify.REFERENCES, default="published",
+                    help="judge against the published base and head results (default), or the fresh ones in "
+                    "runs/ (republishing)")
     ck.set_defaults(func=cmd_check)
 
     dr = sub.add_parser("drift", help="rerun a release cell on newer torch/transformers; advisory")

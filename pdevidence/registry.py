@@ -169,6 +169,8 @@ class Registry:
     constraints_input: Path | None
     release_floor: str
     experiments: dict[str, Experiment]
+    # The release whose `check --openvex` document is published as the OpenVEX example (None: none is).
+    openvex_example: str | None = None
     eras: dict[str, Era] = field(default_factory=dict)
     stand_ins: dict[str, str] = field(default_factory=dict)  # module -> why it may be a stand-in
 
@@ -288,7 +290,8 @@ def _version(value: str, where: str) -> str:
 def _parse(root: Path, data: dict) -> Registry:
     _table(data, "registry", required={"schema": int, "python": str, "constraints": str, "release_floor": str,
                                        "experiments": dict, "torch_channel": str},
-           optional={"constraints_input": str, "constraints_cpu": str, "eras": dict, "stand_ins": dict})
+           optional={"constraints_input": str, "constraints_cpu": str, "openvex_example": str, "eras": dict,
+                     "stand_ins": dict})
     if data["schema"] != SCHEMA:
         raise RegistryError(f"registry.schema: {data['schema']} is not a schema this harness reads ({SCHEMA})")
     experiments = {}
@@ -313,6 +316,8 @@ def _parse(root: Path, data: dict) -> Registry:
         experiments=experiments,
         eras=eras,
         stand_ins=stand_ins,
+        openvex_example=_version(data["openvex_example"], "registry.openvex_example")
+        if "openvex_example" in data else None,
     )
 
 

@@ -124,6 +124,16 @@ def mutations() -> dict:
             ]}
 
 
+def sweep_v3() -> dict:
+    """Schema 3: a release whose telling scenario raised, after the first fixed one: the release watch."""
+    doc = sweep_v2()
+    doc["releases"].append({"version": "0.5.23", "classification": "error", "scenarios": {"B1": "fixed", "B2": "error"},
+                            "differing": ["B2"], "error": "B2: AttributeError: no attribute 'sender'"})
+    return {**doc, "schema": "pdevidence-sweep/3", "first_fixed": "0.5.20", "flagged": ["0.5.21", "0.5.23"],
+            "provenance": {"files": {"probes/probe_prefill_differential.py": "d" * 64}, "harness": "0" * 64},
+            "parameters": {"explicit": False, "pre": False, "floor": "0.5.17", "references": {}}}
+
+
 def full_document() -> dict:
     """What ``report.document`` makes from the dict plus everything gathered."""
     doc = copy.deepcopy(report_dict())

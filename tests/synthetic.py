@@ -7,6 +7,8 @@ import hashlib
 import json
 from pathlib import Path
 
+from pdevidence.documents import provenance
+
 BASE_SHA = "a" * 40
 HEAD_SHA = "b" * 40
 
@@ -47,6 +49,10 @@ OBSERVED = {
 }
 
 
+# The in-cell files besides the probe that documents record (provenance): the kit and the drivers.
+IN_CELL = ("_probekit.py", "probe_all.py", "engine.py", "probe_mutants.py", "_mutants.py")
+
+
 def make_project(root: Path, registry: str = REGISTRY) -> Path:
     (root / "probes").mkdir(parents=True, exist_ok=True)
     (root / "constraints").mkdir(exist_ok=True)
@@ -54,7 +60,16 @@ def make_project(root: Path, registry: str = REGISTRY) -> Path:
     (root / "experiments.toml").write_text(registry)
     (root / "constraints" / "cells.txt").write_text("")
     (root / "probes" / "probe_demo.py").write_text("print('demo probe')\n")
+    for name in IN_CELL:
+        (root / "probes" / name).write_text(f"# {name}\n")
     return root
+
+
+def made_by(root: Path, drivers: tuple[str, ...] = ()) -> dict:
+    """The provenance block of a demo document made now in the project at ``root``."""
+    files = [root / "probes" / "probe_demo.py", root / provenance.KIT, *(root / d for d in drivers),
+             root / "experiments.toml", root / "constraints" / "cells.txt"]
+    return provenance.record(root, files).to_json()
 
 
 def result_doc(side: str, version: str, observed: dict | None = None, errors: dict | None = None) -> dict:
@@ -70,11 +85,15 @@ def result_doc(side: str, version: str, observed: dict | None = None, errors: di
     }
 
 
+# A well-formed provenance block that no checkout matches.
+PLACEHOLDER = {"files": {"probes/probe_demo.py": "d" * 64}, "harness": "0" * 64}
+
+
 def receipt_doc(torch: str = "2.14.1+cpu", packages: dict | None = None, channel: str = "pypi",
                 override: str | None = None) -> dict:
     """A receipt as ``receipts.build`` writes it; ``write_cell`` fills in the cell and the result's digest."""
     return {
-        "schema": "pdevidence-receipt/2",
+        "schema": "pdevidence-receipt/3",
         "cell": "",
         "experiment": "demo",
         "side": "",
@@ -94,12 +113,14 @@ def receipt_doc(torch: str = "2.14.1+cpu", packages: dict | None = None, channel
         "duration_s": 20.0,
         "exit_status": 0,
         "cache_key": "f" * 64,
+        "provenance": PLACEHOLDER,  # ``write_cell`` records the project's instead
     }
 
 
 def write_cell(directory: Path, side: str, doc: dict | None = None, receipt: dict | None = None,
-               kind: str = "release") -> Path:
-    """A cell's result and its receipt (recording the result's SHA-256), as a real run writes them."""
+               kind: str = "release", root: Path | None = None) -> Path:
+    """A cell's result and its receipt (recording the result's SHA-256 and, when the receipt has none, what
+    made it in the project at ``root``, by default the directory's parent), as a real run writes them."""
     ref = {"base": "1.0.0", "head": "1.1.0"}[side] if kind == "release" else {"base": BASE_SHA, "head": HEAD_SHA}[side]
     path = directory / f"demo.{side}.{kind}-{ref if kind == 'release' else ref[:12]}.json"
     directory.mkdir(parents=True, exist_ok=True)
@@ -111,6 +132,8 @@ def write_cell(directory: Path, side: str, doc: dict | None = None, receipt: dic
     receipt.update(cell=f"{'release' if kind == 'release' else 'probe'}(demo, {side})", side=side,
                    result={"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
     receipt["tree"].update(kind=kind, ref=ref, resolved=ref)
+    if receipt.get("provenance") == PLACEHOLDER:
+        receipt["provenance"] = made_by(root or directory.parent)
     path.with_name(path.name.removesuffix(".json") + ".receipt.json").write_text(
         json.dumps(receipt, sort_keys=True, indent=2) + "\n")
     return path
@@ -156,18 +179,34 @@ def serve_index(server, wheels: dict[str, bytes], project: str = "sglang") -> st
     return server.url("/simple")
 
 
-# The smallest sweep table the report and publish accept: one release, fixed.
+# The smallest sweep table the report and publish accept: one release, fixed (/2: no provenance).
 SWEEP = {"schema": "pdevidence-sweep/2", "experiment": "demo", "first_fixed": "1.1.0", "regressions": [],
          "as_of": "2026-10-01T00:00:00Z",
-         "releases": [{"version": "1.1.0", "classification": "fixed", "scenarios": {"D1": "fixed"},
+         "releases": [{"version": "1.0.0", "classification": "pre-fix", "scenarios": {"D1": "pre-fix"},
+                       "differing": [], "error": None},
+                      {"version": "1.1.0", "classification": "fixed", "scenarios": {"D1": "fixed"},
                        "differing": [], "error": None}]}
+CELLS = ("demo.base.release-1.0.0.json", "demo.head.release-1.1.0.json")
 
 
-def write_sweep(path: Path) -> None:
-    write_table(path, SWEEP)
+def sweep_doc(root: Path, references: Path | None = None, **parameters) -> dict:
+    """``SWEEP`` as the current sweep writes it in the project at ``root``: judged against the release cells in
+    ``references`` (default runs/, else results/)."""
+    if references is None:
+        references = root / "runs" if (root / "runs" / CELLS[0]).exists() else root / "results"
+    digests = {name: hashlib.sha256((references / name).read_bytes()).hexdigest()
+               for name in CELLS if (references / name).exists()}
+    return {**copy.deepcopy(SWEEP), "schema": "pdevidence-sweep/3",
+            "flagged": [], "provenance": made_by(root, provenance.SWEEP_DRIVERS),
+            "parameters": {"explicit": False, "pre": False, "floor": "1.0.0", "references": digests, **parameters}}
 
 
-# The smallest mutation table and OpenVEX document publish accepts.
+def write_sweep(path: Path, **parameters) -> None:
+    """A current sweep table at ``path`` (in ``<project>/runs`` or ``<project>/results``)."""
+    write_table(path, sweep_doc(path.parent.parent, **parameters))
+
+
+# The smallest mutation table (/1: no provenance) and OpenVEX document publish accepts.
 MUTATIONS = {"schema": "pdevidence-mutate/1", "experiment": "demo",
              "tree": {"kind": "release", "ref": "1.1.0", "resolved": "1.1.0"},
              "score": {"killed": 1, "applicable": 1, "total": 1}, "scenarios": ["D1"],
@@ -175,7 +214,14 @@ MUTATIONS = {"schema": "pdevidence-mutate/1", "experiment": "demo",
                           "target": "sglang:retire", "operator": "noop", "status": "killed",
                           "killed_by": {"D1": ["retired"]}, "error": None}]}
 OPENVEX = {"@context": "https://openvex.dev/ns/v0.2.0", "@id": "https://example.invalid/vex/1",
-           "statements": [{"status": "fixed"}]}
+           "statements": [{"status": "fixed", "products": [{"@id": "pkg:pypi/sglang@1.1.0"}]}]}
+
+
+def mutations_doc(root: Path) -> dict:
+    """``MUTATIONS`` as the current lane writes it in the project at ``root``."""
+    return {**copy.deepcopy(MUTATIONS), "schema": "pdevidence-mutate/2",
+            "score": {"killed": 1, "by_observation": 1, "only_raising": 0, "applicable": 1, "total": 1},
+            "provenance": made_by(root, provenance.MUTATION_DRIVERS), "parameters": {"mutants": ["M1"]}}
 
 
 def write_table(path: Path, doc: dict) -> None:

@@ -281,3 +281,47 @@ def test_targets_resolve_to_the_tree_checked_with_its_provenance(project, tmp_pa
     assert target.label() == "wheel-0.5.20+backp"
     with pytest.raises(errors.HarnessError, match="check needs a target"):
         check.resolve(project)
+
+
+NO_DOOR = """
+[experiments.demo.not_affected.no_decode_door]
+scenario = "D3"
+key = "receiver_created"
+value = "absent"
+justification = "vulnerable_code_not_present"
+why = "this tree has no decode door to admit a rejected request"
+"""
+
+
+def test_a_build_without_the_vulnerable_path_is_not_affected_naming_the_observation(tmp_path):
+    root = make_project(tmp_path / "project", TWO_DOORS + NO_DOOR)
+    reg = registry.load(root)
+    old = {**BEFORE, "D3": {"receiver_created": "absent"}}
+    found = judged(reg, old)
+    assert (found.status, found.deciding, found.justification) == (
+        Status.NOT_AFFECTED, ["D3"], "vulnerable_code_not_present")
+    assert found.evidence == ["D3.receiver_created = 'absent': this tree has no decode door to admit a rejected "
+                              "request (vulnerable_code_not_present)"]
+    assert check.EXIT_OF[found.status] == errors.CONFIRMED
+    assert judged(reg, BEFORE).status is Status.AFFECTED  # the rule holds on its observation only
+    line = check.table(check.CheckResult(check.Target("release", "0.1.0", "0.1.0"), [found])).splitlines()[1]
+    assert "not affected" in line and "no decode door" in line
+    doc = openvex.document(reg, check.CheckResult(check.Target("release", "0.1.0", "0.1.0"), [found]), "2026-11-30T00:00:00Z")
+    assert problems("openvex-0.2.0", doc) == []
+    (statement,) = doc["statements"]
+    assert (statement["status"], statement["justification"]) == ("not_affected", "vulnerable_code_not_present")
+    assert "no decode door" in statement["impact_statement"]
+
+
+def test_the_sweep_classifies_such_a_release_not_affected_with_its_evidence(tmp_path):
+    from pdevidence.documents.vocabulary import Behaviour, Classification
+    from pdevidence.judge import classify
+    from pdevidence.report import timeline
+
+    reg = registry.load(make_project(tmp_path / "project", TWO_DOORS + NO_DOOR))
+    outcome = classify.classify(result_doc("sweep", "0.1.0", {**BEFORE, "D3": {"receiver_created": "absent"}}),
+                                result_doc("base", "1.0.0", BEFORE), result_doc("head", "1.1.0", AFTER),
+                                reg.experiment("demo"))
+    assert outcome.classification is Classification.NOT_AFFECTED and outcome.evidence
+    assert outcome.to_json()["evidence"] == outcome.evidence
+    assert timeline.release_state(outcome.to_json(), "D1") is Behaviour.NOT_AFFECTED

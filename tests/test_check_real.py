@@ -63,8 +63,8 @@ def version_check(reg):
 
 @pytest.fixture(scope="module")
 def swept(reg, tmp_path_factory):
-    found, _ = sweep.sweep(reg, list(reg.experiments), published=results_dir(reg.root),
-                           out_dir=tmp_path_factory.mktemp("sweep"), versions=["0.5.20"], jobs=1)
+    found, _, _ = sweep.sweep(reg, list(reg.experiments), published=results_dir(reg.root),
+                              out_dir=tmp_path_factory.mktemp("sweep"), versions=["0.5.20"], jobs=1)
     return {name: outcomes[0] for name, outcomes in found.items()}
 
 

@@ -342,6 +342,7 @@ def test_on_a_fresh_clone_nox_compare_leaves_the_checkout_clean(tmp_path, posarg
 
 def test_verify_refuses_a_published_report_that_is_not_a_report_even_with_blessed_sums(project, capsys):
     publish_both(project)
+    write_sweep(project / "runs" / "sweep-demo.json")
     assert cli.main(["--root", str(project), "publish"]) == errors.CONFIRMED
     path = project / "results" / "report.json"
     doc = json.loads(path.read_text())

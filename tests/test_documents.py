@@ -28,6 +28,7 @@ def test_a_schema_1_sweep_table_upgrades_to_the_current_form():
     table = SweepTable.from_doc(doc, source="v1")
     assert table.schema_version == 1 and table.doc is doc and "regressions" not in doc
     assert table.regressions == ["0.5.24"]  # derived by the rule schema 2 records
+    assert table.flagged == ["0.5.22", "0.5.24"]  # and the release watch by the rule schema 3 records
     assert table.as_of is None and all(r.scenarios == {} for r in table.releases)
     assert table.releases[0].classification is Classification.PRE_FIX
 
@@ -38,7 +39,8 @@ def test_a_schema_2_sweep_table_is_typed():
                          "differing": [], "error": None}]}
     (release,) = SweepTable.from_doc(doc, source="v2").releases
     assert release.scenarios == {"D1": Behaviour.FIXED}
-    for bad in ({**doc, "schema": "pdevidence-sweep/3"}, {**doc, "regressions": "none"},
+    assert SweepTable.from_doc(doc, source="v2").flagged == []
+    for bad in ({**doc, "schema": "pdevidence-sweep/4"}, {**doc, "regressions": "none"},
                 {**doc, "releases": [{**doc["releases"][0], "scenarios": {"D1": "maybe"}}]}):
         with pytest.raises(HarnessError, match="is not a sweep table"):
             SweepTable.from_doc(bad, source="t.json")

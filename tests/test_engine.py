@@ -226,3 +226,63 @@ def test_what_the_engine_could_not_finish_is_never_kept(warm_world):
     assert found["release-1.0.0"]["demo"].doc is None
     _, said = probe(reg, tmp_path, trees)
     assert "probing release-1.0.0 " in said and "outcomes reused: release-1.1.0 " in said
+
+
+DOOR_PROBE = """
+from _probekit import ScenarioSet
+SET = ScenarioSet("demo")
+
+def prepare():
+    import sglang
+    return sglang.__version__
+
+@SET.scenario("D1", "the door")
+def d1(observed):
+    import sglang
+    observed["enqueued"] = not sglang.GUARD
+    observed["retired"] = sglang.GUARD
+
+@SET.scenario("D2", "a valid request")
+def d2(observed):
+    observed["enqueued"] = True
+"""
+
+
+def test_several_check_targets_share_one_engine_and_each_gets_its_answer(warm_world, capsys):
+    from synthetic import result_doc, wheel_bytes, write_cell
+
+    from pdevidence import cli
+    from pdevidence.documents import integrity
+
+    reg, tmp_path, _ = warm_world
+    reg.experiment("demo").probe.write_text(DOOR_PROBE)
+    write_cell(reg.root / "results", "base", result_doc("base", "1.0.0"))
+    write_cell(reg.root / "results", "head", result_doc("head", "1.1.0"))
+    integrity.regenerate(reg.root)  # check verifies the published references before judging by them
+    wheels = []
+    for version, guard in (("2.0.0", False), ("2.1.0", True)):
+        wheel = tmp_path / f"sglang-{version}-py3-none-any.whl"
+        wheel.write_bytes(wheel_bytes(version, SGLANG.format(version=version, guard=guard, behaviour="normal")))
+        wheels += ["--wheel", str(wheel)]
+    vex = tmp_path / "vex.json"
+    code = cli.main(["--root", str(reg.root), "check", *wheels, "--json", "--openvex", str(vex)])
+    captured = capsys.readouterr()
+    docs = json.loads(captured.out)
+    assert [(d["target"]["resolved"], d["experiments"][0]["status"]) for d in docs] == [
+        ("2.0.0", "affected"), ("2.1.0", "fixed")]
+    assert code == docs[0]["exit_code"] == 1  # the worst of the two
+    assert captured.err.count("engine: probing") == 1 and "wheel-2.0.0, wheel-2.1.0" in captured.err
+    products = [s["products"][0]["@id"] for s in json.loads(vex.read_text())["statements"]]
+    assert products == ["pkg:pypi/sglang@2.0.0", "pkg:pypi/sglang@2.1.0"]
+
+
+def test_a_tree_probed_for_another_lane_is_probed_again_not_reused_under_its_side(warm_world):
+    from pdevidence.cells import warm
+
+    reg, tmp_path, trees = warm_world
+    probe(reg, tmp_path, trees[:1])  # side "sweep"
+    lines = []
+    found = warm.probe_trees(reg, trees[:1], ["demo"], {trees[0].label(): {**args_for("1.0.0"), "side": "check"}},
+                             out_dir=tmp_path / "check", log=lines.append)
+    assert "probing release-1.0.0" in "\n".join(lines)
+    assert found["release-1.0.0"]["demo"].doc["side"] == "check"

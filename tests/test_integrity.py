@@ -64,7 +64,8 @@ def test_the_sums_cover_the_registry_the_constraints_and_everything_published(tm
     (project / "results" / "osv" / "PDE-1.json").write_text("{}\n")
     (project / "results" / ".report.md.x.tmp").write_text("half")  # write_atomic's temporary, never covered
     assert integrity.covered_files(project) == [
-        "probes/probe_demo.py", "experiments.toml", "constraints/cells.txt",
+        "probes/_mutants.py", "probes/_probekit.py", "probes/engine.py", "probes/probe_all.py",
+        "probes/probe_demo.py", "probes/probe_mutants.py", "experiments.toml", "constraints/cells.txt",
         "results/demo.base.release-1.0.0.json", "results/demo.base.release-1.0.0.receipt.json",
         "results/osv/PDE-1.json"]
 

@@ -12,6 +12,7 @@ import pytest
 from pdevidence import environments, registry
 from pdevidence.core import errors
 from pdevidence.core.paths import PROJECT
+from pdevidence.documents import provenance
 from pdevidence.documents.tables import MutationTable
 from pdevidence.documents.vocabulary import MutantStatus
 from pdevidence.lanes import mutate
@@ -19,6 +20,14 @@ from pdevidence.lanes import mutate
 sys.path.insert(0, str(PROJECT / "probes"))
 
 import _mutants  # noqa: E402
+
+# What made the tables these tests judge (a block no checkout matches: only its shape matters here).
+MADE = provenance.Provenance({"probes/probe_demo.py": "d" * 64}, "0" * 64)
+
+
+def judge(exp, doc):
+    return mutate.judge(exp, doc, MADE)
+
 
 SYNTHETIC = '''
 import functools
@@ -211,7 +220,7 @@ def applied(scenarios):
 def test_removes_fix_is_killed_by_a_move_toward_base_only():
     exp = experiment({"a": "removes-fix", "b": "removes-fix", "c": "removes-fix", "d": "removes-fix",
                       "e": "removes-fix", "f": "removes-fix"})
-    result = mutate.judge(exp, document(
+    result = judge(exp, document(
         a=applied(under(D={"retired": False})),         # equals base
         b=applied(under(D={"streamed": 1})),            # an int closer to base
         c=applied(under(D={"streamed": 3, "same": False, "fact": "y"})),  # away from base; unexpected keys
@@ -231,7 +240,7 @@ def test_removes_fix_is_killed_by_a_move_toward_base_only():
 
 def test_over_broad_is_killed_by_a_control_only():
     exp = experiment({"wide": "over-broad", "quiet": "over-broad"})
-    result = mutate.judge(exp, document(wide=applied(under(C={"enqueued": False})),
+    result = judge(exp, document(wide=applied(under(C={"enqueued": False})),
                                         quiet=applied(under(D={"retired": False}))))
     outcome = {m.id: (m.status, m.killed_by) for m in result.mutants}
     assert outcome == {"wide": (MutantStatus.KILLED, {"C": ["enqueued"]}), "quiet": (MutantStatus.SURVIVED, {})}
@@ -245,7 +254,7 @@ def test_baseline_that_is_not_head_fails_the_run():
     doc = document(a=applied(under()))
     doc["baseline"] = under(D={"streamed": 0})
     with pytest.raises(errors.HarnessError, match=r"D.streamed: 0, expected 2") as exc:
-        mutate.judge(exp, doc)
+        judge(exp, doc)
     assert exc.value.code == errors.BEHAVIOUR_DIFFERS
 
 
@@ -253,21 +262,21 @@ def test_state_left_behind_by_a_mutant_fails_the_run():
     doc = document(a=applied(under(D={"retired": False})))
     doc["baseline_after"] = under(C={"enqueued": False})
     with pytest.raises(errors.HarnessError, match=r"ran differently after the mutants \(C\)"):
-        mutate.judge(experiment({"a": "removes-fix"}), doc)
+        judge(experiment({"a": "removes-fix"}), doc)
 
 
 def test_table_score_survivors_and_exit_code(tmp_path):
     exp = experiment({"a": "removes-fix", "gone": "removes-fix", "bad": "over-broad", "s": "over-broad"})
-    result = mutate.judge(exp, document(
+    result = judge(exp, document(
         a=applied(under(D={"retired": False})),
         gone={"status": "not applicable", "error": "no such function", "scenarios": {}},
         bad={"status": "error", "error": "edit text not found", "scenarios": {}},
         s=applied(under()),
     ))
-    assert result.score == {"killed": 1, "applicable": 3, "total": 4}
+    assert result.score == {"killed": 1, "by_observation": 1, "only_raising": 0, "applicable": 3, "total": 4}
     assert result.exit_code == errors.BEHAVIOUR_DIFFERS
     text = mutate.table(result)
-    assert text.splitlines()[-1] == "demo: 1 of 3 mutants killed"
+    assert text.splitlines()[-1] == "demo: 1 of 3 mutants killed (1 by observation, 0 only by raising)"
     assert "survived: s" in text and "error: bad" in text and "edit text not found" in text
     assert "survived: gone" not in text
     row = next(line for line in text.splitlines() if line.startswith("a "))
@@ -275,12 +284,61 @@ def test_table_score_survivors_and_exit_code(tmp_path):
     path = tmp_path / "mutate.demo.json"
     path.write_text(json.dumps(result.to_json()))
     assert MutationTable.load(path) == result
-    all_killed = mutate.judge(experiment({"a": "removes-fix"}), document(a=applied(under(D={"retired": False}))))
+    all_killed = judge(experiment({"a": "removes-fix"}), document(a=applied(under(D={"retired": False}))))
     assert all_killed.exit_code == errors.CONFIRMED
 
 
+def test_kills_by_observation_and_kills_only_by_raising_are_counted_apart(tmp_path):
+    exp = experiment({"seen": "removes-fix", "crash": "removes-fix", "both": "removes-fix"})
+    result = judge(exp, document(
+        seen=applied(under(D={"retired": False})),
+        crash=applied(under(D="AttributeError")),
+        both=applied({**under(D="KeyError"), "D": {"observed": {"retired": False}, "error": {"type": "KeyError"}}}),
+    ))
+    assert [m.only_raised for m in result.mutants] == [False, True, False]
+    assert result.score == {"killed": 3, "by_observation": 2, "only_raising": 1, "applicable": 3, "total": 3}
+    # A crash can never read as fixed (sweep: error, check: unknown), so it still counts as a kill.
+    assert result.exit_code == errors.CONFIRMED
+    text = mutate.table(result)
+    assert text.splitlines()[-1] == "demo: 3 of 3 mutants killed (2 by observation, 1 only by raising)"
+    rows = {line.split()[0]: line for line in text.splitlines()[1:4]}
+    assert rows["crash"].split()[2:] == [".", "E", "killed", "(only", "by", "raising)"]
+    assert rows["both"].split()[2:] == [".", "K", "killed"]
+    path = tmp_path / "mutate.demo.json"
+    path.write_text(json.dumps(result.to_json()))
+    assert MutationTable.load(path).score == result.score
+
+
+def test_a_schema_1_mutation_table_loads_with_both_counts_derived_from_its_kills(tmp_path):
+    result = judge(experiment({"seen": "removes-fix", "crash": "removes-fix"}), document(
+        seen=applied(under(D={"retired": False})), crash=applied(under(D="AttributeError"))))
+    doc = result.to_json()
+    doc["schema"] = "pdevidence-mutate/1"
+    doc["score"] = {"killed": 2, "applicable": 2, "total": 2}  # as /1 wrote it
+    loaded = MutationTable.from_doc(doc, source="v1")
+    assert loaded.score == {"killed": 2, "by_observation": 1, "only_raising": 1, "applicable": 2, "total": 2}
+    assert loaded.doc is doc and "only_raising" not in doc["score"]
+
+
+def test_true_is_not_the_count_1_for_the_baseline_or_a_kill():
+    expect = {"D": registry.Expectation("D", True, {"sent": 1}, {"sent": 0})}
+    exp = experiment({"m": "removes-fix"})
+    exp = registry.Experiment(**{**vars(exp), "expect": expect})
+    head = {"D": {"observed": {"sent": 0}, "error": None}}
+    # Under the mutant the probe observes True where base sent 1: not base's value, and no count.
+    doc = {"tree": {"kind": "release", "ref": "9", "resolved": "9"}, "baseline": head,
+           "mutants": {"m": applied({"D": {"observed": {"sent": True}, "error": None}})}}
+    assert judge(exp, doc).mutants[0].status is MutantStatus.SURVIVED
+    doc["mutants"]["m"] = applied({"D": {"observed": {"sent": 1}, "error": None}})
+    assert judge(exp, doc).mutants[0].status is MutantStatus.KILLED
+    # A baseline observing False where the registry's head says 0 is not the head it expects.
+    doc["baseline"] = {"D": {"observed": {"sent": False}, "error": None}}
+    with pytest.raises(errors.HarnessError, match="D.sent: False, expected 0"):
+        judge(exp, doc)
+
+
 def test_loader_rejects_a_tampered_score(tmp_path):
-    result = mutate.judge(experiment({"a": "removes-fix"}), document(a=applied(under(D={"retired": False}))))
+    result = judge(experiment({"a": "removes-fix"}), document(a=applied(under(D={"retired": False}))))
     doc = result.to_json()
     doc["score"]["killed"] = 0
     path = tmp_path / "m.json"
@@ -305,7 +363,10 @@ def test_real_lane_kills_every_mutant_and_every_scenario_kills(name, tmp_path, m
     code = cli.main(["--root", str(PROJECT), "mutate", name])
     result = MutationTable.load(tmp_path / f"mutate.{name}.json")
     out = capsys.readouterr().out
-    assert out.rstrip().splitlines()[-1] == f"{name}: {result.score['killed']} of {result.score['applicable']} mutants killed"
+    score = result.score
+    assert out.rstrip().splitlines()[-1] == (f"{name}: {score['killed']} of {score['applicable']} mutants killed "
+                                             f"({score['by_observation']} by observation, "
+                                             f"{score['only_raising']} only by raising)")
     assert result.score["applicable"] >= 10
     assert [m.id for m in result.survivors] == []
     assert code == errors.CONFIRMED
@@ -402,7 +463,10 @@ def demo_lane(tmp_path, monkeypatch, mutants: dict, probe_text: str = DEMO_PROBE
     monkeypatch.setattr(cells, "resolve_tree", lambda reg, cell: tree)
     monkeypatch.setattr(cells, "cell_slug", lambda reg, cell, tree: "demo.head.release-9.9")
     monkeypatch.setattr(environments, "cell_environment", lambda reg, tree, slug: SimpleNamespace(interpreter=sys.executable))
-    return mutate.run(reg, "demo", log=lambda msg: None)
+    monkeypatch.setattr(mutate, "made_by", lambda reg, experiment, tree: MADE)
+    result = mutate.run(reg, "demo", log=lambda msg: None)
+    assert result.provenance == MADE and result.parameters.mutants == list(mutants)
+    return result
 
 
 EDIT = registry.Operator.EDIT

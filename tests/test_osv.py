@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 from schemas import problems
-from synthetic import OPENVEX, make_project, write_cell
+from synthetic import make_project, sweep_doc, write_cell, write_table
 
 from pdevidence import cli, registry
 from pdevidence.core import errors
 from pdevidence.core.errors import HarnessError
-from pdevidence.documents import integrity
-from pdevidence.documents.tables import SweepTable
+from pdevidence.documents import integrity, provenance
+from pdevidence.documents.tables import SweepParameters, SweepTable
 from pdevidence.lanes import sweep
 from pdevidence.publish import osv
 
@@ -39,7 +39,9 @@ def row(version, classification):
 
 def table(rows, as_of="2026-10-14T09:30:12.345678Z"):
     outcomes = [sweep.ReleaseOutcome(r["version"], sweep.Classification(r["classification"])) for r in rows]
-    return SweepTable.from_doc(sweep.document("demo", outcomes, as_of), source="test")
+    made = provenance.Provenance({"probes/probe_demo.py": "d" * 64}, "0" * 64)
+    parameters = SweepParameters(explicit=False, pre=False, floor="1.0.0", references={})
+    return SweepTable.from_doc(sweep.document("demo", outcomes, as_of, made, parameters), source="test")
 
 
 @pytest.fixture
@@ -58,7 +60,7 @@ def test_a_record_names_the_pr_the_range_and_the_versions_seen_affected(reg):
     assert "PR #1" in rec["details"] and "https://github.com/sgl-project/sglang/pull/1" in rec["details"]
     (affected,) = rec["affected"]
     assert affected["package"] == {"ecosystem": "PyPI", "name": "sglang", "purl": "pkg:pypi/sglang"}
-    assert affected["ranges"] == [{"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"fixed": "1.1.0"}]}]
+    assert affected["ranges"] == [{"type": "ECOSYSTEM", "events": [{"introduced": "1.0.0"}, {"fixed": "1.1.0"}]}]
     assert affected["versions"] == ["1.0.0", "1.0.1"]
     assert rec["database_specific"]["evidence_sha256"] == {"results/demo.base.release-1.0.0.json": "2" * 64,
                                                            "results/sweep-demo.json": "1" * 64}
@@ -70,14 +72,22 @@ def test_a_regression_reopens_the_range(reg):
     rec = osv.record(reg.experiment("demo"), doc, {})
     assert osv_problems(rec) == []
     assert rec["affected"][0]["ranges"][0]["events"] == [
-        {"introduced": "0"}, {"fixed": "1.1.0"}, {"introduced": "1.2.0"}, {"fixed": "1.3.0"}]
+        {"introduced": "1.0.0"}, {"fixed": "1.1.0"}, {"introduced": "1.2.0"}, {"fixed": "1.3.0"}]
     assert rec["database_specific"]["regressions"] == ["1.2.0"] and "regressions" in rec["details"]
 
 
 def test_with_no_fixed_release_the_range_stays_open(reg):
     rec = osv.record(reg.experiment("demo"), table([row("1.0.0", "pre-fix"), row("1.1.0", "failed")]), {})
     assert osv_problems(rec) == []
-    assert rec["affected"][0]["ranges"][0]["events"] == [{"introduced": "0"}]
+    assert rec["affected"][0]["ranges"][0]["events"] == [{"introduced": "1.0.0"}]
+
+
+def test_the_range_opens_at_the_first_release_observed_pre_fix_not_at_0(reg):
+    doc = table([row("0.8.0", "failed"), row("0.9.0", "not affected"), row("1.0.0", "pre-fix"), row("1.1.0", "fixed")])
+    assert osv.record(reg.experiment("demo"), doc, {})["affected"][0]["ranges"][0]["events"] == [
+        {"introduced": "1.0.0"}, {"fixed": "1.1.0"}]
+    with pytest.raises(HarnessError, match="no release of the sweep behaves pre-fix"):
+        osv.record(reg.experiment("demo"), table([row("0.9.0", "not affected"), row("1.1.0", "fixed")]), {})
 
 
 def test_the_record_is_a_pure_function_of_its_inputs(reg):
@@ -108,20 +118,21 @@ def test_publish_writes_sweep_tables_osv_records_and_vex_covered_by_the_sums(reg
     runs = reg.root / "runs"
     for side in ("base", "head"):
         write_cell(runs, side)
-    (runs / "sweep-demo.json").write_text(json.dumps(table([row("1.0.0", "pre-fix"), row("1.1.0", "fixed")]).doc))
-    (runs / "openvex-demo-1.0.0.json").write_text(json.dumps(OPENVEX))
+    doc = sweep_doc(reg.root)
+    doc["releases"] = [row("1.0.0", "pre-fix"), row("1.1.0", "fixed")]
+    write_table(runs / "sweep-demo.json", doc)
     assert cli.main(["--root", str(reg.root), "publish"]) == errors.CONFIRMED
     printed = capsys.readouterr().out
-    for name in ("results/openvex-demo-1.0.0.json", "results/osv/PDEVIDENCE-2026-1.json", "results/sweep-demo.json"):
+    for name in ( "results/osv/PDEVIDENCE-2026-1.json", "results/sweep-demo.json"):
         assert f"published {name}" in printed, name
     rec = json.loads((reg.root / "results" / "osv" / "PDEVIDENCE-2026-1.json").read_text())
     assert osv_problems(rec) == []
-    assert rec["affected"][0]["ranges"][0]["events"] == [{"introduced": "0"}, {"fixed": "1.1.0"}]
+    assert rec["affected"][0]["ranges"][0]["events"] == [{"introduced": "1.0.0"}, {"fixed": "1.1.0"}]
     assert set(rec["database_specific"]["evidence_sha256"]) == {
         "results/sweep-demo.json", *(f"results/demo.{side}.release-{v}{suffix}" for side, v in
                                      (("base", "1.0.0"), ("head", "1.1.0")) for suffix in (".json", ".receipt.json"))}
     covered = integrity.covered_files(reg.root)
-    assert "results/osv/PDEVIDENCE-2026-1.json" in covered and "results/openvex-demo-1.0.0.json" in covered
+    assert "results/osv/PDEVIDENCE-2026-1.json" in covered
     assert integrity.problems(reg.root) == {}
 
 

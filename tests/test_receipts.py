@@ -40,12 +40,13 @@ def test_every_published_receipt_loads_whichever_schema_wrote_it(path):
     assert receipt.pins()["torch-channel"] == registry.load(PROJECT).torch_channel.value
 
 
-def test_a_schema_2_receipt_records_the_interpreter_and_the_override():
+def test_a_current_receipt_records_the_interpreter_the_override_and_what_made_it():
     doc = with_result(receipt_doc(channel="cpu", override="cpu"))
     receipt = Receipt.from_doc(doc, source="r")
     assert doc["schema"] == RECEIPT_SCHEMA
     assert (receipt.schema_version, receipt.python_implementation, receipt.python_identity) == \
-        (2, "cpython", "cpython-3.12.3")
+        (3, "cpython", "cpython-3.12.3")
+    assert receipt.provenance is not None
     assert (receipt.torch_channel, receipt.torch_override) == ("cpu", "cpu")
 
 
@@ -74,11 +75,11 @@ def test_an_identity_that_is_not_the_implementation_and_a_version_is_refused(fie
         Receipt.from_doc(doc, source="r")
 
 
-@pytest.mark.parametrize("schema", ["pdevidence-receipt/3", "pdevidence-receipt/", None])
+@pytest.mark.parametrize("schema", ["pdevidence-receipt/4", "pdevidence-receipt/", None])
 def test_an_unknown_receipt_schema_is_refused(schema):
     doc = with_result(receipt_doc())
     doc["schema"] = schema
-    with pytest.raises(errors.HarnessError, match=r"expected pdevidence-receipt/<1\|2>"):
+    with pytest.raises(errors.HarnessError, match=r"expected pdevidence-receipt/<1\|2\|3>"):
         Receipt.from_doc(doc, source="r")
 
 

@@ -12,14 +12,15 @@ import cairocffi
 import cairosvg
 import pytest
 from PIL import Image
-from report_data import TITLES, full_document, mutations, notes, report_dict, sweep_v1
+from report_data import TITLES, full_document, mutations, notes, report_dict, sweep_v1, sweep_v3
 from synthetic import make_project, write_cell
 
 from pdevidence import cli, registry
 from pdevidence.core import errors
 from pdevidence.documents import integrity
+from pdevidence.documents.tables import SweepTable
 from pdevidence.documents.vocabulary import Behaviour
-from pdevidence.report import narrative, pictures, report, report_inputs
+from pdevidence.report import narrative, pictures, report, report_inputs, timeline
 
 NS = "{http://www.w3.org/2000/svg}"
 
@@ -211,6 +212,17 @@ def test_the_first_screen_holds_every_verdict_tree_and_narrative():
     assert "kv_chunk_sent" not in screen.split("**B1**")[1].split("\n")[0]  # unchanged keys are not told
 
 
+def test_the_report_names_every_release_the_watch_flags_and_shows_an_erroring_scenario_as_raised():
+    doc = full_document()
+    doc["sweeps"]["prefill"] = sweep_v3()
+    assert SweepTable.from_doc(sweep_v3(), source="sweep_v3").flagged == ["0.5.21", "0.5.23"]
+    md = report.markdown(doc)
+    assert "release watch, not fixed after 0.5.20: 0.5.21 (partial), 0.5.23 (error)" in md
+    prefill = next(t for t in timeline.timelines(doc) if t.experiment == "prefill")
+    swept = prefill.strips[0].columns[-1]
+    assert (swept.label, swept.states["B2"]) == ("0.5.23", Behaviour.ERROR)
+
+
 def test_the_narrative_is_generated_from_the_data():
     md = report.markdown(DOCUMENTS["not reproduced"])
     line = next(line for line in md.splitlines() if line.startswith("- **A1**"))
@@ -288,6 +300,11 @@ def project(tmp_path):
     return root
 
 
+def bless(project):
+    """Sums over whatever is there (old tables have no provenance, so `checksums` refuses them)."""
+    (project / integrity.SUMS_FILE).write_text(integrity.render(project))
+
+
 def _table(path, doc):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc))
@@ -295,18 +312,18 @@ def _table(path, doc):
 
 def test_gather_reads_fresh_tables_before_published_ones_and_titles_from_the_results(project):
     sweep = {**sweep_v1(), "experiment": "demo"}
-    _table(project / "results" / "sweep-demo.json", {**sweep, "first_fixed": "0.5.22"})
+    _table(project / "results" / "sweep-demo.json", {**sweep, "as_of": "2026-01-01T00:00:00Z"})
     _table(project / "results" / "mutate.demo.json", {**mutations(), "experiment": "demo"})
-    integrity.regenerate(project)  # published tables are always under the sums
+    bless(project)  # published tables are always under the sums
     data = {"pairs": [{"experiment": "demo", "cells": {"base": {"file": "demo.base.release-1.0.0.json"},
                                                        "head": {"file": "demo.head.release-1.1.0.json"}}}],
             "upstream": []}
     reg = registry.load(project)
     found = report_inputs.gather(reg, data, runs=project / "runs", published=project / "results")
-    assert found.sweeps["demo"]["first_fixed"] == "0.5.22" and "demo" in found.mutations
+    assert found.sweeps["demo"].get("as_of") == "2026-01-01T00:00:00Z" and "demo" in found.mutations
     _table(project / "runs" / "sweep-demo.json", sweep)
     found = report_inputs.gather(reg, data, runs=project / "runs", published=project / "results")
-    assert found.sweeps["demo"]["first_fixed"] == "0.5.21"
+    assert found.sweeps["demo"].get("as_of") is None
     assert found.scenarios["demo"]["D1"] == {"title": "D1", "changes": True, "keys": ["enqueued", "retired"]}
     assert found.scenarios["demo"]["D2"]["changes"] is False
     assert found.sources == ["experiments.toml", "results/mutate.demo.json", "runs/demo.base.release-1.0.0.json",
@@ -320,7 +337,7 @@ def test_gather_reads_fresh_tables_before_published_ones_and_titles_from_the_res
 def test_a_published_table_that_fails_its_sums_is_an_integrity_failure_naming_it(project, capsys, content):
     table = project / "results" / "sweep-demo.json"
     _table(table, {**sweep_v1(), "experiment": "demo"})
-    integrity.regenerate(project)
+    bless(project)
     if content == "flipped":  # no longer parses
         data = bytearray(table.read_bytes())
         data[0] ^= 0x20
@@ -334,7 +351,7 @@ def test_a_published_table_that_fails_its_sums_is_an_integrity_failure_naming_it
 
 def test_a_published_table_its_sums_vouch_for_but_not_its_loader_is_an_integrity_failure(project):
     _table(project / "results" / "mutate.demo.json", {"schema": "pdevidence-mutate/1"})
-    integrity.regenerate(project)
+    bless(project)  # `checksums` would refuse: the sums vouch for it only by hand
     data = {"pairs": [{"experiment": "demo", "cells": {}}], "upstream": []}
     with pytest.raises(errors.HarnessError, match="results/mutate.demo.json fails verification: .*not a mutation table") as err:
         report_inputs.gather(registry.load(project), data, runs=project / "runs", published=project / "results")

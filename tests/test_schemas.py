@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,9 +12,11 @@ import synthetic
 from schemas import problems
 
 from pdevidence.core.paths import PROJECT
+from pdevidence.documents.provenance import Provenance
+from pdevidence.documents.tables import MutationParameters, MutationTable, ReleaseOutcome, SweepParameters
 from pdevidence.documents.upstream_model import Outcome, Subtest, TestEntry, UpstreamResult
-from pdevidence.documents.vocabulary import Behaviour
-from pdevidence.lanes import check
+from pdevidence.documents.vocabulary import Behaviour, Classification
+from pdevidence.lanes import check, sweep
 
 RESULTS = PROJECT / "results"
 
@@ -59,11 +62,21 @@ def _check() -> dict:
     return check.CheckResult(check.Target("release", "1.0.0", "1.0.0", "a" * 64), [found, cannot], "1.0.0").to_json()
 
 
+MADE = Provenance({"probes/probe_demo.py": "d" * 64}, "0" * 64)
 FIXTURES = {
     "result": lambda: synthetic.result_doc("base", "1.0.0", {"D1": {"enqueued": True}}),
     "sweep v1": lambda: report_data.sweep_v1(),
     "sweep v2": lambda: report_data.sweep_v2(),
+    "sweep v3": lambda: report_data.sweep_v3(),
     "sweep": lambda: synthetic.SWEEP,
+    "sweep as the lane writes it": lambda: sweep.document("demo", [
+        ReleaseOutcome("1.0.0", Classification.PRE_FIX, {"D1": Behaviour.PRE_FIX}),
+        ReleaseOutcome("1.1.0", Classification.FIXED, {"D1": Behaviour.FIXED}),
+        ReleaseOutcome("1.2.0", Classification.ERROR, {"D1": Behaviour.ERROR}, ["D1"], "D1: KeyError: 'x'")],
+        None, MADE, SweepParameters(explicit=False, pre=False, floor="1.0.0", references={})),
+    "mutation as the lane writes it": lambda: dataclasses.replace(
+        MutationTable.from_doc(synthetic.MUTATIONS, source="v1"), provenance=MADE,
+        parameters=MutationParameters(["M1"])).to_json(),
     "mutation": lambda: synthetic.MUTATIONS,
     "mutation report data": lambda: report_data.mutations(),
     "report": lambda: report_data.full_document(),
@@ -82,6 +95,8 @@ def test_the_test_fixtures_and_what_the_code_writes_meet_the_schemas(name):
     ("result", lambda d: d["scenarios"]["D1"].pop("error")),
     ("sweep", lambda d: d["releases"][0].update(classification="mostly")),
     ("sweep", lambda d: d.pop("regressions")),
+    ("sweep", lambda d: d.update(schema="pdevidence-sweep/3")),  # /3 without its release watch list
+    ("mutation", lambda d: d.update(schema="pdevidence-mutate/2")),  # /2 without both kill counts
     ("mutation", lambda d: d["mutants"][0].update(status="wounded")),
     ("report", lambda d: d["pairs"][0].update(verdict="probably")),
     ("check", lambda d: d["experiments"][0].update(status="fine")),

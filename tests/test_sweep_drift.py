@@ -8,46 +8,11 @@ import pytest
 from synthetic import result_doc
 
 from pdevidence.core.errors import HarnessError
-from pdevidence.documents.tables import SweepTable
+from pdevidence.documents import provenance
+from pdevidence.documents.tables import SweepParameters, SweepTable
 from pdevidence.lanes import drift, sweep
 
-BASE = result_doc("base", "1.0.0")
-HEAD = result_doc("head", "1.1.0")
 C = sweep.Classification
-
-
-def release(version, d1):
-    doc = result_doc("sweep", version, {"D1": d1, "D2": {"enqueued": True}})
-    return doc
-
-
-def test_releases_are_classified_by_the_scenarios_that_tell_base_from_head():
-    pre = sweep.classify(release("1.0.1", {"enqueued": True, "retired": False}), BASE, HEAD)
-    assert (pre.classification, pre.scenarios) == (C.PRE_FIX, {"D1": sweep.Behaviour.PRE_FIX})
-    assert sweep.classify(release("1.2.0", {"enqueued": False, "retired": True}), BASE, HEAD).classification \
-        == C.FIXED
-    odd = sweep.classify(release("1.3.0", {"enqueued": True, "retired": True}), BASE, HEAD)
-    assert (odd.classification, odd.differing) == (C.NEITHER, ["D1"])
-    assert odd.to_json()["scenarios"] == {"D1": "neither"}
-
-
-def test_a_scenario_that_raises_is_an_error_not_a_match():
-    doc = release("1.2.0", {"enqueued": False, "retired": True})
-    doc["scenarios"]["D1"]["error"] = {"type": "AttributeError", "message": "x"}
-    found = sweep.classify(doc, BASE, HEAD)
-    assert (found.classification, found.scenarios, found.differing) == (C.NEITHER, {"D1": sweep.Behaviour.ERROR},
-                                                                        ["D1"])
-
-
-def test_some_scenarios_fixed_and_others_pre_fix_is_partial():
-    assert sweep.overall({"A1": sweep.Behaviour.FIXED, "A2": sweep.Behaviour.PRE_FIX}) is C.PARTIAL
-    assert sweep.overall({"A1": sweep.Behaviour.FIXED, "A2": sweep.Behaviour.ERROR}) is C.NEITHER
-
-
-def test_a_control_that_moves_does_not_decide_the_classification():
-    doc = release("1.2.0", {"enqueued": False, "retired": True})
-    doc["scenarios"]["D2"]["observed"] = {"enqueued": False}
-    assert sweep.classify(doc, BASE, HEAD).classification == C.FIXED
 
 
 def test_a_release_after_the_first_fixed_one_that_behaves_as_pre_fix_is_a_regression():
@@ -59,13 +24,34 @@ def test_a_release_after_the_first_fixed_one_that_behaves_as_pre_fix_is_a_regres
     text = sweep.table("demo", outcomes, {"head": "0.2"})
     assert "0.3          pre-fix  REGRESSION" in text and "regressions: 0.3, 0.6" in text
     assert "0.4          fixed\n" in text
-    doc = sweep.document("demo", outcomes, "2026-10-01T00:00:00Z")
-    assert (doc["schema"], doc["first_fixed"], doc["regressions"]) == ("pdevidence-sweep/2", "0.2", ["0.3", "0.6"])
+    made = provenance.Provenance({"probes/probe_demo.py": "d" * 64}, "0" * 64)
+    parameters = SweepParameters(explicit=False, pre=False, floor="0.1", references={})
+    doc = sweep.document("demo", outcomes, "2026-10-01T00:00:00Z", made, parameters)
+    assert (doc["schema"], doc["first_fixed"], doc["regressions"]) == ("pdevidence-sweep/3", "0.2", ["0.3", "0.6"])
     assert SweepTable.from_doc(doc, source="test").doc is doc
     assert sweep.first_fixed(outcomes[:1]) is None and sweep.regressions(outcomes[:1]) == []
 
 
-def test_the_sweep_command_prints_a_regression_and_exits_1(tmp_path, monkeypatch, capsys):
+def test_every_release_after_the_first_fixed_one_that_is_not_fixed_is_flagged_whatever_it_is():
+    before = [sweep.ReleaseOutcome("0.1", C.ERROR), sweep.ReleaseOutcome("0.2", C.FAILED),
+              sweep.ReleaseOutcome("0.3", C.FIXED), sweep.ReleaseOutcome("0.4", C.FIXED)]
+    after = [sweep.ReleaseOutcome(v, c) for v, c in [
+        ("0.5", C.PRE_FIX), ("0.6", C.PARTIAL), ("0.7", C.NEITHER), ("0.8", C.ERROR), ("0.9", C.FAILED)]]
+    assert sweep.flagged(before) == []  # what breaks before the fix landed is not the watch's business
+    assert sweep.flagged(before + after) == ["0.5", "0.6", "0.7", "0.8", "0.9"]
+    text = sweep.table("demo", before + after, {"head": "0.3"})
+    assert "0.8          error  WATCH: not fixed after a fixed release" in text
+    assert "release watch: not fixed after 0.3: 0.5 (pre-fix), 0.6 (partial), 0.7 (neither), 0.8 (error), " \
+           "0.9 (failed)" in text
+    made = provenance.Provenance({"probes/probe_demo.py": "d" * 64}, "0" * 64)
+    parameters = SweepParameters(explicit=False, pre=False, floor="0.1", references={})
+    doc = sweep.document("demo", before + after, None, made, parameters)
+    assert doc["flagged"] == ["0.5", "0.6", "0.7", "0.8", "0.9"] and SweepTable.from_doc(doc, source="test")
+
+
+@pytest.mark.parametrize("kind", [C.PRE_FIX, C.PARTIAL, C.NEITHER, C.ERROR, C.FAILED])
+def test_the_sweep_command_exits_9_naming_a_release_that_is_not_fixed_after_the_first_fixed_one(
+        kind, tmp_path, monkeypatch, capsys):
     from synthetic import make_project
 
     from pdevidence import cli
@@ -74,20 +60,31 @@ def test_the_sweep_command_prints_a_regression_and_exits_1(tmp_path, monkeypatch
     project = make_project(tmp_path / "project")
     monkeypatch.setenv("PDEVIDENCE_RUNS", str(tmp_path / "runs"))
     outcomes = [sweep.ReleaseOutcome("1.0.0", C.PRE_FIX), sweep.ReleaseOutcome("1.1.0", C.FIXED),
-                sweep.ReleaseOutcome("1.2.0", C.PRE_FIX, {"D1": sweep.Behaviour.PRE_FIX})]
-    monkeypatch.setattr(sweep, "sweep", lambda reg, names, **kw: ({"demo": outcomes}, "2026-10-01T00:00:00Z"))
-    assert cli.main(["--root", str(project), "sweep"]) == errors.BEHAVIOUR_DIFFERS
-    assert "1.2.0        pre-fix  REGRESSION: the fix is gone again" in capsys.readouterr().out
+                sweep.ReleaseOutcome("1.2.0", kind, {"D1": sweep.Behaviour.PRE_FIX})]
+    refs = {"demo": sweep.References({}, {"demo.base.release-1.0.0.json": "a" * 64})}
+    monkeypatch.setattr(sweep, "sweep", lambda reg, names, **kw: ({"demo": outcomes}, "2026-10-01T00:00:00Z", refs))
+    assert cli.main(["--root", str(project), "sweep", "1.0.0", "1.1.0", "1.2.0"]) == errors.RELEASE_WATCH == 9
+    assert f"release watch: not fixed after 1.1.0: 1.2.0 ({kind.value})" in capsys.readouterr().out
     written = json.loads((tmp_path / "runs" / "sweep-demo.json").read_text())
-    assert written["regressions"] == ["1.2.0"] and written["as_of"] == "2026-10-01T00:00:00Z"
-    monkeypatch.setattr(sweep, "sweep", lambda reg, names, **kw: ({"demo": outcomes[:2]}, None))
+    assert written["flagged"] == ["1.2.0"] and written["as_of"] == "2026-10-01T00:00:00Z"
+    assert written["regressions"] == (["1.2.0"] if kind in (C.PRE_FIX, C.PARTIAL) else [])
+    assert written["parameters"] == {"explicit": True, "pre": False, "floor": "1.0.0",
+                                     "references": {"demo.base.release-1.0.0.json": "a" * 64}}
+    assert SweepTable.load(tmp_path / "runs" / "sweep-demo.json").stale(project, "probes/probe_demo.py") == []
+    monkeypatch.setattr(sweep, "sweep", lambda reg, names, **kw: ({"demo": outcomes[:2]}, None, refs))
     assert cli.main(["--root", str(project), "sweep"]) == errors.CONFIRMED
+    monkeypatch.setattr(sweep, "sweep", lambda reg, names, **kw: ({"demo": outcomes[:1]}, None, refs))
+    assert cli.main(["--root", str(project), "sweep"]) == errors.BEHAVIOUR_DIFFERS  # no fixed release at all
 
 
 def test_a_sweep_table_of_another_schema_is_refused():
+    listed = {"experiment": "demo", "first_fixed": "1", "regressions": [], "flagged": []}
     for doc in ({"schema": "pdevidence-sweep/9", "experiment": "demo", "releases": [], "regressions": []},
                 {"schema": "pdevidence-sweep/2", "experiment": "demo", "regressions": [],
-                 "releases": [{"version": "1", "classification": "ok"}]}):
+                 "releases": [{"version": "1", "classification": "ok"}]},
+                # a table whose watch list hides a release that is not fixed
+                {**listed, "schema": "pdevidence-sweep/3", "releases": [
+                    {"version": "1", "classification": "fixed"}, {"version": "2", "classification": "error"}]}):
         with pytest.raises(HarnessError, match="sweep table"):
             SweepTable.from_doc(doc, source="t.json")
 
@@ -117,17 +114,6 @@ def test_drift_repins_only_the_named_packages():
     moved = drift.drift_inputs(source, {"torch": drift.LATEST, "torchvision": drift.LATEST,
                                         "transformers": "5.19.0"})
     assert moved == "# header\ntorch\ntorchvision\ntransformers==5.19.0\nnumpy\n"
-
-
-def test_with_a_declared_differential_only_its_changing_scenarios_and_keys_decide(tmp_path):
-    from synthetic import make_project
-
-    from pdevidence import registry
-
-    exp = registry.load(make_project(tmp_path)).experiment("demo")
-    doc = release("0.9.0", {"enqueued": True, "retired": False, "door_check": "absent"})
-    doc["scenarios"]["D2"]["observed"] = {"enqueued": True, "backup_marker": "older layout"}
-    assert sweep.classify(doc, BASE, HEAD, exp).classification == C.PRE_FIX
 
 
 def test_an_sglang_that_no_longer_imports_is_the_drift_finding_not_a_crash(tmp_path, monkeypatch):
@@ -166,10 +152,9 @@ def test_the_weekly_sweep_job_fails_the_run_on_a_regression():
     doc = yaml.safe_load((Path(__file__).resolve().parent.parent / ".github/workflows/probes.yml").read_text())
     on = doc.get("on", doc.get(True))  # YAML 1.1 reads a bare `on` as true
     assert on["schedule"]
-    job = doc["jobs"]["sweep"]
-    assert "schedule" in job["if"]
-    step = next(s for s in job["steps"] if s.get("run") == "nox -s sweep")
-    assert not step.get("continue-on-error")  # the sweep's exit 1 must fail the run
+    assert "schedule" in doc["jobs"]["sweep-list"]["if"]  # the era jobs and the merge follow it
+    step = next(s for s in doc["jobs"]["sweep"]["steps"] if s.get("run") == "nox -s sweep_merge")
+    assert not step.get("continue-on-error")  # the watch's exit code must fail the run
 
 
 def test_a_sweep_of_something_that_is_not_a_version_is_a_usage_error(tmp_path, capsys):

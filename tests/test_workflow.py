@@ -21,6 +21,7 @@ import pytest
 
 from pdevidence import registry
 from pdevidence.cells import cells
+from pdevidence.core.paths import PROJECT
 from pdevidence.documents import results
 from pdevidence.sources import trees
 
@@ -241,3 +242,35 @@ def test_workflow_wiring():
     assert "schedule" in drift["if"] and "workflow_dispatch" in drift["if"]
     step = next(s for s in drift["steps"] if "drift(" in s.get("run", ""))
     assert step["run"] == 'nox -s "drift(admission, head)"' and step["continue-on-error"] is True
+
+
+def test_the_sweep_fans_out_one_job_per_era_then_merges_the_parts():
+    proc = run_script("--kind", "era")
+    assert proc.returncode == 0, proc.stderr
+    include = json.loads(proc.stdout)["include"]
+    reg = registry.load(PROJECT)
+    assert [e["session"] for e in include] == [f"sweep_era({era})" for era in ["current", *reg.eras]]
+    assert include[1]["files"] == f"runs/sweep-parts/{next(iter(reg.eras))}/"
+    assert all(e["artifact"].startswith("sweep-part-") for e in include)
+
+    yaml = pytest.importorskip("yaml")
+    jobs = yaml.safe_load(workflow_text())["jobs"]
+    listing = next(s for s in jobs["sweep-list"]["steps"] if s.get("id") == "eras")
+    assert listing["run"] == "python .github/scripts/cell_matrix.py --kind era"
+    era = jobs["sweep-era"]
+    assert era["strategy"]["matrix"] == "${{ fromJSON(needs.sweep-list.outputs.matrix) }}"
+    assert era["strategy"]["fail-fast"] is False
+    upload = next(s for s in era["steps"] if s.get("uses", "").startswith("actions/upload-artifact"))
+    assert upload["with"]["name"] == "${{ matrix.artifact }}" and upload["with"]["path"] == "${{ matrix.files }}"
+    merge = jobs["sweep"]
+    assert "sweep-era" in merge["needs"] and "always()" in merge["if"]
+    download = next(s for s in merge["steps"] if s.get("uses", "").startswith("actions/download-artifact"))
+    # One directory per part: every part holds files of the same names.
+    assert download["with"] == {"pattern": "sweep-part-*", "path": "runs/sweep-parts"}
+    assert any(s.get("run") == "nox -s sweep_merge" for s in merge["steps"])
+
+
+def test_an_era_listing_without_eras_fails_the_list_job():
+    proc = run_script("--kind", "era", "--listing", "-", stdin=json.dumps(
+        [{"session": "sweep_era()", "name": "sweep_era", "tags": ["era"], "call_spec": {}}]))
+    assert proc.returncode == 2 and "has no era" in proc.stderr

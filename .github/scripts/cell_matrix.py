@@ -2,6 +2,7 @@
 
     python .github/scripts/cell_matrix.py --kind release    # the release-backed cells (default)
     python .github/scripts/cell_matrix.py --kind git        # the pinned-commit cells, probe(...)
+    python .github/scripts/cell_matrix.py --kind era        # the sweep's jobs, sweep_era(<era>), one per era
 
 Runs ``python -m nox --list --json --tags <kind>`` on the project's noxfile (or
 reads such a listing with ``--listing FILE``, ``-`` for stdin), keeps the cell
@@ -38,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # Tree kind -> (nox tag, session name); tests/test_workflow.py checks it against pdevidence.cells.cells.SESSION_OF_KIND.
 KINDS = {"release": ("release", "release"), "git": ("git", "probe")}
 ARTIFACT_PREFIX = "cell-"
+# The sweep's fan-out over the registry's eras: sessions sweep_era(<era>), tagged "era".
+ERA_TAG, ERA_SESSION, ERA_ARTIFACT_PREFIX = "era", "sweep_era", "sweep-part-"
 
 
 class MatrixError(Exception):
@@ -67,7 +70,26 @@ def slug(session: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", session.lower()).strip("-")
 
 
+def build_eras(listing: list[dict]) -> dict:
+    """The sweep's fan-out: one job per era, ``sweep_era(<era>)``, uploading that era's part."""
+    include = []
+    for entry in listing:
+        if entry.get("name") != ERA_SESSION or ERA_TAG not in entry.get("tags", []):
+            continue
+        era = (entry.get("call_spec") or {}).get("era")
+        if not era:
+            raise MatrixError(f"session {entry.get('session')!r} has no era in its call_spec")
+        s = slug(entry["session"])
+        include.append({"session": entry["session"], "slug": s, "artifact": ERA_ARTIFACT_PREFIX + s,
+                        "files": f"runs/sweep-parts/{era}/"})
+    if not include:
+        raise MatrixError(f"nox lists no era session (sessions named {ERA_SESSION!r} tagged {ERA_TAG!r})")
+    return {"include": include}
+
+
 def build(listing: list[dict], kind: str) -> dict:
+    if kind == ERA_TAG:
+        return build_eras(listing)
     tag, name = KINDS[kind]
     include = []
     for entry in listing:
@@ -94,12 +116,12 @@ def build(listing: list[dict], kind: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--kind", choices=list(KINDS), default="release")
+    p.add_argument("--kind", choices=[*KINDS, ERA_TAG], default="release")
     p.add_argument("--listing", help="read `nox --list --json` output from this file ('-': stdin) instead")
     args = p.parse_args(argv)
     try:
         if args.listing is None:
-            listing = nox_listing(KINDS[args.kind][0])
+            listing = nox_listing(ERA_TAG if args.kind == ERA_TAG else KINDS[args.kind][0])
         elif args.listing == "-":
             listing = parse_listing(sys.stdin.read())
         else:
@@ -110,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     line = json.dumps(matrix, separators=(",", ":"))
     print(line)
-    print(f"{len(matrix['include'])} {args.kind} cells: "
+    print(f"{len(matrix['include'])} {args.kind} jobs: "
           + ", ".join(c["session"] for c in matrix["include"]), file=sys.stderr)
     output = os.environ.get("GITHUB_OUTPUT")
     if output:

@@ -20,7 +20,7 @@ from ..core.errors import HarnessError, usage
 from ..core.files import dumps, sha256_file, write_atomic
 from ..core.locking import exclusive
 from ..core.paths import runs_dir, tree_lock_file, work_dir
-from ..documents import receipts, results
+from ..documents import provenance, receipts, results
 from ..registry import SIDES, Registry, TorchChannel, check_side
 from ..sources import trees
 from .probe_run import partial_path, run_probe
@@ -75,18 +75,17 @@ def resolve_tree(registry: Registry, cell: Cell) -> trees.Tree:
     return trees.path_tree(Path(directory))
 
 
-def cache_key(registry: Registry, probe: Path, tree: trees.Tree, torch_channel: str, constraints: Path) -> str:
-    """Everything that can change a cell's result; equal keys mean the stored run stands.
+def cache_key(registry: Registry, made_by: provenance.Provenance, tree: trees.Tree, torch_channel: str) -> str:
+    """Everything that can change a cell's result or its receipt; equal keys mean the stored run stands.
 
     Only what the inputs are counts, not how they were found: the interpreter by its own
     version and implementation (not its path), a tree by its SHA and digest (not SGLANG_REPO).
+    What made the run (probe, kit, registry, constraints, harness) is the receipt's provenance:
+    a change to any of them makes the stored receipt stale, so the cell reruns.
     """
-    kit = probe.parent / "_probekit.py"
     parts = {
         "tree": [tree.kind, tree.resolved, tree.digest],
-        "constraints": sha256_file(constraints),
-        "probe": sha256_file(probe),
-        "probekit": sha256_file(kit) if kit.exists() else None,
+        "made_by": made_by.to_json(),
         "python": environments.find_python(registry.python).identity(),
         "torch": TorchChannel(torch_channel).value,
     }
@@ -145,7 +144,9 @@ def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Pa
     # A release of a declared era runs in that era's closure; the drift lane brings its own.
     constraints = constraints or environments.closure_for_era(registry, environments.era_of(registry, tree))
     closure = environments.closure_of(registry, torch, constraints)
-    key = cache_key(registry, exp.probe, tree, torch.channel, closure)
+    made_by = provenance.record(registry.root, provenance.inputs(registry, [cell.experiment],
+                                                                 provenance.CELL_DRIVERS, [closure]))
+    key = cache_key(registry, made_by, tree, torch.channel)
     out = out_dir or runs_dir(registry.root)
     result = out / results.result_name(cell.experiment, cell.side, tree.label())
     receipt_file = results.receipt_path(result)
@@ -178,7 +179,7 @@ def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Pa
                 cell=cell.name, experiment=cell.experiment, side=cell.side, tree=tree, env=env,
                 project=registry.root, constraints=closure, probe=exp.probe, result=staged_result,
                 commands=[*env.commands, run.command], started=started, finished=clock.now(),
-                exit_status=run.exit_status, cache_key=key,
+                exit_status=run.exit_status, cache_key=key, provenance=made_by,
             )
             write_atomic(staged_receipt, dumps(receipt))
             # Result first: a reader between the two renames sees a receipt that does not

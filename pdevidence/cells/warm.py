@@ -20,28 +20,21 @@ from pathlib import Path
 from .. import environments
 from ..core.files import sha256_file
 from ..core.paths import work_dir
+from ..documents.provenance import harness_digest, tree_digest
 from ..registry import Era, Registry
 from ..sources.importable import importable_dir
 from ..sources.trees import Tree
 from . import allprobes, engine
 
-HARNESS = Path(__file__).resolve().parents[1]
-
-
-def _tree_digest(files: list[Path], root: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(files):
-        digest.update(f"{path.relative_to(root)}\0{sha256_file(path)}\n".encode())
-    return digest.hexdigest()
-
 
 def outcome_key(reg: Registry, tree: Tree, closure: Path, interpreter: str, channel: str,
-                stand_ins: dict[str, str]) -> str:
+                stand_ins: dict[str, str], tree_args: dict[str, str]) -> str:
     parts = {
         "tree": [tree.kind, tree.resolved, tree.digest],
+        "args": tree_args,  # what the documents say of the tree (a sweep's side is not a check's)
         "closure": sha256_file(closure),
-        "in_cell": _tree_digest(list((reg.root / "probes").glob("*.py")), reg.root),
-        "harness": _tree_digest(list(HARNESS.rglob("*.py")), HARNESS),
+        "in_cell": tree_digest(list((reg.root / "probes").glob("*.py")), reg.root),
+        "harness": harness_digest(),
         "python": interpreter,
         "torch": channel,
         "stand_ins": stand_ins,
@@ -100,7 +93,8 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
     closure = environments.closure_for_era(reg, era)
     stand_ins = environments.stand_in_env(era)
     identity = environments.find_python(reg.python).identity()
-    keys = {tree.label(): outcome_key(reg, tree, closure, identity, env.torch.channel.value, stand_ins)
+    keys = {tree.label(): outcome_key(reg, tree, closure, identity, env.torch.channel.value, stand_ins,
+                                      tree_args[tree.label()])
             for tree in trees}
     found: dict[str, dict[str, allprobes.Outcome]] = {}
     todo = []

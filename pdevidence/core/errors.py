@@ -17,6 +17,8 @@ INCOMPLETE = 4  # cells the comparison needs have no result yet
 INTEGRITY = 5  # a checksum did not match (download, published artifact, SHA256SUMS)
 ENVIRONMENT_DIFFERS = 6  # behaviour confirmed, but on other pins than the published run
 INTERNAL = 7  # an unexpected exception: a bug in pdevidence, never a verdict
+STALE = 8  # evidence made by other inputs (probe, kit, drivers, registry, constraints, harness) than this checkout's
+RELEASE_WATCH = 9  # the release sweep: a release after the first fixed one is not fixed
 
 EXIT_CODES = {
     CONFIRMED: "differential confirmed (or the command succeeded)",
@@ -27,6 +29,8 @@ EXIT_CODES = {
     INTEGRITY: "integrity failure: a checksum did not match",
     ENVIRONMENT_DIFFERS: "behaviour confirmed, but the receipts show other pins than the published run",
     INTERNAL: "internal error: a bug in pdevidence (the traceback is printed; please report it)",
+    STALE: "stale evidence: made by another probe, kit, driver, registry, constraints or harness; republish",
+    RELEASE_WATCH: "release watch: a release after the first fixed one is not fixed (lost the fix, or broke the probe)",
 }
 
 
@@ -87,7 +91,8 @@ def boundary(fn: Callable[[], int], *, where: str, report: Callable[[HarnessErro
 
 # When several things went wrong, the exit code names the one to fix first; a bug in the
 # harness first of all, since nothing else it says can then be trusted.
-_PRECEDENCE = (INTERNAL, USAGE, INTEGRITY, ENVIRONMENT, BEHAVIOUR_DIFFERS, INCOMPLETE, ENVIRONMENT_DIFFERS, CONFIRMED)
+_PRECEDENCE = (INTERNAL, USAGE, INTEGRITY, STALE, ENVIRONMENT, RELEASE_WATCH, BEHAVIOUR_DIFFERS, INCOMPLETE,
+               ENVIRONMENT_DIFFERS, CONFIRMED)
 
 
 def worst(codes) -> int:

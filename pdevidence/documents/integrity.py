@@ -2,7 +2,10 @@
 
 The sums cover every file under results/, the probes, the registry and the
 constraints the published run used, in ``sha256sum -c`` format. Beyond the
-sums, every published receipt must be a valid receipt of the result beside it.
+sums, every published receipt must be a valid receipt of the result beside it,
+and every published receipt and table must have been made by this checkout's
+probes, kit, drivers, registry, constraints and harness (else it is stale: the
+sums are never regenerated over stale evidence, which only a republish replaces).
 """
 
 from __future__ import annotations
@@ -14,12 +17,15 @@ from ..core.files import read_json, relative, sha256_file, write_atomic
 from ..core.paths import results_dir
 from ..registry import REGISTRY_FILE, TorchChannel
 from ..registry import load as load_registry
+from .provenance import republish_steps, stale_error
 from .receipts import Receipt
 from .results import RECEIPT_SUFFIX, RESULT_SCHEMA_PREFIX, Result, receipt_path, result_beside
+from .tables import MutationTable, SweepTable
 
 SUMS_FILE = "SHA256SUMS.txt"
-_TODO = ("if you changed a probe, the registry or the constraints on purpose, run `nox -s checksums`; "
-         "publish results with `nox -s publish`; otherwise restore the file from git")
+TABLES = (("sweep-*.json", SweepTable.load), ("mutate.*.json", MutationTable.load))  # published tables, by loader
+_TODO = ("if you changed a probe, the registry or the constraints on purpose (`nox -s checksums` refuses while "
+         "published evidence was made by other inputs), " + republish_steps() + "; otherwise restore the file from git")
 
 
 def published_inputs(root: Path) -> list[Path]:
@@ -31,29 +37,37 @@ def published_inputs(root: Path) -> list[Path]:
     return inputs + [era.constraints for era in reg.eras.values()]
 
 
-def _published(root: Path) -> list[Path]:
-    top = results_dir(root)
+def _published(top: Path) -> list[Path]:
     # Hidden files are write_atomic's temporaries, never published.
     return sorted(p for p in top.rglob("*") if p.is_file()
                   and not any(part.startswith(".") for part in p.relative_to(top).parts))
 
 
-def covered_files(root: Path) -> list[str]:
+def _covered(root: Path, top: Path | None = None) -> dict[str, Path]:
+    """Each covered file's name in the sums -> where it is now; ``top`` stands in for results/ (a staged publish)."""
     probes = sorted((root / "probes").glob("*.py"))
-    files = [*probes, *(p for p in published_inputs(root) if p.exists()), *_published(root)]
-    return [p.relative_to(root).as_posix() for p in files]
+    files = {p.relative_to(root).as_posix(): p for p in [*probes, *(p for p in published_inputs(root) if p.exists())]}
+    results = results_dir(root)
+    top = top or results
+    files.update({(results / p.relative_to(top)).relative_to(root).as_posix(): p for p in _published(top)})
+    return files
 
 
-def render(root: Path) -> str:
-    return "".join(f"{sha256_file(root / rel)}  {rel}\n" for rel in covered_files(root))
+def covered_files(root: Path) -> list[str]:
+    return list(_covered(root))
+
+
+def render(root: Path, top: Path | None = None) -> str:
+    return "".join(f"{sha256_file(path)}  {rel}\n" for rel, path in _covered(root, top).items())
 
 
 def regenerate(root: Path) -> Path:
-    """Write the sums; refuse to vouch for a published document that is not valid."""
+    """Write the sums; refuse to vouch for a published document that is not valid (5) or is stale (8)."""
     bad = document_problems(root)
     if bad:
         raise integrity(f"not regenerating {SUMS_FILE}: {len(bad)} published file(s) are not valid:\n"
                         + _listing(bad), todo="restore them from git (`git checkout -- results/`) or republish")
+    check_current(root, f"published evidence (not regenerating {SUMS_FILE})")
     path = root / SUMS_FILE
     write_atomic(path, render(root))
     return path
@@ -94,9 +108,10 @@ def _problem(root: Path, rel: str, entries: dict[str, str]) -> str | None:
     return None if actual == entries[rel] else f"SHA-256 {actual}, {SUMS_FILE} says {entries[rel]}"
 
 
-def document_problems(root: Path) -> dict[str, str]:
-    """Each published receipt or result that is not valid evidence, with why (sums aside)."""
-    top = results_dir(root)
+def document_problems(root: Path, top: Path | None = None) -> dict[str, str]:
+    """Each published receipt, result or table (under ``top``, default results/) that is not valid evidence,
+    with why (sums aside)."""
+    top = top or results_dir(root)
     found = {}
     for receipt in sorted(top.glob(f"*{RECEIPT_SUFFIX}")):
         try:
@@ -108,6 +123,12 @@ def document_problems(root: Path) -> dict[str, str]:
             Result.load(result_beside(receipt))
         except HarnessError as exc:
             found[relative(result_beside(receipt), root)] = exc.what
+    for pattern, load in TABLES:
+        for path in sorted(top.glob(pattern)):
+            try:
+                load(path)
+            except HarnessError as exc:
+                found[relative(path, root)] = exc.what
     for path in sorted(top.glob("*.json")):
         if not path.name.endswith(RECEIPT_SUFFIX) and not receipt_path(path).exists() and _looks_like_result(path):
             found[relative(path, root)] = f"a published result without its receipt {receipt_path(path).name}"
@@ -132,10 +153,36 @@ def failures(root: Path) -> dict[str, str]:
     return found
 
 
+def stale_documents(root: Path, top: Path | None = None) -> dict[str, list[str]]:
+    """Each published receipt and table (under ``top``, default results/) that other inputs made, with how
+    this checkout differs. Assumes they load (``document_problems`` first)."""
+    reg = load_registry(root)
+    top = top or results_dir(root)
+    found = {}
+    for receipt in sorted(top.glob(f"*{RECEIPT_SUFFIX}")):
+        found[relative(receipt, root)] = Receipt.load(receipt).stale(root)
+    for pattern, load in TABLES:
+        for path in sorted(top.glob(pattern)):
+            table = load(path)
+            probe = reg.experiments[table.experiment].probe if table.experiment in reg.experiments else None
+            found[relative(path, root)] = (table.stale(root, relative(probe, root)) if probe else
+                                           [f"experiment {table.experiment!r} is not in the registry"])
+    return {rel: why for rel, why in found.items() if why}
+
+
+def check_current(root: Path, what: str = "published evidence", top: Path | None = None) -> None:
+    """Exit 8 naming each published document other inputs made."""
+    stale = stale_documents(root, top)
+    if stale:
+        raise stale_error(stale, load_registry(root), what=what)
+
+
 def verify(root: Path) -> None:
+    """Tampering first (exit 5: sums, loaders), then staleness (exit 8: provenance)."""
     bad = failures(root)
     if bad:
         raise integrity(f"{len(bad)} file(s) fail verification:\n" + _listing(bad), todo=_TODO)
+    check_current(root)
 
 
 def _listing(bad: dict[str, str]) -> str:

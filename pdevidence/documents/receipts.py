@@ -3,8 +3,10 @@
 A receipt is evidence: ``Receipt.load`` checks every field the harness reads,
 with its type, and that the result beside it is the one the receipt recorded.
 Schema /2 added what the cell's interpreter is (implementation and the identity
-the cache key uses) and the torch override; /1 receipts (the first published
-ones) still load: their upgrade step records those fields as unknown (null).
+the cache key uses) and the torch override; /3 the provenance block (what made
+the run: probe, kit, registry, constraints, harness). Older receipts still load:
+their upgrade steps record what they lacked as unknown (null), and a receipt
+with no provenance is stale evidence (``stale``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from packaging.version import InvalidVersion, Version
 from ..core.errors import HarnessError, integrity
 from ..core.files import read_json, relative, sha256_file
 from ..environments import CellEnvironment, find_python
+from ..registry import REGISTRY_FILE
 from ..sources.trees import Tree
+from .provenance import KIT, Provenance, stale_why
 from .results import result_beside
 from .versions import Schema
 
@@ -35,7 +39,13 @@ def _receipt_1_to_2(doc: dict) -> dict:
     return doc
 
 
-SCHEMA = Schema("pdevidence-receipt/", 2, {1: _receipt_1_to_2})
+def _receipt_2_to_3(doc: dict) -> dict:
+    """/2 did not record what made the run: unknown, so the receipt is stale evidence."""
+    doc.setdefault("provenance", None)
+    return doc
+
+
+SCHEMA = Schema("pdevidence-receipt/", 3, {1: _receipt_1_to_2, 2: _receipt_2_to_3})
 RECEIPT_SCHEMA_VERSION = SCHEMA.current  # what ``build`` writes
 RECEIPT_SCHEMA = SCHEMA.name
 # Pins a /1 receipt did not record: compared only when both receipts have them.
@@ -47,7 +57,7 @@ _TODO = ("a published receipt: restore it from git (`git checkout -- results/`);
 
 def build(*, cell: str, experiment: str, side: str, tree: Tree, env: CellEnvironment, project: Path,
           constraints: Path, probe: Path, result: Path, commands: list[list[str]], started: datetime,
-          finished: datetime, exit_status: int, cache_key: str) -> dict:
+          finished: datetime, exit_status: int, cache_key: str, provenance: Provenance) -> dict:
     interpreter = find_python(env.python)  # the one the environment and the cache key were made with
     packages = env.packages()
     doc = {
@@ -82,6 +92,7 @@ def build(*, cell: str, experiment: str, side: str, tree: Tree, env: CellEnviron
         "duration_s": round((finished - started).total_seconds(), 3),
         "exit_status": exit_status,
         "cache_key": cache_key,
+        "provenance": provenance.to_json(),
     }
     Receipt.from_doc(doc, source=f"the receipt of {cell}")  # what we write, we can read back
     return doc
@@ -123,6 +134,7 @@ class Receipt:
     result: FileDigest
     exit_status: int
     cache_key: str
+    provenance: Provenance | None  # None on a receipt older than /3: what made it is unknown
     doc: dict[str, Any]
 
     @classmethod
@@ -179,6 +191,11 @@ class Receipt:
         for key in ("started", "finished"):
             field(doc, key, str, "")
         field(doc, "duration_s", (int, float), "")
+        recorded = field(doc, "provenance", (dict, type(None)) if schema_version < 3 else dict, "")
+        try:
+            provenance = None if recorded is None else Provenance.from_doc(recorded)
+        except ValueError as exc:
+            raise bad(str(exc)) from None
         return cls(
             schema_version=schema_version,
             cell=field(doc, "cell", str, ""),
@@ -197,6 +214,7 @@ class Receipt:
             result=digest("result"),
             exit_status=field(doc, "exit_status", int, ""),
             cache_key=field(doc, "cache_key", str, ""),
+            provenance=provenance,
             doc=written,
         )
 
@@ -222,6 +240,10 @@ class Receipt:
             raise integrity(f"{result} does not match its receipt {path.name}: SHA-256 {actual}, "
                             f"the receipt recorded {receipt.result.sha256}", todo=_TODO)
         return receipt
+
+    def stale(self, root: Path) -> list[str]:
+        """How this checkout differs from what made the run (empty: the receipt is current evidence)."""
+        return stale_why(self.provenance, root, [self.probe.file, KIT, REGISTRY_FILE, self.constraints.file])
 
     def pins(self) -> dict[str, Version | str]:
         """What must match for two runs to count as the same environment (versions compare as versions).

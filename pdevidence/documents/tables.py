@@ -3,6 +3,8 @@
 ``SweepTable.load`` and ``MutationTable.load`` are the only readers of these
 files: the report, publish and the OSV records all go through them. Each keeps
 the document as written (``doc``) for the report, which shows it as it is.
+Each records what made it (``provenance``) and how it was asked for
+(``parameters``); ``stale`` compares the first with the checkout.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from packaging.version import InvalidVersion, Version
 
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, HarnessError
 from ..core.files import read_json
-from ..registry import MutantKind, Operator
+from ..registry import REGISTRY_FILE, MutantKind, Operator
+from .provenance import KIT, MUTATION_DRIVERS, SWEEP_DRIVERS, Provenance, stale_why
 from .versions import Schema
 from .vocabulary import LACKS_FIX, Behaviour, Classification, MutantStatus
 
@@ -34,12 +37,16 @@ class ReleaseOutcome:
     classification: Classification
     scenarios: dict[str, Behaviour] = field(default_factory=dict)
     differing: list[str] = field(default_factory=list)  # scenarios matching neither reference, or erroring
-    error: str | None = None
+    error: str | None = None  # why it could not be probed (failed), or what its scenarios raised (error)
+    evidence: list[str] = field(default_factory=list)  # not affected: the observations that show it
 
     def to_json(self) -> dict:
-        return {"version": self.version, "classification": self.classification.value,
-                "scenarios": {sid: b.value for sid, b in self.scenarios.items()},
-                "differing": self.differing, "error": self.error}
+        found = {"version": self.version, "classification": self.classification.value,
+                 "scenarios": {sid: b.value for sid, b in self.scenarios.items()},
+                 "differing": self.differing, "error": self.error}
+        if self.evidence:  # only where a release is not affected: other entries keep their bytes
+            found["evidence"] = self.evidence
+        return found
 
 
 def first_fixed(outcomes: list[ReleaseOutcome]) -> str | None:
@@ -56,6 +63,20 @@ def regressions(outcomes: list[ReleaseOutcome]) -> list[str]:
     return [o.version for o in after if o.classification in LACKS_FIX]
 
 
+def flagged(outcomes: list[ReleaseOutcome]) -> list[str]:
+    """The release watch: releases after the first fixed one that are not fixed, whatever they are
+    instead (a regression, a probe that breaks or matches neither side, a release that failed)."""
+    fixed = first_fixed(outcomes)
+    if fixed is None:
+        return []
+    return [o.version for o in outcomes
+            if Version(o.version) > Version(fixed) and o.classification is not Classification.FIXED]
+
+
+def _outcomes(releases: list) -> list[ReleaseOutcome]:
+    return [ReleaseOutcome(r["version"], Classification(r["classification"])) for r in releases]
+
+
 def _sweep_1_to_2(doc: dict) -> dict:
     """/1 had one classification per release: no behaviour per scenario (none known), no as-of
     date, and no list of regressions, which /2 derives from the classifications by the same rule."""
@@ -66,14 +87,50 @@ def _sweep_1_to_2(doc: dict) -> dict:
     doc.setdefault("as_of", None)
     if "regressions" not in doc:
         try:
-            doc["regressions"] = regressions([ReleaseOutcome(r["version"], Classification(r["classification"]))
-                                              for r in releases])
+            doc["regressions"] = regressions(_outcomes(releases))
         except (TypeError, KeyError, ValueError, InvalidVersion):
             pass  # the check of the upgraded document names what is wrong
     return doc
 
 
-SWEEP_SCHEMA = Schema("pdevidence-sweep/", 2, {1: _sweep_1_to_2})
+def _sweep_2_to_3(doc: dict) -> dict:
+    """/3 added the classification "error" (before, a release whose telling scenario raised was
+    "neither"), the release watch's list, which it derives from the classifications by the same rule,
+    and what made the table and how it was asked for: unknown for /2, so an upgraded table is stale."""
+    try:
+        doc["flagged"] = flagged(_outcomes(doc["releases"]))
+    except (TypeError, KeyError, ValueError, InvalidVersion):
+        pass  # the check of the upgraded document names what is wrong
+    doc.setdefault("provenance", None)
+    doc.setdefault("parameters", None)
+    return doc
+
+
+SWEEP_SCHEMA = Schema("pdevidence-sweep/", 3, {1: _sweep_1_to_2, 2: _sweep_2_to_3})
+
+
+@dataclass(frozen=True)
+class SweepParameters:
+    """How a sweep was asked for: which releases, and the base and head results it judged against."""
+
+    explicit: bool  # versions named on the command line (a partial sweep), not every release from the floor
+    pre: bool  # pre-, post- and dev releases included
+    floor: str  # the registry's release floor it started from
+    references: dict[str, str]  # the base and head result files (names) it judged against -> SHA-256
+
+    def to_json(self) -> dict[str, Any]:
+        return {"explicit": self.explicit, "pre": self.pre, "floor": self.floor,
+                "references": dict(sorted(self.references.items()))}
+
+    @classmethod
+    def from_doc(cls, doc: Any) -> SweepParameters:
+        ok = (isinstance(doc, dict) and isinstance(doc.get("explicit"), bool) and isinstance(doc.get("pre"), bool)
+              and isinstance(doc.get("floor"), str) and isinstance(doc.get("references"), dict)
+              and all(isinstance(v, str) for v in doc["references"].values()))
+        if not ok:
+            raise ValueError("parameters must hold explicit and pre (booleans), floor (a version) and "
+                             "references (file -> SHA-256)")
+        return cls(doc["explicit"], doc["pre"], doc["floor"], dict(doc["references"]))
 
 
 @dataclass(frozen=True)
@@ -82,9 +139,16 @@ class SweepTable:
     experiment: str
     first_fixed: str | None  # the oldest release that behaves as fixed; a later one may regress
     regressions: list[str]
+    flagged: list[str]  # the release watch: after the first fixed release, not fixed
     as_of: str | None  # the newest probed release's upload time
     releases: list[ReleaseOutcome]
+    provenance: Provenance | None  # None on a table older than /3: what made it is unknown
+    parameters: SweepParameters | None
     doc: dict[str, Any]
+
+    def stale(self, root: Path, probe: str) -> list[str]:
+        """How this checkout differs from what made the table (``probe``: the experiment's, in the checkout)."""
+        return stale_why(self.provenance, root, [probe, KIT, *SWEEP_DRIVERS, REGISTRY_FILE])
 
     @classmethod
     def from_doc(cls, doc: Any, *, source: str) -> SweepTable:
@@ -95,13 +159,14 @@ class SweepTable:
 
         written = doc
         version, doc = SWEEP_SCHEMA.read(doc, bad)
-        for key in ("experiment", "releases", "regressions", "first_fixed"):
+        for key in ("experiment", "releases", "regressions", "flagged", "first_fixed"):
             if key not in doc:
                 raise bad(f"missing {key!r}")
         if not isinstance(doc["experiment"], str) or not isinstance(doc["releases"], list):
             raise bad("experiment must be a string and releases a list")
-        if not (isinstance(doc["regressions"], list) and all(isinstance(v, str) for v in doc["regressions"])):
-            raise bad("regressions must be a list of versions")
+        for key in ("regressions", "flagged"):
+            if not (isinstance(doc[key], list) and all(isinstance(v, str) for v in doc[key])):
+                raise bad(f"{key} must be a list of versions")
         if not isinstance(doc["first_fixed"], (str, type(None))) or not isinstance(doc.get("as_of"), (str, type(None))):
             raise bad("first_fixed and as_of must be strings or null")
         releases = []
@@ -110,13 +175,21 @@ class SweepTable:
                 releases.append(ReleaseOutcome(
                     entry["version"], Classification(entry["classification"]),
                     {sid: Behaviour(b) for sid, b in entry.get("scenarios", {}).items()},
-                    list(entry.get("differing", [])), entry.get("error")))
+                    list(entry.get("differing", [])), entry.get("error"), list(entry.get("evidence", []))))
             except (TypeError, KeyError, ValueError, AttributeError):
                 raise bad(f"release entry {entry!r}") from None
             if not isinstance(entry["version"], str) or not isinstance(releases[-1].error, (str, type(None))):
                 raise bad(f"release entry {entry!r}")
-        return cls(version, doc["experiment"], doc["first_fixed"], list(doc["regressions"]), doc.get("as_of"),
-                   releases, written)
+        try:
+            derived = {"first_fixed": first_fixed(releases), "regressions": regressions(releases),
+                       "flagged": flagged(releases)}
+        except InvalidVersion as exc:
+            raise bad(f"release version: {exc}") from None
+        if any(doc[key] != value for key, value in derived.items()):
+            raise bad(f"first_fixed, regressions and flagged must be what its releases' classifications give: {derived}")
+        provenance, parameters = _recorded(doc, version < 3, SweepParameters.from_doc, bad)
+        return cls(version, doc["experiment"], doc["first_fixed"], list(doc["regressions"]), list(doc["flagged"]),
+                   doc.get("as_of"), releases, provenance, parameters, written)
 
     @classmethod
     def load(cls, path: Path) -> SweepTable:
@@ -134,11 +207,67 @@ class MutantOutcome:
     target: str
     operator: Operator
     status: MutantStatus
-    killed_by: dict[str, list[str]] = field(default_factory=dict)
+    killed_by: dict[str, list[str]] = field(default_factory=dict)  # per scenario: keys moved, and error:<Type>
     error: str | None = None
 
+    @property
+    def only_raised(self) -> bool:
+        """Killed, but no scenario observed it: every kill is an exception (``error:<Type>``)."""
+        return self.status is MutantStatus.KILLED and raised_only(self.killed_by)
 
-MUTATION_SCHEMA = Schema("pdevidence-mutate/", 1)
+def _recorded(doc: dict, old: bool, parameters_of, bad) -> tuple[Provenance | None, Any]:
+    """A table's provenance and parameters: required since they were recorded, null on an older table."""
+    for key in ("provenance", "parameters"):
+        if key not in doc or (doc[key] is None and not old):
+            raise bad(f"missing {key!r}")
+    try:
+        return (None if doc["provenance"] is None else Provenance.from_doc(doc["provenance"]),
+                None if doc["parameters"] is None else parameters_of(doc["parameters"]))
+    except ValueError as exc:
+        raise bad(str(exc)) from None
+
+
+RAISED = "error:"  # how killed_by records a kill by an exception: error:<Type>
+
+
+def raised_only(killed_by: dict[str, list[str]]) -> bool:
+    keys = [k for keys in killed_by.values() for k in keys]
+    return bool(keys) and all(k.startswith(RAISED) for k in keys)
+
+
+def _mutate_1_to_2(doc: dict) -> dict:
+    """/2 counts kills by observation and kills only by raising apart in the score (/1 recorded every
+    kill's keys, so both counts follow from its mutants), and records what made the table and which
+    mutants it ran: unknown for /1, so an upgraded table is stale."""
+    try:
+        killed = [m["killed_by"] for m in doc["mutants"] if m["status"] == MutantStatus.KILLED.value]
+        raised = sum(raised_only(k) for k in killed)
+        doc["score"] = {**doc["score"], "by_observation": len(killed) - raised, "only_raising": raised}
+    except (TypeError, KeyError, AttributeError):
+        pass  # the check of the upgraded document names what is wrong
+    doc.setdefault("provenance", None)
+    doc.setdefault("parameters", None)
+    return doc
+
+
+MUTATION_SCHEMA = Schema("pdevidence-mutate/", 2, {1: _mutate_1_to_2})
+
+
+@dataclass(frozen=True)
+class MutationParameters:
+    """How the lane was asked for: the mutants it ran (the registry's, in its order)."""
+
+    mutants: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mutants": list(self.mutants)}
+
+    @classmethod
+    def from_doc(cls, doc: Any) -> MutationParameters:
+        if not (isinstance(doc, dict) and isinstance(doc.get("mutants"), list)
+                and all(isinstance(m, str) for m in doc["mutants"])):
+            raise ValueError("parameters must hold mutants (a list of mutant ids)")
+        return cls(list(doc["mutants"]))
 
 
 @dataclass(frozen=True)
@@ -147,13 +276,21 @@ class MutationTable:
     tree: dict[str, str]
     scenarios: list[str]
     mutants: list[MutantOutcome]
+    provenance: Provenance | None = None  # None on a table older than /2: what made it is unknown
+    parameters: MutationParameters | None = None
     schema: str = MUTATION_SCHEMA.name
     doc: dict[str, Any] | None = field(default=None, compare=False, repr=False)  # as written, when loaded
+
+    def stale(self, root: Path, probe: str) -> list[str]:
+        """How this checkout differs from what made the table (``probe``: the experiment's, in the checkout)."""
+        return stale_why(self.provenance, root, [probe, KIT, *MUTATION_DRIVERS, REGISTRY_FILE])
 
     @property
     def score(self) -> dict[str, int]:
         applicable = [m for m in self.mutants if m.status is not MutantStatus.NOT_APPLICABLE]
-        return {"killed": sum(m.status is MutantStatus.KILLED for m in applicable),
+        killed = [m for m in applicable if m.status is MutantStatus.KILLED]
+        raised = sum(m.only_raised for m in killed)
+        return {"killed": len(killed), "by_observation": len(killed) - raised, "only_raising": raised,
                 "applicable": len(applicable), "total": len(self.mutants)}
 
     @property
@@ -167,6 +304,8 @@ class MutationTable:
     def to_json(self) -> dict[str, Any]:
         return {"schema": self.schema, "experiment": self.experiment, "tree": self.tree, "score": self.score,
                 "scenarios": self.scenarios,
+                "provenance": self.provenance.to_json() if self.provenance else None,
+                "parameters": self.parameters.to_json() if self.parameters else None,
                 "mutants": [{**asdict(m), "kind": m.kind.value, "operator": m.operator.value,
                              "status": m.status.value} for m in self.mutants]}
 
@@ -178,14 +317,15 @@ class MutationTable:
                                 expected=f"a {MUTATION_SCHEMA.readable} document", todo=MUTATION_TODO)
 
         written = doc
-        _, doc = MUTATION_SCHEMA.read(doc, bad)
+        version, doc = MUTATION_SCHEMA.read(doc, bad)
         try:
             mutants = [MutantOutcome(id=m["id"], title=m["title"], kind=MutantKind(m["kind"]), target=m["target"],
                                      operator=Operator(m["operator"]), status=MutantStatus(m["status"]),
                                      killed_by={s: list(keys) for s, keys in m["killed_by"].items()},
                                      error=m["error"]) for m in doc["mutants"]]
-            table = cls(experiment=doc["experiment"], tree=dict(doc["tree"]),
-                        scenarios=list(doc["scenarios"]), mutants=mutants, doc=written)
+            provenance, parameters = _recorded(doc, version < 2, MutationParameters.from_doc, bad)
+            table = cls(experiment=doc["experiment"], tree=dict(doc["tree"]), scenarios=list(doc["scenarios"]),
+                        mutants=mutants, provenance=provenance, parameters=parameters, doc=written)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise bad(f"{type(exc).__name__}: {exc}") from None
         if doc.get("score") != table.score:

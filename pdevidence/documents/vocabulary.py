@@ -19,6 +19,7 @@ class Behaviour(str, enum.Enum):
     FIXED = "fixed"
     NEITHER = "neither"
     ERROR = "error"
+    NOT_AFFECTED = "not affected"  # the tree lacks the vulnerable path (a registry rule's observation shows it)
 
 
 class Classification(str, enum.Enum):
@@ -28,7 +29,9 @@ class Classification(str, enum.Enum):
     FIXED = "fixed"
     PARTIAL = "partial"
     NEITHER = "neither"
-    FAILED = "failed"
+    ERROR = "error"  # a telling scenario raised: the probe broke on this release, named beside the others
+    FAILED = "failed"  # the release could not be probed at all
+    NOT_AFFECTED = "not affected"  # the vulnerable path is not in this tree: ``evidence`` names what shows it
 
 
 # A release classified so lacks the fix, wholly or in part (after a fixed one: a regression).

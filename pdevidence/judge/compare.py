@@ -21,6 +21,7 @@ from ..core.errors import (
 )
 from ..core.files import relative
 from ..documents import integrity
+from ..documents.provenance import stale_error
 from ..documents.receipts import Receipt
 from ..documents.reports import REPORT_SCHEMA
 from ..documents.results import Result, receipt_path, result_name
@@ -177,8 +178,10 @@ def _show(value) -> str:
     return MISSING if value == MISSING else json.dumps(value)
 
 
-def _fresh_cells(exp: Experiment, report: PairReport, runs: Path) -> dict[str, tuple[Result, Receipt]] | None:
-    """Both sides' fresh result and receipt, validated; None (and the report incomplete) if any is missing."""
+def _fresh_cells(reg: Registry, exp: Experiment, report: PairReport,
+                 runs: Path) -> dict[str, tuple[Result, Receipt]] | None:
+    """Both sides' fresh result and receipt, validated and current (else exit 8); None (and the report
+    incomplete) if any is missing."""
     missing = []
     for side in SIDES:
         name, result = report.cells[side]["cell"], runs / report.cells[side]["file"]
@@ -189,9 +192,14 @@ def _fresh_cells(exp: Experiment, report: PairReport, runs: Path) -> dict[str, t
     if missing:
         report.verdict, report.reasons = Verdict.INCOMPLETE, missing
         return None
-    return {side: (Result.load(runs / report.cells[side]["file"], experiment=exp.name, side=side),
-                   Receipt.load(receipt_path(runs / report.cells[side]["file"]), experiment=exp.name, side=side))
-            for side in SIDES}
+    found = {side: (Result.load(runs / report.cells[side]["file"], experiment=exp.name, side=side),
+                    Receipt.load(receipt_path(runs / report.cells[side]["file"]), experiment=exp.name, side=side))
+             for side in SIDES}
+    stale = {relative(receipt_path(runs / report.cells[side]["file"]), reg.root): why
+             for side in SIDES if (why := found[side][1].stale(reg.root))}
+    if stale:
+        raise stale_error(stale, reg, what="cell results")
+    return found
 
 
 def compare_pair(reg: Registry, exp: Experiment, kind: str, runs: Path, published: Path | None,
@@ -201,7 +209,7 @@ def compare_pair(reg: Registry, exp: Experiment, kind: str, runs: Path, publishe
     report = PairReport(exp.name, exp.pr, exp.title, kind,
                         cells={side: {"cell": Cell(exp.name, side, kind).name, "file": names[side]}
                                for side in SIDES})
-    fresh = _fresh_cells(exp, report, runs)
+    fresh = _fresh_cells(reg, exp, report, runs)
     if fresh is None:
         return report
     docs = {side: fresh[side][0] for side in SIDES}
@@ -267,8 +275,15 @@ def _against_published(fresh: Path, published: Path, root: Path,
 
 
 def compare_all(reg: Registry, *, runs: Path, published: Path | None, kinds: list[str]) -> Summary:
-    """Every experiment on every kind; ``published=None`` compares base with head and the registry only."""
+    """Every experiment on every kind; ``published=None`` compares base with head and the registry only.
+
+    Published files that fail verification are reported (exit 5); published evidence other inputs made
+    (and fresh results that are stale) are refused (exit 8): a comparison with them would mean nothing.
+    """
     bad = integrity.failures(reg.root) if published is not None else {}
+    prefix = f"{relative(published, reg.root)}/" if published is not None else None
+    if published is not None and not any(rel.startswith(prefix) for rel in bad):
+        integrity.check_current(reg.root, "published evidence", published)
     pairs = []
     for exp in reg.experiments.values():
         for kind in kinds:
@@ -280,6 +295,5 @@ def compare_all(reg: Registry, *, runs: Path, published: Path | None, kinds: lis
                     raise
                 pairs.append(PairReport(exp.name, exp.pr, exp.title, kind, cells={}, verdict=Verdict.INCOMPLETE,
                                         reasons=[str(exc)]))
-    prefix = f"{relative(published, reg.root)}/" if published is not None else None
     return Summary(pairs, published_failures={rel: why for rel, why in bad.items()
                                               if prefix and rel.startswith(prefix)})

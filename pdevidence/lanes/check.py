@@ -18,20 +18,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import environments
-from ..cells import allprobes
+from ..cells import allprobes, warm
 from ..core import children
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, usage, worst
 from ..core.locking import exclusive
 from ..core.paths import results_dir, runs_dir, tree_lock_file, work_dir
 from ..documents.vocabulary import Behaviour, Classification
+from ..judge import classify
 from ..registry import Experiment, Registry
 from ..sources import trees
-from . import sweep
 
 SCHEMA = "pdevidence-check/1"
 # SGLang itself requires Python >= 3.10; the tests parse the probes with that grammar.
 MIN_PYTHON = (3, 10)
 CHECK_SIDE = "check"
+# Targets the warm engine runs as they are: a wheel unpacked is the package installed. A source
+# tree (--path, --git) is built into an environment of its own, so it reports its built version.
+WARM_KINDS = ("release", "wheel")
 
 
 class Status(str, enum.Enum):
@@ -40,12 +43,14 @@ class Status(str, enum.Enum):
     PARTIAL = "partial"
     UNKNOWN = "unknown"
     CANNOT_RUN = "cannot run"
+    NOT_AFFECTED = "not affected"
 
 
 STATUS_OF = {Classification.FIXED: Status.FIXED, Classification.PRE_FIX: Status.AFFECTED,
-             Classification.PARTIAL: Status.PARTIAL, Classification.NEITHER: Status.UNKNOWN}
+             Classification.PARTIAL: Status.PARTIAL, Classification.NEITHER: Status.UNKNOWN,
+             Classification.ERROR: Status.UNKNOWN}
 EXIT_OF = {Status.FIXED: CONFIRMED, Status.AFFECTED: BEHAVIOUR_DIFFERS, Status.PARTIAL: BEHAVIOUR_DIFFERS,
-           Status.UNKNOWN: BEHAVIOUR_DIFFERS, Status.CANNOT_RUN: ENVIRONMENT}
+           Status.UNKNOWN: BEHAVIOUR_DIFFERS, Status.CANNOT_RUN: ENVIRONMENT, Status.NOT_AFFECTED: CONFIRMED}
 # Which scenarios decide each status: those that put it there.
 DECIDING = {Status.FIXED: (Behaviour.FIXED,), Status.AFFECTED: (Behaviour.PRE_FIX,),
             Status.PARTIAL: (Behaviour.PRE_FIX,), Status.UNKNOWN: (Behaviour.NEITHER, Behaviour.ERROR)}
@@ -76,11 +81,16 @@ class ExperimentCheck:
     deciding: list[str] = field(default_factory=list)
     result_sha256: str | None = None
     error: str | None = None
+    evidence: list[str] = field(default_factory=list)  # not affected: the observations that show it
+    justification: str | None = None  # not affected: OpenVEX's justification
 
     def to_json(self) -> dict:
-        return {"experiment": self.experiment, "pr": self.pr, "status": self.status.value,
-                "scenarios": {sid: b.value for sid, b in self.scenarios.items()}, "deciding": self.deciding,
-                "result_sha256": self.result_sha256, "error": self.error}
+        found = {"experiment": self.experiment, "pr": self.pr, "status": self.status.value,
+                 "scenarios": {sid: b.value for sid, b in self.scenarios.items()}, "deciding": self.deciding,
+                 "result_sha256": self.result_sha256, "error": self.error}
+        if self.status is Status.NOT_AFFECTED:
+            found.update(evidence=self.evidence, justification=self.justification)
+        return found
 
 
 @dataclass
@@ -103,13 +113,15 @@ def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict) -
     """One experiment's status from its result and the published base and head results."""
     if outcome.doc is None:
         return ExperimentCheck(exp.name, exp.pr, Status.CANNOT_RUN, error=outcome.error)
-    found = sweep.behaviours(outcome.doc, base, head, exp)
-    status = STATUS_OF[sweep.overall(found)]
-    errors = [f"{sid}: {sc['error']['type']}: {sc['error']['message']}"
-              for sid, sc in outcome.doc["scenarios"].items() if sid in found and sc.get("error")]
+    found = classify.behaviours(outcome.doc, base, head, exp)
+    rules = classify.not_affected(outcome.doc, exp)
+    if rules:  # the vulnerable path is not in this build: which observation shows it decides
+        return ExperimentCheck(exp.name, exp.pr, Status.NOT_AFFECTED, found, sorted({r.scenario for r in rules}),
+                               outcome.result_sha256, None, classify.evidence(rules), rules[0].justification.value)
+    status = STATUS_OF[classify.overall(found)]
     return ExperimentCheck(exp.name, exp.pr, status, found,
                            [sid for sid, b in found.items() if b in DECIDING[status]],
-                           outcome.result_sha256, "; ".join(errors) or None)
+                           outcome.result_sha256, classify.raised(outcome.doc, found))
 
 
 def interpreter_version(interpreter: Path) -> tuple[int, int]:
@@ -162,31 +174,60 @@ def resolve(reg: Registry, *, python: Path | None = None, version: str | None = 
     return Target(tree.kind, ref, tree.resolved, tree.digest), tree
 
 
-def run(reg: Registry, target: Target, tree: trees.Tree | None, *, log=print) -> CheckResult:
+def run(reg: Registry, target: Target, tree: trees.Tree | None, *, fresh_references: bool = False,
+        log=print) -> CheckResult:
+    return run_all(reg, [(target, tree)], fresh_references=fresh_references, log=log)[0]
+
+
+def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, fresh_references: bool = False,
+            log=print) -> list[CheckResult]:
+    """Every target, each judged on its own against the published base and head results (verified first), or
+    with ``fresh_references`` against the fresh ones in runs/ (while republishing); release and wheel targets
+    share one warm engine per era (an unpacked wheel is what installing it gives), with their outcomes cached
+    by what made them."""
     exps = list(reg.experiments.values())
-    refs = {exp.name: sweep.references(reg, exp, results_dir(reg.root)) for exp in exps}
-    out = runs_dir(reg.root) / "check" / target.label()
-    logfile = work_dir(reg.root) / "logs" / f"check.{target.label()}.log"
-    args = {"side": CHECK_SIDE, "tree_kind": target.kind, "tree_ref": "" if tree is None else tree.ref,
-            "tree_resolved": "" if tree is None else tree.resolved}
+    directory = runs_dir(reg.root) if fresh_references else results_dir(reg.root)
+    refs = {exp.name: classify.references(reg, exp, directory, fresh=fresh_references) for exp in exps}
     names = [exp.name for exp in exps]
+    out = runs_dir(reg.root) / "check"
+    warm_trees = [tree for _, tree in targets if tree is not None and tree.kind in WARM_KINDS]
+    engine_outcomes = warm.probe_trees(reg, warm_trees, names, {t.label(): _tree_args(t) for t in warm_trees},
+                                       out_dir=out, log=log) if warm_trees else {}
+    found = []
+    for target, tree in targets:
+        if tree is not None and tree.kind in WARM_KINDS:
+            outcomes = engine_outcomes[tree.label()]
+        else:
+            outcomes = _in_own_process(reg, names, target, tree, out / target.label(), log)
+        versions = {o.doc.get("sglang_version") for o in outcomes.values() if o.doc}
+        version = versions.pop() if len(versions) == 1 else None
+        if target.kind == "python":
+            target.resolved = version
+        found.append(CheckResult(target, [judge(exp, outcomes[exp.name], refs[exp.name].base,
+                                                refs[exp.name].head) for exp in exps], version))
+    return found
+
+
+def _tree_args(tree: trees.Tree | None, kind: str = "") -> dict[str, str]:
+    return {"side": CHECK_SIDE, "tree_kind": tree.kind if tree else kind, "tree_ref": tree.ref if tree else "",
+            "tree_resolved": tree.resolved if tree else ""}
+
+
+def _in_own_process(reg: Registry, names: list[str], target: Target, tree: trees.Tree | None, out: Path,
+                    log) -> dict[str, allprobes.Outcome]:
+    """An interpreter as it is, or a source tree installed into its own check environment."""
+    logfile = work_dir(reg.root) / "logs" / f"check.{target.label()}.log"
+    args = _tree_args(tree, target.kind)
     if tree is None:
         log(f"check: running every probe with {target.ref}")
         # Nothing may be written inside the environment checked: no bytecode caches, not even the probes'.
-        outcomes = allprobes.run(reg, target.ref, names, args, out_dir=out, log=logfile,
-                                 env={"PYTHONDONTWRITEBYTECODE": "1"})
-    else:
-        slug = f"{CHECK_SIDE}.{tree.label()}"
-        with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"the check environment {slug}"):
-            env = environments.cell_environment(reg, tree, slug)
-            log(f"check: {'reusing' if env.reused else 'built'} environment {env.path}")
-            outcomes = allprobes.run(reg, env.interpreter, names, args, out_dir=out, log=logfile, env=env.probe_env)
-    versions = {o.doc.get("sglang_version") for o in outcomes.values() if o.doc}
-    version = versions.pop() if len(versions) == 1 else None
-    if target.kind == "python":
-        target.resolved = version
-    return CheckResult(target, [judge(exp, outcomes[exp.name], refs[exp.name]["base"], refs[exp.name]["head"])
-                                for exp in exps], version)
+        return allprobes.run(reg, target.ref, names, args, out_dir=out, log=logfile,
+                             env={"PYTHONDONTWRITEBYTECODE": "1"})
+    slug = f"{CHECK_SIDE}.{tree.label()}"
+    with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"the check environment {slug}"):
+        env = environments.cell_environment(reg, tree, slug)
+        log(f"check: {'reusing' if env.reused else 'built'} environment {env.path}")
+        return allprobes.run(reg, env.interpreter, names, args, out_dir=out, log=logfile, env=env.probe_env)
 
 
 def describe(result: CheckResult) -> str:
@@ -205,11 +246,14 @@ def table(result: CheckResult) -> str:
         by = {b: [sid for sid, got in e.scenarios.items() if got is b] for b in Behaviour}
         if e.status is Status.CANNOT_RUN:
             detail = f"could not run: {e.error}"
+        elif e.status is Status.NOT_AFFECTED:
+            detail = "the vulnerable path is not in this build: " + "; ".join(e.evidence)
         elif e.status is Status.PARTIAL:
             detail = f"pre-fix: {', '.join(by[Behaviour.PRE_FIX])}; fixed: {', '.join(by[Behaviour.FIXED])}"
         elif e.status is Status.UNKNOWN:
-            detail = f"matches neither side: {', '.join(e.deciding)}" + (f" ({e.error})" if e.error else "")
+            neither = f"matches neither side: {', '.join(by[Behaviour.NEITHER])}" if by[Behaviour.NEITHER] else ""
+            detail = "; ".join(part for part in (neither, f"raised: {e.error}" if e.error else "") if part)
         else:
             detail = f"{'fixed' if e.status is Status.FIXED else 'pre-fix'}: {', '.join(e.deciding)}"
-        lines.append(f"  {e.experiment:<10} {e.status.value:<10} PR #{e.pr}  {detail}")
+        lines.append(f"  {e.experiment:<10} {e.status.value:<12} PR #{e.pr}  {detail}")
     return "\n".join(lines)

@@ -22,7 +22,12 @@ and only on the keys it expects that the mutated run observed (tree facts such a
   kills in the scenarios that count for the mutant's kind, recorded as the key
   ``error:<Type>`` beside whatever keys the scenario observed moving before it
   (so a crash is never mistaken for an observation): the table marks a scenario
-  that killed only by an error ``E``, one that observed the kill ``K``.
+  that killed only by an error ``E``, one that observed the kill ``K``, and the
+  score counts mutants killed by observation and those killed only by raising
+  apart. A kill only by raising still counts as killed: a telling scenario that
+  raises can never read as fixed (the sweep classifies that release "error",
+  ``check`` answers "unknown"), so the probe still cannot pass the broken fix;
+  but it is the weaker evidence, and the score line says how many there are.
 
 A mutant whose target is missing on the tree is "not applicable" and is not
 scored; one that cannot be built there (an edit whose text is not found) is an
@@ -42,8 +47,10 @@ from ..core.errors import BEHAVIOUR_DIFFERS, ENVIRONMENT, HarnessError, usage
 from ..core.files import dumps, read_json, write_atomic
 from ..core.locking import exclusive
 from ..core.paths import runs_dir, work_dir
-from ..documents.tables import MutantOutcome, MutationTable
+from ..documents import provenance
+from ..documents.tables import RAISED, MutantOutcome, MutationParameters, MutationTable
 from ..documents.vocabulary import MutantStatus
+from ..judge.compare import MISSING, same
 
 PROBE_SCHEMA = "pd-mutant-probe/1"
 DRIVER = "probe_mutants.py"
@@ -53,9 +60,9 @@ DRIVER = "probe_mutants.py"
 
 
 def _moved_toward(base: Any, baseline: Any, mutated: Any) -> bool:
-    if mutated == baseline:
+    if same(mutated, baseline):
         return False
-    if mutated == base:
+    if same(mutated, base):
         return True
     ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (base, baseline, mutated))
     return ints and abs(mutated - base) < abs(baseline - base)
@@ -67,12 +74,12 @@ def scenario_kills(kind: registry.MutantKind, expect: registry.Expectation, base
         return []
     before, after = baseline.get("observed", {}), mutated.get("observed", {})
     if expect.changes:
-        keys = [k for k in expect.head if k in after and k in expect.base and expect.base[k] != expect.head[k]
+        keys = [k for k in expect.head if k in after and k in expect.base and not same(expect.base[k], expect.head[k])
                 and _moved_toward(expect.base[k], before.get(k), after[k])]
     else:
-        keys = [k for k in expect.head if k in after and after[k] != before.get(k)]
+        keys = [k for k in expect.head if k in after and not same(after[k], before.get(k))]
     error = mutated.get("error")
-    return sorted(keys) + ([f"error:{error.get('type', 'Exception')}"] if error else [])
+    return sorted(keys) + ([f"{RAISED}{error.get('type', 'Exception')}"] if error else [])
 
 
 def check_baseline(exp: registry.Experiment, baseline: dict) -> None:
@@ -84,7 +91,7 @@ def check_baseline(exp: registry.Experiment, baseline: dict) -> None:
             wrong.append(f"{sid}: {'missing' if sc is None else sc['error']}")
             continue
         wrong += [f"{sid}.{k}: {sc['observed'].get(k)!r}, expected {v!r}"
-                  for k, v in sorted(expect.head.items()) if sc["observed"].get(k, "<missing>") != v]
+                  for k, v in sorted(expect.head.items()) if not same(sc["observed"].get(k, MISSING), v)]
     if wrong:
         raise HarnessError(
             f"{exp.name}: the unmutated head run does not show the registry's head expectations:\n  "
@@ -92,11 +99,11 @@ def check_baseline(exp: registry.Experiment, baseline: dict) -> None:
             todo=f"run `nox -s \"release({exp.name}, head)\"` and compare; fix the probe or the expectations first")
 
 
-def judge(exp: registry.Experiment, doc: dict) -> MutationTable:
-    """The mutation table of one driver document."""
+def judge(exp: registry.Experiment, doc: dict, made_by: provenance.Provenance) -> MutationTable:
+    """The mutation table of one driver document, made by ``made_by``."""
     check_baseline(exp, doc["baseline"])
-    if doc.get("baseline_after", doc["baseline"]) != doc["baseline"]:
-        moved = sorted(sid for sid, sc in doc["baseline"].items() if doc["baseline_after"].get(sid) != sc)
+    if not same(doc.get("baseline_after", doc["baseline"]), doc["baseline"]):
+        moved = sorted(sid for sid, sc in doc["baseline"].items() if not same(doc["baseline_after"].get(sid), sc))
         raise HarnessError(f"{exp.name}: the unmutated scenarios ran differently after the mutants ({', '.join(moved)}):"
                            " a mutant left state behind, so no kill can be trusted", code=ENVIRONMENT,
                            todo="run the mutants one at a time with the driver's --only to find which one")
@@ -120,7 +127,8 @@ def judge(exp: registry.Experiment, doc: dict) -> MutationTable:
                 killed_by[sid] = keys
         outcomes.append(MutantOutcome(**common, status=MutantStatus.KILLED if killed_by else MutantStatus.SURVIVED,
                                       killed_by=killed_by))
-    return MutationTable(experiment=exp.name, tree=dict(doc["tree"]), scenarios=scenarios, mutants=outcomes)
+    return MutationTable(experiment=exp.name, tree=dict(doc["tree"]), scenarios=scenarios, mutants=outcomes,
+                         provenance=made_by, parameters=MutationParameters(list(exp.mutants)))
 
 
 # ---------------------------------------------------------------- presentation
@@ -130,27 +138,30 @@ def _mark(outcome: MutantOutcome, sid: str) -> str:
     keys = outcome.killed_by.get(sid)
     if not keys:
         return "."
-    return "E" if all(k.startswith("error:") for k in keys) else "K"
+    return "E" if all(k.startswith(RAISED) for k in keys) else "K"
 
 
 def table(result: MutationTable) -> str:
-    """Mutant x scenario: K killed by observation, E killed by an error, . not; then survivors and the score."""
+    """Mutant x scenario: K killed by observation, E killed by an error, . not; then survivors and the score,
+    kills by observation and kills only by raising counted apart."""
     width = max(len(m.id) for m in result.mutants) if result.mutants else 6
     cols = [s.rjust(max(3, len(s))) for s in result.scenarios]
     lines = [f"{'mutant':<{width}}  {'kind':<11}  " + " ".join(cols) + "  status"]
     for m in result.mutants:
         marks = " ".join(_mark(m, s).rjust(len(c)) for s, c in zip(result.scenarios, cols))
-        lines.append(f"{m.id:<{width}}  {m.kind.value:<11}  {marks}  {m.status.value}")
+        status = f"{m.status.value} (only by raising)" if m.only_raised else m.status.value
+        lines.append(f"{m.id:<{width}}  {m.kind.value:<11}  {marks}  {status}")
     for m in result.mutants:
-        raised = [f"{s} {k.removeprefix('error:')}" for s, keys in m.killed_by.items() for k in keys
-                  if k.startswith("error:")]
+        raised = [f"{s} {k.removeprefix(RAISED)}" for s, keys in m.killed_by.items() for k in keys
+                  if k.startswith(RAISED)]
         if raised:
             lines.append(f"raised under {m.id}: {', '.join(raised)}")
     for m in result.survivors:
         why = f" ({m.error})" if m.error else ""
         lines.append(f"{m.status.value}: {m.id} [{m.kind.value}] {m.title}{why}")
     score = result.score
-    lines.append(f"{result.experiment}: {score['killed']} of {score['applicable']} mutants killed")
+    lines.append(f"{result.experiment}: {score['killed']} of {score['applicable']} mutants killed "
+                 f"({score['by_observation']} by observation, {score['only_raising']} only by raising)")
     return "\n".join(lines)
 
 
@@ -171,6 +182,7 @@ def run(reg: registry.Registry, experiment: str, *, log=print) -> MutationTable:
     out = runs / "mutate" / f"{experiment}.probe.json"
     partial = out.with_name(f".{out.name}.partial")
     write_atomic(specs, dumps([m.spec() for m in exp.mutants.values()]))
+    made = made_by(reg, experiment, tree)  # before anything runs: what a change during the run must not pass for
     with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"cell {cell.name}"):
         env = environments.cell_environment(reg, tree, slug)
         log(f"mutate({experiment}): {len(exp.mutants)} mutants on {tree.label()}")
@@ -191,7 +203,14 @@ def run(reg: registry.Registry, experiment: str, *, log=print) -> MutationTable:
             os.replace(partial, out)
         finally:
             partial.unlink(missing_ok=True)
-    return judge(exp, doc)
+    return judge(exp, doc, made)
+
+
+def made_by(reg: registry.Registry, experiment: str, tree) -> provenance.Provenance:
+    """What makes a mutation table: the probe, the kit, the driver and its mutant kit, the registry, the
+    closure ``tree`` runs in, the harness."""
+    closure = environments.closure_for_era(reg, environments.era_of(reg, tree))
+    return provenance.record(reg.root, provenance.inputs(reg, [experiment], provenance.MUTATION_DRIVERS, [closure]))
 
 
 def _driver_document(path: Path, exp: registry.Experiment) -> dict:

@@ -1,11 +1,11 @@
-"""Release sweep: which SGLang release carries each fix, and does a later one drop it?
+"""Release sweep: which SGLang release carries each fix, and does a later one lose it or break?
 
 Probes every release from the registry's floor up, every experiment in one
-process per release (one SGLang import), and classifies each release by the
-scenarios that tell the registry's base and head apart: per scenario pre-fix
-(observes what base observes), fixed (what head observes), neither, or error;
-per release pre-fix, fixed, partial (some of each), neither or failed. A
-release after the first fixed one that is pre-fix or partial again is a
+process per release (one SGLang import), and has the judge (``judge/classify.py``)
+classify each release by the scenarios that tell the registry's base and head
+apart: pre-fix, fixed, partial, neither, error (a telling scenario raised) or
+failed (not probed). The release watch flags every release after the first fixed
+one that is not fixed (exit 9); one that is pre-fix or partial again is also a
 regression.
 """
 
@@ -19,14 +19,15 @@ from packaging.version import InvalidVersion, Version
 
 from .. import environments
 from ..cells import allprobes, warm
-from ..core.errors import INCOMPLETE, HarnessError, usage
+from ..core.errors import HarnessError, usage
 from ..core.locking import exclusive
 from ..core.paths import tree_lock_file, work_dir
-from ..documents import results
-from ..documents.tables import SWEEP_SCHEMA, ReleaseOutcome, first_fixed, regressions
+from ..documents import provenance
+from ..documents.provenance import Provenance
+from ..documents.tables import SWEEP_SCHEMA, ReleaseOutcome, SweepParameters, first_fixed, flagged, regressions
 from ..documents.vocabulary import Behaviour, Classification
-from ..judge.compare import expected_file, same
-from ..registry import SIDES, Experiment, Registry
+from ..judge.classify import References, classify, references
+from ..registry import Registry
 from ..sources import trees
 
 SWEEP_SIDE = "sweep"
@@ -61,74 +62,14 @@ def as_of(files: list[dict], versions: list[str], project: str = "sglang") -> st
     return max(times, default=None)
 
 
-def signature(doc: dict, telling: dict[str, list[str] | None]) -> dict[str, object]:
-    """The observations that decide: per scenario, the named keys (or all of them)."""
-    out = {}
-    for sid, keys in telling.items():
-        observed = doc["scenarios"].get(sid, {}).get("observed") or {}
-        out[sid] = observed if keys is None else {k: observed.get(k) for k in keys}
-    return out
-
-
-def telling_scenarios(base: dict, head: dict, exp: Experiment | None = None) -> dict[str, list[str] | None]:
-    """What tells base from head: the registry's changing scenarios on their declared keys,
-    else every scenario whose observations differ. Tree facts and controls do not decide."""
-    if exp is not None and any(e.changes for e in exp.expect.values()):
-        return {sid: sorted(set(e.base) | set(e.head)) for sid, e in sorted(exp.expect.items()) if e.changes}
-    return {sid: None for sid in sorted(set(base["scenarios"]) | set(head["scenarios"]))
-            if not same(base["scenarios"].get(sid, {}).get("observed"), head["scenarios"].get(sid, {}).get("observed"))}
-
-
-def behaviours(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -> dict[str, Behaviour]:
-    """Per telling scenario: did ``doc`` do what base did, what head did, neither, or raise?"""
-    telling = telling_scenarios(base, head, exp)
-    got, was, now = signature(doc, telling), signature(base, telling), signature(head, telling)
-    out = {}
-    for sid in telling:
-        if (doc["scenarios"].get(sid) or {}).get("error") is not None:
-            out[sid] = Behaviour.ERROR
-        elif same(got[sid], was[sid]):
-            out[sid] = Behaviour.PRE_FIX
-        elif same(got[sid], now[sid]):
-            out[sid] = Behaviour.FIXED
-        else:
-            out[sid] = Behaviour.NEITHER
-    return out
-
-
-def overall(found: dict[str, Behaviour]) -> Classification:
-    kinds = set(found.values())
-    if kinds & {Behaviour.NEITHER, Behaviour.ERROR} or not kinds:
-        return Classification.NEITHER
-    if kinds == {Behaviour.PRE_FIX}:
-        return Classification.PRE_FIX
-    if kinds == {Behaviour.FIXED}:
-        return Classification.FIXED
-    return Classification.PARTIAL
-
-
-def classify(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -> ReleaseOutcome:
-    found = behaviours(doc, base, head, exp)
-    differing = [sid for sid, b in found.items() if b in (Behaviour.NEITHER, Behaviour.ERROR)]
-    return ReleaseOutcome(doc["tree"]["resolved"], overall(found), found, differing)
-
-
-def references(reg: Registry, exp: Experiment, published: Path) -> dict[str, dict]:
-    """The registry's release-backed base and head results, as published."""
-    docs = {}
-    for side in SIDES:
-        path = published / expected_file(exp, side, "release")
-        if not path.exists():
-            raise HarnessError(f"the sweep needs the published {side} result {path.name}", code=INCOMPLETE,
-                               todo=f"run `nox -s \"release({exp.name}, {side})\"` and `nox -s publish` first")
-        docs[side] = results.load(path, experiment=exp.name)
-    return docs
-
-
 def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Path,
           versions: list[str] | None = None, pre: bool = False, jobs: int = 2, cold: bool = False,
-          force: bool = False, log=print) -> tuple[dict[str, list[ReleaseOutcome]], str | None]:
-    """Every release, every experiment; outcomes per experiment and as-of date.
+          force: bool = False, fresh_references: bool = False,
+          log=print) -> tuple[dict[str, list[ReleaseOutcome]], str | None, dict[str, References]]:
+    """Every release, every experiment; outcomes per experiment, as-of date, and what they were judged against.
+
+    ``published`` holds the base and head results judged against: results/, or runs/ with
+    ``fresh_references`` (a republish, where the published ones are stale).
 
     By default the warm engine probes the releases whose outcome is not cached yet; ``cold``
     runs one fresh probe process per release in its own environment instead (the reference
@@ -139,7 +80,7 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
             raise usage(f"{version!r} is an experiment, not a version",
                         todo=f"name experiments with --experiment {version}")
         trees.parse_version(version)
-    refs = {name: references(reg, reg.experiment(name), published) for name in experiments}
+    refs = {name: references(reg, reg.experiment(name), published, fresh=fresh_references) for name in experiments}
     files = trees.index_files("sglang")
     versions = versions or releases(files, reg.python, reg.release_floor, pre=pre)
     environments.torch_choice(reg)
@@ -156,11 +97,16 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
             if outcome.doc is None:
                 found[name] = ReleaseOutcome(version, Classification.FAILED, error=outcome.error)
             else:
-                found[name] = classify(outcome.doc, refs[name]["base"], refs[name]["head"], reg.experiment(name))
+                found[name] = classify(outcome.doc, refs[name].base, refs[name].head, reg.experiment(name))
         return found
 
     per_release = [judged(version) for version in versions]
-    return {name: [r[name] for r in per_release] for name in experiments}, as_of(files, versions)
+    return {name: [r[name] for r in per_release] for name in experiments}, as_of(files, versions), refs
+
+
+def default_releases(reg: Registry, *, pre: bool = False) -> list[str]:
+    """What a sweep probes when no version is named: every release from the registry's floor up."""
+    return releases(trees.index_files("sglang"), reg.python, reg.release_floor, pre=pre)
 
 
 def _tree_args(version: str) -> dict[str, str]:
@@ -205,25 +151,53 @@ def _warm(reg: Registry, versions: list[str], experiments: list[str], lock: tree
     return found
 
 
+def detail(o: ReleaseOutcome) -> str:
+    """Why a release is not simply pre-fix or fixed: each scenario's behaviour beside the others."""
+    if o.classification is Classification.FAILED:
+        return f" ({o.error})" if o.error else ""
+    if o.classification is Classification.NOT_AFFECTED:
+        return f" ({'; '.join(o.evidence)})"
+    by = {b: [sid for sid, got in o.scenarios.items() if got is b] for b in Behaviour}
+    if o.classification is Classification.PARTIAL:
+        return f" (pre-fix: {', '.join(by[Behaviour.PRE_FIX])})"
+    if o.classification not in (Classification.NEITHER, Classification.ERROR):
+        return ""
+    parts = [f"raised: {o.error}"] if o.error else []
+    parts += [f"{b.value}: {', '.join(by[b])}" for b in (Behaviour.NEITHER, Behaviour.PRE_FIX, Behaviour.FIXED)
+              if by[b]]
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 def table(experiment: str, outcomes: list[ReleaseOutcome], bracket: dict[str, str | None]) -> str:
     lines = [f"release sweep: {experiment}", f"  {'release':<12} classification"]
-    regressed = set(regressions(outcomes))
+    regressed, watched = set(regressions(outcomes)), flagged(outcomes)
     for o in outcomes:
-        pre_fix = [sid for sid, b in o.scenarios.items() if b is Behaviour.PRE_FIX]
-        detail = (f" ({', '.join(o.differing)})" if o.differing else f" ({o.error})" if o.error
-                  else f" (pre-fix: {', '.join(pre_fix)})" if o.classification is Classification.PARTIAL else "")
-        flag = "  REGRESSION: the fix is gone again" if o.version in regressed else ""
-        lines.append(f"  {o.version:<12} {o.classification.value}{detail}{flag}")
+        flag = ("  REGRESSION: the fix is gone again" if o.version in regressed
+                else "  WATCH: not fixed after a fixed release" if o.version in watched else "")
+        lines.append(f"  {o.version:<12} {o.classification.value}{detail(o)}{flag}")
     fixed = first_fixed(outcomes)
     lines.append(f"  first fixed release: {fixed or 'none found'}")
     if regressed:
         lines.append(f"  regressions: {', '.join(sorted(regressed, key=Version))}")
+    if watched:
+        kinds = {o.version: o.classification.value for o in outcomes}
+        lines.append(f"  release watch: not fixed after {fixed}: "
+                     + ", ".join(f"{v} ({kinds[v]})" for v in watched))
     if fixed and bracket.get("head") and fixed != bracket["head"]:
         lines.append(f"  note: the registry's release head is {bracket['head']}, the sweep says {fixed}")
     return "\n".join(lines)
 
 
-def document(experiment: str, outcomes: list[ReleaseOutcome], as_of_date: str | None = None) -> dict:
+def made_by(reg: Registry, experiments: list[str]) -> Provenance:
+    """What makes a sweep's tables: the experiments' probes, the kit, the engine and its driver, the registry,
+    every closure a release may run in (today's and each era's), the harness."""
+    closures = [environments.closure_for_era(reg, None), *(era.constraints for era in reg.eras.values())]
+    return provenance.record(reg.root, provenance.inputs(reg, experiments, provenance.SWEEP_DRIVERS, closures))
+
+
+def document(experiment: str, outcomes: list[ReleaseOutcome], as_of_date: str | None, made: Provenance,
+             parameters: SweepParameters) -> dict:
     return {"schema": SWEEP_SCHEMA.name, "experiment": experiment, "first_fixed": first_fixed(outcomes),
-            "regressions": regressions(outcomes), "as_of": as_of_date,
-            "releases": [o.to_json() for o in outcomes]}
+            "regressions": regressions(outcomes), "flagged": flagged(outcomes), "as_of": as_of_date,
+            "releases": [o.to_json() for o in outcomes],
+            "provenance": made.to_json(), "parameters": parameters.to_json()}

@@ -17,15 +17,24 @@ from .osv import PR_URL, vuln_id
 CONTEXT = "https://openvex.dev/ns/v0.2.0"
 AUTHOR = "pdevidence check"
 VEX_STATUS = {Status.FIXED: "fixed", Status.AFFECTED: "affected", Status.PARTIAL: "under_investigation",
-              Status.UNKNOWN: "under_investigation", Status.CANNOT_RUN: "under_investigation"}
+              Status.UNKNOWN: "under_investigation", Status.CANNOT_RUN: "under_investigation",
+              Status.NOT_AFFECTED: "not_affected"}
 GIT_URL = "git+https://github.com/sgl-project/sglang"
+
+
+def _quote(value: str) -> str:
+    return urllib.parse.quote(value, safe="")
+
+
+def purl_of_release(version: str) -> str:
+    return f"pkg:pypi/sglang@{_quote(version)}"
 
 
 def purl(target: Target) -> str:
     """``pkg:pypi/sglang@<version>``; a path, commit or interpreter goes in as a qualifier."""
-    quote = lambda value: urllib.parse.quote(value, safe="")  # noqa: E731
+    quote = _quote
     if target.kind in ("release", "wheel"):
-        return f"pkg:pypi/sglang@{quote(target.resolved)}"
+        return purl_of_release(target.resolved)
     if target.kind == "git":
         return f"pkg:pypi/sglang?vcs_url={quote(f'{GIT_URL}@{target.resolved}')}"
     if target.kind == "path":
@@ -58,19 +67,24 @@ def statement(reg: Registry, result: CheckResult, index: int) -> dict:
         "status": VEX_STATUS[e.status],
         "status_notes": notes,
     }
+    if e.status is Status.NOT_AFFECTED:  # OpenVEX requires a justification or an impact statement
+        found["justification"] = e.justification
+        found["impact_statement"] = "; ".join(e.evidence)
     if e.status is Status.AFFECTED:
         found["action_statement"] = (f"Upgrade to an SGLang release with PR #{exp.pr} (see the OSV record "
                                      f"{vuln_id(exp)}) or apply the PR, then rerun `python -m pdevidence check`.")
     return found
 
 
-def document(reg: Registry, result: CheckResult, timestamp: str) -> dict:
+def document(reg: Registry, result: CheckResult | list[CheckResult], timestamp: str) -> dict:
+    """One document for one check or several: one statement per experiment and product checked."""
+    checked = result if isinstance(result, list) else [result]
     body = {
         "@context": CONTEXT,
         "author": AUTHOR,
         "timestamp": timestamp,
         "version": 1,
-        "statements": [statement(reg, result, i) for i in range(len(result.experiments))],
+        "statements": [statement(reg, r, i) for r in checked for i in range(len(r.experiments))],
     }
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
     return {"@id": f"https://openvex.dev/docs/public/vex-{digest}", **body}

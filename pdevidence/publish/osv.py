@@ -2,17 +2,21 @@
 
 Pure functions from (registry experiment, sweep table, evidence hashes) to an
 OSV dict; ``publish`` writes them to ``results/osv/``. Everything in a record
-comes from its inputs (no wall clock), so the published bytes are reproducible.
+comes from its inputs, except that ``publish`` sets ``modified`` to when the
+record's content last changed: the previous record's when nothing else did.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from packaging.version import Version
 
+from ..core import clock
 from ..core.errors import HarnessError
 from ..core.files import dumps, relative, sha256_file, write_atomic
+from ..core.paths import results_dir
 from ..documents.tables import ReleaseOutcome, SweepTable
 from ..documents.vocabulary import LACKS_FIX, Classification
 from ..registry import Experiment, Registry
@@ -32,12 +36,12 @@ def vuln_id(exp: Experiment) -> str:
 
 
 def events(releases: list[ReleaseOutcome]) -> list[dict]:
-    """ECOSYSTEM range events from the classified releases: introduced 0, then every switch.
-
-    A release that is pre-fix (or partly so) after a fixed one re-opens the range: a regression.
-    Releases that matched neither side or failed say nothing and change nothing.
+    """ECOSYSTEM range events from the classified releases: introduced at the first release that
+    behaves pre-fix (observed, not assumed: a release without the vulnerable path is not affected),
+    then every switch. A release that is pre-fix (or partly so) after a fixed one re-opens the range:
+    a regression. Releases that matched neither side, raised or failed say nothing and change nothing.
     """
-    found, affected = [{"introduced": "0"}], True
+    found, affected = [], False
     for entry in sorted(releases, key=lambda r: Version(r.version)):
         if entry.classification is Classification.FIXED and affected:
             found.append({"fixed": entry.version})
@@ -60,6 +64,11 @@ def modified(table: SweepTable) -> str:
 def record(exp: Experiment, table: SweepTable, hashes: dict[str, str]) -> dict:
     releases = table.releases
     seen = [r.version for r in releases if r.classification in LACKS_FIX]
+    if not seen:
+        raise HarnessError(f"no release of the sweep behaves pre-fix for {exp.name}: an OSV record would name "
+                           "no affected range", todo="check the sweep table; publish needs a release observed "
+                           "to lack the fix")
+    not_affected = [r.version for r in releases if r.classification is Classification.NOT_AFFECTED]
     probed = [r.version for r in releases]
     fixed = table.first_fixed
     details = [
@@ -70,8 +79,11 @@ def record(exp: Experiment, table: SweepTable, hashes: dict[str, str]) -> dict:
         f"First release that behaves as fixed: {fixed or 'none yet'}."
         + (f" Releases that behave as pre-fix again after it (regressions): {', '.join(table.regressions)}."
            if table.regressions else ""),
-        f"Releases before {probed[0]} were not probed; the range starts at 0 because the fix did not exist "
-        "before the PR. Backports, forks and source builds can differ from their version number: "
+        f"The range opens at the first release observed to behave pre-fix ({seen[0] if seen else 'none'}); "
+        + (f"releases before it lack the vulnerable path ({', '.join(not_affected)}: the sweep names the "
+           "observation that shows it) or were not probed. " if not_affected else
+           f"releases before {probed[0]} were not probed. ")
+        + "Backports, forks and source builds can differ from their version number: "
         "`python -m pdevidence check` runs the probes on the build you have.",
     ]
     return {
@@ -109,17 +121,38 @@ def records(registry: Registry, sweep_docs: dict[str, SweepTable], hashes: dict[
             for name, exp in registry.experiments.items() if name in sweep_docs}
 
 
-def write_records(reg: Registry, published: Path) -> list[Path]:
-    """An OSV record per published sweep table, into ``results/osv/``, with the published evidence's hashes."""
+def keep_modified(rec: dict, before: Path, now: str) -> dict:
+    """``modified`` is when the record's content last changed: the previous record's when nothing else did,
+    else ``now``."""
+    try:
+        old = json.loads(before.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        old = None
+    if isinstance(old, dict) and isinstance(old.get("modified"), str) and \
+            {**old, "modified": None} == {**rec, "modified": None}:
+        return {**rec, "modified": old["modified"]}
+    return {**rec, "modified": now}
+
+
+def write_records(reg: Registry, published: Path, previous: Path | None = None) -> list[Path]:
+    """An OSV record per sweep table in ``published``, into its ``osv/``, with that evidence's hashes.
+
+    The hashes name the files as published (results/...). With ``previous`` (the results/ being
+    replaced), a record whose content equals the one there keeps its ``modified``; any other is
+    modified now.
+    """
     tables = {}
     for name in reg.experiments:
         path = published / f"sweep-{name}.json"
         if path.exists():
             tables[name] = SweepTable.load(path)
-    hashes = {relative(p, reg.root): sha256_file(p) for p in sorted(published.glob("*.json"))
+    shown = results_dir(reg.root)
+    hashes = {relative(shown / p.name, reg.root): sha256_file(p) for p in sorted(published.glob("*.json"))
               if not p.name.startswith("report.")}
-    written = []
+    written, now = [], clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
     for filename, rec in records(reg, tables, hashes).items():
+        if previous is not None:
+            rec = keep_modified(rec, previous / OSV_DIR / filename, now)
         write_atomic(published / OSV_DIR / filename, dumps(rec))
         written.append(published / OSV_DIR / filename)
     return written

@@ -106,7 +106,11 @@ def sweep_text(sweep: dict, dash: str = "–") -> str:
     parts = [f"{a} {cls}" if a == b else f"{a}{dash}{b} {cls}" for a, b, cls in spans]
     text = f"release sweep ({len(sweep['releases'])} releases): " + ", ".join(parts)
     text += f"; first fixed {sweep['first_fixed']}" if sweep["first_fixed"] else "; no release behaves as fixed"
-    if sweep.get("regressions"):
+    kinds = {r["version"]: r["classification"] for r in sweep["releases"]}
+    if sweep.get("flagged"):
+        text += f"; release watch, not fixed after {sweep['first_fixed']}: " \
+            + ", ".join(f"{v} ({kinds.get(v)})" for v in sweep["flagged"])
+    elif sweep.get("regressions"):  # tables written before the release watch (schema 1 and 2)
         text += "; pre-fix again after a fixed release: " + ", ".join(sweep["regressions"])
     return text
 
@@ -116,6 +120,8 @@ def mutation_text(table: dict) -> str:
     survived = [m["id"] for m in table["mutants"] if m["status"] == "survived"]
     text = (f"mutants: the probe kills {score['killed']} of {score['applicable']} applicable "
             f"({score['total']} declared)")
+    if "only_raising" in score:  # tables since schema 2 count kills only by raising apart
+        text += f", {score['by_observation']} by observation and {score['only_raising']} only by raising"
     return text + (f"; survived: {', '.join(survived)}" if survived else "")
 
 

@@ -100,5 +100,8 @@ def gather(reg: Registry, report: dict, *, runs: Path, published: Path) -> Repor
         sources += [runs / c["file"] for c in pair["cells"].values() if (runs / c["file"]).is_file()]
     for entry in report.get("upstream", []):
         sources += [runs / s["file"] for s in entry["sides"].values() if s and "file" in s]
+    # Files read from a staged publish are named where they are published.
+    shown = [results_dir(reg.root) / p.relative_to(published) if p.is_relative_to(published) else p
+             for p in sources]
     return ReportInputs(scenario_notes(reg, report, runs), sweeps, mutations,
-                        sorted({relative(p, reg.root) for p in sources}))
+                        sorted({relative(p, reg.root) for p in shown}))

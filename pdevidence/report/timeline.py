@@ -16,7 +16,8 @@ SIDE_STATE = {"base": Behaviour.PRE_FIX, "head": Behaviour.FIXED}
 # A release's overall classification, for sweep tables without per-scenario data (schema 1).
 RELEASE_STATE = {Classification.PRE_FIX: Behaviour.PRE_FIX, Classification.FIXED: Behaviour.FIXED,
                  Classification.NEITHER: Behaviour.NEITHER, Classification.PARTIAL: Behaviour.NEITHER,
-                 Classification.FAILED: Behaviour.ERROR}
+                 Classification.ERROR: Behaviour.ERROR, Classification.FAILED: Behaviour.ERROR,
+                 Classification.NOT_AFFECTED: Behaviour.NOT_AFFECTED}
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,10 @@ def pair_state(pair: dict, sid: str, side: str) -> Behaviour:
 
 
 def release_state(release: dict, sid: str) -> Behaviour:
-    """Per-scenario data where the table has it (schema 2), else the release's overall classification."""
+    """Per-scenario data where the table has it (schema 2), else the release's overall classification;
+    a release without the vulnerable path is not affected in every row."""
+    if release["classification"] == Classification.NOT_AFFECTED.value:
+        return Behaviour.NOT_AFFECTED
     per_scenario = release.get("scenarios") or {}
     if sid in per_scenario:
         return Behaviour(per_scenario[sid])

@@ -1,0 +1,164 @@
+"""Which side a tree behaves like: per telling scenario, per release, and the release watch.
+
+A tree's result is judged against the published base and head results on the
+scenarios that tell them apart: per scenario pre-fix (observes what base
+observes), fixed (what head observes), neither, or error (it raised); per tree
+pre-fix, fixed, partial (some of each), neither, or error (a telling scenario
+raised: named, with the others' behaviour beside it). The sweep and ``check``
+both judge through here; the release watch (``flagged``) names every release
+after the first fixed one that is not fixed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, INCOMPLETE, RELEASE_WATCH, HarnessError
+from ..core.errors import integrity as integrity_error
+from ..core.files import relative, sha256_file
+from ..documents import integrity, results
+from ..documents.provenance import stale_error
+from ..documents.receipts import Receipt
+from ..documents.tables import ReleaseOutcome, first_fixed, flagged
+from ..documents.vocabulary import Behaviour, Classification
+from ..registry import SIDES, Experiment, NotAffected, Registry
+from .compare import expected_file, same
+
+
+def signature(doc: dict, telling: dict[str, list[str] | None]) -> dict[str, object]:
+    """The observations that decide: per scenario, the named keys (or all of them)."""
+    out = {}
+    for sid, keys in telling.items():
+        observed = doc["scenarios"].get(sid, {}).get("observed") or {}
+        out[sid] = observed if keys is None else {k: observed.get(k) for k in keys}
+    return out
+
+
+def telling_scenarios(base: dict, head: dict, exp: Experiment | None = None) -> dict[str, list[str] | None]:
+    """What tells base from head: the registry's changing scenarios on their declared keys,
+    else every scenario whose observations differ. Tree facts and controls do not decide."""
+    if exp is not None and any(e.changes for e in exp.expect.values()):
+        return {sid: sorted(set(e.base) | set(e.head)) for sid, e in sorted(exp.expect.items()) if e.changes}
+    return {sid: None for sid in sorted(set(base["scenarios"]) | set(head["scenarios"]))
+            if not same(base["scenarios"].get(sid, {}).get("observed"), head["scenarios"].get(sid, {}).get("observed"))}
+
+
+def behaviours(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -> dict[str, Behaviour]:
+    """Per telling scenario: did ``doc`` do what base did, what head did, neither, or raise?"""
+    telling = telling_scenarios(base, head, exp)
+    got, was, now = signature(doc, telling), signature(base, telling), signature(head, telling)
+    out = {}
+    for sid in telling:
+        if (doc["scenarios"].get(sid) or {}).get("error") is not None:
+            out[sid] = Behaviour.ERROR
+        elif same(got[sid], was[sid]):
+            out[sid] = Behaviour.PRE_FIX
+        elif same(got[sid], now[sid]):
+            out[sid] = Behaviour.FIXED
+        else:
+            out[sid] = Behaviour.NEITHER
+    return out
+
+
+def overall(found: dict[str, Behaviour]) -> Classification:
+    """A raise anywhere is an error (never folded into neither); then neither, then the sides."""
+    kinds = set(found.values())
+    if Behaviour.ERROR in kinds:
+        return Classification.ERROR
+    if Behaviour.NEITHER in kinds or not kinds:
+        return Classification.NEITHER
+    if kinds == {Behaviour.PRE_FIX}:
+        return Classification.PRE_FIX
+    if kinds == {Behaviour.FIXED}:
+        return Classification.FIXED
+    return Classification.PARTIAL
+
+
+def raised(doc: dict, found: dict[str, Behaviour]) -> str | None:
+    """What the erroring telling scenarios raised, one ``sid: Type: message`` each."""
+    errors = [f"{sid}: {doc['scenarios'][sid]['error']['type']}: {doc['scenarios'][sid]['error']['message']}"
+              for sid, b in found.items() if b is Behaviour.ERROR]
+    return "; ".join(errors) or None
+
+
+def not_affected(doc: dict, exp: Experiment | None) -> list[NotAffected]:
+    """The registry's rules whose observation holds on ``doc``: the vulnerable path is not in this tree."""
+    return [rule for rule in (exp.not_affected.values() if exp else ()) if rule.holds(doc)]
+
+
+def evidence(rules: list[NotAffected]) -> list[str]:
+    return [f"{r.scenario}.{r.key} = {r.value!r}: {r.why} ({r.justification.value})" for r in rules]
+
+
+def classify(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -> ReleaseOutcome:
+    found = behaviours(doc, base, head, exp)
+    rules = not_affected(doc, exp)
+    if rules:
+        return ReleaseOutcome(doc["tree"]["resolved"], Classification.NOT_AFFECTED, found, [], None, evidence(rules))
+    differing = [sid for sid, b in found.items() if b in (Behaviour.NEITHER, Behaviour.ERROR)]
+    return ReleaseOutcome(doc["tree"]["resolved"], overall(found), found, differing, raised(doc, found))
+
+
+def watch_exit(outcomes: list[ReleaseOutcome]) -> int:
+    """The sweep's exit code for one experiment: a flagged release outranks no fixed release at all."""
+    if flagged(outcomes):
+        return RELEASE_WATCH
+    return CONFIRMED if first_fixed(outcomes) else BEHAVIOUR_DIFFERS
+
+
+REFERENCES = ("published", "fresh")  # what the sweep and check judge against: results/, or runs/ (republishing)
+
+
+@dataclass(frozen=True)
+class References:
+    """The base and head result documents a build is judged against, and each file's SHA-256 (by name)."""
+
+    docs: dict[str, dict]  # side -> result document
+    digests: dict[str, str]
+
+    @property
+    def base(self) -> dict:
+        return self.docs["base"]
+
+    @property
+    def head(self) -> dict:
+        return self.docs["head"]
+
+
+def references(reg: Registry, exp: Experiment, directory: Path, *, fresh: bool = False) -> References:
+    """The registry's release-backed base and head results, verified before anything is judged by them.
+
+    Published (``results/``): each file and its receipt must match SHA256SUMS.txt and load (else exit 5,
+    naming it). Fresh (``runs/``, while republishing): each must load with its receipt. Either way the
+    receipt must record this checkout's probe, kit, registry, constraints and harness (else exit 8).
+    """
+    docs, digests, stale = {}, {}, {}
+    for side in SIDES:
+        path = directory / expected_file(exp, side, "release")
+        if not path.exists():
+            todo = ("run `nox -s matrix` first" if fresh else
+                    f"run `nox -s \"release({exp.name}, {side})\"` and `nox -s publish` first")
+            raise HarnessError(f"the {'fresh' if fresh else 'published'} {side} result {path.name} is missing",
+                               code=INCOMPLETE, todo=todo)
+        receipt = results.receipt_path(path)
+        if not fresh:
+            for file in (path, receipt):
+                why = integrity.problem(reg.root, relative(file, reg.root))
+                if why:
+                    raise integrity_error(f"the published reference {relative(file, reg.root)} fails verification: "
+                                          f"{why}", todo="restore it from git (`git checkout -- results/`) "
+                                          "or republish; nothing was judged")
+        try:
+            docs[side] = results.load(path, experiment=exp.name)
+            made = Receipt.load(receipt, experiment=exp.name, side=side)
+        except HarnessError as exc:
+            raise integrity_error(f"the {'fresh' if fresh else 'published'} reference {relative(path, reg.root)} "
+                                  f"is not valid: {exc.what}", todo=exc.todo) from None
+        digests[path.name] = sha256_file(path)
+        why = made.stale(reg.root)
+        if why:
+            stale[relative(receipt, reg.root)] = why
+    if stale:
+        raise stale_error(stale, reg, what="reference results")
+    return References(docs, digests)

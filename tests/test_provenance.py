@@ -1,0 +1,355 @@
+"""Verdicts that cannot lie: evidence records what made it, publish is a transaction over a declared set,
+and references are verified before anything is judged by them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from synthetic import (
+    MUTATIONS,
+    OPENVEX,
+    REGISTRY,
+    make_project,
+    mutations_doc,
+    sweep_doc,
+    write_cell,
+    write_sweep,
+    write_table,
+)
+
+from pdevidence import cli, registry
+from pdevidence.core import clock, errors
+from pdevidence.documents import integrity, provenance
+from pdevidence.documents.receipts import Receipt
+from pdevidence.documents.tables import MutationTable, SweepTable
+from pdevidence.judge import classify
+from pdevidence.publish import publish
+
+# The demo registry with what a full publish declares besides cells and sweep: a mutant and an OpenVEX example.
+FULL = REGISTRY.replace('release_floor = "1.0.0"', 'release_floor = "1.0.0"\nopenvex_example = "1.1.0"') + """
+[experiments.demo.mutants.M1]
+title = "drop the door check"
+kind = "removes-fix"
+target = "sglang:retire"
+operator = "noop"
+"""
+
+
+def fresh_set(project: Path) -> None:
+    """Everything the full registry declares, fresh in runs/, as the republish sequence leaves it."""
+    for side in ("base", "head"):
+        write_cell(project / "runs", side)
+    write_sweep(project / "runs" / "sweep-demo.json")
+    write_table(project / "runs" / "mutate.demo.json", mutations_doc(project))
+    write_table(project / "runs" / "openvex-sglang-1.1.0.json", OPENVEX)
+
+
+@pytest.fixture
+def project(tmp_path):
+    project = make_project(tmp_path / "project", FULL)
+    fresh_set(project)
+    return project
+
+
+def run(project: Path, *argv: str) -> int:
+    return cli.main(["--root", str(project), *argv])
+
+
+def snapshot(project: Path) -> dict[str, bytes]:
+    files = [p for p in (project / "results").rglob("*") if p.is_file()] + [project / integrity.SUMS_FILE]
+    return {p.relative_to(project).as_posix(): p.read_bytes() for p in files if p.exists()}
+
+
+# ---------------------------------------------------------------- provenance, recorded and cross-checked
+
+
+def test_a_receipt_records_what_made_it_and_names_each_input_that_changed(project):
+    receipt = Receipt.load(project / "runs" / "demo.base.release-1.0.0.receipt.json")
+    assert set(receipt.provenance.files) == {"probes/probe_demo.py", "probes/_probekit.py", "experiments.toml",
+                                             "constraints/cells.txt"}
+    assert receipt.stale(project) == []
+    (project / "probes" / "probe_demo.py").write_text("print('a comment changed')\n")
+    (project / "probes" / "_probekit.py").write_text("# another kit\n")
+    why = receipt.stale(project)
+    assert [line.split(":")[0] for line in why] == ["probes/_probekit.py", "probes/probe_demo.py"]
+    assert "made by another probe" in why[1] and "made by another probe kit" in why[0]
+
+
+def test_another_harness_makes_every_document_stale(project, monkeypatch):
+    receipt = Receipt.load(project / "runs" / "demo.base.release-1.0.0.receipt.json")
+    monkeypatch.setattr(provenance, "harness_digest", lambda: "1" * 64)
+    assert receipt.stale(project) == [f"made by another harness: {provenance.HARNESS_NAME} recorded "
+                                      f"{receipt.provenance.harness[:12]}, this checkout 111111111111"]
+
+
+def test_old_documents_load_through_their_upgrade_steps_and_are_stale(project):
+    old = json.loads((project / "runs" / "demo.base.release-1.0.0.receipt.json").read_text())
+    old["schema"] = "pdevidence-receipt/2"
+    del old["provenance"]
+    receipt = Receipt.from_doc(old, source="old")
+    assert receipt.provenance is None and receipt.stale(project) == [
+        "it records no provenance (written before documents recorded what made them)"]
+    table = MutationTable.from_doc(MUTATIONS, source="old")
+    assert (table.provenance, table.parameters) == (None, None)
+    assert table.stale(project, "probes/probe_demo.py")
+
+
+def test_a_current_table_must_record_what_made_it(project):
+    doc = sweep_doc(project)
+    del doc["provenance"]
+    with pytest.raises(errors.HarnessError, match="missing 'provenance'"):
+        SweepTable.from_doc(doc, source="t")
+
+
+def test_the_issue_a_changed_probe_is_never_blessed_by_checksums(project, capsys):
+    """Change a probe (even a comment), run checksums as the error suggests: verify must still refuse."""
+    assert run(project, "publish") == errors.CONFIRMED
+    (project / "probes" / "probe_demo.py").write_text("print('demo probe')  # a comment\n")
+    sums = (project / integrity.SUMS_FILE).read_bytes()
+    assert run(project, "checksums") == errors.STALE
+    err = capsys.readouterr().err
+    assert "results/demo.base.release-1.0.0.receipt.json" in err and "made by another probe" in err
+    assert "nox -s publish" in err
+    assert (project / integrity.SUMS_FILE).read_bytes() == sums
+    (project / integrity.SUMS_FILE).write_text(integrity.render(project))  # blessed by hand
+    assert run(project, "verify") == errors.STALE
+    assert run(project, "compare") == errors.STALE
+
+
+def test_a_tampered_published_file_is_5_before_it_is_stale(project, capsys):
+    assert run(project, "publish") == errors.CONFIRMED
+    (project / "probes" / "probe_demo.py").write_text("print('changed')\n")
+    (project / "results" / "sweep-demo.json").write_text("{}\n")
+    assert run(project, "verify") == errors.INTEGRITY
+    assert "results/sweep-demo.json" in capsys.readouterr().err
+
+
+def test_compare_refuses_fresh_cells_made_by_another_probe(project, capsys):
+    (project / "probes" / "probe_demo.py").write_text("print('changed')\n")
+    assert run(project, "compare") == errors.STALE
+    assert "runs/demo.base.release-1.0.0.receipt.json" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- references verified before use
+
+
+@pytest.fixture
+def published(project):
+    assert run(project, "publish") == errors.CONFIRMED
+    return registry.load(project)
+
+
+def test_the_published_references_are_verified_before_use(published):
+    refs = classify.references(published, published.experiment("demo"), published.root / "results")
+    assert refs.base["side"] == "base" and set(refs.digests) == {"demo.base.release-1.0.0.json",
+                                                                 "demo.head.release-1.1.0.json"}
+
+
+def test_a_tampered_reference_is_5_naming_it(published):
+    path = published.root / "results" / "demo.head.release-1.1.0.json"
+    doc = json.loads(path.read_text())
+    doc["scenarios"]["D1"]["observed"]["retired"] = False
+    path.write_text(json.dumps(doc))
+    with pytest.raises(errors.HarnessError, match="results/demo.head.release-1.1.0.json") as caught:
+        classify.references(published, published.experiment("demo"), published.root / "results")
+    assert caught.value.code == errors.INTEGRITY
+
+
+def test_a_stale_reference_is_8_naming_it(published):
+    (published.root / "probes" / "probe_demo.py").write_text("print('changed')\n")
+    with pytest.raises(errors.HarnessError, match="results/demo.base.release-1.0.0.receipt.json") as caught:
+        classify.references(published, published.experiment("demo"), published.root / "results")
+    assert caught.value.code == errors.STALE
+    assert "--references fresh" in caught.value.todo
+
+
+@pytest.mark.parametrize("command", [["check", "--python", sys.executable], ["sweep", "1.1.0"]])
+def test_check_and_sweep_refuse_a_tampered_or_stale_reference_before_running_anything(published, capsys, command):
+    root = published.root
+    receipt = root / "results" / "demo.head.release-1.1.0.receipt.json"
+    receipt.write_text(receipt.read_text().replace('"exit_status": 0', '"exit_status": 0 '))
+    assert run(root, *command) == errors.INTEGRITY
+    assert "results/demo.head.release-1.1.0.receipt.json" in capsys.readouterr().err
+    (root / integrity.SUMS_FILE).write_text(integrity.render(root))
+    (root / "experiments.toml").write_text(FULL + "\n# a comment\n")
+    (root / integrity.SUMS_FILE).write_text(integrity.render(root))  # even blessed: made by another registry
+    assert run(root, *command) == errors.STALE
+    assert "experiments.toml: made by another registry" in capsys.readouterr().err
+    assert not (root / "runs" / "check").exists() and not (root / "runs" / "sweep").exists()
+
+
+def test_fresh_references_need_no_sums_but_must_be_current(project):
+    reg = registry.load(project)
+    refs = classify.references(reg, reg.experiment("demo"), project / "runs", fresh=True)
+    assert refs.head["side"] == "head"
+    (project / "experiments.toml").write_text(FULL + "\n# a comment\n")
+    reg = registry.load(project)
+    with pytest.raises(errors.HarnessError, match="made by another registry") as caught:
+        classify.references(reg, reg.experiment("demo"), project / "runs", fresh=True)
+    assert caught.value.code == errors.STALE
+
+
+# ---------------------------------------------------------------- publish: a declared set
+
+
+def test_publish_publishes_exactly_the_declared_set(project):
+    (project / "runs" / "openvex-python-0123456789ab.json").write_text(json.dumps(OPENVEX))  # a private check
+    (project / "runs" / "sweep").mkdir()
+    (project / "runs" / "sweep" / "demo.sweep.release-1.0.1.json").write_text("{}\n")
+    assert run(project, "publish") == errors.CONFIRMED
+    top = project / "results"
+    assert sorted(p.relative_to(top).as_posix() for p in top.rglob("*") if p.is_file()) == [
+        "demo.base.release-1.0.0.json", "demo.base.release-1.0.0.receipt.json",
+        "demo.head.release-1.1.0.json", "demo.head.release-1.1.0.receipt.json",
+        "mutate.demo.json", "openvex-sglang-1.1.0.json", "osv/PDEVIDENCE-2026-1.json",
+        "report.json", "report.md", "report.svg", "sweep-demo.json"]
+    integrity.verify(project)
+    assert "results/sweep-demo.json" in json.loads((top / "report.json").read_text())["made_by"]["sources"]
+
+
+@pytest.mark.parametrize("name", ["sweep-demo.json", "mutate.demo.json", "openvex-sglang-1.1.0.json"])
+def test_a_declared_file_neither_fresh_nor_published_is_incomplete(project, capsys, name):
+    (project / "runs" / name).unlink()
+    assert run(project, "publish") == errors.INCOMPLETE
+    assert name in capsys.readouterr().err
+    assert not any((project / "results").iterdir())
+
+
+def test_a_declared_file_not_rerun_is_kept_as_published(project):
+    assert run(project, "publish") == errors.CONFIRMED
+    kept = (project / "results" / "mutate.demo.json").read_bytes()
+    (project / "runs" / "mutate.demo.json").unlink()
+    assert run(project, "publish") == errors.CONFIRMED
+    assert (project / "results" / "mutate.demo.json").read_bytes() == kept
+
+
+@pytest.mark.parametrize(("name", "drop"), [("sweep-demo.json", "releases"), ("mutate.demo.json", "score"),
+                                            ("openvex-sglang-1.1.0.json", "@context")])
+def test_a_malformed_declared_file_is_refused_by_name_before_anything_is_published(project, capsys, name, drop):
+    path = project / "runs" / name
+    path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != drop}))
+    assert run(project, "publish") == errors.INTEGRITY
+    assert f"runs/{name}" in capsys.readouterr().err
+    assert not any((project / "results").rglob("*")) and not (project / integrity.SUMS_FILE).exists()
+
+
+def test_a_sweep_table_made_by_another_driver_is_refused(project, capsys):
+    (project / "probes" / "engine.py").write_text("# another engine\n")
+    assert run(project, "publish") == errors.STALE
+    err = capsys.readouterr().err
+    assert "runs/sweep-demo.json" in err and "probes/engine.py: made by another driver" in err
+
+
+def test_a_partial_sweep_is_refused(project, capsys):
+    write_sweep(project / "runs" / "sweep-demo.json", explicit=True)
+    assert run(project, "publish") == errors.INCOMPLETE
+    assert "partial sweep" in capsys.readouterr().err
+
+
+def test_a_sweep_covering_fewer_releases_than_the_published_one_is_refused(project, capsys):
+    doc = sweep_doc(project)
+    doc["releases"] = [{"version": "0.9.0", "classification": "pre-fix", "scenarios": {"D1": "pre-fix"},
+                        "differing": [], "error": None}, *doc["releases"]]
+    write_table(project / "runs" / "sweep-demo.json", doc)
+    assert run(project, "publish") == errors.CONFIRMED
+    write_sweep(project / "runs" / "sweep-demo.json")  # only 1.0.0 and 1.1.0
+    assert run(project, "publish") == errors.INCOMPLETE
+    assert "fewer releases than the published one (missing 0.9.0)" in capsys.readouterr().err
+
+
+def test_a_sweep_judged_against_other_results_than_those_published_is_refused(project, capsys):
+    write_sweep(project / "runs" / "sweep-demo.json")
+    doc = json.loads((project / "runs" / "demo.head.release-1.1.0.json").read_text())
+    doc["scenarios"]["D2"]["title"] = "retitled"
+    write_cell(project / "runs", "head", doc)
+    assert run(project, "publish") == errors.STALE
+    assert "judged against another demo.head.release-1.1.0.json" in capsys.readouterr().err
+
+
+def test_an_openvex_document_of_another_product_is_refused(project, capsys):
+    private = {**OPENVEX, "statements": [{"status": "fixed", "products": [
+        {"@id": "pkg:pypi/sglang@1.1.0?interpreter=%2Fhome%2Fme%2Fvenv%2Fbin%2Fpython"}]}]}
+    write_table(project / "runs" / "openvex-sglang-1.1.0.json", private)
+    assert run(project, "publish") == errors.INTEGRITY
+    assert "not the documented example pkg:pypi/sglang@1.1.0" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- publish: a transaction
+
+
+class Crash(Exception):
+    pass
+
+
+def test_a_crash_at_any_step_leaves_results_as_it_was(project, tmp_path, monkeypatch):
+    monkeypatch.setattr(clock, "now", lambda: datetime(2026, 11, 1, tzinfo=timezone.utc))
+    assert run(project, "publish") == errors.CONFIRMED
+    doc = sweep_doc(project)
+    doc["as_of"] = "2026-10-02T00:00:00Z"
+    write_table(project / "runs" / "sweep-demo.json", doc)
+    before = snapshot(project)
+
+    calls: list[str] = []
+    real = {"replace": os.replace, "rename": os.rename, "rmtree": shutil.rmtree}
+
+    def arm(at: int | None) -> None:
+        def wrap(name):
+            def step(*args, **kwargs):
+                calls.append(f"{name} {args[-1] if name != 'rmtree' else args[0]}")
+                if at is not None and len(calls) - 1 == at:
+                    raise Crash(calls[-1])
+                return real[name](*args, **kwargs)
+            return step
+        calls.clear()
+        monkeypatch.setattr(os, "replace", wrap("replace"))
+        monkeypatch.setattr(os, "rename", wrap("rename"))
+        monkeypatch.setattr(shutil, "rmtree", wrap("rmtree"))
+
+    def disarm() -> None:
+        for name, fn in real.items():
+            monkeypatch.setattr(shutil if name == "rmtree" else os, name, fn)
+
+    reg = registry.load(project)
+    copies = tmp_path / "copies"
+    shutil.copytree(project, copies / "template")
+    arm(None)
+    publish.publish(reg, project / "runs", "release")
+    disarm()
+    steps, after = list(calls), snapshot(project)
+    commit = next(i for i, c in enumerate(steps) if c.startswith("replace") and c.endswith(integrity.SUMS_FILE))
+    assert after != before
+    for at in range(len(steps)):
+        root = copies / str(at)
+        shutil.copytree(copies / "template", root)
+        arm(at)
+        with pytest.raises(Crash):
+            publish.publish(registry.load(root), root / "runs", "release")
+        disarm()
+        publish.recover(root)
+        got = snapshot(root)
+        assert got == (after if at > commit else before), f"crash at step {at}: {steps[at]}"
+        integrity.verify(root)
+        assert not (root / publish.STAGING).exists() and not (root / publish.OLD).exists()
+        shutil.rmtree(root)
+
+
+def test_osv_modified_is_when_the_record_last_changed(project, monkeypatch):
+    monkeypatch.setattr(clock, "now", lambda: datetime(2026, 11, 1, tzinfo=timezone.utc))
+    assert run(project, "publish") == errors.CONFIRMED
+    record = project / "results" / "osv" / "PDEVIDENCE-2026-1.json"
+    assert json.loads(record.read_text())["modified"] == "2026-11-01T00:00:00Z"
+    monkeypatch.setattr(clock, "now", lambda: datetime(2026, 12, 1, tzinfo=timezone.utc))
+    assert run(project, "publish") == errors.CONFIRMED  # the same evidence: the record did not change
+    assert json.loads(record.read_text())["modified"] == "2026-11-01T00:00:00Z"
+    doc = sweep_doc(project)
+    doc["as_of"] = "2026-11-15T00:00:00Z"
+    doc["releases"].append({**doc["releases"][-1], "version": "1.2.0"})
+    write_table(project / "runs" / "sweep-demo.json", doc)
+    assert run(project, "publish") == errors.CONFIRMED
+    assert json.loads(record.read_text())["modified"] == "2026-12-01T00:00:00Z"
