@@ -1,6 +1,7 @@
 """Shared machinery of the differential probes: scenarios, recorders, output.
 
-Nothing here imports SGLang, so it can be tested on its own. A probe script
+Nothing here imports SGLang at import time, so it can be tested on its own (the
+server-args helpers import it when a probe's ``prepare()`` calls them). A probe script
 defines its scenarios with ``@scenario`` and calls ``main``; ``main`` isolates
 every scenario, blocks the network and writes a deterministic result document.
 """
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -46,6 +49,8 @@ class ScenarioSet:
 
     experiment: str
     scenarios: list[Scenario] = field(default_factory=list)
+    # How the probe drove this tree where it differs from today's SGLang (short stable names).
+    adaptations: set[str] = field(default_factory=set)
 
     def scenario(self, scenario_id: str, title: str):
         def register(fn: Callable[[Observed], None]):
@@ -55,6 +60,10 @@ class ScenarioSet:
             return fn
 
         return register
+
+    def adapted(self, name: str) -> None:
+        """Name an adaptation that ran: the result lists it, so a reader sees how the tree was driven."""
+        self.adaptations.add(name)
 
 
 class Recorder:
@@ -115,6 +124,71 @@ def swapped(owner: Any, **attrs: Any):
             setattr(owner, name, value)
 
 
+def server_args(ServerArgs: type, adapt: Callable[[str], None], **kwargs: Any) -> Any:
+    """``ServerArgs(**kwargs)``, or where the tree cannot build one on this machine its dataclass defaults.
+
+    Up to 0.4.10 ``__post_init__`` asks for an accelerator (RuntimeError without one) and loads the
+    model's config (OSError offline); the probed doors and result paths read only plain fields.
+    """
+    try:
+        return ServerArgs(**kwargs)
+    except (RuntimeError, OSError):
+        adapt("server-args-defaults")
+    args = object.__new__(ServerArgs)
+    for f in dataclasses.fields(ServerArgs):
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            value = None
+        object.__setattr__(args, f.name, value)
+    for name, value in dict(kwargs, device="cpu").items():
+        object.__setattr__(args, name, value)
+    return args
+
+
+def publish_server_args(args: Any, adapt: Callable[[str], None], *, role: str, reset: bool = False) -> None:
+    """Publish server args as a scheduler process would, by the first route the tree has.
+
+    ``runtime_context.publish`` (0.5.17 on); ``get_context().set_server_args`` (0.5.15, 0.5.16);
+    ``set_global_server_args_for_scheduler`` (0.5.4 to 0.5.14); older trees read a module-level dict
+    of defaults and publish nothing.
+    """
+    try:
+        from sglang.srt import runtime_context
+    except ImportError:
+        runtime_context = None
+    if runtime_context is not None and hasattr(runtime_context, "publish"):
+        if reset and hasattr(runtime_context, "reset_context"):
+            runtime_context.reset_context()
+        runtime_context.publish(args, role=role)
+        return
+    get_context = getattr(runtime_context, "get_context", None)
+    if get_context is not None and hasattr(get_context(), "set_server_args"):
+        adapt("publish-set-server-args")
+        get_context().set_server_args(args)
+        return
+    from sglang.srt import server_args as module
+    if hasattr(module, "set_global_server_args_for_scheduler"):
+        adapt("publish-global-server-args")
+        module.set_global_server_args_for_scheduler(args)
+        return
+    adapt("server-args-unpublished")
+
+
+def reads(fn: Callable[..., Any], token: str) -> bool:
+    """Whether ``fn``'s source names ``token``: what a stand-in must carry depends on what the tree reads."""
+    try:
+        return token in inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+
+
+def accepts(fn: Callable[..., Any], name: str) -> bool:
+    return name in inspect.signature(fn).parameters
+
+
 _HEX_ID = re.compile(r"0x[0-9a-fA-F]+")
 _ABS_PATH = re.compile(r"(/[^\s'\"():]+)+/(?=[^/\s'\"():]+)")
 
@@ -169,6 +243,8 @@ def build_document(scenario_set: ScenarioSet, side: str, tree: dict[str, str], e
     stand_ins = _standins.record()
     if stand_ins is not None:  # absent, not empty, where none ran: today's documents keep their bytes
         doc["stand_ins"] = stand_ins
+    if scenario_set.adaptations:  # absent where none ran: today's trees keep their results' bytes
+        doc["adaptations"] = sorted(scenario_set.adaptations)
     doc.update(extra or {})
     return doc
 

@@ -8,6 +8,12 @@ receiver/sender creation and retirement; only the KV sender/receiver classes,
 the KV manager, the tree cache, the allocator, the output streamer and the
 beam coordinator are recording stand-ins.
 
+Older trees (back to 0.4.5) are driven through what they have, each detected
+from the tree, never from its version, and named in the result's `adaptations`
+(e.g. `session-id-only`: the request names its session by id). What a tree
+lacks that a scenario needs is recorded as "absent" (`set_finish_with_abort`,
+`is_rebootstrap`, `is_retracted`), not re-implemented.
+
 Run it by hand against one tree, in a Python 3.12 venv holding the pinned
 closure (`uv pip install -r constraints/cells-py312.txt`) plus SGLang without
 its dependencies, either a release or a source tree:
@@ -24,6 +30,7 @@ then, from the repository root:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 import types
@@ -34,7 +41,8 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _probekit import Observed, Recorder, ScenarioSet, Spy, main, swapped  # noqa: E402
+from _probekit import (Observed, Recorder, ScenarioSet, Spy, accepts, main, publish_server_args,  # noqa: E402
+                       server_args, swapped)
 
 PROBE = ScenarioSet("admission")
 
@@ -54,23 +62,29 @@ def presence(owner, name: str) -> str:
 
 def prepare() -> str:
     import sglang
-    from sglang.srt.disaggregation import fake as fake_transport
+    # First, as a server imports it: 0.4.6's doors import its layers in a circle otherwise.
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.disaggregation import decode as decode_module
+    from sglang.srt.disaggregation import prefill as prefill_module
     from sglang.srt.disaggregation import utils as disagg_utils
     from sglang.srt.disaggregation.decode import DecodePreallocQueue
     from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue
     from sglang.srt.managers import schedule_batch
-    from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.server_args import ServerArgs
 
     # The doors log every rejection; the result document is the record.
     logging.getLogger("sglang").setLevel(logging.CRITICAL)
-    SG.server_args = ServerArgs(model_path="dummy")
-    _publish_runtime_context(SG.server_args)
+    SG.server_args = server_args(ServerArgs, PROBE.adapted, model_path="dummy")
+    # The doors run in the scheduler process, which may read every config bag.
+    publish_server_args(SG.server_args, PROBE.adapted, role="scheduler", reset=True)
     # `set_finish_with_abort` logs on TP rank 0 only, and the live rank comes
     # from a process group no probe has; SGLang's own CPU tests patch this too.
     if hasattr(schedule_batch, "get_parallel"):
         schedule_batch.get_parallel = lambda: SimpleNamespace(tp_rank=0)
+    elif hasattr(schedule_batch, "get_tensor_model_parallel_rank"):  # up to 0.5.15: the group's own rank
+        PROBE.adapted("tp-rank-patch")
+        schedule_batch.get_tensor_model_parallel_rank = lambda: 0
 
     SG.Req = schedule_batch.Req
     SG.FINISH_ABORT = schedule_batch.FINISH_ABORT
@@ -79,34 +93,38 @@ def prepare() -> str:
     SG.DecodePreallocQueue = DecodePreallocQueue
     SG.Scheduler = Scheduler
     SG.utils = disagg_utils
-    SG.fake_transport = fake_transport
-    return sglang.__version__
-
-
-def _publish_runtime_context(server_args) -> None:
-    """Publish server args the way SGLang's CPU unit tests do, where the tree has it."""
+    SG.prefill_module, SG.decode_module = prefill_module, decode_module
     try:
-        from sglang.srt import runtime_context
-    except ImportError:  # trees from before the runtime context read ServerArgs directly
-        return
-    if not hasattr(runtime_context, "publish"):
-        return
-    if hasattr(runtime_context, "reset_context"):
-        runtime_context.reset_context()
-    # The doors run in the scheduler process, which may read every config bag.
-    runtime_context.publish(server_args, role="scheduler")
+        from sglang.srt.disaggregation import fake as fake_transport
+    except ImportError:  # up to 0.4.6 no fake transport to route
+        fake_transport = None
+        # 0.4.6 looks the classes up (get_kv_class, no fake backend); 0.4.5 imports them by name.
+        PROBE.adapted("kv-class-lookup" if hasattr(prefill_module, "get_kv_class") else "named-kv-classes")
+    SG.fake_transport = fake_transport
+    SG.transfer_backend = getattr(disagg_utils, "TransferBackend", None)
+    if SG.transfer_backend is None:  # 0.4.5: one transport, no backend to name
+        PROBE.adapted("no-transfer-backend")
+    return sglang.__version__
 
 
 # ---------------------------------------------------------------- stand-ins
 
 
+SESSION_ID = "probe-session"
+
+
 def make_req(prompt_len: int, session=None):
+    link = {"session": session}
+    if not accepts(SG.Req.__init__, "session"):
+        # Up to 0.5.9 a request names its session by id; the link observed is that id.
+        PROBE.adapted("session-id-only")
+        link = {"session_id": SESSION_ID if session is not None else None}
     req = SG.Req(
         rid="probe-req",
         origin_input_text="",
         origin_input_ids=array("q", range(prompt_len)),
         sampling_params=SG.SamplingParams(max_new_tokens=8),
-        session=session,
+        **link,
     )
     req.bootstrap_host = BOOTSTRAP_HOST
     req.bootstrap_port = BOOTSTRAP_PORT
@@ -114,8 +132,15 @@ def make_req(prompt_len: int, session=None):
     return req
 
 
+class IntakeRejectAbsent(Exception):
+    """Up to 0.4.6 intake rejects inline in `Scheduler.handle_generate_request`: no method to call."""
+
+
 def rejected_req(session=None):
     """A 1500-token request rejected at intake, as the tokenizer-side checks do."""
+    if not hasattr(SG.Req, "set_finish_with_abort"):
+        PROBE.adapted("no-set-finish-with-abort")
+        raise IntakeRejectAbsent()
     req = make_req(1500, session=session)
     req.set_finish_with_abort(REJECT_MSG)
     return req
@@ -124,7 +149,12 @@ def rejected_req(session=None):
 def pending_abort_req():
     """A 16-token request that a running-request abort ("Abort method 3") marked."""
     req = make_req(16)
-    req.to_finish = SG.FINISH_ABORT("Aborted by AbortReq.", HTTPStatus.SERVICE_UNAVAILABLE)
+    if hasattr(req, "to_finish"):
+        req.to_finish = SG.FINISH_ABORT("Aborted by AbortReq.", HTTPStatus.SERVICE_UNAVAILABLE)
+    else:  # up to 0.5.4 that abort is a flag and a message, read when the request next runs
+        PROBE.adapted("to-abort-marker")
+        req.to_abort = True
+        req.to_abort_message = "Aborted by AbortReq."
     return req
 
 
@@ -197,8 +227,23 @@ def stand_in_transport():
     package at call time, so swapping them there replaces only the classes.
     """
     sender, receiver = kv_endpoint_class("kv_sender"), kv_endpoint_class("kv_receiver")
+    if SG.fake_transport is None and hasattr(SG.prefill_module, "get_kv_class"):  # kv-class-lookup
+        def lookup(_backend, class_type):
+            return {"SENDER": sender, "RECEIVER": receiver}.get(class_type.name)
+
+        with swapped(SG.prefill_module, get_kv_class=lookup), swapped(SG.decode_module, get_kv_class=lookup):
+            yield sender, receiver
+        return
+    if SG.fake_transport is None:  # the door modules' own names for the classes (named-kv-classes)
+        with swapped(SG.prefill_module, KVSender=sender), swapped(SG.decode_module, KVReceiver=receiver):
+            yield sender, receiver
+        return
     with swapped(SG.fake_transport, FakeKVSender=sender, FakeKVReceiver=receiver):
         yield sender, receiver
+
+
+def fake_backend():
+    return SG.transfer_backend.FAKE if SG.transfer_backend is not None else None
 
 
 def prefill_queue(sched):
@@ -206,7 +251,7 @@ def prefill_queue(sched):
     q.scheduler = sched
     q.queue = []
     q.kv_manager = SimpleNamespace()
-    q.transfer_backend = SG.utils.TransferBackend.FAKE
+    q.transfer_backend = fake_backend()
     q.tp_rank = 0
     q.pp_rank = 0
     q.bootstrap_port = BOOTSTRAP_PORT
@@ -224,7 +269,9 @@ def decode_queue(sched):
     q.retracted_queue = []
     # No prefill peer resolved yet: a new receiver waits in `pending_reqs`.
     q.kv_manager = SimpleNamespace(prefill_info_table={})
-    q.transfer_backend = SG.utils.TransferBackend.FAKE
+    q.transfer_backend = fake_backend()
+    if SG.fake_transport is None:  # that door builds the receiver's bootstrap address from the queue's port
+        q.bootstrap_port = BOOTSTRAP_PORT
     # Not an SWA pool, so the capacity check takes its plain full-KV branch.
     q.token_to_kv_pool = SimpleNamespace()
     q.token_to_kv_pool_allocator = SimpleNamespace(
@@ -282,7 +329,11 @@ def offer_prefill(req, observed: Observed) -> None:
     q = prefill_queue(sched)
     with stand_in_transport() as (sender, _):
         try:
-            SG.PrefillBootstrapQueue.add(q, req, 8)
+            if accepts(SG.PrefillBootstrapQueue.add, "num_kv_heads"):
+                SG.PrefillBootstrapQueue.add(q, req, 8)
+            else:  # up to 0.4.7
+                PROBE.adapted("door-without-num-kv-heads")
+                SG.PrefillBootstrapQueue.add(q, req)
         finally:  # a door that raises still leaves what it did observable
             observed["sender_created"] = sender.count > 0
             observed["enqueued"] = req in q.queue
@@ -291,6 +342,13 @@ def offer_prefill(req, observed: Observed) -> None:
 
 
 def offer_decode(req, observed: Observed, **flags):
+    """Offer ``req`` to the decode door; None when the door has no such flag (recorded "absent")."""
+    missing = sorted(flag for flag in flags if not accepts(SG.DecodePreallocQueue.add, flag))
+    if missing:  # is_retracted from 0.4.8, is_rebootstrap from 0.5.16
+        for flag in missing:
+            PROBE.adapted(f"door-without-{flag.replace('_', '-')}")
+            observed[flag] = "absent"
+        return None
     observed["door_verdict"] = door_verdict(req)
     sched = make_scheduler()
     q = decode_queue(sched)
@@ -308,7 +366,22 @@ def offer_decode(req, observed: Observed, **flags):
 # ---------------------------------------------------------------- scenarios
 
 
+def intake_reject(fn):
+    """A scenario of a request rejected at intake: where the tree has no rejection method, that is
+    recorded (``set_finish_with_abort: "absent"``) and nothing else runs."""
+
+    @functools.wraps(fn)
+    def run(observed: Observed) -> None:
+        try:
+            fn(observed)
+        except IntakeRejectAbsent:
+            observed["set_finish_with_abort"] = "absent"
+
+    return run
+
+
 @PROBE.scenario("A1", "1500-token request rejected at intake, offered to the prefill door")
+@intake_reject
 def a1(observed: Observed) -> None:
     # Scenario-independent facts about the tree, recorded once.
     observed["door_check"] = presence(SG.utils, "is_unadmitted_reject")
@@ -319,6 +392,7 @@ def a1(observed: Observed) -> None:
 
 
 @PROBE.scenario("A2", "same rejected request, decode door")
+@intake_reject
 def a2(observed: Observed) -> None:
     offer_decode(rejected_req(), observed)
 
@@ -369,7 +443,8 @@ def a6d(observed: Observed) -> None:
 def a7r(observed: Observed) -> None:
     req = pending_abort_req()
     q = offer_decode(req, observed, is_retracted=True)
-    observed["retracted_queued"] = req in q.retracted_queue
+    if q is not None:
+        observed["retracted_queued"] = req in q.retracted_queue
 
 
 @PROBE.scenario("A7b", "decode door called with is_rebootstrap=True on a pending-abort request")
@@ -378,13 +453,15 @@ def a7b(observed: Observed) -> None:
 
 
 @PROBE.scenario("A8", "NULL mode: rejected request through Scheduler._add_request_to_queue")
+@intake_reject
 def a8(observed: Observed) -> None:
     req = rejected_req()
     sched = make_scheduler()
     SG.Scheduler._add_request_to_queue(sched, req)
     observed["enqueued"] = req in sched.waiting_queue
     observed["retired"] = sched.retire_unadmitted_request.count > 0
-    observed["abort_pending"] = isinstance(req.to_finish, SG.FINISH_ABORT)
+    # Where intake finishes the request at once (up to 0.5.4) nothing is left pending.
+    observed["abort_pending"] = isinstance(getattr(req, "to_finish", None), SG.FINISH_ABORT)
 
 
 def retire_session_request(streaming: bool, observed: Observed):
@@ -401,17 +478,20 @@ def retire_session_request(streaming: bool, observed: Observed):
     if real_retire is not None:
         real_retire(sched, req)
     observed["session_aborted"] = session.abort_req.count
-    observed["session_detached"] = req.session is None
+    link = req.session if accepts(SG.Req.__init__, "session") else req.session_id
+    observed["session_detached"] = link is None
     return sched, req
 
 
 @PROBE.scenario("A9", "retirement of a rejected request that belongs to a streaming session")
+@intake_reject
 def a9(observed: Observed) -> None:
     sched, req = retire_session_request(True, observed)
     observe_retirement(sched, req, observed)
 
 
 @PROBE.scenario("A9n", "retirement of a rejected request of a non-streaming session keeps the session")
+@intake_reject
 def a9n(observed: Observed) -> None:
     retire_session_request(False, observed)
 

@@ -10,6 +10,12 @@ scheduler's queues and cache-side abort hook. The stand-ins carry everything
 the pre-fix paths read too, so a head tree with its fix removed (the mutation
 lane, ``python -m pdevidence mutate prefill``) shows the base behaviour.
 
+Older trees (back to 0.4.5) are driven through what they have, each detected
+from the tree (an attribute, a signature, what the result path's source reads),
+never from its version, and named in the result's ``adaptations``. A tree
+without the optimistic (pending-bootstrap) requeue path records
+``optimistic_prefill: "absent"`` in the scenarios that exercise it.
+
 Run it by hand against one tree, in a Python 3.12 venv holding the pinned
 closure (`uv pip install -r constraints/cells-py312.txt`) plus SGLang without
 its dependencies, either a release or a source tree:
@@ -34,7 +40,8 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _probekit import Observed, Recorder, ScenarioSet, Spy, main, swapped  # noqa: E402
+from _probekit import (Observed, Recorder, ScenarioSet, Spy, main, publish_server_args, reads,  # noqa: E402
+                       server_args, swapped)
 
 SCENARIOS = ScenarioSet("prefill")
 
@@ -55,10 +62,9 @@ CACHE_UNFINISHED_NAMES = ("maybe_cache_unfinished_req", "checkpoint_kv_cache")
 def prepare() -> str:
     import sglang
     import torch
-    from sglang.srt import runtime_context
     from sglang.srt.disaggregation import prefill
-    from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req, ReqKvInfo
-    from sglang.srt.managers.utils import GenerationBatchResult
+    from sglang.srt.managers import schedule_batch
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req
     from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.server_args import ServerArgs
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -67,27 +73,51 @@ def prepare() -> str:
     # disaggregation config (get_disagg()); outside a server nothing is published.
     # "dummy" is the model path SGLang's own tests use: it skips loading a config.
     # A pending bootstrap only exists with optimistic prefill on (attempts > 0).
-    runtime_context.publish(
-        ServerArgs(
-            model_path="dummy",
-            disaggregation_mode="prefill",
-            optimistic_prefill_attempts=OPTIMISTIC_ATTEMPTS,
-        ),
-        role="test",
-    )
+    sg.server_args = server_args(ServerArgs, SCENARIOS.adapted, model_path="dummy", disaggregation_mode="prefill",
+                                 **_optimistic_prefill(ServerArgs))
+    publish_server_args(sg.server_args, SCENARIOS.adapted, role="test")
+    ReqKvInfo = getattr(schedule_batch, "ReqKvInfo", None)
+    if ReqKvInfo is None:  # up to 0.5.15 the KV lengths live on the request itself
+        SCENARIOS.adapted("no-req-kv-info")
+    sg.GenerationBatchResult = _generation_batch_result()
     sg.torch = torch
     sg.prefill = prefill
     sg.Req = Req
     sg.ReqKvInfo = ReqKvInfo
     sg.FINISH_ABORT = FINISH_ABORT
-    sg.GenerationBatchResult = GenerationBatchResult
     sg.SamplingParams = SamplingParams
     sg.SPEC_NONE = SpeculativeAlgorithm.NONE
     # 0.5.17/0.5.18 keep the KV row and mamba slot on the Req; later releases on req.kv.
-    sg.kv_on_record = hasattr(ReqKvInfo, "holds_kv")
-    sg.real_release_kv_cache = prefill.release_kv_cache
+    sg.kv_on_record = ReqKvInfo is not None and hasattr(ReqKvInfo, "holds_kv")
+    sg.real_release_kv_cache = getattr(prefill, "release_kv_cache", None)
+    if sg.real_release_kv_cache is None:  # up to 0.5.5 the tree cache's cache_finished_req releases
+        SCENARIOS.adapted("tree-cache-release")
     sg.Scheduler = _scheduler_class(prefill.SchedulerDisaggregationPrefillMixin)
     return sglang.__version__
+
+
+def _optimistic_prefill(ServerArgs: type) -> dict[str, int]:
+    """The optimistic-prefill knob under the tree's name, or none where the tree has no such path."""
+    fields = inspect.signature(ServerArgs).parameters  # a dataclass up to 0.5.19, generated later
+    if "optimistic_prefill_attempts" in fields:
+        return {"optimistic_prefill_attempts": OPTIMISTIC_ATTEMPTS}
+    if "optimistic_prefill_retries" in fields:  # 0.5.13 to 0.5.15
+        SCENARIOS.adapted("optimistic-prefill-retries")
+        return {"optimistic_prefill_retries": OPTIMISTIC_ATTEMPTS}
+    SCENARIOS.adapted("no-optimistic-prefill")
+    return {}
+
+
+def optimistic_prefill_absent() -> bool:
+    return "no-optimistic-prefill" in SCENARIOS.adaptations
+
+
+def _generation_batch_result() -> type:
+    try:
+        from sglang.srt.managers.utils import GenerationBatchResult
+    except ImportError:  # up to 0.5.3 it lives beside the scheduler, with required fields
+        from sglang.srt.managers.scheduler import GenerationBatchResult
+    return GenerationBatchResult
 
 
 def _scheduler_class(mixin: type) -> type:
@@ -128,8 +158,38 @@ def _scheduler_class(mixin: type) -> type:
             self.disagg_prefill_bootstrap_queue = SimpleNamespace(queue=[])
             self.processed_tokens_counter = 0
             self._release_aborted_request = Recorder("release_aborted_request")
+            _older_scheduler_state(self)
 
     return ProbeScheduler
+
+
+# Scheduler methods older result paths call, by the adaptation that names each.
+OLDER_SCHEDULER_HOOKS = {
+    "report_prefill_stats": "scheduler-report-prefill-stats",
+    "log_prefill_stats_late": "scheduler-log-prefill-stats-late",
+    "set_next_batch_sampling_info_done": "scheduler-sampling-info-done",
+}
+
+
+def _older_scheduler_state(sched: Any) -> None:
+    """What older trees' result paths read from the scheduler, each where the tree reads it."""
+    mixin = sg.prefill.SchedulerDisaggregationPrefillMixin
+    result_path = mixin.process_batch_result_disagg_prefill
+    if reads(mixin, "self.server_args"):  # 0.5.13 to 0.5.16: the requeue path's knob
+        SCENARIOS.adapted("scheduler-server-args")
+        sched.server_args = sg.server_args
+    for hook, name in OLDER_SCHEDULER_HOOKS.items():  # metrics and sampling hooks: recorders
+        if reads(result_path, f"self.{hook}("):
+            SCENARIOS.adapted(name)
+            setattr(sched, hook, Recorder(hook))
+    if reads(result_path, "disagg_prefill_infight_queue"):  # 0.4.5's spelling of the same queue
+        SCENARIOS.adapted("infight-queue-name")
+        sched.disagg_prefill_infight_queue = sched.disagg_prefill_inflight_queue
+    if reads(result_path, "self.tree_cache.cache_unfinished_req"):  # up to 0.5.10
+        SCENARIOS.adapted("tree-cache-unfinished")
+    if reads(result_path, "poll_and_all_reduce"):  # 0.5.13 to 0.5.15 poll pending bootstraps here
+        SCENARIOS.adapted("single-rank-poll")
+        sched.attn_cp_cpu_group = sched.attn_tp_cpu_group = None
 
 
 # --- the request -------------------------------------------------------------
@@ -154,7 +214,12 @@ def make_req(*, kv: bool, mamba: bool, metadata: bool, pending_bootstrap: bool) 
     else:
         if kv:
             req.req_pool_idx = 0
-            req.kv = sg.ReqKvInfo(kv_allocated_len=PROMPT_LEN, swa_evicted_seqlen=0)
+            if sg.ReqKvInfo is not None:
+                req.kv = sg.ReqKvInfo(kv_allocated_len=PROMPT_LEN, swa_evicted_seqlen=0)
+            else:  # no-req-kv-info
+                for name in ("kv_allocated_len", "kv_committed_len"):
+                    if hasattr(req, name):
+                        setattr(req, name, PROMPT_LEN)
         req.mamba_pool_idx = slot
     return req
 
@@ -173,6 +238,24 @@ def drop_ownership(req: Any, *_args, **_kwargs) -> None:
         req.req_pool_idx = None
         req.kv = None
         req.mamba_pool_idx = None
+
+
+def mark_middle_chunk(req: Any) -> None:
+    """One middle chunk of ``req`` in flight."""
+    if hasattr(req, "inflight_middle_chunks"):
+        req.inflight_middle_chunks = 1
+    else:  # up to 0.5.12 the counter is is_chunked
+        SCENARIOS.adapted("is-chunked-counter")
+        req.is_chunked = 1
+
+
+def mark_pending_abort(req: Any) -> None:
+    """A running-request abort, not yet final."""
+    if hasattr(req, "to_finish"):
+        req.to_finish = sg.FINISH_ABORT()
+    else:  # up to 0.5.4 that abort is a flag, read when the request next runs
+        SCENARIOS.adapted("to-abort-marker")
+        req.to_abort = True
 
 
 def schedule_chunk(req: Any, end: int) -> None:
@@ -195,12 +278,18 @@ class World:
         self.cache_unfinished = Recorder("cache_unfinished")
         # B7 keeps the real release: its mamba-only branch touches nothing but the
         # tree cache's mamba allocator stand-in, which is what B7 observes.
-        self.release = Spy(
-            "release_kv_cache", sg.real_release_kv_cache if real_release else drop_ownership
-        )
+        real = sg.real_release_kv_cache if real_release else None
+        self.release = Spy("release_kv_cache", real or drop_ownership)
+        tree_cache = self.scheduler.tree_cache
+        if "tree-cache-unfinished" in SCENARIOS.adaptations:
+            tree_cache.cache_unfinished_req = self.cache_unfinished
+        if sg.real_release_kv_cache is None:  # tree-cache-release
+            tree_cache.cache_finished_req = self.release
 
     def patched(self):
-        replacements = {"release_kv_cache": self.release}
+        replacements = {"release_kv_cache": self.release} if sg.real_release_kv_cache is not None else {}
+        if "single-rank-poll" in SCENARIOS.adaptations:
+            replacements["poll_and_all_reduce_attn_cp_tp_group"] = still_bootstrapping
         for name in CACHE_UNFINISHED_NAMES:
             if hasattr(sg.prefill, name):
                 replacements[name] = self.cache_unfinished
@@ -211,7 +300,14 @@ class World:
         batch = SimpleNamespace(
             reqs=[req], spec_info=None, prefill_stats=None, dp_cooperation_info=None
         )
-        result = sg.GenerationBatchResult(next_token_ids=sg.torch.tensor([NEXT_TOKEN]))
+        result_path = sg.prefill.SchedulerDisaggregationPrefillMixin.process_batch_result_disagg_prefill
+        if reads(result_path, "batch.return_logprob"):  # up to 0.5.10
+            SCENARIOS.adapted("batch-return-logprob")
+            batch.return_logprob = False
+        if reads(result_path, "batch.next_batch_sampling_info"):  # 0.4.5
+            SCENARIOS.adapted("batch-sampling-info")
+            batch.next_batch_sampling_info = None
+        result = sg.GenerationBatchResult(next_token_ids=sg.torch.tensor([NEXT_TOKEN]), **required_result_fields())
         with self.patched():
             self.scheduler.process_batch_result_disagg_prefill(batch, result)
 
@@ -219,9 +315,11 @@ class World:
         for key in keys:
             observed[key] = OBSERVATIONS[key](self, req)
 
-    def release_inserts_prefix(self) -> bool | None:
+    def release_inserts_prefix(self) -> bool | str | None:
         if not self.release.count:
             return None
+        if sg.real_release_kv_cache is None:  # cache_finished_req(req) has no such flag
+            return "absent"
         args, kwargs = self.release.calls[-1]
         bound = inspect.signature(sg.real_release_kv_cache).bind(*args, **kwargs)
         bound.apply_defaults()
@@ -230,6 +328,26 @@ class World:
             if name in bound.arguments:
                 return bool(bound.arguments[name])
         raise TypeError("release_kv_cache has neither is_insert nor checkpoint")
+
+
+def still_bootstrapping(senders: list, *_groups: Any) -> list:
+    """The transport's answer for pending-bootstrap senders on one rank: the bootstrap has not finished."""
+    from sglang.srt.disaggregation.base import KVPoll
+    return [KVPoll.Bootstrapping for _ in senders]
+
+
+def required_result_fields() -> dict[str, Any]:
+    """Up to 0.5.3 a batch result has required fields; the final-chunk path reads only logits_output's."""
+    params = inspect.signature(sg.GenerationBatchResult).parameters
+    required = [n for n, p in params.items() if p.default is inspect.Parameter.empty and n != "next_token_ids"]
+    if not required:
+        return {}
+    SCENARIOS.adapted("batch-result-required-fields")
+    fields: dict[str, Any] = dict.fromkeys(required)
+    if "logits_output" in fields:
+        fields["logits_output"] = SimpleNamespace(hidden_states=None, next_token_logprobs=None,
+                                                  input_token_logprobs=None)
+    return fields
 
 
 def _streamed(world: World, req: Any) -> int:
@@ -285,14 +403,14 @@ class TransportDown(RuntimeError):
 
 def aborted_owned(*, pending_bootstrap: bool) -> Any:
     req = owned_req(pending_bootstrap=pending_bootstrap)
-    req.to_finish = sg.FINISH_ABORT()
+    mark_pending_abort(req)
     return req
 
 
 def aborted_middle_chunk(*, final_in_flight: bool, pending_bootstrap: bool = True) -> Any:
     """An owned request whose middle-chunk result arrives after its abort."""
     req = aborted_owned(pending_bootstrap=pending_bootstrap)
-    req.inflight_middle_chunks = 1
+    mark_middle_chunk(req)
     # Either the final chunk is already running, or no later chunk was launched
     # (the request yielded, or its chunking stopped at the abort).
     schedule_chunk(req, PROMPT_LEN if final_in_flight else PROMPT_LEN // 2)
@@ -308,10 +426,19 @@ def retired_req() -> Any:
 
 def run(observed: Observed, req: Any, keys: tuple[str, ...], *, deliveries: int = 1, **world: bool) -> None:
     """A fresh world, ``deliveries`` results for ``req``, then the observations."""
+    pending = req.pending_bootstrap
     w = World(**world)
     for _ in range(deliveries):
         w.deliver(req)
     w.observe(req, observed, keys)
+    note_optimistic_prefill(observed, pending or "requeued" in keys)
+
+
+def note_optimistic_prefill(observed: Observed, exercised: bool) -> None:
+    """Where the tree has no optimistic prefill, a scenario with a pending bootstrap or a requeue
+    says so: its request reached the result path as any bootstrapped one, and `requeued: 0` is moot."""
+    if exercised and optimistic_prefill_absent():
+        observed["optimistic_prefill"] = "absent"
 
 
 # --- scenarios -----------------------------------------------------------------
@@ -385,10 +512,15 @@ def b5(observed: Observed) -> None:
     except TransportDown:
         observed["sender_error_escaped"] = True
     world.observe(req, observed, ("kv_released", "metadata_freed", "abort_streamed", "finished"))
+    note_optimistic_prefill(observed, True)
+
+
+class GrammarRejects(ValueError):
+    """B6's grammar: rejects the sampled token the way SGLang's grammar objects do (ValueError)."""
 
 
 def with_grammar(req: Any, *, rejects: bool) -> Any:
-    error = ValueError("probe: token rejected") if rejects else None
+    error = GrammarRejects("probe: token rejected") if rejects else None
     req.grammar = SimpleNamespace(accept_token=Recorder("grammar.accept_token", raises=error), finished=False)
     return req
 
@@ -396,13 +528,19 @@ def with_grammar(req: Any, *, rejects: bool) -> Any:
 @SCENARIOS.scenario("B6", "grammar rejects the sampled token of a final result, bootstrap done")
 def b6(observed: Observed) -> None:
     keys = ("cached_unfinished", "kv_chunk_sent", "kv_released", "abort_streamed")
-    run(observed, with_grammar(owned_req(pending_bootstrap=False), rejects=True), keys)
+    world = World()
+    req = with_grammar(owned_req(pending_bootstrap=False), rejects=True)
+    try:
+        world.deliver(req)
+    except GrammarRejects:  # up to 0.4.9 the result path does not catch it: what it did before stays observable
+        observed["grammar_error_escaped"] = True
+    world.observe(req, observed, keys)
 
 
 @SCENARIOS.scenario("B7", "aborted request holding only a mamba slot")
 def b7(observed: Observed) -> None:
     req = make_req(kv=False, mamba=True, metadata=False, pending_bootstrap=True)
-    req.to_finish = sg.FINISH_ABORT()
+    mark_pending_abort(req)
     run(observed, req, ("mamba_freed", "abort_streamed"), mamba_cache=True, real_release=True)
 
 
@@ -430,7 +568,7 @@ def b9g(observed: Observed) -> None:
 )
 def b10(observed: Observed) -> None:
     req = retired_req()
-    req.inflight_middle_chunks = 1
+    mark_middle_chunk(req)
     schedule_chunk(req, PROMPT_LEN // 2)
     run(observed, req, ("requeued", "kv_released", "sender_aborted", "abort_streamed"))
 
@@ -440,7 +578,7 @@ def b10(observed: Observed) -> None:
 )
 def b11(observed: Observed) -> None:
     req = owned_req(pending_bootstrap=True)
-    req.inflight_middle_chunks = 1
+    mark_middle_chunk(req)
     schedule_chunk(req, PROMPT_LEN // 2)
     # Not release_inserts_prefix: from 0.5.22 this path keeps the prefix by a checkpoint
     # call (cached_unfinished) and releases without one.
