@@ -60,7 +60,7 @@ def test_a_record_names_the_pr_the_range_and_the_versions_seen_affected(reg):
     assert "PR #1" in rec["details"] and "https://github.com/sgl-project/sglang/pull/1" in rec["details"]
     (affected,) = rec["affected"]
     assert affected["package"] == {"ecosystem": "PyPI", "name": "sglang", "purl": "pkg:pypi/sglang"}
-    assert affected["ranges"] == [{"type": "ECOSYSTEM", "events": [{"introduced": "1.0.0"}, {"fixed": "1.1.0"}]}]
+    assert affected["ranges"] == [{"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"fixed": "1.1.0"}]}]
     assert affected["versions"] == ["1.0.0", "1.0.1"]
     assert rec["database_specific"]["evidence_sha256"] == {"results/demo.base.release-1.0.0.json": "2" * 64,
                                                            "results/sweep-demo.json": "1" * 64}
@@ -72,20 +72,24 @@ def test_a_regression_reopens_the_range(reg):
     rec = osv.record(reg.experiment("demo"), doc, {})
     assert osv_problems(rec) == []
     assert rec["affected"][0]["ranges"][0]["events"] == [
-        {"introduced": "1.0.0"}, {"fixed": "1.1.0"}, {"introduced": "1.2.0"}, {"fixed": "1.3.0"}]
+        {"introduced": "0"}, {"fixed": "1.1.0"}, {"introduced": "1.2.0"}, {"fixed": "1.3.0"}]
     assert rec["database_specific"]["regressions"] == ["1.2.0"] and "regressions" in rec["details"]
 
 
 def test_with_no_fixed_release_the_range_stays_open(reg):
     rec = osv.record(reg.experiment("demo"), table([row("1.0.0", "pre-fix"), row("1.1.0", "failed")]), {})
     assert osv_problems(rec) == []
-    assert rec["affected"][0]["ranges"][0]["events"] == [{"introduced": "1.0.0"}]
+    assert rec["affected"][0]["ranges"][0]["events"] == [{"introduced": "0"}]
 
 
-def test_the_range_opens_at_the_first_release_observed_pre_fix_not_at_0(reg):
+def test_the_range_opens_where_the_sweep_saw_the_flaw_arrive_else_at_0(reg):
     doc = table([row("0.8.0", "failed"), row("0.9.0", "not affected"), row("1.0.0", "pre-fix"), row("1.1.0", "fixed")])
-    assert osv.record(reg.experiment("demo"), doc, {})["affected"][0]["ranges"][0]["events"] == [
-        {"introduced": "1.0.0"}, {"fixed": "1.1.0"}]
+    rec = osv.record(reg.experiment("demo"), doc, {})
+    assert rec["affected"][0]["ranges"][0]["events"] == [{"introduced": "1.0.0"}, {"fixed": "1.1.0"}]
+    assert "lack the vulnerable path (0.9.0" in rec["details"]
+    unseen = osv.record(reg.experiment("demo"), table([row("1.0.0", "pre-fix"), row("1.1.0", "fixed")]), {})
+    assert unseen["affected"][0]["ranges"][0]["events"] == [{"introduced": "0"}, {"fixed": "1.1.0"}]
+    assert "the sweep did not observe when the flaw arrived" in unseen["details"]
     with pytest.raises(HarnessError, match="no release of the sweep behaves pre-fix"):
         osv.record(reg.experiment("demo"), table([row("0.9.0", "not affected"), row("1.1.0", "fixed")]), {})
 
@@ -127,7 +131,7 @@ def test_publish_writes_sweep_tables_osv_records_and_vex_covered_by_the_sums(reg
         assert f"published {name}" in printed, name
     rec = json.loads((reg.root / "results" / "osv" / "PDEVIDENCE-2026-1.json").read_text())
     assert osv_problems(rec) == []
-    assert rec["affected"][0]["ranges"][0]["events"] == [{"introduced": "1.0.0"}, {"fixed": "1.1.0"}]
+    assert rec["affected"][0]["ranges"][0]["events"] == [{"introduced": "0"}, {"fixed": "1.1.0"}]
     assert set(rec["database_specific"]["evidence_sha256"]) == {
         "results/sweep-demo.json", *(f"results/demo.{side}.release-{v}{suffix}" for side, v in
                                      (("base", "1.0.0"), ("head", "1.1.0")) for suffix in (".json", ".receipt.json"))}

@@ -43,7 +43,7 @@ def test_publish_copies_results_receipts_and_tables_then_reports_from_what_it_pu
         assert rel in listed, rel
     integrity.verify(project)
     osv_record = json.loads((results / "osv" / "PDEVIDENCE-2026-1.json").read_text())
-    assert osv_record["affected"][0]["ranges"][0]["events"] == [{"introduced": "1.0.0"}, {"fixed": "1.1.0"}]
+    assert osv_record["affected"][0]["ranges"][0]["events"] == [{"introduced": "0"}, {"fixed": "1.1.0"}]
 
 
 def test_published_files_are_world_readable(project):

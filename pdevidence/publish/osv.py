@@ -36,19 +36,25 @@ def vuln_id(exp: Experiment) -> str:
 
 
 def events(releases: list[ReleaseOutcome]) -> list[dict]:
-    """ECOSYSTEM range events from the classified releases: introduced at the first release that
-    behaves pre-fix (observed, not assumed: a release without the vulnerable path is not affected),
-    then every switch. A release that is pre-fix (or partly so) after a fixed one re-opens the range:
-    a regression. Releases that matched neither side, raised or failed say nothing and change nothing.
+    """ECOSYSTEM range events from the classified releases, then every switch.
+
+    The range opens where the sweep observed the vulnerable path arrive: at the first release that
+    behaves pre-fix after a release observed not affected (it lacks the path). Without such an
+    observation the sweep cannot say when the flaw arrived, and the range opens at 0. A release that
+    is pre-fix (or partly so) after a fixed one re-opens the range: a regression. Releases that
+    matched neither side, raised or failed say nothing and change nothing.
     """
-    found, affected = [], False
-    for entry in sorted(releases, key=lambda r: Version(r.version)):
-        if entry.classification is Classification.FIXED and affected:
+    ordered = sorted(releases, key=lambda r: Version(r.version))
+    found, affected, absent_seen = [], False, False
+    for entry in ordered:
+        if entry.classification is Classification.NOT_AFFECTED and not found:
+            absent_seen = True
+        elif entry.classification in LACKS_FIX and not affected:
+            found.append({"introduced": entry.version if found or absent_seen else "0"})
+            affected = True
+        elif entry.classification is Classification.FIXED and affected:
             found.append({"fixed": entry.version})
             affected = False
-        elif entry.classification in LACKS_FIX and not affected:
-            found.append({"introduced": entry.version})
-            affected = True
     return found
 
 
@@ -79,10 +85,11 @@ def record(exp: Experiment, table: SweepTable, hashes: dict[str, str]) -> dict:
         f"First release that behaves as fixed: {fixed or 'none yet'}."
         + (f" Releases that behave as pre-fix again after it (regressions): {', '.join(table.regressions)}."
            if table.regressions else ""),
-        f"The range opens at the first release observed to behave pre-fix ({seen[0] if seen else 'none'}); "
-        + (f"releases before it lack the vulnerable path ({', '.join(not_affected)}: the sweep names the "
-           "observation that shows it) or were not probed. " if not_affected else
-           f"releases before {probed[0]} were not probed. ")
+        (f"The range opens at {seen[0]}, the first release observed to behave pre-fix after releases that "
+         f"lack the vulnerable path ({', '.join(not_affected)}: the sweep names the observation that shows it). "
+         if not_affected and Version(not_affected[0]) < Version(seen[0]) else
+         f"Releases before {probed[0]} were not probed, and none of those probed lacks the vulnerable path, so "
+         "the range opens at 0: the sweep did not observe when the flaw arrived. ")
         + "Backports, forks and source builds can differ from their version number: "
         "`python -m pdevidence check` runs the probes on the build you have.",
     ]
