@@ -1,4 +1,4 @@
-"""Shared fixtures: a local HTTP server, an unreachable URL, and a tarball builder.
+"""Shared fixtures: a local HTTP server, an unreachable URL, a tarball builder, the demo project.
 
 Nothing here touches the network beyond 127.0.0.1.
 """
@@ -6,6 +6,8 @@ Nothing here touches the network beyond 127.0.0.1.
 from __future__ import annotations
 
 import io
+import os
+import shutil
 import socket
 import tarfile
 import threading
@@ -15,6 +17,10 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from synthetic import PY, serve_index, wheel_bytes
+from synthetic import REGISTRY as SYNTHETIC_REGISTRY
+
+from pdevidence.core.paths import PROJECT
 
 
 @dataclass
@@ -177,3 +183,86 @@ def build_tarball(entries: Mapping[str, bytes] | Iterable[TarEntry], *, gz: bool
 def make_tarball():
     """``build_tarball`` as a fixture: ``make_tarball({"top/a.txt": b"..."})`` -> bytes."""
     return build_tarball
+
+
+def gone(pid: int) -> bool:
+    """Whether no process ``pid`` exists any more."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.fixture(name="gone")
+def gone_fixture():
+    """``gone(pid)``: whether that process has exited (and been reaped)."""
+    return gone
+
+
+# The synthetic registry, with the cells on this interpreter's Python.
+DEMO_REGISTRY = SYNTHETIC_REGISTRY.replace('python = "3.12"', f'python = "{PY}"')
+
+DEMO_PROBE = '''
+"""Demo probe: reads the fixture sglang's behaviour through the real probe kit."""
+import os
+import sys
+import time
+
+from _probekit import ScenarioSet, main
+
+demo = ScenarioSet("demo")
+mode = os.environ.get("DEMO_PROBE_MODE", "")
+
+
+def prepare():
+    import sglang
+    if mode == "hang":
+        if os.environ.get("DEMO_PID_FILE"):  # lets a test find the probe and signal its harness
+            with open(os.environ["DEMO_PID_FILE"], "w") as fh:
+                fh.write(str(os.getpid()))
+        time.sleep(60)
+    if mode in ("crash", f"crash-{sys.argv[sys.argv.index('--side') + 1]}"):
+        raise SystemExit("probe crashed on purpose")
+    return sglang.__version__
+
+
+@demo.scenario("D1", "rejected request at the door")
+def d1(obs):
+    import sglang
+    obs["enqueued"] = not sglang.RETIRES_REJECTED
+    obs["retired"] = sglang.RETIRES_REJECTED
+
+
+@demo.scenario("D2", "valid request")
+def d2(obs):
+    obs["enqueued"] = True
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(demo, prepare))
+'''
+
+
+@pytest.fixture
+def demo_project(tmp_path, http_server, monkeypatch):
+    """A project whose experiment ``demo`` probes a fixture "sglang" served by a local index (1.0.0 base, 1.1.0 head)."""
+    root = tmp_path / "project"
+    (root / "probes").mkdir(parents=True)
+    (root / "constraints").mkdir()
+    (root / "experiments.toml").write_text(DEMO_REGISTRY)
+    (root / "constraints" / "cells.txt").write_text("")
+    shutil.copy(PROJECT / "probes" / "_probekit.py", root / "probes")
+    shutil.copy(PROJECT / "probes" / "_standins.py", root / "probes")
+    shutil.copy(PROJECT / "noxfile.py", root / "noxfile.py")
+    (root / "probes" / "probe_demo.py").write_text(DEMO_PROBE)
+    index = serve_index(http_server, {
+        f"sglang-{v}-py3-none-any.whl": wheel_bytes(v, f"__version__ = {v!r}\nRETIRES_REJECTED = {fixed}\n")
+        for v, fixed in (("1.0.0", False), ("1.1.0", True))
+    })
+    monkeypatch.delenv("PDEVIDENCE_TORCH", raising=False)  # the registry's channel
+    for name, value in {"PDEVIDENCE_INDEX_URL": index, "PDEVIDENCE_CACHE": str(tmp_path / "cache"),
+                        "PDEVIDENCE_WORK": str(root / ".cells"),
+                        "PDEVIDENCE_RUNS": str(root / "runs")}.items():
+        monkeypatch.setenv(name, value)
+    return root

@@ -5,9 +5,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 from pdevidence.documents import provenance
+
+PY = f"{sys.version_info.major}.{sys.version_info.minor}"  # the cells' Python in fixture projects
 
 BASE_SHA = "a" * 40
 HEAD_SHA = "b" * 40

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 
 import pytest
-from synthetic import REGISTRY as SYNTHETIC_REGISTRY
-from synthetic import serve_index, wheel_bytes
+from synthetic import PY
 
 from pdevidence import environments, registry
 from pdevidence.cells import cells
@@ -23,74 +21,6 @@ from pdevidence.core import errors
 from pdevidence.core.files import sha256_file
 from pdevidence.core.paths import PROJECT
 from pdevidence.documents import receipts, results
-
-PY = f"{sys.version_info.major}.{sys.version_info.minor}"
-
-# The synthetic registry, with the cells on this interpreter's Python.
-REGISTRY = SYNTHETIC_REGISTRY.replace('python = "3.12"', f'python = "{PY}"')
-
-PROBE = '''
-"""Demo probe: reads the fixture sglang's behaviour through the real probe kit."""
-import os
-import sys
-import time
-
-from _probekit import ScenarioSet, main
-
-demo = ScenarioSet("demo")
-mode = os.environ.get("DEMO_PROBE_MODE", "")
-
-
-def prepare():
-    import sglang
-    if mode == "hang":
-        if os.environ.get("DEMO_PID_FILE"):  # lets a test find the probe and signal its harness
-            with open(os.environ["DEMO_PID_FILE"], "w") as fh:
-                fh.write(str(os.getpid()))
-        time.sleep(60)
-    if mode in ("crash", f"crash-{sys.argv[sys.argv.index('--side') + 1]}"):
-        raise SystemExit("probe crashed on purpose")
-    return sglang.__version__
-
-
-@demo.scenario("D1", "rejected request at the door")
-def d1(obs):
-    import sglang
-    obs["enqueued"] = not sglang.RETIRES_REJECTED
-    obs["retired"] = sglang.RETIRES_REJECTED
-
-
-@demo.scenario("D2", "valid request")
-def d2(obs):
-    obs["enqueued"] = True
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(demo, prepare))
-'''
-
-
-@pytest.fixture
-def demo_project(tmp_path, http_server, monkeypatch):
-    root = tmp_path / "project"
-    (root / "probes").mkdir(parents=True)
-    (root / "constraints").mkdir()
-    (root / "experiments.toml").write_text(REGISTRY)
-    (root / "constraints" / "cells.txt").write_text("")
-    shutil.copy(PROJECT / "probes" / "_probekit.py", root / "probes")
-    shutil.copy(PROJECT / "probes" / "_standins.py", root / "probes")
-    shutil.copy(PROJECT / "noxfile.py", root / "noxfile.py")
-    (root / "probes" / "probe_demo.py").write_text(PROBE)
-    index = serve_index(http_server, {
-        f"sglang-{v}-py3-none-any.whl": wheel_bytes(v, f"__version__ = {v!r}\nRETIRES_REJECTED = {fixed}\n")
-        for v, fixed in (("1.0.0", False), ("1.1.0", True))
-    })
-    monkeypatch.delenv("PDEVIDENCE_TORCH", raising=False)  # the registry's channel
-    for name, value in {"PDEVIDENCE_INDEX_URL": index, "PDEVIDENCE_CACHE": str(tmp_path / "cache"),
-                        "PDEVIDENCE_WORK": str(root / ".cells"),
-                        "PDEVIDENCE_RUNS": str(root / "runs")}.items():
-        monkeypatch.setenv(name, value)
-    return root
 
 
 def run_cell(root, side="base", **kw):

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_cells import demo_project, run_cell  # noqa: F401 - the fixture project
+from test_cells import run_cell
 
 from pdevidence.core import errors
 from pdevidence.core.paths import PROJECT
@@ -84,14 +84,6 @@ def wait_for(path: Path, timeout: float = 120) -> int:
     raise AssertionError(f"the probe never started ({path})")
 
 
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 def probe_processes(marker: str) -> list[int]:
     """Pids whose command line mentions ``marker`` (our own runs directory)."""
     found = []
@@ -113,7 +105,7 @@ def probe_processes(marker: str) -> list[int]:
     (lambda root: [sys.executable, "-m", "pdevidence", "--root", str(root), "matrix", "--force"], signal.SIGINT, 130),
 ], ids=["nox-SIGINT", "nox-SIGTERM", "cli-SIGTERM", "cli-matrix-SIGINT"])
 def test_a_signal_stops_the_probe_at_once_and_keeps_the_previous_result(demo_project, tmp_path, monkeypatch,
-                                                                         command, sig, code):
+                                                                         command, sig, code, gone):
     previous = run_cell(demo_project)
     before = {p.name: p.read_bytes() for p in (previous.result, previous.receipt)}
     pid_file = tmp_path / "probe.pid"
@@ -137,7 +129,7 @@ def test_a_signal_stops_the_probe_at_once_and_keeps_the_previous_result(demo_pro
 
 
 @pytest.mark.sglang
-def test_sigint_during_a_forced_real_cell_keeps_its_result_and_leaves_no_probe(tmp_path):
+def test_sigint_during_a_forced_real_cell_keeps_its_result_and_leaves_no_probe(tmp_path, gone):
     """`nox -s "release(admission, head)" -- --force`, Ctrl-C while the probe imports SGLang."""
     runs = tmp_path / "runs"
     env = {**os.environ, "PDEVIDENCE_RUNS": str(runs)}

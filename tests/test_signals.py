@@ -11,21 +11,12 @@ import threading
 import time
 
 import pytest
-from test_cells import demo_project  # noqa: F401 - the fixture project
 
 from pdevidence.core import children
 from pdevidence.core.paths import PROJECT
 
 
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
-def test_a_signal_while_a_child_starts_still_stops_that_child(monkeypatch):
+def test_a_signal_while_a_child_starts_still_stops_that_child(monkeypatch, gone):
     """The signal lands after the child exists and before it is registered: it must not survive."""
     started = []
     real_popen = subprocess.Popen
@@ -72,7 +63,7 @@ def interrupt_when(harness: subprocess.Popen, ready) -> tuple[str, float]:
     return "".join(err), time.monotonic() - began
 
 
-def test_ctrl_c_while_a_cell_waits_on_a_lock_stops_at_once(demo_project, tmp_path):  # noqa: F811
+def test_ctrl_c_while_a_cell_waits_on_a_lock_stops_at_once(demo_project, tmp_path):
     held = tmp_path / "cache" / "locks" / "sglang==1.0.0.lock"  # the release's lock: another run has it
     held.parent.mkdir(parents=True)
     with open(held, "w") as fh:
@@ -86,7 +77,7 @@ def test_ctrl_c_while_a_cell_waits_on_a_lock_stops_at_once(demo_project, tmp_pat
     assert "interrupted by SIGINT" in err
 
 
-def test_ctrl_c_during_a_download_stops_at_once(demo_project, http_server):  # noqa: F811
+def test_ctrl_c_during_a_download_stops_at_once(demo_project, http_server):
     wheel = "/files/sglang-1.0.0-py3-none-any.whl"
     http_server.routes[wheel].delay = 60  # the server accepted the request and went quiet
     harness = subprocess.Popen(cell_command(demo_project), cwd=demo_project, text=True,
