@@ -11,9 +11,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import environments
 from ..core.files import read_json, sha256_file
+from ..core.locking import exclusive
+from ..core.paths import work_dir
 from ..documents import results
 from ..registry import Experiment, Registry
+from ..sources import trees
 from .probe_run import run_killable, tail, timeout_seconds
 
 DRIVER = "probe_all.py"
@@ -58,6 +62,19 @@ def run(reg: Registry, interpreter: Path | str, experiments: list[str], tree_arg
     run_env = {**os.environ, **PROBE_ENV, **(env or {})}
     status = run_killable(command, log, timeout=timeout_seconds(), env=run_env, what=f"probe driver {DRIVER}")
     return collect(exps, out_dir, log, f"exited with status {status}")
+
+
+def run_in_environment(reg: Registry, tree: trees.Tree, slug: str, experiments: list[str],
+                       tree_args: dict[str, str], *, out_dir: Path, log) -> dict[str, Outcome]:
+    """``tree`` installed into the environment ``slug`` (built, or reused when complete), every probe run in it.
+
+    The environment is locked for the whole run: another process building or probing it waits."""
+    with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"the environment {slug}"):
+        env = environments.cell_environment(reg, tree, slug)
+        log(f"{slug}: {'reusing' if env.reused else 'built'} environment {env.path}, "
+            f"probing {', '.join(experiments)}")
+        return run(reg, env.interpreter, experiments, tree_args, out_dir=out_dir,
+                   log=work_dir(reg.root) / "logs" / f"{slug}.log", env=env.probe_env)
 
 
 def collect(exps: list[Experiment], out_dir: Path, log: Path, status: str) -> dict[str, Outcome]:

@@ -17,11 +17,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import environments
 from ..cells import allprobes, warm
 from ..core import children
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, usage, worst
-from ..core.locking import exclusive
 from ..core.paths import results_dir, runs_dir, tree_lock_file, work_dir
 from ..documents.vocabulary import Behaviour, Classification
 from ..judge import classify
@@ -223,11 +221,7 @@ def _in_own_process(reg: Registry, names: list[str], target: Target, tree: trees
         # Nothing may be written inside the environment checked: no bytecode caches, not even the probes'.
         return allprobes.run(reg, target.ref, names, args, out_dir=out, log=logfile,
                              env={"PYTHONDONTWRITEBYTECODE": "1"})
-    slug = f"{CHECK_SIDE}.{tree.label()}"
-    with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"the check environment {slug}"):
-        env = environments.cell_environment(reg, tree, slug)
-        log(f"check: {'reusing' if env.reused else 'built'} environment {env.path}")
-        return allprobes.run(reg, env.interpreter, names, args, out_dir=out, log=logfile, env=env.probe_env)
+    return allprobes.run_in_environment(reg, tree, f"{CHECK_SIDE}.{tree.label()}", names, args, out_dir=out, log=log)
 
 
 def describe(result: CheckResult) -> str:

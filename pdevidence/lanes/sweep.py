@@ -119,13 +119,8 @@ def _cold(reg: Registry, versions: list[str], experiments: list[str], lock: tree
     def one(version: str) -> dict[str, allprobes.Outcome] | str:
         try:
             tree = trees.release_tree(version, reg.python, lock)
-            slug = f"{SWEEP_SIDE}.{tree.label()}"
-            with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"the sweep environment {slug}"):
-                env = environments.cell_environment(reg, tree, slug)
-                log(f"sweep: probing {', '.join(experiments)} on {tree.label()}")
-                return allprobes.run(reg, env.interpreter, experiments, _tree_args(version),
-                                     out_dir=out_dir / tree.label(), log=work_dir(reg.root) / "logs" / f"{slug}.log",
-                                     env=env.probe_env)
+            return allprobes.run_in_environment(reg, tree, f"{SWEEP_SIDE}.{tree.label()}", experiments,
+                                                _tree_args(version), out_dir=out_dir / tree.label(), log=log)
         except HarnessError as exc:
             return str(exc).splitlines()[0]
 
