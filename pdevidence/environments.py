@@ -292,11 +292,15 @@ def torch_choice(registry: Registry) -> TorchChoice:
     return choose_torch(registry.torch_channel)
 
 
-def closure_of(registry: Registry, torch: TorchChoice, constraints: Path) -> Path:
-    """The file a cell installs: the given closure, or for the CPU channel the registry's CPU closure."""
-    if constraints != registry.constraints:  # the drift lane's own pins
-        return constraints
-    return closure_for(torch, registry.constraints, registry.constraints_cpu)
+def closure(registry: Registry, era: Era | None = None, *, torch: TorchChoice | None = None,
+            override: Path | None = None) -> Path:
+    """The hashed closure a tree installs: ``override`` (the drift lane's newer pins) when given, else its era's,
+    else today's in the torch channel's flavour (``closure_for``: a CPU channel without its closure raises)."""
+    if override is not None:
+        return override
+    if era is not None:
+        return era.constraints
+    return closure_for(torch or torch_choice(registry), registry.constraints, registry.constraints_cpu)
 
 
 def cell_environment(registry: Registry, tree: Tree, slug: str,
@@ -305,9 +309,9 @@ def cell_environment(registry: Registry, tree: Tree, slug: str,
     closure (today's unless the registry declares an era for its version), or ``constraints``."""
     torch = torch_choice(registry)
     era = era_of(registry, tree)
-    closure = closure_of(registry, torch, constraints or closure_for_era(registry, era))
-    env = ensure(work_dir(registry.root) / "envs" / slug, registry.python, closure, tree, torch, log=log)
-    if era is not None and closure == era.constraints:  # the era's own closure: its stand-ins with it
+    env = ensure(work_dir(registry.root) / "envs" / slug, registry.python,
+                 closure(registry, era, torch=torch, override=constraints), tree, torch, log=log)
+    if era is not None and constraints is None:  # the era's own closure: its stand-ins with it
         env.probe_env = stand_in_env(era)
     return env
 
@@ -319,10 +323,6 @@ def era_of(registry: Registry, tree: Tree | None) -> Era | None:
     return registry.era_of(tree.resolved)
 
 
-def closure_for_era(registry: Registry, era: Era | None) -> Path:
-    return era.constraints if era else closure_of(registry, torch_choice(registry), registry.constraints)
-
-
 def stand_in_env(era: Era | None) -> dict[str, str]:
     """What tells the probe process which import stand-ins its era declares (nothing for today's closure)."""
     return {"PDEVIDENCE_STAND_INS": ",".join(era.stand_ins)} if era and era.stand_ins else {}
@@ -332,6 +332,6 @@ def closure_environment(registry: Registry, era: Era | None = None, log=None) ->
     """An era's closure (default: the registry's) without SGLang, under ``.cells/envs/closure.<digest>``:
     the warm engine's environment."""
     torch = torch_choice(registry)
-    closure = closure_for_era(registry, era)
-    slug = f"closure.{sha256_file(closure)[:12]}"
-    return ensure(work_dir(registry.root) / "envs" / slug, registry.python, closure, None, torch, log=log)
+    installs = closure(registry, era, torch=torch)
+    slug = f"closure.{sha256_file(installs)[:12]}"
+    return ensure(work_dir(registry.root) / "envs" / slug, registry.python, installs, None, torch, log=log)

@@ -21,7 +21,7 @@ from ..core.files import dumps, sha256_file, write_atomic
 from ..core.locking import exclusive
 from ..core.paths import runs_dir, tree_lock_file, work_dir
 from ..documents import provenance, receipts, results
-from ..registry import SIDES, Registry, TorchChannel, check_side
+from ..registry import SIDES, Era, Registry, TorchChannel, check_side
 from ..sources import trees
 from .probe_run import partial_path, run_probe
 
@@ -73,6 +73,14 @@ def resolve_tree(registry: Registry, cell: Cell) -> trees.Tree:
         raise usage("a path cell needs a directory",
                     todo="set SGLANG_TREE=/path/to/sglang or pass the directory after `--`")
     return trees.path_tree(Path(directory))
+
+
+def cell_era(registry: Registry, cell: Cell) -> Era | None:
+    """The era a cell's tree runs in, known before it is fetched: a release's version decides (as
+    ``environments.era_of`` decides for the tree); a commit or a source tree runs in today's closure."""
+    if cell.kind != "release":
+        return None
+    return registry.era_of(cell.ref or registry.experiment(cell.experiment).release(cell.side))
 
 
 def cache_key(registry: Registry, made_by: provenance.Provenance, tree: trees.Tree, torch_channel: str) -> str:
@@ -138,12 +146,9 @@ def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Pa
         raise usage(f"the probe of {cell.experiment} is missing: {exp.probe}")
     environments.find_python(registry.python)  # no Python 3.12: say so before any download
     torch = environments.torch_choice(registry)
-    # A CPU channel without its closure stops here, before any download.
-    environments.closure_of(registry, torch, constraints or registry.constraints)
+    # Picked before the tree is fetched: a CPU channel without its closure stops before any download.
+    closure = environments.closure(registry, cell_era(registry, cell), torch=torch, override=constraints)
     tree = resolve_tree(registry, cell)
-    # A release of a declared era runs in that era's closure; the drift lane brings its own.
-    constraints = constraints or environments.closure_for_era(registry, environments.era_of(registry, tree))
-    closure = environments.closure_of(registry, torch, constraints)
     made_by = provenance.record(registry.root, provenance.inputs(registry, [cell.experiment],
                                                                  provenance.CELL_DRIVERS, [closure]))
     key = cache_key(registry, made_by, tree, torch.channel)
@@ -151,7 +156,7 @@ def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Pa
     result = out / results.result_name(cell.experiment, cell.side, tree.label())
     receipt_file = results.receipt_path(result)
     work = work_dir(registry.root)
-    slug = cell_slug(registry, cell, tree, constraints)
+    slug = cell_slug(registry, cell, tree, closure)
     # A path tree outside git has no content key: it always reruns.
     cacheable = not (cell.kind == "path" and tree.digest is None)
     with exclusive(work / "locks" / f"{slug}.lock", f"cell {cell.name}"):

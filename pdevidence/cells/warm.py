@@ -90,7 +90,7 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
     work = work_dir(reg.root)
     where = f"engine ({era.name})" if era else "engine"
     env = environments.closure_environment(reg, era, log=lambda msg: log(f"{where}: {msg}"))
-    closure = environments.closure_for_era(reg, era)
+    closure = environments.closure(reg, era)
     stand_ins = environments.stand_in_env(era)
     identity = environments.find_python(reg.python).identity()
     keys = {tree.label(): outcome_key(reg, tree, closure, identity, env.torch.channel.value, stand_ins,

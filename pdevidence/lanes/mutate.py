@@ -209,7 +209,7 @@ def run(reg: registry.Registry, experiment: str, *, log=print) -> MutationTable:
 def made_by(reg: registry.Registry, experiment: str, tree) -> provenance.Provenance:
     """What makes a mutation table: the probe, the kit, the driver and its mutant kit, the registry, the
     closure ``tree`` runs in, the harness."""
-    closure = environments.closure_for_era(reg, environments.era_of(reg, tree))
+    closure = environments.closure(reg, environments.era_of(reg, tree))
     return provenance.record(reg.root, provenance.inputs(reg, [experiment], provenance.MUTATION_DRIVERS, [closure]))
 
 

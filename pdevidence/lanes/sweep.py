@@ -186,7 +186,7 @@ def table(experiment: str, outcomes: list[ReleaseOutcome], bracket: dict[str, st
 def made_by(reg: Registry, experiments: list[str]) -> Provenance:
     """What makes a sweep's tables: the experiments' probes, the kit, the engine and its driver, the registry,
     every closure a release may run in (today's and each era's), the harness."""
-    closures = [environments.closure_for_era(reg, None), *(era.constraints for era in reg.eras.values())]
+    closures = [environments.closure(reg), *(era.constraints for era in reg.eras.values())]
     return provenance.record(reg.root, provenance.inputs(reg, experiments, provenance.SWEEP_DRIVERS, closures))
 
 
