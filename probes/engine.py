@@ -37,6 +37,7 @@ sys.path.insert(0, str(HERE))
 
 import _standins  # noqa: E402
 import probe_all  # noqa: E402
+from _probekit import quiet_environment  # noqa: E402
 
 EXIT_INTERNAL = 70  # the child died outside probe_all's own exit codes (EX_SOFTWARE)
 
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="modules to import before the first child; updated with what the children needed")
     args = parser.parse_args(argv)
     args.scratch.mkdir(parents=True, exist_ok=True)
-    probe_all.quiet_environment()
+    quiet_environment()
     _standins.install()  # the children inherit them; preloading must not import the real ones
     pending = [json.loads(line) for line in args.tasks.read_text(encoding="utf-8").splitlines() if line.strip()]
     needed: list[str] = json.loads(args.preload.read_text(encoding="utf-8")) if args.preload.exists() else []
