@@ -81,6 +81,28 @@ def test_a_receipt_records_what_made_it_and_names_each_input_that_changed(projec
     assert "made by another probe" in why[1] and "made by another probe kit" in why[0]
 
 
+def test_a_digest_is_read_once_per_process_while_its_file_stays_as_it_was(tmp_path, monkeypatch):
+    reads = []
+    monkeypatch.setattr(provenance, "sha256_file", lambda path: reads.append(path) or path.read_text())
+    monkeypatch.setattr(provenance, "_digests", {})
+    monkeypatch.setattr(provenance, "RECENT_NS", 0)  # as if written long ago
+    probe = tmp_path / "probe.py"
+    probe.write_text("one")
+    assert provenance.file_digest(probe) == provenance.file_digest(probe) == "one" and len(reads) == 1
+    probe.write_text("three")
+    assert provenance.file_digest(probe) == "three" and len(reads) == 2
+
+
+def test_a_file_changed_just_now_is_read_again_even_when_its_stat_looks_the_same(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("observed = True\n")
+    stat = probe.stat()
+    before = provenance.file_digest(probe)
+    probe.write_text("observed = Fals\n")  # same size
+    os.utime(probe, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same mtime: only the recent change tells
+    assert provenance.file_digest(probe) != before
+
+
 def test_another_harness_makes_every_document_stale(project, monkeypatch):
     receipt = Receipt.load(project / "runs" / "demo.base.release-1.0.0.receipt.json")
     monkeypatch.setattr(provenance, "harness_digest", lambda: "1" * 64)

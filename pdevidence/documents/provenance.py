@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,13 +32,32 @@ CELL_DRIVERS: tuple[str, ...] = ()  # a cell runs its probe file directly
 SWEEP_DRIVERS = ("probes/probe_all.py", "probes/engine.py")
 MUTATION_DRIVERS = ("probes/probe_mutants.py", "probes/_mutants.py")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# Digests are remembered per process: a sweep or a check records and verifies the same harness, kit and
+# closures once per era group and per document. A file's entry is keyed by what changes when its content does
+# (inode, size, mtime, ctime); one changed in the last seconds is never remembered, since a file system's clock
+# is coarse and a second write within one tick can leave that stat as it was.
+RECENT_NS = 2_000_000_000
+_digests: dict[tuple, str] = {}
+
+
+def file_digest(path: Path) -> str:
+    """``path``'s SHA-256, read once per process while the file stays as it was."""
+    now = time.time_ns()
+    st = path.stat()
+    key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    found = _digests.get(key)
+    if found is None:
+        found = sha256_file(path)
+        if max(st.st_mtime_ns, st.st_ctime_ns) < now - RECENT_NS:
+            _digests[key] = found
+    return found
 
 
 def tree_digest(files: list[Path], root: Path) -> str:
     """One digest over files: each one's path relative to ``root`` and its SHA-256, in path order."""
     digest = hashlib.sha256()
     for path in sorted(files, key=lambda p: p.relative_to(root).as_posix()):
-        digest.update(f"{path.relative_to(root).as_posix()}\0{sha256_file(path)}\n".encode())
+        digest.update(f"{path.relative_to(root).as_posix()}\0{file_digest(path)}\n".encode())
     return digest.hexdigest()
 
 
@@ -98,7 +118,7 @@ class Provenance:
             path = root / rel
             if not path.is_file():
                 found.append(f"{rel}: made by {_role(rel)} ({rel} is not in this checkout)")
-            elif (now := sha256_file(path)) != sha:
+            elif (now := file_digest(path)) != sha:
                 found.append(f"{rel}: made by {_role(rel)} (recorded {sha[:12]}, this checkout {now[:12]})")
         if (now := harness_digest()) != self.harness:
             found.append(f"made by another harness: {HARNESS_NAME} recorded {self.harness[:12]}, "
@@ -108,7 +128,7 @@ class Provenance:
 
 def record(root: Path, files: list[Path]) -> Provenance:
     """The provenance block of a document made now from ``files`` (paths in the checkout at ``root``)."""
-    return Provenance({relative(path, root): sha256_file(path) for path in files}, harness_digest())
+    return Provenance({relative(path, root): file_digest(path) for path in files}, harness_digest())
 
 
 def inputs(reg: Registry, experiments: list[str], drivers: tuple[str, ...], closures: list[Path]) -> list[Path]:
