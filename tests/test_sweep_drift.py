@@ -116,15 +116,24 @@ def test_drift_repins_only_the_named_packages():
     assert moved == "# header\ntorch\ntorchvision\ntransformers==5.19.0\nnumpy\n"
 
 
-def test_an_sglang_that_no_longer_imports_is_the_drift_finding_not_a_crash(tmp_path, monkeypatch):
+def published_head(root):
+    """A synthetic project whose head result is published: in results/ and in SHA256SUMS.txt."""
     from synthetic import make_project, write_cell
 
+    from pdevidence.documents import integrity
+
+    project = make_project(root)
+    write_cell(project / "results", "head")
+    (project / integrity.SUMS_FILE).write_text(integrity.render(project))
+    return project
+
+
+def test_an_sglang_that_no_longer_imports_is_the_drift_finding_not_a_crash(tmp_path, monkeypatch):
     from pdevidence import registry
     from pdevidence.cells import cells
     from pdevidence.core import errors
 
-    project = make_project(tmp_path)
-    write_cell(project / "results", "head")
+    project = published_head(tmp_path)
     reg = registry.load(project)
 
     def compile_(reg_, pins, dest):
@@ -172,13 +181,12 @@ def test_a_sweep_of_something_that_is_not_a_version_is_a_usage_error(tmp_path, c
 
 def drift_against(tmp_path, monkeypatch, fresh_doc):
     """The drift lane on the synthetic head cell, its rerun replaced by ``fresh_doc``."""
-    from synthetic import make_project, write_cell
+    from synthetic import write_cell
 
     from pdevidence import registry
     from pdevidence.cells import cells
 
-    project = make_project(tmp_path)
-    write_cell(project / "results", "head")
+    project = published_head(tmp_path)
     fresh = write_cell(tmp_path / "drift-runs", "head", doc=fresh_doc)
 
     def compile_(reg_, pins, dest):
@@ -205,3 +213,21 @@ def test_a_drift_result_of_another_side_is_refused_naming_the_file(tmp_path, mon
 
     with pytest.raises(errors.HarnessError, match=r"demo\.head\.release-1\.1\.0\.json.*side 'base'"):
         drift_against(tmp_path, monkeypatch, result_doc("base", "1.1.0"))
+
+
+@pytest.mark.parametrize("spoil, code", [("tamper", "INTEGRITY"), ("another probe", "STALE")])
+def test_drift_verifies_the_published_result_before_recompiling_anything(tmp_path, monkeypatch, spoil, code):
+    from pdevidence import registry
+    from pdevidence.core import errors
+
+    project = published_head(tmp_path)
+    if spoil == "tamper":
+        result = project / "results" / "demo.head.release-1.1.0.json"
+        result.write_text(result.read_text().replace('"retired": true', '"retired": false'))
+    else:
+        (project / "probes" / "probe_demo.py").write_text("print('another probe')\n")
+    monkeypatch.setattr(drift, "compile_constraints", lambda *a: pytest.fail("recompiled before verifying"))
+    with pytest.raises(errors.HarnessError, match=r"results/demo\.head\.release-1\.1\.0") as caught:
+        drift.run(registry.load(project), "demo", "head", {"torch": drift.LATEST}, published=project / "results",
+                  work=tmp_path / "work")
+    assert caught.value.code == getattr(errors, code)

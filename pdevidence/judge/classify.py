@@ -126,15 +126,17 @@ class References:
         return self.docs["head"]
 
 
-def references(reg: Registry, exp: Experiment, directory: Path, *, fresh: bool = False) -> References:
-    """The registry's release-backed base and head results, verified before anything is judged by them.
+def references(reg: Registry, exp: Experiment, directory: Path, *, fresh: bool = False,
+               sides: tuple[str, ...] = SIDES) -> References:
+    """The registry's release-backed base and head results (or only ``sides``), verified before anything is
+    judged by them.
 
     Published (``results/``): each file and its receipt must match SHA256SUMS.txt and load (else exit 5,
     naming it). Fresh (``runs/``, while republishing): each must load with its receipt. Either way the
     receipt must record this checkout's probe, kit, registry, constraints and harness (else exit 8).
     """
     docs, digests, stale = {}, {}, {}
-    for side in SIDES:
+    for side in sides:
         path = directory / expected_file(exp, side, "release")
         if not path.exists():
             todo = ("run `nox -s matrix` first" if fresh else
@@ -150,7 +152,7 @@ def references(reg: Registry, exp: Experiment, directory: Path, *, fresh: bool =
                                           f"{why}", todo="restore it from git (`git checkout -- results/`) "
                                           "or republish; nothing was judged")
         try:
-            docs[side] = results.load(path, experiment=exp.name)
+            docs[side] = results.load(path, experiment=exp.name, side=side)
             made = Receipt.load(receipt, experiment=exp.name, side=side)
         except HarnessError as exc:
             raise integrity_error(f"the {'fresh' if fresh else 'published'} reference {relative(path, reg.root)} "

@@ -2,8 +2,8 @@
 
 Recompiles the cell closure with newer pins, reruns a release-backed cell in
 its own directory and compares its observations with the pinned cell's
-published result. Advisory: it never touches results/ and a change is a
-finding, not a failure.
+published result (verified first, as check and sweep verify theirs).
+Advisory: it never touches results/ and a change is a finding, not a failure.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from ..core.errors import HarnessError, usage
 from ..documents.results import Result
 from ..documents.vocabulary import KeyStatus
 from ..environments import uv_executable
-from ..judge.compare import diff_observations, expected_file
+from ..judge.classify import references
+from ..judge.compare import diff_observations
 from ..registry import Registry
 
 LATEST = "latest"
@@ -67,8 +68,8 @@ def compile_constraints(reg: Registry, pins: dict[str, str], dest: Path) -> Path
 
 def run(reg: Registry, experiment: str, side: str, pins: dict[str, str], *, published: Path,
         work: Path, log=print) -> DriftReport:
-    exp = reg.experiment(experiment)
-    pinned = Result.load(published / expected_file(exp, side, "release"), experiment=experiment, side=side)
+    # The published result, verified as check and sweep verify theirs: sums, loaders, made by this checkout.
+    pinned = references(reg, reg.experiment(experiment), published, sides=(side,)).docs[side]
     constraints = compile_constraints(reg, pins, work / "drift" / f"{experiment}.{side}.txt")
     resolved = {m.group(1): m.group(2) for m in re.finditer(r"^(torch|torchvision|transformers)==(\S+)",
                                                             constraints.read_text(), re.M)}
@@ -79,7 +80,7 @@ def run(reg: Registry, experiment: str, side: str, pins: dict[str, str], *, publ
         # SGLang failing to import on newer pins is exactly what this lane exists to find.
         return DriftReport(experiment, side, pins, "cannot run", error=str(exc), packages=resolved)
     fresh = Result.load(outcome.result, experiment=experiment, side=side)
-    grid = diff_observations(pinned.doc, fresh.doc)
+    grid = diff_observations(pinned, fresh.doc)
     changed = [f"{sid}.{key}" for sid, sc in grid.items() for key, k in sc["keys"].items()
                if k["status"] is not KeyStatus.UNCHANGED]
     return DriftReport(experiment, side, pins, "changed" if changed else "unchanged", changed, packages=resolved)
