@@ -45,14 +45,16 @@ if BEHAVIOUR == "hang":
     import time
     time.sleep(600)
 """
-PROBE = """
+# Every demo probe: the scenario set and its prepare(); each adds its scenarios.
+PROBE_HEAD = """
 from _probekit import ScenarioSet
 SET = ScenarioSet("demo")
 
 def prepare():
     import sglang
     return sglang.__version__
-
+"""
+PROBE = PROBE_HEAD + """
 @SET.scenario("D1", "the door")
 def d1(observed):
     import sglang, closurelib
@@ -228,14 +230,8 @@ def test_what_the_engine_could_not_finish_is_never_kept(warm_world):
     assert "probing release-1.0.0 " in said and "outcomes reused: release-1.1.0 " in said
 
 
-DOOR_PROBE = """
-from _probekit import ScenarioSet
-SET = ScenarioSet("demo")
-
-def prepare():
-    import sglang
-    return sglang.__version__
-
+# The fixture registry's differential (synthetic.REGISTRY: D1 changes, D2 does not), read from the tree's GUARD.
+DOOR_PROBE = PROBE_HEAD + """
 @SET.scenario("D1", "the door")
 def d1(observed):
     import sglang
