@@ -83,6 +83,7 @@ class ExperimentCheck:
     error: str | None = None
     evidence: list[str] = field(default_factory=list)  # not affected: the observations that show it
     justification: str | None = None  # not affected: OpenVEX's justification
+    not_deciding: list[str] = field(default_factory=list)  # the registry rules that set keys aside on this build
 
     def to_json(self) -> dict:
         found = {"experiment": self.experiment, "pr": self.pr, "status": self.status.value,
@@ -90,6 +91,8 @@ class ExperimentCheck:
                  "result_sha256": self.result_sha256, "error": self.error}
         if self.status is Status.NOT_AFFECTED:
             found.update(evidence=self.evidence, justification=self.justification)
+        if self.not_deciding:
+            found["not_deciding"] = self.not_deciding
         return found
 
 
@@ -121,7 +124,8 @@ def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict) -
     status = STATUS_OF[classify.overall(found)]
     return ExperimentCheck(exp.name, exp.pr, status, found,
                            [sid for sid, b in found.items() if b in DECIDING[status]],
-                           outcome.result_sha256, classify.raised(outcome.doc, found))
+                           outcome.result_sha256, classify.raised(outcome.doc, found),
+                           not_deciding=classify.set_aside(outcome.doc, exp))
 
 
 def interpreter_version(interpreter: Path) -> tuple[int, int]:
@@ -256,4 +260,5 @@ def table(result: CheckResult) -> str:
         else:
             detail = f"{'fixed' if e.status is Status.FIXED else 'pre-fix'}: {', '.join(e.deciding)}"
         lines.append(f"  {e.experiment:<10} {e.status.value:<12} PR #{e.pr}  {detail}")
+        lines += [f"  {'':<10} judged without {rule}" for rule in e.not_deciding]
     return "\n".join(lines)
