@@ -4,10 +4,11 @@ The target is an environment you already have (``--python``: nothing is
 installed into it or written inside it) or a tree the warm engine puts on a
 probe process's path as it is (``--version``, ``--wheel``: the wheel unpacked;
 ``--path``, ``--git``: the source tree's directory holding ``sglang/``, nothing
-built), in the closure of the tree's era. Every experiment runs in one probe process. Each is judged on the scenarios that
-tell the published base and head results apart: fixed, affected (pre-fix),
-partial (some scenarios fixed, others pre-fix), unknown (matches neither), or
-cannot run (the probe could not import or set up).
+built), in the closure of the tree's era. Every experiment runs in one probe
+process. Each is judged on the scenarios that tell the published base and head
+results apart: fixed, affected (pre-fix), partial (some scenarios fixed, others
+pre-fix), unknown (matches neither), or cannot run (the probe could not import
+or set up).
 """
 
 from __future__ import annotations
@@ -241,8 +242,8 @@ def describe(result: CheckResult) -> str:
     told = f"version {target.version.describe()}" if target.version else \
         "version not told (no version.py literal, static pyproject version or version tag)"
     era = f"era {target.era}" if target.era else "today's closure"
-    said = f"; sglang.__version__ says {result.sglang_version}" \
-        if result.sglang_version and (not target.version or result.sglang_version not in (target.version.version, target.version.told)) else ""
+    same = target.version and result.sglang_version in (target.version.version, target.version.told)
+    said = f"; sglang.__version__ says {result.sglang_version}" if result.sglang_version and not same else ""
     return f"{target.kind} {target.ref}{commit}: {told}, run in {era}{said}"
 
 

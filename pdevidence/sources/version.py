@@ -61,13 +61,14 @@ def lenient(told: str) -> tuple[str, str | None] | None:
 def read(package_dir: Path, root: Path, *, repo: Path | None, rev: str) -> TreeVersion | None:
     """The version of the tree whose ``package_dir`` holds ``sglang/``; ``repo`` is a git checkout
     holding commit ``rev`` (None: no tags to read). None when nothing tells it."""
-    for told, source in (_literal(package_dir / "sglang" / "version.py"),
-                         _static(package_dir / "pyproject.toml"),
-                         (_describe(repo, rev) if repo is not None else None, GIT_DESCRIBE)):
+    version_py, pyproject = package_dir / "sglang" / "version.py", package_dir / "pyproject.toml"
+    for where, tell in ((_relative(version_py, root), lambda: _literal(version_py)),
+                        (_relative(pyproject, root), lambda: _static(pyproject)),
+                        (GIT_DESCRIBE, lambda: _describe(repo, rev) if repo is not None else None)):
+        told = tell()
         found = lenient(told) if told else None
         if found:
-            name = source if source == GIT_DESCRIBE else _relative(package_dir / source, root)
-            return TreeVersion(found[0], found[1], name, told)
+            return TreeVersion(found[0], found[1], where, told)
     return None
 
 
@@ -75,28 +76,28 @@ def _relative(path: Path, root: Path) -> str:
     return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
 
-def _literal(version_py: Path) -> tuple[str | None, str]:
+def _literal(version_py: Path) -> str | None:
     """A module-level ``__version__ = "..."``; one assigned under try/except (a build's fallback) is not."""
-    where = "sglang/version.py"
     try:
         module = ast.parse(version_py.read_text(encoding="utf-8"))
     except (OSError, SyntaxError, UnicodeDecodeError):
-        return None, where
+        return None
     for node in module.body:
-        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)
-                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
-            return node.value.value, where
-    return None, where
+        named = isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__version__"
+                                                     for t in node.targets)
+        if named and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return node.value.value
+    return None
 
 
-def _static(pyproject: Path) -> tuple[str | None, str]:
-    where = "pyproject.toml"
+def _static(pyproject: Path) -> str | None:
+    """``[project] version`` unless the version is dynamic (setuptools-scm's, from the tags)."""
     try:
         project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-        return None, where
+        return None
     version = project.get("version")
-    return (version if isinstance(version, str) and "version" not in project.get("dynamic", []) else None), where
+    return version if isinstance(version, str) and "version" not in project.get("dynamic", []) else None
 
 
 def _describe(repo: Path, rev: str) -> str | None:
