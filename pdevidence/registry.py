@@ -201,6 +201,8 @@ class Registry:
     constraints_input: Path | None
     release_floor: str
     experiments: dict[str, Experiment]
+    # The first release with PD disaggregation (None: not declared): no older release has a PD handoff.
+    pd_first_release: str | None = None
     # The release whose `check --openvex` document is published as the OpenVEX example (None: none is).
     openvex_example: str | None = None
     eras: dict[str, Era] = field(default_factory=dict)
@@ -323,7 +325,7 @@ def _parse(root: Path, data: dict) -> Registry:
     _table(data, "registry", required={"schema": int, "python": str, "constraints": str, "release_floor": str,
                                        "experiments": dict, "torch_channel": str},
            optional={"constraints_input": str, "constraints_cpu": str, "openvex_example": str, "eras": dict,
-                     "stand_ins": dict})
+                     "stand_ins": dict, "pd_first_release": str})
     if data["schema"] != SCHEMA:
         raise RegistryError(f"registry.schema: {data['schema']} is not a schema this harness reads ({SCHEMA})")
     experiments = {}
@@ -346,6 +348,8 @@ def _parse(root: Path, data: dict) -> Registry:
         constraints_input=root / data["constraints_input"] if "constraints_input" in data else None,
         release_floor=_version(data["release_floor"], "registry.release_floor"),
         experiments=experiments,
+        pd_first_release=_version(data["pd_first_release"], "registry.pd_first_release")
+        if "pd_first_release" in data else None,
         eras=eras,
         stand_ins=stand_ins,
         openvex_example=_version(data["openvex_example"], "registry.openvex_example")
