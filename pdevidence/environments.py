@@ -336,5 +336,10 @@ def closure_environment(registry: Registry, era: Era | None = None, log=None) ->
     the warm engine's environment."""
     torch = torch_choice(registry)
     installs = closure(registry, era, torch=torch)
-    slug = f"closure.{sha256_file(installs)[:12]}"
-    return ensure(work_dir(registry.root) / "envs" / slug, registry.python, installs, None, torch, log=log)
+    return ensure(closure_environment_path(registry, installs), registry.python, installs, None, torch, log=log)
+
+
+def closure_environment_path(registry: Registry, installs: Path) -> Path:
+    """Where the closure environment of ``installs`` lives: one per closure file's content, shared by the eras
+    that declare the same closure."""
+    return work_dir(registry.root) / "envs" / f"closure.{sha256_file(installs)[:12]}"
