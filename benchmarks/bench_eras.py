@@ -89,7 +89,8 @@ def main() -> int:
     print(f"{'era':<26} {'releases':<18} {'env s':>6} {'sweep s':>8} {'uv cache growth':>16}")
     total_s = total_b = 0.0
     for name, releases, built, took in rows:
-        span = f"{releases[0]}-{releases[-1]} ({len(releases)})" if releases else "none"
+        span = "none" if not releases else releases[0] if len(releases) == 1 else \
+            f"{releases[0]}-{releases[-1]} ({len(releases)})"
         home = homes[name]
         if first[home] != name:
             disk, size = f"shares {first[home]}", 0
