@@ -111,7 +111,7 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
     if todo:
         log(f"{where}: probing {', '.join(t.label for t in todo)} ({jobs} at a time)")
         ran = engine.run(reg, env.interpreter, todo, experiments, out_dir=out_dir, logs=work / "logs" / "engine",
-                         preload=work / "engine" / f"{env.path.name}.preload.json", jobs=jobs, env=stand_ins,
+                         preload=engine.preload_file(work, env.path), jobs=jobs, env=stand_ins,
                          log=log)
         for label, outcomes in ran.items():
             found[label] = outcomes
