@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -354,25 +357,55 @@ def test_registry_mutants_are_well_formed_for_the_driver():
             assert _mutants.MutantSpec.from_json(mutant.spec()).id == mutant.id
 
 
+def run_lane(runs: Path, name: str, *argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PDEVIDENCE_RUNS": str(runs), "PYTHONPATH": str(PROJECT)}
+    return subprocess.run([sys.executable, "-m", "pdevidence", "--root", str(PROJECT), "mutate", name, *argv],
+                          env=env, capture_output=True, text=True, timeout=1800)
+
+
+@pytest.fixture(scope="module")
+def real_lanes(tmp_path_factory):
+    """Each real lane run once per way of running it, into a runs directory of its own; the tests read what it
+    wrote."""
+    ran = {}
+
+    def lane(name: str, *argv: str) -> tuple[Path, subprocess.CompletedProcess]:
+        if (name, *argv) not in ran:
+            runs = tmp_path_factory.mktemp(f"mutate-{name}{''.join(argv)}")
+            ran[(name, *argv)] = runs, run_lane(runs, name, *argv)
+        return ran[(name, *argv)]
+
+    return lane
+
+
 @pytest.mark.sglang
 @pytest.mark.parametrize("name", ["admission", "prefill"])
-def test_real_lane_kills_every_mutant_and_every_scenario_kills(name, tmp_path, monkeypatch, capsys):
-    from pdevidence import cli
-
-    monkeypatch.setenv("PDEVIDENCE_RUNS", str(tmp_path))
-    code = cli.main(["--root", str(PROJECT), "mutate", name])
-    result = MutationTable.load(tmp_path / f"mutate.{name}.json")
-    out = capsys.readouterr().out
+def test_real_lane_kills_every_mutant_and_every_scenario_kills(name, real_lanes):
+    runs, done = real_lanes(name)
+    result = MutationTable.load(runs / f"mutate.{name}.json")
     score = result.score
-    assert out.rstrip().splitlines()[-1] == (f"{name}: {score['killed']} of {score['applicable']} mutants killed "
-                                             f"({score['by_observation']} by observation, "
-                                             f"{score['only_raising']} only by raising)")
+    assert done.stdout.rstrip().splitlines()[-1] == (f"{name}: {score['killed']} of {score['applicable']} mutants "
+                                                     f"killed ({score['by_observation']} by observation, "
+                                                     f"{score['only_raising']} only by raising)")
+    assert f"engine: {name} done in" in done.stdout  # a warm engine child ran the driver
     assert result.score["applicable"] >= 10
     assert [m.id for m in result.survivors] == []
-    assert code == errors.CONFIRMED
+    assert done.returncode == errors.CONFIRMED, done.stdout[-2000:] + done.stderr[-2000:]
     killers = {sid for m in result.mutants for sid in m.killed_by}
     assert killers == set(result.scenarios), f"scenarios that kill nothing: {set(result.scenarios) - killers}"
     assert {m.kind for m in result.mutants} == set(registry.MutantKind)
+
+
+@pytest.mark.sglang
+def test_real_lane_in_the_engine_writes_what_the_fresh_process_writes(real_lanes):
+    """One lane (admission) both ways: the engine child and a fresh process (--cold) observe the same under every
+    mutant, so the driver documents and the tables are the same bytes (neither holds a time)."""
+    warm, done_warm = real_lanes("admission")
+    cold, done_cold = real_lanes("admission", "--cold")
+    assert done_cold.returncode == errors.CONFIRMED, done_cold.stdout[-2000:] + done_cold.stderr[-2000:]
+    assert "engine:" not in done_cold.stdout and "in a fresh process" in done_cold.stdout
+    for name in ("mutate/admission.probe.json", "mutate.admission.json"):
+        assert (warm / name).read_bytes() == (cold / name).read_bytes(), name
 
 
 DEMO_PROBE = '''
