@@ -293,11 +293,12 @@ def parser() -> argparse.ArgumentParser:
     sm.set_defaults(func=cmd_sweep_merge)
 
     ck = sub.add_parser("check", help="is my SGLang affected? run every probe on one build and judge each fix")
-    # Each option may repeat; every target named is checked, release and wheel targets in one engine.
+    # Each option may repeat; every target named is checked, every tree in one engine per era, nothing built.
     ck.add_argument("--python", type=Path, action="append", help="an existing environment's interpreter (left untouched)")
     ck.add_argument("--version", action="append", help="an SGLang release from PyPI")
     ck.add_argument("--wheel", type=Path, action="append", help="an SGLang wheel file (a backport, a fork's build)")
-    ck.add_argument("--path", type=Path, action="append", help="an SGLang source tree (checkout root or its python/)")
+    ck.add_argument("--path", type=Path, action="append",
+                    help="an SGLang source tree or fork, used unbuilt (checkout root or its python/)")
     ck.add_argument("--git", metavar="SHA", action="append", help="a commit: GitHub's archive, or SGLANG_REPO=<clone>")
     ck.add_argument("--json", action="store_true", help=f"print the {check.SCHEMA} document instead of the table")
     ck.add_argument("--openvex", type=Path, metavar="FILE", help="also write an OpenVEX v0.2.0 document")

@@ -313,10 +313,13 @@ def cell_environment(registry: Registry, tree: Tree, slug: str,
 
 
 def era_of(registry: Registry, tree: Tree | None) -> Era | None:
-    """The era a tree runs in: a release's or wheel's version decides; a source tree runs in today's closure."""
-    if tree is None or tree.kind not in ("release", "wheel"):
+    """The era a tree runs in, by its version: a release's or wheel's, or the one a source tree's commit
+    tells (``sources/version.py``); a source tree that tells none runs in today's closure."""
+    if tree is None:
         return None
-    return registry.era_of(tree.resolved)
+    if tree.kind in ("release", "wheel"):
+        return registry.era_of(tree.resolved)
+    return registry.era_of(tree.version.version) if tree.version else None
 
 
 def closure_for_era(registry: Registry, era: Era | None) -> Path:

@@ -107,12 +107,43 @@ class NotAffected:
     def holds(self, doc: dict) -> bool:
         scenario = (doc.get("scenarios") or {}).get(self.scenario) or {}
         observed = scenario.get("observed") or {}
-        value = observed.get(self.key, _MISSING)
-        # Typed: True is not 1, as everywhere observations are compared.
-        return type(value) is type(self.value) and value == self.value
+        return _same(observed.get(self.key, _MISSING), self.value)
 
 
 _MISSING = object()
+
+
+def _same(value: Any, wanted: Any) -> bool:
+    # Typed: True is not 1, as everywhere observations are compared.
+    return type(value) is type(wanted) and value == wanted
+
+
+@dataclass(frozen=True)
+class NotDeciding:
+    """Telling keys that do not tell base from head on a tree where ``when`` holds.
+
+    They differ there for a reason the fix does not decide (how the tree's intake marks a
+    rejection, a path it does not have). ``when`` maps ``"adaptation"`` to an adaptation the
+    probe ran, or ``"<scenario>.<key>"`` to an observed value; empty, it holds on every tree.
+    ``keys`` maps a scenario to the keys that do not decide there, or to None: none do.
+    """
+
+    id: str
+    when: dict[str, Any]
+    keys: dict[str, tuple[str, ...] | None]
+    why: str
+
+    def holds(self, doc: dict) -> bool:
+        for name, wanted in self.when.items():
+            if name == "adaptation":
+                if wanted not in (doc.get("adaptations") or ()):
+                    return False
+                continue
+            sid, key = name.split(".", 1)
+            observed = ((doc.get("scenarios") or {}).get(sid) or {}).get("observed") or {}
+            if not _same(observed.get(key, _MISSING), wanted):
+                return False
+        return True
 
 
 @dataclass(frozen=True)
@@ -127,6 +158,7 @@ class Experiment:
     expect: dict[str, Expectation] = field(default_factory=dict)
     mutants: dict[str, Mutant] = field(default_factory=dict)
     not_affected: dict[str, NotAffected] = field(default_factory=dict)
+    not_deciding: dict[str, NotDeciding] = field(default_factory=dict)
 
     def release(self, side: str) -> str:
         version = self.releases.get(side)
@@ -169,6 +201,8 @@ class Registry:
     constraints_input: Path | None
     release_floor: str
     experiments: dict[str, Experiment]
+    # The first release with PD disaggregation (None: not declared): no older release has a PD handoff.
+    pd_first_release: str | None = None
     # The release whose `check --openvex` document is published as the OpenVEX example (None: none is).
     openvex_example: str | None = None
     eras: dict[str, Era] = field(default_factory=dict)
@@ -291,7 +325,7 @@ def _parse(root: Path, data: dict) -> Registry:
     _table(data, "registry", required={"schema": int, "python": str, "constraints": str, "release_floor": str,
                                        "experiments": dict, "torch_channel": str},
            optional={"constraints_input": str, "constraints_cpu": str, "openvex_example": str, "eras": dict,
-                     "stand_ins": dict})
+                     "stand_ins": dict, "pd_first_release": str})
     if data["schema"] != SCHEMA:
         raise RegistryError(f"registry.schema: {data['schema']} is not a schema this harness reads ({SCHEMA})")
     experiments = {}
@@ -314,6 +348,8 @@ def _parse(root: Path, data: dict) -> Registry:
         constraints_input=root / data["constraints_input"] if "constraints_input" in data else None,
         release_floor=_version(data["release_floor"], "registry.release_floor"),
         experiments=experiments,
+        pd_first_release=_version(data["pd_first_release"], "registry.pd_first_release")
+        if "pd_first_release" in data else None,
         eras=eras,
         stand_ins=stand_ins,
         openvex_example=_version(data["openvex_example"], "registry.openvex_example")
@@ -345,7 +381,7 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
     where = f"experiments.{name}"
     _table(table, where, required={"pr": int, "title": str, "probe": str, "git": dict},
            optional={"upstream_tests": list, "releases": dict, "expect": dict, "mutants": dict,
-                     "not_affected": dict})
+                     "not_affected": dict, "not_deciding": dict})
     git = _table(table["git"], f"{where}.git", required={side: str for side in SIDES}, optional={})
     for side in SIDES:
         if not _SHA.match(git[side]):
@@ -357,6 +393,8 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
                for mid, spec in table.get("mutants", {}).items()}
     not_affected = {rid: _parse_not_affected(f"{where}.not_affected.{rid}", rid, spec)
                     for rid, spec in table.get("not_affected", {}).items()}
+    not_deciding = {rid: _parse_not_deciding(f"{where}.not_deciding.{rid}", rid, spec, expect)
+                    for rid, spec in table.get("not_deciding", {}).items()}
     return Experiment(
         name=name,
         pr=table["pr"],
@@ -369,6 +407,7 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
         expect=expect,
         mutants=mutants,
         not_affected=not_affected,
+        not_deciding=not_deciding,
     )
 
 
@@ -379,6 +418,34 @@ def _parse_not_affected(where: str, rid: str, spec: Any) -> NotAffected:
                                   "why": str}, optional={})
     return NotAffected(rid, spec["scenario"], spec["key"], spec["value"],
                        _enum(Justification, spec["justification"], f"{where}.justification"), spec["why"])
+
+
+def _parse_not_deciding(where: str, rid: str, spec: Any, expect: dict[str, Expectation]) -> NotDeciding:
+    if not _SCENARIO.match(rid):
+        raise RegistryError(f"{where}: {rid!r} is not an id (letters, digits, _)")
+    _table(spec, where, required={"keys": dict, "why": str}, optional={"when": dict})
+    when = _values(spec.get("when", {}), f"{where}.when")
+    for name in when:
+        sid, dot, key = name.partition(".")
+        if name != "adaptation" and not (dot and key and sid in expect):
+            raise RegistryError(f"{where}.when: {name!r} is neither \"adaptation\" nor \"<scenario>.<key>\" "
+                                "of a scenario this experiment expects")
+    keys: dict[str, tuple[str, ...] | None] = {}
+    for sid, names in spec["keys"].items():
+        telling = expect.get(sid)
+        if telling is None or not telling.changes:
+            raise RegistryError(f"{where}.keys: {sid!r} is not a scenario this experiment expects to change")
+        if names == "all":
+            keys[sid] = None
+            continue
+        if not isinstance(names, list):
+            raise RegistryError(f"{where}.keys.{sid}: expected an array of keys, or \"all\" (none decides)")
+        names = _strings(names, f"{where}.keys.{sid}")
+        unknown = sorted(set(names) - set(telling.base) - set(telling.head))
+        if unknown:
+            raise RegistryError(f"{where}.keys.{sid}: {', '.join(unknown)} is not a key {sid} expects")
+        keys[sid] = names
+    return NotDeciding(rid, when, keys, spec["why"])
 
 
 def _values(values: dict, where: str) -> dict:

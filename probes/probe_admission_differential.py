@@ -10,9 +10,10 @@ beam coordinator are recording stand-ins.
 
 Older trees (back to 0.4.5) are driven through what they have, each detected
 from the tree, never from its version, and named in the result's `adaptations`
-(e.g. `session-id-only`: the request names its session by id). What a tree
-lacks that a scenario needs is recorded as "absent" (`set_finish_with_abort`,
-`is_rebootstrap`, `is_retracted`), not re-implemented.
+(e.g. `session-id-only`: the request names its session by id;
+`inline-intake-reject`: up to 0.4.6 the scheduler rejects through the real
+`validate_input_length`). What a tree lacks that a scenario needs is recorded
+as "absent" (`is_rebootstrap`, `is_retracted`), not re-implemented.
 
 Run it by hand against one tree, in a Python 3.12 venv holding the pinned
 closure (`uv pip install -r constraints/cells-py312.txt`) plus SGLang without
@@ -49,7 +50,8 @@ PROBE = ScenarioSet("admission")
 # Filled by prepare(): the real SGLang objects every scenario calls.
 SG = SimpleNamespace()
 
-REJECT_MSG = "Input length (1500 tokens) exceeds the maximum allowed length (1018 tokens)."
+REJECT_LIMIT = 1018
+REJECT_MSG = f"Input length (1500 tokens) exceeds the maximum allowed length ({REJECT_LIMIT} tokens)."
 # TEST-NET-1: never routed; the stand-in KV classes never dial it anyway.
 BOOTSTRAP_HOST = "192.0.2.1"
 BOOTSTRAP_PORT = 8998
@@ -70,6 +72,7 @@ def prepare() -> str:
     from sglang.srt.disaggregation.decode import DecodePreallocQueue
     from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue
     from sglang.srt.managers import schedule_batch
+    from sglang.srt.managers import utils as manager_utils
     from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.server_args import ServerArgs
 
@@ -87,6 +90,7 @@ def prepare() -> str:
         schedule_batch.get_tensor_model_parallel_rank = lambda: 0
 
     SG.Req = schedule_batch.Req
+    SG.validate_input_length = getattr(manager_utils, "validate_input_length", None)
     SG.FINISH_ABORT = schedule_batch.FINISH_ABORT
     SG.SamplingParams = SamplingParams
     SG.PrefillBootstrapQueue = PrefillBootstrapQueue
@@ -133,16 +137,25 @@ def make_req(prompt_len: int, session=None):
 
 
 class IntakeRejectAbsent(Exception):
-    """Up to 0.4.6 intake rejects inline in `Scheduler.handle_generate_request`: no method to call."""
+    """The tree has neither rejection the probe knows: nothing to call."""
 
 
 def rejected_req(session=None):
     """A 1500-token request rejected at intake, as the tokenizer-side checks do."""
-    if not hasattr(SG.Req, "set_finish_with_abort"):
+    req = make_req(1500, session=session)
+    if hasattr(SG.Req, "set_finish_with_abort"):
+        req.set_finish_with_abort(REJECT_MSG)
+    elif SG.validate_input_length is not None:
+        # Up to 0.4.6 `Scheduler.handle_generate_request` rejects inline: the real length check
+        # sets the abort, then the scheduler stubs the prompt and queues the request as it is.
+        PROBE.adapted("inline-intake-reject")
+        if SG.validate_input_length(req, REJECT_LIMIT, False) is None:
+            raise AssertionError(f"validate_input_length accepted {len(req.origin_input_ids)} tokens")
+        req.origin_input_ids = [0]
+        req.sampling_params.max_new_tokens = 0
+    else:
         PROBE.adapted("no-set-finish-with-abort")
         raise IntakeRejectAbsent()
-    req = make_req(1500, session=session)
-    req.set_finish_with_abort(REJECT_MSG)
     return req
 
 

@@ -268,10 +268,11 @@ def test_a_wheel_target_must_be_an_sglang_wheel_for_the_cells_python(tmp_path):
 
 def test_targets_resolve_to_the_tree_checked_with_its_provenance(project, tmp_path):
     source = tmp_path / "my-sglang"
-    (source / "python").mkdir(parents=True)
+    (source / "python" / "sglang").mkdir(parents=True)
     (source / "python" / "pyproject.toml").write_text('[project]\nname = "sglang"\n')
     target, tree = check.resolve(project, path=source)
-    assert target.to_json() == {"kind": "path", "ref": str(source), "resolved": "local", "sha256": None}
+    assert target.to_json() == {"kind": "path", "ref": str(source), "resolved": "local", "sha256": None,
+                                "era": None, "source_version": None}
     assert tree.install_target == source / "python"
     wheel = tmp_path / "sglang-0.5.20+backport-py3-none-any.whl"
     wheel.write_bytes(wheel_bytes("0.5.20+backport", ""))

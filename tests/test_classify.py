@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from synthetic import result_doc
 
 from pdevidence.documents.vocabulary import Behaviour, Classification
@@ -70,3 +71,78 @@ def test_with_a_declared_differential_only_its_changing_scenarios_and_keys_decid
     doc = release("0.9.0", {"enqueued": True, "retired": False, "door_check": "absent"})
     doc["scenarios"]["D2"]["observed"] = {"enqueued": True, "backup_marker": "older layout"}
     assert classify.classify(doc, BASE, HEAD, exp).classification == C.PRE_FIX
+
+
+# D3 tells too; two rules set keys aside: one where the tree has an older intake (D3 observes it),
+# one on every tree. Base and head below are the synthetic pair plus D3.
+SET_ASIDE = """
+[experiments.demo.expect.D3]
+changes = true
+base = { sent = 1, status = "none", streamed = 0 }
+head = { sent = 0, status = "400", streamed = 1 }
+
+[experiments.demo.not_deciding.older_intake]
+when = { "D3.intake" = "inline" }
+keys = { D3 = ["status"], D1 = "all" }
+why = "the older intake sets the status itself"
+
+[experiments.demo.not_deciding.everywhere]
+keys = { D3 = ["sent"] }
+why = "where the chunk goes is not what the fix decides"
+"""
+BASE3 = result_doc("base", "1.0.0", {"D1": {"enqueued": True, "retired": False}, "D2": {"enqueued": True},
+                                     "D3": {"sent": 1, "status": "none", "streamed": 0}})
+HEAD3 = result_doc("head", "1.1.0", {"D1": {"enqueued": False, "retired": True}, "D2": {"enqueued": True},
+                                     "D3": {"sent": 0, "status": "400", "streamed": 1}})
+
+
+@pytest.fixture
+def demo(tmp_path):
+    from synthetic import REGISTRY, make_project
+
+    from pdevidence import registry
+    return registry.load(make_project(tmp_path, REGISTRY + SET_ASIDE)).experiment("demo")
+
+
+def old_tree(d1, d3, intake="inline"):
+    return result_doc("sweep", "0.9.0", {"D1": d1, "D2": {"enqueued": True}, "D3": {**d3, "intake": intake}})
+
+
+def test_keys_set_aside_where_the_rule_holds_decide_nothing_there_and_the_rule_is_named(demo):
+    # Pre-fix on the keys that decide (streamed), different from base on the set-aside status and sent.
+    doc = old_tree({"enqueued": True, "retired": True}, {"sent": 0, "status": "400", "streamed": 0})
+    found = classify.classify(doc, BASE3, HEAD3, demo)
+    assert found.scenarios == {"D1": B.NOT_DECIDING, "D3": B.PRE_FIX}
+    assert found.classification is C.PRE_FIX
+    assert found.not_deciding == ["older_intake: the older intake sets the status itself"]  # not `everywhere`
+    assert found.to_json()["not_deciding"] == found.not_deciding
+
+
+def test_where_the_condition_does_not_hold_the_keys_decide_as_before(demo):
+    doc = old_tree({"enqueued": True, "retired": False}, {"sent": 1, "status": "400", "streamed": 0}, intake="queue")
+    found = classify.classify(doc, BASE3, HEAD3, demo)
+    assert (found.classification, found.scenarios["D3"], found.not_deciding) == (C.NEITHER, B.NEITHER, [])
+    assert "not_deciding" not in found.to_json()  # entries without a rule keep their bytes
+
+
+def test_a_set_aside_rule_cannot_hide_a_fix_or_a_raise(demo):
+    fixed = old_tree({"enqueued": False, "retired": True}, {"sent": 1, "status": "none", "streamed": 1})
+    assert classify.classify(fixed, BASE3, HEAD3, demo).classification is C.FIXED
+    broken = old_tree({}, {"sent": 1, "status": "none", "streamed": 0})
+    broken["scenarios"]["D1"]["error"] = {"type": "KeyError", "message": "'sender'"}
+    found = classify.classify(broken, BASE3, HEAD3, demo)
+    assert (found.classification, found.scenarios["D1"]) == (C.ERROR, B.ERROR)
+
+
+def test_a_tree_where_no_telling_scenario_decides_is_neither():
+    assert classify.overall({"D1": B.NOT_DECIDING}) is C.NEITHER
+    assert classify.overall({"D1": B.NOT_DECIDING, "D3": B.FIXED}) is C.FIXED
+
+
+def test_a_rule_that_holds_on_an_adaptation_the_probe_ran(demo):
+    from pdevidence.registry import NotDeciding
+    rule = NotDeciding("retries", {"adaptation": "optimistic-prefill-retries"}, {"D3": ("status",)}, "")
+    assert rule.holds({"adaptations": ["optimistic-prefill-retries"], "scenarios": {}})
+    assert not rule.holds({"scenarios": {}}) and not rule.holds({"adaptations": ["other"]})
+    typed = NotDeciding("typed", {"D3.sent": True}, {"D3": ("status",)}, "")
+    assert not typed.holds({"scenarios": {"D3": {"observed": {"sent": 1}}}})  # True is not 1

@@ -94,6 +94,17 @@ def test_the_range_opens_where_the_sweep_saw_the_flaw_arrive_else_at_0(reg):
         osv.record(reg.experiment("demo"), table([row("0.9.0", "not affected"), row("1.1.0", "fixed")]), {})
 
 
+def test_a_sweep_from_the_first_pd_release_opens_the_range_at_its_first_pre_fix_release(reg):
+    exp = reg.experiment("demo")
+    doc = table([row("0.9.0", "neither"), row("1.0.0", "pre-fix"), row("1.1.0", "fixed")])
+    rec = osv.record(exp, doc, {}, pd_first="0.9.0")
+    assert osv_problems(rec) == []
+    assert rec["affected"][0]["ranges"][0]["events"] == [{"introduced": "1.0.0"}, {"fixed": "1.1.0"}]
+    assert "probed every release from 0.9.0, the first with PD disaggregation" in rec["details"]
+    later = osv.record(exp, table([row("1.0.0", "pre-fix"), row("1.1.0", "fixed")]), {}, pd_first="0.9.0")
+    assert later["affected"][0]["ranges"][0]["events"][0] == {"introduced": "0"}  # it was not probed
+
+
 def test_the_record_is_a_pure_function_of_its_inputs(reg):
     doc = table([row("1.0.0", "pre-fix"), row("1.1.0", "fixed")])
     one = json.dumps(osv.record(reg.experiment("demo"), doc, {"x": "1"}), sort_keys=True)

@@ -191,3 +191,25 @@ def test_a_not_affected_rule_holds_on_its_typed_observation_only(tmp_path):
     assert not rule.holds({"scenarios": {"D2": {"observed": {"door": "absent"}}}})
     truthy = registry.NotAffected("x", "D1", "door", True, rule.justification, "")
     assert not truthy.holds({"scenarios": {"D1": {"observed": {"door": 1}}}})
+
+
+ASIDE = REGISTRY + """
+[experiments.demo.not_deciding.older_intake]
+when = { "D1.intake" = "inline" }
+keys = { D1 = ["retired"] }
+why = "the older intake retires the request itself"
+"""
+
+
+@pytest.mark.parametrize("broken, message", [
+    (ASIDE.replace('D1 = ["retired"]', 'D2 = ["enqueued"]'), "'D2' is not a scenario this experiment expects to change"),
+    (ASIDE.replace('D1 = ["retired"]', 'D1 = ["sent"]'), "keys.D1: sent is not a key D1 expects"),
+    (ASIDE.replace('D1 = ["retired"]', 'D1 = "retired"'), 'expected an array of keys, or "all"'),
+    (ASIDE.replace('"D1.intake"', '"intake"'), "'intake' is neither \"adaptation\" nor"),
+    (ASIDE.replace('why = "the older', 'reason = "the older'), "missing|unknown key"),
+])
+def test_not_deciding_rules_name_what_the_experiment_expects(tmp_path, broken, message):
+    with pytest.raises(errors.HarnessError, match=message) as err:
+        load_text(tmp_path, broken)
+    assert err.value.code == errors.USAGE
+

@@ -188,9 +188,10 @@ def test_unreachable_github_points_at_a_local_clone_and_the_release_cells(cache,
 
 
 def test_archive_without_a_python_package_is_refused(github, make_tarball, lock):
-    github.serve(ARCHIVE_PATH, make_tarball({f"sglang-{SHA}/README.md": b"not sglang\n"}))
+    github.serve(ARCHIVE_PATH, make_tarball({f"sglang-{SHA}/README.md": b"not sglang\n",
+                                             f"sglang-{SHA}/python/pyproject.toml": b"[project]\n"}))
 
-    with pytest.raises(HarnessError, match="no python/ package directory"):
+    with pytest.raises(HarnessError, match="no python/sglang/ package directory"):
         trees.git_tree(SHA, lock)
 
 
@@ -439,7 +440,7 @@ def test_release_with_the_index_unreachable_is_an_environment_error(lock):
 def test_path_tree_of_a_checkout_root_installs_its_python_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
     root = tmp_path / "work"
-    (root / "python").mkdir(parents=True)
+    (root / "python" / "sglang").mkdir(parents=True)
     (root / "python" / "pyproject.toml").write_text('[project]\nname = "sglang"\n')
 
     tree = trees.path_tree(root)
@@ -459,12 +460,14 @@ def test_path_tree_of_a_git_work_tree_is_labelled_by_head_and_dirtiness(clone):
 
 
 def test_path_tree_of_a_directory_without_a_python_package_is_a_usage_error(tmp_path):
-    (tmp_path / "python").mkdir()  # python/ but no pyproject.toml or setup.py in it
+    (tmp_path / "python").mkdir()  # python/ with setup files but no sglang/ in it
+    (tmp_path / "python" / "pyproject.toml").write_text('[project]\nname = "sglang"\n')
 
     with pytest.raises(HarnessError) as caught:
         trees.path_tree(tmp_path)
 
     assert caught.value.code == errors.USAGE
+    assert "python/ holds sglang/, or a directory holding sglang/" in str(caught.value)
 
 
 def test_concurrent_fetches_of_one_release_download_it_once_and_record_it_once(index, cache, lock, http_server):

@@ -324,8 +324,9 @@ def git(repo: Path, *args: str) -> str:
 
 def test_the_tests_come_from_the_head_commit_of_a_clone(tmp_path, monkeypatch):
     clone = tmp_path / "clone"
-    (clone / "python").mkdir(parents=True)
+    (clone / "python" / "sglang").mkdir(parents=True)
     (clone / "python" / "pyproject.toml").write_text("[project]\nname = 'sglang'\n")
+    (clone / "python" / "sglang" / "__init__.py").write_text("")
     for rel in RELS:
         (clone / rel).parent.mkdir(parents=True, exist_ok=True)
         (clone / rel).write_bytes((SUITE / rel).read_bytes())

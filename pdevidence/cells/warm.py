@@ -42,6 +42,11 @@ def outcome_key(reg: Registry, tree: Tree, closure: Path, interpreter: str, chan
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
+def _keyed(tree: Tree) -> bool:
+    """A work tree outside git has nothing that says what it holds: it is probed on every run, never kept."""
+    return tree.kind != "path" or tree.digest is not None
+
+
 def _complete(directory: Path, experiments: list[str]) -> bool:
     """Every experiment left a result or a cannot-run record: an outcome worth keeping (or reusing)."""
     return all((directory / f"{name}.json").exists() or (directory / f"{name}{allprobes.CANNOT_RUN_SUFFIX}").exists()
@@ -100,7 +105,7 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
     todo = []
     for tree in trees:
         label, entry = tree.label(), work / "outcomes" / keys[tree.label()]
-        if not force and _complete(entry, experiments):
+        if not force and _keyed(tree) and _complete(entry, experiments):
             allprobes.clear(out_dir / label, experiments)
             _copy(entry, out_dir / label, experiments)
             found[label] = allprobes.collect(exps, out_dir / label, entry / "none.log", "left no outcome")
@@ -110,11 +115,14 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
         log(f"{where}: {len(found)} tree(s) unchanged, outcomes reused: {', '.join(found)} (use --force to reprobe)")
     if todo:
         log(f"{where}: probing {', '.join(t.label for t in todo)} ({jobs} at a time)")
+        # A work tree (--path) is the user's: its imports must leave no bytecode in it.
+        quiet = {"PYTHONDONTWRITEBYTECODE": "1"} if any(t.kind == "path" for t in trees) else {}
         ran = engine.run(reg, env.interpreter, todo, experiments, out_dir=out_dir, logs=work / "logs" / "engine",
-                         preload=engine.preload_file(work, env.path), jobs=jobs, env=stand_ins,
-                         log=log)
+                         preload=engine.preload_file(work, env.path), jobs=jobs,
+                         env={**stand_ins, **quiet}, log=log)
+        keyed = {tree.label() for tree in trees if _keyed(tree)}
         for label, outcomes in ran.items():
             found[label] = outcomes
-            if _complete(out_dir / label, experiments):
+            if label in keyed and _complete(out_dir / label, experiments):
                 _keep(work / "outcomes" / keys[label], out_dir / label, experiments)
     return found

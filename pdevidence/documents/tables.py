@@ -39,13 +39,17 @@ class ReleaseOutcome:
     differing: list[str] = field(default_factory=list)  # scenarios matching neither reference, or erroring
     error: str | None = None  # why it could not be probed (failed), or what its scenarios raised (error)
     evidence: list[str] = field(default_factory=list)  # not affected: the observations that show it
+    not_deciding: list[str] = field(default_factory=list)  # the registry rules that set keys aside on this tree
 
     def to_json(self) -> dict:
         found = {"version": self.version, "classification": self.classification.value,
                  "scenarios": {sid: b.value for sid, b in self.scenarios.items()},
                  "differing": self.differing, "error": self.error}
-        if self.evidence:  # only where a release is not affected: other entries keep their bytes
+        # Each only where it says something: other entries keep their bytes.
+        if self.evidence:
             found["evidence"] = self.evidence
+        if self.not_deciding:
+            found["not_deciding"] = self.not_deciding
         return found
 
 
@@ -175,7 +179,8 @@ class SweepTable:
                 releases.append(ReleaseOutcome(
                     entry["version"], Classification(entry["classification"]),
                     {sid: Behaviour(b) for sid, b in entry.get("scenarios", {}).items()},
-                    list(entry.get("differing", [])), entry.get("error"), list(entry.get("evidence", []))))
+                    list(entry.get("differing", [])), entry.get("error"), list(entry.get("evidence", [])),
+                    list(entry.get("not_deciding", []))))
             except (TypeError, KeyError, ValueError, AttributeError):
                 raise bad(f"release entry {entry!r}") from None
             if not isinstance(entry["version"], str) or not isinstance(releases[-1].error, (str, type(None))):

@@ -20,6 +20,7 @@ class Behaviour(str, enum.Enum):
     NEITHER = "neither"
     ERROR = "error"
     NOT_AFFECTED = "not affected"  # the tree lacks the vulnerable path (a registry rule's observation shows it)
+    NOT_DECIDING = "not deciding"  # on this tree none of its keys tells base from head (a registry rule says why)
 
 
 class Classification(str, enum.Enum):

@@ -22,7 +22,7 @@ from ..documents.provenance import stale_error
 from ..documents.receipts import Receipt
 from ..documents.tables import ReleaseOutcome, first_fixed, flagged
 from ..documents.vocabulary import Behaviour, Classification
-from ..registry import SIDES, Experiment, NotAffected, Registry
+from ..registry import SIDES, Experiment, NotAffected, NotDeciding, Registry
 from .compare import expected_file, same
 
 
@@ -44,14 +44,32 @@ def telling_scenarios(base: dict, head: dict, exp: Experiment | None = None) -> 
             if not same(base["scenarios"].get(sid, {}).get("observed"), head["scenarios"].get(sid, {}).get("observed"))}
 
 
+def not_deciding(doc: dict, exp: Experiment | None) -> list[NotDeciding]:
+    """The registry's rules that hold on ``doc``: keys that do not tell base from head on this tree."""
+    return [rule for rule in (exp.not_deciding.values() if exp else ()) if rule.holds(doc)]
+
+
+def deciding_here(telling: dict[str, list[str] | None], rules: list[NotDeciding]) -> dict[str, list[str] | None]:
+    """The telling keys minus those the rules set aside: [] where no key of a scenario decides."""
+    out = dict(telling)
+    for rule in rules:
+        for sid, keys in rule.keys.items():
+            if sid in out:
+                out[sid] = [] if keys is None else [k for k in out[sid] or () if k not in keys]
+    return out
+
+
 def behaviours(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -> dict[str, Behaviour]:
-    """Per telling scenario: did ``doc`` do what base did, what head did, neither, or raise?"""
-    telling = telling_scenarios(base, head, exp)
+    """Per telling scenario: did ``doc`` do what base did, what head did, neither, or raise? A scenario
+    whose keys a registry rule sets aside on this tree does not decide (a raise still shows)."""
+    telling = deciding_here(telling_scenarios(base, head, exp), not_deciding(doc, exp))
     got, was, now = signature(doc, telling), signature(base, telling), signature(head, telling)
     out = {}
     for sid in telling:
         if (doc["scenarios"].get(sid) or {}).get("error") is not None:
             out[sid] = Behaviour.ERROR
+        elif telling[sid] == []:
+            out[sid] = Behaviour.NOT_DECIDING
         elif same(got[sid], was[sid]):
             out[sid] = Behaviour.PRE_FIX
         elif same(got[sid], now[sid]):
@@ -63,7 +81,7 @@ def behaviours(doc: dict, base: dict, head: dict, exp: Experiment | None = None)
 
 def overall(found: dict[str, Behaviour]) -> Classification:
     """A raise anywhere is an error (never folded into neither); then neither, then the sides."""
-    kinds = set(found.values())
+    kinds = set(found.values()) - {Behaviour.NOT_DECIDING}
     if Behaviour.ERROR in kinds:
         return Classification.ERROR
     if Behaviour.NEITHER in kinds or not kinds:
@@ -91,13 +109,20 @@ def evidence(rules: list[NotAffected]) -> list[str]:
     return [f"{r.scenario}.{r.key} = {r.value!r}: {r.why} ({r.justification.value})" for r in rules]
 
 
+def set_aside(doc: dict, exp: Experiment | None) -> list[str]:
+    """What a reader is told of how this tree was judged: each rule that held here because of what the
+    tree is (one with a ``when``), ``id: why``. A rule for every tree is the registry's, not the tree's."""
+    return [f"{rule.id}: {rule.why}" for rule in not_deciding(doc, exp) if rule.when]
+
+
 def classify(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -> ReleaseOutcome:
     found = behaviours(doc, base, head, exp)
     rules = not_affected(doc, exp)
     if rules:
         return ReleaseOutcome(doc["tree"]["resolved"], Classification.NOT_AFFECTED, found, [], None, evidence(rules))
     differing = [sid for sid, b in found.items() if b in (Behaviour.NEITHER, Behaviour.ERROR)]
-    return ReleaseOutcome(doc["tree"]["resolved"], overall(found), found, differing, raised(doc, found))
+    return ReleaseOutcome(doc["tree"]["resolved"], overall(found), found, differing, raised(doc, found),
+                          not_deciding=set_aside(doc, exp))
 
 
 def watch_exit(outcomes: list[ReleaseOutcome]) -> int:

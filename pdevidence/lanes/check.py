@@ -1,12 +1,14 @@
 """Is my SGLang affected? Run every experiment's probe on one build and say, per fix.
 
 The target is an environment you already have (``--python``: nothing is
-installed into it or written inside it) or a tree the harness installs into a
-cell environment (``--version``, ``--wheel``, ``--path``, ``--git``). Every
-experiment runs in one probe process. Each is judged on the scenarios that
-tell the published base and head results apart: fixed, affected (pre-fix),
-partial (some scenarios fixed, others pre-fix), unknown (matches neither), or
-cannot run (the probe could not import or set up).
+installed into it or written inside it) or a tree the warm engine puts on a
+probe process's path as it is (``--version``, ``--wheel``: the wheel unpacked;
+``--path``, ``--git``: the source tree's directory holding ``sglang/``, nothing
+built), in the closure of the tree's era. Every experiment runs in one probe
+process. Each is judged on the scenarios that tell the published base and head
+results apart: fixed, affected (pre-fix), partial (some scenarios fixed, others
+pre-fix), unknown (matches neither), or cannot run (the probe could not import
+or set up).
 """
 
 from __future__ import annotations
@@ -21,20 +23,18 @@ from .. import environments
 from ..cells import allprobes, warm
 from ..core import children
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, usage, worst
-from ..core.locking import exclusive
 from ..core.paths import results_dir, runs_dir, tree_lock_file, work_dir
 from ..documents.vocabulary import Behaviour, Classification
 from ..judge import classify
 from ..registry import Experiment, Registry
 from ..sources import trees
+from ..sources.version import TreeVersion
 
 SCHEMA = "pdevidence-check/1"
 # SGLang itself requires Python >= 3.10; the tests parse the probes with that grammar.
 MIN_PYTHON = (3, 10)
 CHECK_SIDE = "check"
-# Targets the warm engine runs as they are: a wheel unpacked is the package installed. A source
-# tree (--path, --git) is built into an environment of its own, so it reports its built version.
-WARM_KINDS = ("release", "wheel")
+SOURCE_KINDS = ("path", "git")
 
 
 class Status(str, enum.Enum):
@@ -62,6 +62,8 @@ class Target:
     ref: str  # as asked: an interpreter, a version, a file, a directory or a commit
     resolved: str | None = None  # version or commit; for an interpreter, the SGLang version it imports
     sha256: str | None = None  # of the wheel or archive, where there is one
+    version: TreeVersion | None = None  # a source tree's version, read from its commit; None: not told
+    era: str | None = None  # the era whose closure the tree runs in; None: today's closure
 
     def label(self) -> str:
         if self.kind == "python":
@@ -69,7 +71,12 @@ class Target:
         return trees.tree_label(self.kind, self.resolved or self.ref)
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "ref": self.ref, "resolved": self.resolved, "sha256": self.sha256}
+        found = {"kind": self.kind, "ref": self.ref, "resolved": self.resolved, "sha256": self.sha256}
+        if self.kind != "python":
+            found["era"] = self.era
+        if self.kind in SOURCE_KINDS:
+            found["source_version"] = self.version.to_json() if self.version else None
+        return found
 
 
 @dataclass
@@ -83,6 +90,7 @@ class ExperimentCheck:
     error: str | None = None
     evidence: list[str] = field(default_factory=list)  # not affected: the observations that show it
     justification: str | None = None  # not affected: OpenVEX's justification
+    not_deciding: list[str] = field(default_factory=list)  # the registry rules that set keys aside on this build
 
     def to_json(self) -> dict:
         found = {"experiment": self.experiment, "pr": self.pr, "status": self.status.value,
@@ -90,6 +98,8 @@ class ExperimentCheck:
                  "result_sha256": self.result_sha256, "error": self.error}
         if self.status is Status.NOT_AFFECTED:
             found.update(evidence=self.evidence, justification=self.justification)
+        if self.not_deciding:
+            found["not_deciding"] = self.not_deciding
         return found
 
 
@@ -121,7 +131,8 @@ def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict) -
     status = STATUS_OF[classify.overall(found)]
     return ExperimentCheck(exp.name, exp.pr, status, found,
                            [sid for sid, b in found.items() if b in DECIDING[status]],
-                           outcome.result_sha256, classify.raised(outcome.doc, found))
+                           outcome.result_sha256, classify.raised(outcome.doc, found),
+                           not_deciding=classify.set_aside(outcome.doc, exp))
 
 
 def interpreter_version(interpreter: Path) -> tuple[int, int]:
@@ -171,7 +182,8 @@ def resolve(reg: Registry, *, python: Path | None = None, version: str | None = 
     else:
         raise usage("check needs a target", expected="one of --python, --version, --wheel, --path, --git")
     ref = tree.origin if tree.kind == "path" else tree.ref
-    return Target(tree.kind, ref, tree.resolved, tree.digest), tree
+    era = environments.era_of(reg, tree)
+    return Target(tree.kind, ref, tree.resolved, tree.digest, tree.version, era.name if era else None), tree
 
 
 def run(reg: Registry, target: Target, tree: trees.Tree | None, *, fresh_references: bool = False,
@@ -182,23 +194,23 @@ def run(reg: Registry, target: Target, tree: trees.Tree | None, *, fresh_referen
 def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, fresh_references: bool = False,
             log=print) -> list[CheckResult]:
     """Every target, each judged on its own against the published base and head results (verified first), or
-    with ``fresh_references`` against the fresh ones in runs/ (while republishing); release and wheel targets
-    share one warm engine per era (an unpacked wheel is what installing it gives), with their outcomes cached
-    by what made them."""
+    with ``fresh_references`` against the fresh ones in runs/ (while republishing); every tree shares one warm
+    engine per era (an unpacked wheel is what installing it gives; a source tree's Python code is all the probes
+    load, so nothing is built), with their outcomes cached by what made them."""
     exps = list(reg.experiments.values())
     directory = runs_dir(reg.root) if fresh_references else results_dir(reg.root)
     refs = {exp.name: classify.references(reg, exp, directory, fresh=fresh_references) for exp in exps}
     names = [exp.name for exp in exps]
     out = runs_dir(reg.root) / "check"
-    warm_trees = [tree for _, tree in targets if tree is not None and tree.kind in WARM_KINDS]
+    warm_trees = [tree for _, tree in targets if tree is not None]
     engine_outcomes = warm.probe_trees(reg, warm_trees, names, {t.label(): _tree_args(t) for t in warm_trees},
                                        out_dir=out, log=log) if warm_trees else {}
     found = []
     for target, tree in targets:
-        if tree is not None and tree.kind in WARM_KINDS:
+        if tree is not None:
             outcomes = engine_outcomes[tree.label()]
         else:
-            outcomes = _in_own_process(reg, names, target, tree, out / target.label(), log)
+            outcomes = _in_own_process(reg, names, target, out / target.label(), log)
         versions = {o.doc.get("sglang_version") for o in outcomes.values() if o.doc}
         version = versions.pop() if len(versions) == 1 else None
         if target.kind == "python":
@@ -213,21 +225,13 @@ def _tree_args(tree: trees.Tree | None, kind: str = "") -> dict[str, str]:
             "tree_resolved": tree.resolved if tree else ""}
 
 
-def _in_own_process(reg: Registry, names: list[str], target: Target, tree: trees.Tree | None, out: Path,
-                    log) -> dict[str, allprobes.Outcome]:
-    """An interpreter as it is, or a source tree installed into its own check environment."""
+def _in_own_process(reg: Registry, names: list[str], target: Target, out: Path, log) -> dict[str, allprobes.Outcome]:
+    """An interpreter as it is."""
     logfile = work_dir(reg.root) / "logs" / f"check.{target.label()}.log"
-    args = _tree_args(tree, target.kind)
-    if tree is None:
-        log(f"check: running every probe with {target.ref}")
-        # Nothing may be written inside the environment checked: no bytecode caches, not even the probes'.
-        return allprobes.run(reg, target.ref, names, args, out_dir=out, log=logfile,
-                             env={"PYTHONDONTWRITEBYTECODE": "1"})
-    slug = f"{CHECK_SIDE}.{tree.label()}"
-    with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"the check environment {slug}"):
-        env = environments.cell_environment(reg, tree, slug)
-        log(f"check: {'reusing' if env.reused else 'built'} environment {env.path}")
-        return allprobes.run(reg, env.interpreter, names, args, out_dir=out, log=logfile, env=env.probe_env)
+    log(f"check: running every probe with {target.ref}")
+    # Nothing may be written inside the environment checked: no bytecode caches, not even the probes'.
+    return allprobes.run(reg, target.ref, names, _tree_args(None, target.kind), out_dir=out, log=logfile,
+                         env={"PYTHONDONTWRITEBYTECODE": "1"})
 
 
 def describe(result: CheckResult) -> str:
@@ -236,7 +240,15 @@ def describe(result: CheckResult) -> str:
         return f"{target.kind} {target.resolved}"
     commit = f" at {target.resolved}" if target.kind == "path" and target.resolved != "local" else ""
     found = f" (sglang {result.sglang_version})" if result.sglang_version else ""
-    return f"{target.kind} {target.ref}{commit}{found}"
+    if target.kind == "python":
+        return f"{target.kind} {target.ref}{found}"
+    # A source tree's own __version__ is often a build's fallback (0.0.0.dev0): the commit's version decides.
+    told = f"version {target.version.describe()}" if target.version else \
+        "version not told (no version.py literal, static pyproject version or version tag)"
+    era = f"era {target.era}" if target.era else "today's closure"
+    same = target.version and result.sglang_version in (target.version.version, target.version.told)
+    said = f"; sglang.__version__ says {result.sglang_version}" if result.sglang_version and not same else ""
+    return f"{target.kind} {target.ref}{commit}: {told}, run in {era}{said}"
 
 
 def table(result: CheckResult) -> str:
@@ -256,4 +268,5 @@ def table(result: CheckResult) -> str:
         else:
             detail = f"{'fixed' if e.status is Status.FIXED else 'pre-fix'}: {', '.join(e.deciding)}"
         lines.append(f"  {e.experiment:<10} {e.status.value:<12} PR #{e.pr}  {detail}")
+        lines += [f"  {'':<10} judged without {rule}" for rule in e.not_deciding]
     return "\n".join(lines)

@@ -158,14 +158,15 @@ def detail(o: ReleaseOutcome) -> str:
     if o.classification is Classification.NOT_AFFECTED:
         return f" ({'; '.join(o.evidence)})"
     by = {b: [sid for sid, got in o.scenarios.items() if got is b] for b in Behaviour}
+    aside = f" (judged without: {', '.join(rule.split(':')[0] for rule in o.not_deciding)})" if o.not_deciding else ""
     if o.classification is Classification.PARTIAL:
-        return f" (pre-fix: {', '.join(by[Behaviour.PRE_FIX])})"
+        return f" (pre-fix: {', '.join(by[Behaviour.PRE_FIX])}){aside}"
     if o.classification not in (Classification.NEITHER, Classification.ERROR):
-        return ""
+        return aside
     parts = [f"raised: {o.error}"] if o.error else []
     parts += [f"{b.value}: {', '.join(by[b])}" for b in (Behaviour.NEITHER, Behaviour.PRE_FIX, Behaviour.FIXED)
               if by[b]]
-    return f" ({'; '.join(parts)})" if parts else ""
+    return (f" ({'; '.join(parts)})" if parts else "") + aside
 
 
 def table(experiment: str, outcomes: list[ReleaseOutcome], bracket: dict[str, str | None]) -> str:

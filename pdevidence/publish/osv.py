@@ -35,17 +35,20 @@ def vuln_id(exp: Experiment) -> str:
     return f"{ID_PREFIX}{exp.pr}"
 
 
-def events(releases: list[ReleaseOutcome]) -> list[dict]:
+def events(releases: list[ReleaseOutcome], pd_first: str | None = None) -> list[dict]:
     """ECOSYSTEM range events from the classified releases, then every switch.
 
     The range opens where the sweep observed the vulnerable path arrive: at the first release that
-    behaves pre-fix after a release observed not affected (it lacks the path). Without such an
-    observation the sweep cannot say when the flaw arrived, and the range opens at 0. A release that
-    is pre-fix (or partly so) after a fixed one re-opens the range: a regression. Releases that
-    matched neither side, raised or failed say nothing and change nothing.
+    behaves pre-fix after a release observed not affected (it lacks the path), or when the sweep
+    probed ``pd_first`` (the first release with PD disaggregation: none before it has a PD handoff)
+    at the first pre-fix release from there. Without either the sweep cannot say when the flaw
+    arrived, and the range opens at 0. A release that is pre-fix (or partly so) after a fixed one
+    re-opens the range: a regression. Releases that matched neither side, raised or failed say
+    nothing and change nothing.
     """
     ordered = sorted(releases, key=lambda r: Version(r.version))
-    found, affected, absent_seen = [], False, False
+    found, affected = [], False
+    absent_seen = pd_first is not None and any(r.version == pd_first for r in ordered)
     for entry in ordered:
         if entry.classification is Classification.NOT_AFFECTED and not found:
             absent_seen = True
@@ -67,7 +70,7 @@ def modified(table: SweepTable) -> str:
     return as_of.split(".")[0].removesuffix("Z") + "Z"
 
 
-def record(exp: Experiment, table: SweepTable, hashes: dict[str, str]) -> dict:
+def record(exp: Experiment, table: SweepTable, hashes: dict[str, str], pd_first: str | None = None) -> dict:
     releases = table.releases
     seen = [r.version for r in releases if r.classification in LACKS_FIX]
     if not seen:
@@ -88,6 +91,9 @@ def record(exp: Experiment, table: SweepTable, hashes: dict[str, str]) -> dict:
         (f"The range opens at {seen[0]}, the first release observed to behave pre-fix after releases that "
          f"lack the vulnerable path ({', '.join(not_affected)}: the sweep names the observation that shows it). "
          if not_affected and Version(not_affected[0]) < Version(seen[0]) else
+         f"The range opens at {seen[0]}, the first release observed to behave pre-fix: the sweep probed every "
+         f"release from {pd_first}, the first with PD disaggregation (no older release has a PD handoff). "
+         if pd_first in probed else
          f"Releases before {probed[0]} were not probed, and none of those probed lacks the vulnerable path, so "
          "the range opens at 0: the sweep did not observe when the flaw arrived. ")
         + "Backports, forks and source builds can differ from their version number: "
@@ -101,7 +107,7 @@ def record(exp: Experiment, table: SweepTable, hashes: dict[str, str]) -> dict:
         "details": "\n\n".join(details),
         "affected": [{
             "package": dict(PACKAGE),
-            "ranges": [{"type": "ECOSYSTEM", "events": events(releases)}],
+            "ranges": [{"type": "ECOSYSTEM", "events": events(releases, pd_first)}],
             "versions": seen,
             "database_specific": {"classification": {r.version: r.classification.value for r in releases}},
         }],
@@ -124,7 +130,8 @@ def evidence_of(name: str, hashes: dict[str, str]) -> dict[str, str]:
 
 def records(registry: Registry, sweep_docs: dict[str, SweepTable], hashes: dict[str, str]) -> dict[str, dict]:
     """File name -> OSV record, for every experiment with a sweep table."""
-    return {f"{vuln_id(exp)}.json": record(exp, sweep_docs[name], evidence_of(name, hashes))
+    return {f"{vuln_id(exp)}.json": record(exp, sweep_docs[name], evidence_of(name, hashes),
+                                           registry.pd_first_release)
             for name, exp in registry.experiments.items() if name in sweep_docs}
 
 

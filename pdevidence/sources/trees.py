@@ -31,6 +31,8 @@ from ..core.files import read_marker, sha256_file, write_atomic, write_marker
 from ..core.locking import exclusive
 from ..core.paths import cache_dir
 from . import fetch
+from .version import TreeVersion
+from .version import read as read_version
 
 TREE_INFO = ".pdevidence-tree.json"
 KINDS = ("git", "release", "path", "wheel")
@@ -43,11 +45,12 @@ class Tree:
     kind: str  # git | release | path | wheel
     ref: str  # as asked for
     resolved: str  # full commit SHA or version
-    install_target: Path  # a source directory with setup files, or a wheel
+    install_target: Path  # a wheel, or a source tree's directory holding sglang/ (its python/)
     digest: str | None  # SHA-256 of the archive or wheel; None for a plain directory
     source: str  # github | clone | pypi | path | file
     origin: str  # URL, clone path or directory
     repo_root: Path | None = None  # whole checkout, for the upstream test files
+    version: TreeVersion | None = None  # a source tree's version, read from its commit; None: not told
 
     def label(self) -> str:
         return tree_label(self.kind, self.resolved)
@@ -284,14 +287,26 @@ def _materialize(dest: Path, info: dict, build) -> None:
     write_marker(dest / TREE_INFO, info)
 
 
+def package_dir(root: Path) -> Path | None:
+    """The directory of a source tree that holds ``sglang/``: its ``python/`` (SGLang's layout), or
+    the root itself; None when neither does."""
+    for candidate in (root / "python", root):
+        if (candidate / "sglang").is_dir():
+            return candidate
+    return None
+
+
 def _git_tree(sha: str, dest: Path) -> Tree:
     """The cached tree, described by the provenance stored when it was built (clone or GitHub)."""
     info = _tree_info(dest)
-    python_dir = dest / "python"
-    if not (python_dir / "pyproject.toml").exists() and not (python_dir / "setup.py").exists():
-        raise HarnessError(f"the tree of {sha[:12]} has no python/ package directory",
-                           expected="an sgl-project/sglang checkout (python/pyproject.toml)")
-    return Tree("git", sha, sha, python_dir, info.get("sha256"), info["source"], info["origin"], dest)
+    python_dir = package_dir(dest)
+    if python_dir is None:
+        raise HarnessError(f"the tree of {sha[:12]} has no python/sglang/ package directory",
+                           expected="an sgl-project/sglang checkout or a fork of it (python/sglang/)")
+    # The commit's tags are in the clone it was exported from; GitHub's archive has none.
+    clone = Path(info["origin"]) if info["source"] == "clone" else None
+    version = read_version(python_dir, dest, repo=clone, rev=sha)
+    return Tree("git", sha, sha, python_dir, info.get("sha256"), info["source"], info["origin"], dest, version)
 
 
 def supported_tags(python: str) -> list[tags.Tag]:
@@ -433,14 +448,15 @@ def pinned_release_files(files: list[dict], project: str, version: str) -> dict[
 def path_tree(directory: Path) -> Tree:
     """A work tree as it is now: keyed on HEAD plus a hash of its uncommitted changes."""
     directory = directory.resolve()
-    python_dir = directory / "python" if (directory / "python").is_dir() else directory
-    if not ((python_dir / "pyproject.toml").exists() or (python_dir / "setup.py").exists()):
-        raise usage(f"{directory} is not an SGLang source tree",
-                    expected="a checkout root (with python/) or its python/ directory",
+    python_dir = package_dir(directory)
+    if python_dir is None:
+        raise usage(f"{directory} is not an SGLang source tree: it holds no sglang/ package",
+                    expected="a checkout root whose python/ holds sglang/, or a directory holding sglang/",
                     todo="pass the directory of your SGLang work tree")
     resolved, digest = _path_state(directory)
+    version = read_version(python_dir, directory, repo=None if resolved == "local" else directory, rev="HEAD")
     return Tree("path", directory.name, resolved, python_dir, digest, "path", str(directory),
-                directory if python_dir != directory else None)
+                directory if python_dir != directory else None, version)
 
 
 def _path_state(directory: Path) -> tuple[str, str | None]:

@@ -1,0 +1,270 @@
+"""Forks and source trees: checked as they are, never built; their version read from the commit.
+
+The forks here are git repositories the tests build: a tiny ``python/sglang`` package, a
+``pyproject.toml`` whose version setuptools-scm would take from a tag it cannot parse
+(``v0.5.10-npu.rc1``), a ``setup.py`` that fails as a build needing cargo would, and a Rust
+crate. The warm engine runs with this interpreter (no SGLang, no environment built).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from schemas import problems
+from synthetic import REGISTRY, make_project, result_doc, write_cell
+from test_engine import DOOR_PROBE, IN_CELL
+
+from pdevidence import cli, environments, registry
+from pdevidence.core import errors
+from pdevidence.documents import integrity
+from pdevidence.registry import TorchChannel
+from pdevidence.sources import trees, version
+from pdevidence.sources.version import TreeVersion
+
+ROOT = Path(__file__).resolve().parent.parent
+ERAS = REGISTRY + """
+[eras.npu]
+releases = ">=0.5.10,<0.5.11"
+constraints = "constraints/npu.txt"
+"""
+# As SGLang's python/sglang/version.py since setuptools-scm: a build writes _version.py; a source tree has none.
+SCM_VERSION_PY = """
+try:
+    from sglang._version import __version__
+except ImportError:
+    __version__ = "0.0.0.dev0"
+"""
+SCM_PYPROJECT = """
+[build-system]
+requires = ["setuptools>=64", "setuptools-scm>=8", "setuptools-rust"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "sglang"
+dynamic = ["version"]
+
+[tool.setuptools_scm]
+root = ".."
+"""
+FAILING_SETUP = 'raise SystemExit("error: could not find `cargo`: rust/sglang-grpc needs a Rust toolchain")\n'
+
+
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                           "-c", "init.defaultBranch=main", *args], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def make_fork(root: Path, *, guard: bool, tag: str | None = "v0.5.10-npu.rc1", extra_import: str = "") -> Path:
+    """A fork checkout whose build would fail: setuptools-scm on an unparseable tag, cargo for a Rust crate."""
+    package = root / "python" / "sglang"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(f"{extra_import}\nfrom sglang.version import __version__\nGUARD = {guard}\n")
+    (package / "version.py").write_text(SCM_VERSION_PY)
+    (root / "python" / "pyproject.toml").write_text(SCM_PYPROJECT)
+    (root / "python" / "setup.py").write_text(FAILING_SETUP)
+    (root / "rust" / "sglang-grpc").mkdir(parents=True)
+    (root / "rust" / "sglang-grpc" / "Cargo.toml").write_text('[package]\nname = "sglang-grpc"\n')
+    (root / ".gitignore").write_text("__pycache__/\n")
+    if tag is not None:
+        git(root, "init", "-q")
+        git(root, "add", "-A")
+        git(root, "commit", "-qm", "fork")
+        git(root, "tag", tag)
+    return root
+
+
+@pytest.fixture(autouse=True)
+def quiet_git(tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+
+
+# --- the version a tree tells -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("told", "read"), [
+    ("0.5.21", ("0.5.21", None)),
+    ("v0.5.10-npu.rc1", ("0.5.10", "npu.rc1")),
+    ("v0.5.10-npu.rc1-3-gabc1234", ("0.5.10", "npu.rc1")),  # three commits past the tag
+    ("0.5.10rc1", ("0.5.10rc1", None)),
+    ("v0.5.20+backport", ("0.5.20", "backport")),
+    ("0.5.9_ascend", ("0.5.9", "ascend")),
+    ("nightly", None),
+])
+def test_a_version_or_tag_is_read_leniently_keeping_what_follows_the_release(told, read):
+    assert version.lenient(told) == read
+
+
+def test_a_literal_version_py_wins_then_a_static_pyproject_then_the_commits_tag(tmp_path):
+    fork = make_fork(tmp_path / "fork", guard=True)
+    python = fork / "python"
+    assert version.read(python, fork, repo=fork, rev="HEAD") == TreeVersion(
+        "0.5.10", "npu.rc1", "git describe --tags", "v0.5.10-npu.rc1")
+    (python / "pyproject.toml").write_text('[project]\nname = "sglang"\nversion = "0.5.9"\n')
+    assert version.read(python, fork, repo=fork, rev="HEAD") == TreeVersion(
+        "0.5.9", None, "python/pyproject.toml", "0.5.9")
+    (python / "sglang" / "version.py").write_text('__version__ = "0.4.8.post1"\n')
+    assert version.read(python, fork, repo=fork, rev="HEAD") == TreeVersion(
+        "0.4.8.post1", None, "python/sglang/version.py", "0.4.8.post1")
+
+
+def test_a_tree_without_a_version_literal_or_a_version_tag_tells_none(tmp_path):
+    fork = make_fork(tmp_path / "fork", guard=True, tag="npu-nightly")
+    assert version.read(fork / "python", fork, repo=fork, rev="HEAD") is None
+    assert version.read(fork / "python", fork, repo=None, rev="HEAD") is None
+
+
+def test_source_trees_carry_the_version_their_commit_tells(tmp_path, monkeypatch):
+    monkeypatch.setenv("PDEVIDENCE_CACHE", str(tmp_path / "cache"))
+    fork = make_fork(tmp_path / "fork", guard=True)
+    git(fork, "commit", "-q", "--allow-empty", "-m", "past the tag")
+    path = trees.path_tree(fork)
+    assert path.install_target == fork / "python"
+    assert (path.version.version, path.version.local) == ("0.5.10", "npu.rc1")
+    assert path.version.source == "git describe --tags"
+    assert path.version.told.startswith("v0.5.10-npu.rc1-1-g")
+    lock = trees.LockFile(tmp_path / "trees.lock.json", tmp_path / "seen.json")
+    exported = trees.git_tree(git(fork, "rev-parse", "HEAD~1"), lock, clone=fork)
+    assert exported.version == TreeVersion("0.5.10", "npu.rc1", "git describe --tags", "v0.5.10-npu.rc1")
+    assert (exported.install_target / "sglang" / "__init__.py").exists()
+
+
+def test_a_directory_holding_sglang_directly_is_a_source_tree_too(tmp_path):
+    fork = make_fork(tmp_path / "fork", guard=True, tag=None)
+    assert trees.path_tree(fork / "python").install_target == fork / "python"
+
+
+def test_the_era_follows_a_source_trees_version_and_today_runs_one_that_tells_none(tmp_path):
+    root = make_project(tmp_path / "project", ERAS)
+    (root / "constraints" / "npu.txt").write_text("")
+    reg = registry.load(root)
+    told = trees.path_tree(make_fork(tmp_path / "fork", guard=True))
+    untold = trees.path_tree(make_fork(tmp_path / "untold", guard=True, tag="nightly"))
+    assert environments.era_of(reg, told).name == "npu"
+    assert environments.era_of(reg, untold) is None
+
+
+# --- check on a fork: the warm engine, nothing built ----------------------------------------------
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    """A project with an era for 0.5.10; this interpreter stands for every closure environment, and
+    building any environment (the step a source tree used to take) fails the test."""
+    root = make_project(tmp_path / "project", ERAS)
+    (root / "constraints" / "npu.txt").write_text("")
+    for name in IN_CELL:
+        (root / "probes" / name).write_bytes((ROOT / "probes" / name).read_bytes())
+    (root / "probes" / "probe_demo.py").write_text(DOOR_PROBE)
+    write_cell(root / "results", "base", result_doc("base", "1.0.0"))
+    write_cell(root / "results", "head", result_doc("head", "1.1.0"))
+    integrity.regenerate(root)
+    for name, value in {"PDEVIDENCE_WORK": tmp_path / "work", "PDEVIDENCE_RUNS": tmp_path / "runs",
+                        "PDEVIDENCE_CACHE": tmp_path / "cache"}.items():
+        monkeypatch.setenv(name, str(value))
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)  # the harness must set it for a work tree
+    eras = []
+    env = SimpleNamespace(interpreter=Path(sys.executable), path=tmp_path / "closure-env",
+                          torch=SimpleNamespace(channel=TorchChannel.PYPI))
+
+    def closure_environment(reg, era=None, log=None):
+        eras.append(era.name if era else None)
+        return env
+
+    def no_build(*args, **kw):
+        raise AssertionError("a source tree was built into an environment")
+
+    monkeypatch.setattr(environments, "closure_environment", closure_environment)
+    monkeypatch.setattr(environments, "cell_environment", no_build)
+    monkeypatch.setattr(environments, "ensure", no_build)
+    monkeypatch.setattr(environments, "find_python", lambda v: SimpleNamespace(identity=lambda: "cpython-3.12.1"))
+    return SimpleNamespace(root=root, eras=eras, tmp=tmp_path)
+
+
+def check_header(capsys) -> str:
+    return next(line for line in capsys.readouterr().out.splitlines() if line.startswith("sglang check:"))
+
+
+def run_check(world, capsys, *argv: str) -> tuple[int, dict | list, str]:
+    code = cli.main(["--root", str(world.root), "check", *argv, "--json"])
+    captured = capsys.readouterr()
+    return code, json.loads(captured.out), captured.err
+
+
+def snapshot(directory: Path) -> dict[str, int]:
+    return {str(p.relative_to(directory)): p.lstat().st_mtime_ns for p in sorted(directory.rglob("*"))}
+
+
+def test_a_fork_whose_build_would_fail_is_checked_in_the_era_of_its_tag(world, capsys):
+    fork = make_fork(world.tmp / "fork", guard=True)
+    before = snapshot(fork)
+    code, doc, _ = run_check(world, capsys, "--path", str(fork))
+    assert code == errors.CONFIRMED
+    assert doc["experiments"][0]["status"] == "fixed"
+    assert doc["target"]["source_version"] == {"version": "0.5.10", "local": "npu.rc1",
+                                               "source": "git describe --tags", "told": "v0.5.10-npu.rc1"}
+    assert doc["target"]["era"] == "npu" and world.eras == ["npu"]
+    assert doc["target"]["sglang_version"] == "0.0.0.dev0"  # what the unbuilt tree's own fallback says
+    assert problems("check", doc) == []
+    assert snapshot(fork) == before  # nothing built, no bytecode: the work tree is as it was
+
+
+def test_the_table_says_which_version_a_source_tree_reports_and_where_it_came_from(world, capsys):
+    fork = make_fork(world.tmp / "fork", guard=False)
+    code = cli.main(["--root", str(world.root), "check", "--path", str(fork)])
+    header = check_header(capsys)
+    assert code == errors.BEHAVIOUR_DIFFERS
+    assert header == (f"sglang check: path {fork} at {git(fork, 'rev-parse', 'HEAD')}: version 0.5.10 (npu.rc1), "
+                      "from git describe --tags: v0.5.10-npu.rc1, run in era npu; sglang.__version__ says 0.0.0.dev0")
+
+
+def test_a_commit_of_a_fork_is_checked_from_its_clone_without_building_it(world, capsys, monkeypatch):
+    fork = make_fork(world.tmp / "fork", guard=False)
+    monkeypatch.setenv("SGLANG_REPO", str(fork))
+    code, doc, err = run_check(world, capsys, "--git", "HEAD")
+    assert code == errors.BEHAVIOUR_DIFFERS and doc["experiments"][0]["status"] == "affected"
+    assert doc["target"]["resolved"] == git(fork, "rev-parse", "HEAD")
+    assert (doc["target"]["source_version"]["version"], doc["target"]["era"]) == ("0.5.10", "npu")
+    assert "engine (npu): probing git-" in err
+
+
+def test_a_tree_that_tells_no_version_runs_in_todays_closure_and_says_so(world, capsys):
+    fork = make_fork(world.tmp / "fork", guard=True, tag=None)  # not a git checkout, no version literal
+    code, doc, _ = run_check(world, capsys, "--path", str(fork))
+    assert code == errors.CONFIRMED
+    assert (doc["target"]["source_version"], doc["target"]["era"], world.eras) == (None, None, [None])
+    assert problems("check", doc) == []
+    cli.main(["--root", str(world.root), "check", "--path", str(fork)])
+    header = check_header(capsys)
+    assert header.startswith(f"sglang check: path {fork}: version not told (")
+    assert header.endswith("run in today's closure; sglang.__version__ says 0.0.0.dev0")
+
+
+def test_a_fork_needing_a_vendor_package_at_import_cannot_run_naming_the_module(world, capsys):
+    fork = make_fork(world.tmp / "fork", guard=True, extra_import="import torch_npu")
+    code, doc, _ = run_check(world, capsys, "--path", str(fork))
+    assert code == errors.ENVIRONMENT
+    assert doc["experiments"][0]["status"] == "cannot run"
+    assert doc["experiments"][0]["error"] == "ModuleNotFoundError: No module named 'torch_npu'"
+
+
+def test_a_committed_work_tree_is_reused_and_one_outside_git_probed_every_time(world, capsys):
+    committed = make_fork(world.tmp / "fork", guard=True)
+    loose = make_fork(world.tmp / "loose", guard=True, tag=None)
+    run_check(world, capsys, "--path", str(committed), "--path", str(loose))
+    _, _, err = run_check(world, capsys, "--path", str(committed), "--path", str(loose))
+    assert f"outcomes reused: path-{git(committed, 'rev-parse', 'HEAD')[:12]}" in err
+    assert "probing path-local" in err
+    unfixed = "from sglang.version import __version__\nGUARD = False\n"
+    (committed / "python" / "sglang" / "__init__.py").write_text(unfixed)
+    code, docs, err = run_check(world, capsys, "--path", str(committed))
+    assert "probing path-" in err and "-dirty" in err
+    assert docs["experiments"][0]["status"] == "affected"
