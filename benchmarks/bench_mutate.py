@@ -1,12 +1,14 @@
-"""The mutation lane's cost beside one release cell; prints its figures.
+"""The mutation lane's cost: in a warm engine child, in a fresh process (--cold), beside one release cell.
 
     python benchmarks/bench_mutate.py                 # both experiments
     python benchmarks/bench_mutate.py admission       # one
 
-Per experiment, side by side in this one run, environment and tree warm:
+Per experiment, side by side in this one run, environments and tree warm:
   forced cell     `cell release <exp> head --force`: one probe run on the head release
-  mutate(<exp>)   every declared mutant in one probe process, plus the baseline
-Target (issue 10): mutate <= 1.5x the forced cell.
+  engine          `mutate <exp>`: every declared mutant, plus the baseline, in one warm engine child
+  cold            `mutate <exp> --cold`: the same in a fresh process in the release cell's environment
+Targets: the lane <= 1.5x the forced cell (issue 10); the engine no slower than cold (issue 18), and its table
+the same bytes.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pdevidence import registry  # noqa: E402
 from pdevidence.cells import cells  # noqa: E402
-from pdevidence.lanes import mutate  # noqa: E402
+from pdevidence.core.files import dumps  # noqa: E402
 from pdevidence.core.paths import PROJECT  # noqa: E402
+from pdevidence.lanes import mutate  # noqa: E402
 
 TARGET = 1.5
 
@@ -45,16 +48,21 @@ def main() -> None:
     rows = []
     for name in names:
         cell = cells.Cell(name, "head", "release")
-        cells.run_cell(reg, cell, log=quiet)  # tree and environment warm before timing
+        cells.run_cell(reg, cell, log=quiet)  # tree and cell environment warm before timing
+        mutate.run(reg, name, mutants=list(reg.experiment(name).mutants)[:1], log=quiet)  # the engine's too
         forced = seconds(lambda: cells.run_cell(reg, cell, force=True, log=quiet))
-        result = []
-        lane = seconds(lambda: result.append(mutate.run(reg, name, log=quiet)))
-        score = result[0].score
-        rows.append((name, forced, lane, f"{score['killed']}/{score['applicable']} killed"))
-    print(f"\n{'experiment':<12}{'cell s':>8}{'mutate s':>10}{'ratio':>7}  {'mutants':<14}target <= {TARGET}x")
-    for name, forced, lane, detail in rows:
-        ratio = lane / forced
-        print(f"{name:<12}{forced:>8.1f}{lane:>10.1f}{ratio:>7.2f}  {detail:<14}{'met' if ratio <= TARGET else 'MISSED'}")
+        tables = {}
+        engine = seconds(lambda: tables.update(engine=mutate.run(reg, name, log=quiet)))
+        cold = seconds(lambda: tables.update(cold=mutate.run(reg, name, cold=True, log=quiet)))
+        same = dumps(tables["engine"].to_json()) == dumps(tables["cold"].to_json())
+        score = tables["engine"].score
+        rows.append((name, forced, engine, cold, f"{score['killed']}/{score['applicable']} killed", same))
+    print(f"\n{'experiment':<12}{'cell s':>8}{'engine s':>10}{'cold s':>8}{'engine/cold':>13}{'engine/cell':>13}  "
+          f"{'mutants':<14}{'tables':<11}target <= {TARGET}x the cell")
+    for name, forced, engine, cold, detail, same in rows:
+        ratio = engine / forced
+        print(f"{name:<12}{forced:>8.1f}{engine:>10.1f}{cold:>8.1f}{engine / cold:>12.2f}x{ratio:>12.2f}x  "
+              f"{detail:<14}{'same' if same else 'DIFFER':<11}{'met' if ratio <= TARGET else 'MISSED'}")
 
 
 if __name__ == "__main__":

@@ -232,7 +232,8 @@ def cmd_upstream(args) -> int:
 def cmd_mutate(args) -> int:
     """Every mutant of an experiment on its head release; exit 0 only when each applicable one is killed."""
     reg = registry.load(args.root)
-    result = mutate.run(reg, args.experiment, log=lambda msg: print(msg, flush=True))
+    result = mutate.run(reg, args.experiment, cold=args.cold, mutants=args.mutant,
+                        log=lambda msg: print(msg, flush=True))
     print(f"wrote {mutate.write(result, reg.root)}")
     print(mutate.table(result))  # its last line is the score: "<experiment>: K of N mutants killed"
     return result.exit_code
@@ -323,6 +324,10 @@ def parser() -> argparse.ArgumentParser:
 
     mu = sub.add_parser("mutate", help="run the probe under each declared mutant of the fix; name survivors")
     mu.add_argument("experiment")
+    mu.add_argument("--mutant", action="append", metavar="ID",
+                    help="only this mutant (repeatable; a table of some mutants is not publishable)")
+    mu.add_argument("--cold", action="store_true",
+                    help="a fresh probe process in the release cell's environment instead of a warm engine child")
     mu.set_defaults(func=cmd_mutate)
 
     up = sub.add_parser("upstream", help="run the PR's own test files (from the head tree) on one side's tree")

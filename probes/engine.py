@@ -3,16 +3,19 @@
 Every SGLang import pays for the closure under it (torch, transformers, ...), which
 is the same for every tree of an era. The engine runs in a closure environment that
 holds no SGLang; it reads one task per line from a file, forks a child per task, and the
-child puts that task's tree first on ``sys.path`` and runs ``probe_all`` on it, so
-each child imports its own SGLang into a fresh copy of the warm parent. The parent
-never imports SGLang: a child's registrations and patches die with it.
+child puts that task's tree first on ``sys.path`` and runs the task's in-cell driver on
+it (``probe_all``: every probe; ``probe_mutants``: one probe under each mutant), exactly
+as that driver runs in a fresh process, so each child imports its own SGLang into a
+fresh copy of the warm parent. The parent never imports SGLang: a child's
+registrations and patches die with it.
 
 What the parent preloads is not a list written here: after each child, the engine
 imports the third-party modules that child had loaded (nothing of the tree's), so
 the next child starts warmer. A module that fails to preload is simply left to the
 children.
 
-    task (--tasks):  {"id": "0.5.21", "path": "<dir with sglang/>", "log": "<file>", "argv": [probe_all args]}
+    task (--tasks):  {"id": "0.5.21", "path": "<dir with sglang/>", "log": "<file>", "argv": [driver args],
+                      "driver": "probe_all"}   (default probe_all; or probe_mutants)
     report (stdout): {"id": "0.5.21", "status": 0, "signal": null, "seconds": 7.1}
                      {"id": ..., "status": null, "signal": 9, "timeout": true}  killed past --timeout
 
@@ -39,7 +42,9 @@ import _standins  # noqa: E402
 import probe_all  # noqa: E402
 from _probekit import quiet_environment  # noqa: E402
 
-EXIT_INTERNAL = 70  # the child died outside probe_all's own exit codes (EX_SOFTWARE)
+EXIT_INTERNAL = 70  # the child died outside its driver's own exit codes (EX_SOFTWARE)
+EXIT_USAGE = 2
+DRIVERS = ("probe_all", "probe_mutants")  # the in-cell drivers a task may run, each a module beside this file
 
 
 def _third_party(tree: str) -> list[str]:
@@ -59,14 +64,15 @@ def _third_party(tree: str) -> list[str]:
 
 
 def _child(task: dict, modules_file: Path) -> int:
-    """In the forked child: this tree first on the path, every probe, the modules it needed."""
+    """In the forked child: this tree first on the path, the task's driver, the modules it needed."""
     log = os.open(task["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
+    driver = importlib.import_module(task.get("driver", "probe_all"))  # from here, before the tree goes first
     sys.path.insert(0, task["path"])
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    code = probe_all.main(task["argv"])
+    code = driver.main(task["argv"])
     sys.stdout.flush()
     sys.stderr.flush()
     modules_file.write_text(json.dumps(_third_party(task["path"])), encoding="utf-8")
@@ -121,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     quiet_environment()
     _standins.install()  # the children inherit them; preloading must not import the real ones
     pending = [json.loads(line) for line in args.tasks.read_text(encoding="utf-8").splitlines() if line.strip()]
+    unknown = sorted({t.get("driver", "probe_all") for t in pending} - set(DRIVERS))
+    if unknown:
+        print(f"tasks name unknown drivers {unknown}; known: {', '.join(DRIVERS)}", file=sys.stderr)
+        return EXIT_USAGE
     needed: list[str] = json.loads(args.preload.read_text(encoding="utf-8")) if args.preload.exists() else []
     preloaded: set[str] = set()
     _preload(needed, preloaded)

@@ -20,9 +20,10 @@ from synthetic import REGISTRY, make_project
 
 from pdevidence import registry
 from pdevidence.cells import allprobes, engine
+from pdevidence.core import errors
 
 ROOT = Path(__file__).resolve().parent.parent
-IN_CELL = ("engine.py", "probe_all.py", "_probekit.py", "_standins.py")
+IN_CELL = ("engine.py", "probe_all.py", "_probekit.py", "_standins.py", "probe_mutants.py", "_mutants.py")
 
 CLOSURE_MODULE = """
 REGISTERED = set()
@@ -162,6 +163,83 @@ def test_a_tree_whose_sglang_does_not_import_is_recorded_as_cannot_run(world, mo
     (broken / "sglang" / "__init__.py").write_text("import gpu_only_kernels\n")
     found, _ = run_engine(reg, tmp_path, closure, {"1.0.0": broken}, monkeypatch)
     assert found["1.0.0"]["demo"].error == "ModuleNotFoundError: No module named 'gpu_only_kernels'"
+
+
+DOOR = """
+
+def door():
+    return GUARD
+"""
+DOOR_MUTANT_PROBE = PROBE + """
+
+@SET.scenario("D2", "the door, asked")
+def d2(observed):
+    import sglang
+    observed["door"] = sglang.door()
+"""
+MUTANTS = [{"id": "shut", "title": "the door always says no", "kind": "removes-fix", "target": "sglang:door",
+            "operator": "constant", "value": False}]
+
+
+def mutation_task(reg, tmp_path, label: str, tree: Path) -> engine.DriverTask:
+    specs = tmp_path / "specs.json"
+    specs.write_text(json.dumps(MUTANTS))
+    return engine.DriverTask(label, tree, ["--probe", str(reg.experiment("demo").probe), "--mutants", str(specs),
+                                           "--tree-kind", "release", "--tree-ref", label, "--tree-resolved", label,
+                                           "--out", str(tmp_path / "mutants" / f"{label}.json")],
+                             driver="probe_mutants")
+
+
+def test_a_mutation_task_runs_probe_mutants_in_a_child_and_writes_what_a_fresh_process_writes(world, monkeypatch):
+    reg, tmp_path, closure = world
+    reg.experiment("demo").probe.write_text(DOOR_MUTANT_PROBE)
+    tree = make_tree(tmp_path / "t1", "1.1.0", guard=True)
+    (tree / "sglang" / "__init__.py").write_text((tree / "sglang" / "__init__.py").read_text() + DOOR)
+    monkeypatch.setenv("PYTHONPATH", str(closure))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    (tmp_path / "mutants").mkdir()
+    task = mutation_task(reg, tmp_path, "1.1.0", tree)
+    lines = []
+    failures = engine.run_tasks(reg, Path(sys.executable), [task], logs=tmp_path / "logs",
+                                preload=tmp_path / "preload.json", log=lines.append)
+    assert failures == {"1.1.0": None} and any("1.1.0 done" in line for line in lines)
+    forked = (tmp_path / "mutants" / "1.1.0.json").read_bytes()
+    doc = json.loads(forked)
+    assert doc["baseline"]["D2"]["observed"]["door"] is True
+    assert doc["mutants"]["shut"]["scenarios"]["D2"]["observed"]["door"] is False
+    assert doc["baseline_after"] == doc["baseline"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(closure)])}
+    subprocess.run([sys.executable, str(reg.root / "probes" / "probe_mutants.py"), *task.argv], env=env, check=True,
+                   timeout=60)
+    assert (tmp_path / "mutants" / "1.1.0.json").read_bytes() == forked
+
+
+def test_a_mutation_child_that_dies_fails_its_own_task_only(world, monkeypatch):
+    reg, tmp_path, closure = world
+    reg.experiment("demo").probe.write_text(DOOR_MUTANT_PROBE)
+    trees = {"1.0.0": make_tree(tmp_path / "t1", "1.0.0", guard=False, behaviour="crash"),
+             "1.1.0": make_tree(tmp_path / "t2", "1.1.0", guard=True)}
+    for tree in trees.values():
+        (tree / "sglang" / "__init__.py").write_text((tree / "sglang" / "__init__.py").read_text() + DOOR)
+    monkeypatch.setenv("PYTHONPATH", str(closure))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    (tmp_path / "mutants").mkdir()
+    tasks = [mutation_task(reg, tmp_path, label, tree) for label, tree in trees.items()]
+    failures = engine.run_tasks(reg, Path(sys.executable), tasks, logs=tmp_path / "logs",
+                                preload=tmp_path / "preload.json", jobs=2, log=lambda line: None)
+    assert failures == {"1.0.0": "exited with status 9", "1.1.0": None}
+    assert not (tmp_path / "mutants" / "1.0.0.json").exists()
+    assert json.loads((tmp_path / "mutants" / "1.1.0.json").read_text())["mutants"]["shut"]["status"] == "applied"
+
+
+def test_a_task_naming_an_unknown_driver_is_refused_before_any_child_runs(world, monkeypatch):
+    reg, tmp_path, closure = world
+    task = engine.DriverTask("1.0.0", make_tree(tmp_path / "t1", "1.0.0", guard=False), [], driver="os")
+    with pytest.raises(errors.HarnessError, match="exited with status 2") as exc:
+        engine.run_tasks(reg, Path(sys.executable), [task], logs=tmp_path / "logs", preload=tmp_path / "preload.json",
+                         log=lambda line: None)
+    assert "unknown drivers ['os']" in str(exc.value)
+    assert not (tmp_path / "logs" / "1.0.0.log").exists()
 
 
 @pytest.fixture

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -354,25 +357,55 @@ def test_registry_mutants_are_well_formed_for_the_driver():
             assert _mutants.MutantSpec.from_json(mutant.spec()).id == mutant.id
 
 
+def run_lane(runs: Path, name: str, *argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PDEVIDENCE_RUNS": str(runs), "PYTHONPATH": str(PROJECT)}
+    return subprocess.run([sys.executable, "-m", "pdevidence", "--root", str(PROJECT), "mutate", name, *argv],
+                          env=env, capture_output=True, text=True, timeout=1800)
+
+
+@pytest.fixture(scope="module")
+def real_lanes(tmp_path_factory):
+    """Each real lane run once per way of running it, into a runs directory of its own; the tests read what it
+    wrote."""
+    ran = {}
+
+    def lane(name: str, *argv: str) -> tuple[Path, subprocess.CompletedProcess]:
+        if (name, *argv) not in ran:
+            runs = tmp_path_factory.mktemp(f"mutate-{name}{''.join(argv)}")
+            ran[(name, *argv)] = runs, run_lane(runs, name, *argv)
+        return ran[(name, *argv)]
+
+    return lane
+
+
 @pytest.mark.sglang
 @pytest.mark.parametrize("name", ["admission", "prefill"])
-def test_real_lane_kills_every_mutant_and_every_scenario_kills(name, tmp_path, monkeypatch, capsys):
-    from pdevidence import cli
-
-    monkeypatch.setenv("PDEVIDENCE_RUNS", str(tmp_path))
-    code = cli.main(["--root", str(PROJECT), "mutate", name])
-    result = MutationTable.load(tmp_path / f"mutate.{name}.json")
-    out = capsys.readouterr().out
+def test_real_lane_kills_every_mutant_and_every_scenario_kills(name, real_lanes):
+    runs, done = real_lanes(name)
+    result = MutationTable.load(runs / f"mutate.{name}.json")
     score = result.score
-    assert out.rstrip().splitlines()[-1] == (f"{name}: {score['killed']} of {score['applicable']} mutants killed "
-                                             f"({score['by_observation']} by observation, "
-                                             f"{score['only_raising']} only by raising)")
+    assert done.stdout.rstrip().splitlines()[-1] == (f"{name}: {score['killed']} of {score['applicable']} mutants "
+                                                     f"killed ({score['by_observation']} by observation, "
+                                                     f"{score['only_raising']} only by raising)")
+    assert f"engine: {name} done in" in done.stdout  # a warm engine child ran the driver
     assert result.score["applicable"] >= 10
     assert [m.id for m in result.survivors] == []
-    assert code == errors.CONFIRMED
+    assert done.returncode == errors.CONFIRMED, done.stdout[-2000:] + done.stderr[-2000:]
     killers = {sid for m in result.mutants for sid in m.killed_by}
     assert killers == set(result.scenarios), f"scenarios that kill nothing: {set(result.scenarios) - killers}"
     assert {m.kind for m in result.mutants} == set(registry.MutantKind)
+
+
+@pytest.mark.sglang
+def test_real_lane_in_the_engine_writes_what_the_fresh_process_writes(real_lanes):
+    """One lane (admission) both ways: the engine child and a fresh process (--cold) observe the same under every
+    mutant, so the driver documents and the tables are the same bytes (neither holds a time)."""
+    warm, done_warm = real_lanes("admission")
+    cold, done_cold = real_lanes("admission", "--cold")
+    assert done_cold.returncode == errors.CONFIRMED, done_cold.stdout[-2000:] + done_cold.stderr[-2000:]
+    assert "engine:" not in done_cold.stdout and "in a fresh process" in done_cold.stdout
+    for name in ("mutate/admission.probe.json", "mutate.admission.json"):
+        assert (warm / name).read_bytes() == (cold / name).read_bytes(), name
 
 
 DEMO_PROBE = '''
@@ -436,8 +469,13 @@ def test_driver_runs_every_mutant_in_one_process_and_records_each_status(tmp_pat
     assert doc["baseline_after"] == doc["baseline"]
 
 
-def demo_lane(tmp_path, monkeypatch, mutants: dict, probe_text: str = DEMO_PROBE):
-    """A whole lane on the synthetic module: the harness runs the real driver in a subprocess."""
+IN_CELL = ("_mutants.py", "_probekit.py", "_standins.py", "probe_mutants.py", "probe_all.py", "engine.py")
+
+
+def demo_lane(tmp_path, monkeypatch, mutants: dict, probe_text: str = DEMO_PROBE, *, cold: bool = False,
+              only: list[str] | None = None):
+    """A whole lane on the synthetic module: the harness runs the real driver in a warm engine child (this
+    interpreter as the closure environment), or with ``cold`` in a fresh process."""
     import shutil
     from types import SimpleNamespace
 
@@ -445,12 +483,13 @@ def demo_lane(tmp_path, monkeypatch, mutants: dict, probe_text: str = DEMO_PROBE
     from pdevidence.sources import trees
 
     probes = tmp_path / "probes"
-    probes.mkdir()
-    for name in ("_mutants.py", "_probekit.py", "_standins.py", "probe_mutants.py"):
+    probes.mkdir(exist_ok=True)
+    for name in IN_CELL:
         shutil.copy(PROJECT / "probes" / name, probes / name)
     (probes / "probe_demo.py").write_text(probe_text)
     (tmp_path / "synthmod.py").write_text(textwrap.dedent(SYNTHETIC))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     monkeypatch.setenv("PDEVIDENCE_RUNS", str(tmp_path / "runs"))
     monkeypatch.setenv("PDEVIDENCE_WORK", str(tmp_path / "work"))
     exp = experiment({})
@@ -458,34 +497,70 @@ def demo_lane(tmp_path, monkeypatch, mutants: dict, probe_text: str = DEMO_PROBE
               "C": registry.Expectation("C", False, {"retired": False}, {"retired": False})}
     muts = {mid: registry.Mutant(id=mid, title=mid, **fields) for mid, fields in mutants.items()}
     exp = registry.Experiment(**{**exp.__dict__, "probe": probes / "probe_demo.py", "expect": expect, "mutants": muts})
-    reg = SimpleNamespace(root=tmp_path, experiment=lambda name: exp)
-    tree = trees.Tree("release", "9.9", "9.9", tmp_path, None, "pypi", "test")
+    reg = SimpleNamespace(root=tmp_path, experiment=lambda name: exp, era_of=lambda version: None)
+    tree = trees.Tree("release", "9.9", "9.9", tmp_path / "tree", None, "pypi", "test")
+    tree.install_target.mkdir(exist_ok=True)  # the engine puts it first on the child's path
     monkeypatch.setattr(cells, "resolve_tree", lambda reg, cell: tree)
     monkeypatch.setattr(cells, "cell_slug", lambda reg, cell, tree: "demo.head.release-9.9")
     monkeypatch.setattr(environments, "cell_environment", lambda reg, tree, slug: SimpleNamespace(interpreter=sys.executable))
+    monkeypatch.setattr(environments, "closure_environment", lambda reg, era=None, log=None: SimpleNamespace(
+        interpreter=sys.executable, path=tmp_path / "closure-env"))
     monkeypatch.setattr(mutate, "made_by", lambda reg, experiment, tree: MADE)
-    result = mutate.run(reg, "demo", log=lambda msg: None)
-    assert result.provenance == MADE and result.parameters.mutants == list(mutants)
+    result = mutate.run(reg, "demo", cold=cold, mutants=only, log=lambda msg: None)
+    assert result.provenance == MADE and result.parameters.mutants == (only or list(mutants))
     return result
 
 
 EDIT = registry.Operator.EDIT
 
 
-def test_lane_end_to_end_kills_by_observation(tmp_path, monkeypatch):
-    result = demo_lane(tmp_path, monkeypatch, {
-        "door": dict(kind=registry.MutantKind.REMOVES_FIX, target="synthmod:Door.add", operator=EDIT,
-                     old="if guard(req):", new="if False:"),
-        "wide": dict(kind=registry.MutantKind.OVER_BROAD, target="synthmod:guard", operator=EDIT,
-                     old="req.held", new="False"),
-    })
+DOOR_MUTANTS = {
+    "door": dict(kind=registry.MutantKind.REMOVES_FIX, target="synthmod:Door.add", operator=EDIT,
+                 old="if guard(req):", new="if False:"),
+    "wide": dict(kind=registry.MutantKind.OVER_BROAD, target="synthmod:guard", operator=EDIT,
+                 old="req.held", new="False"),
+}
+
+
+@pytest.mark.parametrize("cold", [False, True], ids=["engine", "cold"])
+def test_lane_end_to_end_kills_by_observation(tmp_path, monkeypatch, cold):
+    result = demo_lane(tmp_path, monkeypatch, DOOR_MUTANTS, cold=cold)
     assert {m.id: m.killed_by for m in result.mutants} == {"door": {"D": ["retired"]}, "wide": {"C": ["retired"]}}
     assert result.exit_code == errors.CONFIRMED and result.tree == {"kind": "release", "ref": "9.9", "resolved": "9.9"}
 
 
-def test_lane_aborts_with_exit_3_when_a_restore_fails(tmp_path, monkeypatch):
-    # A scenario that rebinds the target under the mutant leaves another function there: the check must notice.
-    rebinding = DEMO_PROBE + '''
+WHERE_PROBE = DEMO_PROBE + '''
+
+@DEMO.scenario("W", "which program runs the scenarios")
+def w(observed):
+    import os
+    import sys
+    observed["main"] = os.path.basename(sys.modules["__main__"].__file__)
+'''
+
+
+def test_the_lane_runs_the_driver_in_an_engine_child_and_writes_the_table_a_fresh_process_writes(tmp_path,
+                                                                                                  monkeypatch):
+    warm = demo_lane(tmp_path, monkeypatch, DOOR_MUTANTS, WHERE_PROBE)
+    driver_doc = json.loads((tmp_path / "runs" / "mutate" / "demo.probe.json").read_text())
+    assert driver_doc["baseline"]["W"]["observed"]["main"] == "engine.py"
+    assert {mid: run["scenarios"]["W"]["observed"]["main"] for mid, run in driver_doc["mutants"].items()} == {
+        "door": "engine.py", "wide": "engine.py"}
+    cold = demo_lane(tmp_path, monkeypatch, DOOR_MUTANTS, WHERE_PROBE, cold=True)
+    driver_doc = json.loads((tmp_path / "runs" / "mutate" / "demo.probe.json").read_text())
+    assert driver_doc["baseline"]["W"]["observed"]["main"] == "probe_mutants.py"
+    assert mutate.write(warm, tmp_path / "w").read_bytes() == mutate.write(cold, tmp_path / "c").read_bytes()
+
+
+def test_mutant_selects_some_mutants_and_an_unknown_one_is_a_usage_error(tmp_path, monkeypatch):
+    result = demo_lane(tmp_path, monkeypatch, DOOR_MUTANTS, only=["wide"])
+    assert [m.id for m in result.mutants] == ["wide"] and result.score["killed"] == 1
+    with pytest.raises(errors.HarnessError, match="declares no mutant nope") as exc:
+        demo_lane(tmp_path, monkeypatch, DOOR_MUTANTS, only=["nope"])
+    assert exc.value.code == errors.USAGE
+
+
+REBINDING = DEMO_PROBE + '''
 
 @DEMO.scenario("R", "rebinds guard when it is a no-op")
 def r(observed):
@@ -493,8 +568,33 @@ def r(observed):
     if synthmod.guard(Req()) is None:
         synthmod.guard = lambda req: False
 '''
+
+
+@pytest.mark.parametrize("cold", [False, True], ids=["engine", "cold"])
+def test_lane_aborts_with_exit_3_when_a_restore_fails(tmp_path, monkeypatch, cold):
+    # A scenario that rebinds the target under the mutant leaves another function there: the check must notice.
     with pytest.raises(errors.HarnessError, match="exited with status 3") as exc:
         demo_lane(tmp_path, monkeypatch, {"g": dict(kind=registry.MutantKind.REMOVES_FIX, target="synthmod:guard",
-                                                    operator=registry.Operator.NOOP)}, rebinding)
+                                                    operator=registry.Operator.NOOP)}, REBINDING, cold=cold)
     assert exc.value.code == errors.ENVIRONMENT
     assert "restore failed" in str(exc.value)
+
+
+CRASHING = DEMO_PROBE + '''
+
+@DEMO.scenario("X", "the process dies when guard is a no-op")
+def x(observed):
+    import os
+    import synthmod
+    if synthmod.guard(Req()) is None:
+        os._exit(9)
+'''
+
+
+def test_a_driver_child_that_dies_fails_the_lane_with_its_status_and_writes_no_table(tmp_path, monkeypatch):
+    with pytest.raises(errors.HarnessError, match="exited with status 9; no table written") as exc:
+        demo_lane(tmp_path, monkeypatch, {"g": dict(kind=registry.MutantKind.REMOVES_FIX, target="synthmod:guard",
+                                                    operator=registry.Operator.NOOP)}, CRASHING)
+    assert exc.value.code == errors.ENVIRONMENT and "--cold" in exc.value.todo
+    assert not (tmp_path / "runs" / "mutate.demo.json").exists()
+    assert not list((tmp_path / "runs" / "mutate").glob("*.probe.json*"))

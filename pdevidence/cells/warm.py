@@ -118,7 +118,7 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
         # A work tree (--path) is the user's: its imports must leave no bytecode in it.
         quiet = {"PYTHONDONTWRITEBYTECODE": "1"} if any(t.kind == "path" for t in trees) else {}
         ran = engine.run(reg, env.interpreter, todo, experiments, out_dir=out_dir, logs=work / "logs" / "engine",
-                         preload=work / "engine" / f"{env.path.name}.preload.json", jobs=jobs,
+                         preload=engine.preload_file(work, env.path), jobs=jobs,
                          env={**stand_ins, **quiet}, log=log)
         keyed = {tree.label() for tree in trees if _keyed(tree)}
         for label, outcomes in ran.items():

@@ -30,7 +30,7 @@ STAND_INS = "probes/_standins.py"  # the era stand-ins the kit loads in every ce
 # The in-cell drivers of each kind of document, beside the experiment's own probe.
 CELL_DRIVERS: tuple[str, ...] = ()  # a cell runs its probe file directly
 SWEEP_DRIVERS = ("probes/probe_all.py", "probes/engine.py")
-MUTATION_DRIVERS = ("probes/probe_mutants.py", "probes/_mutants.py")
+MUTATION_DRIVERS = ("probes/probe_mutants.py", "probes/_mutants.py", "probes/engine.py")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # Digests are remembered per process: a sweep or a check records and verifies the same harness, kit and
 # closures once per era group and per document. A file's entry is keyed by what changes when its content does

@@ -1,10 +1,12 @@
 """The mutation lane: does each probe notice when its fix is broken?
 
-``run`` takes the registry's head release of an experiment (tree and cell
-environment as its release cell has them) and runs ``probes/probe_mutants.py``
-there once: the probe's scenarios unmutated (the baseline), then under each
-declared mutant. ``judge`` turns that document into the mutation table
-(``runs/mutate.<exp>.json``, schema ``pdevidence-mutate/1``).
+``run`` takes the registry's head release of an experiment and runs
+``probes/probe_mutants.py`` on it once, in one process: a child of the warm
+engine (``cells/engine.py``: the closure imported once, the unpacked release first
+on the child's path), or with ``cold`` a fresh process in the release cell's
+environment. The driver runs the probe's scenarios unmutated (the baseline), then
+under each declared mutant, one after the other. ``judge`` turns that document into
+the mutation table (``runs/mutate.<exp>.json``, schema ``pdevidence-mutate/2``).
 
 The kill rule, per mutant, over the scenarios the registry has expectations for,
 and only on the keys it expects that the mutated run observed (tree facts such as
@@ -42,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import environments, registry
-from ..cells import cells, probe_run
+from ..cells import allprobes, cells, engine, probe_run
 from ..core.errors import BEHAVIOUR_DIFFERS, ENVIRONMENT, HarnessError, usage
 from ..core.files import dumps, read_json, write_atomic
 from ..core.locking import exclusive
@@ -51,9 +53,11 @@ from ..documents import provenance
 from ..documents.tables import RAISED, MutantOutcome, MutationParameters, MutationTable
 from ..documents.vocabulary import MutantStatus
 from ..judge.compare import MISSING, same
+from ..sources.importable import importable_dir
 
 PROBE_SCHEMA = "pd-mutant-probe/1"
 DRIVER = "probe_mutants.py"
+ENGINE_DRIVER = "probe_mutants"  # the same driver, as the engine's child imports it
 
 
 # ---------------------------------------------------------------- the kill rule
@@ -99,8 +103,9 @@ def check_baseline(exp: registry.Experiment, baseline: dict) -> None:
             todo=f"run `nox -s \"release({exp.name}, head)\"` and compare; fix the probe or the expectations first")
 
 
-def judge(exp: registry.Experiment, doc: dict, made_by: provenance.Provenance) -> MutationTable:
-    """The mutation table of one driver document, made by ``made_by``."""
+def judge(exp: registry.Experiment, doc: dict, made_by: provenance.Provenance,
+          mutants: list[str] | None = None) -> MutationTable:
+    """The mutation table of one driver document, made by ``made_by``, over ``mutants`` (default: all)."""
     check_baseline(exp, doc["baseline"])
     if not same(doc.get("baseline_after", doc["baseline"]), doc["baseline"]):
         moved = sorted(sid for sid, sc in doc["baseline"].items() if not same(doc["baseline_after"].get(sid), sc))
@@ -109,8 +114,9 @@ def judge(exp: registry.Experiment, doc: dict, made_by: provenance.Provenance) -
                            todo="run the mutants one at a time with the driver's --only to find which one")
     scenarios = sorted(exp.expect)
     outcomes = []
-    for mid, mutant in exp.mutants.items():
-        run = doc["mutants"].get(mid)
+    chosen = list(exp.mutants) if mutants is None else mutants
+    for mid in chosen:
+        mutant, run = exp.mutants[mid], doc["mutants"].get(mid)
         if run is None:
             raise HarnessError(f"the mutant driver reported nothing for {mid}", todo="rerun; if it persists, "
                                f"the driver {DRIVER} is broken")
@@ -128,7 +134,7 @@ def judge(exp: registry.Experiment, doc: dict, made_by: provenance.Provenance) -
         outcomes.append(MutantOutcome(**common, status=MutantStatus.KILLED if killed_by else MutantStatus.SURVIVED,
                                       killed_by=killed_by))
     return MutationTable(experiment=exp.name, tree=dict(doc["tree"]), scenarios=scenarios, mutants=outcomes,
-                         provenance=made_by, parameters=MutationParameters(list(exp.mutants)))
+                         provenance=made_by, parameters=MutationParameters(chosen))
 
 
 # ---------------------------------------------------------------- presentation
@@ -168,42 +174,78 @@ def table(result: MutationTable) -> str:
 # ---------------------------------------------------------------- running it
 
 
-def run(reg: registry.Registry, experiment: str, *, log=print) -> MutationTable:
-    """Every mutant of ``experiment`` on its head release, in one probe process."""
+def run(reg: registry.Registry, experiment: str, *, cold: bool = False, mutants: list[str] | None = None,
+        log=print) -> MutationTable:
+    """Every mutant of ``experiment`` (or those of ``mutants``) on its head release, in one probe process: a child
+    of the warm engine, or with ``cold`` a fresh process in the release cell's environment."""
     exp = reg.experiment(experiment)
     if not exp.mutants:
         raise usage(f"experiment {experiment!r} declares no mutants",
                     todo=f"add [experiments.{experiment}.mutants.<id>] tables to {registry.REGISTRY_FILE}")
+    chosen = _chosen(exp, mutants)
     cell = cells.Cell(experiment, "head", "release")
     tree = cells.resolve_tree(reg, cell)
-    slug = cells.cell_slug(reg, cell, tree)
     runs = runs_dir(reg.root)
     specs = runs / "mutate" / f"{experiment}.specs.json"
     out = runs / "mutate" / f"{experiment}.probe.json"
     partial = out.with_name(f".{out.name}.partial")
-    write_atomic(specs, dumps([m.spec() for m in exp.mutants.values()]))
     made = made_by(reg, experiment, tree)  # before anything runs: what a change during the run must not pass for
-    with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"cell {cell.name}"):
-        env = environments.cell_environment(reg, tree, slug)
-        log(f"mutate({experiment}): {len(exp.mutants)} mutants on {tree.label()}")
-        logfile = work_dir(reg.root) / "logs" / f"mutate.{experiment}.log"
-        logfile.parent.mkdir(parents=True, exist_ok=True)
-        command = [str(env.interpreter), str(exp.probe.parent / DRIVER), "--probe", str(exp.probe),
-                   "--mutants", str(specs), "--tree-kind", tree.kind, "--tree-ref", tree.ref,
-                   "--tree-resolved", tree.resolved, "--out", str(partial)]
-        run_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0"}
+    argv = ["--probe", str(exp.probe), "--mutants", str(specs), "--tree-kind", tree.kind, "--tree-ref", tree.ref,
+            "--tree-resolved", tree.resolved, "--out", str(partial)]
+    with exclusive(work_dir(reg.root) / "locks" / f"mutate.{experiment}.lock", f"mutate({experiment})"):
+        write_atomic(specs, dumps([exp.mutants[mid].spec() for mid in chosen]))
         try:
-            status = probe_run.run_killable(command, logfile, timeout=probe_run.timeout_seconds(), env=run_env,
-                                            what=f"mutant driver for {experiment}")
-            if status != 0:
-                raise HarnessError(f"mutant driver for {experiment} exited with status {status}; no table written.\n"
-                                   f"last output:\n{probe_run.tail(logfile)}", code=ENVIRONMENT,
-                                   todo=f"full log: {logfile}")
+            (_run_cold if cold else _run_warm)(reg, cell, tree, argv, log=log)
             doc = _driver_document(partial, exp)
             os.replace(partial, out)
         finally:
             partial.unlink(missing_ok=True)
-    return judge(exp, doc, made)
+    return judge(exp, doc, made, chosen)
+
+
+def _chosen(exp: registry.Experiment, named: list[str] | None) -> list[str]:
+    """The mutants to run, in the registry's order (all of them unless some are named)."""
+    unknown = sorted(set(named or []) - set(exp.mutants))
+    if unknown:
+        raise usage(f"{exp.name} declares no mutant {', '.join(unknown)}",
+                    todo=f"name one of: {', '.join(exp.mutants)}")
+    return [mid for mid in exp.mutants if not named or mid in named]
+
+
+def _run_warm(reg: registry.Registry, cell: cells.Cell, tree, argv: list[str], *, log) -> None:
+    """The driver in a child of the warm engine of the tree's closure, the tree unpacked first on its path."""
+    where = f"mutate({cell.experiment})"
+    era = environments.era_of(reg, tree)
+    env = environments.closure_environment(reg, era, log=lambda msg: log(f"{where}: {msg}"))
+    work = work_dir(reg.root)
+    task = engine.DriverTask(cell.experiment, importable_dir(tree, work), argv, driver=ENGINE_DRIVER)
+    logs = work / "logs" / f"mutate-engine.{cell.experiment}"
+    log(f"{where}: the mutants on {tree.label()} in a warm engine child")
+    failure = engine.run_tasks(reg, env.interpreter, [task], logs=logs, preload=engine.preload_file(work, env.path),
+                               jobs=1, env=environments.stand_in_env(era), log=log)[task.id]
+    if failure:
+        logfile = logs / f"{task.id}.log"
+        raise HarnessError(f"mutant driver for {cell.experiment} {failure}; no table written.\n"
+                           f"last output:\n{probe_run.tail(logfile)}", code=ENVIRONMENT,
+                           todo=f"full log: {logfile}; `mutate {cell.experiment} --cold` runs it in a fresh process")
+
+
+def _run_cold(reg: registry.Registry, cell: cells.Cell, tree, argv: list[str], *, log) -> None:
+    """The driver in a fresh process of the release cell's environment (SGLang installed there)."""
+    slug = cells.cell_slug(reg, cell, tree)
+    with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"cell {cell.name}"):
+        env = environments.cell_environment(reg, tree, slug)
+        log(f"mutate({cell.experiment}): the mutants on {tree.label()} in a fresh process")
+        logfile = work_dir(reg.root) / "logs" / f"mutate.{cell.experiment}.log"
+        logfile.parent.mkdir(parents=True, exist_ok=True)
+        command = [str(env.interpreter), str(reg.experiment(cell.experiment).probe.parent / DRIVER), *argv]
+        run_env = {**os.environ, **allprobes.PROBE_ENV}
+        status = probe_run.run_killable(command, logfile, timeout=probe_run.timeout_seconds(), env=run_env,
+                                        what=f"mutant driver for {cell.experiment}")
+        if status != 0:
+            raise HarnessError(f"mutant driver for {cell.experiment} exited with status {status}; no table written.\n"
+                               f"last output:\n{probe_run.tail(logfile)}", code=ENVIRONMENT,
+                               todo=f"full log: {logfile}")
 
 
 def made_by(reg: registry.Registry, experiment: str, tree) -> provenance.Provenance:
