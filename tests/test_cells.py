@@ -346,3 +346,20 @@ def test_a_truncated_environment_marker_means_rebuild(demo_project):
 
     assert any("built environment" in line for line in said), said
     assert json.loads(marker.read_text())["key"]
+
+
+def test_a_release_of_an_era_gets_one_environment_name_whichever_lane_asks(tmp_path):
+    from synthetic import REGISTRY, make_project
+
+    from pdevidence.sources import trees
+    root = make_project(tmp_path, REGISTRY + '[eras.old]\nreleases = "<1.0"\nconstraints = "constraints/old.txt"\n')
+    (root / "constraints" / "old.txt").write_text("torch==2.5.1\n")
+    reg = registry.load(root)
+    cell = cells.Cell("demo", "base", "release")
+    old = trees.Tree("release", "0.9.0", "0.9.0", root / "w.whl", "0" * 64, "pypi", "")
+    today = trees.Tree("release", "1.0.0", "1.0.0", root / "w.whl", "0" * 64, "pypi", "")
+    era_closure = environments.closure(reg, environments.era_of(reg, old))
+    # run_cell names it with the closure it picked; mutate and upstream ask without one.
+    assert cells.cell_slug(reg, cell, old) == cells.cell_slug(reg, cell, old, era_closure) \
+        == f"demo.base.release-0.9.0.{sha256_file(root / 'constraints' / 'old.txt')[:8]}"
+    assert cells.cell_slug(reg, cell, today) == "demo.base.release-1.0.0"

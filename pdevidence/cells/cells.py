@@ -113,11 +113,13 @@ def _stored_run(result: Path, key: str) -> bool:
             and stored.exit_status == 0)
 
 
-def cell_slug(registry: Registry, cell: Cell, tree: trees.Tree, constraints: Path | None = None) -> str:
-    """The name a cell's environment, lock and log share; the upstream sessions reuse them."""
+def cell_slug(registry: Registry, cell: Cell, tree: trees.Tree, closure: Path | None = None) -> str:
+    """The name a cell's environment, lock and log share; the mutation and upstream lanes reuse them.
+    A closure other than today's (the tree's era's, by default) is part of the name."""
+    closure = closure or environments.closure(registry, environments.era_of(registry, tree))
     slug = f"{cell.experiment}.{cell.side}.{tree.label()}"
-    if constraints is not None and constraints != registry.constraints:
-        slug += f".{sha256_file(constraints)[:8]}"
+    if closure != registry.constraints:
+        slug += f".{sha256_file(closure)[:8]}"
     return slug
 
 
