@@ -663,7 +663,9 @@ def test_the_committed_lock_pins_every_wheel_of_each_release_the_published_resul
     assert used
     for version in used:
         files = lock.pinned("release", f"sglang=={version}")["files"]
-        assert all(name.startswith(f"sglang-{version}-") for name in files)
+        assert files and all(name.startswith(f"sglang-{version}-") for name in files)
+        if any(name.endswith("-none-any.whl") for name in files):  # up to 0.5.10: one pure wheel serves every machine
+            continue
         assert any(name.endswith("_x86_64.whl") for name in files), version
         assert any(name.endswith("_aarch64.whl") for name in files), version  # not one machine's wheel only
 
