@@ -1,6 +1,6 @@
 """One process, same answers: `check` runs every probe in one process; a cell runs one probe per process.
 
-Slow (``--sglang``): for each bracket release, ``check --version`` runs both probes in
+Slow (``--sglang``): one ``check`` of every bracket release runs, per release, both probes in
 one process (``probes/probe_all.py``, in a child of the warm engine), then each probe
 runs alone in its own fresh process, as a cell runs it, in an environment of the same
 closure and tree. The test compares what
@@ -41,11 +41,10 @@ def reg(tmp_path_factory):
 def both(reg, tmp_path_factory):
     """Per release and experiment: (the document check's one process wrote, the one a lone probe wrote)."""
     found = {}
+    with contextlib.redirect_stdout(io.StringIO()) as out:  # one check, one engine, every release
+        cli.main(["--root", str(PROJECT), "check", *(arg for v in BRACKETS for arg in ("--version", v)), "--json"])
+    assert [doc["target"]["resolved"] for doc in json.loads(out.getvalue())] == BRACKETS
     for version in BRACKETS:
-        with contextlib.redirect_stdout(io.StringIO()) as out:
-            cli.main(["--root", str(PROJECT), "check", "--version", version, "--json"])
-        label = json.loads(out.getvalue())["target"]
-        assert label["resolved"] == version
         tree = trees.release_tree(version, reg.python, trees.LockFile(tree_lock_file(reg.root)))
         env = environments.cell_environment(reg, tree, f"alone.{tree.label()}")  # as a cell builds its own
         alone = tmp_path_factory.mktemp(f"alone-{version}")
