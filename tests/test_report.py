@@ -382,3 +382,17 @@ def test_upstream_sides_whose_subtests_failed_show_pytests_own_counts():
             "pytest_summary": {"failed": 1, "passed": 1, "subtests passed": 2}}
     assert narrative.totals(side) == "1/1 passed (pytest: 1 failed, 1 passed, 2 subtests passed) (1 KeyError)"
     assert narrative.totals({**side, "subtest_totals": {"total": 0}}) == "1/1 passed (1 KeyError)"
+
+
+def test_the_sweep_line_names_each_rule_that_set_keys_aside_and_where_it_held():
+    from pdevidence.report.narrative import sweep_text
+
+    def entry(version, *rules):
+        found = {"version": version, "classification": "pre-fix"}
+        return {**found, "not_deciding": [f"{rule}: why" for rule in rules]} if rules else found
+    sweep = {"releases": [entry("0.1", "old_intake"), entry("0.2", "old_intake", "retries"), entry("0.3"),
+                          entry("0.4", "retries")], "first_fixed": None}
+    assert sweep_text(sweep, dash="-").endswith(
+        "; judged without the keys a registry rule sets aside: old_intake (0.1-0.2), retries (0.2, 0.4)")
+    del sweep["releases"][0]["not_deciding"], sweep["releases"][1]["not_deciding"], sweep["releases"][3]["not_deciding"]
+    assert "judged without" not in sweep_text(sweep)

@@ -112,7 +112,24 @@ def sweep_text(sweep: dict, dash: str = "–") -> str:
             + ", ".join(f"{v} ({kinds.get(v)})" for v in sweep["flagged"])
     elif sweep.get("regressions"):  # tables written before the release watch (schema 1 and 2)
         text += "; pre-fix again after a fixed release: " + ", ".join(sweep["regressions"])
-    return text
+    aside = set_aside(sweep, dash)
+    return text + (f"; judged without the keys a registry rule sets aside: {aside}" if aside else "")
+
+
+def set_aside(sweep: dict, dash: str) -> str:
+    """Each ``not_deciding`` rule the judge applied, with the releases it held on: ``id (first-last)``."""
+    where: dict[str, list[int]] = {}
+    for i, release in enumerate(sweep["releases"]):
+        for rule in release.get("not_deciding", []):
+            where.setdefault(rule.split(":")[0], []).append(i)
+    versions = [r["version"] for r in sweep["releases"]]
+    spans = []
+    for rid, rows in where.items():
+        run = rows == list(range(rows[0], rows[-1] + 1))
+        held = (f"{versions[rows[0]]}{dash}{versions[rows[-1]]}" if run and len(rows) > 1
+                else ", ".join(versions[i] for i in rows))
+        spans.append(f"{rid} ({held})")
+    return ", ".join(spans)
 
 
 def mutation_text(table: dict) -> str:

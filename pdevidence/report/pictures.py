@@ -24,8 +24,8 @@ LEGEND = {
     Behaviour.FIXED.value: ("#1b9e77", "behaves like the tree with the fix (head)"),
     Behaviour.NEITHER.value: ("#7570b3", "behaves like neither"),
     Behaviour.ERROR.value: ("#4d4d4d", "raised, missing, or the release could not be probed"),
-    Behaviour.NOT_AFFECTED.value: ("#80b1d3", "not affected: the vulnerable path is not in the release"),
-    Behaviour.NOT_DECIDING.value: ("#e6e6e6", "does not decide on this release: a registry rule says why"),
+    Behaviour.NOT_AFFECTED.value: ("#80b1d3", "the vulnerable path is not in the release"),
+    Behaviour.NOT_DECIDING.value: ("#e6e6e6", "none of its keys decides on this release: a registry rule says why"),
 }
 MUTANT_LEGEND = {
     MutantStatus.KILLED.value: ("#2c7bb6", "a mutant of the fix that a scenario noticed"),
