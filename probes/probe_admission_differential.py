@@ -43,7 +43,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _probekit import (Observed, Recorder, ScenarioSet, Spy, accepts, main, publish_server_args,  # noqa: E402
-                       server_args, swapped)
+                       reads, server_args, swapped)
 
 PROBE = ScenarioSet("admission")
 
@@ -108,7 +108,30 @@ def prepare() -> str:
     SG.transfer_backend = getattr(disagg_utils, "TransferBackend", None)
     if SG.transfer_backend is None:  # 0.4.5: one transport, no backend to name
         PROBE.adapted("no-transfer-backend")
+    name_what_the_tree_lacks(Scheduler)
     return sglang.__version__
+
+
+def name_what_the_tree_lacks(Scheduler) -> None:
+    """Name the collaborators of the fix's retirement that this tree does not have.
+
+    A backport into such a tree has no step to take there, so the keys that
+    observe that step cannot tell a fixed tree from an affected one; the
+    registry's rules (experiments.toml, `not_deciding`) set them aside where
+    these names are in the result.
+    """
+    try:
+        from sglang.srt.session.session_controller import Session
+    except ImportError:  # up to 0.5.10 the session lives with the managers
+        from sglang.srt.managers.session_controller import Session
+    if not hasattr(Scheduler, "init_beam_coordinator"):  # beam search groups from 0.5.19
+        PROBE.adapted("no-beam-groups")
+    if not reads(Scheduler.abort_request, "release_aborted_request"):  # up to 0.5.1
+        # Its abort of a queued request releases no cache-side state: there is none to release.
+        PROBE.adapted("no-queued-abort-release")
+    if not hasattr(Session, "abort_req"):  # up to 0.5.10
+        # A streaming session marks no request in flight: nothing for a retirement to clear.
+        PROBE.adapted("session-without-inflight")
 
 
 # ---------------------------------------------------------------- stand-ins
@@ -186,24 +209,49 @@ def hold(req, names: tuple[str, ...], value) -> str:
     return name
 
 
-def make_scheduler():
+class OlderName(Recorder):
+    """A recorder answering a name only older trees call; a call names its adaptation in the result.
+
+    Today's trees never call it, so their results keep their bytes.
+    """
+
+    def __init__(self, name: str, adaptation: str):
+        super().__init__(name)
+        self.adaptation = adaptation
+
+    def __call__(self, *args, **kwargs):
+        PROBE.adapted(self.adaptation)
+        return super().__call__(*args, **kwargs)
+
+
+def make_scheduler(hicache_storage: bool = True):
     """A stand-in Scheduler carrying the real methods the exercised paths call.
 
-    Collaborators (streamer, beam coordinator, tree cache) are recorders;
-    `retire_unadmitted_request` is a Spy, so a door's hand-off is recorded and
-    the real retirement still runs.
+    Collaborators (streamer, beam coordinator, tree cache) are recorders, under
+    today's names and the names older trees call: up to 0.5.12 a scheduler
+    streams through its own `stream_output`, and up to 0.5.19 it releases an
+    aborted request's cache-side state with `tree_cache.release_aborted_request(rid)`,
+    only where HiCache storage is on (the prefetch it drops exists only then).
+    So the doors run on a server with HiCache storage (``hicache_storage``):
+    every tree's own release path shows; today's `_release_aborted_request`
+    releases whatever the flag. `retire_unadmitted_request` is a Spy, so a
+    door's hand-off is recorded and the real retirement still runs.
     """
     sched = SimpleNamespace(
         output_streamer=SimpleNamespace(stream_output=Recorder("stream_output")),
+        stream_output=OlderName("Scheduler.stream_output", "scheduler-stream-output"),
         beam_coordinator=SimpleNamespace(retire_group=Recorder("retire_group")),
-        tree_cache=SimpleNamespace(finish=Recorder("tree_cache.finish")),
+        tree_cache=SimpleNamespace(
+            finish=Recorder("tree_cache.finish"),
+            release_aborted_request=OlderName("tree_cache.release_aborted_request", "release-aborted-request-by-rid"),
+        ),
         disaggregation_mode=SG.utils.DisaggregationMode.NULL,
         waiting_queue=[],
         processed_tokens_counter=0,
         enable_priority_scheduling=False,
         abort_on_priority_when_disabled=False,
         max_queued_requests=None,
-        enable_hicache_storage=False,
+        enable_hicache_storage=hicache_storage,
         enable_lmcache=False,
         enable_hisparse=False,
         # Up to 0.5.18 `_is_fake_transfer` takes the scheduler's server args.
@@ -303,7 +351,15 @@ def decode_queue(sched):
 
 
 def abort_streamed(sched, req) -> int:
-    return sum(1 for args, _ in sched.output_streamer.stream_output.calls if req in args[0])
+    """Streams of ``req``, through the output streamer (0.5.13 on) or the scheduler's own method."""
+    calls = sched.output_streamer.stream_output.calls + sched.stream_output.calls
+    return sum(1 for args, _ in calls if req in args[0])
+
+
+def released(sched, req) -> int:
+    """Releases of ``req``'s cache-side state: `tree_cache.finish` (0.5.20 on), or by its rid."""
+    by_rid = sum(1 for args, _ in sched.tree_cache.release_aborted_request.calls if args and args[0] == req.rid)
+    return sched.tree_cache.finish.count + by_rid
 
 
 def finished_status(req):
@@ -321,7 +377,7 @@ def observe_retirement(sched, req, observed: Observed) -> None:
     released, finish state set, the abort streamed.
     """
     observed["group_retired"] = sched.beam_coordinator.retire_group.count
-    observed["released"] = sched.tree_cache.finish.count
+    observed["released"] = released(sched, req)
     observed["finished_status"] = finished_status(req)
     observed["abort_streamed"] = abort_streamed(sched, req)
 
@@ -469,7 +525,8 @@ def a7b(observed: Observed) -> None:
 @intake_reject
 def a8(observed: Observed) -> None:
     req = rejected_req()
-    sched = make_scheduler()
+    # Without HiCache storage: with it, NULL mode's real `_prefetch_kvcache` would ask a real tree cache.
+    sched = make_scheduler(hicache_storage=False)
     SG.Scheduler._add_request_to_queue(sched, req)
     observed["enqueued"] = req in sched.waiting_queue
     observed["retired"] = sched.retire_unadmitted_request.count > 0
