@@ -194,17 +194,21 @@ def pending_abort_req():
     return req
 
 
-def hold(req, names: tuple[str, ...], value) -> str:
-    """Mark a resource as held where this tree keeps it; returns where ("kv.<name>" or "<name>").
+def hold(req, names: tuple[str, ...], value, transient: str | None = None) -> str:
+    """Mark a resource as held where this tree keeps it; returns where ("kv.<name>" or "<name>"),
+    or "absent" where the tree has no such resource (nothing is marked).
 
     Since 0.5.19 a request's resources live on `req.kv` (a `ReqKvInfo`); older
-    trees keep them on the request, some under another name (`names[1:]`).
+    trees keep them on the request, some under another name (`names[1:]`), or
+    as an attribute set only while the resource is held (``transient``).
     """
     kv = getattr(req, "kv", None)
     if kv is not None and hasattr(kv, names[0]):
         setattr(kv, names[0], value)
         return f"kv.{names[0]}"
-    name = next((n for n in names if hasattr(req, n)), names[-1])
+    name = next((n for n in names if hasattr(req, n)), transient)
+    if name is None:
+        return "absent"
     setattr(req, name, value)
     return name
 
@@ -486,9 +490,12 @@ def a4(observed: Observed) -> None:
 @PROBE.scenario("A5", "re-entry with a pending abort holding a host retraction backup, prefill door")
 def a5(observed: Observed) -> None:
     req = pending_abort_req()
-    # 0.5.19 moved the backup from `req.kv_cache_cpu` to `req.kv.retraction_backup`.
-    observed["backup_marker"] = hold(req, ("retraction_backup", "kv_cache_cpu"), object())
-    offer_prefill(req, observed)
+    # The backup is `retraction_backup` since 0.5.18 (on `req.kv` from 0.5.19); before, a
+    # `kv_cache_cpu` attribute that `offload_kv_cache` (from 0.4.7) sets only while it exists.
+    transient = "kv_cache_cpu" if hasattr(SG.Req, "offload_kv_cache") else None
+    observed["backup_marker"] = hold(req, ("retraction_backup",), object(), transient=transient)
+    if observed["backup_marker"] != "absent":
+        offer_prefill(req, observed)
 
 
 def preempted_req():
@@ -576,8 +583,9 @@ def a10(observed: Observed) -> None:
 @PROBE.scenario("A11", "re-entry with a pending abort holding a mamba slot, prefill door")
 def a11(observed: Observed) -> None:
     req = pending_abort_req()
-    observed["held"] = hold(req, ("mamba_pool_idx",), object())
-    offer_prefill(req, observed)
+    observed["held"] = hold(req, ("mamba_pool_idx",), object())  # mamba slots from 0.5.4
+    if observed["held"] != "absent":
+        offer_prefill(req, observed)
 
 
 @PROBE.scenario("A12", "request already finished with an abort (finished_reason set), prefill door")
