@@ -289,7 +289,7 @@ def parser() -> argparse.ArgumentParser:
     sw = sub.add_parser("sweep", help="probe every release (all experiments, one import each) and classify each")
     sw.add_argument("versions", nargs="*", help="releases to probe (default: the registry floor up to the newest)")
     sw.add_argument("--experiment", action="append", help="only this experiment (repeatable; default: all)")
-    sw.add_argument("--pre", action="store_true", help="also pre-, post- and dev releases")
+    sw.add_argument("--pre", action="store_true", help="also pre- and dev releases (post-releases are always in)")
     sw.add_argument("--jobs", type=int, default=2)
     sw.add_argument("--cold", action="store_true",
                     help="one environment and one fresh probe process per release instead of the warm engine")
