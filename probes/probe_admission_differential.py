@@ -13,7 +13,20 @@ from the tree, never from its version, and named in the result's `adaptations`
 (e.g. `session-id-only`: the request names its session by id;
 `inline-intake-reject`: up to 0.4.6 the scheduler rejects through the real
 `validate_input_length`). What a tree lacks that a scenario needs is recorded
-as "absent" (`is_rebootstrap`, `is_retracted`), not re-implemented.
+as "absent" (`is_rebootstrap`, `is_retracted`, a mamba slot or host backup a
+control would hold), not re-implemented.
+
+The retirement's keys count what the fix decides the way any tree can do it,
+so a backport into an older release reads `fixed`: `abort_streamed` counts
+streams through the output streamer or, up to 0.5.12, the scheduler's own
+`stream_output`; `released` counts `tree_cache.finish` or, up to 0.5.19,
+`tree_cache.release_aborted_request(rid)` (the doors run with HiCache storage
+on, the only case in which those trees release anything). A call of an older
+name is named in `adaptations` (`scheduler-stream-output`,
+`release-aborted-request-by-rid`); today's trees never make one. Where a tree
+has no such step at all, `prepare()` names it (`no-beam-groups` before 0.5.19,
+`no-queued-abort-release` up to 0.5.1, `session-without-inflight` up to 0.5.10)
+and the registry's `not_deciding` rules set the keys observing it aside.
 
 Run it by hand against one tree, in a Python 3.12 venv holding the pinned
 closure (`uv pip install -r constraints/cells-py312.txt`) plus SGLang without

@@ -38,30 +38,38 @@ ERA_RELEASES = {
 ADAPTATIONS = {
     "0.4.5": {
         "admission": ["door-without-is-rebootstrap", "door-without-is-retracted", "door-without-num-kv-heads",
-                      "inline-intake-reject", "named-kv-classes", "no-transfer-backend", "server-args-defaults",
-                      "server-args-unpublished", "session-id-only", "to-abort-marker"],
+                      "inline-intake-reject", "named-kv-classes", "no-beam-groups", "no-queued-abort-release",
+                      "no-transfer-backend", "server-args-defaults", "server-args-unpublished",
+                      "session-id-only", "session-without-inflight", "to-abort-marker"],
         "prefill": ["batch-result-required-fields", "batch-sampling-info", "infight-queue-name", "is-chunked-counter",
                     "no-optimistic-prefill", "no-req-kv-info", "server-args-defaults", "server-args-unpublished",
                     "to-abort-marker", "tree-cache-release", "tree-cache-unfinished"],
     },
     "0.4.6": {
         "admission": ["door-without-is-rebootstrap", "door-without-is-retracted", "door-without-num-kv-heads",
-                      "inline-intake-reject", "kv-class-lookup", "server-args-defaults", "server-args-unpublished",
-                      "session-id-only", "to-abort-marker"],
+                      "inline-intake-reject", "kv-class-lookup", "no-beam-groups", "no-queued-abort-release",
+                      "server-args-defaults", "server-args-unpublished", "session-id-only",
+                      "session-without-inflight", "to-abort-marker"],
     },
-    "0.4.10": {"admission": ["door-without-is-rebootstrap", "server-args-defaults", "server-args-unpublished",
-                             "session-id-only", "to-abort-marker", "tp-rank-patch"]},
-    "0.5.6": {"admission": ["door-without-is-rebootstrap", "publish-global-server-args", "session-id-only",
-                            "tp-rank-patch"]},
-    "0.5.10": {"admission": ["door-without-is-rebootstrap", "publish-global-server-args", "tp-rank-patch"]},
-    "0.5.14": {"admission": ["door-without-is-rebootstrap", "publish-global-server-args", "tp-rank-patch"],
+    "0.4.10": {"admission": ["door-without-is-rebootstrap", "no-beam-groups", "no-queued-abort-release",
+                             "server-args-defaults", "server-args-unpublished", "session-id-only",
+                             "session-without-inflight", "to-abort-marker", "tp-rank-patch"]},
+    "0.5.6": {"admission": ["door-without-is-rebootstrap", "no-beam-groups", "publish-global-server-args",
+                            "session-id-only", "session-without-inflight", "tp-rank-patch"]},
+    "0.5.10": {"admission": ["door-without-is-rebootstrap", "no-beam-groups", "publish-global-server-args",
+                             "session-without-inflight", "tp-rank-patch"]},
+    "0.5.14": {"admission": ["door-without-is-rebootstrap", "no-beam-groups", "publish-global-server-args",
+                             "tp-rank-patch"],
                "prefill": ["no-req-kv-info", "optimistic-prefill-retries", "publish-global-server-args",
                            "scheduler-server-args", "single-rank-poll"]},
 }
 
 # Every release is pre-fix; the registry rules (`not_deciding`) that set telling keys aside on it.
 SET_ASIDE = {
-    "admission": {"0.4.5": ["intake_finishes"], "0.4.6": ["intake_finishes"], "0.4.10": ["intake_finishes"]},
+    "admission": {**{v: ["intake_finishes", "no_beam_groups", "no_queued_abort_release", "session_without_inflight"]
+                     for v in ("0.4.5", "0.4.6", "0.4.10")},
+                  **{v: ["no_beam_groups", "session_without_inflight"] for v in ("0.5.5", "0.5.6", "0.5.10")},
+                  "0.5.12": ["no_beam_groups"], "0.5.14": ["no_beam_groups"]},
     "prefill": {"0.4.5": ["no_optimistic_prefill"], "0.4.6": ["no_optimistic_prefill"],
                 "0.4.10": ["no_optimistic_prefill"], "0.5.5": ["no_optimistic_prefill"],
                 "0.5.6": ["no_optimistic_prefill"], "0.5.10": ["no_optimistic_prefill"],
@@ -114,6 +122,11 @@ def test_what_a_tree_lacks_is_recorded_absent_and_an_inline_intake_still_rejects
     a1 = result(swept, "0.4.5", "admission")["scenarios"]["A1"]["observed"]
     assert (a1["finished_before_door"], a1["finished_status"], a1["sender_created"], a1["enqueued"]) \
         == (True, 400, True, True)
+    # A control's resource the tree has no such thing as is not made up: a mamba slot before 0.5.4, a host
+    # retraction backup before 0.4.7 (from then a `kv_cache_cpu` attribute, set while the backup exists).
+    assert result(swept, "0.4.10", "admission")["scenarios"]["A11"]["observed"] == {"held": "absent"}
+    assert result(swept, "0.4.6", "admission")["scenarios"]["A5"]["observed"] == {"backup_marker": "absent"}
+    assert result(swept, "0.4.10", "admission")["scenarios"]["A5"]["observed"]["backup_marker"] == "kv_cache_cpu"
 
 
 def test_the_door_admits_an_already_finished_request_on_every_era(swept):
