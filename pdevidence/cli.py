@@ -188,10 +188,13 @@ def cmd_check(args) -> int:
     Several targets share one warm engine; the exit code is the worst of theirs."""
     reg = registry.load(args.root)
     asked = [{kind: value} for kind in ("python", "version", "wheel", "path", "git") for value in getattr(args, kind) or []]
-    if not asked:
-        raise usage("check needs a target", expected="one or more of --python, --version, --wheel, --path, --git")
-    targets = [check.resolve(reg, **target) for target in asked]
+    if not (asked or args.image):
+        raise usage("check needs a target",
+                    expected="one or more of --python, --version, --wheel, --path, --git, --image")
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
+    targets = [check.resolve(reg, **target) for target in asked]
+    for image in args.image or []:  # every SGLang package in the image: each its own target
+        targets += check.resolve_image(reg, image, log=log)
     found = check.run_all(reg, targets, fresh_references=args.references == "fresh", log=log)
     if args.openvex:
         stamp = clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -300,6 +303,9 @@ def parser() -> argparse.ArgumentParser:
     ck.add_argument("--path", type=Path, action="append",
                     help="an SGLang source tree or fork, used unbuilt (checkout root or its python/)")
     ck.add_argument("--git", metavar="SHA", action="append", help="a commit: GitHub's archive, or SGLANG_REPO=<clone>")
+    ck.add_argument("--image", type=Path, action="append", metavar="PATH",
+                    help="a saved container image (`docker save` tarball, OCI layout directory or tar): every SGLang "
+                    "package in it, read without a container runtime")
     ck.add_argument("--json", action="store_true", help=f"print the {check.SCHEMA} document instead of the table")
     ck.add_argument("--openvex", type=Path, metavar="FILE", help="also write an OpenVEX v0.2.0 document")
     ck.add_argument("--references", choices=classify.REFERENCES, default="published",

@@ -27,7 +27,7 @@ from ..core.paths import results_dir, runs_dir, tree_lock_file, work_dir
 from ..documents.vocabulary import Behaviour, Classification
 from ..judge import classify
 from ..registry import Experiment, Registry
-from ..sources import trees
+from ..sources import images, trees
 from ..sources.version import TreeVersion
 
 SCHEMA = "pdevidence-check/1"
@@ -35,6 +35,7 @@ SCHEMA = "pdevidence-check/1"
 MIN_PYTHON = (3, 10)
 CHECK_SIDE = "check"
 SOURCE_KINDS = ("path", "git")
+IMAGE_KIND = images.KIND
 
 
 class Status(str, enum.Enum):
@@ -58,12 +59,13 @@ DECIDING = {Status.FIXED: (Behaviour.FIXED,), Status.AFFECTED: (Behaviour.PRE_FI
 
 @dataclass
 class Target:
-    kind: str  # python | release | wheel | path | git
+    kind: str  # python | release | wheel | path | git | image
     ref: str  # as asked: an interpreter, a version, a file, a directory or a commit
     resolved: str | None = None  # version or commit; for an interpreter, the SGLang version it imports
     sha256: str | None = None  # of the wheel or archive, where there is one
     version: TreeVersion | None = None  # a source tree's version, read from its commit; None: not told
     era: str | None = None  # the era whose closure the tree runs in; None: today's closure
+    image: images.Found | None = None  # an image's package: which image, and where in it
 
     def label(self) -> str:
         if self.kind == "python":
@@ -74,8 +76,10 @@ class Target:
         found = {"kind": self.kind, "ref": self.ref, "resolved": self.resolved, "sha256": self.sha256}
         if self.kind != "python":
             found["era"] = self.era
-        if self.kind in SOURCE_KINDS:
+        if self.kind in SOURCE_KINDS or self.image is not None:
             found["source_version"] = self.version.to_json() if self.version else None
+        if self.image is not None:
+            found["image"] = self.image.to_json()
         return found
 
 
@@ -186,6 +190,23 @@ def resolve(reg: Registry, *, python: Path | None = None, version: str | None = 
     return Target(tree.kind, ref, tree.resolved, tree.digest, tree.version, era.name if era else None), tree
 
 
+def resolve_image(reg: Registry, path: Path, *, log=print) -> list[tuple[Target, trees.Tree]]:
+    """Every SGLang package in a saved image, each a target run in the era its dist-info's version names."""
+    found = images.scan(path, log=log)
+    if not found:
+        raise usage(f"{path} holds no SGLang package",
+                    expected="sglang/ and its sglang-<version>.dist-info in a site-packages or dist-packages "
+                    "directory of the image, or the source an editable install of it names",
+                    todo="check SGLang inside a running container with --python, or copy its tree out and use --path")
+    targets = []
+    for package in found:
+        tree = package.tree()
+        era = environments.era_of(reg, tree)
+        targets.append((Target(IMAGE_KIND, str(package.image.archive), tree.version.told if tree.version else None,
+                               tree.digest, tree.version, era.name if era else None, package), tree))
+    return targets
+
+
 def run(reg: Registry, target: Target, tree: trees.Tree | None, *, fresh_references: bool = False,
         log=print) -> CheckResult:
     return run_all(reg, [(target, tree)], fresh_references=fresh_references, log=log)[0]
@@ -202,7 +223,8 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, f
     refs = {exp.name: classify.references(reg, exp, directory, fresh=fresh_references) for exp in exps}
     names = [exp.name for exp in exps]
     out = runs_dir(reg.root) / "check"
-    warm_trees = [tree for _, tree in targets if tree is not None]
+    # One probe per tree: an image's package may be named twice (two platforms, or the image passed twice).
+    warm_trees = list({tree.label(): tree for _, tree in targets if tree is not None}.values())
     engine_outcomes = warm.probe_trees(reg, warm_trees, names, {t.label(): _tree_args(t) for t in warm_trees},
                                        out_dir=out, log=log) if warm_trees else {}
     found = []
@@ -236,6 +258,11 @@ def _in_own_process(reg: Registry, names: list[str], target: Target, out: Path, 
 
 def describe(result: CheckResult) -> str:
     target = result.target
+    if target.image is not None:
+        told = f"sglang {target.version.told}, from {target.version.source}" if target.version else \
+            "version not told (no dist-info, no version.py literal)"
+        era = f"era {target.era}" if target.era else "today's closure"
+        return f"image {target.image.describe()}: {told}, run in {era}"
     if target.kind in ("release", "wheel"):
         return f"{target.kind} {target.resolved}"
     commit = f" at {target.resolved}" if target.kind == "path" and target.resolved != "local" else ""
