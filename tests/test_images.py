@@ -337,7 +337,7 @@ def test_the_answer_and_openvex_name_the_image_and_the_package_in_it(two_interpr
     line = check.table(results[1]).splitlines()[0]
     config = results[1].target.image.image.config_digest
     assert line == (f"sglang check: image lmsysorg/sglang:v0.5.21 (config {config[:19]}…) /{SITE}/sglang: "
-                    f"sglang 0.5.21, from /{SITE}/sglang-0.5.21.dist-info/METADATA, run in today's closure")
+                    "sglang 0.5.21 from sglang-0.5.21.dist-info/METADATA, run in today's closure")
     assert problems("check", results[1].to_json()) == []
     doc = openvex.document(reg, results, "2026-11-01T00:00:00Z")
     assert problems("openvex-0.2.0", doc) == []
@@ -393,3 +393,17 @@ def test_the_cli_names_the_image_option_in_its_usage(capsys):
     with contextlib.suppress(SystemExit):
         cli.main(["check", "--help"])
     assert "--image PATH" in capsys.readouterr().out
+
+
+def test_an_archive_that_changes_between_the_two_passes_is_refused(tmp_path):
+    before = base_layer()
+    fs = layers.Filesystem()
+    fs.apply(0, layers.members(io.BytesIO(before), "layer 1", digest=None, diff_id=None), "layer 1")
+    plan = layers.Plan()
+    plan.add(fs.find(tuple(f"{SITE}/sglang".split("/"))), tmp_path / "out" / "sglang", f"/{SITE}/sglang")
+    shifted = b.layer(b.file("etc/hostname", "new\n"), b.directory("usr"), *b.installed(SITE, b.sglang_files("0.5.20")))
+    for after, message in [(shifted, "is no longer"), (b.layer(), "ends before member")]:
+        with pytest.raises(errors.HarnessError, match=message) as info:
+            layers.extract(plan, lambda i: layers.members(io.BytesIO(after), "layer 1", digest=None, diff_id=None),
+                           lambda i: "layer 1")
+        assert info.value.code == errors.INTEGRITY

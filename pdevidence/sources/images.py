@@ -428,10 +428,12 @@ def _what(image: Image, index: int) -> str:
     return f"layer {index + 1} of {len(image.layers)} ({layer.digest or layer.member}) of {image.archive}"
 
 
-def _layer(archive: _Archive, image: Image, index: int) -> Iterator:
+def _layer(archive: _Archive, image: Image, index: int, *, verify: bool = True) -> Iterator:
+    """The layer's members; ``verify``: read to its end and checked against its digests."""
     layer = image.layers[index]
     with archive.open(layer.member) as raw:
-        yield from layers.members(raw, _what(image, index), digest=layer.digest, diff_id=layer.diff_id)
+        yield from layers.members(raw, _what(image, index), digest=layer.digest if verify else None,
+                                  diff_id=layer.diff_id if verify else None)
 
 
 def _installs(archive: _Archive, image: Image, log) -> list[Install]:
@@ -478,7 +480,7 @@ def _scan(archive: _Archive, image: Image, staging: Path, log) -> None:
                           "infos": infos, "tree": tree})
         else:
             found.append({"site": site_path, "package": None, "editable": False, "infos": infos, "tree": tree})
-    layers.extract(plan, lambda i: _layer(archive, image, i), lambda i: _what(image, i))
+    layers.extract(plan, lambda i: _layer(archive, image, i, verify=False), lambda i: _what(image, i))
     # An editable install's package is where its direct_url.json points, outside site-packages.
     editable = layers.Plan()
     for install in found:
@@ -495,7 +497,7 @@ def _scan(archive: _Archive, image: Image, staging: Path, log) -> None:
             continue
         editable.add(node, install["tree"] / PACKAGE, f"{source}/{PACKAGE}")
         install.update(package=f"{source}/{PACKAGE}", editable=True)
-    layers.extract(editable, lambda i: _layer(archive, image, i), lambda i: _what(image, i))
+    layers.extract(editable, lambda i: _layer(archive, image, i, verify=False), lambda i: _what(image, i))
     recorded = []
     for install in (i for i in found if i["package"] is not None):
         version, dist_info, note = _version(install)

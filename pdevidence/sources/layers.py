@@ -38,6 +38,7 @@ MAX_SYMLINKS = 40  # as Linux allows in one path lookup
 ZSTD_EXTRA = "zstd"  # the optional dependency's extra in pyproject.toml
 
 Parts = tuple[str, ...]
+Source = tuple[int, int, str]  # a layer, the ordinal of a member in its tar, and the member's path
 
 
 def parts(name: str, what: str) -> Parts:
@@ -127,8 +128,11 @@ def members(raw: BinaryIO, what: str, *, digest: str | None, diff_id: str | None
     algorithm = digest.split(":", 1)[0] if digest else "sha256"
     blob = _Digesting(raw, algorithm)
     with reading(what):
-        tar_bytes = _Digesting(decompressed(io.BufferedReader(blob, CHUNK), what))
-        tar = tarfile.open(fileobj=io.BufferedReader(tar_bytes, CHUNK), mode="r|")
+        stored = io.BufferedReader(blob, CHUNK)
+        data = decompressed(stored, what)
+        # An uncompressed layer is its own tar: one hash serves both digests.
+        tar_bytes = blob if data is stored and algorithm == "sha256" else _Digesting(data)
+        tar = tarfile.open(fileobj=stored if tar_bytes is blob else io.BufferedReader(tar_bytes, CHUNK), mode="r|")
     while True:
         with reading(what):
             member = tar.next()
@@ -146,7 +150,7 @@ def members(raw: BinaryIO, what: str, *, digest: str | None, diff_id: str | None
 @dataclass(eq=False)
 class Node:
     kind: str  # DIR | FILE | SYMLINK | OTHER
-    source: tuple[int, str] | None = None  # FILE: the layer and member whose content it has (a hard link's target's)
+    source: Source | None = None  # FILE: the member whose content it has (a hard link's target's)
     link: str | None = None  # SYMLINK: its target; a FILE whose hard link named no earlier file: that name
     children: dict[str, Node] | None = field(default=None)
 
@@ -164,7 +168,7 @@ class Filesystem:
     def apply(self, index: int, layer: Iterator[tuple[tarfile.TarFile, tarfile.TarInfo]], what: str) -> int:
         """Layer ``index`` on top; the number of its entries."""
         whiteouts, entries = [], []
-        for _tar, member in layer:
+        for ordinal, (_tar, member) in enumerate(layer):
             path = parts(member.name, what)
             if not path:
                 continue
@@ -174,7 +178,7 @@ class Filesystem:
                 elif not path[-1].startswith(WHITEOUT + WHITEOUT):  # .wh..wh.* other than opaque: aufs' own
                     whiteouts.append((path[:-1], path[-1][len(WHITEOUT):]))
                 continue
-            entries.append((path, member.type, member.linkname))
+            entries.append((path, ordinal, member.type, member.linkname))
         for directory, name in whiteouts:  # only what the layers below put there
             parent = self.find(directory)
             if parent is not None and parent.kind == DIR:
@@ -182,11 +186,11 @@ class Filesystem:
                     parent.children.clear()
                 else:
                     parent.children.pop(name, None)
-        for path, kind, linkname in entries:
-            self._add(index, path, kind, linkname, what)
+        for path, ordinal, kind, linkname in entries:
+            self._add((index, ordinal, "/".join(path)), path, kind, linkname, what)
         return len(whiteouts) + len(entries)
 
-    def _add(self, index: int, path: Parts, kind: bytes, linkname: str, what: str) -> None:
+    def _add(self, source: Source, path: Parts, kind: bytes, linkname: str, what: str) -> None:
         parent = self.root
         for name in path[:-1]:  # a parent the tar does not list is a directory all the same
             child = parent.children.get(name)
@@ -204,7 +208,7 @@ class Filesystem:
         elif kind == tarfile.SYMTYPE:
             parent.children[name] = Node(SYMLINK, link=linkname)
         elif kind in tarfile.REGULAR_TYPES:
-            parent.children[name] = Node(FILE, (index, "/".join(path)))
+            parent.children[name] = Node(FILE, source)
         else:
             parent.children[name] = Node(OTHER)
 
@@ -245,9 +249,9 @@ class Filesystem:
 
 @dataclass
 class Plan:
-    """What to write: directories, files by the layer and member that hold their content, symbolic links."""
+    """What to write: directories, files by the member that holds their content, symbolic links."""
     directories: list[Path] = field(default_factory=list)
-    files: dict[int, dict[str, list[Path]]] = field(default_factory=dict)
+    files: dict[int, dict[int, tuple[str, list[Path]]]] = field(default_factory=dict)  # layer: ordinal: (name, dests)
     links: list[tuple[Path, str, Path]] = field(default_factory=list)  # (where, target, the tree it must stay in)
 
     def add(self, node: Node, dest: Path, image_path: str, root: Path | None = None) -> None:
@@ -261,23 +265,26 @@ class Plan:
             if node.source is None:
                 raise integrity(f"{image_path} is a hard link to {node.link}, which no layer holds",
                                 todo="the image is damaged: save it again")
-            layer, member = node.source
-            self.files.setdefault(layer, {}).setdefault(member, []).append(dest)
+            layer, ordinal, member = node.source
+            self.files.setdefault(layer, {}).setdefault(ordinal, (member, []))[1].append(dest)
         elif node.kind == SYMLINK:
             self.links.append((dest, node.link, root))
 
 
 def extract(plan: Plan, layer: Callable[[int], Iterator[tuple[tarfile.TarFile, tarfile.TarInfo]]],
             what: Callable[[int], str]) -> None:
-    """Write the plan, reading each layer that holds one of its files once."""
+    """Write the plan, reading each layer that holds one of its files up to the last member it needs (the
+    names pass read each layer whole and checked its digests)."""
     for directory in plan.directories:
         directory.mkdir(parents=True, exist_ok=True)
     for index in sorted(plan.files):
-        wanted, written = plan.files[index], set()
-        for tar, member in layer(index):
-            name = "/".join(parts(member.name, what(index)))
-            if name in wanted and member.isreg():  # a later duplicate of the member overwrites: the last one counts
-                first, *others = wanted[name]
+        wanted, last = plan.files[index], max(plan.files[index])
+        for ordinal, (tar, member) in enumerate(layer(index)):
+            if ordinal in wanted:
+                name, (first, *others) = wanted[ordinal]
+                if not member.isreg() or "/".join(parts(member.name, what(index))) != name:
+                    raise integrity(f"{what(index)} changed while it was read: member {ordinal} is no longer {name}",
+                                    todo="run again on an archive nothing writes to")
                 with reading(what(index)):
                     with tar.extractfile(member) as source, open(first, "wb") as out:
                         shutil.copyfileobj(source, out, CHUNK)
@@ -286,10 +293,11 @@ def extract(plan: Plan, layer: Callable[[int], Iterator[tuple[tarfile.TarFile, t
                 for other in others:
                     shutil.copyfile(first, other)
                     os.chmod(other, mode)
-                written.add(name)
-        if set(wanted) - written:
-            raise integrity(f"{what(index)} no longer holds {sorted(set(wanted) - written)[0]}, which it held "
-                            "when its names were read", todo="the archive changed while it was read: run again")
+            if ordinal == last:
+                break
+        else:
+            raise integrity(f"{what(index)} changed while it was read: it ends before member {last}",
+                            todo="run again on an archive nothing writes to")
     for dest, target, root in plan.links:
         inside = (dest.parent / target).resolve() if not target.startswith("/") else None
         if inside is None or not inside.is_relative_to(root.resolve()):
