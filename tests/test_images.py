@@ -407,3 +407,28 @@ def test_an_archive_that_changes_between_the_two_passes_is_refused(tmp_path):
             layers.extract(plan, lambda i: layers.members(io.BytesIO(after), "layer 1", digest=None, diff_id=None),
                            lambda i: "layer 1")
         assert info.value.code == errors.INTEGRITY
+
+
+def test_a_docker_save_of_two_images_sharing_a_layer_by_symbolic_link_gives_both(tmp_path):
+    """`docker save a b` writes a layer both images have once; the other names it by a symbolic link."""
+    base, upgrade = base_layer(), upgrade_layer()
+    configs = {"a": b.config([base]), "b": b.config([base, upgrade])}
+    path = tmp_path / "two.tar"
+    with tarfile.open(path, "w") as tar:
+        def add(name: str, data: bytes) -> None:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        add("1/layer.tar", base)
+        link = tarfile.TarInfo("2/layer.tar")
+        link.type, link.linkname = tarfile.SYMTYPE, "../1/layer.tar"
+        tar.addfile(link)
+        add("3/layer.tar", upgrade)
+        for data in configs.values():
+            add(f"{b.sha256(data).split(':')[1]}.json", data)
+        add("manifest.json", json.dumps([
+            {"Config": f"{b.sha256(configs['a']).split(':')[1]}.json", "RepoTags": ["x/a:1"], "Layers": ["1/layer.tar"]},
+            {"Config": f"{b.sha256(configs['b']).split(':')[1]}.json", "RepoTags": ["x/b:1"],
+             "Layers": ["2/layer.tar", "3/layer.tar"]}]).encode())
+    found = scan(path)
+    assert [(f.image.tags, f.install.version.version) for f in found] == [(("x/a:1",), "0.5.20"), (("x/b:1",), "0.5.21")]

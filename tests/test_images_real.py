@@ -22,7 +22,7 @@ import image_builder as b
 import pytest
 from schemas import problems
 
-from pdevidence import cli, registry
+from pdevidence import cli
 from pdevidence.core import errors
 from pdevidence.core.paths import PROJECT, results_dir, tree_lock_file
 from pdevidence.documents.vocabulary import Classification
@@ -39,17 +39,10 @@ TAG = "example/sglang:upgraded"
 
 
 @pytest.fixture(scope="module")
-def reg(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PDEVIDENCE_RUNS", str(tmp_path_factory.mktemp("runs")))
-        yield registry.load(PROJECT)
-
-
-@pytest.fixture(scope="module")
-def wheels(reg) -> dict[str, Path]:
+def wheels(project_reg) -> dict[str, Path]:
     """The release wheels, from PyPI through the tree lock (hash-pinned), as `pip download --no-deps` gives them."""
-    lock = trees.LockFile(tree_lock_file(reg.root))
-    return {v: trees.release_tree(v, reg.python, lock).install_target for v in VERSIONS}
+    lock = trees.LockFile(tree_lock_file(project_reg.root))
+    return {v: trees.release_tree(v, project_reg.python, lock).install_target for v in VERSIONS}
 
 
 def wheel_names(wheel: Path) -> set[str]:
@@ -135,7 +128,7 @@ def image(tmp_path_factory, wheels) -> Path:
 
 
 @pytest.fixture(scope="module")
-def checked(image, reg, tmp_path_factory):
+def checked(image, project_reg, tmp_path_factory):
     """One check of the image, as an operator runs it: its exit code, JSON and OpenVEX, and the cache it filled."""
     out, vex, cache = io.StringIO(), tmp_path_factory.mktemp("vex") / "image.vex.json", tmp_path_factory.mktemp("cache")
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
@@ -149,11 +142,11 @@ def swept(experiment: str, version: str) -> dict:
     return next(row for row in table["releases"] if row["version"] == version)
 
 
-def test_each_interpreter_of_the_image_is_checked_in_the_era_of_its_version(reg, checked, image):
+def test_each_interpreter_of_the_image_is_checked_in_the_era_of_its_version(project_reg, checked, image):
     code, docs, _, _ = checked
     assert [d["target"]["image"]["site"] for d in docs] == [f"/{VENV}", f"/{SITE}"]
     assert [d["target"]["resolved"] for d in docs] == ["0.5.10", "0.5.21"]  # the upgrade's dist-info, not 0.5.20's
-    assert [d["target"]["era"] for d in docs] == [reg.era_of("0.5.10").name, None]
+    assert [d["target"]["era"] for d in docs] == [project_reg.era_of("0.5.10").name, None]
     assert [d["target"]["sglang_version"] for d in docs] == ["0.5.10", "0.5.21"]  # what the probed code says
     for doc in docs:
         assert problems("check", doc) == []
