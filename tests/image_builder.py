@@ -73,7 +73,7 @@ def sglang_files(version: str, init: str = "", *, extra: dict[str, str] | None =
     """A tiny stand-in of an installed SGLang: its package and its dist-info, as site-packages holds them."""
     files = {"sglang/__init__.py": init, "sglang/version.py": f'__version__ = "{version}"\n',
              "sglang/srt/__init__.py": "", "sglang/srt/door.py": "OPEN = True\n",
-             f"sglang-{version}.dist-info/METADATA": f"Metadata-Version: 2.4\nName: sglang\nVersion: {version}\n\nSGLang\n",
+             f"sglang-{version}.dist-info/METADATA": f"Metadata-Version: 2.4\nName: sglang\nVersion: {version}\n",
              f"sglang-{version}.dist-info/RECORD": "", **(extra or {})}
     return {name: text.encode() for name, text in files.items()}
 

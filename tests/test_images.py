@@ -251,7 +251,8 @@ def _rewrite_tar(path: Path, out: str, change) -> Path:
     """The tar at ``path`` with ``change(name, data)`` applied to each member (None drops it), as ``out`` beside it."""
     with tarfile.open(path) as tar:
         members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
-    return b.tar_of(path.with_name(out), {name: new for name, data in members.items() if (new := change(name, data)) is not None})
+    changed = {name: change(name, data) for name, data in members.items()}
+    return b.tar_of(path.with_name(out), {name: data for name, data in changed.items() if data is not None})
 
 
 def malformed(tmp_path: Path) -> dict[str, tuple[Path, int, str]]:
@@ -279,9 +280,10 @@ def malformed(tmp_path: Path) -> dict[str, tuple[Path, int, str]]:
         "no SGLang in it": (no_sglang, errors.USAGE, "holds no SGLang package"),
         "manifest not JSON": (_rewrite_tar(saved, "bad-json.tar", lambda n, d: b"{oops" if n == "manifest.json" else d),
                               errors.INTEGRITY, "manifest manifest.json is not valid JSON"),
-        "a layer missing": (_rewrite_tar(saved, "missing-layer.tar", lambda n, d: None if n == layer_name else d), errors.INTEGRITY,
-                            f"layer {layer_name} is missing"),
-        "a layer not a tar": (_rewrite_tar(saved, "not-a-tar-layer.tar", lambda n, d: b"\x07" * 2048 if n == layer_name else d),
+        "a layer missing": (_rewrite_tar(saved, "missing-layer.tar", lambda n, d: None if n == layer_name else d),
+                            errors.INTEGRITY, f"layer {layer_name} is missing"),
+        "a layer not a tar": (_rewrite_tar(saved, "not-a-tar-layer.tar",
+                                           lambda n, d: b"\x07" * 2048 if n == layer_name else d),
                               errors.INTEGRITY, "layer 2 of 2"),
         "a layer altered (diff_id)": (_rewrite_tar(saved, "altered.tar", lambda n, d: upgrade_layer(marker_last=True)
                                                    if n == layer_name else d), errors.INTEGRITY,
@@ -343,12 +345,12 @@ def test_the_answer_and_openvex_name_the_image_and_the_package_in_it(two_interpr
     assert problems("openvex-0.2.0", doc) == []
     digest = b.manifest_digest(two_interpreters)
     products = [s["products"] for s in doc["statements"]]
+    sglang = [f"pkg:pypi/sglang@{v}" for v in ("0.5.10", "0.5.21")]
     image_purl = (f"pkg:oci/sglang@sha256%3A{digest.split(':')[1]}?arch=amd64"
                   "&repository_url=docker.io/lmsysorg/sglang&tag=v0.5.21")
     assert products == [[{"@id": image_purl, "identifiers": {"purl": image_purl},
                           "hashes": {"sha-256": digest.split(":")[1]},
-                          "subcomponents": [{"@id": f"pkg:pypi/sglang@{v}", "identifiers": {"purl": f"pkg:pypi/sglang@{v}"}}]}]
-                        for v in ("0.5.10", "0.5.21")]
+                          "subcomponents": [{"@id": purl, "identifiers": {"purl": purl}}]}] for purl in sglang]
     assert [s["status_notes"].split("; ")[1] for s in doc["statements"]] == [f"sglang at /{VENV}/sglang",
                                                                                f"sglang at /{SITE}/sglang"]
 
@@ -380,13 +382,15 @@ def test_a_multi_platform_index_gives_each_platform_and_skips_attestations(tmp_p
                    "platform": {"os": "unknown", "architecture": "unknown"},
                    "annotations": {"vnd.docker.reference.type": "attestation-manifest"}}
     inner = json.dumps({"schemaVersion": 2, "mediaType": b.OCI_INDEX, "manifests": [*manifests, attestation]}).encode()
+    named = {"io.containerd.image.name": "docker.io/x/sglang:multi"}
     outer = {"schemaVersion": 2, "manifests": [{"mediaType": b.OCI_INDEX, "digest": b.sha256(inner), "size": len(inner),
-                                                "annotations": {"io.containerd.image.name": "docker.io/x/sglang:multi"}}]}
+                                                "annotations": named}]}
     path = b.write_dir(tmp_path / "multi", {**amd, **arm, "index.json": json.dumps(outer).encode(),
                                             f"blobs/sha256/{b.sha256(inner).split(':')[1]}": inner})
     found = scan(path)
-    assert [(f.image.platform, f.install.version.version, f.image.tags) for f in found] == [
-        ("linux/amd64", "0.5.20", ("docker.io/x/sglang:multi",)), ("linux/arm64", "0.5.19", ("docker.io/x/sglang:multi",))]
+    assert [(f.image.platform, f.install.version.version) for f in found] == [("linux/amd64", "0.5.20"),
+                                                                              ("linux/arm64", "0.5.19")]
+    assert {f.image.tags for f in found} == {("docker.io/x/sglang:multi",)}
 
 
 def test_the_cli_names_the_image_option_in_its_usage(capsys):
@@ -427,8 +431,21 @@ def test_a_docker_save_of_two_images_sharing_a_layer_by_symbolic_link_gives_both
         for data in configs.values():
             add(f"{b.sha256(data).split(':')[1]}.json", data)
         add("manifest.json", json.dumps([
-            {"Config": f"{b.sha256(configs['a']).split(':')[1]}.json", "RepoTags": ["x/a:1"], "Layers": ["1/layer.tar"]},
+            {"Config": f"{b.sha256(configs['a']).split(':')[1]}.json", "RepoTags": ["x/a:1"],
+             "Layers": ["1/layer.tar"]},
             {"Config": f"{b.sha256(configs['b']).split(':')[1]}.json", "RepoTags": ["x/b:1"],
              "Layers": ["2/layer.tar", "3/layer.tar"]}]).encode())
     found = scan(path)
-    assert [(f.image.tags, f.install.version.version) for f in found] == [(("x/a:1",), "0.5.20"), (("x/b:1",), "0.5.21")]
+    assert [(f.image.tags, f.install.version.version) for f in found] == [(("x/a:1",), "0.5.20"),
+                                                                          (("x/b:1",), "0.5.21")]
+
+
+def test_two_dist_infos_in_one_site_leave_the_version_to_the_package_s_version_py(tmp_path):
+    """An upgrade that did not remove the old dist-info (files copied over): the dist-infos disagree."""
+    copied_over = b.layer(*b.installed(SITE, b.sglang_files("0.5.21")))
+    said = []
+    found = only(scan(b.docker_save(tmp_path / "image.tar", [base_layer(), copied_over]), said.append))
+    assert (found.install.version.version, found.install.version.source) == ("0.5.21", f"/{SITE}/sglang/version.py")
+    assert found.install.dist_info is None
+    assert any("2 sglang dist-info directories (sglang-0.5.20.dist-info, sglang-0.5.21.dist-info)" in line
+               for line in said)

@@ -250,8 +250,9 @@ def _in_own_process(reg: Registry, names: list[str], target: Target, out: Path, 
 def describe(result: CheckResult) -> str:
     target = result.target
     if target.image is not None:
-        told = f"sglang {target.version.told} from {target.version.source.removeprefix(target.image.install.site + '/')}" \
-            if target.version else "version not told (no dist-info, no version.py literal)"
+        version = target.version
+        told = f"sglang {version.told} from {version.source.removeprefix(target.image.install.site + '/')}" \
+            if version else "version not told (no dist-info, no version.py literal)"
         era = f"era {target.era}" if target.era else "today's closure"
         return f"image {target.image.describe()}: {told}, run in {era}"
     if target.kind in ("release", "wheel"):

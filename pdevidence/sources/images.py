@@ -44,7 +44,7 @@ SCAN_SCHEMA = "pdevidence-image-scan/1"
 MANIFEST, INDEX = "manifest.json", "index.json"
 SITE_DIRS = ("site-packages", "dist-packages")
 PACKAGE = "sglang"
-_DIST_INFO = re.compile(r"^sglang-(?P<version>[^-]+)\.dist-info$", re.IGNORECASE)
+_DIST_INFO = re.compile(r"^sglang-[^-]+\.dist-info$", re.IGNORECASE)
 _DIGEST = re.compile(r"^(?P<algorithm>sha256|sha512):(?P<hex>[0-9a-f]{64}|[0-9a-f]{128})$")
 _HEX_NAME = re.compile(r"(?:^|/)(?:sha256/)?(?P<hex>[0-9a-f]{64})(?:\.json)?$")
 INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
@@ -69,7 +69,6 @@ class Layer:
     member: str  # where its blob is in the archive
     digest: str | None  # of the blob as stored; None where the archive names none (a `docker save` layer.tar)
     diff_id: str  # of its uncompressed tar, from the config
-    media_type: str | None
 
 
 @dataclass(frozen=True)
@@ -117,10 +116,6 @@ class Install:
     version: TreeVersion | None  # what its dist-info (else its version.py) says; None: nothing tells it
     tree: Path  # the extracted directory holding sglang/ (and the dist-info)
     digest: str  # SHA-256 of that directory (``layers.tree_digest``)
-
-    def to_json(self) -> dict:
-        return {"site": self.site, "package": self.package, "dist_info": self.dist_info, "editable": self.editable,
-                "version": self.version.to_json() if self.version else None, "digest": self.digest}
 
 
 @dataclass(frozen=True)
@@ -315,16 +310,16 @@ def _config(archive: _Archive, name: str, digest: str | None, n_layers: int) -> 
 
 
 def _image(archive: _Archive, tags: list[str], config_name: str, config_digest: str | None,
-           layer_refs: list[tuple[str, str | None, str | None]], manifest_digest: str | None) -> Image:
+           layer_refs: list[tuple[str, str | None]], manifest_digest: str | None) -> Image:
+    """An image whose config and layers are in the archive; its layers' digests (blob and diff_id) to check."""
     config, config_digest, diff_ids = _config(archive, config_name, config_digest, len(layer_refs))
-    for member, _digest_, _type in layer_refs:
+    for member, _ in layer_refs:
         if not archive.has(member):
             raise damaged(archive.path, f"layer {member} is missing")
     return Image(archive.path, tuple(dict.fromkeys(tags)), config_digest, manifest_digest,
                  config.get("os") if isinstance(config.get("os"), str) else None,
                  config.get("architecture") if isinstance(config.get("architecture"), str) else None,
-                 tuple(Layer(member, digest, diff_id, media_type)
-                       for (member, digest, media_type), diff_id in zip(layer_refs, diff_ids)))
+                 tuple(Layer(member, digest, diff_id) for (member, digest), diff_id in zip(layer_refs, diff_ids)))
 
 
 def _docker_images(archive: _Archive) -> list[Image]:
@@ -340,7 +335,7 @@ def _docker_images(archive: _Archive) -> list[Image]:
         for name in names:
             member = _member_name(name, archive.path)
             named = _HEX_NAME.search(member) if member.startswith("blobs/sha256/") else None
-            layer_refs.append((member, f"sha256:{named['hex']}" if named else None, None))
+            layer_refs.append((member, f"sha256:{named['hex']}" if named else None))
         named = _HEX_NAME.search(config)
         tags = entry.get("RepoTags") or []
         found.append(_image(archive, [t for t in tags if isinstance(t, str)], config,
@@ -386,12 +381,12 @@ def _oci_images(archive: _Archive, descriptors: list, tags: list[str], depth: in
         for layer in _need(doc, "layers", list, f"the manifest {digest}", archive.path):
             layer_digest = _digest(layer.get("digest") if isinstance(layer, dict) else None, "a layer digest",
                                    archive.path)
-            layer_refs.append((_blob(layer_digest), layer_digest, layer.get("mediaType")))
+            layer_refs.append((_blob(layer_digest), layer_digest))
         found.append(_image(archive, named, _blob(config_digest), config_digest, layer_refs, digest))
     return found
 
 
-def images(archive: _Archive) -> list[Image]:
+def _saved_images(archive: _Archive) -> list[Image]:
     """The images of the archive: an OCI layout's (Docker 25 and later save one, with a manifest.json
     naming its tags beside it), else a `docker save` manifest.json's."""
     if not archive.has(INDEX):
@@ -417,7 +412,7 @@ def scan(path: Path, *, log=print) -> list[Found]:
     """Every SGLang package in every image of the archive at ``path``."""
     path = Path(os.path.abspath(path))
     with _opened(path) as archive:
-        found_images = images(archive)
+        found_images = _saved_images(archive)
         if not found_images:
             raise not_an_image(path, "it names no image (only attestations, or an empty index)")
         return [Found(image, install) for image in found_images for install in _installs(archive, image, log)]
@@ -458,59 +453,82 @@ def _installs(archive: _Archive, image: Image, log) -> list[Install]:
     return installs
 
 
+@dataclass
+class _Candidate:
+    """SGLang's dist-info or package in one site directory, while the image is scanned."""
+    site: str
+    infos: list[str]  # its sglang-*.dist-info directories
+    tree: Path  # where it is extracted
+    package: str | None = None  # its sglang/ in the image, once known
+    editable: bool = False
+
+
 def _scan(archive: _Archive, image: Image, staging: Path, log) -> None:
+    """Names first (every layer, digests checked), then the SGLang packages, recorded in ``staging``."""
     fs = layers.Filesystem()
     for index in range(len(image.layers)):
         fs.apply(index, _layer(archive, image, index), _what(image, index))
     log(f"image {image.describe()}: {len(image.layers)} layer(s) read, names only")
-    found, notes, plan = [], [], layers.Plan()
-    for path, site in fs.directories(SITE_DIRS):
-        site_path = "/" + "/".join(path)
-        package = site.children.get(PACKAGE)
-        infos = sorted(name for name, child in site.children.items() if child.kind == layers.DIR
-                       and _DIST_INFO.match(name))
-        if (package is None or package.kind != layers.DIR) and not infos:
-            continue
-        tree = staging / "trees" / str(len(found))
-        for name in infos:
-            plan.add(site.children[name], tree / name, f"{site_path}/{name}")
-        if package is not None and package.kind == layers.DIR:
-            plan.add(package, tree / PACKAGE, f"{site_path}/{PACKAGE}")
-            found.append({"site": site_path, "package": f"{site_path}/{PACKAGE}", "editable": False,
-                          "infos": infos, "tree": tree})
-        else:
-            found.append({"site": site_path, "package": None, "editable": False, "infos": infos, "tree": tree})
-    layers.extract(plan, lambda i: _layer(archive, image, i, verify=False), lambda i: _what(image, i))
-    # An editable install's package is where its direct_url.json points, outside site-packages.
-    editable = layers.Plan()
-    for install in found:
-        if install["package"] is not None:
-            continue
-        sources = [s for s in (_editable_source(install["tree"] / info) for info in install["infos"]) if s]
-        source = sources[0].rstrip("/") if sources else None
-        node = fs.find((*layers.parts(source, str(image.archive)), PACKAGE), follow=True) if source else None
-        if node is None or node.kind != layers.DIR:
-            where = f"its editable source {source} holds no {PACKAGE}/" if source else f"no {PACKAGE}/ beside it"
-            notes.append(f"{install['site']}: {', '.join(install['infos'])} without its package ({where}): "
-                         "a broken or half-removed install, not checked")
-            shutil.rmtree(install["tree"], ignore_errors=True)
-            continue
-        editable.add(node, install["tree"] / PACKAGE, f"{source}/{PACKAGE}")
-        install.update(package=f"{source}/{PACKAGE}", editable=True)
-    layers.extract(editable, lambda i: _layer(archive, image, i, verify=False), lambda i: _what(image, i))
+
+    def extract(plan: layers.Plan) -> None:
+        layers.extract(plan, lambda i: _layer(archive, image, i, verify=False), lambda i: _what(image, i))
+
+    candidates, plan = _candidates(fs, staging)
+    extract(plan)
+    notes: list[str] = []
+    extract(_editable_packages(fs, candidates, image, notes))
     recorded = []
-    for install in (i for i in found if i["package"] is not None):
-        version, dist_info, note = _version(install)
-        if note:
-            notes.append(note)
-        recorded.append({"site": install["site"], "package": install["package"], "dist_info": dist_info,
-                         "editable": install["editable"], "version": version.to_json() if version else None,
-                         "tree": install["tree"].relative_to(staging).as_posix(),
-                         "digest": layers.tree_digest(install["tree"])})
+    for found in (c for c in candidates if c.package is not None):
+        version, dist_info, note = _version(found)
+        notes += [note] if note else []
+        recorded.append({"site": found.site, "package": found.package, "dist_info": dist_info,
+                         "editable": found.editable, "version": version.to_json() if version else None,
+                         "tree": found.tree.relative_to(staging).as_posix(), "digest": layers.tree_digest(found.tree)})
     log(f"image {image.describe()}: {len(recorded)} SGLang package(s) extracted"
         + "".join(f"; {r['package']}" for r in recorded))
     write_atomic(staging / SCAN_FILE, json.dumps({"schema": SCAN_SCHEMA, "config_digest": image.config_digest,
                                                   "installs": recorded, "notes": notes}, sort_keys=True) + "\n")
+
+
+def _candidates(fs: layers.Filesystem, staging: Path) -> tuple[list[_Candidate], layers.Plan]:
+    """Each site directory's sglang/ and dist-info, and the plan that extracts them."""
+    found, plan = [], layers.Plan()
+    for path, site in fs.directories(SITE_DIRS):
+        site_path = "/" + "/".join(path)
+        package = site.children.get(PACKAGE)
+        package = package if package is not None and package.kind is layers.Kind.DIR else None
+        infos = sorted(name for name, child in site.children.items()
+                       if child.kind is layers.Kind.DIR and _DIST_INFO.match(name))
+        if package is None and not infos:
+            continue
+        candidate = _Candidate(site_path, infos, staging / "trees" / str(len(found)))
+        for name in infos:
+            plan.add(site.children[name], candidate.tree / name, f"{site_path}/{name}")
+        if package is not None:
+            candidate.package = f"{site_path}/{PACKAGE}"
+            plan.add(package, candidate.tree / PACKAGE, candidate.package)
+        found.append(candidate)
+    return found, plan
+
+
+def _editable_packages(fs: layers.Filesystem, candidates: list[_Candidate], image: Image,
+                       notes: list[str]) -> layers.Plan:
+    """The plan that extracts each editable install's package from where its direct_url.json points; a
+    dist-info without a package anywhere is noted, and not checked."""
+    plan = layers.Plan()
+    for candidate in (c for c in candidates if c.package is None):
+        sources = [s for s in (_editable_source(candidate.tree / info) for info in candidate.infos) if s]
+        source = sources[0].rstrip("/") if sources else None
+        node = fs.find((*layers.parts(source, str(image.archive)), PACKAGE), follow=True) if source else None
+        if node is None or node.kind is not layers.Kind.DIR:
+            where = f"its editable source {source} holds no {PACKAGE}/" if source else f"no {PACKAGE}/ beside it"
+            notes.append(f"{candidate.site}: {', '.join(candidate.infos)} without its package ({where}): "
+                         "a broken or half-removed install, not checked")
+            shutil.rmtree(candidate.tree, ignore_errors=True)
+            continue
+        candidate.package, candidate.editable = f"{source}/{PACKAGE}", True
+        plan.add(node, candidate.tree / PACKAGE, candidate.package)
+    return plan
 
 
 def _editable_source(info: Path) -> str | None:
@@ -541,22 +559,22 @@ def _metadata_version(metadata: Path) -> str | None:
     return None
 
 
-def _version(install: dict) -> tuple[TreeVersion | None, str | None, str | None]:
+def _version(found: _Candidate) -> tuple[TreeVersion | None, str | None, str | None]:
     """What the dist-info says (else the package's version.py), the dist-info it came from, and a note."""
-    site, tree, infos = install["site"], install["tree"], install["infos"]
-    told = {info: v for info in infos if (v := _metadata_version(tree / info / "METADATA"))}
+    told = {info: v for info in found.infos if (v := _metadata_version(found.tree / info / "METADATA"))}
     if len(told) == 1:
         (info, text), = told.items()
         parsed = lenient(text)
         if parsed:
-            return TreeVersion(parsed[0], parsed[1], f"{site}/{info}/METADATA", text), f"{site}/{info}", None
-    found = read_version(tree, tree, repo=None, rev="HEAD")
-    version = TreeVersion(found.version, found.local, f"{install['package']}/version.py", found.told) \
-        if found else None
-    if len(infos) > 1:
-        return version, None, (f"{site}: {len(infos)} sglang dist-info directories ({', '.join(infos)}): "
-                               f"the version is {'read from its version.py' if version else 'not told'}")
-    return version, (f"{site}/{infos[0]}" if infos else None), None
+            where = f"{found.site}/{info}"
+            return TreeVersion(parsed[0], parsed[1], f"{where}/METADATA", text), where, None
+    read = read_version(found.tree, found.tree, repo=None, rev="HEAD")
+    version = TreeVersion(read.version, read.local, f"{found.package}/version.py", read.told) if read else None
+    if len(found.infos) > 1:
+        return version, None, (f"{found.site}: {len(found.infos)} sglang dist-info directories "
+                               f"({', '.join(found.infos)}): the version is "
+                               f"{'read from its version.py' if version else 'not told'}")
+    return version, (f"{found.site}/{found.infos[0]}" if found.infos else None), None
 
 
 def _cached(entry: Path, image: Image) -> tuple[list[Install], list[str]] | None:

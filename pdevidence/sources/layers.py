@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bz2
 import contextlib
+import enum
 import gzip
 import hashlib
 import io
@@ -20,6 +21,7 @@ import lzma
 import os
 import posixpath
 import shutil
+import sys
 import tarfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -30,7 +32,14 @@ from typing import BinaryIO
 from ..core.errors import ENVIRONMENT, HarnessError, integrity
 from ..core.files import sha256_file
 
-DIR, FILE, SYMLINK, OTHER = "dir", "file", "symlink", "other"
+
+class Kind(enum.Enum):
+    DIR = "dir"
+    FILE = "file"
+    SYMLINK = "symlink"
+    OTHER = "other"  # a device, a FIFO: nothing a Python package holds
+
+
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 CHUNK = 1 << 20
@@ -79,7 +88,7 @@ def decompressed(stream: io.BufferedReader, what: str) -> BinaryIO:
 def _read_errors() -> tuple[type[BaseException], ...]:
     """What a damaged stream raises while it is read: tar, the decompressors (zstandard's if loaded), I/O."""
     found: list[type[BaseException]] = [tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError]
-    zstd = __import__("sys").modules.get("zstandard")
+    zstd = sys.modules.get("zstandard")
     if zstd is not None:
         found.append(zstd.ZstdError)
     return tuple(found)
@@ -147,15 +156,15 @@ def members(raw: BinaryIO, what: str, *, digest: str | None, diff_id: str | None
                             todo="the archive is damaged or was altered: save the image again")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # one per name in the image: hundreds of thousands
 class Node:
-    kind: str  # DIR | FILE | SYMLINK | OTHER
-    source: Source | None = None  # FILE: the member whose content it has (a hard link's target's)
-    link: str | None = None  # SYMLINK: its target; a FILE whose hard link named no earlier file: that name
+    kind: Kind
+    source: Source | None = None  # a file: the member whose content it has (a hard link's target's)
+    link: str | None = None  # a symbolic link: its target; a file whose hard link named no earlier file: that name
     children: dict[str, Node] | None = field(default=None)
 
     def __post_init__(self):
-        if self.kind == DIR and self.children is None:
+        if self.kind is Kind.DIR and self.children is None:
             self.children = {}
 
 
@@ -163,7 +172,7 @@ class Filesystem:
     """The names the layers applied so far leave, and where each file's content is."""
 
     def __init__(self) -> None:
-        self.root = Node(DIR)
+        self.root = Node(Kind.DIR)
 
     def apply(self, index: int, layer: Iterator[tuple[tarfile.TarFile, tarfile.TarInfo]], what: str) -> int:
         """Layer ``index`` on top; the number of its entries."""
@@ -181,7 +190,7 @@ class Filesystem:
             entries.append((path, ordinal, member.type, member.linkname))
         for directory, name in whiteouts:  # only what the layers below put there
             parent = self.find(directory)
-            if parent is not None and parent.kind == DIR:
+            if parent is not None and parent.kind is Kind.DIR:
                 if name is None:
                     parent.children.clear()
                 else:
@@ -194,35 +203,35 @@ class Filesystem:
         parent = self.root
         for name in path[:-1]:  # a parent the tar does not list is a directory all the same
             child = parent.children.get(name)
-            if child is None or child.kind != DIR:
-                child = parent.children[name] = Node(DIR)
+            if child is None or child.kind is not Kind.DIR:
+                child = parent.children[name] = Node(Kind.DIR)
             parent = child
         name, existing = path[-1], parent.children.get(path[-1])
         if kind == tarfile.DIRTYPE:
-            if existing is None or existing.kind != DIR:
-                parent.children[name] = Node(DIR)
+            if existing is None or existing.kind is not Kind.DIR:
+                parent.children[name] = Node(Kind.DIR)
         elif kind == tarfile.LNKTYPE:  # the content of the file at that name now: this layer's, else below
             target = self.find(parts(linkname, what))
-            found = target is not None and target.kind == FILE and target.source is not None
-            parent.children[name] = Node(FILE, target.source if found else None, None if found else linkname)
+            found = target is not None and target.kind is Kind.FILE and target.source is not None
+            parent.children[name] = Node(Kind.FILE, target.source if found else None, None if found else linkname)
         elif kind == tarfile.SYMTYPE:
-            parent.children[name] = Node(SYMLINK, link=linkname)
+            parent.children[name] = Node(Kind.SYMLINK, link=linkname)
         elif kind in tarfile.REGULAR_TYPES:
-            parent.children[name] = Node(FILE, source)
+            parent.children[name] = Node(Kind.FILE, source)
         else:
-            parent.children[name] = Node(OTHER)
+            parent.children[name] = Node(Kind.OTHER)
 
     def find(self, path: Parts, *, follow: bool = False) -> Node | None:
         """The node at ``path``; with ``follow``, symbolic links on the way resolved inside the image."""
         node, todo, hops, where = self.root, list(path), 0, []
         while todo:
             name = todo.pop(0)
-            if node.kind != DIR:
+            if node.kind is not Kind.DIR:
                 return None
             child = node.children.get(name)
             if child is None:
                 return None
-            if follow and child.kind == SYMLINK:
+            if follow and child.kind is Kind.SYMLINK:
                 hops += 1
                 if hops > MAX_SYMLINKS:
                     return None
@@ -240,7 +249,7 @@ class Filesystem:
         while stack:
             path, node = stack.pop()
             for name, child in node.children.items():
-                if child.kind == DIR:
+                if child.kind is Kind.DIR:
                     if name in names:
                         found.append(((*path, name), child))
                     stack.append(((*path, name), child))
@@ -257,17 +266,17 @@ class Plan:
     def add(self, node: Node, dest: Path, image_path: str, root: Path | None = None) -> None:
         """The subtree at ``node`` (``image_path`` in the image), to be written at ``dest``."""
         root = root or dest
-        if node.kind == DIR:
+        if node.kind is Kind.DIR:
             self.directories.append(dest)
             for name, child in sorted(node.children.items()):
                 self.add(child, dest / name, f"{image_path}/{name}", root)
-        elif node.kind == FILE:
+        elif node.kind is Kind.FILE:
             if node.source is None:
                 raise integrity(f"{image_path} is a hard link to {node.link}, which no layer holds",
                                 todo="the image is damaged: save it again")
             layer, ordinal, member = node.source
             self.files.setdefault(layer, {}).setdefault(ordinal, (member, []))[1].append(dest)
-        elif node.kind == SYMLINK:
+        elif node.kind is Kind.SYMLINK:
             self.links.append((dest, node.link, root))
 
 
