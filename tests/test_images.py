@@ -72,7 +72,9 @@ def formats(tmp_path: Path, layer_tars: list[bytes]) -> dict[str, Path]:
     saved = b.docker_save(tmp_path / "saved.tar", layer_tars)
     gzipped = tmp_path / "saved.tar.gz"
     gzipped.write_bytes(gzip.compress(saved.read_bytes()))
-    return {"docker save": saved, "docker save | gzip": gzipped,
+    with tarfile.open(saved) as tar:
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    return {"docker save": saved, "docker save | gzip": gzipped, "docker save, unpacked": tmp_path / "unpacked",
             "OCI directory": b.oci_layout(tmp_path / "oci", layer_tars, "gzip", ["v1"]),
             "OCI tar, uncompressed layers": b.oci_layout(tmp_path / "oci.tar", layer_tars, "none"),
             "OCI directory, zstd layers": b.oci_layout(tmp_path / "oci-zstd", layer_tars, "zstd"),

@@ -20,6 +20,7 @@ import hashlib
 import io
 import json
 import os
+import posixpath
 import re
 import shutil
 import tarfile
@@ -518,7 +519,7 @@ def _editable_packages(fs: layers.Filesystem, candidates: list[_Candidate], imag
     plan = layers.Plan()
     for candidate in (c for c in candidates if c.package is None):
         sources = [s for s in (_editable_source(candidate.tree / info) for info in candidate.infos) if s]
-        source = sources[0].rstrip("/") if sources else None
+        source = posixpath.normpath(sources[0]) if sources else None
         node = fs.find((*layers.parts(source, str(image.archive)), PACKAGE), follow=True) if source else None
         if node is None or node.kind is not layers.Kind.DIR:
             where = f"its editable source {source} holds no {PACKAGE}/" if source else f"no {PACKAGE}/ beside it"
