@@ -288,7 +288,7 @@ def parser() -> argparse.ArgumentParser:
     lt.set_defaults(func=cmd_lock_trees)
 
     sw = sub.add_parser("sweep", help="probe every release (all experiments, one import each) and classify each")
-    sw.add_argument("versions", nargs="*", type=arguments.version,
+    sw.add_argument("versions", nargs="*", type=arguments.swept_version,
                     help="releases to probe (default: the registry floor up to the newest)")
     sw.add_argument("--experiment", action="append", type=arguments.name,
                     help="only this experiment (repeatable; default: all)")
@@ -434,8 +434,12 @@ def check_arguments(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Every command's exit code as the README documents it; argparse's own errors exit 2."""
-    args = parser().parse_args(argv)
+    """Every command's exit code as the README documents it; argparse's own errors (a malformed value: the option
+    and the value named) are 2, --help and --version 0."""
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else USAGE
 
     def command() -> int:
         settings.check_all()  # a bad setting is one usage error up front, naming the variable

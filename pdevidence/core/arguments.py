@@ -43,6 +43,15 @@ def version(value: str) -> str:
     return value
 
 
+def swept_version(value: str) -> str:
+    """A release to sweep; a name there is usually an experiment meant for --experiment."""
+    try:
+        return version(value)
+    except argparse.ArgumentTypeError as exc:
+        hint = "; experiments are named with --experiment" if _NAME.match(value) else ""
+        raise argparse.ArgumentTypeError(f"{exc}{hint}") from None
+
+
 def version_or_latest(value: str) -> str:
     return value if value == LATEST else version(value)
 
