@@ -388,7 +388,8 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        parser.exit(message=version_text(getattr(namespace, "root", None) or PROJECT) + "\n")
+        print(version_text(getattr(namespace, "root", None) or PROJECT))
+        parser.exit()
 
 
 # Commands that write the project's own files (published evidence, sums, locks): never an installed copy's.
