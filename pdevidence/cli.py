@@ -251,8 +251,20 @@ def cmd_mutate(args) -> int:
     return result.exit_code
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, except that ``--opt=--`` gives ``--opt`` the value ``--`` (3.11 drops it, leaving an empty list
+    no option expects) for its type to refuse; the subcommands' parsers are of this class too."""
+
+    def _get_values(self, action, arg_strings):
+        if action.nargs is None and arg_strings == ["--"]:
+            value = self._get_value(action, "--")
+            self._check_value(action, value)
+            return value
+        return super()._get_values(action, arg_strings)
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pdevidence", description=__doc__,
+    p = _Parser(prog="pdevidence", description=__doc__,
                                 epilog="exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()))
     p.add_argument("--root", type=arguments.project, default=PROJECT,
                    help="project directory (default: this checkout, or the installed copy's own files)")
@@ -428,9 +440,16 @@ def check_arguments(args) -> None:
             fits(args.ref)
         except argparse.ArgumentTypeError as exc:
             raise usage(f"--ref: {exc} (a {kind} tree)") from None
-    needs_clone = [sha for sha in getattr(args, "git", None) or [] if not arguments.full_sha(sha)]
-    if needs_clone and not settings.get("SGLANG_REPO"):
-        raise usage(f"--git {needs_clone[0]!r} is not a full 40-hex commit SHA and there is no clone to resolve it",
+        if kind == "git":
+            _resolvable("--ref", args.ref)
+    for sha in getattr(args, "git", None) or []:
+        _resolvable("--git", sha)
+
+
+def _resolvable(option: str, ref: str) -> None:
+    """A commit other than by its full SHA needs a clone to resolve it."""
+    if not arguments.full_sha(ref) and not settings.get("SGLANG_REPO"):
+        raise usage(f"{option} {ref!r} is not a full 40-hex commit SHA and there is no clone to resolve it",
                     todo="pass the full SHA, or set SGLANG_REPO=<clone> so the ref can be resolved")
 
 

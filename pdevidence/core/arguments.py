@@ -90,44 +90,50 @@ def full_sha(value: str) -> bool:
     return bool(_FULL_SHA.match(value))
 
 
+def _is(value: str, test) -> bool:
+    """``test(Path(value))``, False where the path cannot even be looked at (a NUL byte, a name too long, ...)."""
+    try:
+        return bool(value) and test(Path(value))
+    except (OSError, ValueError):
+        return False
+
+
 def directory(value: str) -> Path:
-    path = Path(value)
-    if not value or not path.is_dir():
+    if not _is(value, Path.is_dir):
         raise _bad(value, "an existing directory")
-    return path
+    return Path(value)
 
 
 def project(value: str) -> Path:
     """A project directory: a checkout (or an installed copy) holding the registry."""
     path = directory(value)
-    if not (path / REGISTRY).is_file():
+    if not _is(value, lambda p: (p / REGISTRY).is_file()):
         raise _bad(value, f"a pdevidence project directory (one holding {REGISTRY})")
     return path
 
 
 def interpreter(value: str) -> Path:
-    path = Path(value)
-    if not value or not path.is_file() or not os.access(path, os.X_OK):
+    if not _is(value, lambda p: p.is_file() and os.access(p, os.X_OK)):
         raise _bad(value, "an existing Python interpreter, e.g. /opt/venv/bin/python")
-    return path
+    return Path(value)
 
 
 def wheel(value: str) -> Path:
-    path = Path(value)
-    if not value or not path.is_file():
+    if not _is(value, Path.is_file):
         raise _bad(value, "an existing wheel file (.whl)")
+    path = Path(value)
     try:
         parse_wheel_filename(path.name)
     except (InvalidWheelFilename, InvalidVersion) as exc:
         raise _bad(value, f"a wheel file name ({exc})") from None
-    if not zipfile.is_zipfile(path):
+    if not _is(value, zipfile.is_zipfile):
         raise _bad(value, "a wheel: the file is not a zip archive")
     return path
 
 
 def ref(value: str) -> str:
     """A cell's override of its tree: a version, a commit or a directory (the CLI checks it fits the kind)."""
-    if value and (Path(value).is_dir() or _is_version(value) or commit_ok(value)):
+    if _is(value, Path.is_dir) or _is_version(value) or commit_ok(value):
         return value
     raise _bad(value, "a version, a commit SHA or an existing directory")
 
@@ -150,12 +156,15 @@ def commit_ok(value: str) -> bool:
 
 def output_file(value: str) -> Path:
     """A file to write: not a directory, in a directory that exists or can be made, that the harness may write in."""
+    if not value or value.endswith(os.sep) or not _is(value, lambda p: not p.is_dir()):
+        raise _bad(value, "a file to write: a path that names no directory")
     path = Path(value)
-    if not value or value.endswith(os.sep) or path.is_dir():
-        raise _bad(value, "a file to write (it names a directory)")
-    for step in path.absolute().parents:
-        if step.exists():
-            if not (step.is_dir() and os.access(step, os.W_OK | os.X_OK)):
-                raise _bad(value, f"a file to write ({step} is not a directory you can write in)")
-            return path
+    try:
+        for step in path.absolute().parents:
+            if step.exists():
+                if not (step.is_dir() and os.access(step, os.W_OK | os.X_OK)):
+                    raise _bad(value, f"a file to write ({step} is not a directory you can write in)")
+                return path
+    except (OSError, ValueError):
+        raise _bad(value, "a file to write: a path that can be made") from None
     return path

@@ -25,7 +25,7 @@ TREE_KINDS = ("git", "release", "path")
 class Setting:
     name: str
     accepted: str  # what a value may be, in words, for the error message
-    parse: Callable[[str], Any]  # raises ValueError on a bad value
+    parse: Callable[[str], Any]  # raises ValueError (or OSError, for a path) on a bad value
     default: Any = None
 
 
@@ -122,7 +122,7 @@ def get(name: str) -> Any:
         return setting.default
     try:
         return setting.parse(raw)
-    except ValueError:
+    except (ValueError, OSError):  # OSError: a path that cannot even be looked at (a name too long)
         raise usage(f"{name}={raw!r} is not a valid setting", expected=setting.accepted,
                     todo=f"fix {name} or unset it") from None
 
