@@ -16,11 +16,12 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 INTO = "pdevidence/project"
 FILES = ("experiments.toml", "SHA256SUMS.txt")
 TREES = ("probes", "constraints", "results")
+OPTIONAL = ("backports",)  # the corpus lane's declared backports, where the checkout has them
 
 
 def project_files(root: Path) -> list[str]:
     found = [name for name in FILES if (root / name).is_file()]
-    for top in TREES:
+    for top in (*TREES, *OPTIONAL):
         for path in sorted((root / top).rglob("*")):
             rel = path.relative_to(root)
             if path.is_file() and not any(part.startswith(".") or part == "__pycache__" for part in rel.parts):

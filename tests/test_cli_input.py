@@ -40,6 +40,7 @@ BASE = {
     "publish": (["publish"], {}),
     "mutate": (["mutate"], {"experiment": "admission"}),
     "upstream": (["upstream"], {"experiment": "admission", "side": "base"}),
+    "corpus": (["corpus"], {}),
 }
 # Hostile values any option may meet in an operator's script.
 HOSTILE = ["0.5.21; rm -rf /", "", " ", "$(id)", "`id`", "a\nb", "../../etc/passwd", "-", "--", "\x00", "☃",
@@ -135,6 +136,8 @@ def malformed(ground: Path) -> dict[str, st.SearchStrategy[str]]:
         "mutate experiment": not_in(experiments), "mutate --mutant": not_in(list(REG.experiment("admission").mutants)),
         "upstream experiment": not_in(experiments), "upstream --tests": paths(ground, "a-file"),
         "upstream --ref": not_commit(),
+        "corpus --release": not_in(sorted(p.name.removeprefix("sglang-").removesuffix(".toml")
+                                          for p in (PROJECT / "backports").glob("sglang-*.toml"))),
     }
 
 

@@ -86,7 +86,7 @@ def test_the_wheel_carries_the_project_files_and_declares_only_what_check_needs(
         names = set(wheel.namelist())
         carried = {name.removeprefix(f"{BUNDLE}/"): wheel.read(name) for name in names if name.startswith(BUNDLE)}
         metadata = Parser().parsestr(wheel.read(f"pdevidence-{__version__}.dist-info/METADATA").decode())
-    tracked = subprocess.run(["git", "ls-files", *CARRIED, "probes", "constraints", "results"], cwd=PROJECT,
+    tracked = subprocess.run(["git", "ls-files", *CARRIED, "probes", "constraints", "results", "backports"], cwd=PROJECT,
                              capture_output=True, text=True, check=True).stdout.split()
     assert set(carried) == set(tracked) and set(integrity.covered_files(PROJECT)) <= set(carried)
     assert all(carried[rel] == (PROJECT / rel).read_bytes() for rel in carried)
