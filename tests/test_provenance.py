@@ -119,7 +119,7 @@ def test_the_declared_modules_exist_and_a_table_is_shaped_by_what_shapes_a_resul
         missing = [rel for rel in modules if not (provenance.HARNESS / rel).is_file()]
         assert not missing, f"declared in provenance.SHAPING but not in the package: {missing}"
         assert len(set(modules)) == len(modules)
-    assert set(provenance.RESULT_MODULES) < set(provenance.TABLE_MODULES)
+    assert set(provenance.RESULT_MODULES) < set(provenance.TABLE_MODULES) < set(provenance.CORPUS_MODULES)
     judge = {p.relative_to(provenance.HARNESS).as_posix() for p in (provenance.HARNESS / "judge").glob("*.py")
              if p.name != "__init__.py"}
     assert judge <= set(provenance.TABLE_MODULES) - set(provenance.RESULT_MODULES)
@@ -167,6 +167,14 @@ def test_editing_a_module_that_shapes_a_document_makes_it_stale(project, harness
         "made by another harness: the harness modules that shape a table")
 
 
+@pytest.mark.parametrize("rel", provenance.CORPUS_MODULES)
+def test_a_module_changes_the_harness_digest_of_exactly_the_kinds_of_document_it_shapes(harness_copy, rel):
+    before = {shaped: provenance.harness_digest(shaped) for shaped in provenance.Shaped}
+    edit(harness_copy, rel)
+    changed = {shaped for shaped in provenance.Shaped if provenance.harness_digest(shaped) != before[shaped]}
+    assert changed == {shaped for shaped, modules in provenance.SHAPING.items() if rel in modules}
+
+
 def test_the_published_evidence_is_as_current_after_an_edit_outside_the_declared_set(harness_copy):
     """The checkout's own published documents: what an edit of the command line or fetch code does to them."""
     before = integrity.stale_documents(PROJECT)
@@ -176,7 +184,7 @@ def test_the_published_evidence_is_as_current_after_an_edit_outside_the_declared
     edit(harness_copy, "judge/classify.py")
     after = integrity.stale_documents(PROJECT)
     tables = [rel for rel in after if not rel.endswith(".receipt.json")]
-    assert tables and all("the harness modules that shape a table" in "; ".join(after[rel])
+    assert tables and all("made by another harness: the harness modules that shape a" in "; ".join(after[rel])
                           and after[rel] != before.get(rel) for rel in tables)
     assert {rel: why for rel, why in after.items() if rel.endswith(".receipt.json")} == \
         {rel: why for rel, why in before.items() if rel.endswith(".receipt.json")}

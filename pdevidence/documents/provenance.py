@@ -36,11 +36,13 @@ class Shaped(str, enum.Enum):
 
     RESULT = "result"  # a cell's result and its receipt; an outcome the warm engine keeps
     TABLE = "table"  # a sweep or mutation table
+    CORPUS = "corpus table"  # the backport corpus's table
 
 
 # The harness modules that decide what each kind of document records, by path in the package. A result is made by
 # the in-cell files, the closure, the tree and the interpreter (recorded besides); of the harness, by what sets up
 # and runs its probe process and writes its receipt. A table is made by those, the registry and the judge.
+# Each kind's modules are named once, below; a module that comes to decide what a document records belongs here.
 RESULT_MODULES = (
     "cells/cells.py",  # a cell's probe arguments, and what its receipt records of the run
     "cells/probe_run.py",  # a probe process's command and environment
@@ -61,7 +63,15 @@ TABLE_MODULES = (
     "lanes/sweep_parts.py",  # the CI fan-out's parts, joined into the sweep's document
     "lanes/mutate.py",  # the mutation lane: its mutants, their verdicts, its document
 )
-SHAPING = {Shaped.RESULT: RESULT_MODULES, Shaped.TABLE: TABLE_MODULES}
+# The corpus table: a table's modules, and check's judge run on the trees the backports make.
+CORPUS_MODULES = (
+    *TABLE_MODULES,
+    "sources/backports.py",  # the backport, pristine and partial trees, made from the declared edits
+    "lanes/check.py",  # check's judge: each tree's status per fix
+    "lanes/corpus.py",  # the corpus: its trees, the answer expected of each
+    "documents/corpus_table.py",  # what a corpus table records
+)
+SHAPING = {Shaped.RESULT: RESULT_MODULES, Shaped.TABLE: TABLE_MODULES, Shaped.CORPUS: CORPUS_MODULES}
 KIT = "probes/_probekit.py"
 STAND_INS = "probes/_standins.py"  # the era stand-ins the kit loads in every cell, where the checkout has them
 # The in-cell drivers of each kind of document, beside the experiment's own probe.
