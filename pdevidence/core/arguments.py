@@ -133,22 +133,14 @@ def wheel(value: str) -> Path:
 
 def ref(value: str) -> str:
     """A cell's override of its tree: a version, a commit or a directory (the CLI checks it fits the kind)."""
-    if _is(value, Path.is_dir) or _is_version(value) or commit_ok(value):
+    if _is(value, Path.is_dir) or _accepts(version, value) or _accepts(commit, value):
         return value
     raise _bad(value, "a version, a commit SHA or an existing directory")
 
 
-def _is_version(value: str) -> bool:
+def _accepts(check, value: str) -> bool:
     try:
-        version(value)
-    except argparse.ArgumentTypeError:
-        return False
-    return True
-
-
-def commit_ok(value: str) -> bool:
-    try:
-        commit(value)
+        check(value)
     except argparse.ArgumentTypeError:
         return False
     return True
