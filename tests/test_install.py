@@ -5,6 +5,7 @@ site-packages as it was installed."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -142,7 +143,8 @@ def test_the_installed_tool_keeps_its_state_in_the_users_cache_and_never_where_i
     done = run(installed, "check", "--version", "9.9.9", env=env)
     here = subprocess.run([sys.executable, "-m", "pdevidence", "check", "--version", "9.9.9"], cwd=PROJECT,
                           capture_output=True, text=True, env={**env, "PYTHONPATH": str(PROJECT),
-                                                               "PDEVIDENCE_RUNS": str(installed["home"] / "runs")})
+                                                               "PDEVIDENCE_RUNS": str(installed["home"] / "runs"),
+                                                               "PDEVIDENCE_WORK": str(installed["home"] / "work")})
     assert done.returncode == here.returncode and done.returncode not in (errors.INTERNAL, errors.CONFIRMED)
     cache = installed["home"] / "xdg-cache" / "pdevidence"
     assert (cache / "trees.seen.json").is_file() and list((cache / "wheels").rglob("sglang-9.9.9-*.whl"))
@@ -160,8 +162,6 @@ def test_the_installed_wheel_checks_a_release_from_an_empty_directory(installed)
     env = user_env(installed["home"], UV_CACHE_DIR=uv_cache)
     done = run(installed, "check", "--version", "0.5.21", "--json", env=env, timeout=3000)
     assert done.returncode == errors.CONFIRMED, done.stderr
-    import json
-
     doc = json.loads(done.stdout)
     assert doc["target"]["resolved"] == "0.5.21"
     assert {e["experiment"]: e["status"] for e in doc["experiments"]} == {"admission": "fixed", "prefill": "fixed"}
