@@ -11,9 +11,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import environments, registry
+from . import __version__, environments, registry
 from .cells import cells
-from . import __version__
 from .core import arguments, children, clock, paths, settings
 from .core.errors import CONFIRMED, EXIT_CODES, USAGE, HarnessError, boundary, usage, worst
 from .core.files import dumps, sha256_file, write_atomic
