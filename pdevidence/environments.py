@@ -40,11 +40,23 @@ _IDENTITY = ("import json, sys; print(json.dumps({'version': '%d.%d.%d' % sys.ve
 
 
 def uv_executable() -> str:
-    """uv as set by ``uv run``/``uvx`` ($UV), else on PATH."""
-    found = os.environ.get("UV") or shutil.which("uv")
+    """uv as set by ``uv run``/``uvx`` ($UV), else the one installed with pdevidence (a declared dependency, beside
+    it in its environment: an installed tool's bin directory need not be on PATH), else on PATH."""
+    found = settings.get("UV") or _installed_uv() or shutil.which("uv")
     if not found:
         raise HarnessError("uv is not installed", todo="install it: `python3 -m pip install uv`")
     return found
+
+
+def _installed_uv() -> str | None:
+    try:
+        from uv import find_uv_bin
+    except ImportError:
+        return None
+    try:
+        return find_uv_bin()
+    except FileNotFoundError:
+        return None
 
 
 def run(cmd: list[str], log: list[list[str]], *, env: dict | None = None, what: str,

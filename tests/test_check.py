@@ -167,12 +167,13 @@ def test_an_interpreter_older_than_the_probes_is_refused_before_anything_runs(tm
 
 def test_a_missing_or_broken_interpreter_is_a_usage_error(tmp_path, capsys):
     assert cli.main(["--root", str(ROOT), "check", "--python", str(tmp_path / "nope")]) == errors.USAGE
-    assert "no interpreter at" in capsys.readouterr().err
+    assert f"argument --python: '{tmp_path / 'nope'}' is not an existing Python interpreter" in capsys.readouterr().err
     broken = tmp_path / "python"
     broken.write_text("#!/bin/sh\necho 'error while loading shared libraries: libpython3.12.so' >&2\nexit 127\n")
     broken.chmod(0o755)
     assert cli.main(["--root", str(ROOT), "check", "--python", str(broken)]) == errors.USAGE
-    assert "not a working Python interpreter: error while loading shared libraries" in capsys.readouterr().err
+    assert (f"--python '{broken}': {broken} is not a working Python interpreter: error while loading shared "
+            "libraries") in capsys.readouterr().err
 
 
 def snapshot(directory: Path) -> dict[str, int]:

@@ -273,9 +273,9 @@ def malformed(tmp_path: Path) -> dict[str, tuple[Path, int, str]]:
     cut = tmp_path / "cut.tar"
     cut.write_bytes(saved.read_bytes()[: saved.stat().st_size // 2])
     return {
-        "missing": (tmp_path / "nowhere.tar", errors.USAGE, "no image at"),
-        "an empty directory": (tmp_path / "not-an-image", errors.USAGE, "holds neither index.json"),
-        "not a tar": (tmp_path / "random.bin", errors.USAGE, "neither a directory nor a tar archive"),
+        "missing": (tmp_path / "nowhere.tar", errors.USAGE, "is not a saved image: a `docker save` tarball"),
+        "an empty directory": (tmp_path / "not-an-image", errors.USAGE, "the directory holds neither index.json"),
+        "not a tar": (tmp_path / "random.bin", errors.USAGE, "the file is neither a tar archive nor a compressed one"),
         "a tar of something else": (b.tar_of(tmp_path / "other.tar", {"README": b"hi"}), errors.USAGE,
                                     "holds neither index.json"),
         "no SGLang in it": (no_sglang, errors.USAGE, "holds no SGLang package"),

@@ -152,7 +152,8 @@ def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Pa
     closure = environments.closure(registry, cell_era(registry, cell), torch=torch, override=constraints)
     tree = resolve_tree(registry, cell)
     made_by = provenance.record(registry.root, provenance.inputs(registry, [cell.experiment],
-                                                                 provenance.CELL_DRIVERS, [closure]))
+                                                                 provenance.CELL_DRIVERS, [closure]),
+                                provenance.Shaped.RESULT)
     key = cache_key(registry, made_by, tree, torch.channel)
     out = out_dir or runs_dir(registry.root)
     result = out / results.result_name(cell.experiment, cell.side, tree.label())

@@ -20,7 +20,7 @@ from pathlib import Path
 from .. import environments
 from ..core.files import sha256_file
 from ..core.paths import work_dir
-from ..documents.provenance import harness_digest, tree_digest
+from ..documents.provenance import Shaped, harness_digest, tree_digest
 from ..registry import Era, Registry
 from ..sources.importable import importable_dir
 from ..sources.trees import Tree
@@ -34,7 +34,7 @@ def outcome_key(reg: Registry, tree: Tree, closure: Path, interpreter: str, chan
         "args": tree_args,  # what the documents say of the tree (a sweep's side is not a check's)
         "closure": sha256_file(closure),
         "in_cell": tree_digest(list((reg.root / "probes").glob("*.py")), reg.root),
-        "harness": harness_digest(),
+        "harness": harness_digest(Shaped.RESULT),
         "python": interpreter,
         "torch": channel,
         "stand_ins": stand_ins,

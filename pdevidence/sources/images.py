@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import unquote, urlsplit
 
+from ..core import archives
 from ..core.errors import HarnessError, integrity, usage
 from ..core.files import write_atomic
 from ..core.locking import exclusive
@@ -193,11 +194,8 @@ class _Tar(_Archive):
     def __init__(self, path: Path, shown: Path):
         super().__init__(shown)
         with open(path, "rb") as fh:
-            head = fh.read(tarfile.BLOCKSIZE)
-        try:
-            tarfile.TarInfo.frombuf(head, tarfile.ENCODING, "surrogateescape")
-        except tarfile.TarError:
-            raise not_an_image(shown, "it is neither a directory nor a tar archive") from None
+            if not archives.is_tar(fh.read(archives.HEAD)):
+                raise not_an_image(shown, "it is neither a directory nor a tar archive")
         with layers.reading(str(shown)):
             self.tar = tarfile.open(path, "r:")
             self.members = {"/".join(p for p in m.name.split("/") if p not in ("", ".")): m

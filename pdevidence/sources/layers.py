@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from ..core import archives
 from ..core.errors import ENVIRONMENT, HarnessError, integrity
 from ..core.files import sha256_file
 
@@ -73,14 +74,14 @@ def _zstd_reader(stream: BinaryIO, what: str):
 
 def decompressed(stream: io.BufferedReader, what: str) -> BinaryIO:
     """The stream decompressed by what its first bytes say it is (gzip, zstd, bzip2, xz), else as it is."""
-    magic = stream.peek(6)[:6]
-    if magic.startswith(b"\x1f\x8b"):
+    found = archives.compression(stream.peek(archives.HEAD))
+    if found == "gzip":
         return gzip.GzipFile(fileobj=stream, mode="rb")
-    if magic.startswith(b"\x28\xb5\x2f\xfd"):
+    if found == "zstd":
         return _zstd_reader(stream, what)
-    if magic.startswith(b"BZh"):
+    if found == "bzip2":
         return bz2.BZ2File(stream)
-    if magic.startswith(b"\xfd7zXZ\x00"):
+    if found == "xz":
         return lzma.LZMAFile(stream)
     return stream
 
