@@ -244,7 +244,8 @@ def test_a_tree_that_tells_no_version_runs_in_todays_closure_and_says_so(world, 
     assert problems("check", doc) == []
     cli.main(["--root", str(world.root), "check", "--path", str(fork)])
     header = check_header(capsys)
-    assert header.startswith(f"sglang check: path {fork}: version not told (")
+    assert header.startswith(f"sglang check: path {fork} (outside git, content {doc['target']['resolved'][6:]}): "
+                             "version not told (")
     assert header.endswith("run in today's closure; sglang.__version__ says 0.0.0.dev0")
 
 
@@ -256,15 +257,81 @@ def test_a_fork_needing_a_vendor_package_at_import_cannot_run_naming_the_module(
     assert doc["experiments"][0]["error"] == "ModuleNotFoundError: No module named 'torch_npu'"
 
 
-def test_a_committed_work_tree_is_reused_and_one_outside_git_probed_every_time(world, capsys):
+def test_a_work_tree_in_git_or_not_is_reused_while_it_holds_the_same_content(world, capsys):
     committed = make_fork(world.tmp / "fork", guard=True)
     loose = make_fork(world.tmp / "loose", guard=True, tag=None)
     run_check(world, capsys, "--path", str(committed), "--path", str(loose))
-    _, _, err = run_check(world, capsys, "--path", str(committed), "--path", str(loose))
-    assert f"outcomes reused: path-{git(committed, 'rev-parse', 'HEAD')[:12]}" in err
-    assert "probing path-local" in err
+    _, docs, err = run_check(world, capsys, "--path", str(committed), "--path", str(loose))
+    loose_label = f"path-local-{trees.content_digest(loose / 'python')[:12]}"
+    assert f"engine (npu): 1 tree(s) unchanged, outcomes reused: path-{git(committed, 'rev-parse', 'HEAD')[:12]}" in err
+    assert f"engine: 1 tree(s) unchanged, outcomes reused: {loose_label}" in err
+    assert "probing" not in err
     unfixed = "from sglang.version import __version__\nGUARD = False\n"
-    (committed / "python" / "sglang" / "__init__.py").write_text(unfixed)
-    code, docs, err = run_check(world, capsys, "--path", str(committed))
-    assert "probing path-" in err and "-dirty" in err
-    assert docs["experiments"][0]["status"] == "affected"
+    for tree in (committed, loose):
+        (tree / "python" / "sglang" / "__init__.py").write_text(unfixed)
+    code, docs, err = run_check(world, capsys, "--path", str(committed), "--path", str(loose))
+    assert "probing path-" in err and "-dirty-" in err and "path-local-" in err and "reused" not in err
+    assert [d["experiments"][0]["status"] for d in docs] == ["affected", "affected"]
+
+
+# --- many targets in one call: each its own identity ----------------------------------------------
+
+
+def labels_and_answers(docs: list[dict]) -> list[tuple[str, str]]:
+    return [(d["target"]["resolved"], d["experiments"][0]["status"]) for d in docs]
+
+
+def run_dirs(world) -> set[str]:
+    return {p.name for p in (world.tmp / "runs" / "check").iterdir()}
+
+
+def test_two_trees_outside_git_each_get_their_own_name_run_directory_and_answer(world, capsys):
+    fixed = make_fork(world.tmp / "fixed", guard=True, tag=None)
+    unfixed = make_fork(world.tmp / "unfixed", guard=False, tag=None)
+    alone = {tree: labels_and_answers([run_check(world, capsys, "--path", str(tree))[1]])[0]
+             for tree in (fixed, unfixed)}
+    assert [answer for _, answer in alone.values()] == ["fixed", "affected"]
+
+    code, docs, err = run_check(world, capsys, "--path", str(fixed), "--path", str(unfixed))
+    # The same names and answers together as alone, the answers reused from the runs alone.
+    assert labels_and_answers(docs) == [alone[fixed], alone[unfixed]]
+    assert code == errors.BEHAVIOUR_DIFFERS and "probing" not in err
+    assert [d["target"]["ref"] for d in docs] == [str(fixed), str(unfixed)]
+    names = {f"path-{resolved}" for resolved, _ in alone.values()}
+    assert len(names) == 2 and run_dirs(world) == names
+    assert [d["target"]["sha256"] for d in docs] == [trees.content_digest(t / "python") for t in (fixed, unfixed)]
+    assert len(list((world.tmp / "work" / "outcomes").iterdir())) == 2  # one cache entry each
+    assert problems("check", docs[0]) == []
+    cli.main(["--root", str(world.root), "check", "--path", str(fixed)])
+    assert check_header(capsys).startswith(f"sglang check: path {fixed} (outside git, content {alone[fixed][0][6:]}):")
+
+
+def test_two_work_trees_of_one_head_with_different_changes_each_get_their_own_answer(world, capsys):
+    main = make_fork(world.tmp / "main", guard=True)
+    other = world.tmp / "other"
+    git(main, "worktree", "add", "-q", "--detach", str(other), "HEAD")
+    init = "python/sglang/__init__.py"
+    (main / init).write_text((main / init).read_text() + "# a comment: still fixed\n")
+    (other / init).write_text((other / init).read_text().replace("GUARD = True", "GUARD = False"))
+    head = git(main, "rev-parse", "HEAD")
+    assert git(other, "rev-parse", "HEAD") == head
+
+    code, docs, err = run_check(world, capsys, "--path", str(main), "--path", str(other))
+    (one, fixed), (two, affected) = labels_and_answers(docs)
+    assert (fixed, affected) == ("fixed", "affected") and code == errors.BEHAVIOUR_DIFFERS
+    assert one != two and one.startswith(f"{head}-dirty-") and two.startswith(f"{head}-dirty-")
+    assert run_dirs(world) == {f"path-{head[:12]}-dirty-{one.rsplit('-', 1)[1]}",
+                               f"path-{head[:12]}-dirty-{two.rsplit('-', 1)[1]}"}
+    for tree, answer in ((other, "affected"), (main, "fixed")):  # alone, in the other order: the same answers
+        assert run_check(world, capsys, "--path", str(tree))[1]["experiments"][0]["status"] == answer
+
+
+def test_the_same_tree_given_twice_is_probed_once_and_answered_for_each(world, capsys):
+    fork = make_fork(world.tmp / "fork", guard=True, tag=None)
+    loose = make_fork(world.tmp / "loose", guard=False, tag=None)
+    code, docs, err = run_check(world, capsys, "--path", str(fork), "--path", str(loose), "--path", str(fork),
+                                "--path", str(loose))
+    assert [answer for _, answer in labels_and_answers(docs)] == ["fixed", "affected", "fixed", "affected"]
+    assert docs[0] == docs[2] and docs[1] == docs[3]
+    probing = next(line for line in err.splitlines() if "probing" in line)
+    assert probing.count("path-") == 2 and len(run_dirs(world)) == 2

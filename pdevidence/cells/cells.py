@@ -159,12 +159,10 @@ def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Pa
     receipt_file = results.receipt_path(result)
     work = work_dir(registry.root)
     slug = cell_slug(registry, cell, tree, closure)
-    # A path tree outside git has no content key: it always reruns.
-    cacheable = not (cell.kind == "path" and tree.digest is None)
     with exclusive(work / "locks" / f"{slug}.lock", f"cell {cell.name}"):
         _clean_leftovers(result)
         current = _stored_run(result, key)
-        if not force and cacheable and current:
+        if not force and current:
             log(f"{cell.name}: inputs unchanged, reusing {result.name} (use --force to rerun)")
             return CellOutcome(cell, result, receipt_file, reused=True)
         if not current:  # stale: it describes other inputs and must not be compared as current

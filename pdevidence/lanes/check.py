@@ -68,7 +68,7 @@ class Target:
     def label(self) -> str:
         if self.kind == "python":
             return f"python-{hashlib.sha256(self.ref.encode()).hexdigest()[:12]}"
-        return trees.tree_label(self.kind, self.resolved or self.ref)
+        return trees.tree_label(self.kind, self.resolved or self.ref, self.sha256)
 
     def to_json(self) -> dict:
         found = {"kind": self.kind, "ref": self.ref, "resolved": self.resolved, "sha256": self.sha256}
@@ -205,12 +205,15 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, f
     warm_trees = [tree for _, tree in targets if tree is not None]
     engine_outcomes = warm.probe_trees(reg, warm_trees, names, {t.label(): _tree_args(t) for t in warm_trees},
                                        out_dir=out, log=log) if warm_trees else {}
+    own: dict[str, dict[str, allprobes.Outcome]] = {}  # interpreters, by label
     found = []
     for target, tree in targets:
         if tree is not None:
             outcomes = engine_outcomes[tree.label()]
         else:
-            outcomes = _in_own_process(reg, names, target, out / target.label(), log)
+            if target.label() not in own:
+                own[target.label()] = _in_own_process(reg, names, target, out / target.label(), log)
+            outcomes = own[target.label()]
         versions = {o.doc.get("sglang_version") for o in outcomes.values() if o.doc}
         version = versions.pop() if len(versions) == 1 else None
         if target.kind == "python":
@@ -238,7 +241,10 @@ def describe(result: CheckResult) -> str:
     target = result.target
     if target.kind in ("release", "wheel"):
         return f"{target.kind} {target.resolved}"
-    commit = f" at {target.resolved}" if target.kind == "path" and target.resolved != "local" else ""
+    commit = ""
+    if target.kind == "path" and target.resolved:
+        commit = f" at {target.resolved}" if trees.commit_of(target.resolved) else \
+            f" (outside git, content {target.resolved.partition('-')[2]})"
     found = f" (sglang {result.sglang_version})" if result.sglang_version else ""
     if target.kind == "python":
         return f"{target.kind} {target.ref}{found}"
