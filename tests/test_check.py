@@ -273,8 +273,11 @@ def test_targets_resolve_to_the_tree_checked_with_its_provenance(project, tmp_pa
     (source / "python" / "pyproject.toml").write_text('[project]\nname = "sglang"\n')
     target, tree = check.resolve(project, path=source)
     content = trees.content_digest(source / "python")
-    assert target.to_json() == {"kind": "path", "ref": str(source), "resolved": f"local-{content[:12]}",
-                                "sha256": content, "era": None, "source_version": None}
+    assert target.to_json() == {
+        "kind": "path", "ref": str(source), "resolved": f"local-{content[:12]}", "sha256": content, "era": None,
+        "era_chosen_by": {"basis": "none", "evidence": "no version told and no pyproject.toml pin of torch, "
+                          "transformers or the kernel: today's closure", "version_set_aside": None},
+        "source_version": None, "source_pins": None}
     assert target.label() == tree.label() == f"path-local-{content[:12]}"
     assert tree.install_target == source / "python"
     wheel = tmp_path / "sglang-0.5.20+backport-py3-none-any.whl"

@@ -31,6 +31,8 @@ from ..core.files import read_marker, sha256_file, write_atomic, write_marker
 from ..core.locking import exclusive
 from ..core.paths import cache_dir
 from . import fetch
+from . import pins as tree_pins
+from .pins import TreePins
 from .version import TreeVersion
 from .version import read as read_version
 
@@ -54,6 +56,7 @@ class Tree:
     origin: str  # URL, clone path or directory
     repo_root: Path | None = None  # whole checkout, for the upstream test files
     version: TreeVersion | None = None  # a source tree's version, read from its commit; None: not told
+    pins: TreePins | None = None  # what a source tree's pyproject.toml pins of torch, transformers, the kernel
 
     def label(self) -> str:
         return tree_label(self.kind, self.resolved, self.digest)
@@ -320,7 +323,8 @@ def _git_tree(sha: str, dest: Path) -> Tree:
     # The commit's tags are in the clone it was exported from; GitHub's archive has none.
     clone = Path(info["origin"]) if info["source"] == "clone" else None
     version = read_version(python_dir, dest, repo=clone, rev=sha)
-    return Tree("git", sha, sha, python_dir, info.get("sha256"), info["source"], info["origin"], dest, version)
+    return Tree("git", sha, sha, python_dir, info.get("sha256"), info["source"], info["origin"], dest, version,
+                tree_pins.read(python_dir, dest))
 
 
 def supported_tags(python: str) -> list[tags.Tag]:
@@ -471,7 +475,7 @@ def path_tree(directory: Path) -> Tree:
     commit = commit_of(resolved)
     version = read_version(python_dir, directory, repo=None if commit is None else directory, rev="HEAD")
     return Tree("path", directory.name, resolved, python_dir, digest, "path", str(directory),
-                directory if python_dir != directory else None, version)
+                directory if python_dir != directory else None, version, tree_pins.read(python_dir, directory))
 
 
 def _path_state(directory: Path, python_dir: Path) -> tuple[str, str]:
