@@ -11,6 +11,7 @@ aside, as is a tree that tells no version: its era is then chosen from what its
 1. torch: a closure of the same torch minor release; else the nearest newer one (newer
    torch runs older Python code), else the newest;
 2. transformers among those: the same major version, then the nearest at or above it;
+   where a package is not pinned, or closures are still tied, the newest closure;
 3. eras sharing that closure: the one whose declared ``kernel`` range holds the tree's kernel
    pin; without one, the era with stand-ins (a tree that never imports them never touches them).
 
@@ -122,26 +123,28 @@ def match_pins(reg: Registry, pins: TreePins) -> tuple[Era | None, str] | None:
         return None
     candidates, why_torch = _nearest(closures, TORCH, pins.torch, same_major_only=False)
     candidates, why_tf = _nearest(candidates, TRANSFORMERS, pins.transformers, same_major_only=True)
-    path = next(iter(candidates))
+    path = max(candidates, key=lambda p: (release(candidates[p].get(TORCH)) or Version("0"),
+                                          release(candidates[p].get(TRANSFORMERS)) or Version("0")))
+    why_newest = "the newest of the closures left" if len(candidates) > 1 else ""
     era, why_kernel = _by_kernel(holders[path], pins)
     found = closures[path]
     has = ", ".join(f"{name} {found[name]}" for name in (TORCH, TRANSFORMERS) if found.get(name))
-    reasons = "; ".join(why for why in (why_torch, why_tf, why_kernel) if why)
+    reasons = "; ".join(why for why in (why_torch, why_tf, why_newest, why_kernel) if why)
     return era, f"{pins.source} pins {pins.describe()}; {_where(era)} has {has} ({reasons})"
 
 
 def _nearest(closures: dict[Path, dict[str, str]], package: str, pinned: str | None, *,
              same_major_only: bool) -> tuple[dict[Path, dict[str, str]], str]:
     """The closures nearest to ``pinned`` for ``package``: the same minor release, else (keeping the same major
-    where ``same_major_only``) the nearest newer, else the newest. All of them when nothing tells them apart."""
+    where ``same_major_only``) the nearest newer, else the newest. All of them when nothing tells them apart
+    (no pin): the newest of those is taken last (``match_pins``)."""
     have = {path: release(found.get(package)) for path, found in closures.items()}
     have = {path: version for path, version in have.items() if version is not None}
     wanted = release(pinned)
     if len(closures) == 1 or not have:
         return closures, ""
     if wanted is None:
-        newest = max(have.values())
-        return {p: closures[p] for p, v in have.items() if v == newest}, f"no {package} pin: the newest {package}"
+        return closures, f"no {package} pin"
     minor = wanted.release[:2]
     same = {p for p, v in have.items() if v.release[:2] == minor}
     if same:
