@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 from synthetic import REGISTRY, make_project
 
 from pdevidence import registry
@@ -21,6 +22,13 @@ from pdevidence.sources.version import TreeVersion
 
 # version: (torch, transformers, kernel package, kernel)
 RELEASE_PINS = {
+    "0.4.3.post3": ("2.5.1", "4.48.3", "sgl-kernel", "0.0.3.post6"),
+    "0.4.3.post4": ("2.5.1", "4.48.3", "sgl-kernel", "0.0.3.post6"),
+    "0.4.4": ("2.5.1", "4.48.3", "sgl-kernel", "0.0.5"),
+    "0.4.4.post1": ("2.5.1", "4.48.3", "sgl-kernel", "0.0.5"),
+    "0.4.4.post2": ("2.5.1", "4.50.0", "sgl-kernel", "0.0.5.post3"),
+    "0.4.4.post3": ("2.5.1", "4.50.0", "sgl-kernel", "0.0.5.post4"),
+    "0.4.4.post4": ("2.5.1", "4.51.0", "sgl-kernel", "0.0.8"),
     "0.4.5": ("2.5.1", "4.51.0", "sgl-kernel", "0.0.8"),
     "0.4.6": ("2.6.0", "4.51.1", "sgl-kernel", "0.0.9.post2"),
     "0.4.7": ("2.7.1", "4.52.3", "sgl-kernel", "0.1.7"),
@@ -57,7 +65,7 @@ def tree_pins(torch=None, transformers=None, kernel_package=None, kernel=None) -
     return TreePins(torch, transformers, kernel, kernel_package, "python/pyproject.toml")
 
 
-@pytest.mark.parametrize("version", sorted(RELEASE_PINS, key=lambda v: tuple(map(int, v.split(".")))))
+@pytest.mark.parametrize("version", sorted(RELEASE_PINS, key=Version))
 def test_each_releases_pins_choose_the_era_its_version_is_in(version):
     reg = registry.load(PROJECT)
     torch, transformers, package, kernel = RELEASE_PINS[version]
@@ -165,7 +173,8 @@ def described(version: str, told: str, source: str = "git describe --tags") -> T
     (described("0.5.6.post2", "v0.5.6.post2-7527-gabc1234"), "is 7527 commits behind (over 100)"),
     (described("0.5.21", "v0.5.21-3-gabc1234"), None),  # in no era, but a release the lock pins
     (described("1.2.0", "v1.2.0"), "names no SGLang release the harness knows"),  # a vendor's own numbering
-    (described("0.3.1", "v0.3.1-2-gabc1234"), "names no SGLang release the harness knows"),
+    (described("0.3.1", "v0.3.1-2-gabc1234"), None),  # older than PD disaggregation: the pre-pd era holds it
+    (described("0.5.24", "v0.5.24"), "names no SGLang release the harness knows"),  # newer than the lock: its pins tell
     (described("9.9.9", "9.9.9", "python/sglang/version.py"), None),  # the tree states it: its own
 ])
 def test_a_tag_far_behind_or_naming_no_known_release_is_set_aside(told, aside):

@@ -13,7 +13,8 @@ aside, as is a tree that tells no version: its era is then chosen from what its
 2. transformers among those: the same major version, then the nearest at or above it;
    where a package is not pinned, or closures are still tied, the newest closure;
 3. eras sharing that closure: the one whose declared ``kernel`` range holds the tree's kernel
-   pin; without one, the era with stand-ins (a tree that never imports them never touches them).
+   pin; without one, the era with the most stand-ins (a tree that never imports them never touches
+   them), then the one of the newest releases.
 
 A tree with neither a trusted version nor pins runs in today's closure.
 """
@@ -167,12 +168,18 @@ def _by_kernel(eras: list[Era | None], pins: TreePins) -> tuple[Era | None, str]
     def holds(era: Era | None) -> bool:
         return bool(era and era.kernel and kernel and era.kernel.contains(kernel, prereleases=True))
 
-    ranked = sorted(eras, key=lambda e: (not holds(e), -len(e.stand_ins) if e else 0, e.name if e else ""))
-    pick = ranked[0]
+    pick = max(eras, key=lambda e: (holds(e), len(e.stand_ins) if e else 0, _newest(e), _name(e) or ""))
     names = ", ".join(_where(e) for e in eras)
     if holds(pick):
         return pick, f"{names} share it; {pins.kernel_package} {pins.kernel} is in {pick.name}'s kernel range {pick.kernel}"
-    return pick, f"{names} share it and no kernel range holds the kernel pin: the one with stand-ins"
+    return pick, f"{names} share it and no kernel range holds the kernel pin: the one with the most stand-ins, " \
+                 "then of the newest releases"
+
+
+def _newest(era: Era | None) -> tuple[int, Version]:
+    """How new an era's releases reach: its upper bound (today's closure and an open range reach furthest)."""
+    bounds = [Version(s.version) for s in era.releases if s.operator in ("<", "<=")] if era else []
+    return (0, max(bounds)) if bounds else (1, Version("0"))
 
 
 def _name(era: Era | None) -> str | None:
