@@ -330,7 +330,7 @@ def test_a_fork_without_tags_runs_in_the_era_its_pins_choose(world, capsys):
                     "closure has torch 2.9.1, transformers 4.57.1 (the same torch 2.9; the same transformers 4.57)"}
     assert problems("check", doc) == []
     cli.main(["--root", str(world.root), "check", "--path", str(fork)])
-    assert era_line(capsys) == f"  era: era old, by pins: {target['era_chosen_by']['evidence']}"
+    assert era_line(capsys) == f"  era: old, chosen by its pins: {target['era_chosen_by']['evidence']}"
 
 
 def test_a_fork_far_past_its_tag_runs_in_the_era_its_pins_choose_and_says_why(world, capsys):
@@ -380,6 +380,9 @@ def test_a_fork_with_no_version_and_no_pins_runs_in_todays_closure_saying_nothin
     _, doc, _ = run_check(world, capsys, "--path", str(fork))
     assert (doc["target"]["era"], doc["target"]["source_pins"], world.eras) == (None, None, [None])
     assert doc["target"]["era_chosen_by"]["basis"] == "none"
+    cli.main(["--root", str(world.root), "check", "--path", str(fork)])
+    assert era_line(capsys) == ("  era: today's closure: no version told and no pyproject.toml pin of torch, "
+                                "transformers or the kernel: today's closure")
 
 
 # --- many targets in one call: each its own identity ----------------------------------------------

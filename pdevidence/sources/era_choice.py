@@ -60,9 +60,10 @@ class EraChoice:
         return {"basis": self.basis.value, "evidence": self.evidence, "version_set_aside": self.set_aside}
 
     def describe(self) -> str:
-        where = f"era {self.era.name}" if self.era else TODAY
+        where = self.era.name if self.era else TODAY
+        how = "" if self.basis is Basis.NONE else f", chosen by its {self.basis.value}"
         aside = f"; version set aside: {self.set_aside}" if self.set_aside else ""
-        return f"{where}, by {self.basis.value}: {self.evidence}{aside}"
+        return f"{where}{how}: {self.evidence}{aside}"
 
 
 def choose(reg: Registry, tree: Tree) -> EraChoice:
