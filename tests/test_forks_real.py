@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 import zipfile
 from pathlib import Path
@@ -24,6 +23,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 from test_era_choice import RELEASE_PINS
+from test_forks import committed
 
 from pdevidence import environments, registry
 from pdevidence.cells import warm
@@ -35,12 +35,6 @@ from pdevidence.sources.era_choice import Basis
 pytestmark = pytest.mark.sglang
 
 VERSION = "0.5.21"
-
-
-def git(repo, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
-                           "-c", "init.defaultBranch=main", *args], capture_output=True, text=True,
-                          check=True).stdout.strip()
 
 
 def pyproject_of(wheel: Path) -> str:
@@ -66,18 +60,7 @@ def lay_out_fork(release: trees.Tree, fork: Path, tag: str | None, past: int = 0
         shutil.rmtree(built) if built.is_dir() else built.unlink()
     (fork / "python" / "pyproject.toml").write_text(pyproject_of(release.install_target))
     (fork / "python" / "setup.py").write_text('raise SystemExit("error: could not find `cargo`")\n')
-    git(fork, "init", "-q")
-    git(fork, "add", "-A")
-    git(fork, "commit", "-qm", "fork")
-    if tag:
-        git(fork, "tag", tag)
-    if past:
-        head = git(fork, "rev-parse", "HEAD")
-        stream = "".join(f"commit refs/heads/main\ncommitter t <t@t> {n} +0000\ndata 9\nfork work\n"
-                         + (f"from {head}\n" if n == 0 else "") + "\n" for n in range(past))
-        subprocess.run(["git", "-C", str(fork), "fast-import", "--quiet"], input=stream, text=True, check=True)
-        git(fork, "reset", "-q", "--hard")
-    return fork
+    return committed(fork, tag, past)
 
 
 # (release, its fork's tag, commits past the tag, what the era is chosen by)
