@@ -1,10 +1,10 @@
 """Probe many trees through the warm engine, keeping each tree's outcome under a key of what made it.
 
 A tree's outcome (per experiment: the result document, or why its setup failed) is
-kept under ``.cells/outcomes/<key>/``, the key being the tree's identity (a release's
+kept under ``.cells/outcomes/<key>/``, the key being what the tree holds (a release's
 or wheel's SHA-256, a commit, a work tree's HEAD and changes or, outside git, its
-content: every tree is keyed by what it holds), the closure, every file that runs in the cell (probes, kit,
-drivers, engine), the harness itself, the interpreter and the torch channel. An
+content), the closure, every file that runs in the cell (probes, kit, drivers,
+engine), the harness itself, the interpreter and the torch channel. An
 unchanged rerun probes nothing; a new release is the only tree probed. What the
 engine could not finish (a crash, a timeout) is never kept.
 """

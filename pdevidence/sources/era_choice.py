@@ -172,7 +172,8 @@ def _by_kernel(eras: list[Era | None], pins: TreePins) -> tuple[Era | None, str]
     pick = max(eras, key=lambda e: (holds(e), len(e.stand_ins) if e else 0, _newest(e), _name(e) or ""))
     names = ", ".join(_where(e) for e in eras)
     if holds(pick):
-        return pick, f"{names} share it; {pins.kernel_package} {pins.kernel} is in {pick.name}'s kernel range {pick.kernel}"
+        return pick, (f"{names} share it; {pins.kernel_package} {pins.kernel} is in {pick.name}'s kernel range "
+                      f"{pick.kernel}")
     return pick, f"{names} share it and no kernel range holds the kernel pin: the one with the most stand-ins, " \
                  "then of the newest releases"
 

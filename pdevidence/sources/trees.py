@@ -49,7 +49,7 @@ _FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 class Tree:
     kind: str  # git | release | path | wheel
     ref: str  # as asked for
-    resolved: str  # full commit SHA or version
+    resolved: str  # full commit SHA or version; a work tree's HEAD and changes, or its content (tree_label)
     install_target: Path  # a wheel, or a source tree's directory holding sglang/ (its python/)
     digest: str | None  # SHA-256 of the archive or wheel, or of a work tree's content; None: a commit from a clone
     source: str  # github | clone | pypi | path | file

@@ -6,7 +6,8 @@ what the commit holds: a literal ``__version__`` in ``sglang/version.py`` (SGLan
 switch to setuptools-scm), a static ``[project] version`` in ``pyproject.toml``, else the
 nearest version-like tag (``git describe --tags``) where the tree is a git checkout. A tag is
 read leniently: its leading release (``0.5.10``) is the version, what follows it
-(``npu.rc1``) is kept as it is. The version decides the era the tree runs in.
+(``npu.rc1``) is kept as it is. The version chooses the era the tree runs in unless it is a tag far
+behind the tree or one naming no known release (``era_choice.py``: the tree's pins choose then).
 """
 
 from __future__ import annotations
