@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from synthetic import result_doc
+from synthetic import OBSERVED, result_doc
 
 from pdevidence.documents.observations import NOT_OBSERVED, Values
 from pdevidence.documents.vocabulary import Behaviour, Classification
@@ -219,3 +219,38 @@ def test_a_rule_sets_a_control_key_aside_where_it_holds_and_only_there(tmp_path)
     assert found.not_deciding == ["older_queue: the older queue is a list the probe cannot look into"]
     doc["scenarios"]["D2"]["observed"] = {"queue": "deque"}
     assert classify.classify(doc, BASE, HEAD, exp).classification is C.DEVIATES
+
+
+def test_the_rejudge_script_lists_each_control_departure_with_the_rule_that_sets_it_aside(tmp_path):
+    """benchmarks/rejudge_sweep.py, on a synthetic sweep: the release documents the sweep kept, its table and the
+    references it names. It fails while a departure on a release has no rule, and passes once a rule holds."""
+    import json
+    import subprocess
+    import sys
+
+    from synthetic import REGISTRY, make_project, write_cell, write_sweep
+
+    from pdevidence.core.paths import PROJECT
+    root = make_project(tmp_path / "project")
+    write_cell(root / "results", "base")
+    write_cell(root / "results", "head")
+    write_sweep(root / "runs" / "sweep-demo.json")
+    for version, side in (("1.0.0", "base"), ("1.1.0", "head")):
+        doc = result_doc("sweep", version, {**OBSERVED[side], "D2": {"enqueued": True, "queue": "list"}})
+        if version == "1.0.0":
+            doc["scenarios"]["D2"]["observed"]["enqueued"] = False  # the older queue: a departure
+        (root / "runs" / "sweep" / f"release-{version}").mkdir(parents=True)
+        (root / "runs" / "sweep" / f"release-{version}" / "demo.json").write_text(json.dumps(doc))
+
+    def rejudge():
+        return subprocess.run([sys.executable, str(PROJECT / "benchmarks" / "rejudge_sweep.py"), "--root", str(root)],
+                              capture_output=True, text=True, timeout=60)
+
+    done = rejudge()
+    assert done.returncode == 1, done.stderr
+    assert "D2: enqueued false: NOT SET ASIDE" in done.stdout and "1 problem(s)" in done.stdout
+    (root / "experiments.toml").write_text(REGISTRY + CONTROL_ASIDE)
+    done = rejudge()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "D2: enqueued false: set aside by older_queue" in done.stdout
+    assert "demo       1.1.0    fixed\n" in done.stdout

@@ -122,6 +122,14 @@ def _neither(tree: object, base: object, head: object) -> bool:
     return not same(tree, base) and not same(tree, head)
 
 
+def departures(doc: dict, base: dict, head: dict, controls: dict[str, list[str] | None]) -> Explained:
+    """Per control (of ``controls``: scenario -> keys), the keys on which ``doc`` observes what neither base nor
+    head observes, each beside their values; a control that raised or whose keys all are set aside ([]) has none."""
+    found = {sid: keys_beside(doc, base, head, sid, keys, _neither) for sid, keys in controls.items()
+             if keys != [] and not _raised(doc, sid)}
+    return {sid: keys for sid, keys in found.items() if keys}
+
+
 def overall(found: dict[str, Behaviour]) -> Classification:
     """Over the telling scenarios: some fixed and some pre-fix is partial, whatever else matched neither or
     raised (named beside it); else a raise is an error (never folded into neither); then neither, then a side."""
@@ -176,13 +184,11 @@ def judge(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -> J
     found = _behaviours(doc, base, head, telling)
     explain = {sid: keys_beside(doc, base, head, sid, telling[sid], _not_head) for sid, b in found.items()
                if b in (Behaviour.PRE_FIX, Behaviour.NEITHER)}
-    controls: dict[str, Behaviour] = {}
-    for sid, keys in deciding_here(control_scenarios(base, head, exp), rules).items():
-        departed = keys_beside(doc, base, head, sid, keys, _neither) if keys != [] else {}
-        if _raised(doc, sid):
-            controls[sid] = Behaviour.ERROR
-        elif departed:
-            controls[sid], explain[sid] = Behaviour.DEVIATES, departed
+    checked = deciding_here(control_scenarios(base, head, exp), rules)
+    departed = departures(doc, base, head, checked)
+    controls = {sid: Behaviour.ERROR if _raised(doc, sid) else Behaviour.DEVIATES for sid in checked
+                if _raised(doc, sid) or sid in departed}
+    explain.update(departed)
     everything = {**found, **controls}
     return Judgement(with_controls(overall(found), controls), everything, explain, raised(doc, everything))
 
