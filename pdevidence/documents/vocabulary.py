@@ -40,6 +40,18 @@ class Classification(str, enum.Enum):
     DEVIATES = "deviates"
 
 
+class CheckStatus(str, enum.Enum):
+    """What ``check`` answers per fix for one build (check documents, the corpus table, OpenVEX)."""
+
+    FIXED = "fixed"
+    AFFECTED = "affected"
+    PARTIAL = "partial"
+    UNKNOWN = "unknown"
+    CANNOT_RUN = "cannot run"
+    NOT_AFFECTED = "not affected"
+    DEVIATES = "deviates"  # fixed where the scenarios tell, but a control departs from both sides: not the fixed code
+
+
 # A release classified so lacks the fix, wholly or in part (after a fixed one: a regression).
 LACKS_FIX = (Classification.PRE_FIX, Classification.PARTIAL)
 

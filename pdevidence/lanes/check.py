@@ -16,7 +16,6 @@ the build from fixed, its keys with the build's value beside base's and head's.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, usage, wors
 from ..core.paths import results_dir, runs_dir, tree_lock_file, work_dir
 from ..documents.observations import Explained, explained_json, explained_text
 from ..documents.vocabulary import Behaviour, Classification
+from ..documents.vocabulary import CheckStatus as Status
 from ..judge import classify
 from ..registry import Experiment, Registry
 from ..sources import trees
@@ -39,16 +39,6 @@ SCHEMA = "pdevidence-check/2"
 MIN_PYTHON = (3, 10)
 CHECK_SIDE = "check"
 SOURCE_KINDS = ("path", "git")
-
-
-class Status(str, enum.Enum):
-    FIXED = "fixed"
-    AFFECTED = "affected"
-    PARTIAL = "partial"
-    UNKNOWN = "unknown"
-    CANNOT_RUN = "cannot run"
-    NOT_AFFECTED = "not affected"
-    DEVIATES = "deviates"
 
 
 STATUS_OF = {Classification.FIXED: Status.FIXED, Classification.PRE_FIX: Status.AFFECTED,
