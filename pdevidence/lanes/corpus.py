@@ -50,7 +50,7 @@ def made_by(reg: Registry, files: list) -> Provenance:
     harness) and the backport files."""
     closures = [environments.closure(reg), *(era.constraints for era in reg.eras.values())]
     return provenance.record(reg.root, [*provenance.inputs(reg, list(reg.experiments), provenance.SWEEP_DRIVERS,
-                                                           closures), *files])
+                                                           closures), *files], provenance.Shaped.CORPUS)
 
 
 def run(reg: Registry, releases: list[str] | None = None, *, fresh_references: bool = False, log=print) -> Corpus:
