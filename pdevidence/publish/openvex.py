@@ -10,6 +10,7 @@ import hashlib
 import json
 import urllib.parse
 
+from ..documents.observations import explained_text
 from ..lanes.check import CheckResult, Status, Target
 from ..registry import Registry
 from ..sources import trees
@@ -17,9 +18,11 @@ from .osv import PR_URL, vuln_id
 
 CONTEXT = "https://openvex.dev/ns/v0.2.0"
 AUTHOR = "pdevidence check"
+# A build that departs from both sides on a control is not the fixed code, nor shown to be the pre-fix code:
+# under investigation, the controls and their values in the status notes.
 VEX_STATUS = {Status.FIXED: "fixed", Status.AFFECTED: "affected", Status.PARTIAL: "under_investigation",
               Status.UNKNOWN: "under_investigation", Status.CANNOT_RUN: "under_investigation",
-              Status.NOT_AFFECTED: "not_affected"}
+              Status.NOT_AFFECTED: "not_affected", Status.DEVIATES: "under_investigation"}
 GIT_URL = "git+https://github.com/sgl-project/sglang"
 
 
@@ -59,6 +62,9 @@ def statement(reg: Registry, result: CheckResult, index: int) -> dict:
     notes = f"pdevidence check: {e.status.value}"
     if e.deciding:
         notes += f"; deciding scenarios: {', '.join(e.deciding)}"
+    if e.deviations:
+        notes += ("; not the fixed code: it departs from both the pre-fix and the fixed release on the controls "
+                  + "; ".join(explained_text(e.deviations)))
     if e.error:
         notes += f"; error: {e.error}"
     notes += f"; result sha256: {e.result_sha256 or 'none (no result)'}"
