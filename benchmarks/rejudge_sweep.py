@@ -32,6 +32,7 @@ from pdevidence.core.files import sha256_file  # noqa: E402
 from pdevidence.documents import results  # noqa: E402
 from pdevidence.documents.observations import shown  # noqa: E402
 from pdevidence.documents.tables import SweepTable  # noqa: E402
+from pdevidence.documents.vocabulary import Classification  # noqa: E402
 from pdevidence.judge import classify  # noqa: E402
 from pdevidence.judge.compare import expected_file  # noqa: E402
 
@@ -69,7 +70,9 @@ def rejudge(exp: registry.Experiment, table: SweepTable, sweep: Path, base: dict
         problems += changed
         said = f"{entry.classification.value} -> {now.value}  CHANGED" if changed else now.value
         rules = classify.not_deciding(doc, exp)
-        found = classify.departures(doc, base, head, classify.control_scenarios(base, head, exp))
+        # A tree without the vulnerable path has no controls to depart on: the judge reads no behaviour there.
+        found = {} if now is Classification.NOT_AFFECTED else \
+            classify.departures(doc, base, head, classify.control_scenarios(base, head, exp))
         lines = []
         for sid, keys in found.items():
             by_rule: dict[str | None, list[str]] = {}
