@@ -184,7 +184,7 @@ def _sweep_tables(reg: registry.Registry, found: dict, as_of: str | None, made, 
 
 
 def cmd_check(args) -> int:
-    """Is my SGLang affected? Exit 0 all fixed, 1 any affected/partial/unknown, 3 any cannot run.
+    """Is my SGLang affected? Exit 0 all fixed, 1 any affected/partial/deviates/unknown, 3 any cannot run.
     Several targets share one warm engine; the exit code is the worst of theirs."""
     reg = registry.load(args.root)
     asked = [(kind, value) for kind in ("python", "version", "wheel", "path", "git", "image")

@@ -29,6 +29,7 @@ from .core.errors import HarnessError
 from .core.files import sha256_file
 from .core.paths import work_dir
 from .registry import Era, Registry, TorchChannel
+from .sources import era_choice
 from .sources.trees import Tree
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -329,13 +330,9 @@ def cell_environment(registry: Registry, tree: Tree, slug: str,
 
 
 def era_of(registry: Registry, tree: Tree | None) -> Era | None:
-    """The era a tree runs in, by its version: a release's or wheel's, or the one a source tree's commit
-    tells (``sources/version.py``); a source tree that tells none runs in today's closure."""
-    if tree is None:
-        return None
-    if tree.kind in ("release", "wheel"):
-        return registry.era_of(tree.resolved)
-    return registry.era_of(tree.version.version) if tree.version else None
+    """The era a tree runs in (None: today's closure): a release's or wheel's by its version, a source tree's by
+    the version it tells or else by what it pins (``sources/era_choice.py``)."""
+    return era_choice.choose(registry, tree).era if tree is not None else None
 
 
 def stand_in_env(era: Era | None) -> dict[str, str]:

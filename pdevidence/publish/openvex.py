@@ -11,16 +11,19 @@ import json
 import re
 import urllib.parse
 
+from ..documents.observations import explained_text
 from ..lanes.check import CheckResult, Status, Target
 from ..registry import Registry
-from ..sources import images
+from ..sources import images, trees
 from .osv import PR_URL, vuln_id
 
 CONTEXT = "https://openvex.dev/ns/v0.2.0"
 AUTHOR = "pdevidence check"
+# A build that departs from both sides on a control is not the fixed code, nor shown to be the pre-fix code:
+# under investigation, the controls and their values in the status notes.
 VEX_STATUS = {Status.FIXED: "fixed", Status.AFFECTED: "affected", Status.PARTIAL: "under_investigation",
               Status.UNKNOWN: "under_investigation", Status.CANNOT_RUN: "under_investigation",
-              Status.NOT_AFFECTED: "not_affected"}
+              Status.NOT_AFFECTED: "not_affected", Status.DEVIATES: "under_investigation"}
 GIT_URL = "git+https://github.com/sgl-project/sglang"
 
 
@@ -43,7 +46,7 @@ def purl(target: Target) -> str:
         return f"pkg:pypi/sglang?vcs_url={quote(f'{GIT_URL}@{target.resolved}')}"
     if target.kind == "path":
         commit = f"&vcs_url={quote(f'git+file://{target.ref}@{target.resolved}')}" \
-            if target.resolved and target.resolved != "local" else ""
+            if target.resolved and trees.commit_of(target.resolved) else ""
         return f"pkg:pypi/sglang?path={quote(target.ref)}{commit}"
     version = f"@{quote(target.resolved)}" if target.resolved else ""
     return f"pkg:pypi/sglang{version}?interpreter={quote(target.ref)}"
@@ -87,6 +90,9 @@ def statement(reg: Registry, result: CheckResult, index: int) -> dict:
         notes += f"; sglang at {result.target.image.install.package}"
     if e.deciding:
         notes += f"; deciding scenarios: {', '.join(e.deciding)}"
+    if e.deviations:
+        notes += ("; not the fixed code: it departs from both the pre-fix and the fixed release on the controls "
+                  + "; ".join(explained_text(e.deviations)))
     if e.error:
         notes += f"; error: {e.error}"
     notes += f"; result sha256: {e.result_sha256 or 'none (no result)'}"
