@@ -327,6 +327,7 @@ def test_each_package_of_an_image_is_a_target_in_the_era_its_version_names(two_i
                             "site": f"/{VENV}", "package": f"/{VENV}/sglang",
                             "dist_info": f"/{VENV}/sglang-0.5.10.dist-info", "editable": False}
     assert doc["source_version"]["source"] == f"/{VENV}/sglang-0.5.10.dist-info/METADATA"
+    assert doc["era_chosen_by"]["basis"] == "version" and "0.5.10" in doc["era_chosen_by"]["evidence"]
 
 
 def fake_result(target, tree) -> check.CheckResult:
