@@ -64,12 +64,16 @@ ADAPTATIONS = {
                            "scheduler-server-args", "single-rank-poll"]},
 }
 
-# Every release is pre-fix; the registry rules (`not_deciding`) that set telling keys aside on it.
+# Every release is pre-fix; the registry rules (`not_deciding`) that set telling or control keys aside on it.
 SET_ASIDE = {
-    "admission": {**{v: ["intake_finishes", "no_beam_groups", "no_queued_abort_release", "session_without_inflight"]
-                     for v in ("0.4.5", "0.4.6", "0.4.10")},
-                  **{v: ["no_beam_groups", "session_without_inflight"] for v in ("0.5.5", "0.5.6", "0.5.10")},
-                  "0.5.12": ["no_beam_groups"], "0.5.14": ["no_beam_groups"]},
+    "admission": {**{v: ["intake_finishes", "door_without_is_retracted", "door_without_is_rebootstrap",
+                         "no_host_backup", "no_mamba_slots", "no_beam_groups", "no_queued_abort_release",
+                         "session_without_inflight"] for v in ("0.4.5", "0.4.6")},
+                  "0.4.10": ["intake_finishes", "door_without_is_rebootstrap", "no_mamba_slots", "no_beam_groups",
+                             "no_queued_abort_release", "session_without_inflight"],
+                  **{v: ["door_without_is_rebootstrap", "no_beam_groups", "session_without_inflight"]
+                     for v in ("0.5.5", "0.5.6", "0.5.10")},
+                  **{v: ["door_without_is_rebootstrap", "no_beam_groups"] for v in ("0.5.12", "0.5.14")}},
     "prefill": {"0.4.5": ["no_optimistic_prefill"], "0.4.6": ["no_optimistic_prefill"],
                 "0.4.10": ["no_optimistic_prefill"], "0.5.5": ["no_optimistic_prefill"],
                 "0.5.6": ["no_optimistic_prefill"], "0.5.10": ["no_optimistic_prefill"],
