@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pdevidence import cli
+from pdevidence import cli, environments
 from pdevidence.core import errors
 from pdevidence.core.paths import PROJECT
 
@@ -234,9 +234,7 @@ def test_bad_inputs_are_usage_errors_before_anything_runs(tmp_path, inputs, mess
 @pytest.mark.sglang
 def test_the_action_installs_pdevidence_and_checks_a_release(tmp_path):
     """Both steps for real, from a copy of this repository's tracked files (what a runner downloads)."""
-    python = shutil.which("python3.12")
-    if python is None:
-        pytest.skip("python3.12 is not on PATH (the action's setup-python step provides it)")
+    python = environments.find_python("3.12").path  # what the action's setup-python step provides
     copy = tmp_path / "action"
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=PROJECT, capture_output=True, check=True).stdout
     for rel in filter(None, tracked.decode().split("\0")):
