@@ -17,7 +17,7 @@ from .core import children, clock, settings
 from .core.errors import CONFIRMED, EXIT_CODES, HarnessError, boundary, usage, worst
 from .core.files import dumps, write_atomic
 from .core.paths import PROJECT, results_dir, runs_dir, tree_lock_file, work_dir
-from .documents import integrity, reports
+from .documents import corpus_table, integrity, reports
 from .documents.tables import SweepParameters
 from .judge import classify, compare
 from .lanes import check, corpus, drift, mutate, sweep, sweep_parts, upstream
@@ -210,8 +210,8 @@ def cmd_corpus(args) -> int:
     reg = registry.load(args.root)
     found = corpus.run(reg, args.release, fresh_references=args.references == "fresh",
                        log=lambda msg: print(msg, flush=True))
-    out = runs_dir(reg.root) / "corpus.json"
-    write_atomic(out, dumps(found.document()))
+    out = runs_dir(reg.root) / corpus_table.FILE
+    write_atomic(out, dumps(found.table.to_json()))
     print(corpus.table(found))
     print(f"wrote {out}")
     return found.exit_code
@@ -289,7 +289,7 @@ def parser() -> argparse.ArgumentParser:
     sw = sub.add_parser("sweep", help="probe every release (all experiments, one import each) and classify each")
     sw.add_argument("versions", nargs="*", help="releases to probe (default: the registry floor up to the newest)")
     sw.add_argument("--experiment", action="append", help="only this experiment (repeatable; default: all)")
-    sw.add_argument("--pre", action="store_true", help="also pre-, post- and dev releases")
+    sw.add_argument("--pre", action="store_true", help="also pre- and dev releases (post-releases are always in)")
     sw.add_argument("--jobs", type=int, default=2)
     sw.add_argument("--cold", action="store_true",
                     help="one environment and one fresh probe process per release instead of the warm engine")

@@ -145,3 +145,52 @@ def test_a_malformed_backport_file_is_refused_naming_the_entry(tmp_path, change,
     with pytest.raises(errors.HarnessError) as caught:
         backports.load(path, ["demo"])
     assert message in caught.value.what
+
+
+def test_the_table_records_what_made_it_loads_and_meets_its_schema(world, capsys):
+    from schemas import problems
+
+    from pdevidence.documents.corpus_table import CorpusTable
+
+    _, _, doc = corpus(world, capsys)
+    assert problems("corpus", doc) == []
+    table = CorpusTable.load(world.tmp / "runs" / "corpus.json")
+    assert table.backports == ["backports/sglang-1.0.0.toml"] and table.as_expected
+    assert set(table.references) == {"demo.base.release-1.0.0.json", "demo.head.release-1.1.0.json"}
+    assert table.stale(world.root, ["probes/probe_demo.py"]) == []
+    path = world.root / "backports" / "sglang-1.0.0.toml"
+    path.write_text(path.read_text() + "\n# an edited backport is another corpus\n")
+    assert [why.split(":")[0] for why in table.stale(world.root, ["probes/probe_demo.py"])] == [
+        "backports/sglang-1.0.0.toml"]
+    with pytest.raises(errors.HarnessError, match="is not a corpus table: answer"):
+        CorpusTable.from_doc({**doc, "answers": [{**doc["answers"][0], "status": "fine"}]}, source="t.json")
+
+
+def test_publish_takes_only_a_whole_current_corpus(world, capsys):
+    from pdevidence import registry
+    from pdevidence.publish import publish
+
+    _, _, doc = corpus(world, capsys)
+    reg = registry.load(world.root)
+    assert "corpus.json" in [d.name for d in publish.manifest(reg, "release")]
+    path = world.tmp / "runs" / "corpus.json"
+    publish._check_corpus(reg, path)
+    path.write_text(json.dumps({**doc, "answers": doc["answers"][:2]}))
+    with pytest.raises(errors.HarnessError, match="a partial corpus \\(no answer for 1.0.0 demo partial\\)") as caught:
+        publish._check_corpus(reg, path)
+    assert caught.value.code == errors.INCOMPLETE
+    path.write_text(json.dumps(doc))
+    (world.root / "experiments.toml").write_text((world.root / "experiments.toml").read_text() + "\n")
+    with pytest.raises(errors.HarnessError, match="experiments.toml: made by another registry") as caught:
+        publish._check_corpus(reg, path)
+    assert caught.value.code == errors.STALE
+
+
+def test_the_report_shows_each_release_and_fix_across_the_three_trees(world, capsys):
+    from pdevidence.report import report
+
+    _, _, doc = corpus(world, capsys)
+    doc["answers"][2] = {**doc["answers"][2], "status": "fixed"}
+    text = report.markdown({"schema": "pdevidence-report/1", "exit_code": 0, "pairs": [], "corpus": doc})
+    assert "## The backport corpus" in text and "2 of 3 answers are the expected ones" in text
+    assert "| 1.0.0 | current | demo | affected | fixed | **fixed** (expected partial) |" in text

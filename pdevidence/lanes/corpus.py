@@ -13,59 +13,51 @@ from dataclasses import dataclass
 
 from .. import environments
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, usage
-from ..core.paths import tree_lock_file, work_dir
+from ..core.files import relative
+from ..core.paths import results_dir, runs_dir, tree_lock_file, work_dir
+from ..documents import provenance
+from ..documents.corpus_table import CorpusAnswer, CorpusTable
+from ..documents.provenance import Provenance
+from ..documents.vocabulary import CheckStatus
+from ..judge import classify
 from ..registry import Registry
 from ..sources import backports, trees
 from ..sources.backports import Backport, Variant
 from ..sources.importable import importable_dir
 from . import check
 
-SCHEMA = "pdevidence-corpus/1"
-EXPECTED = {Variant.PRISTINE: check.Status.AFFECTED, Variant.BACKPORT: check.Status.FIXED,
-            Variant.PARTIAL: check.Status.PARTIAL}
+EXPECTED = {Variant.PRISTINE: CheckStatus.AFFECTED, Variant.BACKPORT: CheckStatus.FIXED,
+            Variant.PARTIAL: CheckStatus.PARTIAL}
 
 
-def expected(backport: Backport, experiment: str, variant: Variant) -> check.Status:
+def expected(backport: Backport, experiment: str, variant: Variant) -> CheckStatus:
     """A fix the release already carries reads fixed on all three trees; a ported one as its variant says."""
-    return EXPECTED[variant] if experiment in backport.ports else check.Status.FIXED
-
-
-@dataclass(frozen=True)
-class Answer:
-    release: str
-    era: str | None
-    variant: Variant
-    check: check.ExperimentCheck
-    expected: check.Status
-
-    @property
-    def as_expected(self) -> bool:
-        return self.check.status is self.expected
-
-    def to_json(self) -> dict:
-        return {"release": self.release, "era": self.era, "variant": self.variant.value,
-                "experiment": self.check.experiment, "pr": self.check.pr, "status": self.check.status.value,
-                "expected": self.expected.value, "deciding": self.check.deciding,
-                "result_sha256": self.check.result_sha256}
+    return EXPECTED[variant] if experiment in backport.ports else CheckStatus.FIXED
 
 
 @dataclass(frozen=True)
 class Corpus:
-    answers: list[Answer]
+    table: CorpusTable
     results: dict[tuple[str, Variant], check.CheckResult]  # each tree's whole check, for what went wrong
 
     @property
     def exit_code(self) -> int:
-        return CONFIRMED if all(a.as_expected for a in self.answers) else BEHAVIOUR_DIFFERS
+        return CONFIRMED if self.table.as_expected else BEHAVIOUR_DIFFERS
 
-    def document(self) -> dict:
-        return {"schema": SCHEMA, "answers": [a.to_json() for a in self.answers]}
+
+def made_by(reg: Registry, files: list) -> Provenance:
+    """What makes the table: what makes a sweep's (probes, kit, engine and driver, registry, every closure,
+    harness) and the backport files."""
+    closures = [environments.closure(reg), *(era.constraints for era in reg.eras.values())]
+    return provenance.record(reg.root, [*provenance.inputs(reg, list(reg.experiments), provenance.SWEEP_DRIVERS,
+                                                           closures), *files])
 
 
 def run(reg: Registry, releases: list[str] | None = None, *, fresh_references: bool = False, log=print) -> Corpus:
     """Every declared release's three trees, checked in one call."""
     names = list(reg.experiments)
     declared = backports.load_all(reg.root, names, releases)
+    made = made_by(reg, [b.path for b in declared])  # before anything runs: what a change during the run must not pass for
     if not declared:
         raise usage(f"no backport is declared under {backports.DIRECTORY}/",
                     todo=f"declare one in {backports.DIRECTORY}/{backports.FILE_PREFIX}<release>.toml")
@@ -86,29 +78,35 @@ def run(reg: Registry, releases: list[str] | None = None, *, fresh_references: b
             targets.append((check.Target(tree.kind, tree.ref, tree.resolved, tree.digest, tree.version,
                                          era.name if era else None), tree))
             asked.append((backport, variant, era.name if era else None))
+    directory = runs_dir(reg.root) if fresh_references else results_dir(reg.root)
+    digests = {name: sha for exp in reg.experiments.values()
+               for name, sha in classify.references(reg, exp, directory, fresh=fresh_references).digests.items()}
     found = check.run_all(reg, targets, fresh_references=fresh_references, log=log)
     answers, results = [], {}
     for (backport, variant, era), result in zip(asked, found):
         results[(backport.release, variant)] = result
-        answers += [Answer(backport.release, era, variant, e, expected(backport, e.experiment, variant))
+        answers += [CorpusAnswer(backport.release, era, variant, e.experiment, e.pr, e.status,
+                                 expected(backport, e.experiment, variant), e.deciding, e.result_sha256)
                     for e in result.experiments]
-    return Corpus(answers, results)
+    table = CorpusTable(answers, made, digests, [relative(b.path, reg.root) for b in declared])
+    return Corpus(table, results)
 
 
 def table(corpus: Corpus) -> str:
     """Release x fix, one column per tree; an answer that is not the expected one says what was."""
     lines = [f"{'release':<9} {'era':<26} {'fix':<10} " + " ".join(f"{v.value:<24}" for v in Variant)]
-    rows: dict[tuple[str, str], dict[Variant, Answer]] = {}
-    for a in corpus.answers:
-        rows.setdefault((a.release, a.check.experiment), {})[a.variant] = a
+    rows: dict[tuple[str, str], dict[Variant, CorpusAnswer]] = {}
+    answers = corpus.table.answers
+    for a in answers:
+        rows.setdefault((a.release, a.experiment), {})[a.variant] = a
     for (release, experiment), cells in rows.items():
         era = next(iter(cells.values())).era or "current"
-        shown = [cells[v].check.status.value + ("" if cells[v].as_expected else f" (expected {cells[v].expected.value})")
+        shown = [cells[v].status.value + ("" if cells[v].as_expected else f" (expected {cells[v].expected.value})")
                  for v in Variant]
         lines.append(f"{release:<9} {era:<26} {experiment:<10} " + " ".join(f"{s:<24}" for s in shown))
-    good = sum(a.as_expected for a in corpus.answers)
-    lines.append(f"corpus: {good} of {len(corpus.answers)} answers as expected")
-    wrong = {(a.release, a.variant) for a in corpus.answers if not a.as_expected}
+    good = sum(a.as_expected for a in answers)
+    lines.append(f"corpus: {good} of {len(answers)} answers as expected")
+    wrong = {(a.release, a.variant) for a in answers if not a.as_expected}
     for release, variant in sorted(wrong, key=lambda rv: (trees.parse_version(rv[0]), rv[1].value)):
         lines += ["", f"{release} {variant.value}:", check.table(corpus.results[(release, variant)])]
     return "\n".join(lines)
