@@ -174,9 +174,10 @@ def test_a_sweep_of_something_that_is_not_a_version_is_a_usage_error(tmp_path, c
 
     project = make_project(tmp_path / "project")
     assert cli.main(["--root", str(project), "sweep", "demo"]) == errors.USAGE
-    assert "--experiment demo" in capsys.readouterr().err
-    assert cli.main(["--root", str(project), "sweep", "latest"]) == errors.USAGE
-    assert "'latest' is not a version" in capsys.readouterr().err
+    assert "argument versions: 'demo' is not a release version" in (err := capsys.readouterr().err)
+    assert "experiments are named with --experiment" in err
+    assert cli.main(["--root", str(project), "sweep", "0.5.21;"]) == errors.USAGE
+    assert "argument versions: '0.5.21;' is not a release version" in capsys.readouterr().err
 
 
 def drift_against(tmp_path, monkeypatch, fresh_doc):

@@ -18,7 +18,7 @@ from packaging.version import InvalidVersion, Version
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, HarnessError
 from ..core.files import read_json
 from ..registry import REGISTRY_FILE, MutantKind, Operator
-from .provenance import KIT, MUTATION_DRIVERS, SWEEP_DRIVERS, Provenance, stale_why
+from .provenance import KIT, MUTATION_DRIVERS, SWEEP_DRIVERS, Provenance, Shaped, stale_why
 from .versions import Schema
 from .vocabulary import LACKS_FIX, Behaviour, Classification, MutantStatus
 
@@ -152,7 +152,7 @@ class SweepTable:
 
     def stale(self, root: Path, probe: str) -> list[str]:
         """How this checkout differs from what made the table (``probe``: the experiment's, in the checkout)."""
-        return stale_why(self.provenance, root, [probe, KIT, *SWEEP_DRIVERS, REGISTRY_FILE])
+        return stale_why(self.provenance, root, [probe, KIT, *SWEEP_DRIVERS, REGISTRY_FILE], Shaped.TABLE)
 
     @classmethod
     def from_doc(cls, doc: Any, *, source: str) -> SweepTable:
@@ -288,7 +288,7 @@ class MutationTable:
 
     def stale(self, root: Path, probe: str) -> list[str]:
         """How this checkout differs from what made the table (``probe``: the experiment's, in the checkout)."""
-        return stale_why(self.provenance, root, [probe, KIT, *MUTATION_DRIVERS, REGISTRY_FILE])
+        return stale_why(self.provenance, root, [probe, KIT, *MUTATION_DRIVERS, REGISTRY_FILE], Shaped.TABLE)
 
     @property
     def score(self) -> dict[str, int]:

@@ -18,7 +18,6 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import environments
 from ..cells import allprobes, warm
 from ..core import children
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, usage, worst
@@ -27,10 +26,12 @@ from ..documents.vocabulary import Behaviour, Classification
 from ..documents.vocabulary import CheckStatus as Status
 from ..judge import classify
 from ..registry import Experiment, Registry
-from ..sources import trees
+from ..sources import era_choice, trees
+from ..sources.era_choice import EraChoice
+from ..sources.pins import TreePins
 from ..sources.version import TreeVersion
 
-SCHEMA = "pdevidence-check/1"
+SCHEMA = "pdevidence-check/2"
 # SGLang itself requires Python >= 3.10; the tests parse the probes with that grammar.
 MIN_PYTHON = (3, 10)
 CHECK_SIDE = "check"
@@ -55,18 +56,22 @@ class Target:
     sha256: str | None = None  # of the wheel or archive, where there is one
     version: TreeVersion | None = None  # a source tree's version, read from its commit; None: not told
     era: str | None = None  # the era whose closure the tree runs in; None: today's closure
+    era_choice: EraChoice | None = None  # what chose the era; None for an interpreter
+    pins: TreePins | None = None  # a source tree's pins of torch, transformers and the kernel; None: none read
 
     def label(self) -> str:
         if self.kind == "python":
             return f"python-{hashlib.sha256(self.ref.encode()).hexdigest()[:12]}"
-        return trees.tree_label(self.kind, self.resolved or self.ref)
+        return trees.tree_label(self.kind, self.resolved or self.ref, self.sha256)
 
     def to_json(self) -> dict:
         found = {"kind": self.kind, "ref": self.ref, "resolved": self.resolved, "sha256": self.sha256}
         if self.kind != "python":
             found["era"] = self.era
+            found["era_chosen_by"] = self.era_choice.to_json() if self.era_choice else None
         if self.kind in SOURCE_KINDS:
             found["source_version"] = self.version.to_json() if self.version else None
+            found["source_pins"] = self.pins.to_json() if self.pins else None
         return found
 
 
@@ -173,8 +178,8 @@ def resolve(reg: Registry, *, python: Path | None = None, version: str | None = 
     else:
         raise usage("check needs a target", expected="one of --python, --version, --wheel, --path, --git")
     ref = tree.origin if tree.kind == "path" else tree.ref
-    era = environments.era_of(reg, tree)
-    return Target(tree.kind, ref, tree.resolved, tree.digest, tree.version, era.name if era else None), tree
+    choice = era_choice.choose(reg, tree)
+    return Target(tree.kind, ref, tree.resolved, tree.digest, tree.version, choice.name, choice, tree.pins), tree
 
 
 def run(reg: Registry, target: Target, tree: trees.Tree | None, *, fresh_references: bool = False,
@@ -196,12 +201,15 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, f
     warm_trees = [tree for _, tree in targets if tree is not None]
     engine_outcomes = warm.probe_trees(reg, warm_trees, names, {t.label(): _tree_args(t) for t in warm_trees},
                                        out_dir=out, log=log) if warm_trees else {}
+    own: dict[str, dict[str, allprobes.Outcome]] = {}  # interpreters, by label
     found = []
     for target, tree in targets:
         if tree is not None:
             outcomes = engine_outcomes[tree.label()]
         else:
-            outcomes = _in_own_process(reg, names, target, out / target.label(), log)
+            if target.label() not in own:
+                own[target.label()] = _in_own_process(reg, names, target, out / target.label(), log)
+            outcomes = own[target.label()]
         versions = {o.doc.get("sglang_version") for o in outcomes.values() if o.doc}
         version = versions.pop() if len(versions) == 1 else None
         if target.kind == "python":
@@ -229,7 +237,10 @@ def describe(result: CheckResult) -> str:
     target = result.target
     if target.kind in ("release", "wheel"):
         return f"{target.kind} {target.resolved}"
-    commit = f" at {target.resolved}" if target.kind == "path" and target.resolved != "local" else ""
+    commit = ""
+    if target.kind == "path" and target.resolved:
+        commit = f" at {target.resolved}" if trees.commit_of(target.resolved) else \
+            f" (outside git, content {target.resolved.partition('-')[2]})"
     found = f" (sglang {result.sglang_version})" if result.sglang_version else ""
     if target.kind == "python":
         return f"{target.kind} {target.ref}{found}"
@@ -245,6 +256,8 @@ def describe(result: CheckResult) -> str:
 def table(result: CheckResult) -> str:
     """One line per experiment: status, then the scenarios that decided it."""
     lines = [f"sglang check: {describe(result)}"]
+    if result.target.kind in SOURCE_KINDS and result.target.era_choice:
+        lines.append(f"  era: {result.target.era_choice.describe()}")
     for e in result.experiments:
         by = {b: [sid for sid, got in e.scenarios.items() if got is b] for b in Behaviour}
         if e.status is Status.CANNOT_RUN:

@@ -252,7 +252,8 @@ def made_by(reg: registry.Registry, experiment: str, tree) -> provenance.Provena
     """What makes a mutation table: the probe, the kit, the driver and its mutant kit, the registry, the
     closure ``tree`` runs in, the harness."""
     closure = environments.closure(reg, environments.era_of(reg, tree))
-    return provenance.record(reg.root, provenance.inputs(reg, [experiment], provenance.MUTATION_DRIVERS, [closure]))
+    return provenance.record(reg.root, provenance.inputs(reg, [experiment], provenance.MUTATION_DRIVERS, [closure]),
+                             provenance.Shaped.TABLE)
 
 
 def _driver_document(path: Path, exp: registry.Experiment) -> dict:

@@ -189,7 +189,8 @@ def made_by(reg: Registry, experiments: list[str]) -> Provenance:
     """What makes a sweep's tables: the experiments' probes, the kit, the engine and its driver, the registry,
     every closure a release may run in (today's and each era's), the harness."""
     closures = [environments.closure(reg), *(era.constraints for era in reg.eras.values())]
-    return provenance.record(reg.root, provenance.inputs(reg, experiments, provenance.SWEEP_DRIVERS, closures))
+    return provenance.record(reg.root, provenance.inputs(reg, experiments, provenance.SWEEP_DRIVERS, closures),
+                             provenance.Shaped.TABLE)
 
 
 def document(experiment: str, outcomes: list[ReleaseOutcome], as_of_date: str | None, made: Provenance,

@@ -12,6 +12,7 @@ import urllib.parse
 
 from ..lanes.check import CheckResult, Status, Target
 from ..registry import Registry
+from ..sources import trees
 from .osv import PR_URL, vuln_id
 
 CONTEXT = "https://openvex.dev/ns/v0.2.0"
@@ -39,7 +40,7 @@ def purl(target: Target) -> str:
         return f"pkg:pypi/sglang?vcs_url={quote(f'{GIT_URL}@{target.resolved}')}"
     if target.kind == "path":
         commit = f"&vcs_url={quote(f'git+file://{target.ref}@{target.resolved}')}" \
-            if target.resolved and target.resolved != "local" else ""
+            if target.resolved and trees.commit_of(target.resolved) else ""
         return f"pkg:pypi/sglang?path={quote(target.ref)}{commit}"
     version = f"@{quote(target.resolved)}" if target.resolved else ""
     return f"pkg:pypi/sglang{version}?interpreter={quote(target.ref)}"
