@@ -324,7 +324,7 @@ def parser() -> argparse.ArgumentParser:
     sw.add_argument("--references", choices=classify.REFERENCES, default="published",
                     help="judge against the published base and head results (default), or the fresh ones in "
                     "runs/ from `nox -s matrix` (republishing, when the published ones are stale)")
-    sw.add_argument("--era", type=arguments.name, help="only the releases of this era ('current': of none), written as a part under "
+    sw.add_argument("--era", type=arguments.era, help="only the releases of this era ('current': of none), written as a part under "
                     "runs/sweep-parts/<era>/ for `sweep-merge` (the CI fan-out)")
     sw.set_defaults(func=cmd_sweep)
 

@@ -20,6 +20,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from test_docs import docs_parser
 
 from pdevidence import cli, environments
 from pdevidence.core import errors
@@ -174,20 +175,18 @@ def test_each_target_input_line_is_one_option_and_the_cli_parses_them(tmp_path):
                                     "path": "src/sglang\n", "python": "/opt/venv/bin/python"})
     assert run.code == 0, run.log
     vex = str(tmp_path / "runner-temp" / "pdevidence" / "openvex.json")
-    assert run.argv == ["--root", str(PROJECT), "check", "--version", "0.5.19", "--version", "0.5.20",
+    assert run.argv == ["check", "--version", "0.5.19", "--version", "0.5.20",
                         "--wheel", "./a b.whl", "--path", "src/sglang", "--python", "/opt/venv/bin/python",
                         "--references", "published", "--openvex", vex]
-    args = cli.parser().parse_args(run.argv)
-    assert args.version == ["0.5.19", "0.5.20"] and args.openvex == Path(vex) and args.root == PROJECT
+    args = docs_parser().parse_args(run.argv)  # the paths need not exist here
+    assert args.version == ["0.5.19", "0.5.20"] and args.openvex == Path(vex)
     assert run.outputs == {"exit-code": "0", "openvex": vex}
-    # The harness's state stays out of the workspace and the action's checkout; it finds the venv's uv.
-    assert run.env["PDEVIDENCE_WORK"] == str(tmp_path / "runner-temp" / "pdevidence" / "work")
-    assert run.env["PDEVIDENCE_RUNS"] == str(tmp_path / "runner-temp" / "pdevidence" / "runs")
+    # The installed tool keeps its state where it always does (the user's cache and state directories).
     assert run.env["PDEVIDENCE_PYTHON"] == "/opt/python3.12/bin/python"
-    assert run.env["PATH"].startswith(str(tmp_path / "runner-temp" / "pdevidence-venv" / "bin") + ":")
+    assert "PDEVIDENCE_WORK" not in run.env and "PDEVIDENCE_RUNS" not in run.env
 
 
-def test_a_workflow_may_choose_the_openvex_file_references_and_state(tmp_path):
+def test_a_workflow_may_choose_the_openvex_file_references_and_runs(tmp_path):
     run = run_check_step(tmp_path, {"release": "0.5.20", "references": "fresh", "openvex": "out/vex.json"},
                          env={"PDEVIDENCE_RUNS": str(tmp_path / "my-runs")})
     assert run.code == 0, run.log
@@ -195,7 +194,7 @@ def test_a_workflow_may_choose_the_openvex_file_references_and_state(tmp_path):
     assert (tmp_path / "workspace" / "out" / "vex.json").is_file()
     assert run.outputs["openvex"] == "out/vex.json"
     assert run.env["PDEVIDENCE_RUNS"] == str(tmp_path / "my-runs")
-    cli.parser().parse_args(run.argv)
+    docs_parser().parse_args(run.argv)
 
 
 @pytest.mark.parametrize(("fail_on_affected", "stub_exit", "step_code"), [
@@ -233,7 +232,8 @@ def test_bad_inputs_are_usage_errors_before_anything_runs(tmp_path, inputs, mess
 
 @pytest.mark.sglang
 def test_the_action_installs_pdevidence_and_checks_a_release(tmp_path):
-    """Both steps for real, from a copy of this repository's tracked files (what a runner downloads)."""
+    """Both steps for real, from a copy of this repository's tracked files (what a runner downloads): the
+    installed wheel answers with its own copy of the published evidence."""
     python = environments.find_python("3.12").path  # what the action's setup-python step provides
     copy = tmp_path / "action"
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=PROJECT, capture_output=True, check=True).stdout
@@ -251,7 +251,8 @@ def test_the_action_installs_pdevidence_and_checks_a_release(tmp_path):
         s = step(name)
         env = {k: EXPRESSION.sub(lambda m: context[m.group(1)], str(v)) for k, v in s["env"].items()}
         proc = subprocess.run(["bash", "-e", "-c", s["run"]], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=1800, env={**os.environ, "GITHUB_OUTPUT": str(output), **env})
+                              timeout=1800, env={**os.environ, "GITHUB_OUTPUT": str(output),
+                                                 "PDEVIDENCE_RUNS": str(tmp_path / "runs"), **env})
         assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "admission  affected" in proc.stdout and "prefill    fixed" in proc.stdout
     outputs = dict(line.split("=", 1) for line in output.read_text().splitlines())

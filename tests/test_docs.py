@@ -2,13 +2,15 @@
 
 A command is found in the shell blocks of every page (and in inline code that starts like one),
 split as the shell splits it; each `pdevidence` / `python -m pdevidence` invocation is parsed by
-the CLI's own argparse, and each `nox` invocation by nox's parser, its sessions looked up in what
+the CLI's own argparse (every value checked by its type, except that the paths a page names need
+not exist on this machine: `/opt/sglang-venv/bin/python` is the reader's to fill in), and each `nox` invocation by nox's parser, its sessions looked up in what
 `nox --list --json` lists and its arguments after `--` handed by the noxfile's own session
 function to the CLI's parser. Nothing is run.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.util
 import io
@@ -24,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from pdevidence import cli
-from pdevidence.core import errors
+from pdevidence.core import arguments, errors
 from pdevidence.core.paths import PROJECT
 
 README = PROJECT / "README.md"
@@ -132,12 +134,32 @@ HARNESS = [c for c in COMMANDS if harness_argv(list(c.argv)) is not None]
 NOX = [c for c in COMMANDS if nox_argv(list(c.argv)) is not None]
 
 
-def parse_harness(argv: list[str]) -> str | None:
-    """None when the CLI's parser accepts argv; else what it said."""
+# The argparse types that look at the filesystem: a page's example path is any path.
+PATH_TYPES = {arguments.directory, arguments.interpreter, arguments.wheel, arguments.output_file, arguments.project}
+
+
+def docs_parser() -> argparse.ArgumentParser:
+    """The CLI's parser, its path options taking any path (every other type and choice as it is)."""
+    top = cli.parser()
+    todo = [top]
+    while todo:
+        parser = todo.pop()
+        for action in parser._actions:
+            if action.type in PATH_TYPES:
+                action.type = Path
+            elif action.type is arguments.ref:  # a version, a commit, or (a page's path) any directory
+                action.type = lambda value: value if "/" in value else arguments.ref(value)
+            if isinstance(action, argparse._SubParsersAction):
+                todo.extend(action.choices.values())
+    return top
+
+
+def parse_harness(argv: list[str], parser: argparse.ArgumentParser | None = None) -> str | None:
+    """None when the parser (the docs' by default) accepts argv; else what it said."""
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            cli.parser().parse_args(argv)
+            (parser or docs_parser()).parse_args(argv)
     except SystemExit as exc:
         return None if exc.code == 0 else err.getvalue().strip() or f"exit {exc.code}"
     return None
@@ -167,6 +189,11 @@ def test_the_parsers_refuse_what_does_not_work():
     assert parse_harness(["check", "--version", "0.5.20"]) is None
     assert "unrecognized arguments: --versions" in parse_harness(["check", "--versions", "0.5.20"])
     assert "invalid choice" in parse_harness(["chek"])
+    assert "is not a release version" in parse_harness(["check", "--version", "0.5.20; rm -rf /"])
+    # Only existence is waived for a page's paths: the CLI's own parser refuses one this machine lacks.
+    assert parse_harness(["check", "--python", "/opt/sglang-venv/bin/python"]) is None
+    assert "existing Python interpreter" in parse_harness(["check", "--python", "/opt/sglang-venv/bin/python"],
+                                                          cli.parser())
 
 
 @pytest.mark.parametrize("command", HARNESS, ids=[f"{c.page}: {c.line}" for c in HARNESS])
