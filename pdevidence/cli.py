@@ -184,14 +184,16 @@ def _sweep_tables(reg: registry.Registry, found: dict, as_of: str | None, made, 
 
 
 def cmd_check(args) -> int:
-    """Is my SGLang affected? Exit 0 all fixed, 1 any affected/partial/unknown, 3 any cannot run.
+    """Is my SGLang affected? Exit 0 all fixed, 1 any affected/partial/deviates/unknown, 3 any cannot run.
     Several targets share one warm engine; the exit code is the worst of theirs."""
     reg = registry.load(args.root)
-    asked = [(kind, value) for kind in ("python", "version", "wheel", "path", "git") for value in getattr(args, kind) or []]
+    asked = [(kind, value) for kind in ("python", "version", "wheel", "path", "git", "image")
+             for value in getattr(args, kind) or []]
     if not asked:
-        raise usage("check needs a target", expected="one or more of --python, --version, --wheel, --path, --git")
-    targets = [_resolved(reg, kind, value) for kind, value in asked]
+        raise usage("check needs a target",
+                    expected="one or more of --python, --version, --wheel, --path, --git, --image")
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
+    targets = [target for kind, value in asked for target in _resolved(reg, kind, value, log)]
     found = check.run_all(reg, targets, fresh_references=args.references == "fresh", log=log)
     if args.openvex:
         stamp = clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -204,11 +206,14 @@ def cmd_check(args) -> int:
     return worst(result.exit_code for result in found)
 
 
-def _resolved(reg: registry.Registry, kind: str, value) -> tuple:
-    """A check target; a usage error names the option and the value it is about (what the value names is only
-    known once looked at: a wheel for another Python, a directory with no sglang/, a release PyPI does not have)."""
+def _resolved(reg: registry.Registry, kind: str, value, log) -> list[tuple]:
+    """The check targets an option names (an image: each SGLang package in it); a usage error names the option and
+    the value it is about (what the value names is only known once looked at: a wheel for another Python, a
+    directory with no sglang/, a release PyPI does not have, an image with no SGLang)."""
     try:
-        return check.resolve(reg, **{kind: value})
+        if kind == "image":
+            return check.resolve_image(reg, value, log=log)
+        return [check.resolve(reg, **{kind: value})]
     except HarnessError as exc:
         if exc.code == USAGE:
             exc.what = f"--{kind} {str(value)!r}: {exc.what}"
@@ -344,6 +349,9 @@ def parser() -> argparse.ArgumentParser:
                     help="an SGLang source tree or fork, used unbuilt (checkout root or its python/)")
     ck.add_argument("--git", metavar="SHA", type=arguments.commit, action="append",
                     help="a commit: GitHub's archive, or SGLANG_REPO=<clone>")
+    ck.add_argument("--image", type=arguments.image, action="append", metavar="PATH",
+                    help="a saved container image (`docker save` tarball, OCI layout directory or tar): every SGLang "
+                    "package in it, read without a container runtime")
     ck.add_argument("--json", action="store_true", help=f"print the {check.SCHEMA} document instead of the table")
     ck.add_argument("--openvex", type=arguments.output_file, metavar="FILE", help="also write an OpenVEX v0.2.0 document")
     ck.add_argument("--references", choices=classify.REFERENCES, default="published",

@@ -120,12 +120,14 @@ def _same(value: Any, wanted: Any) -> bool:
 
 @dataclass(frozen=True)
 class NotDeciding:
-    """Telling keys that do not tell base from head on a tree where ``when`` holds.
+    """Keys that do not decide on a tree where ``when`` holds: telling keys that do not tell base
+    from head there, or control keys whose departure from both does not show an over-broad fix.
 
     They differ there for a reason the fix does not decide (how the tree's intake marks a
-    rejection, a path it does not have). ``when`` maps ``"adaptation"`` to an adaptation the
-    probe ran, or ``"<scenario>.<key>"`` to an observed value; empty, it holds on every tree.
-    ``keys`` maps a scenario to the keys that do not decide there, or to None: none do.
+    rejection, a path or a flag it does not have). ``when`` maps ``"adaptation"`` to an adaptation
+    the probe ran, or ``"<scenario>.<key>"`` to an observed value; empty, it holds on every tree.
+    ``keys`` maps a scenario (changing or control) to the keys that do not decide there, or to
+    None: none do.
     """
 
     id: str
@@ -440,8 +442,8 @@ def _parse_not_deciding(where: str, rid: str, spec: Any, expect: dict[str, Expec
     keys: dict[str, tuple[str, ...] | None] = {}
     for sid, names in spec["keys"].items():
         telling = expect.get(sid)
-        if telling is None or not telling.changes:
-            raise RegistryError(f"{where}.keys: {sid!r} is not a scenario this experiment expects to change")
+        if telling is None:
+            raise RegistryError(f"{where}.keys: {sid!r} is not a scenario this experiment expects")
         if names == "all":
             keys[sid] = None
             continue

@@ -73,8 +73,59 @@ def test_a_build_matching_neither_side_or_raising_is_unknown_and_names_the_scena
     assert raised.scenarios["D3"] is Behaviour.ERROR and "AttributeError" in raised.error
 
 
-def test_a_moving_control_does_not_change_the_answer(project):
-    assert judged(project, {**AFTER, "D2": {"enqueued": False}}).status is Status.FIXED
+def test_a_build_fixed_where_the_scenarios_tell_that_departs_on_a_control_deviates_and_names_it(project):
+    over_broad = judged(project, {**AFTER, "D2": {"enqueued": False}})
+    assert (over_broad.status, over_broad.deciding) == (Status.DEVIATES, ["D2"])
+    assert over_broad.scenarios == {"D1": Behaviour.FIXED, "D3": Behaviour.FIXED, "D2": Behaviour.DEVIATES}
+    assert over_broad.to_json()["explain"] == {"D2": {"enqueued": {"tree": False, "base": True, "head": True}}}
+    assert check.EXIT_OF[Status.DEVIATES] == errors.BEHAVIOUR_DIFFERS
+    assert judged(project, AFTER).explain == {}
+
+
+def test_what_kept_a_build_from_fixed_is_shown_key_by_key_beside_base_and_head(project):
+    odd = judged(project, {**AFTER, "D1": {"enqueued": True, "retired": True}})
+    assert odd.status is Status.UNKNOWN
+    assert odd.to_json()["explain"] == {"D1": {"enqueued": {"tree": True, "base": True, "head": False}}}
+    partial = judged(project, {**AFTER, "D3": {"receiver_created": True}})
+    assert partial.to_json()["explain"] == {"D3": {"receiver_created": {"tree": True, "base": True, "head": False}}}
+    lines = check.table(check.CheckResult(check.Target("release", "1.0.0", "1.0.0"), [odd, partial])).splitlines()
+    assert lines[1].split()[:2] == ["demo", "unknown"] and lines[1].endswith("matches neither side: D1")
+    assert lines[2].split() == ["D1:", "enqueued", "true", "(base", "true,", "head", "false)"]
+    assert lines[3].split()[:2] == ["demo", "partial"] and lines[4].split()[:2] == ["D3:", "receiver_created"]
+
+
+THREE_DOORS = TWO_DOORS + """
+[experiments.demo.expect.D4]
+changes = true
+base = { sent = 1 }
+head = { sent = 0 }
+"""
+
+
+def test_some_scenarios_fixed_and_others_pre_fix_is_partial_whatever_else_matched_neither_or_raised(tmp_path):
+    exp = registry.load(make_project(tmp_path, THREE_DOORS)).experiment("demo")
+    before, after = {**BEFORE, "D4": {"sent": 1}}, {**AFTER, "D4": {"sent": 0}}
+
+    def one(observed, errors_=None):
+        outcome = allprobes.Outcome("demo", result_doc("check", "9.9.9", observed, errors_), "f" * 64)
+        return check.judge(exp, outcome, result_doc("base", "1.0.0", before), result_doc("head", "1.1.0", after))
+
+    mixed = one({**after, "D3": {"receiver_created": True}, "D4": {"sent": 2}})
+    assert (mixed.status, mixed.deciding) == (Status.PARTIAL, ["D3"])
+    assert mixed.scenarios["D4"] is Behaviour.NEITHER and set(mixed.explain) == {"D3", "D4"}
+    raised = one({**after, "D3": {"receiver_created": True}, "D4": {}},
+                 {"D4": {"type": "AttributeError", "message": "no attribute 'sender'"}})
+    assert raised.status is Status.PARTIAL and raised.error == "D4: AttributeError: no attribute 'sender'"
+    line = check.table(check.CheckResult(check.Target("release", "1.0.0", "1.0.0"), [raised])).splitlines()[1]
+    assert line.endswith("pre-fix: D3; fixed: D1; raised: D4: AttributeError: no attribute 'sender'")
+
+
+def test_an_error_is_named_whatever_the_status(project):
+    raised = judged(project, BEFORE, {"D2": {"type": "KeyError", "message": "'queue'"}})
+    assert (raised.status, raised.error) == (Status.AFFECTED, "D2: KeyError: 'queue'")  # a control raised
+    line = check.table(check.CheckResult(check.Target("release", "1.0.0", "1.0.0"), [raised])).splitlines()[1]
+    assert line.endswith("pre-fix: D1, D3; raised: D2: KeyError: 'queue'")
+    assert judged(project, AFTER, {"D2": {"type": "KeyError", "message": "'queue'"}}).status is Status.UNKNOWN
 
 
 def test_a_probe_that_could_not_set_up_is_cannot_run_with_its_error(project):
@@ -106,7 +157,8 @@ def test_the_table_says_each_status_and_its_scenarios(project):
     lines = check.table(result).splitlines()
     assert lines[0] == "sglang check: release 1.0.0"
     assert lines[1].split()[:2] == ["demo", "partial"] and "pre-fix: D3; fixed: D1" in lines[1]
-    assert "cannot run" in lines[2] and "No module named 'sglang'" in lines[2]
+    assert lines[2].split()[0] == "D3:"  # what kept it from fixed, below it
+    assert "cannot run" in lines[3] and "No module named 'sglang'" in lines[3]
 
 
 def _vex_result(project, status_observed):
@@ -115,7 +167,8 @@ def _vex_result(project, status_observed):
 
 
 @pytest.mark.parametrize(("observed", "status"), [
-    (AFTER, "fixed"), (BEFORE, "affected"), ({**AFTER, "D3": {"receiver_created": True}}, "under_investigation")])
+    (AFTER, "fixed"), (BEFORE, "affected"), ({**AFTER, "D3": {"receiver_created": True}}, "under_investigation"),
+    ({**AFTER, "D2": {"enqueued": False}}, "under_investigation")])
 def test_openvex_has_one_statement_per_experiment_with_its_evidence(project, observed, status):
     doc = openvex.document(project, _vex_result(project, observed), "2026-11-30T00:00:00Z")
     assert problems("openvex-0.2.0", doc) == []
@@ -126,7 +179,13 @@ def test_openvex_has_one_statement_per_experiment_with_its_evidence(project, obs
     assert statement["vulnerability"]["name"] == "PDEVIDENCE-2026-1"
     assert statement["products"] == [{"@id": "pkg:pypi/sglang@1.0.0", "identifiers": {"purl": "pkg:pypi/sglang@1.0.0"},
                                       "hashes": {"sha-256": "a" * 64}}]
-    assert "f" * 64 in statement["status_notes"] and "D3" in statement["status_notes"]
+    assert "f" * 64 in statement["status_notes"]
+    if observed["D2"] == AFTER["D2"]:
+        assert "D3" in statement["status_notes"]
+    else:  # deviates: the controls and their values are the reason
+        assert "pdevidence check: deviates; deciding scenarios: D2; not the fixed code: it departs from both the " \
+               "pre-fix and the fixed release on the controls D2: enqueued false (base true, head true)" \
+               in statement["status_notes"]
     # OpenVEX requires an action statement for affected products.
     assert ("action_statement" in statement) == (status == "affected")
 

@@ -128,6 +128,7 @@ def malformed(ground: Path) -> dict[str, st.SearchStrategy[str]]:
                                "sglang-0.5.21-py3-none-any.whl.d", "not-a-wheel.zip"),
         "check --path": paths(ground, "a-file", "an-executable"),
         "check --git": not_commit(),
+        "check --image": paths(ground, "a-directory", "a-file", "an-executable", "not-a-wheel.zip"),
         "check --openvex": st.one_of(st.sampled_from(["", str(ground / "a-directory"), str(ground / "a-file" / "x.json"),
                                                       str(ground / "x") + os.sep, "x" * 300]),
                                      missing(ground).map(lambda p: str(ground / "a-file") + "/" + Path(p).name)),

@@ -15,6 +15,7 @@ from email.parser import Parser
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 from synthetic import serve_index, wheel_bytes
 
 from pdevidence import __version__, environments
@@ -93,8 +94,10 @@ def test_the_wheel_carries_the_project_files_and_declares_only_what_check_needs(
     assert all(carried[rel] == (PROJECT / rel).read_bytes() for rel in carried)
     assert not [n for n in names if "__pycache__" in n or "/." in n]
     assert {p.relative_to(PROJECT).as_posix() for p in provenance.HARNESS.rglob("*.py")} <= names
-    requires = sorted(r.split(">")[0].split("=")[0].strip() for r in metadata.get_all("Requires-Dist"))
-    assert requires == ["packaging", "platformdirs", "uv"]
+    requires = [Requirement(r) for r in metadata.get_all("Requires-Dist")]
+    assert sorted(r.name for r in requires if r.marker is None) == ["packaging", "platformdirs", "uv"]
+    # Optional: zstd layers of a saved image (`check --image`), installed as pdevidence[zstd].
+    assert [(r.name, str(r.marker)) for r in requires if r.marker is not None] == [("zstandard", 'extra == "zstd"')]
     assert metadata["Version"] == __version__
     with tarfile.open(built["sdist"]) as sdist:  # the checkout's own layout, from which the wheel was built
         tops = {Path(name).parts[1] for name in sdist.getnames() if len(Path(name).parts) > 1}

@@ -207,7 +207,8 @@ why = "the older intake retires the request itself"
 
 
 @pytest.mark.parametrize("broken, message", [
-    (ASIDE.replace('D1 = ["retired"]', 'D2 = ["enqueued"]'), "'D2' is not a scenario this experiment expects to change"),
+    (ASIDE.replace('D1 = ["retired"]', 'D9 = ["enqueued"]'), "'D9' is not a scenario this experiment expects"),
+    (ASIDE.replace('D1 = ["retired"]', 'D2 = ["retired"]'), "keys.D2: retired is not a key D2 expects"),
     (ASIDE.replace('D1 = ["retired"]', 'D1 = ["sent"]'), "keys.D1: sent is not a key D1 expects"),
     (ASIDE.replace('D1 = ["retired"]', 'D1 = "retired"'), 'expected an array of keys, or "all"'),
     (ASIDE.replace('"D1.intake"', '"intake"'), "'intake' is neither \"adaptation\" nor"),
@@ -217,4 +218,10 @@ def test_not_deciding_rules_name_what_the_experiment_expects(tmp_path, broken, m
     with pytest.raises(errors.HarnessError, match=message) as err:
         load_text(tmp_path, broken)
     assert err.value.code == errors.USAGE
+
+
+def test_a_not_deciding_rule_may_set_a_control_key_aside(tmp_path):
+    rule = load_text(tmp_path, ASIDE.replace('D1 = ["retired"]', 'D2 = ["enqueued"]')) \
+        .experiment("demo").not_deciding["older_intake"]
+    assert rule.keys == {"D2": ("enqueued",)}
 

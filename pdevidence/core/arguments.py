@@ -17,6 +17,7 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from . import archives
 from .paths import REGISTRY
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")  # an experiment (registry._NAME) or an era
@@ -136,6 +137,27 @@ def wheel(value: str) -> Path:
     if not _is(value, zipfile.is_zipfile):
         raise _bad(value, "a wheel: the file is not a zip archive")
     return path
+
+
+def image(value: str) -> Path:
+    """A saved container image: an OCI layout (or unpacked `docker save`) directory, or a tar of one, compressed
+    or not; what it holds is read later."""
+    if _is(value, Path.is_dir):
+        if not _is(value, lambda p: (p / "index.json").is_file() or (p / "manifest.json").is_file()):
+            raise _bad(value, "a saved image: the directory holds neither index.json (an OCI image layout) nor "
+                       "manifest.json (an unpacked `docker save`)")
+        return Path(value)
+    if not _is(value, Path.is_file):
+        raise _bad(value, "a saved image: a `docker save` tarball, or an OCI image layout (a directory or a tar)")
+    if not _is(value, _archive):
+        raise _bad(value, "a saved image: the file is neither a tar archive nor a compressed one")
+    return Path(value)
+
+
+def _archive(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        head = fh.read(archives.HEAD)
+    return archives.is_tar(head) or archives.compression(head) is not None
 
 
 def ref(value: str) -> str:
