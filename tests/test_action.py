@@ -29,7 +29,7 @@ from pdevidence.core.paths import PROJECT
 yaml = pytest.importorskip("yaml", reason="PyYAML is not installed: python -m pip install -r requirements-dev.txt")
 
 ACTION = PROJECT / "action.yml"
-TARGET_INPUTS = {"release": "--version", "wheel": "--wheel", "path": "--path", "python": "--python"}
+TARGET_INPUTS = {"release": "--version", "wheel": "--wheel", "path": "--path", "image": "--image", "python": "--python"}
 EXPRESSION = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
 
 
@@ -100,7 +100,7 @@ def test_the_action_declares_what_its_docs_promise():
     assert meta["inputs"]["references"]["default"] == "published"
     assert set(meta["outputs"]) == {"openvex", "exit-code"}
     install = step("Install pdevidence")
-    assert '"$ACTION_PATH"' in install["run"] and "pip install" in install["run"]
+    assert '"${ACTION_PATH}[zstd]"' in install["run"] and "pip install" in install["run"]
 
 
 def step(name: str) -> dict:
@@ -172,11 +172,12 @@ def test_every_step_expression_is_one_the_runner_gives():
 
 def test_each_target_input_line_is_one_option_and_the_cli_parses_them(tmp_path):
     run = run_check_step(tmp_path, {"release": "0.5.19\n  0.5.20  \n\n", "wheel": "./a b.whl",
-                                    "path": "src/sglang\n", "python": "/opt/venv/bin/python"})
+                                    "path": "src/sglang\n", "image": "sglang.tar", "python": "/opt/venv/bin/python"})
     assert run.code == 0, run.log
     vex = str(tmp_path / "runner-temp" / "pdevidence" / "openvex.json")
     assert run.argv == ["check", "--version", "0.5.19", "--version", "0.5.20",
-                        "--wheel", "./a b.whl", "--path", "src/sglang", "--python", "/opt/venv/bin/python",
+                        "--wheel", "./a b.whl", "--path", "src/sglang", "--image", "sglang.tar",
+                        "--python", "/opt/venv/bin/python",
                         "--references", "published", "--openvex", vex]
     args = docs_parser().parse_args(run.argv)  # the paths need not exist here
     assert args.version == ["0.5.19", "0.5.20"] and args.openvex == Path(vex)
@@ -219,7 +220,7 @@ def test_no_openvex_output_when_check_wrote_none(tmp_path):
 
 
 @pytest.mark.parametrize(("inputs", "message"), [
-    ({}, "nothing to check: give at least one of the inputs release, wheel, path, python"),
+    ({}, "nothing to check: give at least one of the inputs release, wheel, path, image, python"),
     ({"release": " \n \n"}, "nothing to check"),
     ({"release": "0.5.20", "fail-on-affected": "yes"}, "fail-on-affected is 'yes': expected true or false"),
 ])

@@ -135,7 +135,8 @@ NOX = [c for c in COMMANDS if nox_argv(list(c.argv)) is not None]
 
 
 # The argparse types that look at the filesystem: a page's example path is any path.
-PATH_TYPES = {arguments.directory, arguments.interpreter, arguments.wheel, arguments.output_file, arguments.project}
+PATH_TYPES = {arguments.directory, arguments.interpreter, arguments.wheel, arguments.output_file, arguments.project,
+              arguments.image}
 
 
 def docs_parser() -> argparse.ArgumentParser:
