@@ -244,9 +244,10 @@ def test_the_action_installs_pdevidence_and_checks_a_release(tmp_path):
             shutil.copy2(PROJECT / rel, copy / rel)
     temp = tmp_path / "runner-temp"
     temp.mkdir()
+    inputs = {name: spec.get("default", "") for name, spec in action()["inputs"].items()}
+    inputs.update({"release": "0.5.20", "fail-on-affected": "false"})
     context = {"github.action_path": str(copy), "runner.temp": str(temp), "steps.python.outputs.python-path": python,
-               "inputs.release": "0.5.20", "inputs.wheel": "", "inputs.path": "", "inputs.python": "",
-               "inputs.references": "published", "inputs.fail-on-affected": "false", "inputs.openvex": ""}
+               **{f"inputs.{name}": value for name, value in inputs.items()}}
     output = tmp_path / "github_output"
     for name in ("Install pdevidence", "check"):
         s = step(name)
