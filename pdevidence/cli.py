@@ -1,7 +1,7 @@
 """Command line: ``python -m pdevidence <command>``; the noxfile calls the same functions.
 
 Every failure becomes one line of what happened, what was expected, what to
-do, and the exit code documented in the README.
+do, and the exit code documented in docs/operators/exit-codes.md.
 """
 
 from __future__ import annotations
@@ -488,8 +488,8 @@ def _resolvable(option: str, ref: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Every command's exit code as the README documents it; argparse's own errors (a malformed value: the option
-    and the value named) are 2, --help and --version 0."""
+    """Every command's exit code as docs/operators/exit-codes.md documents it; argparse's own errors (a malformed
+    value: the option and the value named) are 2, --help and --version 0."""
     try:
         args = parser().parse_args(argv)
     except SystemExit as exc:
