@@ -102,6 +102,10 @@ def prepare() -> str:
     if not (sg.kv_on_record or reads(Req.__init__, "self.mamba_pool_idx")):
         # Up to 0.5.3 a mamba slot is the request-pool row's: no request holds one without KV.
         SCENARIOS.adapted("no-req-mamba-slot")
+    if not any("def abort(" in conn.read_text(encoding="utf-8")
+               for conn in Path(prefill.__file__).parent.glob("**/conn.py")):
+        # Up to 0.4.9 no KV sender of the tree can be aborted.
+        SCENARIOS.adapted("no-sender-abort")
     if not reads(prefill.SchedulerDisaggregationPrefillMixin.process_batch_result_disagg_prefill, "accept_token"):
         # 0.4.5 and 0.4.6 never show the sampled token to the grammar in the result path.
         SCENARIOS.adapted("no-grammar-in-result")
