@@ -10,11 +10,20 @@ scheduler's queues and cache-side abort hook. The stand-ins carry everything
 the pre-fix paths read too, so a head tree with its fix removed (the mutation
 lane, ``python -m pdevidence mutate prefill``) shows the base behaviour.
 
-Older trees (back to 0.4.5) are driven through what they have, each detected
-from the tree (an attribute, a signature, what the result path's source reads),
-never from its version, and named in the result's ``adaptations``. A tree
-without the optimistic (pending-bootstrap) requeue path records
-``optimistic_prefill: "absent"`` in the scenarios that exercise it.
+Older trees (back to the first PD release) are driven through what they have, each
+detected from the tree (an attribute, a signature, what the result path's source
+reads), never from its version, and named in the result's ``adaptations``. The
+stand-ins also answer the names older trees call where today's call others, so a
+fix ported into an older tree (the backport corpus, ``backports/``) is measured by
+that tree's own paths: the scheduler's ``stream_output`` before the output streamer,
+the tree cache's ``release_aborted_request(rid)`` before ``finish``, ``cache_finished_req``
+before ``release_kv_cache``, the mamba pool before its allocator, the metadata allocator
+through the bootstrap queue up to 0.4.6. Each such name, once called, is named in the
+adaptations; trees that never call it keep their results' bytes. A tree that cannot
+express a key (no insert flag on its release, no abortable sender, no cache-side abort,
+no KV-less mamba slot, no grammar in the result path) records a tree fact the registry's
+``not_deciding`` rules name. A tree without the optimistic (pending-bootstrap) requeue
+path records ``optimistic_prefill: "absent"`` in the scenarios that exercise it.
 
 Run it by hand against one tree, in a Python 3.12 venv holding the pinned
 closure (`uv pip install -r constraints/cells-py312.txt`) plus SGLang without
@@ -99,9 +108,15 @@ def prepare() -> str:
             or _tree_names("sglang.srt.mem_cache.base_prefix_cache", "def finish(")):
         # Up to 0.5.1 no prefix cache can be told that a request ended in an abort.
         SCENARIOS.adapted("no-cache-abort-release")
+    sg.cache_frees_kvless_mamba = False
     if not (sg.kv_on_record or reads(Req.__init__, "self.mamba_pool_idx")):
         # Up to 0.5.3 a mamba slot is the request-pool row's: no request holds one without KV.
         SCENARIOS.adapted("no-req-mamba-slot")
+    elif sg.real_release_kv_cache is not None and not reads(sg.real_release_kv_cache, "mamba"):
+        # 0.5.6 to 0.5.8 release a request through the tree cache alone; 0.5.7 and 0.5.8's mamba
+        # cache hands back the slot of a request that holds no KV row.
+        from sglang.srt.mem_cache.mamba_radix_cache import MambaRadixCache
+        sg.cache_frees_kvless_mamba = reads(MambaRadixCache.cache_finished_req, "req.req_pool_idx is None")
     if not any("def abort(" in conn.read_text(encoding="utf-8")
                for conn in Path(prefill.__file__).parent.glob("**/conn.py")):
         # Up to 0.4.9 no KV sender of the tree can be aborted.
@@ -351,8 +366,9 @@ class World:
         self.scheduler = sg.Scheduler(mamba_cache=mamba_cache)
         self.scheduler.enable_hicache_storage = hicache
         self.cache_unfinished = Recorder("cache_unfinished")
-        # B7 keeps the real release: its mamba-only branch touches nothing but the
-        # tree cache's mamba allocator stand-in, which is what B7 observes.
+        # B7 keeps the real release: from 0.5.9 its mamba-only branch touches nothing but the
+        # tree cache's mamba allocator (or pool) stand-in, before it the tree cache stand-in;
+        # what reaches them is what B7 observes.
         real = sg.real_release_kv_cache if real_release else None
         self.release = Spy("release_kv_cache", real or drop_ownership)
         tree_cache = self.scheduler.tree_cache
@@ -360,6 +376,15 @@ class World:
             tree_cache.cache_unfinished_req = self.cache_unfinished
         if sg.real_release_kv_cache is None:  # tree-cache-release
             tree_cache.cache_finished_req = self.release
+        elif real_release:  # the real release of 0.5.6 to 0.5.8 hands every request to the tree cache
+            tree_cache.cache_finished_req = Older("tree_cache.cache_finished_req", "tree-cache-finished-req",
+                                                  then=self._kvless_mamba_released)
+        self.kvless_mamba_released = 0
+
+    def _kvless_mamba_released(self, req: Any, *_args, **_kwargs) -> None:
+        """A request holding a mamba slot and no KV row, handed to a tree cache that frees such a slot."""
+        if sg.cache_frees_kvless_mamba and req.req_pool_idx is None and req.mamba_pool_idx is not None:
+            self.kvless_mamba_released += 1
 
     def patched(self):
         replacements = {"release_kv_cache": self.release} if sg.real_release_kv_cache is not None else {}
@@ -454,9 +479,10 @@ def _cache_aborted(world: World, _req: Any) -> int:
 
 
 def _mamba_freed(world: World, _req: Any) -> int:
-    """Mamba slots handed back: to the allocator, or (mamba-pool-free) up to 0.5.12 to the pool itself."""
+    """Mamba slots handed back: to the allocator, (mamba-pool-free) up to 0.5.12 to the pool itself, or in
+    0.5.7 and 0.5.8 to the mamba cache, which frees the slot of a request without KV."""
     pool = world.scheduler.tree_cache.req_to_token_pool
-    return pool.mamba_allocator.free.count + pool.mamba_pool.free.count
+    return pool.mamba_allocator.free.count + pool.mamba_pool.free.count + world.kvless_mamba_released
 
 
 OBSERVATIONS: dict[str, Callable[[World, Any], Any]] = {
