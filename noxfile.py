@@ -68,13 +68,9 @@ def _finish(session: nox.Session, code: int) -> None:
 
 
 def _run(session: nox.Session, *argv: str) -> None:
-    def command() -> int:
-        try:
-            return cli.main(["--root", str(ROOT), *argv])
-        except SystemExit as exc:  # argparse's usage errors exit 2: this session's failure, not nox's end
-            return exc.code if isinstance(exc.code, int) else errors.USAGE
-
-    _finish(session, errors.boundary(command, where=f"nox session {session.name}"))
+    # cli.main returns argparse's usage errors (2) too: this session's failure, not nox's end.
+    _finish(session, errors.boundary(lambda: cli.main(["--root", str(ROOT), *argv]),
+                                     where=f"nox session {session.name}"))
 
 
 @nox.session(tags=["cell", "git"])

@@ -345,7 +345,8 @@ def test_several_check_targets_share_one_engine_and_each_gets_its_answer(warm_wo
     assert [(d["target"]["resolved"], d["experiments"][0]["status"]) for d in docs] == [
         ("2.0.0", "affected"), ("2.1.0", "fixed")]
     assert code == docs[0]["exit_code"] == 1  # the worst of the two
-    assert captured.err.count("engine: probing") == 1 and "wheel-2.0.0, wheel-2.1.0" in captured.err
+    assert captured.err.count("engine: probing") == 1
+    assert "wheel-2.0.0-" in captured.err and "wheel-2.1.0-" in captured.err  # each wheel's name has its digest
     products = [s["products"][0]["@id"] for s in json.loads(vex.read_text())["statements"]]
     assert products == ["pkg:pypi/sglang@2.0.0", "pkg:pypi/sglang@2.1.0"]
 
