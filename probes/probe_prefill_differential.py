@@ -113,8 +113,8 @@ def prepare() -> str:
         # Up to 0.5.3 a mamba slot is the request-pool row's: no request holds one without KV.
         SCENARIOS.adapted("no-req-mamba-slot")
     elif sg.real_release_kv_cache is not None and not reads(sg.real_release_kv_cache, "mamba"):
-        # 0.5.6 to 0.5.8 release a request through the tree cache alone; 0.5.7 and 0.5.8's mamba
-        # cache hands back the slot of a request that holds no KV row.
+        # 0.5.6 to 0.5.8's release_kv_cache leaves a request's mamba slot to the tree cache; 0.5.7
+        # and 0.5.8's mamba cache hands back the slot of a request that holds no KV row.
         from sglang.srt.mem_cache.mamba_radix_cache import MambaRadixCache
         sg.cache_frees_kvless_mamba = reads(MambaRadixCache.cache_finished_req, "req.req_pool_idx is None")
     if not any("def abort(" in conn.read_text(encoding="utf-8")
