@@ -56,6 +56,6 @@ class ProjectFiles(BuildHookInterface):
         problems = [f"{name}: missing" for name in missing] or sums_problems(root, files)
         if problems:
             raise RuntimeError("not building a wheel of evidence that does not verify:\n  " + "\n  ".join(problems)
-                               + "\n  restore the files from git, or republish (README, Republishing)")
+                               + "\n  restore the files from git, or republish (docs/maintainers/republishing.md)")
         for rel in files:
             build_data["force_include"][str(root / rel)] = f"{INTO}/{rel}"

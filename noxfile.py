@@ -9,7 +9,7 @@
     nox -s corpus                        the backport corpus through check's judge
     nox -s lock_cpu                      compile the hashed CPU-torch closure (needs the PyTorch CPU index)
 
-One selected session exits with the harness's own code (README, "Exit codes"). With
+One selected session exits with the harness's own code (docs/operators/exit-codes.md). With
 several, each failure fails only its session: nox runs the rest, prints its summary
 and exits 1. Ctrl-C or SIGTERM stops the run at once (130 or 143).
 """

@@ -1,7 +1,7 @@
 """Command line: ``python -m pdevidence <command>``; the noxfile calls the same functions.
 
 Every failure becomes one line of what happened, what was expected, what to
-do, and the exit code documented in the README.
+do, and the exit code documented in docs/operators/exit-codes.md.
 """
 
 from __future__ import annotations
@@ -329,7 +329,7 @@ def parser() -> argparse.ArgumentParser:
     sw.add_argument("--references", choices=classify.REFERENCES, default="published",
                     help="judge against the published base and head results (default), or the fresh ones in "
                     "runs/ from `nox -s matrix` (republishing, when the published ones are stale)")
-    sw.add_argument("--era", type=arguments.name, help="only the releases of this era ('current': of none), written as a part under "
+    sw.add_argument("--era", type=arguments.era, help="only the releases of this era ('current': of none), written as a part under "
                     "runs/sweep-parts/<era>/ for `sweep-merge` (the CI fan-out)")
     sw.set_defaults(func=cmd_sweep)
 
@@ -488,8 +488,8 @@ def _resolvable(option: str, ref: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Every command's exit code as the README documents it; argparse's own errors (a malformed value: the option
-    and the value named) are 2, --help and --version 0."""
+    """Every command's exit code as docs/operators/exit-codes.md documents it; argparse's own errors (a malformed
+    value: the option and the value named) are 2, --help and --version 0."""
     try:
         args = parser().parse_args(argv)
     except SystemExit as exc:

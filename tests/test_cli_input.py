@@ -276,3 +276,11 @@ def test_the_issues_version_is_a_usage_error_not_an_internal_one(tripwires):
     code, err = run(["check", "--version", "0.5.21; rm -rf /"], env={})
     assert code == errors.USAGE and "Traceback" not in err
     assert "argument --version: '0.5.21; rm -rf /' is not a release version (PEP 440)" in err
+
+
+@pytest.mark.parametrize("era", sweep_parts.era_names(REG))
+def test_every_era_of_the_registry_is_a_valid_era_option(era):
+    """The CI fan-out runs `sweep --era <era>` for each era: their names hold . and - (torch2.9-tf5)."""
+    args = cli.parser().parse_args(["sweep", "--era", era])
+    cli.check_arguments(args)
+    assert args.era == era

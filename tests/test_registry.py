@@ -225,3 +225,47 @@ def test_a_not_deciding_rule_may_set_a_control_key_aside(tmp_path):
         .experiment("demo").not_deciding["older_intake"]
     assert rule.keys == {"D2": ("enqueued",)}
 
+
+# What the oldest trees cannot express, as the prefill probe records it there: a release with no insert
+# flag, no abortable sender, no cache-side abort, no KV-less mamba slot and no grammar in the result path.
+OLDEST_TREE = ["no-cache-abort-release", "no-grammar-in-result", "no-req-mamba-slot", "no-sender-abort",
+               "release-without-insert-flag"]
+
+
+def oldest_tree(side_doc: dict, adaptations: list[str]) -> dict:
+    """``side_doc`` as a tree of the first PD releases observes it: what it cannot express differs."""
+    import copy
+
+    doc = copy.deepcopy(side_doc)
+    doc["tree"] = {"kind": "release", "ref": "0.4.5", "resolved": "0.4.5"}
+    doc["adaptations"] = adaptations
+    scenarios = doc["scenarios"]
+    for sid in ("B1", "B1b", "B2d"):
+        scenarios[sid]["observed"]["sender_aborted"] = 0
+    for sid in ("B1", "B1b"):
+        if scenarios[sid]["observed"]["release_inserts_prefix"] is not None:
+            scenarios[sid]["observed"]["release_inserts_prefix"] = "absent"
+    scenarios["B1h"]["observed"]["cache_aborted"] = 0
+    scenarios["B7"]["observed"] = {"abort_streamed": 0, "mamba_freed": 0}
+    scenarios["B6"]["observed"] = {"abort_streamed": 0, "cached_unfinished": 1, "kv_chunk_sent": 1, "kv_released": 0}
+    return doc
+
+
+def test_prefill_rules_set_aside_only_what_the_oldest_trees_cannot_express():
+    import json
+
+    from pdevidence.documents.vocabulary import Classification
+    from pdevidence.judge import classify
+
+    exp = registry.load(PROJECT).experiment("prefill")
+    base, head = (json.loads((PROJECT / "results" / f"prefill.{side}.release-{v}.json").read_text())
+                  for side, v in (("base", "0.5.19"), ("head", "0.5.20")))
+    ported = classify.classify(oldest_tree(head, OLDEST_TREE), base, head, exp)
+    assert ported.classification is Classification.FIXED  # a port there is seen
+    assert classify.classify(oldest_tree(base, OLDEST_TREE), base, head, exp).classification \
+        is Classification.PRE_FIX  # and the release as published is still affected
+    # Each rule holds only where the tree records the fact: without it, the same port matches neither side.
+    for fact in OLDEST_TREE:
+        rest = [name for name in OLDEST_TREE if name != fact]
+        assert classify.classify(oldest_tree(head, rest), base, head, exp).classification \
+            is not Classification.FIXED, fact

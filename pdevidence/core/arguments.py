@@ -74,6 +74,13 @@ def name(value: str) -> str:
     return value
 
 
+def era(value: str) -> str:
+    """An era name as the registry spells them: a name where - and . may also join words, e.g. torch2.9-tf5."""
+    if not _NAME.match(value.replace("-", "_").replace(".", "_")):
+        raise _bad(value, "an era name of lower-case letters, digits, _, - and ., e.g. torch2.9-tf5")
+    return value
+
+
 def mutant(value: str) -> str:
     if not _ID.match(value):
         raise _bad(value, "a mutant id, e.g. M1")
