@@ -17,6 +17,8 @@ from .errors import usage
 
 TORCH_CHANNELS = ("pypi", "cpu")  # registry.TorchChannel's values (the registry sits above core)
 TREE_KINDS = ("git", "release", "path")
+SANDBOX_TOOLS = ("auto", "bubblewrap", "unshare", "none")  # sandbox.Tool's values, and auto
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,30 @@ def _choice(*values: str) -> Callable[[str], str]:
     return parse
 
 
+def _bytes(text: str) -> int:
+    """``8G``, ``512M``, ``1048576``: a size in bytes (binary units)."""
+    number, unit = text[:-1], text[-1].upper()
+    if unit.isdigit():
+        number, unit = text, ""
+    if unit not in _SIZE_UNITS or not number.isdigit() or int(number) <= 0:
+        raise ValueError(text)
+    return int(number) * _SIZE_UNITS[unit]
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError(text)
+    return value
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not all(name.replace("_", "").isalnum() for name in names):
+        raise ValueError(text)
+    return names
+
+
 def _url(text: str) -> str:
     if urlsplit(text).scheme not in ("http", "https", "file"):
         raise ValueError(text)
@@ -60,6 +86,14 @@ def _archive_url(text: str) -> str:
 
 SETTINGS = {s.name: s for s in (
     Setting("PDEVIDENCE_PROBE_TIMEOUT", "a positive number of seconds, e.g. 900 (the default)", _seconds, 900.0),
+    Setting("PDEVIDENCE_SANDBOX", f"one of: {', '.join(SANDBOX_TOOLS)} (default auto: bubblewrap, else unshare)",
+            _choice(*SANDBOX_TOOLS), "auto"),
+    Setting("PDEVIDENCE_PROBE_MEMORY", "a size in bytes with an optional K, M, G or T, e.g. 8G (the default)",
+            _bytes, 8 << 30),
+    Setting("PDEVIDENCE_PROBE_PROCESSES", "a positive number of processes and threads, e.g. 1024 (the default)",
+            _count, 1024),
+    Setting("PDEVIDENCE_PROBE_PASS_ENV", "comma-separated names of environment variables a probe process also "
+            "gets, e.g. MY_VAR,OTHER_VAR", _names, ()),
     Setting("PDEVIDENCE_TORCH", f"one of: {', '.join(TORCH_CHANNELS)}; unset for the registry's torch_channel",
             _choice(*TORCH_CHANNELS)),
     Setting("PDEVIDENCE_UPSTREAM_KIND", f"one of: {', '.join(TREE_KINDS)} (default git)", _choice(*TREE_KINDS), "git"),

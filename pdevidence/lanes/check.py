@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .. import environments
 from ..cells import allprobes, warm
-from ..core import children
+from ..core import children, sandbox
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, usage, worst
 from ..core.paths import results_dir, runs_dir, tree_lock_file, work_dir
 from ..documents.vocabulary import Behaviour, Classification
@@ -108,6 +108,7 @@ class CheckResult:
     target: Target
     experiments: list[ExperimentCheck]
     sglang_version: str | None = None  # what the build says it is: `sglang.__version__`
+    containment: dict | None = None  # how its probe process ran (sandbox.Containment.record); None: unknown
 
     @property
     def exit_code(self) -> int:
@@ -115,7 +116,7 @@ class CheckResult:
 
     def to_json(self) -> dict:
         return {"schema": SCHEMA, "target": {**self.target.to_json(), "sglang_version": self.sglang_version},
-                "exit_code": self.exit_code,
+                "exit_code": self.exit_code, "containment": self.containment,
                 "experiments": [e.to_json() for e in self.experiments]}
 
 
@@ -198,6 +199,9 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, f
     engine per era (an unpacked wheel is what installing it gives; a source tree's Python code is all the probes
     load, so nothing is built), with their outcomes cached by what made them."""
     exps = list(reg.experiments.values())
+    for target, tree in targets:  # refused before anything is fetched, built or run
+        if tree is None:
+            sandbox.admit(False, f"the interpreter {target.ref}")
     directory = runs_dir(reg.root) if fresh_references else results_dir(reg.root)
     refs = {exp.name: classify.references(reg, exp, directory, fresh=fresh_references) for exp in exps}
     names = [exp.name for exp in exps]
@@ -216,7 +220,8 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, f
         if target.kind == "python":
             target.resolved = version
         found.append(CheckResult(target, [judge(exp, outcomes[exp.name], refs[exp.name].base,
-                                                refs[exp.name].head) for exp in exps], version))
+                                                refs[exp.name].head) for exp in exps], version,
+                                 next(iter(outcomes.values())).containment))
     return found
 
 
@@ -269,4 +274,5 @@ def table(result: CheckResult) -> str:
             detail = f"{'fixed' if e.status is Status.FIXED else 'pre-fix'}: {', '.join(e.deciding)}"
         lines.append(f"  {e.experiment:<10} {e.status.value:<12} PR #{e.pr}  {detail}")
         lines += [f"  {'':<10} judged without {rule}" for rule in e.not_deciding]
+    lines.append(f"  ran {sandbox.describe(result.containment)}")  # how the tree's code ran on this machine
     return "\n".join(lines)
