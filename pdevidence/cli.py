@@ -362,8 +362,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def command() -> int:
         settings.check_all()  # a bad setting is one usage error up front, naming the variable
-        sandbox.allow_uncontained(getattr(args, "allow_uncontained", False))
-        return args.func(args)
+        with sandbox.uncontained_allowed(getattr(args, "allow_uncontained", False)):
+            return args.func(args)
 
     try:
         with children.stop_on_signals():

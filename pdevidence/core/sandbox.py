@@ -180,10 +180,16 @@ class View:
 _allowed_uncontained = False
 
 
-def allow_uncontained(allowed: bool = True) -> None:
-    """The operator's ``--allow-uncontained``: trees run even where nothing can contain them."""
+@contextlib.contextmanager
+def uncontained_allowed(allowed: bool = True) -> Iterator[None]:
+    """While inside, the operator's ``--allow-uncontained`` holds: trees run even where nothing can contain
+    them."""
     global _allowed_uncontained
-    _allowed_uncontained = allowed
+    before, _allowed_uncontained = _allowed_uncontained, allowed
+    try:
+        yield
+    finally:
+        _allowed_uncontained = before
 
 
 def detect() -> Containment:
@@ -437,7 +443,7 @@ def _mounts(resolved: _Resolved) -> list[tuple[str, str, str]]:
         elif os.path.isdir(top):
             ops.append(("ro", top, "-"))
     home = os.path.abspath(os.path.expanduser("~"))
-    if home != "/" and not any(Path(home).is_relative_to(top) for top in (*SYSTEM, "/tmp")):
+    if home != "/" and not any(Path(home).is_relative_to(top) for top in SYSTEM):
         ops.append(("tmpfs", home, "-"))  # the operator's home: an empty private one
     ops += [("ro", str(p), "-") for p in resolved.read]
     ops += [("rw", str(p), "-") for p in resolved.write]
