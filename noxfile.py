@@ -6,6 +6,7 @@
     nox -s matrix                        release-backed matrix, then compare
     nox -s compare                       aggregate existing results
     nox -s "mutate(admission)"           the head release under each declared mutant of the fix
+    nox -s corpus                        the backport corpus through check's judge
     nox -s lock_cpu                      compile the hashed CPU-torch closure (needs the PyTorch CPU index)
 
 One selected session exits with the harness's own code (README, "Exit codes"). With
@@ -123,8 +124,15 @@ def publish(session: nox.Session) -> None:
 @nox.session
 def sweep(session: nox.Session) -> None:
     """Every SGLang release from the registry floor up, all experiments in one import each; flags regressions.
-    `-- --experiment admission` for one, `-- --pre` for pre/post releases."""
+    `-- --experiment admission` for one, `-- --pre` for pre- and dev releases."""
     _run(session, "sweep", *session.posargs)
+
+
+@nox.session
+def corpus(session: nox.Session) -> None:
+    """Every declared backport (backports/): each release as published, with each fix ported, with each port
+    partial; `check` must answer affected, fixed and partial."""
+    _run(session, "corpus", *session.posargs)
 
 
 @nox.session(tags=["era"])

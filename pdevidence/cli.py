@@ -17,10 +17,10 @@ from .core import children, clock, sandbox, settings
 from .core.errors import CONFIRMED, EXIT_CODES, HarnessError, boundary, usage, worst
 from .core.files import dumps, write_atomic
 from .core.paths import PROJECT, results_dir, runs_dir, tree_lock_file, work_dir
-from .documents import integrity, reports
+from .documents import corpus_table, integrity, reports
 from .documents.tables import SweepParameters
 from .judge import classify, compare
-from .lanes import check, drift, mutate, sweep, sweep_parts, upstream
+from .lanes import check, corpus, drift, mutate, sweep, sweep_parts, upstream
 from .publish import openvex, publish
 from .report import report
 from .sources import trees
@@ -204,6 +204,19 @@ def cmd_check(args) -> int:
     return worst(result.exit_code for result in found)
 
 
+def cmd_corpus(args) -> int:
+    """Each declared backport's pristine, backport and partial trees through check's judge; exit 0 only when
+    every answer is the expected one."""
+    reg = registry.load(args.root)
+    found = corpus.run(reg, args.release, fresh_references=args.references == "fresh",
+                       log=lambda msg: print(msg, flush=True))
+    out = runs_dir(reg.root) / corpus_table.FILE
+    write_atomic(out, dumps(found.table.to_json()))
+    print(corpus.table(found))
+    print(f"wrote {out}")
+    return found.exit_code
+
+
 def cmd_drift(args) -> int:
     reg = registry.load(args.root)
     registry.check_side(args.side)
@@ -284,7 +297,7 @@ def parser() -> argparse.ArgumentParser:
     sw = sub.add_parser("sweep", help="probe every release (all experiments, one import each) and classify each")
     sw.add_argument("versions", nargs="*", help="releases to probe (default: the registry floor up to the newest)")
     sw.add_argument("--experiment", action="append", help="only this experiment (repeatable; default: all)")
-    sw.add_argument("--pre", action="store_true", help="also pre-, post- and dev releases")
+    sw.add_argument("--pre", action="store_true", help="also pre- and dev releases (post-releases are always in)")
     sw.add_argument("--jobs", type=int, default=2)
     sw.add_argument("--cold", action="store_true",
                     help="one environment and one fresh probe process per release instead of the warm engine")
@@ -316,6 +329,13 @@ def parser() -> argparse.ArgumentParser:
                     "runs/ (republishing)")
     _allow_uncontained(ck)
     ck.set_defaults(func=cmd_check)
+
+    co = sub.add_parser("corpus", help="check every declared backport (backports/): each release as published, "
+                        "with each fix ported, and with each port partial")
+    co.add_argument("--release", action="append", help="only this release's backport (repeatable)")
+    co.add_argument("--references", choices=classify.REFERENCES, default="published",
+                    help="judge against the published base and head results (default), or the fresh ones in runs/")
+    co.set_defaults(func=cmd_corpus)
 
     dr = sub.add_parser("drift", help="rerun a release cell on newer torch/transformers; advisory")
     dr.add_argument("experiment")

@@ -27,6 +27,10 @@ from typing import Any, Callable
 import _standins
 
 SCHEMA = "pd-differential-probe/1"
+# PD disaggregation's package: a tree without it has no PD handoff, so neither fix (nor what it fixes) is in it.
+PD_PACKAGE = "sglang.srt.disaggregation"
+RUNTIME_PACKAGE = "sglang.srt.managers"
+PD_ABSENT = {"pd_disaggregation": "absent"}
 EXIT_OK = 0
 EXIT_CANNOT_RUN = 3
 EXIT_USAGE = 2
@@ -232,13 +236,16 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"observation of type {type(value).__name__} is not a JSON scalar")
 
 
-def build_document(scenario_set: ScenarioSet, side: str, tree: dict[str, str], extra: dict | None = None) -> dict:
+def build_document(scenario_set: ScenarioSet, side: str, tree: dict[str, str], extra: dict | None = None, *,
+                   pd_absent: bool = False) -> dict:
+    """Every scenario's observations; on a tree without PD disaggregation, each records only that."""
     doc = {
         "schema": SCHEMA,
         "experiment": scenario_set.experiment,
         "side": side,
         "tree": tree,
-        "scenarios": {sc.id: run_scenario(sc) for sc in scenario_set.scenarios},
+        "scenarios": {sc.id: {"title": sc.title, "observed": dict(PD_ABSENT), "error": None} if pd_absent
+                      else run_scenario(sc) for sc in scenario_set.scenarios},
     }
     stand_ins = _standins.record()
     if stand_ins is not None:  # absent, not empty, where none ran: today's documents keep their bytes
@@ -312,10 +319,35 @@ def tree_of(args: argparse.Namespace, version: str) -> dict[str, str]:
     return {"kind": args.tree_kind, "ref": args.tree_ref or version, "resolved": args.tree_resolved or version}
 
 
-def prepared(prepare: Callable[[], str]) -> str | None:
-    """``prepare()``'s SGLang version, or None after saying why the probe cannot run."""
+def lacks_pd() -> bool:
+    """Whether the tree has SGLang's server runtime (``sglang.srt.managers``: the scheduler and its request
+    queues) but no PD disaggregation package beside it: read from what the tree holds, not its version. A tree whose ``sglang`` does not import raises that error here (the
+    reason it cannot run); without ``sglang`` at all, prepare() says so."""
     try:
-        return prepare()
+        import sglang  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name == "sglang":
+            return False
+        raise
+    try:
+        return importlib.util.find_spec(RUNTIME_PACKAGE) is not None and importlib.util.find_spec(PD_PACKAGE) is None
+    except ModuleNotFoundError:  # no sglang.srt: not a server tree
+        return False
+
+
+def prepare_tree(prepare: Callable[[], str]) -> tuple[str, bool]:
+    """The SGLang version and whether the tree lacks PD disaggregation; ``prepare()`` runs only where it has it
+    (everything it sets up lives there)."""
+    if lacks_pd():
+        import sglang
+        return sglang.__version__, True
+    return prepare(), False
+
+
+def prepared(prepare: Callable[[], str]) -> tuple[str, bool] | None:
+    """``prepare_tree``'s answer, or None after saying why the probe cannot run."""
+    try:
+        return prepare_tree(prepare)
     except Exception as exc:
         err = describe_error(exc)
         print(f"probe cannot run: SGLang setup failed: {err['type']}: {err['message']}", file=sys.stderr)
@@ -369,9 +401,10 @@ def _main(scenario_set: ScenarioSet, prepare: Callable[[], str], argv: list[str]
     quiet_environment()
     block_network()
     _standins.install()
-    version = prepared(prepare)
-    if version is None:
+    found = prepared(prepare)
+    if found is None:
         return EXIT_CANNOT_RUN
-    emit(dumps(build_document(scenario_set, args.side, tree_of(args, version), {"sglang_version": version})),
-         args.out)
+    version, absent = found
+    emit(dumps(build_document(scenario_set, args.side, tree_of(args, version), {"sglang_version": version},
+                              pd_absent=absent)), args.out)
     return EXIT_OK

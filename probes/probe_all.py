@@ -23,8 +23,8 @@ sys.path.insert(0, str(HERE))
 
 import _standins  # noqa: E402
 from _probekit import (EXIT_CANNOT_RUN, EXIT_OK, EXIT_USAGE, add_tree_arguments, block_network,  # noqa: E402
-                       build_document, describe_error, dumps, load_probe, quiet_environment, run_driver, tree_of,
-                       write_atomic)
+                       build_document, describe_error, dumps, load_probe, prepare_tree, quiet_environment, run_driver,
+                       tree_of, write_atomic)
 
 CANNOT_RUN_SCHEMA = "pd-probe-cannot-run/1"
 CANNOT_RUN_SUFFIX = ".cannot-run.json"
@@ -45,14 +45,15 @@ def run_one(path: Path, args: argparse.Namespace) -> bool:
     try:
         scenario_set, prepare = load_probe(path)
         experiment = scenario_set.experiment
-        version = prepare()
+        version, absent = prepare_tree(prepare)
     except Exception as exc:  # this experiment cannot run; the next one still may
         error = describe_error(exc)
         print(f"{experiment}: probe cannot run: {error['type']}: {error['message']}", file=sys.stderr)
         record = {"schema": CANNOT_RUN_SCHEMA, "experiment": experiment, "error": error}
         write_atomic(args.out_dir / f"{experiment}{CANNOT_RUN_SUFFIX}", dumps(record))
         return False
-    doc = build_document(scenario_set, args.side, tree_of(args, version), {"sglang_version": version})
+    doc = build_document(scenario_set, args.side, tree_of(args, version), {"sglang_version": version},
+                         pd_absent=absent)
     write_atomic(args.out_dir / f"{experiment}.json", dumps(doc))
     return True
 

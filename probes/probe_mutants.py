@@ -84,8 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     _probekit.quiet_environment()
     _probekit.block_network()
     _standins.install()
-    version = _probekit.prepared(prepare)
-    if version is None:
+    found = _probekit.prepared(prepare)
+    if found is None:
+        return _probekit.EXIT_CANNOT_RUN
+    version, absent = found
+    if absent:
+        print(f"probe cannot run: sglang {version} has no PD disaggregation ({_probekit.PD_PACKAGE}): "
+              "no fix to mutate", file=sys.stderr)
         return _probekit.EXIT_CANNOT_RUN
     doc = {
         "schema": SCHEMA,

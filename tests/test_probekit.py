@@ -18,6 +18,7 @@ def kit(monkeypatch):
     for name in ("connect", "connect_ex"):
         monkeypatch.setattr(socket.socket, name, getattr(socket.socket, name))
     monkeypatch.setattr(socket, "create_connection", socket.create_connection)
+    monkeypatch.syspath_prepend(str(ROOT / "probes"))  # the kit imports _standins beside it, as in a cell
     spec = importlib.util.spec_from_file_location("_probekit_under_test", ROOT / "probes" / "_probekit.py")
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
@@ -144,3 +145,23 @@ def test_swapped_restores_attributes_even_when_the_block_raises(kit):
             assert module.send == "recorder"
             raise RuntimeError
     assert module.send is print
+
+
+@pytest.mark.parametrize("has_pd", [False, True])
+def test_a_tree_without_pd_disaggregation_records_only_that_and_prepares_nothing(kit, tmp_path, monkeypatch, has_pd):
+    package = tmp_path / "sglang"
+    for sub in ("srt", "srt/managers", *(("srt/disaggregation",) if has_pd else ())):  # a server runtime, PD or not
+        (package / sub).mkdir(parents=True)
+        (package / sub / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("__version__ = '0.4.4.post1'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
+        monkeypatch.delitem(sys.modules, name)
+    prepared = []
+    version, absent = kit.prepare_tree(lambda: prepared.append(1) or "prepared")
+    assert (version, absent, prepared) == (("prepared", False, [1]) if has_pd else ("0.4.4.post1", True, []))
+    doc = kit.build_document(make_set(kit), "sweep", {"kind": "release", "ref": version, "resolved": version},
+                             pd_absent=absent)
+    if not has_pd:
+        assert doc["scenarios"] == {sid: {"title": title, "observed": {"pd_disaggregation": "absent"}, "error": None}
+                                    for sid, title in (("S2", "records a value"), ("S1", "fails half-way"))}

@@ -89,7 +89,7 @@ def test_a_sweep_table_of_another_schema_is_refused():
             SweepTable.from_doc(doc, source="t.json")
 
 
-def test_releases_come_from_wheels_for_this_python_from_the_floor_up(monkeypatch):
+def test_releases_come_from_wheels_for_this_python_from_the_floor_up_post_releases_included(monkeypatch):
     monkeypatch.setattr(sweep.trees.tags, "platform_tags", lambda: iter(["manylinux_2_34_x86_64", "linux_x86_64"]))
     files = [{"filename": f, "upload-time": f"2026-0{i}-01T00:00:00.000000Z"} for i, f in enumerate((
         "sglang-0.5.9-cp312-cp312-manylinux_2_34_x86_64.whl",
@@ -102,7 +102,7 @@ def test_releases_come_from_wheels_for_this_python_from_the_floor_up(monkeypatch
         "sglang-0.5.19.tar.gz",
         "sglang_router-0.5.22-cp312-cp312-manylinux_2_34_x86_64.whl",
     ), 1)] + [{"filename": "sglang-0.5.21-cp312-cp312-manylinux_2_34_x86_64.whl", "yanked": "broken"}]
-    assert sweep.releases(files, "3.12", "0.5.10") == ["0.5.17", "0.5.20"]
+    assert sweep.releases(files, "3.12", "0.5.10") == ["0.5.15.post1", "0.5.17", "0.5.20"]
     assert sweep.releases(files, "3.12", "0.5.10", pre=True) == ["0.5.15.post1", "0.5.16rc0", "0.5.17", "0.5.20"]
     # The date a table speaks for: when the newest probed release was uploaded.
     assert sweep.as_of(files, ["0.5.17", "0.5.20"]) == "2026-07-01T00:00:00.000000Z"

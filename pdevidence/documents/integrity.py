@@ -20,6 +20,8 @@ from ..registry import load as load_registry
 from .provenance import republish_steps, stale_error
 from .receipts import Receipt
 from .results import RECEIPT_SUFFIX, RESULT_SCHEMA_PREFIX, Result, receipt_path, result_beside
+from .corpus_table import FILE as CORPUS_FILE
+from .corpus_table import CorpusTable
 from .tables import MutationTable, SweepTable
 
 SUMS_FILE = "SHA256SUMS.txt"
@@ -34,7 +36,12 @@ def published_inputs(root: Path) -> list[Path]:
     inputs = [root / REGISTRY_FILE, reg.constraints]
     if reg.torch_channel is TorchChannel.CPU and reg.constraints_cpu:
         inputs.append(reg.constraints_cpu)
-    return inputs + [era.constraints for era in reg.eras.values()]
+    return inputs + [era.constraints for era in reg.eras.values()] + backport_files(root)
+
+
+def backport_files(root: Path) -> list[Path]:
+    """The backport corpus's declarations (``backports/sglang-*.toml``): inputs of the published corpus table."""
+    return sorted((root / "backports").glob("sglang-*.toml"))
 
 
 def _published(top: Path) -> list[Path]:
@@ -123,7 +130,7 @@ def document_problems(root: Path, top: Path | None = None) -> dict[str, str]:
             Result.load(result_beside(receipt))
         except HarnessError as exc:
             found[relative(result_beside(receipt), root)] = exc.what
-    for pattern, load in TABLES:
+    for pattern, load in (*TABLES, (CORPUS_FILE, CorpusTable.load)):
         for path in sorted(top.glob(pattern)):
             try:
                 load(path)
@@ -167,6 +174,10 @@ def stale_documents(root: Path, top: Path | None = None) -> dict[str, list[str]]
             probe = reg.experiments[table.experiment].probe if table.experiment in reg.experiments else None
             found[relative(path, root)] = (table.stale(root, relative(probe, root)) if probe else
                                            [f"experiment {table.experiment!r} is not in the registry"])
+    corpus = top / CORPUS_FILE
+    if corpus.is_file():
+        found[relative(corpus, root)] = CorpusTable.load(corpus).stale(
+            root, [relative(exp.probe, root) for exp in reg.experiments.values()])
     return {rel: why for rel, why in found.items() if why}
 
 

@@ -75,6 +75,8 @@ def republish_steps(reg: Registry | None = None) -> str:
     if example:
         steps.append(f"`python -m pdevidence check --references fresh --version {example} "
                      f"--openvex runs/openvex-sglang-{example}.json`")
+    if reg is None or (reg.root / "backports").is_dir():
+        steps.append("`nox -s corpus -- --references fresh`")
     return f"republish: {', '.join(steps)}, then `nox -s publish`"
 
 

@@ -35,6 +35,17 @@ class Classification(str, enum.Enum):
     NOT_AFFECTED = "not affected"  # the vulnerable path is not in this tree: ``evidence`` names what shows it
 
 
+class CheckStatus(str, enum.Enum):
+    """What ``check`` answers per fix for one build (check documents, the corpus table, OpenVEX)."""
+
+    FIXED = "fixed"
+    AFFECTED = "affected"
+    PARTIAL = "partial"
+    UNKNOWN = "unknown"
+    CANNOT_RUN = "cannot run"
+    NOT_AFFECTED = "not affected"
+
+
 # A release classified so lacks the fix, wholly or in part (after a fixed one: a regression).
 LACKS_FIX = (Classification.PRE_FIX, Classification.PARTIAL)
 

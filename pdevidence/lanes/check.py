@@ -13,7 +13,6 @@ or set up).
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from ..core import children, sandbox
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, usage, worst
 from ..core.paths import results_dir, runs_dir, tree_lock_file, work_dir
 from ..documents.vocabulary import Behaviour, Classification
+from ..documents.vocabulary import CheckStatus as Status
 from ..judge import classify
 from ..registry import Experiment, Registry
 from ..sources import trees
@@ -35,15 +35,6 @@ SCHEMA = "pdevidence-check/1"
 MIN_PYTHON = (3, 10)
 CHECK_SIDE = "check"
 SOURCE_KINDS = ("path", "git")
-
-
-class Status(str, enum.Enum):
-    FIXED = "fixed"
-    AFFECTED = "affected"
-    PARTIAL = "partial"
-    UNKNOWN = "unknown"
-    CANNOT_RUN = "cannot run"
-    NOT_AFFECTED = "not affected"
 
 
 STATUS_OF = {Classification.FIXED: Status.FIXED, Classification.PRE_FIX: Status.AFFECTED,

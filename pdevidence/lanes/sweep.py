@@ -36,14 +36,15 @@ SWEEP_SIDE = "sweep"
 def releases(files: list[dict], python: str, floor: str, *, pre: bool = False, project: str = "sglang") -> list[str]:
     """Versions with a wheel for this Python and machine, oldest first, from ``floor`` up.
 
-    Final releases only, unless ``pre``: then pre-, post- and dev releases too.
+    Final and post-releases (operators run ``0.5.6.post2``; the first PD release is a post-release), and with
+    ``pre`` pre- and dev releases too.
     """
     supported, found = trees.supported_tags(python), {}
     for f in files:
         version = None if f.get("yanked") else trees.wheel_fits(f["filename"], project, supported)
         if version is None or version < Version(floor):
             continue
-        if pre or not (version.is_prerelease or version.is_postrelease):
+        if pre or not version.is_prerelease:
             found[version] = str(version)
     return [found[v] for v in sorted(found)]
 

@@ -32,9 +32,13 @@ from ..documents import integrity
 from ..documents.provenance import republish_steps, stale_error
 from ..documents.receipts import Receipt
 from ..documents.results import Result, receipt_path
+from ..documents.corpus_table import FILE as CORPUS_FILE
+from ..documents.corpus_table import CorpusTable
 from ..documents.tables import MutationTable, SweepTable
 from ..judge import compare
 from ..registry import SIDES, Registry
+from ..sources import backports
+from ..sources.backports import Variant
 from ..report import report
 from . import osv
 from .advisories import load_openvex, load_osv
@@ -79,6 +83,8 @@ def manifest(reg: Registry, kind: str) -> list[Declared]:
             declared.append(Declared(f"mutate.{exp.name}.json", _check_mutations))
     if reg.openvex_example:
         declared.append(Declared(openvex_example_name(reg), _check_openvex))
+    if backports.files(reg.root):
+        declared.append(Declared(CORPUS_FILE, _check_corpus))
     return declared
 
 
@@ -131,6 +137,20 @@ def _check_mutations(reg: Registry, path: Path) -> None:
         raise stale_error({path.name: ["ran other mutants than the registry declares"]}, reg)
 
 
+def _check_corpus(reg: Registry, path: Path) -> None:
+    """Current, and whole: every declared backport's three trees, each fix it ports, all answered."""
+    table = CorpusTable.load(path)
+    if why := table.stale(reg.root, [relative(exp.probe, reg.root) for exp in reg.experiments.values()]):
+        raise stale_error({path.name: why}, reg)
+    answered = {(a.release, a.experiment, a.variant) for a in table.answers}
+    missing = [f"{b.release} {name} {variant.value}" for b in backports.load_all(reg.root, list(reg.experiments))
+               for name in reg.experiments for variant in Variant if (b.release, name, variant) not in answered]
+    if missing:
+        raise HarnessError(f"refusing to publish {path.name}: a partial corpus (no answer for {', '.join(missing)})",
+                           todo="rerun `python -m pdevidence corpus --references fresh` without --release",
+                           code=INCOMPLETE)
+
+
 def _check_openvex(reg: Registry, path: Path) -> None:
     doc = load_openvex(path)
     want = purl_of_release(reg.openvex_example)
@@ -144,7 +164,8 @@ def _check_openvex(reg: Registry, path: Path) -> None:
 
 
 def _check_references(reg: Registry, staged: Path) -> None:
-    """Each staged sweep table was judged against the base and head results being published."""
+    """Each staged sweep table, and the corpus table, was judged against the base and head results being
+    published."""
     stale = {}
     for path in sorted(staged.glob("sweep-*.json")):
         table = SweepTable.load(path)
@@ -156,8 +177,17 @@ def _check_references(reg: Registry, staged: Path) -> None:
                 stale.setdefault(path.name, []).append(
                     f"judged against another {name} ({(judged or 'none')[:12]}, published {now[:12]}): "
                     "rerun `nox -s sweep -- --references fresh`")
+    corpus = staged / CORPUS_FILE
+    if corpus.is_file():
+        judged = CorpusTable.load(corpus).references
+        for exp in reg.experiments.values():
+            for side in SIDES:
+                name = compare.expected_file(exp, side, "release")
+                if judged.get(name) != sha256_file(staged / name):
+                    stale.setdefault(corpus.name, []).append(
+                        f"judged against another {name}: rerun `python -m pdevidence corpus --references fresh`")
     if stale:
-        raise stale_error(stale, reg, what="sweep tables")
+        raise stale_error(stale, reg, what="sweep and corpus tables")
 
 
 # ---------------------------------------------------------------- choosing, staging, swapping
@@ -201,6 +231,8 @@ def _how_to_make(reg: Registry, name: str) -> str:
         return "run `nox -s sweep -- --references fresh`"
     if name.startswith("mutate."):
         return f"run `nox -s \"mutate({name.split('.')[1]})\"`"
+    if name == CORPUS_FILE:
+        return "run `python -m pdevidence corpus --references fresh`"
     return (f"run `python -m pdevidence check --references fresh --version {reg.openvex_example} "
             f"--openvex runs/{name}`")
 

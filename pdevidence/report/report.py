@@ -35,6 +35,8 @@ def document(report, inputs: ReportInputs | None = None, *, command: str | None 
     data = dict(report) if isinstance(report, dict) else report.to_json()
     if inputs is not None:
         data.update(scenarios=inputs.scenarios, sweeps=inputs.sweeps, mutations=inputs.mutations)
+        if inputs.corpus is not None:
+            data["corpus"] = inputs.corpus
     if command is not None or inputs is not None:
         data["made_by"] = {"command": command, "sources": inputs.sources if inputs else []}
     return data
@@ -100,6 +102,29 @@ def _pair_section(pair: dict, notes: dict[str, dict]) -> list[str]:
     return out + _full_table(pair)
 
 
+def _corpus_section(corpus: dict) -> list[str]:
+    """Per release and fix: what check answered on the release as published, with the fix ported by hand in the
+    release's own idiom, and with the port left partial; an answer other than the expected one says so."""
+    variants = ("pristine", "backport", "partial")
+    rows: dict[tuple[str, str], dict[str, dict]] = {}
+    for a in corpus["answers"]:
+        rows.setdefault((a["release"], a["experiment"]), {"era": a["era"]})[a["variant"]] = a
+
+    def shown(a: dict) -> str:
+        return a["status"] if a["status"] == a["expected"] else f"**{a['status']}** (expected {a['expected']})"
+
+    good = sum(a["status"] == a["expected"] for a in corpus["answers"])
+    out = ["", "## The backport corpus", "",
+           f"Each fix ported by hand into older releases, in each release's own idiom (`backports/`), then checked: "
+           f"`check` must read the release as published `affected`, the backport `fixed` and the partial port "
+           f"`partial`. {good} of {len(corpus['answers'])} answers are the expected ones.", "",
+           "| release | era | fix | " + " | ".join(variants) + " |", "|---|---|---|---|---|---|"]
+    out += [f"| {release} | {row['era'] or 'current'} | {experiment} | "
+            + " | ".join(shown(row[v]) if v in row else "-" for v in variants) + " |"
+            for (release, experiment), row in rows.items()]
+    return out
+
+
 def markdown(report) -> str:
     doc = _data(report)
     made = doc.get("made_by")
@@ -117,6 +142,8 @@ def markdown(report) -> str:
                 "|---|---|---|---|---|"]
         out += [f"| {e['experiment']} (PR #{e['pr']}) | {upstream_tree(e)} | {totals(e['sides']['base'])} | "
                 f"{totals(e['sides']['head'])} | {e['verdict']} |" for e in doc["upstream"]]
+    if doc.get("corpus"):
+        out += _corpus_section(doc["corpus"])
     if doc.get("mutations"):
         out += ["", "## Mutants", "", "| experiment | mutant | kind | target | status | killed by |",
                 "|---|---|---|---|---|---|"]

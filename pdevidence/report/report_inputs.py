@@ -16,6 +16,8 @@ from ..core.errors import integrity as integrity_error
 from ..core.files import relative
 from ..core.paths import results_dir
 from ..documents import integrity
+from ..documents.corpus_table import FILE as CORPUS_FILE
+from ..documents.corpus_table import CorpusTable
 from ..documents.results import Result
 from ..documents.tables import MutationTable, SweepTable
 from ..registry import SIDES, Registry
@@ -24,12 +26,14 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class ReportInputs:
-    """Per experiment: scenario notes ({sid: {"title", "changes", "keys"}}), sweep and mutation tables."""
+    """Per experiment: scenario notes ({sid: {"title", "changes", "keys"}}), sweep and mutation tables; the
+    backport corpus table."""
 
     scenarios: dict[str, dict[str, dict]] = field(default_factory=dict)
     sweeps: dict[str, dict] = field(default_factory=dict)
     mutations: dict[str, dict] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
+    corpus: dict | None = None
 
 
 def find_table(name: str, runs: Path, published: Path) -> Path | None:
@@ -96,6 +100,10 @@ def gather(reg: Registry, report: dict, *, runs: Path, published: Path) -> Repor
         if (path := find_table(f"mutate.{name}.json", runs, published)) is not None:
             mutations[name] = load_table(reg, path, MutationTable.load).doc
             sources.append(path)
+    corpus = None
+    if (path := find_table(CORPUS_FILE, runs, published)) is not None:
+        corpus = load_table(reg, path, CorpusTable.load).to_json()
+        sources.append(path)
     for pair in report["pairs"]:
         sources += [runs / c["file"] for c in pair["cells"].values() if (runs / c["file"]).is_file()]
     for entry in report.get("upstream", []):
@@ -104,4 +112,4 @@ def gather(reg: Registry, report: dict, *, runs: Path, published: Path) -> Repor
     shown = [results_dir(reg.root) / p.relative_to(published) if p.is_relative_to(published) else p
              for p in sources]
     return ReportInputs(scenario_notes(reg, report, runs), sweeps, mutations,
-                        sorted({relative(p, reg.root) for p in shown}))
+                        sorted({relative(p, reg.root) for p in shown}), corpus)

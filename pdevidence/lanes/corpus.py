@@ -1,0 +1,112 @@
+"""Does ``check`` see each fix in every tree that carries it? The backport corpus, checked.
+
+For each release with a declared backport (``backports/``), three trees go through the
+same judge as ``check``, in one call (one warm engine per era): the release as published
+(``pristine``), with every fix ported (``backport``), and with each port left incomplete
+(``partial``). Each fix is expected to read ``affected``, ``fixed`` and ``partial`` on them
+(``fixed`` throughout where the release already carries it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import environments
+from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, usage
+from ..core.files import relative
+from ..core.paths import results_dir, runs_dir, tree_lock_file, work_dir
+from ..documents import provenance
+from ..documents.corpus_table import CorpusAnswer, CorpusTable
+from ..documents.provenance import Provenance
+from ..documents.vocabulary import CheckStatus
+from ..judge import classify
+from ..registry import Registry
+from ..sources import backports, trees
+from ..sources.backports import Backport, Variant
+from ..sources.importable import importable_dir
+from . import check
+
+EXPECTED = {Variant.PRISTINE: CheckStatus.AFFECTED, Variant.BACKPORT: CheckStatus.FIXED,
+            Variant.PARTIAL: CheckStatus.PARTIAL}
+
+
+def expected(backport: Backport, experiment: str, variant: Variant) -> CheckStatus:
+    """A fix the release already carries reads fixed on all three trees; a ported one as its variant says."""
+    return EXPECTED[variant] if experiment in backport.ports else CheckStatus.FIXED
+
+
+@dataclass(frozen=True)
+class Corpus:
+    table: CorpusTable
+    results: dict[tuple[str, Variant], check.CheckResult]  # each tree's whole check, for what went wrong
+
+    @property
+    def exit_code(self) -> int:
+        return CONFIRMED if self.table.as_expected else BEHAVIOUR_DIFFERS
+
+
+def made_by(reg: Registry, files: list) -> Provenance:
+    """What makes the table: what makes a sweep's (probes, kit, engine and driver, registry, every closure,
+    harness) and the backport files."""
+    closures = [environments.closure(reg), *(era.constraints for era in reg.eras.values())]
+    return provenance.record(reg.root, [*provenance.inputs(reg, list(reg.experiments), provenance.SWEEP_DRIVERS,
+                                                           closures), *files])
+
+
+def run(reg: Registry, releases: list[str] | None = None, *, fresh_references: bool = False, log=print) -> Corpus:
+    """Every declared release's three trees, checked in one call."""
+    names = list(reg.experiments)
+    declared = backports.load_all(reg.root, names, releases)
+    made = made_by(reg, [b.path for b in declared])  # before anything runs: what a change during the run must not pass for
+    if not declared:
+        raise usage(f"no backport is declared under {backports.DIRECTORY}/",
+                    todo=f"declare one in {backports.DIRECTORY}/{backports.FILE_PREFIX}<release>.toml")
+    lock = trees.LockFile(tree_lock_file(reg.root))
+    work = work_dir(reg.root)
+    targets, asked = [], []
+    for backport in declared:
+        release = trees.release_tree(backport.release, reg.python, lock)
+        pristine = importable_dir(release, work)
+        era = environments.era_of(reg, release)
+        for variant in Variant:
+            try:
+                tree = backports.materialize(release, pristine, variant, backport, work)
+            except backports.EditDoesNotApply as exc:
+                raise usage(f"{backport.path.name}: {exc}", expected="each edit's old text exactly once in the "
+                            f"pristine sglang {backport.release} (after the edits before it)",
+                            todo="fix the backport file's edit") from None
+            targets.append((check.Target(tree.kind, tree.ref, tree.resolved, tree.digest, tree.version,
+                                         era.name if era else None), tree))
+            asked.append((backport, variant, era.name if era else None))
+    directory = runs_dir(reg.root) if fresh_references else results_dir(reg.root)
+    digests = {name: sha for exp in reg.experiments.values()
+               for name, sha in classify.references(reg, exp, directory, fresh=fresh_references).digests.items()}
+    found = check.run_all(reg, targets, fresh_references=fresh_references, log=log)
+    answers, results = [], {}
+    for (backport, variant, era), result in zip(asked, found):
+        results[(backport.release, variant)] = result
+        answers += [CorpusAnswer(backport.release, era, variant, e.experiment, e.pr, e.status,
+                                 expected(backport, e.experiment, variant), e.deciding, e.result_sha256)
+                    for e in result.experiments]
+    table = CorpusTable(answers, made, digests, [relative(b.path, reg.root) for b in declared])
+    return Corpus(table, results)
+
+
+def table(corpus: Corpus) -> str:
+    """Release x fix, one column per tree; an answer that is not the expected one says what was."""
+    lines = [f"{'release':<9} {'era':<26} {'fix':<10} " + " ".join(f"{v.value:<24}" for v in Variant)]
+    rows: dict[tuple[str, str], dict[Variant, CorpusAnswer]] = {}
+    answers = corpus.table.answers
+    for a in answers:
+        rows.setdefault((a.release, a.experiment), {})[a.variant] = a
+    for (release, experiment), cells in rows.items():
+        era = next(iter(cells.values())).era or "current"
+        shown = [cells[v].status.value + ("" if cells[v].as_expected else f" (expected {cells[v].expected.value})")
+                 for v in Variant]
+        lines.append(f"{release:<9} {era:<26} {experiment:<10} " + " ".join(f"{s:<24}" for s in shown))
+    good = sum(a.as_expected for a in answers)
+    lines.append(f"corpus: {good} of {len(answers)} answers as expected")
+    wrong = {(a.release, a.variant) for a in answers if not a.as_expected}
+    for release, variant in sorted(wrong, key=lambda rv: (trees.parse_version(rv[0]), rv[1].value)):
+        lines += ["", f"{release} {variant.value}:", check.table(corpus.results[(release, variant)])]
+    return "\n".join(lines)
