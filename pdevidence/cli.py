@@ -335,6 +335,7 @@ def parser() -> argparse.ArgumentParser:
     co.add_argument("--release", action="append", help="only this release's backport (repeatable)")
     co.add_argument("--references", choices=classify.REFERENCES, default="published",
                     help="judge against the published base and head results (default), or the fresh ones in runs/")
+    _allow_uncontained(co)
     co.set_defaults(func=cmd_corpus)
 
     dr = sub.add_parser("drift", help="rerun a release cell on newer torch/transformers; advisory")
