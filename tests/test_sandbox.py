@@ -388,7 +388,7 @@ def test_the_sandbox_settings_are_parsed_up_front(monkeypatch, setting, value, a
 def test_asking_for_a_tool_that_is_not_there_says_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setenv("PDEVIDENCE_SANDBOX", "bubblewrap")
     monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap, no prlimit
-    with pytest.raises(errors.HarnessError, match="PDEVIDENCE_SANDBOX=bubblewrap, but no bwrap") as caught:
+    with pytest.raises(errors.HarnessError, match="PDEVIDENCE_SANDBOX=bubblewrap, but no bwrap on PATH") as caught:
         sandbox.detect()
     assert "apt-get install bubblewrap" in caught.value.todo
 

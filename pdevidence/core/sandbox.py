@@ -112,9 +112,6 @@ class Containment:
                 "allowed_by": allowed.value if allowed and not self.contained else None,
                 "limits": self.limits.to_json()}
 
-    def describe(self) -> str:
-        return describe(self.record())
-
 
 _LIMIT_FIELDS = {"memory_bytes": int, "memory_by": str, "processes": int, "processes_by": (str, type(None)),
                  "file_bytes": int, "seconds": (int, float), "why_unlimited": (str, type(None))}
@@ -244,9 +241,9 @@ def _try(tool: Tool, search_path: str, limits: Limits, prlimit: str | None,
          cgroups: tuple[tuple[str, str], ...]) -> Containment | str:
     """The tool, once it contained a trivial process here; else why not."""
     name = "bwrap" if tool is Tool.BUBBLEWRAP else "unshare"
-    found = _system_tool(name, search_path)
+    found = shutil.which(name, path=search_path)
     if not found:
-        return f"no {name} in a system directory on PATH"
+        return f"no {name} on PATH"
     if not prlimit:
         return "no prlimit (util-linux) in a system directory on PATH"
     done = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=30)
