@@ -264,7 +264,7 @@ def warm_world(world, monkeypatch):
 
     def tree(version: str, guard: bool) -> Tree:
         path = make_tree(tmp_path / f"tree-{version}", version, guard=guard)
-        return Tree("release", version, version, path, version.replace(".", "") * 8, "pypi", "test", pinned=True)
+        return Tree("release", version, version, path, version.replace(".", "") * 8, "pypi", "test")
 
     return reg, tmp_path, [tree("1.0.0", False), tree("1.1.0", True)]
 
@@ -347,7 +347,7 @@ def test_several_check_targets_each_get_their_answer_and_trees_not_pinned_never_
     assert [(d["target"]["resolved"], d["experiments"][0]["status"]) for d in docs] == [
         ("2.0.0", "affected"), ("2.1.0", "fixed")]
     assert code == docs[0]["exit_code"] == 1  # the worst of the two
-    # A wheel is not pinned: its children could write the other's results if they shared a sandbox.
+    # A wheel file is the operator's: its children could write the other's results if they shared a sandbox.
     assert captured.err.count("engine: probing") == 2
     assert "probing wheel-2.0.0 (2 at a time) in an engine of its own" in captured.err
     products = [s["products"][0]["@id"] for s in json.loads(vex.read_text())["statements"]]

@@ -423,3 +423,18 @@ def test_a_contained_process_sees_no_home_no_tmp_of_the_machine_and_has_no_capab
     assert (seen["home"], seen["tmp"], seen["beside"], seen["caps"], seen["run"]) == (
         [], False, ["home", "out"], "0000000000000000", False), done.stderr
     assert seen["pid"] < 10  # its own PID namespace
+
+
+def test_releases_from_the_index_share_an_engine_and_a_tree_the_operator_brings_gets_its_own(tmp_path):
+    from pdevidence.cells import engine, warm
+    from pdevidence.sources.trees import Tree
+
+    def task(tree: Tree) -> engine.TreeTask:
+        return engine.TreeTask(tree.label(), tmp_path, {}, tree.pinned, shared=warm._from_the_index(tree))
+
+    releases = [Tree("release", v, v, tmp_path, "a" * 64, "pypi", "x.whl", pinned=v == "1.0.0") for v in ("1.0.0", "1.0.0.post1")]
+    brought = [Tree("path", "fork", "local", tmp_path, None, "path", "/src/fork"),
+               Tree("wheel", "w.whl", "2.0.0", tmp_path, "b" * 64, "file", "/w.whl")]
+    groups = warm._groups([task(t) for t in (brought[0], *releases, brought[1])])
+    assert [[t.label for t in group] for group in groups] == [
+        ["release-1.0.0", "release-1.0.0.post1"], ["path-local"], ["wheel-2.0.0"]]

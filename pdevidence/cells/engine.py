@@ -12,8 +12,8 @@ preloads them before its first child.
 The engine runs contained (``core/sandbox.py``), and so does every child it forks: it
 sees the closure, the probes and its tasks' trees read-only, and writes only its logs
 and its tasks' output directories. Its children share that sandbox, so one engine
-probes trees that trust each other: pinned releases together, any other tree alone
-(``warm.py`` groups them).
+probes trees that trust each other: the releases from the package index together,
+any other tree alone (``warm.py`` groups them).
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ class TreeTask:
     label: str
     path: Path
     tree_args: dict[str, str]
-    trusted: bool = False  # pinned with a verified hash (``Tree.pinned``)
+    trusted: bool = False  # pinned with a verified hash (``Tree.pinned``): may run where nothing contains it
+    shared: bool = False  # may share an engine with the other shared trees (``warm._groups``)
 
 
 @dataclass(frozen=True)

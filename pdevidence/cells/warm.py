@@ -9,8 +9,9 @@ engine could not finish (a crash, a timeout) is never kept. How the tree's proce
 ran (``core/sandbox.py``) is kept with its outcome.
 
 Trees that do not trust each other never share an engine (its children share one
-sandbox, and a child could write another tree's results): pinned releases share
-one, any other tree gets one of its own.
+sandbox, and a child could write another tree's results): the releases from the
+package index (and the project's own backports of them) share one; a tree the
+operator brings (a source tree, a commit, a wheel file) gets one of its own.
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
             found[label] = allprobes.collect(exps, out_dir / label, entry / "none.log", "left no outcome",
                                              _kept_containment(entry))
         else:
-            todo.append(engine.TreeTask(label, importable_dir(tree, work), tree_args[label], tree.pinned))
+            todo.append(engine.TreeTask(label, importable_dir(tree, work), tree_args[label], tree.pinned,
+                                        shared=_from_the_index(tree)))
     if found:
         log(f"{where}: {len(found)} tree(s) unchanged, outcomes reused: {', '.join(found)} (use --force to reprobe)")
     # A work tree (--path) is the user's: its imports must leave no bytecode in it.
@@ -133,7 +135,7 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
     keyed = {tree.label() for tree in trees if _keyed(tree)}
     groups = _groups(todo)
     for group in groups:
-        alone = " in an engine of its own (not pinned)" if len(groups) > 1 and not group[0].trusted else ""
+        alone = " in an engine of its own" if len(groups) > 1 and not group[0].shared else ""
         log(f"{where}: probing {', '.join(t.label for t in group)} ({jobs} at a time){alone}")
         ran = engine.run(reg, env.interpreter, group, experiments, out_dir=out_dir, logs=work / "logs" / "engine",
                          preload=engine.preload_file(work, env.path), jobs=jobs,
@@ -146,10 +148,15 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
     return found
 
 
+def _from_the_index(tree: Tree) -> bool:
+    """A release from the package index, or the project's own backport of one: such trees share an engine."""
+    return tree.kind == "release" or tree.source == "backport"
+
+
 def _groups(tasks: list[engine.TreeTask]) -> list[list[engine.TreeTask]]:
-    """The pinned trees together, every other tree alone."""
-    pinned = [t for t in tasks if t.trusted]
-    return ([pinned] if pinned else []) + [[t] for t in tasks if not t.trusted]
+    """The trees from the index together, every other tree alone."""
+    shared = [t for t in tasks if t.shared]
+    return ([shared] if shared else []) + [[t] for t in tasks if not t.shared]
 
 
 def _kept_containment(entry: Path) -> dict | None:
