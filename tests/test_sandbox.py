@@ -438,3 +438,12 @@ def test_releases_from_the_index_share_an_engine_and_a_tree_the_operator_brings_
     groups = warm._groups([task(t) for t in (brought[0], *releases, brought[1])])
     assert [[t.label for t in group] for group in groups] == [
         ["release-1.0.0", "release-1.0.0.post1"], ["path-local"], ["wheel-2.0.0"]]
+
+
+def test_where_nothing_contains_an_environment_is_refused_before_its_interpreter_runs(world, capsys, monkeypatch):
+    monkeypatch.setenv("PDEVIDENCE_SANDBOX", "none")
+    env = world.tmp / "serving-venv"
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(env)
+    code, doc, said = check(world, capsys, "--python", str(env / "bin" / "python"))
+    assert code == errors.ENVIRONMENT and doc == {}
+    assert f"refusing to run the interpreter {env / 'bin' / 'python'} uncontained" in said

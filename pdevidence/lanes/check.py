@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,10 +129,14 @@ def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict) -
 
 
 def interpreter_version(interpreter: Path) -> tuple[int, int]:
-    """The interpreter's version, asked without site-packages (-I -S): it writes nothing."""
+    """The interpreter's version, asked without site-packages (-I -S), contained like any process of the
+    environment checked: it writes nothing."""
+    command = [str(interpreter), "-I", "-S", "-c", "import sys; print(*sys.version_info[:2])"]
     try:
-        done = children.run([str(interpreter), "-I", "-S", "-c", "import sys; print(*sys.version_info[:2])"],
-                            capture_output=True, text=True, timeout=60)
+        with sandbox.launch(command, sandbox.View(), dict(os.environ), trusted=False,
+                            what=f"the interpreter {interpreter}") as launch:
+            done = children.run(launch.argv, env=launch.env, stdin=subprocess.DEVNULL, capture_output=True,
+                                text=True, timeout=60)
     except OSError as exc:
         raise usage(f"cannot run {interpreter}: {exc}", todo="pass the python of the environment to check") from None
     try:
