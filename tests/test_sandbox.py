@@ -22,6 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 from synthetic import REGISTRY, make_project, result_doc, serve_index, wheel_bytes, write_cell
+from test_engine import DOOR_PROBE, IN_CELL
 
 from pdevidence import cli, environments, registry
 from pdevidence.core import errors, sandbox
@@ -29,25 +30,7 @@ from pdevidence.core.paths import PROJECT
 from pdevidence.documents import integrity
 from pdevidence.registry import TorchChannel
 
-IN_CELL = ("engine.py", "probe_all.py", "_probekit.py", "_standins.py", "probe_mutants.py", "_mutants.py")
-PROBE = """
-from _probekit import ScenarioSet
-SET = ScenarioSet("demo")
-
-def prepare():
-    import sglang
-    return sglang.__version__
-
-@SET.scenario("D1", "the door")
-def d1(observed):
-    import sglang
-    observed["enqueued"] = not sglang.GUARD
-    observed["retired"] = sglang.GUARD
-
-@SET.scenario("D2", "a valid request")
-def d2(observed):
-    observed["enqueued"] = True
-
+PROBE = DOOR_PROBE + """
 if __name__ == "__main__":  # a cell runs the probe itself
     from _probekit import main
     raise SystemExit(main(SET, prepare))
