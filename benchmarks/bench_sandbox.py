@@ -76,10 +76,10 @@ def main() -> int:
     seconds = {(lane, mode): [] for lane in lanes for mode in MODES}
     with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as scratch:
         for round_ in range(args.rounds):
-            for lane, run in lanes.items():
+            for number, (lane, run) in enumerate(lanes.items()):
                 for mode in MODES:
                     os.environ["PDEVIDENCE_SANDBOX"] = mode
-                    out = Path(scratch) / f"{round_}-{mode}-{len(seconds[lane, mode])}"
+                    out = Path(scratch) / f"{round_}-{number}-{mode}"
                     out.mkdir()
                     seconds[lane, mode].append(timed(lambda: run(out)))
     os.environ.pop("PDEVIDENCE_SANDBOX")
