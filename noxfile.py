@@ -9,7 +9,7 @@
     nox -s corpus                        the backport corpus through check's judge
     nox -s lock_cpu                      compile the hashed CPU-torch closure (needs the PyTorch CPU index)
 
-One selected session exits with the harness's own code (README, "Exit codes"). With
+One selected session exits with the harness's own code (docs/operators/exit-codes.md). With
 several, each failure fails only its session: nox runs the rest, prints its summary
 and exits 1. Ctrl-C or SIGTERM stops the run at once (130 or 143).
 """
@@ -68,13 +68,9 @@ def _finish(session: nox.Session, code: int) -> None:
 
 
 def _run(session: nox.Session, *argv: str) -> None:
-    def command() -> int:
-        try:
-            return cli.main(["--root", str(ROOT), *argv])
-        except SystemExit as exc:  # argparse's usage errors exit 2: this session's failure, not nox's end
-            return exc.code if isinstance(exc.code, int) else errors.USAGE
-
-    _finish(session, errors.boundary(command, where=f"nox session {session.name}"))
+    # cli.main returns argparse's usage errors (2) too: this session's failure, not nox's end.
+    _finish(session, errors.boundary(lambda: cli.main(["--root", str(ROOT), *argv]),
+                                     where=f"nox session {session.name}"))
 
 
 @nox.session(tags=["cell", "git"])

@@ -1,7 +1,7 @@
 """Command line: ``python -m pdevidence <command>``; the noxfile calls the same functions.
 
 Every failure becomes one line of what happened, what was expected, what to
-do, and the exit code documented in the README.
+do, and the exit code documented in docs/operators/exit-codes.md.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import environments, registry
+from . import __version__, environments, registry
 from .cells import cells
-from .core import children, clock, sandbox, settings
-from .core.errors import CONFIRMED, EXIT_CODES, HarnessError, boundary, usage, worst
-from .core.files import dumps, write_atomic
+from .core import arguments, children, clock, paths, sandbox, settings
+from .core.errors import CONFIRMED, EXIT_CODES, USAGE, HarnessError, boundary, usage, worst
+from .core.files import dumps, sha256_file, write_atomic
 from .core.paths import PROJECT, results_dir, runs_dir, tree_lock_file, work_dir
 from .documents import corpus_table, integrity, reports
 from .documents.tables import SweepParameters
@@ -23,7 +23,7 @@ from .judge import classify, compare
 from .lanes import check, corpus, drift, mutate, sweep, sweep_parts, upstream
 from .publish import openvex, publish
 from .report import report
-from .sources import trees
+from .sources import backports, trees
 
 
 def run_cells(reg: registry.Registry, todo: list[cells.Cell], *, jobs: int = 1, force: bool = False) -> int:
@@ -184,14 +184,16 @@ def _sweep_tables(reg: registry.Registry, found: dict, as_of: str | None, made, 
 
 
 def cmd_check(args) -> int:
-    """Is my SGLang affected? Exit 0 all fixed, 1 any affected/partial/unknown, 3 any cannot run.
+    """Is my SGLang affected? Exit 0 all fixed, 1 any affected/partial/deviates/unknown, 3 any cannot run.
     Several targets share one warm engine; the exit code is the worst of theirs."""
     reg = registry.load(args.root)
-    asked = [{kind: value} for kind in ("python", "version", "wheel", "path", "git") for value in getattr(args, kind) or []]
+    asked = [(kind, value) for kind in ("python", "version", "wheel", "path", "git", "image")
+             for value in getattr(args, kind) or []]
     if not asked:
-        raise usage("check needs a target", expected="one or more of --python, --version, --wheel, --path, --git")
-    targets = [check.resolve(reg, **target) for target in asked]
+        raise usage("check needs a target",
+                    expected="one or more of --python, --version, --wheel, --path, --git, --image")
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
+    targets = [target for kind, value in asked for target in _resolved(reg, kind, value, log)]
     found = check.run_all(reg, targets, fresh_references=args.references == "fresh", log=log)
     if args.openvex:
         stamp = clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -202,6 +204,20 @@ def cmd_check(args) -> int:
     else:
         print("\n".join(check.table(result) for result in found))
     return worst(result.exit_code for result in found)
+
+
+def _resolved(reg: registry.Registry, kind: str, value, log) -> list[tuple]:
+    """The check targets an option names (an image: each SGLang package in it); a usage error names the option and
+    the value it is about (what the value names is only known once looked at: a wheel for another Python, a
+    directory with no sglang/, a release PyPI does not have, an image with no SGLang)."""
+    try:
+        if kind == "image":
+            return check.resolve_image(reg, value, log=log)
+        return [check.resolve(reg, **{kind: value})]
+    except HarnessError as exc:
+        if exc.code == USAGE:
+            exc.what = f"--{kind} {str(value)!r}: {exc.what}"
+        raise
 
 
 def cmd_corpus(args) -> int:
@@ -258,24 +274,38 @@ def _allow_uncontained(command: argparse.ArgumentParser) -> None:
                          "trees that are not pinned releases anyway: their code runs with your privileges")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, except that ``--opt=--`` gives ``--opt`` the value ``--`` (3.11 drops it, leaving an empty list
+    no option expects) for its type to refuse; the subcommands' parsers are of this class too."""
+
+    def _get_values(self, action, arg_strings):
+        if action.nargs is None and arg_strings == ["--"]:
+            value = self._get_value(action, "--")
+            self._check_value(action, value)
+            return value
+        return super()._get_values(action, arg_strings)
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pdevidence", description=__doc__,
+    p = _Parser(prog="pdevidence", description=__doc__,
                                 epilog="exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()))
-    p.add_argument("--root", type=Path, default=PROJECT, help="project directory (default: this checkout)")
+    p.add_argument("--root", type=arguments.project, default=PROJECT,
+                   help="project directory (default: this checkout, or the installed copy's own files)")
+    p.add_argument("--version", action=_Version, help="print the tool's version and the evidence it carries, then exit")
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("cell", help="run one cell")
     c.add_argument("kind", choices=list(cells.SESSION_OF_KIND))
-    c.add_argument("experiment")
-    c.add_argument("side")
-    c.add_argument("--ref", help="override the registry: a version, a commit SHA or a directory")
+    c.add_argument("experiment", type=arguments.name)
+    c.add_argument("side", choices=registry.SIDES)
+    c.add_argument("--ref", type=arguments.ref, help="override the registry: a version, a commit SHA or a directory")
     c.add_argument("--force", action="store_true", help="rerun even if the inputs are unchanged")
     _allow_uncontained(c)
     c.set_defaults(func=cmd_cell)
 
     m = sub.add_parser("matrix", help="run every cell of one tree kind, then compare")
     m.add_argument("--kind", default="release", choices=["release", "git"])
-    m.add_argument("--jobs", type=int, default=2, help="cells run at once (default 2)")
+    m.add_argument("--jobs", type=arguments.positive_int, default=2, help="cells run at once (default 2)")
     m.add_argument("--force", action="store_true")
     _allow_uncontained(m)
     m.set_defaults(func=cmd_matrix)
@@ -291,39 +321,48 @@ def parser() -> argparse.ArgumentParser:
 
     lt = sub.add_parser("lock-trees", help="pin every wheel file of SGLang releases in constraints/trees.lock.json "
                         "(default: those pinned already and the registry's brackets)")
-    lt.add_argument("versions", nargs="*")
+    lt.add_argument("versions", nargs="*", type=arguments.version)
     lt.set_defaults(func=cmd_lock_trees)
 
     sw = sub.add_parser("sweep", help="probe every release (all experiments, one import each) and classify each")
-    sw.add_argument("versions", nargs="*", help="releases to probe (default: the registry floor up to the newest)")
-    sw.add_argument("--experiment", action="append", help="only this experiment (repeatable; default: all)")
+    sw.add_argument("versions", nargs="*", type=arguments.swept_version,
+                    help="releases to probe (default: the registry floor up to the newest)")
+    sw.add_argument("--experiment", action="append", type=arguments.name,
+                    help="only this experiment (repeatable; default: all)")
     sw.add_argument("--pre", action="store_true", help="also pre- and dev releases (post-releases are always in)")
-    sw.add_argument("--jobs", type=int, default=2)
+    sw.add_argument("--jobs", type=arguments.positive_int, default=2)
     sw.add_argument("--cold", action="store_true",
                     help="one environment and one fresh probe process per release instead of the warm engine")
     sw.add_argument("--force", action="store_true", help="reprobe releases whose outcome is cached")
     sw.add_argument("--references", choices=classify.REFERENCES, default="published",
                     help="judge against the published base and head results (default), or the fresh ones in "
                     "runs/ from `nox -s matrix` (republishing, when the published ones are stale)")
-    sw.add_argument("--era", help="only the releases of this era ('current': of none), written as a part under "
+    sw.add_argument("--era", type=arguments.era, help="only the releases of this era ('current': of none), written as a part under "
                     "runs/sweep-parts/<era>/ for `sweep-merge` (the CI fan-out)")
     _allow_uncontained(sw)
     sw.set_defaults(func=cmd_sweep)
 
     sm = sub.add_parser("sweep-merge", help="join the era parts under runs/sweep-parts/ into the sweep tables")
-    sm.add_argument("--experiment", action="append", help="only this experiment (repeatable; default: all)")
+    sm.add_argument("--experiment", action="append", type=arguments.name,
+                    help="only this experiment (repeatable; default: all)")
     sm.set_defaults(func=cmd_sweep_merge)
 
     ck = sub.add_parser("check", help="is my SGLang affected? run every probe on one build and judge each fix")
     # Each option may repeat; every target named is checked, every tree in one engine per era, nothing built.
-    ck.add_argument("--python", type=Path, action="append", help="an existing environment's interpreter (left untouched)")
-    ck.add_argument("--version", action="append", help="an SGLang release from PyPI")
-    ck.add_argument("--wheel", type=Path, action="append", help="an SGLang wheel file (a backport, a fork's build)")
-    ck.add_argument("--path", type=Path, action="append",
+    ck.add_argument("--python", type=arguments.interpreter, action="append",
+                    help="an existing environment's interpreter (left untouched)")
+    ck.add_argument("--version", type=arguments.version, action="append", help="an SGLang release from PyPI")
+    ck.add_argument("--wheel", type=arguments.wheel, action="append",
+                    help="an SGLang wheel file (a backport, a fork's build)")
+    ck.add_argument("--path", type=arguments.directory, action="append",
                     help="an SGLang source tree or fork, used unbuilt (checkout root or its python/)")
-    ck.add_argument("--git", metavar="SHA", action="append", help="a commit: GitHub's archive, or SGLANG_REPO=<clone>")
+    ck.add_argument("--git", metavar="SHA", type=arguments.commit, action="append",
+                    help="a commit: GitHub's archive, or SGLANG_REPO=<clone>")
+    ck.add_argument("--image", type=arguments.image, action="append", metavar="PATH",
+                    help="a saved container image (`docker save` tarball, OCI layout directory or tar): every SGLang "
+                    "package in it, read without a container runtime")
     ck.add_argument("--json", action="store_true", help=f"print the {check.SCHEMA} document instead of the table")
-    ck.add_argument("--openvex", type=Path, metavar="FILE", help="also write an OpenVEX v0.2.0 document")
+    ck.add_argument("--openvex", type=arguments.output_file, metavar="FILE", help="also write an OpenVEX v0.2.0 document")
     ck.add_argument("--references", choices=classify.REFERENCES, default="published",
                     help="judge against the published base and head results (default), or the fresh ones in "
                     "runs/ (republishing)")
@@ -332,18 +371,21 @@ def parser() -> argparse.ArgumentParser:
 
     co = sub.add_parser("corpus", help="check every declared backport (backports/): each release as published, "
                         "with each fix ported, and with each port partial")
-    co.add_argument("--release", action="append", help="only this release's backport (repeatable)")
+    co.add_argument("--release", action="append", type=arguments.version,
+                    help="only this release's backport (repeatable)")
     co.add_argument("--references", choices=classify.REFERENCES, default="published",
                     help="judge against the published base and head results (default), or the fresh ones in runs/")
     _allow_uncontained(co)
     co.set_defaults(func=cmd_corpus)
 
     dr = sub.add_parser("drift", help="rerun a release cell on newer torch/transformers; advisory")
-    dr.add_argument("experiment")
-    dr.add_argument("side")
-    dr.add_argument("--torch", default=drift.LATEST, help="torch version (default: the newest on PyPI)")
-    dr.add_argument("--torchvision", default=drift.LATEST)
-    dr.add_argument("--transformers", help="also move transformers (a version, or 'latest')")
+    dr.add_argument("experiment", type=arguments.name)
+    dr.add_argument("side", choices=registry.SIDES)
+    dr.add_argument("--torch", type=arguments.version_or_latest, default=drift.LATEST,
+                    help="torch version (default: the newest on PyPI)")
+    dr.add_argument("--torchvision", type=arguments.version_or_latest, default=drift.LATEST)
+    dr.add_argument("--transformers", type=arguments.version_or_latest,
+                    help="also move transformers (a version, or 'latest')")
     _allow_uncontained(dr)
     dr.set_defaults(func=cmd_drift)
 
@@ -355,8 +397,8 @@ def parser() -> argparse.ArgumentParser:
     pub.set_defaults(func=cmd_publish)
 
     mu = sub.add_parser("mutate", help="run the probe under each declared mutant of the fix; name survivors")
-    mu.add_argument("experiment")
-    mu.add_argument("--mutant", action="append", metavar="ID",
+    mu.add_argument("experiment", type=arguments.name)
+    mu.add_argument("--mutant", action="append", metavar="ID", type=arguments.mutant,
                     help="only this mutant (repeatable; a table of some mutants is not publishable)")
     mu.add_argument("--cold", action="store_true",
                     help="a fresh probe process in the release cell's environment instead of a warm engine child")
@@ -364,25 +406,113 @@ def parser() -> argparse.ArgumentParser:
     mu.set_defaults(func=cmd_mutate)
 
     up = sub.add_parser("upstream", help="run the PR's own test files (from the head tree) on one side's tree")
-    up.add_argument("experiment")
-    up.add_argument("side")
+    up.add_argument("experiment", type=arguments.name)
+    up.add_argument("side", choices=registry.SIDES)
     up.add_argument("--kind", choices=list(cells.SESSION_OF_KIND), default=None,
                     help="whose tree and environment: git, release or path (default: $PDEVIDENCE_UPSTREAM_KIND, else git)")
-    up.add_argument("--tests", type=Path, metavar="DIR",
+    up.add_argument("--tests", type=arguments.directory, metavar="DIR",
                     help=f"an SGLang checkout (or a directory) holding the test files; default ${upstream.TESTS_ENV}, "
                     "else the head commit's tree (SGLANG_REPO or GitHub)")
-    up.add_argument("--ref", help="override the side's tree: a version, a commit SHA or a directory")
+    up.add_argument("--ref", type=arguments.ref, help="override the side's tree: a version, a commit SHA or a directory")
     _allow_uncontained(up)
     up.set_defaults(func=cmd_upstream)
     return p
 
 
+def evidence_digest(root: Path) -> str | None:
+    """The digest of the published set a project carries: the SHA-256 of its SHA256SUMS.txt, which lists every
+    published file, probe, registry and closure by its own SHA-256."""
+    sums = root / integrity.SUMS_FILE
+    return sha256_file(sums) if sums.is_file() else None
+
+
+def version_text(root: Path) -> str:
+    digest = evidence_digest(root)
+    where = "installed copy" if paths.bundled(root) else "checkout"
+    if digest is None:
+        return f"pdevidence {__version__}\nevidence: none ({integrity.SUMS_FILE} is missing from {root})"
+    return (f"pdevidence {__version__}\nevidence: sha256:{digest} (the {integrity.SUMS_FILE} of the {where} at "
+            f"{root}; `pdevidence verify` checks every file it lists)")
+
+
+class _Version(argparse.Action):
+    """``--version``: the tool's and its evidence's, for whichever --root comes before it."""
+
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text(getattr(namespace, "root", None) or PROJECT))
+        parser.exit()
+
+
+# Commands that write the project's own files (published evidence, sums, locks): never an installed copy's.
+WRITES_PROJECT = ("publish", "checksums", "lock-cpu", "lock-trees")
+# Options (or positionals) whose value the registry must know, by the attribute argparse stores them in.
+EXPERIMENT_OPTIONS = {"cell": "experiment", "drift": "experiment", "mutate": "experiment", "upstream": "experiment",
+                      "sweep": "--experiment", "sweep-merge": "--experiment"}
+
+
+def _unknown(option: str, value: str, known: list[str], what: str) -> HarnessError:
+    return usage(f"{option} {value!r} is not {what}", expected=f"one of: {', '.join(known) or '(none declared)'}")
+
+
+def check_arguments(args) -> None:
+    """What argparse alone cannot check, checked before anything runs: names the registry must know, a --ref
+    that fits its tree kind, a commit a clone must resolve; and an installed copy's files stay as installed."""
+    if args.command in WRITES_PROJECT and paths.bundled(args.root):
+        raise usage(f"`pdevidence {args.command}` writes the project's files, and {args.root} is the copy an "
+                    "installed pdevidence carries", todo="run it in a checkout of pdevidence (or pass --root <checkout>)")
+    option = EXPERIMENT_OPTIONS.get(args.command)
+    reg = registry.load(args.root) if option or args.command == "sweep" else None
+    names = getattr(args, "experiment", None)
+    for value in ([names] if isinstance(names, str) else names or []):
+        if value not in reg.experiments:
+            raise _unknown(option, value, sorted(reg.experiments), "an experiment of the registry")
+    if getattr(args, "era", None) and args.era not in sweep_parts.era_names(reg):
+        raise _unknown("--era", args.era, sweep_parts.era_names(reg), "an era of the registry")
+    for value in getattr(args, "mutant", None) or []:
+        known = sorted(reg.experiment(args.experiment).mutants)
+        if value not in known:
+            raise _unknown("--mutant", value, known, f"a mutant of {args.experiment}")
+    if getattr(args, "ref", None):
+        kind = args.kind or settings.get("PDEVIDENCE_UPSTREAM_KIND")
+        fits = {"release": arguments.version, "git": arguments.commit, "path": arguments.directory}[kind]
+        try:
+            fits(args.ref)
+        except argparse.ArgumentTypeError as exc:
+            raise usage(f"--ref: {exc} (a {kind} tree)") from None
+        if kind == "git":
+            _resolvable("--ref", args.ref)
+    for sha in getattr(args, "git", None) or []:
+        _resolvable("--git", sha)
+    if args.command == "corpus":
+        declared = sorted(path.name.removeprefix(backports.FILE_PREFIX).removesuffix(".toml")
+                          for path in backports.files(args.root))
+        for release in args.release or []:
+            if release not in declared:
+                raise _unknown("--release", release, declared, "a release with a declared backport")
+
+
+def _resolvable(option: str, ref: str) -> None:
+    """A commit other than by its full SHA needs a clone to resolve it."""
+    if not arguments.full_sha(ref) and not settings.get("SGLANG_REPO"):
+        raise usage(f"{option} {ref!r} is not a full 40-hex commit SHA and there is no clone to resolve it",
+                    todo="pass the full SHA, or set SGLANG_REPO=<clone> so the ref can be resolved")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Every command's exit code as the README documents it; argparse's own errors exit 2."""
-    args = parser().parse_args(argv)
+    """Every command's exit code as docs/operators/exit-codes.md documents it; argparse's own errors (a malformed
+    value: the option and the value named) are 2, --help and --version 0."""
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else USAGE
 
     def command() -> int:
         settings.check_all()  # a bad setting is one usage error up front, naming the variable
+        check_arguments(args)
+        paths.keep_bytecode_out(args.root)
         with sandbox.uncontained_allowed(getattr(args, "allow_uncontained", False)):
             return args.func(args)
 

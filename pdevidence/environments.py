@@ -29,6 +29,7 @@ from .core.errors import HarnessError
 from .core.files import sha256_file
 from .core.paths import work_dir
 from .registry import Era, Registry, TorchChannel
+from .sources import era_choice
 from .sources.trees import Tree
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -40,11 +41,23 @@ _IDENTITY = ("import json, sys; print(json.dumps({'version': '%d.%d.%d' % sys.ve
 
 
 def uv_executable() -> str:
-    """uv as set by ``uv run``/``uvx`` ($UV), else on PATH."""
-    found = os.environ.get("UV") or shutil.which("uv")
+    """uv as set by ``uv run``/``uvx`` ($UV), else the one installed with pdevidence (a declared dependency, beside
+    it in its environment: an installed tool's bin directory need not be on PATH), else on PATH."""
+    found = settings.get("UV") or _installed_uv() or shutil.which("uv")
     if not found:
         raise HarnessError("uv is not installed", todo="install it: `python3 -m pip install uv`")
     return found
+
+
+def _installed_uv() -> str | None:
+    try:
+        from uv import find_uv_bin
+    except ImportError:
+        return None
+    try:
+        return find_uv_bin()
+    except FileNotFoundError:
+        return None
 
 
 def run(cmd: list[str], log: list[list[str]], *, env: dict | None = None, what: str,
@@ -317,13 +330,9 @@ def cell_environment(registry: Registry, tree: Tree, slug: str,
 
 
 def era_of(registry: Registry, tree: Tree | None) -> Era | None:
-    """The era a tree runs in, by its version: a release's or wheel's, or the one a source tree's commit
-    tells (``sources/version.py``); a source tree that tells none runs in today's closure."""
-    if tree is None:
-        return None
-    if tree.kind in ("release", "wheel"):
-        return registry.era_of(tree.resolved)
-    return registry.era_of(tree.version.version) if tree.version else None
+    """The era a tree runs in (None: today's closure): a release's or wheel's by its version, a source tree's by
+    the version it tells or else by what it pins (``sources/era_choice.py``)."""
+    return era_choice.choose(registry, tree).era if tree is not None else None
 
 
 def stand_in_env(era: Era | None) -> dict[str, str]:

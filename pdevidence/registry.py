@@ -120,12 +120,14 @@ def _same(value: Any, wanted: Any) -> bool:
 
 @dataclass(frozen=True)
 class NotDeciding:
-    """Telling keys that do not tell base from head on a tree where ``when`` holds.
+    """Keys that do not decide on a tree where ``when`` holds: telling keys that do not tell base
+    from head there, or control keys whose departure from both does not show an over-broad fix.
 
     They differ there for a reason the fix does not decide (how the tree's intake marks a
-    rejection, a path it does not have). ``when`` maps ``"adaptation"`` to an adaptation the
-    probe ran, or ``"<scenario>.<key>"`` to an observed value; empty, it holds on every tree.
-    ``keys`` maps a scenario to the keys that do not decide there, or to None: none do.
+    rejection, a path or a flag it does not have). ``when`` maps ``"adaptation"`` to an adaptation
+    the probe ran, or ``"<scenario>.<key>"`` to an observed value; empty, it holds on every tree.
+    ``keys`` maps a scenario (changing or control) to the keys that do not decide there, or to
+    None: none do.
     """
 
     id: str
@@ -178,6 +180,8 @@ class Era:
     A release outside every declared era runs in the registry's own closure (``constraints``).
     ``stand_ins`` are import stand-ins for compiled GPU-only packages that the era's releases
     import at top level but the probed code never calls (declared in ``[stand_ins]``).
+    ``kernel``: the versions of SGLang's kernel package (sgl-kernel, later sglang-kernel) the era's
+    releases pin; it tells a fork's era by its pins where eras share one closure.
     """
 
     name: str
@@ -186,6 +190,7 @@ class Era:
     constraints_input: Path | None
     stand_ins: tuple[str, ...]
     note: str
+    kernel: SpecifierSet | None = None
 
     def holds(self, version: str) -> bool:
         return self.releases.contains(Version(version), prereleases=True)
@@ -362,19 +367,23 @@ def _parse_era(root: Path, name: str, table: Any, stand_ins: dict[str, str]) -> 
     if not _NAME.match(name.replace("-", "_").replace(".", "_")):
         raise RegistryError(f"{where}: the name must be lowercase letters, digits, '-', '.' and _")
     _table(table, where, required={"releases": str, "constraints": str},
-           optional={"constraints_input": str, "stand_ins": list, "note": str})
-    try:
-        releases = SpecifierSet(table["releases"])
-    except InvalidSpecifier:
-        raise RegistryError(f"{where}.releases: {table['releases']!r} is not a version specifier "
-                            "(e.g. \">=0.5.11,<0.5.17\")") from None
+           optional={"constraints_input": str, "stand_ins": list, "note": str, "kernel": str})
+    releases, kernel = (_specifier(table[key], f"{where}.{key}") if key in table else None
+                        for key in ("releases", "kernel"))
     names = _strings(table.get("stand_ins", []), f"{where}.stand_ins")
     for module in names:
         if module not in stand_ins:
             raise RegistryError(f"{where}.stand_ins: {module!r} is not declared in [stand_ins] (with why it may be)")
     return Era(name, releases, root / table["constraints"],
                root / table["constraints_input"] if "constraints_input" in table else None, names,
-               table.get("note", ""))
+               table.get("note", ""), kernel)
+
+
+def _specifier(text: str, where: str) -> SpecifierSet:
+    try:
+        return SpecifierSet(text)
+    except InvalidSpecifier:
+        raise RegistryError(f"{where}: {text!r} is not a version specifier (e.g. \">=0.5.11,<0.5.17\")") from None
 
 
 def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
@@ -433,8 +442,8 @@ def _parse_not_deciding(where: str, rid: str, spec: Any, expect: dict[str, Expec
     keys: dict[str, tuple[str, ...] | None] = {}
     for sid, names in spec["keys"].items():
         telling = expect.get(sid)
-        if telling is None or not telling.changes:
-            raise RegistryError(f"{where}.keys: {sid!r} is not a scenario this experiment expects to change")
+        if telling is None:
+            raise RegistryError(f"{where}.keys: {sid!r} is not a scenario this experiment expects")
         if names == "all":
             keys[sid] = None
             continue

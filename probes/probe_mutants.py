@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             return _probekit.EXIT_CANNOT_RUN
     # Run again unmutated: a mutant that left state behind shows up as a different baseline.
     doc["baseline_after"] = run_all(scenario_set)
+    if scenario_set.adaptations:  # as a result lists them (absent where none ran): a judge's rules may hold on one
+        doc["adaptations"] = sorted(scenario_set.adaptations)
     _probekit.emit(_probekit.dumps(doc), args.out)
     return _probekit.EXIT_OK
 

@@ -10,11 +10,20 @@ scheduler's queues and cache-side abort hook. The stand-ins carry everything
 the pre-fix paths read too, so a head tree with its fix removed (the mutation
 lane, ``python -m pdevidence mutate prefill``) shows the base behaviour.
 
-Older trees (back to 0.4.5) are driven through what they have, each detected
-from the tree (an attribute, a signature, what the result path's source reads),
-never from its version, and named in the result's ``adaptations``. A tree
-without the optimistic (pending-bootstrap) requeue path records
-``optimistic_prefill: "absent"`` in the scenarios that exercise it.
+Older trees (back to the first PD release) are driven through what they have, each
+detected from the tree (an attribute, a signature, what the result path's source
+reads), never from its version, and named in the result's ``adaptations``. The
+stand-ins also answer the names older trees call where today's call others, so a
+fix ported into an older tree (the backport corpus, ``backports/``) is measured by
+that tree's own paths: the scheduler's ``stream_output`` before the output streamer,
+the tree cache's ``release_aborted_request(rid)`` before ``finish``, ``cache_finished_req``
+before ``release_kv_cache``, the mamba pool before its allocator, the metadata allocator
+through the bootstrap queue up to 0.4.6. Each such name, once called, is named in the
+adaptations; trees that never call it keep their results' bytes. A tree that cannot
+express a key (no insert flag on its release, no abortable sender, no cache-side abort,
+no KV-less mamba slot, no grammar in the result path) records a tree fact the registry's
+``not_deciding`` rules name. A tree without the optimistic (pending-bootstrap) requeue
+path records ``optimistic_prefill: "absent"`` in the scenarios that exercise it.
 
 Run it by hand against one tree, in a Python 3.12 venv holding the pinned
 closure (`uv pip install -r constraints/cells-py312.txt`) plus SGLang without
@@ -31,6 +40,7 @@ then, from the repository root:
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import sys
 from array import array
@@ -90,10 +100,51 @@ def prepare() -> str:
     # 0.5.17/0.5.18 keep the KV row and mamba slot on the Req; later releases on req.kv.
     sg.kv_on_record = ReqKvInfo is not None and hasattr(ReqKvInfo, "holds_kv")
     sg.real_release_kv_cache = getattr(prefill, "release_kv_cache", None)
+    sg.release_flag_of = None
     if sg.real_release_kv_cache is None:  # up to 0.5.5 the tree cache's cache_finished_req releases
         SCENARIOS.adapted("tree-cache-release")
+        sg.release_flag_of = _tree_cache_release_flag()
+    if not (_tree_names("sglang.srt.mem_cache.hiradix_cache", "def release_aborted_request")
+            or _tree_names("sglang.srt.mem_cache.base_prefix_cache", "def finish(")):
+        # Up to 0.5.1 no prefix cache can be told that a request ended in an abort.
+        SCENARIOS.adapted("no-cache-abort-release")
+    sg.cache_frees_kvless_mamba = False
+    if not (sg.kv_on_record or reads(Req.__init__, "self.mamba_pool_idx")):
+        # Up to 0.5.3 a mamba slot is the request-pool row's: no request holds one without KV.
+        SCENARIOS.adapted("no-req-mamba-slot")
+    elif sg.real_release_kv_cache is not None and not reads(sg.real_release_kv_cache, "mamba"):
+        # 0.5.6 to 0.5.8's release_kv_cache leaves a request's mamba slot to the tree cache; 0.5.7
+        # and 0.5.8's mamba cache hands back the slot of a request that holds no KV row.
+        from sglang.srt.mem_cache.mamba_radix_cache import MambaRadixCache
+        sg.cache_frees_kvless_mamba = reads(MambaRadixCache.cache_finished_req, "req.req_pool_idx is None")
+    if not any("def abort(" in conn.read_text(encoding="utf-8")
+               for conn in Path(prefill.__file__).parent.glob("**/conn.py")):
+        # Up to 0.4.9 no KV sender of the tree can be aborted.
+        SCENARIOS.adapted("no-sender-abort")
+    if not reads(prefill.SchedulerDisaggregationPrefillMixin.process_batch_result_disagg_prefill, "accept_token"):
+        # 0.4.5 and 0.4.6 never show the sampled token to the grammar in the result path.
+        SCENARIOS.adapted("no-grammar-in-result")
     sg.Scheduler = _scheduler_class(prefill.SchedulerDisaggregationPrefillMixin)
     return sglang.__version__
+
+
+def _tree_names(module: str, token: str) -> bool:
+    """Whether the tree's source of ``module`` names ``token``, read without importing the module."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except ModuleNotFoundError:
+        return False
+    return bool(spec and spec.origin) and token in Path(spec.origin).read_text(encoding="utf-8")
+
+
+def _tree_cache_release_flag() -> str | None:
+    """The insert flag of the tree cache's ``cache_finished_req`` (0.5.4, 0.5.5), or None where it has none."""
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+    params = inspect.signature(RadixCache.cache_finished_req).parameters
+    flag = next((name for name in ("is_insert", "insert") if name in params), None)
+    if flag is None:  # up to 0.5.3 a finished request's KV always goes into the prefix cache
+        SCENARIOS.adapted("release-without-insert-flag")
+    return flag
 
 
 def _optimistic_prefill(ServerArgs: type) -> dict[str, int]:
@@ -120,6 +171,24 @@ def _generation_batch_result() -> type:
     return GenerationBatchResult
 
 
+class Older(Recorder):
+    """A stand-in for a name older trees call where today's call another (or ``then``'s, under that name).
+
+    Called, it names its adaptation in the result; never called (today's trees, and older ones
+    whose probed paths do not reach it), it leaves the result as it was.
+    """
+
+    def __init__(self, name: str, adaptation: str, then: Recorder | None = None):
+        super().__init__(name)
+        self.adaptation = adaptation
+        self.then = then
+
+    def __call__(self, *args, **kwargs):
+        SCENARIOS.adapted(self.adaptation)
+        super().__call__(*args, **kwargs)
+        return self.then(*args, **kwargs) if self.then is not None else self.returns
+
+
 def _scheduler_class(mixin: type) -> type:
     class ProbeScheduler(mixin):
         """Only the scheduler state the result path reads; the methods are the mixin's."""
@@ -128,14 +197,20 @@ def _scheduler_class(mixin: type) -> type:
             self.tree_cache = SimpleNamespace(
                 supports_mamba=Recorder("tree_cache.supports_mamba", returns=mamba_cache),
                 finish=Recorder("tree_cache.finish"),
+                # Up to 0.5.19 a hicache storage learns of an abort by the request's id.
+                release_aborted_request=Older("tree_cache.release_aborted_request",
+                                              "tree-cache-release-aborted-request"),
                 req_to_token_pool=SimpleNamespace(
-                    mamba_allocator=SimpleNamespace(free=Recorder("mamba_allocator.free"))
+                    mamba_allocator=SimpleNamespace(free=Recorder("mamba_allocator.free")),
+                    # Up to 0.5.12 mamba slots go back to the pool itself.
+                    mamba_pool=SimpleNamespace(free=Older("mamba_pool.free", "mamba-pool-free")),
                 ),
             )
-            self.req_to_metadata_buffer_idx_allocator = SimpleNamespace(
-                free=Recorder("metadata_allocator.free")
-            )
+            metadata_free = Recorder("metadata_allocator.free")
+            self.req_to_metadata_buffer_idx_allocator = SimpleNamespace(free=metadata_free)
             self.output_streamer = SimpleNamespace(stream_output=Recorder("stream_output"))
+            # Up to 0.5.12 the scheduler streams outputs itself.
+            self.stream_output = Older("scheduler.stream_output", "scheduler-stream-output")
             self.send_kv_chunk = Recorder("send_kv_chunk")
             self.metrics_reporter = SimpleNamespace(
                 enable_metrics=False, report_prefill_stats=Recorder("report_prefill_stats")
@@ -155,7 +230,16 @@ def _scheduler_class(mixin: type) -> type:
             # What the optimistic requeue path reads (0.5.20 added the last two; the
             # abort hook is Scheduler's, not the mixin's); a head tree with its fix
             # removed runs that path too and must reach its end.
-            self.disagg_prefill_bootstrap_queue = SimpleNamespace(queue=[])
+            # Up to 0.4.6 the metadata allocator is reached through the bootstrap queue,
+            # named disagg_prefill_pending_queue in 0.4.5.
+            self.disagg_prefill_bootstrap_queue = SimpleNamespace(
+                queue=[], req_to_metadata_buffer_idx_allocator=SimpleNamespace(
+                    free=Older("bootstrap_queue.metadata_allocator.free", "bootstrap-queue-metadata-allocator",
+                               then=metadata_free)))
+            self.disagg_prefill_pending_queue = SimpleNamespace(
+                req_to_metadata_buffer_idx_allocator=SimpleNamespace(
+                    free=Older("pending_queue.metadata_allocator.free", "pending-queue-metadata-allocator",
+                               then=metadata_free)))
             self.processed_tokens_counter = 0
             self._release_aborted_request = Recorder("release_aborted_request")
             _older_scheduler_state(self)
@@ -259,11 +343,17 @@ def mark_pending_abort(req: Any) -> None:
 
 
 def schedule_chunk(req: Any, end: int) -> None:
-    """Record that the chunk ending at ``end`` was scheduled for this request."""
-    if hasattr(req, "set_extend_range"):  # up to 0.5.21
+    """Record that the chunk ending at ``end`` was scheduled for this request, as the tree's scheduler does."""
+    if hasattr(req, "set_extend_range"):  # 0.5.15 to 0.5.21
         req.set_extend_range(0, end)
-    else:
+    elif hasattr(req, "extend_end"):  # 0.5.22 on
         req.extend_end = end
+    elif hasattr(req, "fill_len"):  # 0.5.13, 0.5.14
+        SCENARIOS.adapted("chunk-fill-len")
+        req.fill_len = end
+    else:  # up to 0.5.12 the scheduled chunk is the request's fill_ids, truncated at its end
+        SCENARIOS.adapted("chunk-fill-ids")
+        req.fill_ids = (list(req.origin_input_ids) + list(req.output_ids))[:end]
 
 
 # --- one scenario's world ----------------------------------------------------
@@ -276,8 +366,9 @@ class World:
         self.scheduler = sg.Scheduler(mamba_cache=mamba_cache)
         self.scheduler.enable_hicache_storage = hicache
         self.cache_unfinished = Recorder("cache_unfinished")
-        # B7 keeps the real release: its mamba-only branch touches nothing but the
-        # tree cache's mamba allocator stand-in, which is what B7 observes.
+        # B7 keeps the real release: from 0.5.9 its mamba-only branch touches nothing but the
+        # tree cache's mamba allocator (or pool) stand-in, before it the tree cache stand-in;
+        # what reaches them is what B7 observes.
         real = sg.real_release_kv_cache if real_release else None
         self.release = Spy("release_kv_cache", real or drop_ownership)
         tree_cache = self.scheduler.tree_cache
@@ -285,6 +376,15 @@ class World:
             tree_cache.cache_unfinished_req = self.cache_unfinished
         if sg.real_release_kv_cache is None:  # tree-cache-release
             tree_cache.cache_finished_req = self.release
+        elif real_release:  # the real release of 0.5.6 to 0.5.8 hands every request to the tree cache
+            tree_cache.cache_finished_req = Older("tree_cache.cache_finished_req", "tree-cache-finished-req",
+                                                  then=self._kvless_mamba_released)
+        self.kvless_mamba_released = 0
+
+    def _kvless_mamba_released(self, req: Any, *_args, **_kwargs) -> None:
+        """A request holding a mamba slot and no KV row, handed to a tree cache that frees such a slot."""
+        if sg.cache_frees_kvless_mamba and req.req_pool_idx is None and req.mamba_pool_idx is not None:
+            self.kvless_mamba_released += 1
 
     def patched(self):
         replacements = {"release_kv_cache": self.release} if sg.real_release_kv_cache is not None else {}
@@ -318,9 +418,14 @@ class World:
     def release_inserts_prefix(self) -> bool | str | None:
         if not self.release.count:
             return None
-        if sg.real_release_kv_cache is None:  # cache_finished_req(req) has no such flag
-            return "absent"
         args, kwargs = self.release.calls[-1]
+        if sg.real_release_kv_cache is None:  # tree-cache-release: cache_finished_req(req, <its flag>)
+            if sg.release_flag_of is None:  # release-without-insert-flag
+                return "absent"
+            from sglang.srt.mem_cache.radix_cache import RadixCache
+            bound = inspect.signature(RadixCache.cache_finished_req).bind(None, *args, **kwargs)
+            bound.apply_defaults()
+            return bool(bound.arguments[sg.release_flag_of])
         bound = inspect.signature(sg.real_release_kv_cache).bind(*args, **kwargs)
         bound.apply_defaults()
         # The flag was renamed from is_insert to checkpoint in 0.5.22.
@@ -351,7 +456,9 @@ def required_result_fields() -> dict[str, Any]:
 
 
 def _streamed(world: World, req: Any) -> int:
-    calls = world.scheduler.output_streamer.stream_output.calls
+    """Outputs streamed for ``req``: through the output streamer, or (scheduler-stream-output) the scheduler."""
+    scheduler = world.scheduler
+    calls = scheduler.output_streamer.stream_output.calls + scheduler.stream_output.calls
     return sum(1 for args, _ in calls if req in args[0])
 
 
@@ -362,10 +469,20 @@ def _metadata_freed(world: World, _req: Any) -> int:
 
 
 def _cache_aborted(world: World, _req: Any) -> int:
-    """Calls telling the tree cache the request ended in an abort (hicache storage)."""
+    """Calls telling the tree cache the request ended in an abort (hicache storage): ``finish(handle, ABORT)``,
+    or up to 0.5.19 ``release_aborted_request(rid)``."""
     finish = world.scheduler.tree_cache.finish
     outcomes = [finish.arg("outcome", 1, call) for call in range(finish.count)]
-    return sum(1 for outcome in outcomes if getattr(outcome, "name", None) == "ABORT")
+    by_rid = world.scheduler.tree_cache.release_aborted_request
+    rids = [by_rid.arg("rid", 0, call) for call in range(by_rid.count)]
+    return sum(1 for outcome in outcomes if getattr(outcome, "name", None) == "ABORT") + rids.count(RID)
+
+
+def _mamba_freed(world: World, _req: Any) -> int:
+    """Mamba slots handed back: to the allocator, (mamba-pool-free) up to 0.5.12 to the pool itself, or in
+    0.5.7 and 0.5.8 to the mamba cache, which frees the slot of a request without KV."""
+    pool = world.scheduler.tree_cache.req_to_token_pool
+    return pool.mamba_allocator.free.count + pool.mamba_pool.free.count + world.kvless_mamba_released
 
 
 OBSERVATIONS: dict[str, Callable[[World, Any], Any]] = {
@@ -380,7 +497,7 @@ OBSERVATIONS: dict[str, Callable[[World, Any], Any]] = {
     "finished": lambda w, r: bool(r.finished()),
     # With attempts left (OPTIMISTIC_ATTEMPTS) the requeue path goes to the waiting queue.
     "requeued": lambda w, r: w.scheduler.waiting_queue.count(r),
-    "mamba_freed": lambda w, r: w.scheduler.tree_cache.req_to_token_pool.mamba_allocator.free.count,
+    "mamba_freed": _mamba_freed,
     "cache_aborted": _cache_aborted,
 }
 

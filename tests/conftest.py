@@ -20,6 +20,7 @@ import pytest
 from synthetic import PY, serve_index, wheel_bytes
 from synthetic import REGISTRY as SYNTHETIC_REGISTRY
 
+from pdevidence import registry
 from pdevidence.core.paths import PROJECT
 
 
@@ -267,3 +268,11 @@ def demo_project(tmp_path, http_server, monkeypatch):
                         "PDEVIDENCE_RUNS": str(root / "runs")}.items():
         monkeypatch.setenv(name, value)
     return root
+
+
+@pytest.fixture(scope="module")
+def project_reg(tmp_path_factory):
+    """The project's registry, for a module of real runs: its fresh results go to a temporary runs/."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PDEVIDENCE_RUNS", str(tmp_path_factory.mktemp("runs")))
+        yield registry.load(PROJECT)

@@ -134,6 +134,16 @@ def sweep_v3() -> dict:
             "parameters": {"explicit": False, "pre": False, "floor": "0.5.17", "references": {}}}
 
 
+def sweep_v4() -> dict:
+    """Schema 4: the controls judged too; a release fixed where the scenarios tell but departing from both sides
+    on the control B9 (deviates), flagged by the watch."""
+    doc = sweep_v3()
+    doc["releases"].append({"version": "0.5.24", "classification": "deviates",
+                            "scenarios": {"B1": "fixed", "B2": "fixed", "B9": "deviates"}, "differing": ["B9"],
+                            "error": None, "deviations": {"B9": {"kv_released": {"tree": 1, "base": 0, "head": 0}}}})
+    return {**doc, "schema": "pdevidence-sweep/4", "flagged": [*doc["flagged"], "0.5.24"]}
+
+
 def full_document() -> dict:
     """What ``report.document`` makes from the dict plus everything gathered."""
     doc = copy.deepcopy(report_dict())

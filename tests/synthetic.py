@@ -68,11 +68,12 @@ def make_project(root: Path, registry: str = REGISTRY) -> Path:
     return root
 
 
-def made_by(root: Path, drivers: tuple[str, ...] = ()) -> dict:
+def made_by(root: Path, drivers: tuple[str, ...] = (),
+            shaped: provenance.Shaped = provenance.Shaped.RESULT) -> dict:
     """The provenance block of a demo document made now in the project at ``root``."""
     files = [root / "probes" / "probe_demo.py", root / provenance.KIT, *(root / d for d in drivers),
              root / "experiments.toml", root / "constraints" / "cells.txt"]
-    return provenance.record(root, files).to_json()
+    return provenance.record(root, files, shaped).to_json()
 
 
 def result_doc(side: str, version: str, observed: dict | None = None, errors: dict | None = None) -> dict:
@@ -204,8 +205,8 @@ def sweep_doc(root: Path, references: Path | None = None, **parameters) -> dict:
         references = root / "runs" if (root / "runs" / CELLS[0]).exists() else root / "results"
     digests = {name: hashlib.sha256((references / name).read_bytes()).hexdigest()
                for name in CELLS if (references / name).exists()}
-    return {**copy.deepcopy(SWEEP), "schema": "pdevidence-sweep/3",
-            "flagged": [], "provenance": made_by(root, provenance.SWEEP_DRIVERS),
+    return {**copy.deepcopy(SWEEP), "schema": "pdevidence-sweep/4",
+            "flagged": [], "provenance": made_by(root, provenance.SWEEP_DRIVERS, provenance.Shaped.TABLE),
             "parameters": {"explicit": False, "pre": False, "floor": "1.0.0", "references": digests, **parameters}}
 
 
@@ -229,7 +230,8 @@ def mutations_doc(root: Path) -> dict:
     """``MUTATIONS`` as the current lane writes it in the project at ``root``."""
     return {**copy.deepcopy(MUTATIONS), "schema": "pdevidence-mutate/2",
             "score": {"killed": 1, "by_observation": 1, "only_raising": 0, "applicable": 1, "total": 1},
-            "provenance": made_by(root, provenance.MUTATION_DRIVERS), "parameters": {"mutants": ["M1"]}}
+            "provenance": made_by(root, provenance.MUTATION_DRIVERS, provenance.Shaped.TABLE),
+            "parameters": {"mutants": ["M1"]}}
 
 
 def write_table(path: Path, doc: dict) -> None:

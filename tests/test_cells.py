@@ -291,6 +291,18 @@ def test_a_git_ref_that_is_not_a_full_sha_and_cannot_be_resolved_is_a_usage_erro
     assert caught.value.code == errors.USAGE
 
 
+def test_a_source_trees_cell_records_the_closure_of_the_era_its_version_chooses(demo_project, clone):
+    repo, base, _ = clone
+    git(repo, "checkout", "-q", base)  # the fixture's pyproject says 1.0.0
+    (demo_project / "constraints" / "era.txt").write_text("# the 1.0 era's closure\n")
+    with open(demo_project / "experiments.toml", "a") as registry_file:
+        registry_file.write('\n[eras.one]\nreleases = ">=1.0.0,<1.1.0"\nconstraints = "constraints/era.txt"\n')
+    outcome = cells.run_cell(registry.load(demo_project), cells.Cell("demo", "base", "path", str(repo)),
+                             log=lambda msg: None)
+    # Known only once the tree is read: the receipt names the closure the environment installed, not today's.
+    assert receipts.Receipt.load(outcome.receipt).constraints.file == "constraints/era.txt"
+
+
 def test_a_path_cell_keys_on_head_and_its_uncommitted_changes(demo_project, clone):
     repo, _, head = clone
     cell = cells.Cell("demo", "head", "path", str(repo))
@@ -304,7 +316,7 @@ def test_a_path_cell_keys_on_head_and_its_uncommitted_changes(demo_project, clon
     init = repo / "python" / "sglang" / "__init__.py"
     init.write_text(init.read_text().replace("RETIRES_REJECTED = True", "RETIRES_REJECTED = False"))
     dirty = run()
-    assert dirty.result.name == f"demo.head.path-{head[:12]}-dirty.json" and not dirty.reused
+    assert dirty.result.name.startswith(f"demo.head.path-{head[:12]}-dirty-") and not dirty.reused
     assert results.load(dirty.result)["scenarios"]["D1"]["observed"]["retired"] is False
     assert run().reused  # (untracked files' content counts too: test_trees)
 

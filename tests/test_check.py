@@ -73,8 +73,59 @@ def test_a_build_matching_neither_side_or_raising_is_unknown_and_names_the_scena
     assert raised.scenarios["D3"] is Behaviour.ERROR and "AttributeError" in raised.error
 
 
-def test_a_moving_control_does_not_change_the_answer(project):
-    assert judged(project, {**AFTER, "D2": {"enqueued": False}}).status is Status.FIXED
+def test_a_build_fixed_where_the_scenarios_tell_that_departs_on_a_control_deviates_and_names_it(project):
+    over_broad = judged(project, {**AFTER, "D2": {"enqueued": False}})
+    assert (over_broad.status, over_broad.deciding) == (Status.DEVIATES, ["D2"])
+    assert over_broad.scenarios == {"D1": Behaviour.FIXED, "D3": Behaviour.FIXED, "D2": Behaviour.DEVIATES}
+    assert over_broad.to_json()["explain"] == {"D2": {"enqueued": {"tree": False, "base": True, "head": True}}}
+    assert check.EXIT_OF[Status.DEVIATES] == errors.BEHAVIOUR_DIFFERS
+    assert judged(project, AFTER).explain == {}
+
+
+def test_what_kept_a_build_from_fixed_is_shown_key_by_key_beside_base_and_head(project):
+    odd = judged(project, {**AFTER, "D1": {"enqueued": True, "retired": True}})
+    assert odd.status is Status.UNKNOWN
+    assert odd.to_json()["explain"] == {"D1": {"enqueued": {"tree": True, "base": True, "head": False}}}
+    partial = judged(project, {**AFTER, "D3": {"receiver_created": True}})
+    assert partial.to_json()["explain"] == {"D3": {"receiver_created": {"tree": True, "base": True, "head": False}}}
+    lines = check.table(check.CheckResult(check.Target("release", "1.0.0", "1.0.0"), [odd, partial])).splitlines()
+    assert lines[1].split()[:2] == ["demo", "unknown"] and lines[1].endswith("matches neither side: D1")
+    assert lines[2].split() == ["D1:", "enqueued", "true", "(base", "true,", "head", "false)"]
+    assert lines[3].split()[:2] == ["demo", "partial"] and lines[4].split()[:2] == ["D3:", "receiver_created"]
+
+
+THREE_DOORS = TWO_DOORS + """
+[experiments.demo.expect.D4]
+changes = true
+base = { sent = 1 }
+head = { sent = 0 }
+"""
+
+
+def test_some_scenarios_fixed_and_others_pre_fix_is_partial_whatever_else_matched_neither_or_raised(tmp_path):
+    exp = registry.load(make_project(tmp_path, THREE_DOORS)).experiment("demo")
+    before, after = {**BEFORE, "D4": {"sent": 1}}, {**AFTER, "D4": {"sent": 0}}
+
+    def one(observed, errors_=None):
+        outcome = allprobes.Outcome("demo", result_doc("check", "9.9.9", observed, errors_), "f" * 64)
+        return check.judge(exp, outcome, result_doc("base", "1.0.0", before), result_doc("head", "1.1.0", after))
+
+    mixed = one({**after, "D3": {"receiver_created": True}, "D4": {"sent": 2}})
+    assert (mixed.status, mixed.deciding) == (Status.PARTIAL, ["D3"])
+    assert mixed.scenarios["D4"] is Behaviour.NEITHER and set(mixed.explain) == {"D3", "D4"}
+    raised = one({**after, "D3": {"receiver_created": True}, "D4": {}},
+                 {"D4": {"type": "AttributeError", "message": "no attribute 'sender'"}})
+    assert raised.status is Status.PARTIAL and raised.error == "D4: AttributeError: no attribute 'sender'"
+    line = check.table(check.CheckResult(check.Target("release", "1.0.0", "1.0.0"), [raised])).splitlines()[1]
+    assert line.endswith("pre-fix: D3; fixed: D1; raised: D4: AttributeError: no attribute 'sender'")
+
+
+def test_an_error_is_named_whatever_the_status(project):
+    raised = judged(project, BEFORE, {"D2": {"type": "KeyError", "message": "'queue'"}})
+    assert (raised.status, raised.error) == (Status.AFFECTED, "D2: KeyError: 'queue'")  # a control raised
+    line = check.table(check.CheckResult(check.Target("release", "1.0.0", "1.0.0"), [raised])).splitlines()[1]
+    assert line.endswith("pre-fix: D1, D3; raised: D2: KeyError: 'queue'")
+    assert judged(project, AFTER, {"D2": {"type": "KeyError", "message": "'queue'"}}).status is Status.UNKNOWN
 
 
 def test_a_probe_that_could_not_set_up_is_cannot_run_with_its_error(project):
@@ -106,7 +157,8 @@ def test_the_table_says_each_status_and_its_scenarios(project):
     lines = check.table(result).splitlines()
     assert lines[0] == "sglang check: release 1.0.0"
     assert lines[1].split()[:2] == ["demo", "partial"] and "pre-fix: D3; fixed: D1" in lines[1]
-    assert "cannot run" in lines[2] and "No module named 'sglang'" in lines[2]
+    assert lines[2].split()[0] == "D3:"  # what kept it from fixed, below it
+    assert "cannot run" in lines[3] and "No module named 'sglang'" in lines[3]
 
 
 def _vex_result(project, status_observed):
@@ -115,7 +167,8 @@ def _vex_result(project, status_observed):
 
 
 @pytest.mark.parametrize(("observed", "status"), [
-    (AFTER, "fixed"), (BEFORE, "affected"), ({**AFTER, "D3": {"receiver_created": True}}, "under_investigation")])
+    (AFTER, "fixed"), (BEFORE, "affected"), ({**AFTER, "D3": {"receiver_created": True}}, "under_investigation"),
+    ({**AFTER, "D2": {"enqueued": False}}, "under_investigation")])
 def test_openvex_has_one_statement_per_experiment_with_its_evidence(project, observed, status):
     doc = openvex.document(project, _vex_result(project, observed), "2026-11-30T00:00:00Z")
     assert problems("openvex-0.2.0", doc) == []
@@ -126,7 +179,13 @@ def test_openvex_has_one_statement_per_experiment_with_its_evidence(project, obs
     assert statement["vulnerability"]["name"] == "PDEVIDENCE-2026-1"
     assert statement["products"] == [{"@id": "pkg:pypi/sglang@1.0.0", "identifiers": {"purl": "pkg:pypi/sglang@1.0.0"},
                                       "hashes": {"sha-256": "a" * 64}}]
-    assert "f" * 64 in statement["status_notes"] and "D3" in statement["status_notes"]
+    assert "f" * 64 in statement["status_notes"]
+    if observed["D2"] == AFTER["D2"]:
+        assert "D3" in statement["status_notes"]
+    else:  # deviates: the controls and their values are the reason
+        assert "pdevidence check: deviates; deciding scenarios: D2; not the fixed code: it departs from both the " \
+               "pre-fix and the fixed release on the controls D2: enqueued false (base true, head true)" \
+               in statement["status_notes"]
     # OpenVEX requires an action statement for affected products.
     assert ("action_statement" in statement) == (status == "affected")
 
@@ -167,12 +226,13 @@ def test_an_interpreter_older_than_the_probes_is_refused_before_anything_runs(tm
 
 def test_a_missing_or_broken_interpreter_is_a_usage_error(tmp_path, capsys):
     assert cli.main(["--root", str(ROOT), "check", "--python", str(tmp_path / "nope")]) == errors.USAGE
-    assert "no interpreter at" in capsys.readouterr().err
+    assert f"argument --python: '{tmp_path / 'nope'}' is not an existing Python interpreter" in capsys.readouterr().err
     broken = tmp_path / "python"
     broken.write_text("#!/bin/sh\necho 'error while loading shared libraries: libpython3.12.so' >&2\nexit 127\n")
     broken.chmod(0o755)
     assert cli.main(["--root", str(ROOT), "check", "--python", str(broken)]) == errors.USAGE
-    assert "not a working Python interpreter: error while loading shared libraries" in capsys.readouterr().err
+    assert (f"--python '{broken}': {broken} is not a working Python interpreter: error while loading shared "
+            "libraries") in capsys.readouterr().err
 
 
 def snapshot(directory: Path) -> dict[str, int]:
@@ -253,8 +313,10 @@ def test_a_wheel_target_must_be_an_sglang_wheel_for_the_cells_python(tmp_path):
     good = tmp_path / "sglang-0.5.21.post1-py3-none-any.whl"
     good.write_bytes(wheel_bytes("0.5.21.post1", ""))
     tree = trees.wheel_tree(good, "3.12")
-    assert (tree.kind, tree.resolved, tree.label()) == ("wheel", "0.5.21.post1", "wheel-0.5.21.post1")
     assert tree.digest == __import__("hashlib").sha256(good.read_bytes()).hexdigest()
+    # Two wheels may carry one version (a release, a vendor's rebuild): the file's digest is in the name.
+    assert (tree.kind, tree.resolved) == ("wheel", "0.5.21.post1")
+    assert tree.label() == f"wheel-0.5.21.post1-{tree.digest[:12]}"
     other = tmp_path / "vllm-1.0-py3-none-any.whl"
     other.write_bytes(wheel_bytes("1.0", "", project="vllm"))
     foreign = tmp_path / "sglang-0.5.21-cp311-cp311-win_amd64.whl"
@@ -271,15 +333,20 @@ def test_targets_resolve_to_the_tree_checked_with_its_provenance(project, tmp_pa
     (source / "python" / "sglang").mkdir(parents=True)
     (source / "python" / "pyproject.toml").write_text('[project]\nname = "sglang"\n')
     target, tree = check.resolve(project, path=source)
-    assert target.to_json() == {"kind": "path", "ref": str(source), "resolved": "local", "sha256": None,
-                                "era": None, "source_version": None}
+    content = trees.content_digest(source / "python")
+    assert target.to_json() == {
+        "kind": "path", "ref": str(source), "resolved": f"local-{content[:12]}", "sha256": content, "era": None,
+        "era_chosen_by": {"basis": "none", "evidence": "no version told and no pyproject.toml pin of torch, "
+                          "transformers or the kernel: today's closure", "version_set_aside": None},
+        "source_version": None, "source_pins": None}
+    assert target.label() == tree.label() == f"path-local-{content[:12]}"
     assert tree.install_target == source / "python"
     wheel = tmp_path / "sglang-0.5.20+backport-py3-none-any.whl"
     wheel.write_bytes(wheel_bytes("0.5.20+backport", ""))
     target, tree = check.resolve(project, wheel=wheel)
     assert (target.kind, target.ref, target.resolved) == ("wheel", wheel.name, "0.5.20+backport")
     assert target.sha256 == tree.digest and len(target.sha256) == 64
-    assert target.label() == "wheel-0.5.20+backp"
+    assert target.label() == tree.label() == f"wheel-0.5.20+backport-{tree.digest[:12]}"
     with pytest.raises(errors.HarnessError, match="check needs a target"):
         check.resolve(project)
 

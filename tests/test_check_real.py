@@ -1,4 +1,5 @@
-"""`check` on real SGLang: a release, a release env as "your environment", a partial backport, a broken build.
+"""`check` on real SGLang: a release, a release env as "your environment", a partial backport, an over-broad
+fix, a broken build.
 
 Slow (about 30 s of SGLang import per probe process, four of them): runs with
 ``--sglang``. Every answer is read from what this module's own runs wrote.
@@ -27,6 +28,9 @@ pytestmark = pytest.mark.sglang
 # The partial backport: 0.5.21 with the fix taken out of the decode door only (A2),
 # by turning its `is_unadmitted_reject(req)` test into `False`. A few tokens, edited at test time.
 DECODE_DOOR = ("srt/disaggregation/decode.py", "and is_unadmitted_reject(req):", "and False:")
+# An over-broad fix: 0.5.21 whose door predicate drops its holds_kv clause (the registry's predicate_drops_kv
+# mutant, as a vendor's build would carry it): a re-entry still holding a KV row (A10) is retired.
+HOLDS_KV = ("srt/disaggregation/utils.py", "        or req.kv.holds_kv\n", "")
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +112,10 @@ def link_tree(src: Path, dest: Path) -> None:
     shutil.copytree(src, dest, copy_function=link, ignore=shutil.ignore_patterns("__pycache__"))
 
 
-def test_a_partial_backport_is_partial_and_names_the_door_without_the_fix(reg, tmp_path):
-    cell = release_env(reg, "0.5.21", check.CHECK_SIDE)
+def patched_release(reg, tmp_path: Path, version: str, edit: tuple[str, str, str]) -> tuple[Path, Path]:
+    """An environment whose SGLang is release ``version`` with one edit (file, old, new), made at test time:
+    its interpreter, and the release cell's own copy of the file (which must stay intact)."""
+    cell = release_env(reg, version, check.CHECK_SIDE)
     site = next(cell.path.glob("lib/python*/site-packages"))
     env = tmp_path / "patched-venv"
     subprocess.run([str(cell.interpreter), "-m", "venv", "--without-pip", str(env)], check=True)
@@ -117,19 +123,43 @@ def test_a_partial_backport_is_partial_and_names_the_door_without_the_fix(reg, t
     # Everything else from the release cell; SGLang itself from the patched copy, which comes first.
     (patched_site / "release-cell.pth").write_text(f"{site}\n")
     link_tree(site / "sglang", patched_site / "sglang")
-    target = patched_site / "sglang" / DECODE_DOOR[0]
+    target = patched_site / "sglang" / edit[0]
     source = target.read_text(encoding="utf-8")
-    assert source.count(DECODE_DOOR[1]) == 1
+    assert source.count(edit[1]) == 1
     target.unlink()  # a hard link: never write through it into the release cell
-    target.write_text(source.replace(DECODE_DOOR[1], DECODE_DOOR[2]), encoding="utf-8")
+    target.write_text(source.replace(edit[1], edit[2]), encoding="utf-8")
+    return env / "bin" / "python", site / "sglang" / edit[0]
 
-    code, doc = run_check("--python", str(env / "bin" / "python"))
+
+def test_a_partial_backport_is_partial_and_names_the_door_without_the_fix(reg, tmp_path):
+    python, original = patched_release(reg, tmp_path, "0.5.21", DECODE_DOOR)
+    code, doc = run_check("--python", str(python))
     assert statuses(doc) == {"admission": "partial", "prefill": "fixed"}
     admission = doc["experiments"][0]
     assert admission["scenarios"] == {sid: "pre-fix" if sid == "A2" else "fixed" for sid in telling(reg, "admission")}
     assert admission["deciding"] == ["A2"]
+    # What kept it from fixed: A2's keys, each as base observes it, beside head's.
+    assert admission["explain"]["A2"]["retired"] == {"tree": False, "base": False, "head": True}
+    assert list(admission["explain"]) == ["A2"]
     assert code == errors.BEHAVIOUR_DIFFERS
-    assert DECODE_DOOR[1] in (site / "sglang" / DECODE_DOOR[0]).read_text()  # the release cell is intact
+    assert DECODE_DOOR[1] in original.read_text()  # the release cell is intact
+
+
+def test_an_over_broad_fix_deviates_names_the_control_and_its_values_and_is_not_vex_fixed(reg, tmp_path):
+    python, original = patched_release(reg, tmp_path, "0.5.21", HOLDS_KV)
+    vex = tmp_path / "vex.json"
+    code, doc = run_check("--python", str(python), "--openvex", str(vex))
+    assert statuses(doc) == {"admission": "deviates", "prefill": "fixed"}
+    assert code == errors.BEHAVIOUR_DIFFERS
+    admission = doc["experiments"][0]
+    assert {sid for sid, b in admission["scenarios"].items() if b != "fixed"} == {"A10"} == set(admission["deciding"])
+    assert admission["scenarios"]["A10"] == "deviates"
+    assert admission["explain"]["A10"]["retired"] == {"tree": True, "base": False, "head": False}
+    assert admission["explain"]["A10"]["enqueued"] == {"tree": False, "base": True, "head": True}
+    statement = next(s for s in json.loads(vex.read_text())["statements"] if "38935" in s["vulnerability"]["@id"])
+    assert statement["status"] == "under_investigation"
+    assert "A10: " in statement["status_notes"] and "retired true (base false, head false)" in statement["status_notes"]
+    assert HOLDS_KV[1] in original.read_text()  # the release cell is intact
 
 
 def test_a_tree_that_cannot_import_cannot_run_and_says_why(reg, tmp_path):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from synthetic import result_doc
+from synthetic import OBSERVED, result_doc
 
+from pdevidence.documents.observations import NOT_OBSERVED, Values
 from pdevidence.documents.vocabulary import Behaviour, Classification
 from pdevidence.judge import classify
 
@@ -41,12 +42,25 @@ def test_one_scenario_that_raises_makes_a_pre_fix_release_an_error_naming_it_not
     assert found.differing == ["D3"] and found.error == "D3: AttributeError: no attribute 'sender'"
 
 
-def test_an_error_outranks_neither_and_partial_mixes_the_two_sides():
+def test_an_error_outranks_neither_and_partial_mixes_the_two_sides_whatever_else_happened():
     assert classify.overall({"A1": B.FIXED, "A2": B.PRE_FIX}) is C.PARTIAL
     assert classify.overall({"A1": B.FIXED, "A2": B.ERROR}) is C.ERROR
     assert classify.overall({"A1": B.NEITHER, "A2": B.ERROR}) is C.ERROR
     assert classify.overall({"A1": B.FIXED, "A2": B.NEITHER}) is C.NEITHER
+    assert classify.overall({"A1": B.FIXED, "A2": B.PRE_FIX, "A3": B.NEITHER}) is C.PARTIAL
+    assert classify.overall({"A1": B.FIXED, "A2": B.PRE_FIX, "A3": B.ERROR}) is C.PARTIAL
     assert classify.overall({}) is C.NEITHER
+
+
+def test_a_partial_tree_names_what_raised_and_what_matched_neither():
+    base = result_doc("base", "1.0.0", {"D1": {"sent": 1}, "D3": {"sent": 1}, "D4": {"sent": 1}, "D5": {"sent": 1}})
+    head = result_doc("head", "1.1.0", {"D1": {"sent": 0}, "D3": {"sent": 0}, "D4": {"sent": 0}, "D5": {"sent": 0}})
+    doc = result_doc("sweep", "1.0.1", {"D1": {"sent": 0}, "D3": {"sent": 1}, "D4": {"sent": 2}, "D5": {}},
+                     errors={"D5": {"type": "KeyError", "message": "'kv'"}})
+    found = classify.classify(doc, base, head)
+    assert found.classification is C.PARTIAL
+    assert found.scenarios == {"D1": B.FIXED, "D3": B.PRE_FIX, "D4": B.NEITHER, "D5": B.ERROR}
+    assert (found.differing, found.error) == (["D4", "D5"], "D5: KeyError: 'kv'")
 
 
 def test_true_is_not_the_count_1():
@@ -56,10 +70,47 @@ def test_true_is_not_the_count_1():
     assert classify.classify(doc, base, head).classification is C.NEITHER
 
 
-def test_a_control_that_moves_does_not_decide_the_classification():
+def test_a_fixed_tree_that_departs_from_both_sides_on_a_control_deviates_and_names_its_values():
     doc = release("1.2.0", {"enqueued": False, "retired": True})
     doc["scenarios"]["D2"]["observed"] = {"enqueued": False}
-    assert classify.classify(doc, BASE, HEAD).classification == C.FIXED
+    found = classify.classify(doc, BASE, HEAD)
+    assert found.classification is C.DEVIATES
+    assert found.scenarios == {"D1": B.FIXED, "D2": B.DEVIATES} and found.differing == ["D2"]
+    assert found.deviations == {"D2": {"enqueued": Values(False, True, True)}}
+    assert found.to_json()["deviations"] == {"D2": {"enqueued": {"tree": False, "base": True, "head": True}}}
+
+
+def test_a_control_that_raises_keeps_a_tree_from_fixed_and_is_named():
+    doc = release("1.2.0", {"enqueued": False, "retired": True})
+    doc["scenarios"]["D2"].update(observed={}, error={"type": "AttributeError", "message": "no attribute 'kv'"})
+    found = classify.classify(doc, BASE, HEAD)
+    assert (found.classification, found.scenarios["D2"]) == (C.ERROR, B.ERROR)
+    assert found.error == "D2: AttributeError: no attribute 'kv'" and found.deviations == {}
+
+
+def test_a_control_that_departs_on_a_pre_fix_tree_is_named_beside_its_answer():
+    doc = release("1.0.1", {"enqueued": True, "retired": False})
+    doc["scenarios"]["D2"]["observed"] = {}  # not observed departs too: it is not what either side observed
+    found = classify.classify(doc, BASE, HEAD)
+    assert (found.classification, found.scenarios["D2"]) == (C.PRE_FIX, B.DEVIATES)
+    assert found.deviations == {"D2": {"enqueued": Values(NOT_OBSERVED, True, True)}}
+    assert found.to_json()["deviations"] == {"D2": {"enqueued": {"base": True, "head": True}}}
+
+
+def test_a_pristine_tree_keeps_its_bytes():
+    found = classify.classify(release("1.2.0", {"enqueued": False, "retired": True}), BASE, HEAD)
+    assert found.classification is C.FIXED
+    assert set(found.to_json()) == {"version", "classification", "scenarios", "differing", "error"}
+
+
+def test_what_kept_a_tree_from_fixed_is_each_key_beside_base_and_head():
+    doc = release("1.3.0", {"enqueued": True, "retired": True})
+    judged = classify.judge(doc, BASE, HEAD)
+    assert judged.classification is C.NEITHER
+    assert judged.explain == {"D1": {"enqueued": Values(True, True, False)}}  # retired is head's: not a reason
+    pre = classify.judge(release("1.0.1", {"enqueued": True, "retired": False}), BASE, HEAD)
+    assert pre.explain == {"D1": {"enqueued": Values(True, True, False), "retired": Values(False, False, True)}}
+    assert classify.judge(release("1.2.0", {"enqueued": False, "retired": True}), BASE, HEAD).explain == {}
 
 
 def test_with_a_declared_differential_only_its_changing_scenarios_and_keys_decide(tmp_path):
@@ -146,3 +197,60 @@ def test_a_rule_that_holds_on_an_adaptation_the_probe_ran(demo):
     assert not rule.holds({"scenarios": {}}) and not rule.holds({"adaptations": ["other"]})
     typed = NotDeciding("typed", {"D3.sent": True}, {"D3": ("status",)}, "")
     assert not typed.holds({"scenarios": {"D3": {"observed": {"sent": 1}}}})  # True is not 1
+
+
+CONTROL_ASIDE = """
+[experiments.demo.not_deciding.older_queue]
+when = { "D2.queue" = "list" }
+keys = { D2 = ["enqueued"] }
+why = "the older queue is a list the probe cannot look into"
+"""
+
+
+def test_a_rule_sets_a_control_key_aside_where_it_holds_and_only_there(tmp_path):
+    from synthetic import REGISTRY, make_project
+
+    from pdevidence import registry
+    exp = registry.load(make_project(tmp_path, REGISTRY + CONTROL_ASIDE)).experiment("demo")
+    doc = release("1.2.0", {"enqueued": False, "retired": True})
+    doc["scenarios"]["D2"]["observed"] = {"queue": "list"}
+    found = classify.classify(doc, BASE, HEAD, exp)
+    assert (found.classification, found.scenarios) == (C.FIXED, {"D1": B.FIXED})
+    assert found.not_deciding == ["older_queue: the older queue is a list the probe cannot look into"]
+    doc["scenarios"]["D2"]["observed"] = {"queue": "deque"}
+    assert classify.classify(doc, BASE, HEAD, exp).classification is C.DEVIATES
+
+
+def test_the_rejudge_script_lists_each_control_departure_with_the_rule_that_sets_it_aside(tmp_path):
+    """benchmarks/rejudge_sweep.py, on a synthetic sweep: the release documents the sweep kept, its table and the
+    references it names. It fails while a departure on a release has no rule, and passes once a rule holds."""
+    import json
+    import subprocess
+    import sys
+
+    from synthetic import REGISTRY, make_project, write_cell, write_sweep
+
+    from pdevidence.core.paths import PROJECT
+    root = make_project(tmp_path / "project")
+    write_cell(root / "results", "base")
+    write_cell(root / "results", "head")
+    write_sweep(root / "runs" / "sweep-demo.json")
+    for version, side in (("1.0.0", "base"), ("1.1.0", "head")):
+        doc = result_doc("sweep", version, {**OBSERVED[side], "D2": {"enqueued": True, "queue": "list"}})
+        if version == "1.0.0":
+            doc["scenarios"]["D2"]["observed"]["enqueued"] = False  # the older queue: a departure
+        (root / "runs" / "sweep" / f"release-{version}").mkdir(parents=True)
+        (root / "runs" / "sweep" / f"release-{version}" / "demo.json").write_text(json.dumps(doc))
+
+    def rejudge():
+        return subprocess.run([sys.executable, str(PROJECT / "benchmarks" / "rejudge_sweep.py"), "--root", str(root)],
+                              capture_output=True, text=True, timeout=60)
+
+    done = rejudge()
+    assert done.returncode == 1, done.stderr
+    assert "D2: enqueued false: NOT SET ASIDE" in done.stdout and "1 problem(s)" in done.stdout
+    (root / "experiments.toml").write_text(REGISTRY + CONTROL_ASIDE)
+    done = rejudge()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "D2: enqueued false: set aside by older_queue" in done.stdout
+    assert "demo       1.1.0    fixed\n" in done.stdout

@@ -23,8 +23,11 @@ def test_a_fresh_clone_stays_clean_after_any_command(tmp_path, http_server):
     cache = tmp_path / "cache"
     # A release no lock pins, from a local index; no interpreter for the cells, so check stops after the tree.
     index = serve_index(http_server, {"sglang-9.9.9-py3-none-any.whl": wheel_bytes("9.9.9", "")})
+    no_python = tmp_path / "no-python"  # a program, but no interpreter: a setting that is well-formed, not Python
+    no_python.write_text("#!/bin/sh\nexit 1\n")
+    no_python.chmod(0o755)
     env = {**os.environ, "PYTHONPATH": str(clone), "PDEVIDENCE_CACHE": str(cache), "PDEVIDENCE_INDEX_URL": index,
-           "PDEVIDENCE_PYTHON": str(tmp_path / "no-python")}
+           "PDEVIDENCE_PYTHON": str(no_python)}
     for name in ("PDEVIDENCE_RUNS", "PDEVIDENCE_WORK", "PDEVIDENCE_TORCH", "SGLANG_REPO"):
         env.pop(name, None)
 

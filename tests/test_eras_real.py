@@ -40,9 +40,11 @@ ADAPTATIONS = {
         "admission": ["door-without-is-rebootstrap", "door-without-is-retracted", "door-without-num-kv-heads",
                       "inline-intake-reject", "named-kv-classes", "no-transfer-backend", "server-args-defaults",
                       "server-args-unpublished", "session-id-only", "to-abort-marker"],
-        "prefill": ["batch-result-required-fields", "batch-sampling-info", "infight-queue-name", "is-chunked-counter",
-                    "no-optimistic-prefill", "no-req-kv-info", "server-args-defaults", "server-args-unpublished",
-                    "to-abort-marker", "tree-cache-release", "tree-cache-unfinished"],
+        "prefill": ["batch-result-required-fields", "batch-sampling-info", "chunk-fill-ids", "infight-queue-name",
+                    "is-chunked-counter", "no-cache-abort-release", "no-grammar-in-result", "no-optimistic-prefill",
+                    "no-req-kv-info", "no-req-mamba-slot", "no-sender-abort", "release-without-insert-flag",
+                    "server-args-defaults", "server-args-unpublished", "to-abort-marker", "tree-cache-release",
+                    "tree-cache-unfinished"],
     },
     "0.4.6": {
         "admission": ["door-without-is-rebootstrap", "door-without-is-retracted", "door-without-num-kv-heads",
@@ -55,15 +57,21 @@ ADAPTATIONS = {
                             "tp-rank-patch"]},
     "0.5.10": {"admission": ["door-without-is-rebootstrap", "publish-global-server-args", "tp-rank-patch"]},
     "0.5.14": {"admission": ["door-without-is-rebootstrap", "publish-global-server-args", "tp-rank-patch"],
-               "prefill": ["no-req-kv-info", "optimistic-prefill-retries", "publish-global-server-args",
-                           "scheduler-server-args", "single-rank-poll"]},
+               "prefill": ["chunk-fill-len", "no-req-kv-info", "optimistic-prefill-retries",
+                           "publish-global-server-args", "scheduler-server-args", "single-rank-poll"]},
 }
 
-# Every release is pre-fix; the registry rules (`not_deciding`) that set telling keys aside on it.
+# Every release is pre-fix; the registry rules (`not_deciding`) that set telling keys aside on it. The first
+# PD releases cannot express four of the prefill fix's steps at all (no insert flag on their release, no
+# cache-side abort, no KV-less mamba slot, no abortable sender) nor its grammar gate (no grammar there).
+OLDEST_PREFILL_RULES = ["no_optimistic_prefill", "release_without_insert_flag", "no_cache_abort_release",
+                        "no_req_mamba_slot", "no_grammar_in_result", "no_sender_abort"]
 SET_ASIDE = {
     "admission": {"0.4.5": ["intake_finishes"], "0.4.6": ["intake_finishes"], "0.4.10": ["intake_finishes"]},
-    "prefill": {"0.4.5": ["no_optimistic_prefill"], "0.4.6": ["no_optimistic_prefill"],
-                "0.4.10": ["no_optimistic_prefill"], "0.5.5": ["no_optimistic_prefill"],
+    "prefill": {"0.4.5": OLDEST_PREFILL_RULES, "0.4.6": OLDEST_PREFILL_RULES,
+                "0.4.10": ["no_optimistic_prefill", "release_without_insert_flag", "no_cache_abort_release",
+                           "no_req_mamba_slot"],
+                "0.5.5": ["no_optimistic_prefill"],
                 "0.5.6": ["no_optimistic_prefill"], "0.5.10": ["no_optimistic_prefill"],
                 "0.5.12": ["no_optimistic_prefill"], "0.5.14": ["bootstrap_retries"]},
 }

@@ -24,7 +24,7 @@ from pdevidence import cli, environments, registry
 from pdevidence.core import errors
 from pdevidence.documents import integrity
 from pdevidence.registry import TorchChannel
-from pdevidence.sources import trees, version
+from pdevidence.sources import era_choice, trees, version
 from pdevidence.sources.version import TreeVersion
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,19 @@ ERAS = REGISTRY + """
 [eras.npu]
 releases = ">=0.5.10,<0.5.11"
 constraints = "constraints/npu.txt"
+
+[eras.old]
+releases = ">=0.5.6,<0.5.10"
+constraints = "constraints/old.txt"
 """
+# Each closure as uv compiles it: what it installs of torch and transformers decides which fork's pins fit it.
+CLOSURES = {"npu.txt": ("2.9.1", "5.3.0"), "old.txt": ("2.9.1", "4.57.1"), "cells.txt": ("2.14.1", "5.12.1")}
+
+
+def write_closures(root: Path) -> None:
+    for name, (torch, transformers) in CLOSURES.items():
+        (root / "constraints" / name).write_text(f"torch=={torch} \\\n    --hash=sha256:00\n"
+                                                 f"transformers=={transformers} \\\n    --hash=sha256:00\n")
 # As SGLang's python/sglang/version.py since setuptools-scm: a build writes _version.py; a source tree has none.
 SCM_VERSION_PY = """
 try:
@@ -61,13 +73,17 @@ def git(repo: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
-def make_fork(root: Path, *, guard: bool, tag: str | None = "v0.5.10-npu.rc1", extra_import: str = "") -> Path:
-    """A fork checkout whose build would fail: setuptools-scm on an unparseable tag, cargo for a Rust crate."""
+def make_fork(root: Path, *, guard: bool, tag: str | None = "v0.5.10-npu.rc1", extra_import: str = "",
+              pins: tuple[str, ...] = ()) -> Path:
+    """A fork checkout whose build would fail: setuptools-scm on an unparseable tag, cargo for a Rust crate;
+    ``pins`` are its pyproject's dependencies."""
     package = root / "python" / "sglang"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text(f"{extra_import}\nfrom sglang.version import __version__\nGUARD = {guard}\n")
     (package / "version.py").write_text(SCM_VERSION_PY)
-    (root / "python" / "pyproject.toml").write_text(SCM_PYPROJECT)
+    dependencies = f"dependencies = {list(pins)!r}\n".replace("'", '"')
+    (root / "python" / "pyproject.toml").write_text(SCM_PYPROJECT.replace('dynamic = ["version"]\n',
+                                                                          f'dynamic = ["version"]\n{dependencies}'))
     (root / "python" / "setup.py").write_text(FAILING_SETUP)
     (root / "rust" / "sglang-grpc").mkdir(parents=True)
     (root / "rust" / "sglang-grpc" / "Cargo.toml").write_text('[package]\nname = "sglang-grpc"\n')
@@ -144,7 +160,7 @@ def test_a_directory_holding_sglang_directly_is_a_source_tree_too(tmp_path):
 
 def test_the_era_follows_a_source_trees_version_and_today_runs_one_that_tells_none(tmp_path):
     root = make_project(tmp_path / "project", ERAS)
-    (root / "constraints" / "npu.txt").write_text("")
+    write_closures(root)
     reg = registry.load(root)
     told = trees.path_tree(make_fork(tmp_path / "fork", guard=True))
     untold = trees.path_tree(make_fork(tmp_path / "untold", guard=True, tag="nightly"))
@@ -160,7 +176,7 @@ def world(tmp_path, monkeypatch):
     """A project with an era for 0.5.10; this interpreter stands for every closure environment, and
     building any environment (the step a source tree used to take) fails the test."""
     root = make_project(tmp_path / "project", ERAS)
-    (root / "constraints" / "npu.txt").write_text("")
+    write_closures(root)
     for name in IN_CELL:
         (root / "probes" / name).write_bytes((ROOT / "probes" / name).read_bytes())
     (root / "probes" / "probe_demo.py").write_text(DOOR_PROBE)
@@ -244,7 +260,8 @@ def test_a_tree_that_tells_no_version_runs_in_todays_closure_and_says_so(world, 
     assert problems("check", doc) == []
     cli.main(["--root", str(world.root), "check", "--path", str(fork)])
     header = check_header(capsys)
-    assert header.startswith(f"sglang check: path {fork}: version not told (")
+    assert header.startswith(f"sglang check: path {fork} (outside git, content {doc['target']['resolved'][6:]}): "
+                             "version not told (")
     assert header.endswith("run in today's closure; sglang.__version__ says 0.0.0.dev0")
 
 
@@ -256,15 +273,177 @@ def test_a_fork_needing_a_vendor_package_at_import_cannot_run_naming_the_module(
     assert doc["experiments"][0]["error"] == "ModuleNotFoundError: No module named 'torch_npu'"
 
 
-def test_a_committed_work_tree_is_reused_and_one_outside_git_probed_every_time(world, capsys):
+def test_a_work_tree_in_git_or_not_is_reused_while_it_holds_the_same_content(world, capsys):
     committed = make_fork(world.tmp / "fork", guard=True)
     loose = make_fork(world.tmp / "loose", guard=True, tag=None)
     run_check(world, capsys, "--path", str(committed), "--path", str(loose))
-    _, _, err = run_check(world, capsys, "--path", str(committed), "--path", str(loose))
-    assert f"outcomes reused: path-{git(committed, 'rev-parse', 'HEAD')[:12]}" in err
-    assert "probing path-local" in err
+    _, docs, err = run_check(world, capsys, "--path", str(committed), "--path", str(loose))
+    loose_label = f"path-local-{trees.content_digest(loose / 'python')[:12]}"
+    assert f"engine (npu): 1 tree(s) unchanged, outcomes reused: path-{git(committed, 'rev-parse', 'HEAD')[:12]}" in err
+    assert f"engine: 1 tree(s) unchanged, outcomes reused: {loose_label}" in err
+    assert "probing" not in err
     unfixed = "from sglang.version import __version__\nGUARD = False\n"
-    (committed / "python" / "sglang" / "__init__.py").write_text(unfixed)
-    code, docs, err = run_check(world, capsys, "--path", str(committed))
-    assert "probing path-" in err and "-dirty" in err
-    assert docs["experiments"][0]["status"] == "affected"
+    for tree in (committed, loose):
+        (tree / "python" / "sglang" / "__init__.py").write_text(unfixed)
+    code, docs, err = run_check(world, capsys, "--path", str(committed), "--path", str(loose))
+    assert "probing path-" in err and "-dirty-" in err and "path-local-" in err and "reused" not in err
+    assert [d["experiments"][0]["status"] for d in docs] == ["affected", "affected"]
+
+
+# --- forks get the era their code needs: the version when it is the tree's own, else its pins -------------
+
+OLD_PINS = ("torch==2.9.1", "transformers==4.57.1", "sgl-kernel==0.3.21")  # what "old"'s releases pin
+NEW_PINS = ("torch==2.9.1", "transformers==5.3.0", "sglang-kernel==0.4.1")  # npu's
+
+
+def committed(fork: Path, tag: str | None = None, past: int = 0) -> Path:
+    """``fork`` as a git checkout: one commit, ``tag`` on it (if any), then ``past`` commits of the fork's own."""
+    git(fork, "init", "-q")
+    git(fork, "add", "-A")
+    git(fork, "commit", "-qm", "fork")
+    if tag:
+        git(fork, "tag", tag)
+    if past:  # empty commits on top, in one git process (a loop of `git commit` takes seconds)
+        head = git(fork, "rev-parse", "HEAD")
+        stream = "".join(f"commit refs/heads/main\ncommitter t <t@t> {n} +0000\ndata 9\nfork work\n"
+                         + (f"from {head}\n" if n == 0 else "") + "\n" for n in range(past))
+        subprocess.run(["git", "-C", str(fork), "fast-import", "--quiet"], input=stream, text=True, check=True)
+        git(fork, "reset", "-q", "--hard")
+    return fork
+
+
+def era_line(capsys) -> str:
+    return next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  era: "))
+
+
+def test_a_fork_without_tags_runs_in_the_era_its_pins_choose(world, capsys):
+    fork = committed(make_fork(world.tmp / "fork", guard=True, tag=None, pins=OLD_PINS))
+    code, doc, _ = run_check(world, capsys, "--path", str(fork))
+    assert code == errors.CONFIRMED and world.eras == ["old"]
+    target = doc["target"]
+    assert (target["era"], target["source_version"]) == ("old", None)
+    assert target["source_pins"] == {"torch": "2.9.1", "transformers": "4.57.1", "kernel": "0.3.21",
+                                     "kernel_package": "sgl-kernel", "source": "python/pyproject.toml"}
+    assert target["era_chosen_by"] == {
+        "basis": "pins", "version_set_aside": None,
+        "evidence": "python/pyproject.toml pins torch 2.9.1, transformers 4.57.1, sgl-kernel 0.3.21; era old's "
+                    "closure has torch 2.9.1, transformers 4.57.1 (the same torch 2.9; the same transformers 4.57)"}
+    assert problems("check", doc) == []
+    cli.main(["--root", str(world.root), "check", "--path", str(fork)])
+    assert era_line(capsys) == f"  era: old, chosen by its pins: {target['era_chosen_by']['evidence']}"
+
+
+def test_a_fork_far_past_its_tag_runs_in_the_era_its_pins_choose_and_says_why(world, capsys):
+    # SGLang's main as a fork sees it: the nearest tag on its history is an old release, its pins are today's.
+    fork = committed(make_fork(world.tmp / "fork", guard=True, tag=None, pins=NEW_PINS), "v0.5.6.post2",
+                     past=era_choice.FAR_TAG_COMMITS)
+    _, near, _ = run_check(world, capsys, "--path", str(fork))
+    assert near["target"]["era"] == "old" and near["target"]["era_chosen_by"]["basis"] == "version"
+    assert "; its pins would choose era npu's closure (" in near["target"]["era_chosen_by"]["evidence"]
+    git(fork, "commit", "-q", "--allow-empty", "-m", "one more")
+    code, far, _ = run_check(world, capsys, "--path", str(fork))
+    target = far["target"]
+    assert code == errors.CONFIRMED and world.eras == ["old", "npu"]
+    assert target["source_version"]["told"].startswith(f"v0.5.6.post2-{era_choice.FAR_TAG_COMMITS + 1}-g")
+    assert (target["era"], target["era_chosen_by"]["basis"]) == ("npu", "pins")
+    assert target["era_chosen_by"]["version_set_aside"] == (
+        f"its nearest version tag v0.5.6.post2 is {era_choice.FAR_TAG_COMMITS + 1} commits behind "
+        f"(over {era_choice.FAR_TAG_COMMITS}): the code has moved on from that release")
+    assert problems("check", far) == []
+    cli.main(["--root", str(world.root), "check", "--path", str(fork)])
+    assert era_line(capsys).endswith(f"; version set aside: {target['era_chosen_by']['version_set_aside']}")
+
+
+def test_a_fork_whose_tags_name_another_component_or_its_own_numbering_runs_by_its_pins(world, capsys):
+    fork = committed(make_fork(world.tmp / "fork", guard=True, tag=None, pins=OLD_PINS), "gateway-v0.3.1")
+    _, doc, _ = run_check(world, capsys, "--path", str(fork))
+    assert doc["target"]["source_version"] is None  # a router's tag is no version of SGLang
+    assert (doc["target"]["era"], doc["target"]["era_chosen_by"]["basis"]) == ("old", "pins")
+    git(fork, "tag", "v1.2.0")  # the vendor's own product version
+    _, doc, _ = run_check(world, capsys, "--path", str(fork))
+    assert doc["target"]["source_version"]["version"] == "1.2.0"
+    assert (doc["target"]["era"], doc["target"]["era_chosen_by"]["basis"]) == ("old", "pins")
+    aside = doc["target"]["era_chosen_by"]["version_set_aside"]
+    assert "its tag v1.2.0 names no SGLang release the harness knows" in aside
+
+
+def test_a_fork_at_a_release_tag_runs_in_that_releases_era_and_says_its_pins_agree(world, capsys):
+    fork = committed(make_fork(world.tmp / "fork", guard=True, tag=None, pins=OLD_PINS), "v0.5.8-vendor.1", past=3)
+    code, doc, _ = run_check(world, capsys, "--path", str(fork))
+    assert code == errors.CONFIRMED and world.eras == ["old"]
+    assert doc["target"]["era_chosen_by"] == {
+        "basis": "version", "version_set_aside": None,
+        "evidence": "version 0.5.8 is in era old (<0.5.10,>=0.5.6) (git describe --tags); its pins agree"}
+
+
+def test_a_fork_with_no_version_and_no_pins_runs_in_todays_closure_saying_nothing_told_it(world, capsys):
+    fork = committed(make_fork(world.tmp / "fork", guard=True, tag=None))
+    _, doc, _ = run_check(world, capsys, "--path", str(fork))
+    assert (doc["target"]["era"], doc["target"]["source_pins"], world.eras) == (None, None, [None])
+    assert doc["target"]["era_chosen_by"]["basis"] == "none"
+    cli.main(["--root", str(world.root), "check", "--path", str(fork)])
+    assert era_line(capsys) == ("  era: today's closure: no version told and no pyproject.toml pin of torch, "
+                                "transformers or the kernel: today's closure")
+
+
+# --- many targets in one call: each its own identity ----------------------------------------------
+
+
+def labels_and_answers(docs: list[dict]) -> list[tuple[str, str]]:
+    return [(d["target"]["resolved"], d["experiments"][0]["status"]) for d in docs]
+
+
+def run_dirs(world) -> set[str]:
+    return {p.name for p in (world.tmp / "runs" / "check").iterdir()}
+
+
+def test_two_trees_outside_git_each_get_their_own_name_run_directory_and_answer(world, capsys):
+    fixed = make_fork(world.tmp / "fixed", guard=True, tag=None)
+    unfixed = make_fork(world.tmp / "unfixed", guard=False, tag=None)
+    alone = {tree: labels_and_answers([run_check(world, capsys, "--path", str(tree))[1]])[0]
+             for tree in (fixed, unfixed)}
+    assert [answer for _, answer in alone.values()] == ["fixed", "affected"]
+
+    code, docs, err = run_check(world, capsys, "--path", str(fixed), "--path", str(unfixed))
+    # The same names and answers together as alone, the answers reused from the runs alone.
+    assert labels_and_answers(docs) == [alone[fixed], alone[unfixed]]
+    assert code == errors.BEHAVIOUR_DIFFERS and "probing" not in err
+    assert [d["target"]["ref"] for d in docs] == [str(fixed), str(unfixed)]
+    names = {f"path-{resolved}" for resolved, _ in alone.values()}
+    assert len(names) == 2 and run_dirs(world) == names
+    assert [d["target"]["sha256"] for d in docs] == [trees.content_digest(t / "python") for t in (fixed, unfixed)]
+    assert len(list((world.tmp / "work" / "outcomes").iterdir())) == 2  # one cache entry each
+    assert problems("check", docs[0]) == []
+    cli.main(["--root", str(world.root), "check", "--path", str(fixed)])
+    assert check_header(capsys).startswith(f"sglang check: path {fixed} (outside git, content {alone[fixed][0][6:]}):")
+
+
+def test_two_work_trees_of_one_head_with_different_changes_each_get_their_own_answer(world, capsys):
+    main = make_fork(world.tmp / "main", guard=True)
+    other = world.tmp / "other"
+    git(main, "worktree", "add", "-q", "--detach", str(other), "HEAD")
+    init = "python/sglang/__init__.py"
+    (main / init).write_text((main / init).read_text() + "# a comment: still fixed\n")
+    (other / init).write_text((other / init).read_text().replace("GUARD = True", "GUARD = False"))
+    head = git(main, "rev-parse", "HEAD")
+    assert git(other, "rev-parse", "HEAD") == head
+
+    code, docs, err = run_check(world, capsys, "--path", str(main), "--path", str(other))
+    (one, fixed), (two, affected) = labels_and_answers(docs)
+    assert (fixed, affected) == ("fixed", "affected") and code == errors.BEHAVIOUR_DIFFERS
+    assert one != two and one.startswith(f"{head}-dirty-") and two.startswith(f"{head}-dirty-")
+    assert run_dirs(world) == {f"path-{head[:12]}-dirty-{one.rsplit('-', 1)[1]}",
+                               f"path-{head[:12]}-dirty-{two.rsplit('-', 1)[1]}"}
+    for tree, answer in ((other, "affected"), (main, "fixed")):  # alone, in the other order: the same answers
+        assert run_check(world, capsys, "--path", str(tree))[1]["experiments"][0]["status"] == answer
+
+
+def test_the_same_tree_given_twice_is_probed_once_and_answered_for_each(world, capsys):
+    fork = make_fork(world.tmp / "fork", guard=True, tag=None)
+    loose = make_fork(world.tmp / "loose", guard=False, tag=None)
+    code, docs, err = run_check(world, capsys, "--path", str(fork), "--path", str(loose), "--path", str(fork),
+                                "--path", str(loose))
+    assert [answer for _, answer in labels_and_answers(docs)] == ["fixed", "affected", "fixed", "affected"]
+    assert docs[0] == docs[2] and docs[1] == docs[3]
+    probing = [line for line in err.splitlines() if "probing" in line]  # a source tree gets an engine of its own
+    assert sum(line.count("path-") for line in probing) == 2 and len(run_dirs(world)) == 2

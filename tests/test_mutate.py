@@ -15,10 +15,12 @@ import pytest
 from pdevidence import environments, registry
 from pdevidence.core import errors
 from pdevidence.core.paths import PROJECT
-from pdevidence.documents import provenance
+from pdevidence.documents import integrity, provenance, results
 from pdevidence.documents.tables import MutationTable
-from pdevidence.documents.vocabulary import MutantStatus
-from pdevidence.lanes import mutate
+from pdevidence.documents.vocabulary import Behaviour, MutantStatus
+from pdevidence.cells import allprobes
+from pdevidence.judge.compare import expected_file
+from pdevidence.lanes import check, mutate
 
 sys.path.insert(0, str(PROJECT / "probes"))
 
@@ -252,6 +254,40 @@ def test_over_broad_is_killed_by_a_control_only():
     assert crash == ["enqueued", "error:ValueError"]
 
 
+def reference(side: str, exp: registry.Experiment) -> dict:
+    """A published result of ``side``: what the registry expects there (the control as it expects it)."""
+    observed = {sid: dict(getattr(e, side)) for sid, e in exp.expect.items()}
+    return {"schema": "pd-differential-probe/1", "experiment": exp.name, "side": side,
+            "tree": {"kind": "release", "ref": side, "resolved": side},
+            "scenarios": {sid: {"title": sid, "observed": obs, "error": None} for sid, obs in observed.items()}}
+
+
+def checked(exp: registry.Experiment, result: dict) -> check.ExperimentCheck:
+    """What ``check`` answers for a build that observes ``result``."""
+    outcome = allprobes.Outcome(exp.name, result, None)
+    return check.judge(exp, outcome, reference("base", exp), reference("head", exp))
+
+
+def test_each_mutant_run_is_a_result_check_judges_and_no_over_broad_one_reads_fixed():
+    exp = experiment({"gone": "removes-fix", "wide": "over-broad", "crash": "over-broad", "absent": "over-broad"})
+    doc = document(gone=applied(under(D={"retired": False, "streamed": 0, "status": None})),
+                   wide=applied(under(C={"enqueued": False})), crash=applied(under(C="AttributeError")),
+                   absent={"status": "not applicable", "error": "no such function", "scenarios": {}})
+    doc["adaptations"] = ["older-door"]
+    found = mutate.mutant_results(exp, doc)
+    assert set(found) == {"gone", "wide", "crash"}  # only what ran under its mutant
+    assert found["wide"]["adaptations"] == ["older-door"] and found["wide"]["tree"] == doc["tree"]
+    assert checked(exp, mutate.as_result(exp, doc, doc["baseline"], "baseline")).status is check.Status.FIXED
+    answers = {mid: checked(exp, result) for mid, result in found.items()}
+    assert {mid: a.status for mid, a in answers.items()} == {
+        "gone": check.Status.AFFECTED, "wide": check.Status.DEVIATES, "crash": check.Status.UNKNOWN}
+    assert answers["wide"].to_json()["explain"] == {"C": {"enqueued": {"tree": False, "base": True, "head": True}}}
+    assert answers["crash"].error == "C: AttributeError: boom"
+    table = judge(exp, doc)  # the lane's kills and check's answer name the same controls
+    assert {m.id: sorted(m.killed_by) for m in table.mutants if m.kind is registry.MutantKind.OVER_BROAD
+            and m.status is MutantStatus.KILLED} == {mid: answers[mid].deciding for mid in ("wide", "crash")}
+
+
 def test_baseline_that_is_not_head_fails_the_run():
     exp = experiment({"a": "removes-fix"})
     doc = document(a=applied(under()))
@@ -396,6 +432,45 @@ def test_real_lane_kills_every_mutant_and_every_scenario_kills(name, real_lanes)
     assert {m.kind for m in result.mutants} == set(registry.MutantKind)
 
 
+def published(exp: registry.Experiment, side: str) -> dict:
+    """The published release result of ``side`` (its sums verified), as ``check`` judges against it."""
+    name = f"results/{expected_file(exp, side, 'release')}"
+    assert integrity.problem(PROJECT, name) is None, name
+    return results.load(PROJECT / name, experiment=exp.name, side=side)
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("name", ["admission", "prefill"])
+def test_real_lane_no_mutant_reads_fixed_through_checks_judge(name, real_lanes):
+    """Each mutant's observations on the head release, as the lane's driver document keeps them, judged as
+    ``check`` judges a build that carries the mutant: the unmutated run reads fixed, no mutant does, and each
+    over-broad one shows the controls that killed it in the lane departing (deviates) or raising, named."""
+    runs, done = real_lanes(name)
+    assert done.returncode == errors.CONFIRMED, done.stdout[-2000:] + done.stderr[-2000:]
+    exp = registry.load(PROJECT).experiment(name)
+    doc = json.loads((runs / "mutate" / f"{name}.probe.json").read_text())
+    base, head = published(exp, "base"), published(exp, "head")
+
+    def answer(result: dict) -> check.ExperimentCheck:
+        return check.judge(exp, allprobes.Outcome(name, result, None), base, head)
+
+    assert answer(mutate.as_result(exp, doc, doc["baseline"], "baseline")).status is check.Status.FIXED
+    answers = {mid: answer(result) for mid, result in mutate.mutant_results(exp, doc).items()}
+    over_broad = [mid for mid, m in exp.mutants.items() if m.kind is registry.MutantKind.OVER_BROAD]
+    assert set(over_broad) <= set(answers) and len(over_broad) >= 5  # every one ran on the head release
+    assert {mid: a.to_json() for mid, a in answers.items() if a.status is check.Status.FIXED} == {}
+    killed = {m.id: set(m.killed_by) for m in MutationTable.load(runs / f"mutate.{name}.json").mutants}
+    controls = {sid for sid, e in exp.expect.items() if not e.changes}
+    for mid in over_broad:
+        got = answers[mid]
+        caught = {sid for sid, b in got.scenarios.items() if sid in controls}
+        assert caught == killed[mid], (mid, got.to_json())
+        assert set(got.deviations) | {sid for sid in caught if got.scenarios[sid] is Behaviour.ERROR} == caught
+        # Fixed where the scenarios tell, it deviates; an over-broad fix that also moves a telling scenario
+        # (B_owner_dropped re-retires B4's and B8's retired request) matches neither there: unknown.
+        assert got.status in (check.Status.DEVIATES, check.Status.UNKNOWN), (mid, got.to_json())
+
+
 @pytest.mark.sglang
 def test_real_lane_in_the_engine_writes_what_the_fresh_process_writes(real_lanes):
     """One lane (admission) both ways: the engine child and a fresh process (--cold) observe the same under every
@@ -472,6 +547,12 @@ def test_driver_runs_every_mutant_in_one_process_and_records_each_status(tmp_pat
 IN_CELL = ("_mutants.py", "_probekit.py", "_standins.py", "probe_mutants.py", "probe_all.py", "engine.py")
 
 
+# The demo probe's differential: D changes (the fix retires an aborted request), C is a control.
+DEMO_EXPERIMENT = registry.Experiment(**{**experiment({}).__dict__, "expect": {
+    "D": registry.Expectation("D", True, {"retired": False}, {"retired": True}),
+    "C": registry.Expectation("C", False, {"retired": False}, {"retired": False})}})
+
+
 def demo_lane(tmp_path, monkeypatch, mutants: dict, probe_text: str = DEMO_PROBE, *, cold: bool = False,
               only: list[str] | None = None):
     """A whole lane on the synthetic module: the harness runs the real driver in a warm engine child (this
@@ -492,11 +573,8 @@ def demo_lane(tmp_path, monkeypatch, mutants: dict, probe_text: str = DEMO_PROBE
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     monkeypatch.setenv("PDEVIDENCE_RUNS", str(tmp_path / "runs"))
     monkeypatch.setenv("PDEVIDENCE_WORK", str(tmp_path / "work"))
-    exp = experiment({})
-    expect = {"D": registry.Expectation("D", True, {"retired": False}, {"retired": True}),
-              "C": registry.Expectation("C", False, {"retired": False}, {"retired": False})}
     muts = {mid: registry.Mutant(id=mid, title=mid, **fields) for mid, fields in mutants.items()}
-    exp = registry.Experiment(**{**exp.__dict__, "probe": probes / "probe_demo.py", "expect": expect, "mutants": muts})
+    exp = registry.Experiment(**{**DEMO_EXPERIMENT.__dict__, "probe": probes / "probe_demo.py", "mutants": muts})
     reg = SimpleNamespace(root=tmp_path, experiment=lambda name: exp, era_of=lambda version: None)
     tree = trees.Tree("release", "9.9", "9.9", tmp_path / "tree", None, "pypi", "test")
     tree.install_target.mkdir(exist_ok=True)  # the engine puts it first on the child's path
@@ -527,6 +605,24 @@ def test_lane_end_to_end_kills_by_observation(tmp_path, monkeypatch, cold):
     result = demo_lane(tmp_path, monkeypatch, DOOR_MUTANTS, cold=cold)
     assert {m.id: m.killed_by for m in result.mutants} == {"door": {"D": ["retired"]}, "wide": {"C": ["retired"]}}
     assert result.exit_code == errors.CONFIRMED and result.tree == {"kind": "release", "ref": "9.9", "resolved": "9.9"}
+
+
+ADAPTING_PROBE = DEMO_PROBE + '''
+
+@DEMO.scenario("A", "a scenario that adapts the probe to the tree")
+def a(observed):
+    DEMO.adapted("demo-adaptation")
+    observed["ran"] = True
+'''
+
+
+def test_the_lane_keeps_each_mutants_observations_and_check_judges_them(tmp_path, monkeypatch):
+    demo_lane(tmp_path, monkeypatch, DOOR_MUTANTS, ADAPTING_PROBE)
+    doc = json.loads((tmp_path / "runs" / "mutate" / "demo.probe.json").read_text())
+    assert doc["adaptations"] == ["demo-adaptation"]
+    answers = {mid: checked(DEMO_EXPERIMENT, result).status
+               for mid, result in mutate.mutant_results(DEMO_EXPERIMENT, doc).items()}
+    assert answers == {"door": check.Status.AFFECTED, "wide": check.Status.DEVIATES}
 
 
 WHERE_PROBE = DEMO_PROBE + '''

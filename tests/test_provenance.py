@@ -25,6 +25,7 @@ from synthetic import (
 
 from pdevidence import cli, registry
 from pdevidence.core import clock, errors
+from pdevidence.core.paths import PROJECT
 from pdevidence.documents import integrity, provenance
 from pdevidence.documents.receipts import Receipt
 from pdevidence.documents.tables import MutationTable, SweepTable
@@ -105,9 +106,95 @@ def test_a_file_changed_just_now_is_read_again_even_when_its_stat_looks_the_same
 
 def test_another_harness_makes_every_document_stale(project, monkeypatch):
     receipt = Receipt.load(project / "runs" / "demo.base.release-1.0.0.receipt.json")
-    monkeypatch.setattr(provenance, "harness_digest", lambda: "1" * 64)
-    assert receipt.stale(project) == [f"made by another harness: {provenance.HARNESS_NAME} recorded "
-                                      f"{receipt.provenance.harness[:12]}, this checkout 111111111111"]
+    monkeypatch.setattr(provenance, "harness_digest", lambda shaped, package=None: "1" * 64)
+    assert receipt.stale(project) == [f"made by another harness: {provenance.harness_name(provenance.Shaped.RESULT)} "
+                                      f"recorded {receipt.provenance.harness[:12]}, this checkout 111111111111"]
+
+
+# ---------------------------------------------------------------- which harness modules shape a document
+
+
+def test_the_declared_modules_exist_and_a_table_is_shaped_by_what_shapes_a_result_and_the_judge():
+    for modules in provenance.SHAPING.values():
+        missing = [rel for rel in modules if not (provenance.HARNESS / rel).is_file()]
+        assert not missing, f"declared in provenance.SHAPING but not in the package: {missing}"
+        assert len(set(modules)) == len(modules)
+    assert set(provenance.RESULT_MODULES) < set(provenance.TABLE_MODULES) < set(provenance.CORPUS_MODULES)
+    judge = {p.relative_to(provenance.HARNESS).as_posix() for p in (provenance.HARNESS / "judge").glob("*.py")
+             if p.name != "__init__.py"}
+    assert judge <= set(provenance.TABLE_MODULES) - set(provenance.RESULT_MODULES)
+
+
+def edit(package: Path, rel: str) -> None:
+    with open(package / rel, "a", encoding="utf-8") as fh:
+        fh.write("# an edit\n")
+
+
+@pytest.fixture
+def harness_copy(tmp_path, monkeypatch) -> Path:
+    """A copy of the running package standing in for it: what the digests read."""
+    package = tmp_path / "harness" / "pdevidence"
+    shutil.copytree(provenance.HARNESS, package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(provenance, "HARNESS", package)
+    return package
+
+
+def test_editing_a_module_that_shapes_nothing_leaves_every_document_current(project, harness_copy):
+    receipt = Receipt.load(project / "runs" / "demo.base.release-1.0.0.receipt.json")
+    sweep = SweepTable.load(project / "runs" / "sweep-demo.json")
+    mutations = MutationTable.load(project / "runs" / "mutate.demo.json")
+    shaping = set(provenance.TABLE_MODULES)
+    outside = sorted(p.relative_to(harness_copy).as_posix() for p in harness_copy.rglob("*.py"))
+    outside = [rel for rel in outside if rel not in shaping]
+    assert {"cli.py", "sources/fetch.py", "core/errors.py", "report/report.py", "lanes/check.py"} <= set(outside)
+    for rel in outside:  # a comment, a log line, a refactor: in every module that decides no document's content
+        edit(harness_copy, rel)
+    assert receipt.stale(project) == []
+    assert sweep.stale(project, "probes/probe_demo.py") == []
+    assert mutations.stale(project, "probes/probe_demo.py") == []
+
+
+@pytest.mark.parametrize("rel", provenance.TABLE_MODULES)
+def test_editing_a_module_that_shapes_a_document_makes_it_stale(project, harness_copy, rel):
+    receipt = Receipt.load(project / "runs" / "demo.base.release-1.0.0.receipt.json")
+    sweep = SweepTable.load(project / "runs" / "sweep-demo.json")
+    edit(harness_copy, rel)
+    result_stale = receipt.stale(project)
+    assert bool(result_stale) == (rel in provenance.RESULT_MODULES)
+    if result_stale:
+        assert result_stale[0].startswith("made by another harness: the harness modules that shape a result")
+    assert sweep.stale(project, "probes/probe_demo.py")[0].startswith(
+        "made by another harness: the harness modules that shape a table")
+
+
+@pytest.mark.parametrize("rel", provenance.CORPUS_MODULES)
+def test_a_module_changes_the_harness_digest_of_exactly_the_kinds_of_document_it_shapes(harness_copy, rel):
+    before = {shaped: provenance.harness_digest(shaped) for shaped in provenance.Shaped}
+    edit(harness_copy, rel)
+    changed = {shaped for shaped in provenance.Shaped if provenance.harness_digest(shaped) != before[shaped]}
+    assert changed == {shaped for shaped, modules in provenance.SHAPING.items() if rel in modules}
+
+
+def test_the_published_evidence_is_as_current_after_an_edit_outside_the_declared_set(harness_copy):
+    """The checkout's own published documents: what an edit of the command line or fetch code does to them."""
+    before = integrity.stale_documents(PROJECT)
+    edit(harness_copy, "cli.py")
+    edit(harness_copy, "sources/fetch.py")
+    assert integrity.stale_documents(PROJECT) == before
+    edit(harness_copy, "judge/classify.py")
+    after = integrity.stale_documents(PROJECT)
+    tables = [rel for rel in after if not rel.endswith(".receipt.json")]
+    assert tables and all("made by another harness: the harness modules that shape a" in "; ".join(after[rel])
+                          and after[rel] != before.get(rel) for rel in tables)
+    assert {rel: why for rel, why in after.items() if rel.endswith(".receipt.json")} == \
+        {rel: why for rel, why in before.items() if rel.endswith(".receipt.json")}
+
+
+def test_the_digest_is_of_paths_in_the_package_and_bytes_wherever_the_package_is(harness_copy, tmp_path):
+    elsewhere = tmp_path / "site-packages" / "pdevidence"
+    shutil.copytree(harness_copy, elsewhere)
+    for shaped in provenance.Shaped:
+        assert provenance.harness_digest(shaped) == provenance.harness_digest(shaped, elsewhere)
 
 
 def test_old_documents_load_through_their_upgrade_steps_and_are_stale(project):

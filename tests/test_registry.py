@@ -161,11 +161,16 @@ def test_a_release_runs_in_the_era_that_holds_it_and_a_newer_one_in_todays_closu
     assert reg.era_of("0.4.5").name == "old" and reg.era_of("0.9.9").stand_ins == ("gpu_kernels",)
     assert reg.era_of("1.0.0") is None and reg.era_of(None) is None and reg.era_of("not-a-version") is None
     assert reg.eras["old"].constraints == tmp_path / "constraints" / "old.txt"
+    assert reg.eras["old"].kernel is None  # no kernel range declared
+    kernel = load_text(tmp_path, ERAS.replace('note = "the closure', 'kernel = "<0.4.3"\nnote = "the closure'))
+    assert kernel.eras["old"].kernel.contains("0.4.2.post2") and not kernel.eras["old"].kernel.contains("0.4.3")
 
 
 @pytest.mark.parametrize("broken, message", [
     (ERAS.replace('stand_ins = ["gpu_kernels"]', 'stand_ins = ["vllm"]'), "'vllm' is not declared in \\[stand_ins\\]"),
     (ERAS.replace('releases = ">=0.4.0,<1.0.0"', 'releases = "0.4 to 1.0"'), "not a version specifier"),
+    (ERAS.replace('note = "the closure', 'kernel = "0.3 or newer"\nnote = "the closure'),
+     "eras.old.kernel: '0.3 or newer' is not a version specifier"),
     (ERAS.replace('justification = "vulnerable_code_not_present"', 'justification = "not_vulnerable"'),
      "is not one of: vulnerable_code_not_present, vulnerable_code_not_in_execute_path"),
     (ERAS.replace('why = "the door', 'reason = "the door'), "unknown key experiments.demo.not_affected.no_door.reason"),
@@ -202,7 +207,8 @@ why = "the older intake retires the request itself"
 
 
 @pytest.mark.parametrize("broken, message", [
-    (ASIDE.replace('D1 = ["retired"]', 'D2 = ["enqueued"]'), "'D2' is not a scenario this experiment expects to change"),
+    (ASIDE.replace('D1 = ["retired"]', 'D9 = ["enqueued"]'), "'D9' is not a scenario this experiment expects"),
+    (ASIDE.replace('D1 = ["retired"]', 'D2 = ["retired"]'), "keys.D2: retired is not a key D2 expects"),
     (ASIDE.replace('D1 = ["retired"]', 'D1 = ["sent"]'), "keys.D1: sent is not a key D1 expects"),
     (ASIDE.replace('D1 = ["retired"]', 'D1 = "retired"'), 'expected an array of keys, or "all"'),
     (ASIDE.replace('"D1.intake"', '"intake"'), "'intake' is neither \"adaptation\" nor"),
@@ -213,3 +219,53 @@ def test_not_deciding_rules_name_what_the_experiment_expects(tmp_path, broken, m
         load_text(tmp_path, broken)
     assert err.value.code == errors.USAGE
 
+
+def test_a_not_deciding_rule_may_set_a_control_key_aside(tmp_path):
+    rule = load_text(tmp_path, ASIDE.replace('D1 = ["retired"]', 'D2 = ["enqueued"]')) \
+        .experiment("demo").not_deciding["older_intake"]
+    assert rule.keys == {"D2": ("enqueued",)}
+
+
+# What the oldest trees cannot express, as the prefill probe records it there: a release with no insert
+# flag, no abortable sender, no cache-side abort, no KV-less mamba slot and no grammar in the result path.
+OLDEST_TREE = ["no-cache-abort-release", "no-grammar-in-result", "no-req-mamba-slot", "no-sender-abort",
+               "release-without-insert-flag"]
+
+
+def oldest_tree(side_doc: dict, adaptations: list[str]) -> dict:
+    """``side_doc`` as a tree of the first PD releases observes it: what it cannot express differs."""
+    import copy
+
+    doc = copy.deepcopy(side_doc)
+    doc["tree"] = {"kind": "release", "ref": "0.4.5", "resolved": "0.4.5"}
+    doc["adaptations"] = adaptations
+    scenarios = doc["scenarios"]
+    for sid in ("B1", "B1b", "B2d"):
+        scenarios[sid]["observed"]["sender_aborted"] = 0
+    for sid in ("B1", "B1b"):
+        if scenarios[sid]["observed"]["release_inserts_prefix"] is not None:
+            scenarios[sid]["observed"]["release_inserts_prefix"] = "absent"
+    scenarios["B1h"]["observed"]["cache_aborted"] = 0
+    scenarios["B7"]["observed"] = {"abort_streamed": 0, "mamba_freed": 0}
+    scenarios["B6"]["observed"] = {"abort_streamed": 0, "cached_unfinished": 1, "kv_chunk_sent": 1, "kv_released": 0}
+    return doc
+
+
+def test_prefill_rules_set_aside_only_what_the_oldest_trees_cannot_express():
+    import json
+
+    from pdevidence.documents.vocabulary import Classification
+    from pdevidence.judge import classify
+
+    exp = registry.load(PROJECT).experiment("prefill")
+    base, head = (json.loads((PROJECT / "results" / f"prefill.{side}.release-{v}.json").read_text())
+                  for side, v in (("base", "0.5.19"), ("head", "0.5.20")))
+    ported = classify.classify(oldest_tree(head, OLDEST_TREE), base, head, exp)
+    assert ported.classification is Classification.FIXED  # a port there is seen
+    assert classify.classify(oldest_tree(base, OLDEST_TREE), base, head, exp).classification \
+        is Classification.PRE_FIX  # and the release as published is still affected
+    # Each rule holds only where the tree records the fact: without it, the same port matches neither side.
+    for fact in OLDEST_TREE:
+        rest = [name for name in OLDEST_TREE if name != fact]
+        assert classify.classify(oldest_tree(head, rest), base, head, exp).classification \
+            is not Classification.FIXED, fact

@@ -12,7 +12,7 @@ import cairocffi
 import cairosvg
 import pytest
 from PIL import Image
-from report_data import TITLES, full_document, mutations, notes, report_dict, sweep_v1, sweep_v3
+from report_data import TITLES, full_document, mutations, notes, report_dict, sweep_v1, sweep_v3, sweep_v4
 from synthetic import make_project, write_cell
 
 from pdevidence import cli, registry
@@ -57,8 +57,15 @@ def _many_releases(doc: dict) -> dict:
     return doc
 
 
+def _deviating(doc: dict) -> dict:
+    doc = copy.deepcopy(doc)
+    doc["sweeps"]["prefill"] = sweep_v4()
+    return doc
+
+
 DOCUMENTS = {
     "full": full_document(),
+    "a release that deviates": _deviating(full_document()),
     "bare report dict": report_dict(),
     "not reproduced": _not_reproduced(full_document(), same_as_base=False),
     "head observes base": _not_reproduced({**report_dict(), "scenarios": notes()}, same_as_base=True),
@@ -221,6 +228,20 @@ def test_the_report_names_every_release_the_watch_flags_and_shows_an_erroring_sc
     prefill = next(t for t in timeline.timelines(doc) if t.experiment == "prefill")
     swept = prefill.strips[0].columns[-1]
     assert (swept.label, swept.states["B2"]) == ("0.5.23", Behaviour.ERROR)
+
+
+def test_a_release_that_deviates_is_flagged_and_its_control_is_a_row_marked_only_where_it_departs():
+    doc = DOCUMENTS["a release that deviates"]
+    assert SweepTable.from_doc(sweep_v4(), source="sweep_v4").flagged == ["0.5.21", "0.5.23", "0.5.24"]
+    assert "release watch, not fixed after 0.5.20: 0.5.21 (partial), 0.5.23 (error), 0.5.24 (deviates)" \
+        in report.markdown(doc)
+    prefill = next(t for t in timeline.timelines(doc) if t.experiment == "prefill")
+    assert prefill.rows[-1] == "B9"
+    states = _states(doc)
+    assert (states["B9 on 0.5.24"], states["B1 on 0.5.24"]) == (Behaviour.DEVIATES, Behaviour.FIXED)
+    # Elsewhere the release agrees with both sides on it: no mark; a release that failed is an error in every row.
+    assert {where: state for where, state in states.items() if where.startswith("B9 on")} == {
+        "B9 on 0.5.24": Behaviour.DEVIATES, "B9 on 0.5.17": Behaviour.ERROR}
 
 
 def test_the_narrative_is_generated_from_the_data():

@@ -12,6 +12,7 @@ import synthetic
 from schemas import problems
 
 from pdevidence.core.paths import PROJECT
+from pdevidence.documents.observations import NOT_OBSERVED, Values
 from pdevidence.documents.provenance import Provenance
 from pdevidence.documents.tables import MutationParameters, MutationTable, ReleaseOutcome, SweepParameters
 from pdevidence.documents.upstream_model import Outcome, Subtest, TestEntry, UpstreamResult
@@ -57,9 +58,14 @@ def _upstream() -> dict:
 
 def _check() -> dict:
     found = check.ExperimentCheck("demo", 1, check.Status.PARTIAL, {"D1": Behaviour.FIXED, "D2": Behaviour.PRE_FIX},
-                                  ["D2"], "f" * 64)
+                                  ["D2"], "f" * 64, explain={"D2": {"sent": Values(1, 1, 0)}})
     cannot = check.ExperimentCheck("other", 2, check.Status.CANNOT_RUN, error="ImportError: no sglang")
-    return check.CheckResult(check.Target("release", "1.0.0", "1.0.0", "a" * 64), [found, cannot], "1.0.0").to_json()
+    over_broad = check.ExperimentCheck("third", 3, check.Status.DEVIATES,
+                                       {"D1": Behaviour.FIXED, "C1": Behaviour.DEVIATES}, ["C1"], "f" * 64,
+                                       explain={"C1": {"retired": Values(True, False, False),
+                                                       "held": Values(NOT_OBSERVED, 7, 7)}})
+    return check.CheckResult(check.Target("release", "1.0.0", "1.0.0", "a" * 64), [found, cannot, over_broad],
+                             "1.0.0").to_json()
 
 
 MADE = Provenance({"probes/probe_demo.py": "d" * 64}, "0" * 64)
@@ -72,7 +78,9 @@ FIXTURES = {
     "sweep as the lane writes it": lambda: sweep.document("demo", [
         ReleaseOutcome("1.0.0", Classification.PRE_FIX, {"D1": Behaviour.PRE_FIX}),
         ReleaseOutcome("1.1.0", Classification.FIXED, {"D1": Behaviour.FIXED}),
-        ReleaseOutcome("1.2.0", Classification.ERROR, {"D1": Behaviour.ERROR}, ["D1"], "D1: KeyError: 'x'")],
+        ReleaseOutcome("1.2.0", Classification.ERROR, {"D1": Behaviour.ERROR}, ["D1"], "D1: KeyError: 'x'"),
+        ReleaseOutcome("1.3.0", Classification.DEVIATES, {"D1": Behaviour.FIXED, "D2": Behaviour.DEVIATES}, ["D2"],
+                       deviations={"D2": {"enqueued": Values(False, True, True)}})],
         None, MADE, SweepParameters(explicit=False, pre=False, floor="1.0.0", references={})),
     "mutation as the lane writes it": lambda: dataclasses.replace(
         MutationTable.from_doc(synthetic.MUTATIONS, source="v1"), provenance=MADE,
@@ -100,6 +108,10 @@ def test_the_test_fixtures_and_what_the_code_writes_meet_the_schemas(name):
     ("mutation", lambda d: d["mutants"][0].update(status="wounded")),
     ("report", lambda d: d["pairs"][0].update(verdict="probably")),
     ("check", lambda d: d["experiments"][0].update(status="fine")),
+    ("check", lambda d: d["experiments"][0].pop("explain")),
+    ("check", lambda d: d["experiments"][0]["explain"]["D2"]["sent"].update(published=1)),
+    ("check", lambda d: d.update(schema="pdevidence-check/1")),
+    ("sweep", lambda d: d["releases"][0].update(deviations={"D2": {"enqueued": {"tree": 1, "mutant": 0}}})),
     ("upstream", lambda d: d["tests"][0].pop("nodeid")),
 ])
 def test_a_broken_document_is_rejected(kind, breaks):

@@ -9,10 +9,11 @@ from synthetic import result_doc
 
 from pdevidence.core.errors import HarnessError
 from pdevidence.documents import provenance
+from pdevidence.documents.observations import Values
 from pdevidence.documents.tables import SweepParameters, SweepTable
 from pdevidence.lanes import drift, sweep
 
-C = sweep.Classification
+C, B = sweep.Classification, sweep.Behaviour
 
 
 def test_a_release_after_the_first_fixed_one_that_behaves_as_pre_fix_is_a_regression():
@@ -27,7 +28,7 @@ def test_a_release_after_the_first_fixed_one_that_behaves_as_pre_fix_is_a_regres
     made = provenance.Provenance({"probes/probe_demo.py": "d" * 64}, "0" * 64)
     parameters = SweepParameters(explicit=False, pre=False, floor="0.1", references={})
     doc = sweep.document("demo", outcomes, "2026-10-01T00:00:00Z", made, parameters)
-    assert (doc["schema"], doc["first_fixed"], doc["regressions"]) == ("pdevidence-sweep/3", "0.2", ["0.3", "0.6"])
+    assert (doc["schema"], doc["first_fixed"], doc["regressions"]) == ("pdevidence-sweep/4", "0.2", ["0.3", "0.6"])
     assert SweepTable.from_doc(doc, source="test").doc is doc
     assert sweep.first_fixed(outcomes[:1]) is None and sweep.regressions(outcomes[:1]) == []
 
@@ -37,19 +38,32 @@ def test_every_release_after_the_first_fixed_one_that_is_not_fixed_is_flagged_wh
               sweep.ReleaseOutcome("0.3", C.FIXED), sweep.ReleaseOutcome("0.4", C.FIXED)]
     after = [sweep.ReleaseOutcome(v, c) for v, c in [
         ("0.5", C.PRE_FIX), ("0.6", C.PARTIAL), ("0.7", C.NEITHER), ("0.8", C.ERROR), ("0.9", C.FAILED)]]
+    after.append(sweep.ReleaseOutcome("0.10", C.DEVIATES, {"D1": B.FIXED, "D2": B.DEVIATES}, ["D2"],
+                                      deviations={"D2": {"enqueued": Values(False, True, True)}}))
     assert sweep.flagged(before) == []  # what breaks before the fix landed is not the watch's business
-    assert sweep.flagged(before + after) == ["0.5", "0.6", "0.7", "0.8", "0.9"]
+    assert sweep.flagged(before + after) == ["0.5", "0.6", "0.7", "0.8", "0.9", "0.10"]
+    assert sweep.regressions(before + after) == ["0.5", "0.6"]  # an over-broad fix is not the fix gone
     text = sweep.table("demo", before + after, {"head": "0.3"})
     assert "0.8          error  WATCH: not fixed after a fixed release" in text
+    assert "0.10         deviates (departs from both sides on D2: enqueued false (base true, head true))  WATCH" \
+           in text
     assert "release watch: not fixed after 0.3: 0.5 (pre-fix), 0.6 (partial), 0.7 (neither), 0.8 (error), " \
-           "0.9 (failed)" in text
+           "0.9 (failed), 0.10 (deviates)" in text
     made = provenance.Provenance({"probes/probe_demo.py": "d" * 64}, "0" * 64)
     parameters = SweepParameters(explicit=False, pre=False, floor="0.1", references={})
     doc = sweep.document("demo", before + after, None, made, parameters)
-    assert doc["flagged"] == ["0.5", "0.6", "0.7", "0.8", "0.9"] and SweepTable.from_doc(doc, source="test")
+    assert doc["flagged"] == ["0.5", "0.6", "0.7", "0.8", "0.9", "0.10"]
+    assert doc["releases"][-1]["deviations"] == {"D2": {"enqueued": {"tree": False, "base": True, "head": True}}}
+    assert SweepTable.from_doc(doc, source="test").releases[-1] == after[-1]  # read back as written
 
 
-@pytest.mark.parametrize("kind", [C.PRE_FIX, C.PARTIAL, C.NEITHER, C.ERROR, C.FAILED])
+def test_a_partial_release_names_what_raised_and_matched_neither_beside_its_pre_fix_scenarios():
+    o = sweep.ReleaseOutcome("0.6", C.PARTIAL, {"D1": B.FIXED, "D2": B.PRE_FIX, "D3": B.NEITHER, "D4": B.ERROR},
+                             ["D3", "D4"], "D4: KeyError: 'kv'")
+    assert sweep.detail(o) == " (raised: D4: KeyError: 'kv'; pre-fix: D2; neither: D3)"
+
+
+@pytest.mark.parametrize("kind", [C.PRE_FIX, C.PARTIAL, C.NEITHER, C.ERROR, C.FAILED, C.DEVIATES])
 def test_the_sweep_command_exits_9_naming_a_release_that_is_not_fixed_after_the_first_fixed_one(
         kind, tmp_path, monkeypatch, capsys):
     from synthetic import make_project
@@ -174,9 +188,10 @@ def test_a_sweep_of_something_that_is_not_a_version_is_a_usage_error(tmp_path, c
 
     project = make_project(tmp_path / "project")
     assert cli.main(["--root", str(project), "sweep", "demo"]) == errors.USAGE
-    assert "--experiment demo" in capsys.readouterr().err
-    assert cli.main(["--root", str(project), "sweep", "latest"]) == errors.USAGE
-    assert "'latest' is not a version" in capsys.readouterr().err
+    assert "argument versions: 'demo' is not a release version" in (err := capsys.readouterr().err)
+    assert "experiments are named with --experiment" in err
+    assert cli.main(["--root", str(project), "sweep", "0.5.21;"]) == errors.USAGE
+    assert "argument versions: '0.5.21;' is not a release version" in capsys.readouterr().err
 
 
 def drift_against(tmp_path, monkeypatch, fresh_doc):

@@ -445,10 +445,12 @@ def test_path_tree_of_a_checkout_root_installs_its_python_dir(tmp_path, monkeypa
 
     tree = trees.path_tree(root)
 
-    assert tree.kind == "path" and tree.source == "path" and tree.digest is None
+    assert tree.kind == "path" and tree.source == "path"
     assert tree.install_target == root.resolve() / "python"
     assert tree.repo_root == root.resolve()
-    assert tree.resolved == "local"  # not a git work tree
+    # Not a git work tree: named by the content of its package directory.
+    assert tree.digest == trees.content_digest(root / "python")
+    assert tree.resolved == f"local-{tree.digest[:12]}" and tree.label() == f"path-local-{tree.digest[:12]}"
 
 
 def test_path_tree_of_a_git_work_tree_is_labelled_by_head_and_dirtiness(clone):
@@ -456,7 +458,40 @@ def test_path_tree_of_a_git_work_tree_is_labelled_by_head_and_dirtiness(clone):
 
     (clone.path / "python" / "sglang" / "__init__.py").write_text("# work in progress\n")
 
-    assert trees.path_tree(clone.path).resolved == clone.second + "-dirty"
+    dirty = trees.path_tree(clone.path)
+    assert dirty.resolved == f"{clone.second}-dirty-{dirty.digest[:12]}"
+    assert trees.commit_of(dirty.resolved) == clone.second
+
+
+def test_a_tree_outside_git_is_named_by_every_file_the_probes_can_load_and_nothing_else(tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    root = tmp_path / "work"
+    package = root / "python" / "sglang"
+    (package / "srt").mkdir(parents=True)
+    (package / "srt" / "scheduler.py").write_text("RETIRE = True\n")
+    (root / "python" / "pyproject.toml").write_text('[project]\nname = "sglang"\n')
+    first = trees.path_tree(root)
+
+    (package / "__pycache__").mkdir()
+    (package / "__pycache__" / "x.cpython-312.pyc").write_bytes(b"\0")
+    (root / "docs.md").write_text("outside the package directory\n")  # not on the probes' path
+    assert trees.path_tree(root).resolved == first.resolved
+
+    names = {first.resolved}
+    for change in (lambda: (package / "srt" / "scheduler.py").write_text("RETIRE = False\n"),  # bytes
+                   lambda: (package / "srt" / "scheduler.py").rename(package / "srt" / "moved.py"),  # a name
+                   lambda: (package / "vendor.py").write_text(""),  # a new, empty file
+                   lambda: (root / "python" / "pyproject.toml").write_text("")):  # what chooses the era
+        change()
+        names.add(trees.path_tree(root).resolved)
+    assert len(names) == 5
+
+    (package / "loop").symlink_to(package)  # a link loop is read once, not forever
+    (root / "elsewhere.py").write_text("X = 1\n")
+    (package / "linked.py").symlink_to(root / "elsewhere.py")  # an import reads through the link
+    linked = trees.path_tree(root)
+    (root / "elsewhere.py").write_text("X = 2\n")
+    assert trees.path_tree(root).resolved != linked.resolved
 
 
 def test_path_tree_of_a_directory_without_a_python_package_is_a_usage_error(tmp_path):
@@ -555,7 +590,7 @@ def test_a_git_tree_asked_by_ref_is_cached_under_its_sha(clone, cache, lock):
     assert os.listdir(cache / "trees") == [f"git-{clone.second}"]
 
 
-def test_a_dirty_path_tree_keeps_dirty_in_its_label_and_its_changes_in_its_digest(clone):
+def test_a_dirty_path_tree_names_its_head_and_its_changes(clone):
     clean = trees.path_tree(clone.path)
     assert clean.label() == f"path-{clone.second[:12]}"
     init = clone.path / "python" / "sglang" / "__init__.py"
@@ -565,8 +600,9 @@ def test_a_dirty_path_tree_keeps_dirty_in_its_label_and_its_changes_in_its_diges
     init.write_text("__version__ = 'edit two'\n")
     two = trees.path_tree(clone.path)
 
-    assert one.label() == two.label() == f"path-{clone.second[:12]}-dirty"
-    assert len({clean.digest, one.digest, two.digest}) == 3
+    # Two edits on one HEAD: two names, two keys (two work trees of one commit must not swap answers).
+    assert one.label() == f"path-{clone.second[:12]}-dirty-{one.digest[:12]}"
+    assert len({clean.label(), one.label(), two.label()}) == len({clean.digest, one.digest, two.digest}) == 3
     (clone.path / "python" / "sglang" / "new.py").write_text("a = 1\n")
     untracked = trees.path_tree(clone.path)
     (clone.path / "python" / "sglang" / "new.py").write_text("a = 2\n")
@@ -581,7 +617,7 @@ def test_a_clean_path_tree_has_a_stable_digest_and_ignored_files_do_not_count(cl
     (clone.path / "build").mkdir()
     (clone.path / "build" / "artifact.o").write_bytes(b"\0")
     after = trees.path_tree(clone.path)
-    assert before.digest == after.digest and not after.resolved.endswith("-dirty")
+    assert before.digest == after.digest and after.resolved == before.resolved == git(clone.path, "rev-parse", "HEAD")
 
 
 # --- the tree lock: pinned in the tracked file, first seen in the user cache -------------------

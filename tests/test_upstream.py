@@ -297,7 +297,7 @@ def test_an_unfetchable_head_tree_is_an_environment_problem_naming_both_ways_out
     monkeypatch.setenv("PDEVIDENCE_GIT_ARCHIVE_URL", unreachable_url + "/{sha}")
     with pytest.raises(HarnessError) as err:
         upstream.resolve_source(project, project.experiment("demo"))
-    assert err.value.code == ENVIRONMENT  # the README: "a tree could not be fetched" is 3
+    assert err.value.code == ENVIRONMENT  # docs/operators/exit-codes.md: "a tree could not be fetched" is 3
     assert upstream.TESTS_ENV in str(err.value) and "SGLANG_REPO" in str(err.value)
 
 

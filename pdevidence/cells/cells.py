@@ -76,8 +76,9 @@ def resolve_tree(registry: Registry, cell: Cell) -> trees.Tree:
 
 
 def cell_era(registry: Registry, cell: Cell) -> Era | None:
-    """The era a cell's tree runs in, known before it is fetched: a release's version decides (as
-    ``environments.era_of`` decides for the tree); a commit or a source tree runs in today's closure."""
+    """The era a cell's tree runs in as far as it is known before the tree is fetched: a release's version
+    decides (as ``environments.era_of`` decides for the tree); a commit's or a source tree's era is known
+    once it is (the version it tells, else its pins): None until then."""
     if cell.kind != "release":
         return None
     return registry.era_of(cell.ref or registry.experiment(cell.experiment).release(cell.side))
@@ -151,20 +152,22 @@ def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Pa
     # Picked before the tree is fetched: a CPU channel without its closure stops before any download.
     closure = environments.closure(registry, cell_era(registry, cell), torch=torch, override=constraints)
     tree = resolve_tree(registry, cell)
+    if cell.kind != "release":  # what the receipt records is the closure the environment installs
+        closure = environments.closure(registry, environments.era_of(registry, tree), torch=torch,
+                                       override=constraints)
     made_by = provenance.record(registry.root, provenance.inputs(registry, [cell.experiment],
-                                                                 provenance.CELL_DRIVERS, [closure]))
+                                                                 provenance.CELL_DRIVERS, [closure]),
+                                provenance.Shaped.RESULT)
     key = cache_key(registry, made_by, tree, torch.channel)
     out = out_dir or runs_dir(registry.root)
     result = out / results.result_name(cell.experiment, cell.side, tree.label())
     receipt_file = results.receipt_path(result)
     work = work_dir(registry.root)
     slug = cell_slug(registry, cell, tree, closure)
-    # A path tree outside git has no content key: it always reruns.
-    cacheable = not (cell.kind == "path" and tree.digest is None)
     with exclusive(work / "locks" / f"{slug}.lock", f"cell {cell.name}"):
         _clean_leftovers(result)
         current = _stored_run(result, key)
-        if not force and cacheable and current:
+        if not force and current:
             log(f"{cell.name}: inputs unchanged, reusing {result.name} (use --force to rerun)")
             return CellOutcome(cell, result, receipt_file, reused=True)
         if not current:  # stale: it describes other inputs and must not be compared as current

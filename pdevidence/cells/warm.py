@@ -1,9 +1,10 @@
 """Probe many trees through the warm engine, keeping each tree's outcome under a key of what made it.
 
 A tree's outcome (per experiment: the result document, or why its setup failed) is
-kept under ``.cells/outcomes/<key>/``, the key being the tree's digest (wheel or
-archive SHA-256), the closure, every file that runs in the cell (probes, kit,
-drivers, engine), the harness itself, the interpreter and the torch channel. An
+kept under ``.cells/outcomes/<key>/``, the key being what the tree holds (a release's
+or wheel's SHA-256, a commit, a work tree's HEAD and changes or, outside git, its
+content), the closure, every file that runs in the cell (probes, kit, drivers,
+engine), the harness itself, the interpreter and the torch channel. An
 unchanged rerun probes nothing; a new release is the only tree probed. What the
 engine could not finish (a crash, a timeout) is never kept. How the tree's process
 ran (``core/sandbox.py``) is kept with its outcome.
@@ -28,7 +29,7 @@ from ..core import sandbox
 from ..core.errors import HarnessError
 from ..core.files import dumps, read_json, sha256_file, write_atomic
 from ..core.paths import work_dir
-from ..documents.provenance import harness_digest, tree_digest
+from ..documents.provenance import Shaped, harness_digest, tree_digest
 from ..registry import Era, Registry
 from ..sources.importable import importable_dir
 from ..sources.trees import Tree
@@ -42,18 +43,13 @@ def outcome_key(reg: Registry, tree: Tree, closure: Path, interpreter: str, chan
         "args": tree_args,  # what the documents say of the tree (a sweep's side is not a check's)
         "closure": sha256_file(closure),
         "in_cell": tree_digest(list((reg.root / "probes").glob("*.py")), reg.root),
-        "harness": harness_digest(),
+        "harness": harness_digest(Shaped.RESULT),
         "python": interpreter,
         "torch": channel,
         "stand_ins": stand_ins,
         "sandbox": sandbox.detect().tool.value,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
-
-
-def _keyed(tree: Tree) -> bool:
-    """A work tree outside git has nothing that says what it holds: it is probed on every run, never kept."""
-    return tree.kind != "path" or tree.digest is not None
 
 
 def _complete(directory: Path, experiments: list[str]) -> bool:
@@ -89,9 +85,11 @@ def _keep(entry: Path, produced: Path, experiments: list[str], containment: dict
 
 def probe_trees(reg: Registry, trees: list[Tree], experiments: list[str], tree_args: dict[str, dict[str, str]], *,
                 out_dir: Path, jobs: int = 2, force: bool = False, log=print) -> dict[str, dict[str, allprobes.Outcome]]:
-    """Per tree label, per experiment, the outcome: from the cache, else from one engine per era for the misses."""
+    """Per tree label, per experiment, the outcome: from the cache, else from one engine per era for the misses.
+
+    A label names one content (``trees.tree_label``): a tree given twice, or two copies of one, is probed once."""
     by_era: dict[str, tuple[Era | None, list[Tree]]] = {}
-    for tree in trees:
+    for tree in {tree.label(): tree for tree in trees}.values():
         era = environments.era_of(reg, tree)
         by_era.setdefault(era.name if era else "", (era, []))[1].append(tree)
     found = {}
@@ -120,7 +118,7 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
     todo = []
     for tree in trees:
         label, entry = tree.label(), work / "outcomes" / keys[tree.label()]
-        if not force and _keyed(tree) and _complete(entry, experiments):
+        if not force and _complete(entry, experiments):
             allprobes.clear(out_dir / label, experiments)
             _copy(entry, out_dir / label, experiments)
             found[label] = allprobes.collect(exps, out_dir / label, entry / "none.log", "left no outcome",
@@ -132,7 +130,6 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
         log(f"{where}: {len(found)} tree(s) unchanged, outcomes reused: {', '.join(found)} (use --force to reprobe)")
     # A work tree (--path) is the user's: its imports must leave no bytecode in it.
     quiet = {"PYTHONDONTWRITEBYTECODE": "1"} if any(t.kind == "path" for t in trees) else {}
-    keyed = {tree.label() for tree in trees if _keyed(tree)}
     groups = _groups(todo)
     for group in groups:
         alone = " in an engine of its own" if len(groups) > 1 and not group[0].shared else ""
@@ -142,7 +139,7 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
                          env={**stand_ins, **quiet}, log=log)
         for label, outcomes in ran.items():
             found[label] = outcomes
-            if label in keyed and _complete(out_dir / label, experiments):
+            if _complete(out_dir / label, experiments):
                 _keep(work / "outcomes" / keys[label], out_dir / label, experiments,
                       next(iter(outcomes.values())).containment)
     return found

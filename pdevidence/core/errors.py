@@ -1,6 +1,6 @@
 """Exit codes and the one error type the harness raises to users.
 
-Every code means one thing; the README documents them.
+Every code means one thing; docs/operators/exit-codes.md documents them.
 """
 
 from __future__ import annotations

@@ -1,30 +1,72 @@
-"""Where things live: the project tree, the user cache, fresh runs."""
+"""Where things live: the project's files, the user's cache and state, fresh runs.
+
+The project's files (registry, in-cell probes, closures, tree lock, published evidence) are a
+checkout's top level, or, in an installed wheel, the copy of them it carries under
+``pdevidence/project/`` (pyproject.toml maps them there at build time). A checkout keeps its
+scratch beside it (``.cells/``, ``runs/``) as ever; an installed copy never writes where it is
+installed: its environments, trees and cached outcomes go to the user's cache directory, its runs
+to the user's state directory (``platformdirs``; ``PDEVIDENCE_CACHE``, ``PDEVIDENCE_WORK`` and
+``PDEVIDENCE_RUNS`` override them).
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parents[2]
+import platformdirs
+
+from . import settings
+
+APP = "pdevidence"
+REGISTRY = "experiments.toml"
+PACKAGE = Path(__file__).resolve().parents[1]
+BUNDLE = PACKAGE / "project"  # where a wheel carries the project's files
+CHECKOUT = PACKAGE.parent
+
+
+def _project() -> Path:
+    """The installed wheel's own files when it carries them, else the checkout this package is in."""
+    return BUNDLE if (BUNDLE / REGISTRY).is_file() else CHECKOUT
+
+
+PROJECT = _project()
+
+
+def bundled(root: Path) -> bool:
+    """Is ``root`` the copy an installed wheel carries (read-only: nothing is written under it)?"""
+    try:
+        return root.resolve() == BUNDLE.resolve()
+    except OSError:
+        return False
 
 
 def cache_dir() -> Path:
-    """Content-addressed downloads and extracted trees, shared by all cells."""
-    env = os.environ.get("PDEVIDENCE_CACHE")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "pdevidence"
+    """Content-addressed downloads and extracted trees, shared by all cells (and an installed copy's work)."""
+    return settings.get("PDEVIDENCE_CACHE") or platformdirs.user_cache_path(APP)
+
+
+def state_dir() -> Path:
+    """What an installed copy keeps between runs that is not a cache: its runs."""
+    return platformdirs.user_state_path(APP)
 
 
 def work_dir(root: Path) -> Path:
-    """Per-checkout scratch: cell environments, logs, probe stderr."""
-    return Path(os.environ.get("PDEVIDENCE_WORK", root / ".cells"))
+    """Cell environments, logs, locks, cached outcomes: beside a checkout, in the user's cache when installed."""
+    return settings.get("PDEVIDENCE_WORK") or (cache_dir() / "work" if bundled(root) else root / ".cells")
 
 
 def runs_dir(root: Path) -> Path:
     """Fresh cell results and receipts (the published ones live in results/)."""
-    return Path(os.environ.get("PDEVIDENCE_RUNS", root / "runs"))
+    return settings.get("PDEVIDENCE_RUNS") or (state_dir() / "runs" if bundled(root) else root / "runs")
+
+
+def keep_bytecode_out(root: Path) -> None:
+    """With an installed copy's files, every process the harness starts keeps its bytecode in the user's cache
+    (PYTHONPYCACHEPREFIX), not beside the in-cell files it carries in site-packages. A checkout's cells keep
+    theirs beside their sources, as ever; a prefix the user set stands."""
+    if bundled(root) and not os.environ.get("PYTHONPYCACHEPREFIX"):
+        os.environ["PYTHONPYCACHEPREFIX"] = str(cache_dir() / "pycache")
 
 
 def results_dir(root: Path) -> Path:

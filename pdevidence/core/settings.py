@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -25,7 +27,7 @@ _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 class Setting:
     name: str
     accepted: str  # what a value may be, in words, for the error message
-    parse: Callable[[str], Any]  # raises ValueError on a bad value
+    parse: Callable[[str], Any]  # raises ValueError (or OSError, for a path) on a bad value
     default: Any = None
 
 
@@ -84,6 +86,34 @@ def _archive_url(text: str) -> str:
     return _url(text)
 
 
+def _directory(text: str) -> Path:
+    """A directory the harness may write in: an existing one, or one it can make (every existing step of the
+    way a directory it can write in)."""
+    path = Path(text).expanduser()
+    for step in (path, *path.parents):
+        if step.exists():
+            if not (step.is_dir() and os.access(step, os.W_OK | os.X_OK)):
+                raise ValueError(text)
+            return path
+    return path
+
+
+def _existing_directory(text: str) -> Path:
+    path = Path(text).expanduser()
+    if not path.is_dir():
+        raise ValueError(text)
+    return path
+
+
+def _executable(text: str) -> str:
+    """A program: a path to an executable file, or a name found on PATH."""
+    found = shutil.which(text) if os.sep not in text else (text if os.path.isfile(text) and os.access(text, os.X_OK)
+                                                           else None)
+    if not found:
+        raise ValueError(text)
+    return text
+
+
 SETTINGS = {s.name: s for s in (
     Setting("PDEVIDENCE_PROBE_TIMEOUT", "a positive number of seconds, e.g. 900 (the default)", _seconds, 900.0),
     Setting("PDEVIDENCE_SANDBOX", f"one of: {', '.join(SANDBOX_TOOLS)} (default auto: bubblewrap, else unshare)",
@@ -102,6 +132,19 @@ SETTINGS = {s.name: s for s in (
     Setting("PDEVIDENCE_GIT_ARCHIVE_URL", "an http(s) or file URL with {sha} where the commit goes, e.g. "
             "https://codeload.github.com/sgl-project/sglang/tar.gz/{sha}", _archive_url,
             "https://codeload.github.com/sgl-project/sglang/tar.gz/{sha}"),
+    Setting("PDEVIDENCE_CACHE", "a directory the harness may write in (made if missing); default the user's cache "
+            "directory", _directory),
+    Setting("PDEVIDENCE_WORK", "a directory the harness may write in (made if missing); default .cells/ in a "
+            "checkout, the cache's work/ when installed", _directory),
+    Setting("PDEVIDENCE_RUNS", "a directory the harness may write in (made if missing); default runs/ in a "
+            "checkout, the user's state directory when installed", _directory),
+    Setting("PDEVIDENCE_PYTHON", "the cells' Python interpreter: an executable file, or a command on PATH",
+            _executable),
+    Setting("PDEVIDENCE_UPSTREAM_TESTS", "an existing directory: an SGLang checkout, or one holding the PR's test "
+            "files", _existing_directory),
+    Setting("SGLANG_REPO", "an existing directory: a clone of SGLang's repository", _existing_directory),
+    Setting("SGLANG_TREE", "an existing directory: an SGLang source tree", _existing_directory),
+    Setting("UV", "the uv program: an executable file, or a command on PATH (set by `uv run`)", _executable),
 )}
 
 
@@ -113,7 +156,7 @@ def get(name: str) -> Any:
         return setting.default
     try:
         return setting.parse(raw)
-    except ValueError:
+    except (ValueError, OSError):  # OSError: a path that cannot even be looked at (a name too long)
         raise usage(f"{name}={raw!r} is not a valid setting", expected=setting.accepted,
                     todo=f"fix {name} or unset it") from None
 

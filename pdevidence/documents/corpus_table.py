@@ -16,7 +16,7 @@ from ..core.errors import HarnessError
 from ..core.files import read_json
 from ..registry import REGISTRY_FILE
 from ..sources.backports import Variant
-from .provenance import KIT, SWEEP_DRIVERS, Provenance, stale_why
+from .provenance import KIT, SWEEP_DRIVERS, Provenance, Shaped, stale_why
 from .versions import Schema
 from .vocabulary import CheckStatus
 
@@ -74,7 +74,8 @@ class CorpusTable:
         return list(dict.fromkeys(a.release for a in self.answers))
 
     def stale(self, root: Path, probes: list[str]) -> list[str]:
-        return stale_why(self.provenance, root, [*probes, KIT, *SWEEP_DRIVERS, REGISTRY_FILE, *self.backports])
+        return stale_why(self.provenance, root, [*probes, KIT, *SWEEP_DRIVERS, REGISTRY_FILE, *self.backports],
+                         Shaped.CORPUS)
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": CORPUS_SCHEMA.name, "answers": [a.to_json() for a in self.answers],

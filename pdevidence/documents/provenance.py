@@ -3,15 +3,20 @@
 A receipt, a sweep table and a mutation table each carry a provenance block:
 the SHA-256 of every file that ran or decided its content (the probe, the
 probe kit, the in-cell drivers, the registry, the constraints closure), keyed
-by their path in the checkout, and one digest of the harness (every
-``pdevidence/**/*.py``, sorted by path). Evidence whose block differs from the
-checkout was made by other inputs than the ones a reader would rerun: it is
-stale (exit 8), and the only way forward is a republish. The warm engine's
-outcome cache keys on the same digests, through the same functions.
+by their path in the checkout, and one digest of the harness modules that
+shape that kind of document (``SHAPING``, declared here and nowhere else; by
+path in the package and bytes, so a checkout and an installed copy agree).
+Evidence whose block differs from the checkout was made by other inputs than
+the ones a reader would rerun: it is stale (exit 8), and the only way forward
+is a republish. A module outside the declared set (the command line, fetching,
+locking, messages, publishing, the report) changes without staling anything.
+The warm engine's outcome cache keys on the same digests, through the same
+functions.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import re
 import time
@@ -24,7 +29,49 @@ from ..core.files import relative, sha256_file
 from ..registry import REGISTRY_FILE, Registry
 
 HARNESS = Path(__file__).resolve().parents[1]  # the pdevidence package that is running
-HARNESS_NAME = "the harness (pdevidence/**/*.py)"
+
+
+class Shaped(str, enum.Enum):
+    """A kind of document, for which harness modules shape it."""
+
+    RESULT = "result"  # a cell's result and its receipt; an outcome the warm engine keeps
+    TABLE = "table"  # a sweep or mutation table
+    CORPUS = "corpus table"  # the backport corpus's table
+
+
+# The harness modules that decide what each kind of document records, by path in the package. A result is made by
+# the in-cell files, the closure, the tree and the interpreter (recorded besides); of the harness, by what sets up
+# and runs its probe process and writes its receipt. A table is made by those, the registry and the judge.
+# Each kind's modules are named once, below; a module that comes to decide what a document records belongs here.
+RESULT_MODULES = (
+    "cells/cells.py",  # a cell's probe arguments, and what its receipt records of the run
+    "cells/probe_run.py",  # a probe process's command and environment
+    "cells/allprobes.py",  # the all-probes driver's command and environment
+    "cells/engine.py",  # the warm engine's tasks: the driver, the tree on the path, the arguments
+    "sources/importable.py",  # a tree as the warm engine puts it on a probe's path
+    "environments.py",  # the environment a probe runs in: the closure installed, the tree, the stand-ins
+    "documents/receipts.py",  # what a receipt records
+)
+TABLE_MODULES = (
+    *RESULT_MODULES,
+    "registry.py",  # how experiments.toml is read: expectations, mutants, not-affected and not-deciding rules
+    "judge/classify.py",  # the judge: a release's classification
+    "judge/compare.py",  # the judge: which observations agree (a mutant's verdict)
+    "documents/vocabulary.py",  # the words a table records
+    "documents/tables.py",  # what a table records
+    "lanes/sweep.py",  # the sweep: its releases, their arguments, its document
+    "lanes/sweep_parts.py",  # the CI fan-out's parts, joined into the sweep's document
+    "lanes/mutate.py",  # the mutation lane: its mutants, their verdicts, its document
+)
+# The corpus table: a table's modules, and check's judge run on the trees the backports make.
+CORPUS_MODULES = (
+    *TABLE_MODULES,
+    "sources/backports.py",  # the backport, pristine and partial trees, made from the declared edits
+    "lanes/check.py",  # check's judge: each tree's status per fix
+    "lanes/corpus.py",  # the corpus: its trees, the answer expected of each
+    "documents/corpus_table.py",  # what a corpus table records
+)
+SHAPING = {Shaped.RESULT: RESULT_MODULES, Shaped.TABLE: TABLE_MODULES, Shaped.CORPUS: CORPUS_MODULES}
 KIT = "probes/_probekit.py"
 STAND_INS = "probes/_standins.py"  # the era stand-ins the kit loads in every cell, where the checkout has them
 # The in-cell drivers of each kind of document, beside the experiment's own probe.
@@ -61,8 +108,15 @@ def tree_digest(files: list[Path], root: Path) -> str:
     return digest.hexdigest()
 
 
-def harness_digest() -> str:
-    return tree_digest(list(HARNESS.rglob("*.py")), HARNESS)
+def harness_digest(shaped: Shaped, package: Path | None = None) -> str:
+    """One digest of the modules that shape ``shaped`` documents, by their path in ``package`` (default: the
+    running one) and their bytes."""
+    package = package or HARNESS
+    return tree_digest([package / rel for rel in SHAPING[shaped]], package)
+
+
+def harness_name(shaped: Shaped) -> str:
+    return f"the harness modules that shape a {shaped.value} (provenance.{shaped.name}_MODULES)"
 
 
 def republish_steps(reg: Registry | None = None) -> str:
@@ -113,7 +167,7 @@ class Provenance:
             raise ValueError("provenance.harness is not a SHA-256")
         return cls(dict(doc["files"]), doc["harness"])
 
-    def differences(self, root: Path, required: list[str]) -> list[str]:
+    def differences(self, root: Path, required: list[str], shaped: Shaped) -> list[str]:
         """How this checkout differs from what made the document, one line per file; empty: it is current."""
         found = [f"{rel}: not recorded" for rel in sorted(set(required) - set(self.files))]
         for rel, sha in sorted(self.files.items()):
@@ -122,15 +176,15 @@ class Provenance:
                 found.append(f"{rel}: made by {_role(rel)} ({rel} is not in this checkout)")
             elif (now := file_digest(path)) != sha:
                 found.append(f"{rel}: made by {_role(rel)} (recorded {sha[:12]}, this checkout {now[:12]})")
-        if (now := harness_digest()) != self.harness:
-            found.append(f"made by another harness: {HARNESS_NAME} recorded {self.harness[:12]}, "
+        if (now := harness_digest(shaped)) != self.harness:
+            found.append(f"made by another harness: {harness_name(shaped)} recorded {self.harness[:12]}, "
                          f"this checkout {now[:12]}")
         return found
 
 
-def record(root: Path, files: list[Path]) -> Provenance:
-    """The provenance block of a document made now from ``files`` (paths in the checkout at ``root``)."""
-    return Provenance({relative(path, root): file_digest(path) for path in files}, harness_digest())
+def record(root: Path, files: list[Path], shaped: Shaped) -> Provenance:
+    """The provenance block of a ``shaped`` document made now from ``files`` (paths in the checkout at ``root``)."""
+    return Provenance({relative(path, root): file_digest(path) for path in files}, harness_digest(shaped))
 
 
 def inputs(reg: Registry, experiments: list[str], drivers: tuple[str, ...], closures: list[Path]) -> list[Path]:
@@ -146,10 +200,10 @@ def required(reg: Registry, experiment: str, drivers: tuple[str, ...]) -> list[s
     return [relative(reg.experiment(experiment).probe, reg.root), KIT, *drivers, REGISTRY_FILE]
 
 
-def stale_why(block: Provenance | None, root: Path, required_files: list[str]) -> list[str]:
+def stale_why(block: Provenance | None, root: Path, required_files: list[str], shaped: Shaped) -> list[str]:
     if block is None:
         return ["it records no provenance (written before documents recorded what made them)"]
-    return block.differences(root, required_files)
+    return block.differences(root, required_files, shaped)
 
 
 def stale_error(found: dict[str, list[str]], reg: Registry | None, *, what: str = "evidence") -> HarnessError:

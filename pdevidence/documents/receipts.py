@@ -27,7 +27,7 @@ from ..core.files import read_json, relative, sha256_file
 from ..environments import CellEnvironment, find_python
 from ..registry import REGISTRY_FILE
 from ..sources.trees import Tree
-from .provenance import KIT, Provenance, stale_why
+from .provenance import KIT, Provenance, Shaped, stale_why
 from .results import result_beside
 from .versions import Schema
 
@@ -258,7 +258,8 @@ class Receipt:
 
     def stale(self, root: Path) -> list[str]:
         """How this checkout differs from what made the run (empty: the receipt is current evidence)."""
-        return stale_why(self.provenance, root, [self.probe.file, KIT, REGISTRY_FILE, self.constraints.file])
+        return stale_why(self.provenance, root, [self.probe.file, KIT, REGISTRY_FILE, self.constraints.file],
+                         Shaped.RESULT)
 
     def pins(self) -> dict[str, Version | str]:
         """What must match for two runs to count as the same environment (versions compare as versions).

@@ -1,6 +1,6 @@
 """Result documents: names and the typed result.
 
-The result is the probe's contract (see the README); the file name says
+The result is the probe's contract (docs/formats.md); the file name says
 experiment, side and tree: ``<experiment>.<side>.<kind>-<ref>.json``, with the
 receipt beside it as ``....receipt.json``.
 """
@@ -63,7 +63,7 @@ class Result:
         """Check the result contract; a violation names the source and the field."""
         def bad(why: str) -> HarnessError:
             return HarnessError(f"{source} is not a valid probe result: {why}",
-                                expected="the result document described in the README",
+                                expected="the result document described in docs/formats.md",
                                 todo="rerun the cell; if it persists, the probe is broken")
 
         if not isinstance(doc, dict):

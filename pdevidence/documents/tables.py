@@ -18,7 +18,8 @@ from packaging.version import InvalidVersion, Version
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, HarnessError
 from ..core.files import read_json
 from ..registry import REGISTRY_FILE, MutantKind, Operator
-from .provenance import KIT, MUTATION_DRIVERS, SWEEP_DRIVERS, Provenance, stale_why
+from .observations import Explained, explained_from_doc, explained_json
+from .provenance import KIT, MUTATION_DRIVERS, SWEEP_DRIVERS, Provenance, Shaped, stale_why
 from .versions import Schema
 from .vocabulary import LACKS_FIX, Behaviour, Classification, MutantStatus
 
@@ -40,6 +41,8 @@ class ReleaseOutcome:
     error: str | None = None  # why it could not be probed (failed), or what its scenarios raised (error)
     evidence: list[str] = field(default_factory=list)  # not affected: the observations that show it
     not_deciding: list[str] = field(default_factory=list)  # the registry rules that set keys aside on this tree
+    # The controls the release departs from both sides on: per scenario, each such key beside base's and head's.
+    deviations: Explained = field(default_factory=dict)
 
     def to_json(self) -> dict:
         found = {"version": self.version, "classification": self.classification.value,
@@ -50,6 +53,8 @@ class ReleaseOutcome:
             found["evidence"] = self.evidence
         if self.not_deciding:
             found["not_deciding"] = self.not_deciding
+        if self.deviations:
+            found["deviations"] = explained_json(self.deviations)
         return found
 
 
@@ -110,7 +115,14 @@ def _sweep_2_to_3(doc: dict) -> dict:
     return doc
 
 
-SWEEP_SCHEMA = Schema("pdevidence-sweep/", 3, {1: _sweep_1_to_2, 2: _sweep_2_to_3})
+def _sweep_3_to_4(doc: dict) -> dict:
+    """/4 judges the controls too: the classification and the scenario behaviour "deviates" (a control the
+    release departs from both sides on) and each release's ``deviations``. A /3 table judged none, so it has
+    none of them and reads as it is."""
+    return doc
+
+
+SWEEP_SCHEMA = Schema("pdevidence-sweep/", 4, {1: _sweep_1_to_2, 2: _sweep_2_to_3, 3: _sweep_3_to_4})
 
 
 @dataclass(frozen=True)
@@ -152,7 +164,7 @@ class SweepTable:
 
     def stale(self, root: Path, probe: str) -> list[str]:
         """How this checkout differs from what made the table (``probe``: the experiment's, in the checkout)."""
-        return stale_why(self.provenance, root, [probe, KIT, *SWEEP_DRIVERS, REGISTRY_FILE])
+        return stale_why(self.provenance, root, [probe, KIT, *SWEEP_DRIVERS, REGISTRY_FILE], Shaped.TABLE)
 
     @classmethod
     def from_doc(cls, doc: Any, *, source: str) -> SweepTable:
@@ -180,7 +192,7 @@ class SweepTable:
                     entry["version"], Classification(entry["classification"]),
                     {sid: Behaviour(b) for sid, b in entry.get("scenarios", {}).items()},
                     list(entry.get("differing", [])), entry.get("error"), list(entry.get("evidence", [])),
-                    list(entry.get("not_deciding", []))))
+                    list(entry.get("not_deciding", [])), explained_from_doc(entry.get("deviations", {}))))
             except (TypeError, KeyError, ValueError, AttributeError):
                 raise bad(f"release entry {entry!r}") from None
             if not isinstance(entry["version"], str) or not isinstance(releases[-1].error, (str, type(None))):
@@ -288,7 +300,7 @@ class MutationTable:
 
     def stale(self, root: Path, probe: str) -> list[str]:
         """How this checkout differs from what made the table (``probe``: the experiment's, in the checkout)."""
-        return stale_why(self.provenance, root, [probe, KIT, *MUTATION_DRIVERS, REGISTRY_FILE])
+        return stale_why(self.provenance, root, [probe, KIT, *MUTATION_DRIVERS, REGISTRY_FILE], Shaped.TABLE)
 
     @property
     def score(self) -> dict[str, int]:

@@ -13,7 +13,8 @@ from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT_DIFFERS, INC
 
 
 class Behaviour(str, enum.Enum):
-    """What one telling scenario did on a tree: what base did, what head did, neither, or raised."""
+    """What one telling scenario did on a tree: what base did, what head did, neither, or raised; and a
+    control (a scenario base and head agree on) that the tree departs from or raised in."""
 
     PRE_FIX = "pre-fix"
     FIXED = "fixed"
@@ -21,6 +22,7 @@ class Behaviour(str, enum.Enum):
     ERROR = "error"
     NOT_AFFECTED = "not affected"  # the tree lacks the vulnerable path (a registry rule's observation shows it)
     NOT_DECIDING = "not deciding"  # on this tree none of its keys tells base from head (a registry rule says why)
+    DEVIATES = "deviates"  # a control: the tree observes what neither base nor head observes
 
 
 class Classification(str, enum.Enum):
@@ -33,6 +35,9 @@ class Classification(str, enum.Enum):
     ERROR = "error"  # a telling scenario raised: the probe broke on this release, named beside the others
     FAILED = "failed"  # the release could not be probed at all
     NOT_AFFECTED = "not affected"  # the vulnerable path is not in this tree: ``evidence`` names what shows it
+    # Fixed on every telling scenario, but a control departs from both sides (``deviations`` names them): an
+    # over-broad fix, not the fixed code.
+    DEVIATES = "deviates"
 
 
 class CheckStatus(str, enum.Enum):
@@ -44,6 +49,7 @@ class CheckStatus(str, enum.Enum):
     UNKNOWN = "unknown"
     CANNOT_RUN = "cannot run"
     NOT_AFFECTED = "not affected"
+    DEVIATES = "deviates"  # fixed where the scenarios tell, but a control departs from both sides: not the fixed code
 
 
 # A release classified so lacks the fix, wholly or in part (after a fixed one: a regression).

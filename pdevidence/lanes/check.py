@@ -6,9 +6,12 @@ probe process's path as it is (``--version``, ``--wheel``: the wheel unpacked;
 ``--path``, ``--git``: the source tree's directory holding ``sglang/``, nothing
 built), in the closure of the tree's era. Every experiment runs in one probe
 process. Each is judged on the scenarios that tell the published base and head
-results apart: fixed, affected (pre-fix), partial (some scenarios fixed, others
-pre-fix), unknown (matches neither), or cannot run (the probe could not import
-or set up).
+results apart and on the controls (scenarios they agree on): fixed, affected
+(pre-fix), partial (some scenarios fixed, others pre-fix), deviates (fixed where
+the scenarios tell, but a control departs from both sides: an over-broad fix, not
+the fixed code), unknown (matches neither, or raised), or cannot run (the probe
+could not import or set up). Every answer but fixed shows, per scenario that kept
+the build from fixed, its keys with the build's value beside base's and head's.
 """
 
 from __future__ import annotations
@@ -19,33 +22,38 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import environments
 from ..cells import allprobes, warm
 from ..core import children, sandbox
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, usage, worst
 from ..core.paths import results_dir, runs_dir, tree_lock_file, work_dir
+from ..documents.observations import Explained, explained_json, explained_text
 from ..documents.vocabulary import Behaviour, Classification
 from ..documents.vocabulary import CheckStatus as Status
 from ..judge import classify
 from ..registry import Experiment, Registry
-from ..sources import trees
+from ..sources import era_choice, images, trees
+from ..sources.era_choice import EraChoice
+from ..sources.pins import TreePins
 from ..sources.version import TreeVersion
 
-SCHEMA = "pdevidence-check/1"
+SCHEMA = "pdevidence-check/2"
 # SGLang itself requires Python >= 3.10; the tests parse the probes with that grammar.
 MIN_PYTHON = (3, 10)
 CHECK_SIDE = "check"
 SOURCE_KINDS = ("path", "git")
+IMAGE_KIND = images.KIND
 
 
 STATUS_OF = {Classification.FIXED: Status.FIXED, Classification.PRE_FIX: Status.AFFECTED,
              Classification.PARTIAL: Status.PARTIAL, Classification.NEITHER: Status.UNKNOWN,
-             Classification.ERROR: Status.UNKNOWN}
+             Classification.ERROR: Status.UNKNOWN, Classification.DEVIATES: Status.DEVIATES}
 EXIT_OF = {Status.FIXED: CONFIRMED, Status.AFFECTED: BEHAVIOUR_DIFFERS, Status.PARTIAL: BEHAVIOUR_DIFFERS,
-           Status.UNKNOWN: BEHAVIOUR_DIFFERS, Status.CANNOT_RUN: ENVIRONMENT, Status.NOT_AFFECTED: CONFIRMED}
+           Status.UNKNOWN: BEHAVIOUR_DIFFERS, Status.CANNOT_RUN: ENVIRONMENT, Status.NOT_AFFECTED: CONFIRMED,
+           Status.DEVIATES: BEHAVIOUR_DIFFERS}
 # Which scenarios decide each status: those that put it there.
 DECIDING = {Status.FIXED: (Behaviour.FIXED,), Status.AFFECTED: (Behaviour.PRE_FIX,),
-            Status.PARTIAL: (Behaviour.PRE_FIX,), Status.UNKNOWN: (Behaviour.NEITHER, Behaviour.ERROR)}
+            Status.PARTIAL: (Behaviour.PRE_FIX,), Status.UNKNOWN: (Behaviour.NEITHER, Behaviour.ERROR),
+            Status.DEVIATES: (Behaviour.DEVIATES,)}
 
 
 @dataclass
@@ -56,18 +64,26 @@ class Target:
     sha256: str | None = None  # of the wheel or archive, where there is one
     version: TreeVersion | None = None  # a source tree's version, read from its commit; None: not told
     era: str | None = None  # the era whose closure the tree runs in; None: today's closure
+    era_choice: EraChoice | None = None  # what chose the era; None for an interpreter
+    pins: TreePins | None = None  # a source tree's pins of torch, transformers and the kernel; None: none read
+    image: images.Found | None = None  # an image's package: which image, and where in it
 
     def label(self) -> str:
         if self.kind == "python":
             return f"python-{hashlib.sha256(self.ref.encode()).hexdigest()[:12]}"
-        return trees.tree_label(self.kind, self.resolved or self.ref)
+        return trees.tree_label(self.kind, self.resolved or self.ref, self.sha256)
 
     def to_json(self) -> dict:
         found = {"kind": self.kind, "ref": self.ref, "resolved": self.resolved, "sha256": self.sha256}
         if self.kind != "python":
             found["era"] = self.era
+            found["era_chosen_by"] = self.era_choice.to_json() if self.era_choice else None
         if self.kind in SOURCE_KINDS:
             found["source_version"] = self.version.to_json() if self.version else None
+            found["source_pins"] = self.pins.to_json() if self.pins else None
+        if self.image is not None:
+            found["source_version"] = self.version.to_json() if self.version else None
+            found["image"] = self.image.to_json()
         return found
 
 
@@ -83,11 +99,19 @@ class ExperimentCheck:
     evidence: list[str] = field(default_factory=list)  # not affected: the observations that show it
     justification: str | None = None  # not affected: OpenVEX's justification
     not_deciding: list[str] = field(default_factory=list)  # the registry rules that set keys aside on this build
+    # Per scenario that kept the build from fixed (pre-fix, neither, a departing control): its keys, the
+    # build's value beside base's and head's.
+    explain: Explained = field(default_factory=dict)
+
+    @property
+    def deviations(self) -> Explained:
+        """The controls the build departs from both sides on, with their keys."""
+        return {sid: keys for sid, keys in self.explain.items() if self.scenarios.get(sid) is Behaviour.DEVIATES}
 
     def to_json(self) -> dict:
         found = {"experiment": self.experiment, "pr": self.pr, "status": self.status.value,
                  "scenarios": {sid: b.value for sid, b in self.scenarios.items()}, "deciding": self.deciding,
-                 "result_sha256": self.result_sha256, "error": self.error}
+                 "result_sha256": self.result_sha256, "error": self.error, "explain": explained_json(self.explain)}
         if self.status is Status.NOT_AFFECTED:
             found.update(evidence=self.evidence, justification=self.justification)
         if self.not_deciding:
@@ -121,11 +145,12 @@ def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict) -
     if rules:  # the vulnerable path is not in this build: which observation shows it decides
         return ExperimentCheck(exp.name, exp.pr, Status.NOT_AFFECTED, found, sorted({r.scenario for r in rules}),
                                outcome.result_sha256, None, classify.evidence(rules), rules[0].justification.value)
-    status = STATUS_OF[classify.overall(found)]
-    return ExperimentCheck(exp.name, exp.pr, status, found,
-                           [sid for sid, b in found.items() if b in DECIDING[status]],
-                           outcome.result_sha256, classify.raised(outcome.doc, found),
-                           not_deciding=classify.set_aside(outcome.doc, exp))
+    judged = classify.judge(outcome.doc, base, head, exp)
+    status = STATUS_OF[judged.classification]
+    return ExperimentCheck(exp.name, exp.pr, status, judged.scenarios,
+                           [sid for sid, b in judged.scenarios.items() if b in DECIDING[status]],
+                           outcome.result_sha256, judged.raised, not_deciding=classify.set_aside(outcome.doc, exp),
+                           explain=judged.explain)
 
 
 def interpreter_version(interpreter: Path) -> tuple[int, int]:
@@ -179,8 +204,25 @@ def resolve(reg: Registry, *, python: Path | None = None, version: str | None = 
     else:
         raise usage("check needs a target", expected="one of --python, --version, --wheel, --path, --git")
     ref = tree.origin if tree.kind == "path" else tree.ref
-    era = environments.era_of(reg, tree)
-    return Target(tree.kind, ref, tree.resolved, tree.digest, tree.version, era.name if era else None), tree
+    choice = era_choice.choose(reg, tree)
+    return Target(tree.kind, ref, tree.resolved, tree.digest, tree.version, choice.name, choice, tree.pins), tree
+
+
+def resolve_image(reg: Registry, path: Path, *, log=print) -> list[tuple[Target, trees.Tree]]:
+    """Every SGLang package in a saved image, each a target run in the era its dist-info's version names."""
+    found = images.scan(path, log=log)
+    if not found:
+        raise usage(f"{path} holds no SGLang package",
+                    expected="sglang/ and its sglang-<version>.dist-info in a site-packages or dist-packages "
+                    "directory of the image, or the source an editable install of it names",
+                    todo="check SGLang inside a running container with --python, or copy its tree out and use --path")
+    targets = []
+    for package in found:
+        tree = package.tree()
+        choice = era_choice.choose(reg, tree)
+        targets.append((Target(IMAGE_KIND, str(package.image.archive), tree.version.told if tree.version else None,
+                               tree.digest, tree.version, choice.name, choice, image=package), tree))
+    return targets
 
 
 def run(reg: Registry, target: Target, tree: trees.Tree | None, *, fresh_references: bool = False,
@@ -202,15 +244,19 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, f
     refs = {exp.name: classify.references(reg, exp, directory, fresh=fresh_references) for exp in exps}
     names = [exp.name for exp in exps]
     out = runs_dir(reg.root) / "check"
-    warm_trees = [tree for _, tree in targets if tree is not None]
+    # One probe per tree: an image's package may be named twice (two platforms, or the image passed twice).
+    warm_trees = list({tree.label(): tree for _, tree in targets if tree is not None}.values())
     engine_outcomes = warm.probe_trees(reg, warm_trees, names, {t.label(): _tree_args(t) for t in warm_trees},
                                        out_dir=out, log=log) if warm_trees else {}
+    own: dict[str, dict[str, allprobes.Outcome]] = {}  # interpreters, by label
     found = []
     for target, tree in targets:
         if tree is not None:
             outcomes = engine_outcomes[tree.label()]
         else:
-            outcomes = _in_own_process(reg, names, target, out / target.label(), log)
+            if target.label() not in own:
+                own[target.label()] = _in_own_process(reg, names, target, out / target.label(), log)
+            outcomes = own[target.label()]
         versions = {o.doc.get("sglang_version") for o in outcomes.values() if o.doc}
         version = versions.pop() if len(versions) == 1 else None
         if target.kind == "python":
@@ -237,9 +283,18 @@ def _in_own_process(reg: Registry, names: list[str], target: Target, out: Path, 
 
 def describe(result: CheckResult) -> str:
     target = result.target
+    if target.image is not None:
+        version = target.version
+        told = f"sglang {version.told} from {version.source.removeprefix(target.image.install.site + '/')}" \
+            if version else "version not told (no dist-info, no version.py literal)"
+        era = f"era {target.era}" if target.era else "today's closure"
+        return f"image {target.image.describe()}: {told}, run in {era}"
     if target.kind in ("release", "wheel"):
         return f"{target.kind} {target.resolved}"
-    commit = f" at {target.resolved}" if target.kind == "path" and target.resolved != "local" else ""
+    commit = ""
+    if target.kind == "path" and target.resolved:
+        commit = f" at {target.resolved}" if trees.commit_of(target.resolved) else \
+            f" (outside git, content {target.resolved.partition('-')[2]})"
     found = f" (sglang {result.sglang_version})" if result.sglang_version else ""
     if target.kind == "python":
         return f"{target.kind} {target.ref}{found}"
@@ -252,23 +307,32 @@ def describe(result: CheckResult) -> str:
     return f"{target.kind} {target.ref}{commit}: {told}, run in {era}{said}"
 
 
+# What the table names after each status: the scenarios that put it there (then any departing control).
+SHOWN = {Status.FIXED: (Behaviour.FIXED,), Status.AFFECTED: (Behaviour.PRE_FIX,),
+         Status.PARTIAL: (Behaviour.PRE_FIX, Behaviour.FIXED, Behaviour.NEITHER), Status.UNKNOWN: (Behaviour.NEITHER,),
+         Status.DEVIATES: (Behaviour.FIXED, Behaviour.DEVIATES)}
+LABEL = {Behaviour.PRE_FIX: "pre-fix", Behaviour.FIXED: "fixed", Behaviour.NEITHER: "matches neither side",
+         Behaviour.DEVIATES: "departs from both sides on the controls"}
+
+
 def table(result: CheckResult) -> str:
-    """One line per experiment: status, then the scenarios that decided it."""
+    """One line per experiment: status, the scenarios that decided it, and whatever raised whatever the status;
+    below it, each scenario that kept the build from fixed, its keys with the build's value beside base's and
+    head's."""
     lines = [f"sglang check: {describe(result)}"]
+    if result.target.kind in SOURCE_KINDS and result.target.era_choice:
+        lines.append(f"  era: {result.target.era_choice.describe()}")
     for e in result.experiments:
         by = {b: [sid for sid, got in e.scenarios.items() if got is b] for b in Behaviour}
         if e.status is Status.CANNOT_RUN:
-            detail = f"could not run: {e.error}"
+            parts = [f"could not run: {e.error}"]
         elif e.status is Status.NOT_AFFECTED:
-            detail = "the vulnerable path is not in this build: " + "; ".join(e.evidence)
-        elif e.status is Status.PARTIAL:
-            detail = f"pre-fix: {', '.join(by[Behaviour.PRE_FIX])}; fixed: {', '.join(by[Behaviour.FIXED])}"
-        elif e.status is Status.UNKNOWN:
-            neither = f"matches neither side: {', '.join(by[Behaviour.NEITHER])}" if by[Behaviour.NEITHER] else ""
-            detail = "; ".join(part for part in (neither, f"raised: {e.error}" if e.error else "") if part)
+            parts = ["the vulnerable path is not in this build: " + "; ".join(e.evidence)]
         else:
-            detail = f"{'fixed' if e.status is Status.FIXED else 'pre-fix'}: {', '.join(e.deciding)}"
-        lines.append(f"  {e.experiment:<10} {e.status.value:<12} PR #{e.pr}  {detail}")
+            parts = [f"{LABEL[b]}: {', '.join(by[b])}" for b in dict.fromkeys([*SHOWN[e.status], Behaviour.DEVIATES])
+                     if by[b]] + ([f"raised: {e.error}"] if e.error else [])
+        lines.append(f"  {e.experiment:<10} {e.status.value:<12} PR #{e.pr}  {'; '.join(parts)}")
+        lines += [f"  {'':<10} {line}" for line in explained_text(e.explain)]
         lines += [f"  {'':<10} judged without {rule}" for rule in e.not_deciding]
     lines.append(f"  ran {sandbox.describe(result.containment)}")  # how the tree's code ran on this machine
     return "\n".join(lines)

@@ -21,7 +21,7 @@ from ..documents.provenance import Provenance
 from ..documents.vocabulary import CheckStatus
 from ..judge import classify
 from ..registry import Registry
-from ..sources import backports, trees
+from ..sources import backports, era_choice, trees
 from ..sources.backports import Backport, Variant
 from ..sources.importable import importable_dir
 from . import check
@@ -50,7 +50,7 @@ def made_by(reg: Registry, files: list) -> Provenance:
     harness) and the backport files."""
     closures = [environments.closure(reg), *(era.constraints for era in reg.eras.values())]
     return provenance.record(reg.root, [*provenance.inputs(reg, list(reg.experiments), provenance.SWEEP_DRIVERS,
-                                                           closures), *files])
+                                                           closures), *files], provenance.Shaped.CORPUS)
 
 
 def run(reg: Registry, releases: list[str] | None = None, *, fresh_references: bool = False, log=print) -> Corpus:
@@ -67,7 +67,6 @@ def run(reg: Registry, releases: list[str] | None = None, *, fresh_references: b
     for backport in declared:
         release = trees.release_tree(backport.release, reg.python, lock)
         pristine = importable_dir(release, work)
-        era = environments.era_of(reg, release)
         for variant in Variant:
             try:
                 tree = backports.materialize(release, pristine, variant, backport, work)
@@ -75,9 +74,10 @@ def run(reg: Registry, releases: list[str] | None = None, *, fresh_references: b
                 raise usage(f"{backport.path.name}: {exc}", expected="each edit's old text exactly once in the "
                             f"pristine sglang {backport.release} (after the edits before it)",
                             todo="fix the backport file's edit") from None
-            targets.append((check.Target(tree.kind, tree.ref, tree.resolved, tree.digest, tree.version,
-                                         era.name if era else None), tree))
-            asked.append((backport, variant, era.name if era else None))
+            choice = era_choice.choose(reg, tree)
+            targets.append((check.Target(tree.kind, tree.ref, tree.resolved, tree.digest, tree.version, choice.name,
+                                         choice, tree.pins), tree))
+            asked.append((backport, variant, choice.name))
     directory = runs_dir(reg.root) if fresh_references else results_dir(reg.root)
     digests = {name: sha for exp in reg.experiments.values()
                for name, sha in classify.references(reg, exp, directory, fresh=fresh_references).digests.items()}

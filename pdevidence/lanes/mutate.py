@@ -6,7 +6,10 @@ engine (``cells/engine.py``: the closure imported once, the unpacked release fir
 on the child's path), or with ``cold`` a fresh process in the release cell's
 environment. The driver runs the probe's scenarios unmutated (the baseline), then
 under each declared mutant, one after the other. ``judge`` turns that document into
-the mutation table (``runs/mutate.<exp>.json``, schema ``pdevidence-mutate/2``).
+the mutation table (``runs/mutate.<exp>.json``, schema ``pdevidence-mutate/2``); the
+document itself is kept (``runs/mutate/<exp>.probe.json``), and ``mutant_results``
+gives each mutant's observations as the probe result ``check`` judges, so an
+over-broad mutant can be shown not to read "fixed" through ``check``.
 
 The kill rule, per mutant, over the scenarios the registry has expectations for,
 and only on the keys it expects that the mutated run observed (tree facts such as
@@ -50,7 +53,7 @@ from ..core.errors import BEHAVIOUR_DIFFERS, ENVIRONMENT, HarnessError, usage
 from ..core.files import dumps, read_json, write_atomic
 from ..core.locking import exclusive
 from ..core.paths import runs_dir, work_dir
-from ..documents import provenance
+from ..documents import provenance, results
 from ..documents.tables import RAISED, MutantOutcome, MutationParameters, MutationTable
 from ..documents.vocabulary import MutantStatus
 from ..judge.compare import MISSING, same
@@ -260,7 +263,8 @@ def made_by(reg: registry.Registry, experiment: str, tree) -> provenance.Provena
     """What makes a mutation table: the probe, the kit, the driver and its mutant kit, the registry, the
     closure ``tree`` runs in, the harness."""
     closure = environments.closure(reg, environments.era_of(reg, tree))
-    return provenance.record(reg.root, provenance.inputs(reg, [experiment], provenance.MUTATION_DRIVERS, [closure]))
+    return provenance.record(reg.root, provenance.inputs(reg, [experiment], provenance.MUTATION_DRIVERS, [closure]),
+                             provenance.Shaped.TABLE)
 
 
 def _driver_document(path: Path, exp: registry.Experiment) -> dict:
@@ -275,6 +279,23 @@ def _driver_document(path: Path, exp: registry.Experiment) -> dict:
         raise HarnessError(f"{path} is not a {PROBE_SCHEMA} document for {exp.name}",
                            todo=f"the driver {DRIVER} and the harness disagree; rerun from one checkout")
     return doc
+
+
+def as_result(exp: registry.Experiment, doc: dict, scenarios: dict, side: str, *,
+              source: str = "the mutant driver document") -> dict:
+    """Scenarios the driver ran (the baseline's, or a mutant's) as the probe result a build behaving so gives:
+    the driver's tree and adaptations beside them."""
+    found = {"schema": results.RESULT_SCHEMA.name, "experiment": exp.name, "side": side, "tree": doc["tree"],
+             "scenarios": scenarios}
+    if doc.get("adaptations"):  # rules that hold on an adaptation judge it as they judge the tree
+        found["adaptations"] = doc["adaptations"]
+    return results.validate(found, source=f"{source}, {side}", experiment=exp.name)
+
+
+def mutant_results(exp: registry.Experiment, doc: dict, *, source: str = "the mutant driver document") -> dict[str, dict]:
+    """Each applied mutant's run as the probe result a build carrying it gives (``check`` judges these)."""
+    return {mid: as_result(exp, doc, run["scenarios"], f"mutant-{mid}", source=source)
+            for mid, run in doc["mutants"].items() if run["status"] == "applied"}
 
 
 def write(result: MutationTable, root: Path) -> Path:

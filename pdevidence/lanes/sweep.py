@@ -3,7 +3,8 @@
 Probes every release from the registry's floor up, every experiment in one
 process per release (one SGLang import), and has the judge (``judge/classify.py``)
 classify each release by the scenarios that tell the registry's base and head
-apart: pre-fix, fixed, partial, neither, error (a telling scenario raised) or
+apart and by the controls: pre-fix, fixed, partial, neither, error (a telling
+scenario raised), deviates (fixed, but a control departs from both sides) or
 failed (not probed). The release watch flags every release after the first fixed
 one that is not fixed (exit 9); one that is pre-fix or partial again is also a
 regression.
@@ -23,6 +24,7 @@ from ..core.errors import HarnessError, usage
 from ..core.locking import exclusive
 from ..core.paths import tree_lock_file, work_dir
 from ..documents import provenance
+from ..documents.observations import explained_text
 from ..documents.provenance import Provenance
 from ..documents.tables import SWEEP_SCHEMA, ReleaseOutcome, SweepParameters, first_fixed, flagged, regressions
 from ..documents.vocabulary import Behaviour, Classification
@@ -147,21 +149,24 @@ def _warm(reg: Registry, versions: list[str], experiments: list[str], lock: tree
     return found
 
 
+# The scenarios a release's detail names, by classification (any raise and departing control are named too).
+NAMED = {Classification.PARTIAL: (Behaviour.PRE_FIX, Behaviour.NEITHER),
+         Classification.NEITHER: (Behaviour.NEITHER, Behaviour.PRE_FIX, Behaviour.FIXED),
+         Classification.ERROR: (Behaviour.NEITHER, Behaviour.PRE_FIX, Behaviour.FIXED)}
+
+
 def detail(o: ReleaseOutcome) -> str:
-    """Why a release is not simply pre-fix or fixed: each scenario's behaviour beside the others."""
+    """Why a release is not simply pre-fix or fixed: what raised, each scenario's behaviour beside the others,
+    each control it departs from both sides on with its values, and the rules that set keys aside."""
     if o.classification is Classification.FAILED:
         return f" ({o.error})" if o.error else ""
     if o.classification is Classification.NOT_AFFECTED:
         return f" ({'; '.join(o.evidence)})"
     by = {b: [sid for sid, got in o.scenarios.items() if got is b] for b in Behaviour}
     aside = f" (judged without: {', '.join(rule.split(':')[0] for rule in o.not_deciding)})" if o.not_deciding else ""
-    if o.classification is Classification.PARTIAL:
-        return f" (pre-fix: {', '.join(by[Behaviour.PRE_FIX])}){aside}"
-    if o.classification not in (Classification.NEITHER, Classification.ERROR):
-        return aside
     parts = [f"raised: {o.error}"] if o.error else []
-    parts += [f"{b.value}: {', '.join(by[b])}" for b in (Behaviour.NEITHER, Behaviour.PRE_FIX, Behaviour.FIXED)
-              if by[b]]
+    parts += [f"{b.value}: {', '.join(by[b])}" for b in NAMED.get(o.classification, ()) if by[b]]
+    parts += [f"departs from both sides on {line}" for line in explained_text(o.deviations)]
     return (f" ({'; '.join(parts)})" if parts else "") + aside
 
 
@@ -189,7 +194,8 @@ def made_by(reg: Registry, experiments: list[str]) -> Provenance:
     """What makes a sweep's tables: the experiments' probes, the kit, the engine and its driver, the registry,
     every closure a release may run in (today's and each era's), the harness."""
     closures = [environments.closure(reg), *(era.constraints for era in reg.eras.values())]
-    return provenance.record(reg.root, provenance.inputs(reg, experiments, provenance.SWEEP_DRIVERS, closures))
+    return provenance.record(reg.root, provenance.inputs(reg, experiments, provenance.SWEEP_DRIVERS, closures),
+                             provenance.Shaped.TABLE)
 
 
 def document(experiment: str, outcomes: list[ReleaseOutcome], as_of_date: str | None, made: Provenance,

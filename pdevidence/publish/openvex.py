@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import urllib.parse
 
+from ..documents.observations import explained_text
 from ..lanes.check import CheckResult, Status, Target
 from ..registry import Registry
+from ..sources import images, trees
 from .osv import PR_URL, vuln_id
 
 CONTEXT = "https://openvex.dev/ns/v0.2.0"
 AUTHOR = "pdevidence check"
+# A build that departs from both sides on a control is not the fixed code, nor shown to be the pre-fix code:
+# under investigation, the controls and their values in the status notes.
 VEX_STATUS = {Status.FIXED: "fixed", Status.AFFECTED: "affected", Status.PARTIAL: "under_investigation",
               Status.UNKNOWN: "under_investigation", Status.CANNOT_RUN: "under_investigation",
-              Status.NOT_AFFECTED: "not_affected"}
+              Status.NOT_AFFECTED: "not_affected", Status.DEVIATES: "under_investigation"}
 GIT_URL = "git+https://github.com/sgl-project/sglang"
 
 
@@ -35,17 +40,42 @@ def purl(target: Target) -> str:
     quote = _quote
     if target.kind in ("release", "wheel"):
         return purl_of_release(target.resolved)
+    if target.kind == images.KIND:  # the version its dist-info says
+        return purl_of_release(target.resolved) if target.resolved else "pkg:pypi/sglang"
     if target.kind == "git":
         return f"pkg:pypi/sglang?vcs_url={quote(f'{GIT_URL}@{target.resolved}')}"
     if target.kind == "path":
         commit = f"&vcs_url={quote(f'git+file://{target.ref}@{target.resolved}')}" \
-            if target.resolved and target.resolved != "local" else ""
+            if target.resolved and trees.commit_of(target.resolved) else ""
         return f"pkg:pypi/sglang?path={quote(target.ref)}{commit}"
     version = f"@{quote(target.resolved)}" if target.resolved else ""
     return f"pkg:pypi/sglang{version}?interpreter={quote(target.ref)}"
 
 
+def oci_purl(image: images.Image) -> str:
+    """``pkg:oci/<name>@<digest>`` (the purl spec's oci type): the digest of the image's manifest where the
+    archive records one (an OCI layout), else of its config (the image ID); repository, tag and
+    architecture as qualifiers. The name is the repository's last part, else the archive's name."""
+    repository, tag = image.repository()
+    name = repository.rsplit("/", 1)[-1] if repository else re.sub(r"(\.tar|\.tgz|\.gz|\.zst|\.oci)+$", "",
+                                                                    image.archive.name)
+    qualifiers = {"arch": image.architecture, "repository_url": repository, "tag": tag}
+    query = "&".join(f"{key}={urllib.parse.quote(value, safe='/')}" for key, value in sorted(qualifiers.items())
+                     if value)
+    digest = image.manifest_digest or image.config_digest
+    return f"pkg:oci/{_quote(name.lower())}@{_quote(digest)}" + (f"?{query}" if query else "")
+
+
 def product(target: Target) -> dict:
+    """The build checked; an image's SGLang package is a subcomponent of the image."""
+    if target.image is not None:
+        image = target.image.image
+        digest = image.manifest_digest or image.config_digest
+        found = {"@id": oci_purl(image), "identifiers": {"purl": oci_purl(image)},
+                 "subcomponents": [{"@id": purl(target), "identifiers": {"purl": purl(target)}}]}
+        if digest.startswith("sha256:"):
+            found["hashes"] = {"sha-256": digest.removeprefix("sha256:")}
+        return found
     found = {"@id": purl(target), "identifiers": {"purl": purl(target)}}
     if target.sha256:
         found["hashes"] = {"sha-256": target.sha256}
@@ -56,8 +86,13 @@ def statement(reg: Registry, result: CheckResult, index: int) -> dict:
     e = result.experiments[index]
     exp = reg.experiment(e.experiment)
     notes = f"pdevidence check: {e.status.value}"
+    if result.target.image is not None:  # an image may hold several: which one this is
+        notes += f"; sglang at {result.target.image.install.package}"
     if e.deciding:
         notes += f"; deciding scenarios: {', '.join(e.deciding)}"
+    if e.deviations:
+        notes += ("; not the fixed code: it departs from both the pre-fix and the fixed release on the controls "
+                  + "; ".join(explained_text(e.deviations)))
     if e.error:
         notes += f"; error: {e.error}"
     notes += f"; result sha256: {e.result_sha256 or 'none (no result)'}"

@@ -26,6 +26,8 @@ LEGEND = {
     Behaviour.ERROR.value: ("#4d4d4d", "raised, missing, or the release could not be probed"),
     Behaviour.NOT_AFFECTED.value: ("#80b1d3", "the vulnerable path is not in the release"),
     Behaviour.NOT_DECIDING.value: ("#e6e6e6", "none of its keys decides on this release: a registry rule says why"),
+    Behaviour.DEVIATES.value: ("#e7298a", "a control on which the release departs from both trees (an over-broad "
+                                          "fix: not the fixed code); no mark where it agrees with both"),
 }
 MUTANT_LEGEND = {
     MutantStatus.KILLED.value: ("#2c7bb6", "a mutant of the fix that a scenario noticed"),
@@ -105,6 +107,8 @@ def _timeline(c: Canvas, t: Timeline, y: int, label_w: int) -> int:
         for r, sid in enumerate(t.rows):
             c.text(MARGIN, y + r * CELL_H + 14, sid)
             for i, col in enumerate(strip.columns):
+                if col.states[sid] is None:  # a control the release agrees with both sides on
+                    continue
                 state = col.states[sid].value
                 c.rect(MARGIN + label_w + i * col_w + 1, y + r * CELL_H + 1, col_w - 2, CELL_H - 2, COLOURS[state],
                        kind="cell", state=state, tip=f"{sid} on {col.label}: {state}")

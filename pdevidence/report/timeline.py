@@ -2,7 +2,9 @@
 
 A column is a tree (a swept release, or a compared base/head tree), a row a
 scenario that tells base from head; each cell says whether that tree behaves
-like the pre-fix side, the fixed side, neither, or raised.
+like the pre-fix side, the fixed side, neither, or raised. A control some
+release departs from both sides on (or raised in) is a row too, marked only
+where it did.
 """
 
 from __future__ import annotations
@@ -17,14 +19,14 @@ SIDE_STATE = {"base": Behaviour.PRE_FIX, "head": Behaviour.FIXED}
 RELEASE_STATE = {Classification.PRE_FIX: Behaviour.PRE_FIX, Classification.FIXED: Behaviour.FIXED,
                  Classification.NEITHER: Behaviour.NEITHER, Classification.PARTIAL: Behaviour.NEITHER,
                  Classification.ERROR: Behaviour.ERROR, Classification.FAILED: Behaviour.ERROR,
-                 Classification.NOT_AFFECTED: Behaviour.NOT_AFFECTED}
+                 Classification.NOT_AFFECTED: Behaviour.NOT_AFFECTED, Classification.DEVIATES: Behaviour.DEVIATES}
 
 
 @dataclass(frozen=True)
 class Column:
     label: str  # a full version, or a commit
     note: str  # "base" / "head" when the comparison used this tree, else ""
-    states: dict[str, Behaviour]
+    states: dict[str, Behaviour | None]  # None: a control row on a release that agrees with both sides there
 
 
 @dataclass(frozen=True)
@@ -75,14 +77,18 @@ def pair_state(pair: dict, sid: str, side: str) -> Behaviour:
     return Behaviour.NEITHER
 
 
-def release_state(release: dict, sid: str) -> Behaviour:
+def release_state(release: dict, sid: str) -> Behaviour | None:
     """Per-scenario data where the table has it (schema 2), else the release's overall classification;
-    a release without the vulnerable path is not affected in every row."""
+    a release without the vulnerable path is not affected in every row. A row the release's per-scenario
+    data does not list is a control it agrees with both sides on (schema 4 lists only those it departs
+    from): no mark."""
     if release["classification"] == Classification.NOT_AFFECTED.value:
         return Behaviour.NOT_AFFECTED
     per_scenario = release.get("scenarios") or {}
     if sid in per_scenario:
         return Behaviour(per_scenario[sid])
+    if per_scenario:
+        return None
     return RELEASE_STATE.get(release["classification"], Behaviour.NEITHER)
 
 

@@ -32,12 +32,17 @@ from ..core.files import read_marker, sha256_file, write_atomic, write_marker
 from ..core.locking import exclusive
 from ..core.paths import cache_dir
 from . import fetch
+from . import pins as tree_pins
+from .pins import TreePins
 from .version import TreeVersion
 from .version import read as read_version
 
 TREE_INFO = ".pdevidence-tree.json"
 KINDS = ("git", "release", "path", "wheel")
 DIRTY = "-dirty"
+LOCAL = "local"  # a path tree outside git: named by its content
+# A path tree's content in its name: as many hex digits as a commit's name has in a label.
+SHORT_DIGEST = 12
 _FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -45,17 +50,18 @@ _FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 class Tree:
     kind: str  # git | release | path | wheel
     ref: str  # as asked for
-    resolved: str  # full commit SHA or version
+    resolved: str  # full commit SHA or version; a work tree's HEAD and changes, or its content (tree_label)
     install_target: Path  # a wheel, or a source tree's directory holding sglang/ (its python/)
-    digest: str | None  # SHA-256 of the archive or wheel; None for a plain directory
+    digest: str | None  # SHA-256 of the archive or wheel, or of a work tree's content; None: a commit from a clone
     source: str  # github | clone | pypi | path | file
     origin: str  # URL, clone path or directory
     repo_root: Path | None = None  # whole checkout, for the upstream test files
     version: TreeVersion | None = None  # a source tree's version, read from its commit; None: not told
+    pins: TreePins | None = None  # what a source tree's pyproject.toml pins of torch, transformers, the kernel
     pinned: bool = False  # its digest is pinned in the tracked lock and matched: may run where nothing contains it
 
     def label(self) -> str:
-        return tree_label(self.kind, self.resolved)
+        return tree_label(self.kind, self.resolved, self.digest)
 
     def result_tree(self) -> dict[str, str]:
         return {"kind": self.kind, "ref": self.ref, "resolved": self.resolved}
@@ -64,13 +70,24 @@ class Tree:
         return {**self.result_tree(), "sha256": self.digest, "source": self.source, "origin": self.origin}
 
 
-def tree_label(kind: str, resolved: str) -> str:
-    """How a tree is named in result files: ``git-<12 hex>``, ``release-<version>``,
-    ``path-<12 hex>`` or ``path-<12 hex>-dirty`` (uncommitted changes), ``path-local`` outside git."""
+def tree_label(kind: str, resolved: str, digest: str | None = None) -> str:
+    """How a tree is named in result files and run directories: one name per content.
+
+    ``git-<12 hex>``, ``release-<version>``, ``wheel-<version>-<12 hex of the file>`` (two wheels may
+    carry one version), ``path-<12 hex>`` (a clean work tree), ``path-<12 hex>-dirty-<12 hex>`` (HEAD
+    and its uncommitted changes) or ``path-local-<12 hex>`` (outside git: its content)."""
     if kind == "release":
         return f"{kind}-{resolved}"
-    dirty = DIRTY if resolved.endswith(DIRTY) else ""
-    return f"{kind}-{resolved.removesuffix(DIRTY)[:12]}{dirty}"
+    if kind == "wheel":
+        return f"{kind}-{resolved}" + (f"-{digest[:12]}" if digest else "")
+    head, sep, state = resolved.partition("-")  # a commit, or "local"; then what it holds past it
+    return f"{kind}-{head[:12]}{sep}{state}"
+
+
+def commit_of(resolved: str) -> str | None:
+    """The commit a path tree's ``resolved`` names (its HEAD, changed or not); None outside git."""
+    head = resolved.partition("-")[0]
+    return None if head == LOCAL else head
 
 
 LOCK_SCHEMA = "pdevidence-tree-lock/2"
@@ -308,7 +325,8 @@ def _git_tree(sha: str, dest: Path) -> Tree:
     # The commit's tags are in the clone it was exported from; GitHub's archive has none.
     clone = Path(info["origin"]) if info["source"] == "clone" else None
     version = read_version(python_dir, dest, repo=clone, rev=sha)
-    return Tree("git", sha, sha, python_dir, info.get("sha256"), info["source"], info["origin"], dest, version)
+    return Tree("git", sha, sha, python_dir, info.get("sha256"), info["source"], info["origin"], dest, version,
+                tree_pins.read(python_dir, dest))
 
 
 def supported_tags(python: str) -> list[tags.Tag]:
@@ -448,28 +466,31 @@ def pinned_release_files(files: list[dict], project: str, version: str) -> dict[
 
 
 def path_tree(directory: Path) -> Tree:
-    """A work tree as it is now: keyed on HEAD plus a hash of its uncommitted changes."""
+    """A work tree as it is now, named and keyed by what it holds (``_path_state``)."""
     directory = directory.resolve()
     python_dir = package_dir(directory)
     if python_dir is None:
         raise usage(f"{directory} is not an SGLang source tree: it holds no sglang/ package",
                     expected="a checkout root whose python/ holds sglang/, or a directory holding sglang/",
                     todo="pass the directory of your SGLang work tree")
-    resolved, digest = _path_state(directory)
-    version = read_version(python_dir, directory, repo=None if resolved == "local" else directory, rev="HEAD")
+    resolved, digest = _path_state(directory, python_dir)
+    commit = commit_of(resolved)
+    version = read_version(python_dir, directory, repo=None if commit is None else directory, rev="HEAD")
     return Tree("path", directory.name, resolved, python_dir, digest, "path", str(directory),
-                directory if python_dir != directory else None, version)
+                directory if python_dir != directory else None, version, tree_pins.read(python_dir, directory))
 
 
-def _path_state(directory: Path) -> tuple[str, str | None]:
-    """``(HEAD [+ '-dirty'], content digest)``; ``('local', None)`` outside git (always rerun).
+def _path_state(directory: Path, python_dir: Path) -> tuple[str, str]:
+    """``(resolved, content digest)``: ``<HEAD>``, ``<HEAD>-dirty-<12 hex>`` or, outside git, ``local-<12 hex>``.
 
-    The digest covers HEAD, ``git diff HEAD`` and every untracked file's name and content,
-    so two different edits on one HEAD never share a cached result.
+    In git the digest covers HEAD, ``git diff HEAD`` and every untracked file's name and content,
+    so two different edits on one HEAD never share a name or a cached result. Outside git it is
+    ``content_digest`` of the package directory: everything the probes can load from the tree.
     """
     head = _git(directory, "rev-parse", "HEAD", text=True)
     if head.returncode != 0:
-        return "local", None
+        digest = content_digest(python_dir)
+        return f"{LOCAL}-{digest[:SHORT_DIGEST]}", digest
     sha = head.stdout.strip()
     digest = hashlib.sha256(sha.encode())
     diff = _git(directory, "diff", "HEAD", "--binary", "--no-color", "--no-ext-diff")
@@ -480,7 +501,32 @@ def _path_state(directory: Path) -> tuple[str, str | None]:
         path = directory / os.fsdecode(name)
         digest.update(path.read_bytes() if path.is_file() and not path.is_symlink() else b"")
     dirty = bool(diff.stdout) or any(untracked)
-    return sha + (DIRTY if dirty else ""), digest.hexdigest()
+    found = digest.hexdigest()
+    return sha + (f"{DIRTY}-{found[:SHORT_DIGEST]}" if dirty else ""), found
+
+
+def content_digest(directory: Path) -> str:
+    """SHA-256 over every file under ``directory``: its path (relative, ``/``-separated) and its bytes.
+
+    Bytecode caches are left out (Python rebuilds them from the sources). A symbolic link is
+    followed, as an import follows it; a directory reached twice (a link loop) is read once.
+    """
+    digest = hashlib.sha256()
+    seen: set[Path] = set()
+    for here, dirs, names in os.walk(directory, followlinks=True):
+        real = Path(here).resolve()
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(n for n in names if not n.endswith((".pyc", ".pyo"))):
+            path = Path(here) / name
+            if not path.is_file():  # a dangling link, a socket: nothing an import reads
+                continue
+            digest.update(path.relative_to(directory).as_posix().encode() + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
 
 
 def wheel_tree(wheel: Path, python: str, project: str = "sglang") -> Tree:

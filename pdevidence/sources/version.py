@@ -6,7 +6,8 @@ what the commit holds: a literal ``__version__`` in ``sglang/version.py`` (SGLan
 switch to setuptools-scm), a static ``[project] version`` in ``pyproject.toml``, else the
 nearest version-like tag (``git describe --tags``) where the tree is a git checkout. A tag is
 read leniently: its leading release (``0.5.10``) is the version, what follows it
-(``npu.rc1``) is kept as it is. The version decides the era the tree runs in.
+(``npu.rc1``) is kept as it is. The version chooses the era the tree runs in unless it is a tag far
+behind the tree or one naming no known release (``era_choice.py``: the tree's pins choose then).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from packaging.version import InvalidVersion, Version
 from ..core import children
 
 GIT_DESCRIBE = "git describe --tags"
-_DISTANCE = re.compile(r"^(?P<tag>.+)-\d+-g[0-9a-f]+$")  # what describe appends past the tag
+_DISTANCE = re.compile(r"^(?P<tag>.+)-(?P<commits>\d+)-g[0-9a-f]+$")  # what describe appends past the tag
 _LEADING = re.compile(r"^[vV]?(?P<release>\d+(?:\.\d+)*)(?P<rest>.*)$")
 
 
@@ -32,6 +33,22 @@ class TreeVersion:
     local: str | None  # what a lenient read set aside, as it was: "npu.rc1"
     source: str  # where it was read: "python/sglang/version.py", "python/pyproject.toml", "git describe --tags"
     told: str  # as the tree says it: "0.5.10", "v0.5.10-npu.rc1-3-gabc1234"
+
+    @property
+    def tag(self) -> str | None:
+        """The tag the version was read from (``v0.5.10-npu.rc1``); None when the tree states it in a file."""
+        if self.source != GIT_DESCRIBE:
+            return None
+        past = _DISTANCE.match(self.told)
+        return past["tag"] if past else self.told
+
+    @property
+    def commits_past_tag(self) -> int | None:
+        """How many commits the tree is past its tag (0: at it); None when the version is not a tag's."""
+        if self.source != GIT_DESCRIBE:
+            return None
+        past = _DISTANCE.match(self.told)
+        return int(past["commits"]) if past else 0
 
     def to_json(self) -> dict:
         return {"version": self.version, "local": self.local, "source": self.source, "told": self.told}

@@ -1,0 +1,191 @@
+"""Command-line values, each parsed and checked here, before anything runs.
+
+Each function is an argparse ``type``: a malformed value becomes argparse's usage error, which
+names the option and the value and exits 2, before the registry is read, a tree fetched or a
+probe run. What only the registry can tell (an experiment, an era, a mutant) the CLI checks
+right after reading it, also before anything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import zipfile
+from pathlib import Path
+
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from . import archives
+from .paths import REGISTRY
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")  # an experiment (registry._NAME) or an era
+_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")  # a mutant
+_FULL_SHA = re.compile(r"^[0-9a-fA-F]{40}$")
+# What `git rev-parse` may resolve in a clone: a branch, a tag, HEAD~2, a short SHA. Never an option, never a
+# range, nothing a shell would read (the harness passes it as one argument, but a script's typo should not pass).
+_REV = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./@{}^~-]*$")
+LATEST = "latest"
+
+
+def _bad(value: str, expected: str) -> argparse.ArgumentTypeError:
+    return argparse.ArgumentTypeError(f"{value!r} is not {expected}")
+
+
+def version(value: str) -> str:
+    """A release version as PyPI names it (PEP 440), e.g. 0.5.21; written without spaces."""
+    try:
+        Version(value)
+    except InvalidVersion:
+        raise _bad(value, "a release version (PEP 440), e.g. 0.5.21") from None
+    if value != value.strip():
+        raise _bad(value, "a release version (PEP 440) without spaces, e.g. 0.5.21")
+    return value
+
+
+def swept_version(value: str) -> str:
+    """A release to sweep; a name there is usually an experiment meant for --experiment."""
+    try:
+        return version(value)
+    except argparse.ArgumentTypeError as exc:
+        hint = "; experiments are named with --experiment" if _NAME.match(value) else ""
+        raise argparse.ArgumentTypeError(f"{exc}{hint}") from None
+
+
+def version_or_latest(value: str) -> str:
+    return value if value == LATEST else version(value)
+
+
+def positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise _bad(value, "a whole number, e.g. 2") from None
+    if number < 1:
+        raise _bad(value, "a positive whole number, e.g. 2")
+    return number
+
+
+def name(value: str) -> str:
+    """An experiment or era name as the registry spells them (the CLI then checks the registry has it)."""
+    if not _NAME.match(value):
+        raise _bad(value, "a name of lower-case letters, digits and _, e.g. admission")
+    return value
+
+
+def era(value: str) -> str:
+    """An era name as the registry spells them: a name where - and . may also join words, e.g. torch2.9-tf5."""
+    if not _NAME.match(value.replace("-", "_").replace(".", "_")):
+        raise _bad(value, "an era name of lower-case letters, digits, _, - and ., e.g. torch2.9-tf5")
+    return value
+
+
+def mutant(value: str) -> str:
+    if not _ID.match(value):
+        raise _bad(value, "a mutant id, e.g. M1")
+    return value
+
+
+def commit(value: str) -> str:
+    """A commit: its full SHA, or a ref a clone resolves (SGLANG_REPO; the CLI checks there is one)."""
+    if _FULL_SHA.match(value) or (_REV.match(value) and ".." not in value and len(value) <= 255):
+        return value
+    raise _bad(value, "a commit: its 40-hex SHA, or a branch, tag or short SHA of the clone in SGLANG_REPO")
+
+
+def full_sha(value: str) -> bool:
+    return bool(_FULL_SHA.match(value))
+
+
+def _is(value: str, test) -> bool:
+    """``test(Path(value))``, False where the path cannot even be looked at (a NUL byte, a name too long, ...)."""
+    try:
+        return bool(value) and test(Path(value))
+    except (OSError, ValueError):
+        return False
+
+
+def directory(value: str) -> Path:
+    if not _is(value, Path.is_dir):
+        raise _bad(value, "an existing directory")
+    return Path(value)
+
+
+def project(value: str) -> Path:
+    """A project directory: a checkout (or an installed copy) holding the registry."""
+    path = directory(value)
+    if not _is(value, lambda p: (p / REGISTRY).is_file()):
+        raise _bad(value, f"a pdevidence project directory (one holding {REGISTRY})")
+    return path
+
+
+def interpreter(value: str) -> Path:
+    if not _is(value, lambda p: p.is_file() and os.access(p, os.X_OK)):
+        raise _bad(value, "an existing Python interpreter, e.g. /opt/venv/bin/python")
+    return Path(value)
+
+
+def wheel(value: str) -> Path:
+    if not _is(value, Path.is_file):
+        raise _bad(value, "an existing wheel file (.whl)")
+    path = Path(value)
+    try:
+        parse_wheel_filename(path.name)
+    except (InvalidWheelFilename, InvalidVersion) as exc:
+        raise _bad(value, f"a wheel file name ({exc})") from None
+    if not _is(value, zipfile.is_zipfile):
+        raise _bad(value, "a wheel: the file is not a zip archive")
+    return path
+
+
+def image(value: str) -> Path:
+    """A saved container image: an OCI layout (or unpacked `docker save`) directory, or a tar of one, compressed
+    or not; what it holds is read later."""
+    if _is(value, Path.is_dir):
+        if not _is(value, lambda p: (p / "index.json").is_file() or (p / "manifest.json").is_file()):
+            raise _bad(value, "a saved image: the directory holds neither index.json (an OCI image layout) nor "
+                       "manifest.json (an unpacked `docker save`)")
+        return Path(value)
+    if not _is(value, Path.is_file):
+        raise _bad(value, "a saved image: a `docker save` tarball, or an OCI image layout (a directory or a tar)")
+    if not _is(value, _archive):
+        raise _bad(value, "a saved image: the file is neither a tar archive nor a compressed one")
+    return Path(value)
+
+
+def _archive(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        head = fh.read(archives.HEAD)
+    return archives.is_tar(head) or archives.compression(head) is not None
+
+
+def ref(value: str) -> str:
+    """A cell's override of its tree: a version, a commit or a directory (the CLI checks it fits the kind)."""
+    if _is(value, Path.is_dir) or _accepts(version, value) or _accepts(commit, value):
+        return value
+    raise _bad(value, "a version, a commit SHA or an existing directory")
+
+
+def _accepts(check, value: str) -> bool:
+    try:
+        check(value)
+    except argparse.ArgumentTypeError:
+        return False
+    return True
+
+
+def output_file(value: str) -> Path:
+    """A file to write: not a directory, in a directory that exists or can be made, that the harness may write in."""
+    if not value or value.endswith(os.sep) or not _is(value, lambda p: not p.is_dir()):
+        raise _bad(value, "a file to write: a path that names no directory")
+    path = Path(value)
+    try:
+        for step in path.absolute().parents:
+            if step.exists():
+                if not (step.is_dir() and os.access(step, os.W_OK | os.X_OK)):
+                    raise _bad(value, f"a file to write ({step} is not a directory you can write in)")
+                return path
+    except (OSError, ValueError):
+        raise _bad(value, "a file to write: a path that can be made") from None
+    return path
