@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,9 @@ TORCH_CHANNELS = ("pypi", "cpu")  # registry.TorchChannel's values (the registry
 TREE_KINDS = ("git", "release", "path")
 SANDBOX_TOOLS = ("auto", "bubblewrap", "unshare", "none")  # sandbox.Tool's values, and auto
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE = re.compile(r"([0-9]+)([KMGTkmgt]?)")
+_DIGITS = re.compile(r"[0-9]+")
+_NAMES = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(,[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 @dataclass(frozen=True)
@@ -47,27 +51,25 @@ def _choice(*values: str) -> Callable[[str], str]:
 
 
 def _bytes(text: str) -> int:
-    """``8G``, ``512M``, ``1048576``: a size in bytes (binary units)."""
-    number, unit = text[:-1], text[-1].upper()
-    if unit.isdigit():
-        number, unit = text, ""
-    if unit not in _SIZE_UNITS or not number.isdigit() or int(number) <= 0:
+    """``8G``, ``512M``, ``1048576``: a positive size in bytes, in ASCII digits with an optional binary unit."""
+    found = _SIZE.fullmatch(text)
+    if not found or int(found[1]) == 0:
         raise ValueError(text)
-    return int(number) * _SIZE_UNITS[unit]
+    return int(found[1]) * _SIZE_UNITS[found[2].upper()]
 
 
 def _count(text: str) -> int:
-    value = int(text)
-    if value <= 0:
+    """A positive whole number, in ASCII digits."""
+    if not _DIGITS.fullmatch(text) or int(text) == 0:
         raise ValueError(text)
-    return value
+    return int(text)
 
 
 def _names(text: str) -> tuple[str, ...]:
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
-    if not all(name.replace("_", "").isalnum() for name in names):
+    """``NAME,NAME``: environment variable names, comma-separated, nothing else."""
+    if not _NAMES.fullmatch(text):
         raise ValueError(text)
-    return names
+    return tuple(text.split(","))
 
 
 def _url(text: str) -> str:
@@ -122,8 +124,8 @@ SETTINGS = {s.name: s for s in (
             _bytes, 8 << 30),
     Setting("PDEVIDENCE_PROBE_PROCESSES", "a positive number of processes and threads, e.g. 1024 (the default)",
             _count, 1024),
-    Setting("PDEVIDENCE_PROBE_PASS_ENV", "comma-separated names of environment variables a probe process also "
-            "gets, e.g. MY_VAR,OTHER_VAR", _names, ()),
+    Setting("PDEVIDENCE_PROBE_PASS_ENV", "names of environment variables a probe process also gets, comma-separated "
+            "without spaces, e.g. MY_VAR,OTHER_VAR", _names, ()),
     Setting("PDEVIDENCE_TORCH", f"one of: {', '.join(TORCH_CHANNELS)}; unset for the registry's torch_channel",
             _choice(*TORCH_CHANNELS)),
     Setting("PDEVIDENCE_UPSTREAM_KIND", f"one of: {', '.join(TREE_KINDS)} (default git)", _choice(*TREE_KINDS), "git"),
