@@ -318,13 +318,22 @@ def test_the_operator_may_run_it_uncontained_and_the_answer_says_so(world, capsy
 
 
 def test_the_environment_is_cleared_to_what_a_probe_needs(monkeypatch):
+    from pdevidence.lanes.upstream_pytest import RECORD_ENV
+
+    sys.path.insert(0, str(PROJECT / "probes"))
+    try:
+        import _standins
+    finally:
+        sys.path.remove(str(PROJECT / "probes"))
     monkeypatch.setenv("PDEVIDENCE_PROBE_PASS_ENV", "MY_SETTING")
+    in_cell = {_standins.ENV: "sgl_kernel", RECORD_ENV: "/tmp/record", "HF_HUB_OFFLINE": "1"}
     env = sandbox.environment({"PATH": "/usr/bin", "HOME": "/home/me", "PYTHONPATH": "/x", "LC_ALL": "C",
                                "SGLANG_FLAG": "1", "GITHUB_TOKEN": "t", "AWS_SECRET_ACCESS_KEY": "k",
                                "HF_TOKEN": "h", "SSH_AUTH_SOCK": "/run/agent", "MY_SETTING": "kept",
-                               "TMPDIR": "/home/me/tmp"})
+                               "PDEVIDENCE_INDEX_URL": "https://user:token@index.example/simple",
+                               "TMPDIR": "/home/me/tmp", **in_cell})
     assert env == {"PATH": "/usr/bin", "HOME": "/home/me", "PYTHONPATH": "/x", "LC_ALL": "C", "SGLANG_FLAG": "1",
-                   "MY_SETTING": "kept", "TMPDIR": "/tmp"}
+                   "MY_SETTING": "kept", "TMPDIR": "/tmp", **in_cell}
 
 
 def test_what_an_interpreter_needs_is_read_from_its_venv_and_pth_files(tmp_path):

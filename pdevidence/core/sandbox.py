@@ -55,10 +55,13 @@ INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `sudo apt-get install bubble
                 "bubblewrap`; Arch: `sudo pacman -S bubblewrap`); where it is installed but cannot create user "
                 "namespaces (Ubuntu 24.04's AppArmor restriction), `sudo sysctl -w "
                 "kernel.apparmor_restrict_unprivileged_userns=0` or an AppArmor profile for bwrap allows it")
-# What a contained process inherits from the harness's environment (everything else is dropped:
-# tokens, keys, proxies); the harness adds its own variables, and PDEVIDENCE_PROBE_PASS_ENV names more.
-PASSED_NAMES = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TERM", "USER", "LOGNAME")
-PASSED_PREFIXES = ("LC_", "PYTHON", "PDEVIDENCE_", "SGLANG_", "OMP_", "MKL_", "OPENBLAS_", "TORCH_")
+# What a contained process keeps of its environment (everything else is dropped: tokens, keys, proxies, an
+# index URL with its credentials): the in-cell files' own variables (the era's stand-ins, the upstream tests'
+# record) among them; PDEVIDENCE_PROBE_PASS_ENV names more.
+PASSED_NAMES = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TERM", "USER", "LOGNAME", "PDEVIDENCE_STAND_INS",
+                "PDEVIDENCE_UPSTREAM_RECORD")
+PASSED_PREFIXES = ("LC_", "PYTHON", "SGLANG_", "OMP_", "MKL_", "OPENBLAS_", "TORCH_", "HF_HUB_OFFLINE",
+                   "TRANSFORMERS_OFFLINE")
 
 
 class Tool(str, enum.Enum):
