@@ -58,10 +58,9 @@ INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `sudo apt-get install bubble
 # What a contained process keeps of its environment (everything else is dropped: tokens, keys, proxies, an
 # index URL with its credentials): the in-cell files' own variables (the era's stand-ins, the upstream tests'
 # record) among them; PDEVIDENCE_PROBE_PASS_ENV names more.
-PASSED_NAMES = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TERM", "USER", "LOGNAME", "PDEVIDENCE_STAND_INS",
-                "PDEVIDENCE_UPSTREAM_RECORD")
-PASSED_PREFIXES = ("LC_", "PYTHON", "SGLANG_", "OMP_", "MKL_", "OPENBLAS_", "TORCH_", "HF_HUB_OFFLINE",
-                   "TRANSFORMERS_OFFLINE")
+PASSED_NAMES = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TERM", "USER", "LOGNAME", "HF_HUB_OFFLINE",
+                "TRANSFORMERS_OFFLINE", "PDEVIDENCE_STAND_INS", "PDEVIDENCE_UPSTREAM_RECORD")
+PASSED_PREFIXES = ("LC_", "PYTHON", "SGLANG_", "OMP_", "MKL_", "OPENBLAS_", "TORCH_")
 
 
 class Tool(str, enum.Enum):
