@@ -5,10 +5,16 @@ each time, once contained by bubblewrap and once not (``PDEVIDENCE_SANDBOX=none`
 may run uncontained); and each probe runs alone on the newest one in a fresh process, as a cell
 runs it, contained and not. Every result document must be byte-identical to its uncontained twin:
 the sandbox takes the network, the home directory and the rest of the machine away from SGLang,
-and none of that may change what the probes observe.
+and none of that may change what the probes observe. And the issue's own case, a hostile copy of
+a real release, gets nothing out.
 """
 
 from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +22,7 @@ from pdevidence import environments, registry
 from pdevidence.cells import probe_run, warm
 from pdevidence.core.paths import PROJECT, tree_lock_file, work_dir
 from pdevidence.sources import trees
+from pdevidence.sources.importable import importable_dir
 
 pytestmark = pytest.mark.sglang
 
@@ -76,3 +83,36 @@ def test_a_lone_probe_contained_writes_the_bytes_it_writes_uncontained(written, 
     uncontained = written["cell-none"][BRACKETS[-1], experiment]
     assert b'"scenarios"' in uncontained
     assert written["cell-bubblewrap"][BRACKETS[-1], experiment] == uncontained
+
+
+def test_a_hostile_copy_of_a_release_gets_nothing_out_and_answers_cannot_run(tmp_path, monkeypatch):
+    """The issue's case: a copy of the 0.5.21 tree whose ``sglang/__init__.py`` first writes into $HOME and /tmp
+    and connects to a listener on 127.0.0.1 through ``_socket``, probed as `check --path` probes it."""
+    reg = registry.load(PROJECT)
+    release = trees.release_tree(BRACKETS[-1], reg.python, trees.LockFile(tree_lock_file(reg.root)))
+    copy = tmp_path / "hostile-0.5.21"
+    shutil.copytree(importable_dir(release, work_dir(reg.root)), copy / "python")
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    token = f"pdevidence-escaped-{os.getpid()}"
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        listener.settimeout(0.5)
+        init = copy / "python" / "sglang" / "__init__.py"
+        init.write_text(f"""import os as _os, _socket as _raw
+open(_os.path.join(_os.path.expanduser("~"), {token!r}), "w").write("escaped")
+open("/tmp/{token}", "w").write("escaped")
+_raw.socket(_raw.AF_INET, _raw.SOCK_STREAM).connect({listener.getsockname()!r})
+""" + init.read_text())
+        tree = trees.path_tree(copy)
+        assert not tree.pinned
+        found = warm.probe_trees(reg, [tree], list(reg.experiments), {tree.label(): tree_args(tree)},
+                                 out_dir=tmp_path / "out", log=lambda msg: None)
+        with pytest.raises(TimeoutError):
+            listener.accept()  # nobody came
+    for outcome in found[tree.label()].values():
+        assert outcome.doc is None and outcome.error.startswith("ConnectionRefusedError"), outcome.error
+        assert outcome.containment["tool"] == "bubblewrap"
+    assert not (home / token).exists() and not Path("/tmp", token).exists()
