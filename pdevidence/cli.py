@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import __version__, environments, registry
 from .cells import cells
-from .core import arguments, children, clock, paths, settings
+from .core import arguments, children, clock, paths, sandbox, settings
 from .core.errors import CONFIRMED, EXIT_CODES, USAGE, HarnessError, boundary, usage, worst
 from .core.files import dumps, sha256_file, write_atomic
 from .core.paths import PROJECT, results_dir, runs_dir, tree_lock_file, work_dir
@@ -268,6 +268,12 @@ def cmd_mutate(args) -> int:
     return result.exit_code
 
 
+def _allow_uncontained(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--allow-uncontained", action="store_true",
+                         help="where nothing can contain a probe process (no bubblewrap, no user namespaces), run "
+                         "trees that are not pinned releases anyway: their code runs with your privileges")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, except that ``--opt=--`` gives ``--opt`` the value ``--`` (3.11 drops it, leaving an empty list
     no option expects) for its type to refuse; the subcommands' parsers are of this class too."""
@@ -294,12 +300,14 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("side", choices=registry.SIDES)
     c.add_argument("--ref", type=arguments.ref, help="override the registry: a version, a commit SHA or a directory")
     c.add_argument("--force", action="store_true", help="rerun even if the inputs are unchanged")
+    _allow_uncontained(c)
     c.set_defaults(func=cmd_cell)
 
     m = sub.add_parser("matrix", help="run every cell of one tree kind, then compare")
     m.add_argument("--kind", default="release", choices=["release", "git"])
     m.add_argument("--jobs", type=arguments.positive_int, default=2, help="cells run at once (default 2)")
     m.add_argument("--force", action="store_true")
+    _allow_uncontained(m)
     m.set_defaults(func=cmd_matrix)
 
     cmp_ = sub.add_parser("compare", help="compare existing cell results; runs no probe")
@@ -331,6 +339,7 @@ def parser() -> argparse.ArgumentParser:
                     "runs/ from `nox -s matrix` (republishing, when the published ones are stale)")
     sw.add_argument("--era", type=arguments.era, help="only the releases of this era ('current': of none), written as a part under "
                     "runs/sweep-parts/<era>/ for `sweep-merge` (the CI fan-out)")
+    _allow_uncontained(sw)
     sw.set_defaults(func=cmd_sweep)
 
     sm = sub.add_parser("sweep-merge", help="join the era parts under runs/sweep-parts/ into the sweep tables")
@@ -357,6 +366,7 @@ def parser() -> argparse.ArgumentParser:
     ck.add_argument("--references", choices=classify.REFERENCES, default="published",
                     help="judge against the published base and head results (default), or the fresh ones in "
                     "runs/ (republishing)")
+    _allow_uncontained(ck)
     ck.set_defaults(func=cmd_check)
 
     co = sub.add_parser("corpus", help="check every declared backport (backports/): each release as published, "
@@ -365,6 +375,7 @@ def parser() -> argparse.ArgumentParser:
                     help="only this release's backport (repeatable)")
     co.add_argument("--references", choices=classify.REFERENCES, default="published",
                     help="judge against the published base and head results (default), or the fresh ones in runs/")
+    _allow_uncontained(co)
     co.set_defaults(func=cmd_corpus)
 
     dr = sub.add_parser("drift", help="rerun a release cell on newer torch/transformers; advisory")
@@ -375,6 +386,7 @@ def parser() -> argparse.ArgumentParser:
     dr.add_argument("--torchvision", type=arguments.version_or_latest, default=drift.LATEST)
     dr.add_argument("--transformers", type=arguments.version_or_latest,
                     help="also move transformers (a version, or 'latest')")
+    _allow_uncontained(dr)
     dr.set_defaults(func=cmd_drift)
 
     pub = sub.add_parser("publish", help="the only writer of results/: copy fresh, confirmed results of a kind "
@@ -390,6 +402,7 @@ def parser() -> argparse.ArgumentParser:
                     help="only this mutant (repeatable; a table of some mutants is not publishable)")
     mu.add_argument("--cold", action="store_true",
                     help="a fresh probe process in the release cell's environment instead of a warm engine child")
+    _allow_uncontained(mu)
     mu.set_defaults(func=cmd_mutate)
 
     up = sub.add_parser("upstream", help="run the PR's own test files (from the head tree) on one side's tree")
@@ -401,6 +414,7 @@ def parser() -> argparse.ArgumentParser:
                     help=f"an SGLang checkout (or a directory) holding the test files; default ${upstream.TESTS_ENV}, "
                     "else the head commit's tree (SGLANG_REPO or GitHub)")
     up.add_argument("--ref", type=arguments.ref, help="override the side's tree: a version, a commit SHA or a directory")
+    _allow_uncontained(up)
     up.set_defaults(func=cmd_upstream)
     return p
 
@@ -499,7 +513,8 @@ def main(argv: list[str] | None = None) -> int:
         settings.check_all()  # a bad setting is one usage error up front, naming the variable
         check_arguments(args)
         paths.keep_bytecode_out(args.root)
-        return args.func(args)
+        with sandbox.uncontained_allowed(getattr(args, "allow_uncontained", False)):
+            return args.func(args)
 
     try:
         with children.stop_on_signals():

@@ -18,6 +18,10 @@ children.
                       "driver": "probe_all"}   (default probe_all; or probe_mutants)
     report (stdout): {"id": "0.5.21", "status": 0, "signal": null, "seconds": 7.1}
                      {"id": ..., "status": null, "signal": 9, "timeout": true}  killed past --timeout
+                     {"id": ..., "status": null, "signal": null, "error": "could not fork: ..."}
+
+Each child leads a process group of its own; whatever it started and left behind is
+killed when it ends, so one tree's processes never outlive it into the next tree's time.
 
 Children run at most ``--jobs`` at a time; the engine exits when every child has been
 reported, after writing the modules the children needed back to ``--preload``. Standard library only: it runs inside the cell.
@@ -65,6 +69,7 @@ def _third_party(tree: str) -> list[str]:
 
 def _child(task: dict, modules_file: Path) -> int:
     """In the forked child: this tree first on the path, the task's driver, the modules it needed."""
+    os.setpgid(0, 0)
     log = os.open(task["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -95,9 +100,13 @@ def _report(line: dict) -> None:
     sys.stdout.flush()
 
 
-def _fork(task: dict, modules_file: Path) -> int:
+def _fork(task: dict, modules_file: Path) -> int | str:
+    """The child's pid, or why there is none (the sandbox's process limit, say)."""
     sys.stdout.flush()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        return f"could not fork: {exc}"
     if pid == 0:
         try:
             code = _child(task, modules_file)
@@ -106,6 +115,14 @@ def _fork(task: dict, modules_file: Path) -> int:
             code = EXIT_INTERNAL
         os._exit(code)
     return pid
+
+
+def _end_group(pid: int) -> None:
+    """Kill what a child left behind in its process group."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _status(status: int) -> tuple[int | None, int | None]:
@@ -139,7 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         while pending and len(running) < max(1, args.jobs):
             task = pending.pop(0)
             modules_file = args.scratch / f"modules.{task['id']}.json"
-            running[_fork(task, modules_file)] = (task, time.monotonic(), modules_file)
+            child = _fork(task, modules_file)
+            if isinstance(child, str):
+                _report({"id": task["id"], "status": None, "signal": None, "timeout": False, "seconds": 0.0,
+                         "error": child})
+                continue
+            running[child] = (task, time.monotonic(), modules_file)
         time.sleep(0.05)
         for pid, (task, started, modules_file) in list(running.items()):
             seconds = round(time.monotonic() - started, 1)
@@ -149,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             if done == 0:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
+            _end_group(pid)
             del running[pid]
             code, killed_by = (None, signal.SIGKILL) if done == 0 else _status(status)
             _report({"id": task["id"], "status": code, "signal": killed_by, "timeout": done == 0,

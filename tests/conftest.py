@@ -204,6 +204,7 @@ def gone_fixture():
 # The synthetic registry, with the cells on this interpreter's Python.
 DEMO_REGISTRY = SYNTHETIC_REGISTRY.replace('python = "3.12"', f'python = "{PY}"')
 
+DEMO_HANGING = "demo probe: hanging"  # what the demo probe logs as it starts to hang, for a test waiting on it
 DEMO_PROBE = '''
 """Demo probe: reads the fixture sglang's behaviour through the real probe kit."""
 import os
@@ -219,9 +220,7 @@ mode = os.environ.get("DEMO_PROBE_MODE", "")
 def prepare():
     import sglang
     if mode == "hang":
-        if os.environ.get("DEMO_PID_FILE"):  # lets a test find the probe and signal its harness
-            with open(os.environ["DEMO_PID_FILE"], "w") as fh:
-                fh.write(str(os.getpid()))
+        print("demo probe: hanging", file=sys.stderr, flush=True)  # DEMO_HANGING, in its log
         time.sleep(60)
     if mode in ("crash", f"crash-{sys.argv[sys.argv.index('--side') + 1]}"):
         raise SystemExit("probe crashed on purpose")
@@ -262,7 +261,9 @@ def demo_project(tmp_path, http_server, monkeypatch):
         for v, fixed in (("1.0.0", False), ("1.1.0", True))
     })
     monkeypatch.delenv("PDEVIDENCE_TORCH", raising=False)  # the registry's channel
-    for name, value in {"PDEVIDENCE_INDEX_URL": index, "PDEVIDENCE_CACHE": str(tmp_path / "cache"),
+    # The probe runs contained, with a cleared environment: DEMO_PROBE_MODE must be passed by name.
+    for name, value in {"PDEVIDENCE_PROBE_PASS_ENV": "DEMO_PROBE_MODE",
+                        "PDEVIDENCE_INDEX_URL": index, "PDEVIDENCE_CACHE": str(tmp_path / "cache"),
                         "PDEVIDENCE_WORK": str(root / ".cells"),
                         "PDEVIDENCE_RUNS": str(root / "runs")}.items():
         monkeypatch.setenv(name, value)

@@ -91,13 +91,17 @@ def result_doc(side: str, version: str, observed: dict | None = None, errors: di
 
 # A well-formed provenance block that no checkout matches.
 PLACEHOLDER = {"files": {"probes/probe_demo.py": "d" * 64}, "harness": "0" * 64}
+# How a probe process ran, as ``sandbox.Containment.record`` writes it.
+CONTAINED = {"tool": "bubblewrap", "version": "bubblewrap 0.8.0", "why_not": None, "allowed_by": None,
+             "limits": {"memory_bytes": 8 << 30, "memory_by": "rlimit", "processes": 1024, "processes_by": "rlimit",
+                        "file_bytes": 4 << 30, "seconds": 900.0, "why_unlimited": None}}
 
 
 def receipt_doc(torch: str = "2.14.1+cpu", packages: dict | None = None, channel: str = "pypi",
                 override: str | None = None) -> dict:
     """A receipt as ``receipts.build`` writes it; ``write_cell`` fills in the cell and the result's digest."""
     return {
-        "schema": "pdevidence-receipt/3",
+        "schema": "pdevidence-receipt/4",
         "cell": "",
         "experiment": "demo",
         "side": "",
@@ -118,6 +122,7 @@ def receipt_doc(torch: str = "2.14.1+cpu", packages: dict | None = None, channel
         "exit_status": 0,
         "cache_key": "f" * 64,
         "provenance": PLACEHOLDER,  # ``write_cell`` records the project's instead
+        "containment": copy.deepcopy(CONTAINED),
     }
 
 

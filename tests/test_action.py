@@ -291,3 +291,37 @@ def test_the_docs_show_the_action_in_use():
 def test_every_workflow_the_docs_show_lints_with_the_action(tmp_path, page, workflow):
     proc = actionlint(lint_tree(tmp_path, workflow))
     assert proc.returncode == 0, f"{page}: " + proc.stdout + proc.stderr
+
+
+CONTAIN_STUBS = {  # what the containment step calls, each recording its command line
+    "id": '#!/bin/sh\necho 1000\n',  # not root: through sudo
+    "sudo": '#!/bin/sh\necho "sudo $*" >> "$CALLS"\n[ "$1" = -n ] && shift\nexec "$@"\n',
+    "apt-get": '#!/bin/sh\necho "apt-get $*" >> "$CALLS"\n',
+    "sysctl": '#!/bin/sh\necho "sysctl $*" >> "$CALLS"\n',
+}
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_the_containment_step_installs_bubblewrap_only_where_it_is_missing(tmp_path, installed):
+    """The action's step runs .github/scripts/contain.sh, which the workflow's probe jobs run too."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    scripts = {**CONTAIN_STUBS, **({"bwrap": "#!/bin/sh\n"} if installed else {})}
+    for name, text in scripts.items():
+        (stubs / name).write_text(text)
+        (stubs / name).chmod(0o755)
+    for real in ("cat", "bash"):
+        (stubs / real).symlink_to(shutil.which(real))
+    calls = tmp_path / "calls"
+    script = step("Contain the code checked")["run"].replace('"$ACTION_PATH', f'"{PROJECT}')
+    proc = subprocess.run([shutil.which("bash"), "-e", "-c", script], capture_output=True, text=True, timeout=60,
+                          env={"PATH": str(stubs), "CALLS": str(calls)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    done = calls.read_text().splitlines() if calls.exists() else []
+    restricted = Path("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
+    lifted = ["sudo -n sysctl -q -w kernel.apparmor_restrict_unprivileged_userns=0",
+              "sysctl -q -w kernel.apparmor_restrict_unprivileged_userns=0"] \
+        if restricted.exists() and restricted.read_text().strip() == "1" else []
+    installs = [] if installed else ["sudo -n apt-get update -qq", "apt-get update -qq",
+                                     "sudo -n apt-get install -y -qq bubblewrap", "apt-get install -y -qq bubblewrap"]
+    assert done == installs + lifted

@@ -31,9 +31,18 @@ def ci_run(tmp_path, **env):
         (stubs / name).write_text(text)
         (stubs / name).chmod(0o755)
     calls = tmp_path / "calls"
-    done = subprocess.run(["bash", ".ci/run"], cwd=clone, capture_output=True, text=True, timeout=60,
-                          env={"PATH": f"{stubs}:/usr/bin:/bin", "CI": "true", "CALLS": str(calls),
-                               "HOME": str(tmp_path), **env})
+    path = f"{stubs}:/usr/bin:/bin"
+    if env.pop("HAS_BWRAP", "yes") == "no":  # only the tools the script needs besides the stubs: no bwrap
+        tools = tmp_path / "tools"
+        tools.mkdir()
+        for name in ("grep", "dirname", "cat", "mkdir", "chmod"):
+            (tools / name).symlink_to(shutil.which(name))
+        path = f"{stubs}:{tools}"
+    else:
+        (stubs / "bwrap").write_text("#!/bin/sh\n")
+        (stubs / "bwrap").chmod(0o755)
+    done = subprocess.run([shutil.which("bash"), ".ci/run"], cwd=clone, capture_output=True, text=True, timeout=60,
+                          env={"PATH": path, "CI": "true", "CALLS": str(calls), "HOME": str(tmp_path), **env})
     return done, calls.read_text().splitlines() if calls.exists() else []
 
 
@@ -55,6 +64,14 @@ def test_without_libcairo_it_installs_it_first(tmp_path):
     done, calls = ci_run(tmp_path, HAS_CAIRO="no")
     assert done.returncode == 0, done.stderr
     assert calls == ["ldconfig -p", "apt-get update", "apt-get install -y libcairo2", *SETUP_AND_TESTS]
+
+
+def test_without_bubblewrap_it_installs_it_with_what_else_is_missing(tmp_path):
+    done, calls = ci_run(tmp_path, HAS_CAIRO="no", HAS_BWRAP="no")
+    assert done.returncode == 0, done.stderr
+    assert calls == ["ldconfig -p", "apt-get update", "apt-get install -y libcairo2 bubblewrap", *SETUP_AND_TESTS]
+    done, calls = ci_run(tmp_path / "again", HAS_CAIRO="yes", HAS_BWRAP="no")
+    assert calls == ["ldconfig -p", "apt-get update", "apt-get install -y bubblewrap", *SETUP_AND_TESTS]
 
 
 def test_sums_that_do_not_match_stop_it_before_the_tests(tmp_path):

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import io
 import os
+import re
 import urllib.request
 from pathlib import Path
 from unittest import mock
@@ -253,7 +254,17 @@ def malformed_settings(ground: Path) -> dict[str, st.SearchStrategy[str]]:
         "PDEVIDENCE_PYTHON": program, "UV": program,
         "PDEVIDENCE_UPSTREAM_TESTS": missing_directory, "SGLANG_REPO": missing_directory,
         "SGLANG_TREE": missing_directory,
+        "PDEVIDENCE_SANDBOX": no(harness_settings.SANDBOX_TOOLS),
+        "PDEVIDENCE_PROBE_MEMORY": ENV_TEXT.filter(lambda v: v and not _positive(re.fullmatch(r"([0-9]+)[KMGTkmgt]?", v))),
+        "PDEVIDENCE_PROBE_PROCESSES": ENV_TEXT.filter(lambda v: v and not _positive(re.fullmatch(r"([0-9]+)", v))),
+        "PDEVIDENCE_PROBE_PASS_ENV": ENV_TEXT.filter(
+            lambda v: v and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(,[A-Za-z_][A-Za-z0-9_]*)*", v)),
     }
+
+
+def _positive(found: re.Match | None) -> bool:
+    """A number the pattern matched, and above zero."""
+    return bool(found) and int(found[1]) > 0
 
 
 def test_every_setting_is_covered_by_the_property(ground):

@@ -182,12 +182,14 @@ MUTANTS = [{"id": "shut", "title": "the door always says no", "kind": "removes-f
 
 
 def mutation_task(reg, tmp_path, label: str, tree: Path) -> engine.DriverTask:
-    specs = tmp_path / "specs.json"
+    """The mutant driver on ``tree``: it reads its specs from, and writes its document in, tmp_path/mutants
+    (the only directory its sandbox lets it write, as the lane's runs/mutate/)."""
+    specs = tmp_path / "mutants" / "specs.json"
     specs.write_text(json.dumps(MUTANTS))
     return engine.DriverTask(label, tree, ["--probe", str(reg.experiment("demo").probe), "--mutants", str(specs),
                                            "--tree-kind", "release", "--tree-ref", label, "--tree-resolved", label,
                                            "--out", str(tmp_path / "mutants" / f"{label}.json")],
-                             driver="probe_mutants")
+                             driver="probe_mutants", writes=(tmp_path / "mutants",))
 
 
 def test_a_mutation_task_runs_probe_mutants_in_a_child_and_writes_what_a_fresh_process_writes(world, monkeypatch):
@@ -201,7 +203,7 @@ def test_a_mutation_task_runs_probe_mutants_in_a_child_and_writes_what_a_fresh_p
     task = mutation_task(reg, tmp_path, "1.1.0", tree)
     lines = []
     failures = engine.run_tasks(reg, Path(sys.executable), [task], logs=tmp_path / "logs",
-                                preload=tmp_path / "preload.json", log=lines.append)
+                                preload=tmp_path / "preload.json", log=lines.append).failures
     assert failures == {"1.1.0": None} and any("1.1.0 done" in line for line in lines)
     forked = (tmp_path / "mutants" / "1.1.0.json").read_bytes()
     doc = json.loads(forked)
@@ -226,7 +228,7 @@ def test_a_mutation_child_that_dies_fails_its_own_task_only(world, monkeypatch):
     (tmp_path / "mutants").mkdir()
     tasks = [mutation_task(reg, tmp_path, label, tree) for label, tree in trees.items()]
     failures = engine.run_tasks(reg, Path(sys.executable), tasks, logs=tmp_path / "logs",
-                                preload=tmp_path / "preload.json", jobs=2, log=lambda line: None)
+                                preload=tmp_path / "preload.json", jobs=2, log=lambda line: None).failures
     assert failures == {"1.0.0": "exited with status 9", "1.1.0": None}
     assert not (tmp_path / "mutants" / "1.0.0.json").exists()
     assert json.loads((tmp_path / "mutants" / "1.1.0.json").read_text())["mutants"]["shut"]["status"] == "applied"
@@ -322,7 +324,7 @@ def d2(observed):
 """
 
 
-def test_several_check_targets_share_one_engine_and_each_gets_its_answer(warm_world, capsys):
+def test_several_check_targets_each_get_their_answer_and_trees_not_pinned_never_share_an_engine(warm_world, capsys):
     from synthetic import result_doc, wheel_bytes, write_cell
 
     from pdevidence import cli
@@ -345,7 +347,8 @@ def test_several_check_targets_share_one_engine_and_each_gets_its_answer(warm_wo
     assert [(d["target"]["resolved"], d["experiments"][0]["status"]) for d in docs] == [
         ("2.0.0", "affected"), ("2.1.0", "fixed")]
     assert code == docs[0]["exit_code"] == 1  # the worst of the two
-    assert captured.err.count("engine: probing") == 1
+    # A wheel file is the operator's: its children could write the other's results if they shared a sandbox.
+    assert captured.err.count("engine: probing") == 2 and "in an engine of its own" in captured.err
     assert "wheel-2.0.0-" in captured.err and "wheel-2.1.0-" in captured.err  # each wheel's name has its digest
     products = [s["products"][0]["@id"] for s in json.loads(vex.read_text())["statements"]]
     assert products == ["pkg:pypi/sglang@2.0.0", "pkg:pypi/sglang@2.1.0"]

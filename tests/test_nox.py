@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import DEMO_HANGING as HANGING
 from test_cells import run_cell
 
 from pdevidence.core import errors
@@ -75,13 +76,27 @@ def test_several_sessions_with_a_usage_error_each_report_it(demo_project):
         assert f"Session {session} aborted: exit {errors.USAGE}: usage error" in done.stderr
 
 
-def wait_for(path: Path, timeout: float = 120) -> int:
+def wait_for_probe(root: Path, timeout: float = 120) -> int:
+    """The host pid of the demo probe, once its log says it hangs inside the probe (it runs contained,
+    in a PID namespace of its own: its own pid is not the host's)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if path.exists() and path.read_text():
-            return int(path.read_text())
+        logs = list((root / ".cells" / "logs").glob("*.log"))
+        if any(HANGING in log.read_text(errors="replace") for log in logs):
+            probes = [pid for pid in probe_processes(str(root / "runs")) if _is_probe(pid)]
+            if probes:
+                return probes[0]
         time.sleep(0.1)
-    raise AssertionError(f"the probe never started ({path})")
+    raise AssertionError(f"the probe never started (no {HANGING!r} in {root / '.cells' / 'logs'})")
+
+
+def _is_probe(pid: int) -> bool:
+    """The probe's own interpreter, not the sandbox around it."""
+    try:
+        argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return len(argv) > 1 and argv[1].endswith(b"probe_demo.py")
 
 
 def probe_processes(marker: str) -> list[int]:
@@ -108,12 +123,11 @@ def test_a_signal_stops_the_probe_at_once_and_keeps_the_previous_result(demo_pro
                                                                          command, sig, code, gone):
     previous = run_cell(demo_project)
     before = {p.name: p.read_bytes() for p in (previous.result, previous.receipt)}
-    pid_file = tmp_path / "probe.pid"
-    env = {**os.environ, "PYTHONPATH": str(PROJECT), "DEMO_PROBE_MODE": "hang", "DEMO_PID_FILE": str(pid_file)}
+    env = {**os.environ, "PYTHONPATH": str(PROJECT), "DEMO_PROBE_MODE": "hang"}
     harness = subprocess.Popen(command(demo_project), cwd=demo_project, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        probe = wait_for(pid_file)
+        probe = wait_for_probe(demo_project)
         started = time.monotonic()
         harness.send_signal(sig)
         out, err = harness.communicate(timeout=30)

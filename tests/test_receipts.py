@@ -6,7 +6,7 @@ import copy
 import json
 
 import pytest
-from synthetic import make_project, receipt_doc, write_cell
+from synthetic import CONTAINED, make_project, receipt_doc, write_cell
 
 from pdevidence import registry
 from pdevidence.core import errors
@@ -45,8 +45,9 @@ def test_a_current_receipt_records_the_interpreter_the_override_and_what_made_it
     receipt = Receipt.from_doc(doc, source="r")
     assert doc["schema"] == RECEIPT_SCHEMA
     assert (receipt.schema_version, receipt.python_implementation, receipt.python_identity) == \
-        (3, "cpython", "cpython-3.12.3")
+        (4, "cpython", "cpython-3.12.3")
     assert receipt.provenance is not None
+    assert receipt.containment == CONTAINED
     assert (receipt.torch_channel, receipt.torch_override) == ("cpu", "cpu")
 
 
@@ -75,12 +76,38 @@ def test_an_identity_that_is_not_the_implementation_and_a_version_is_refused(fie
         Receipt.from_doc(doc, source="r")
 
 
-@pytest.mark.parametrize("schema", ["pdevidence-receipt/4", "pdevidence-receipt/", None])
+@pytest.mark.parametrize("schema", ["pdevidence-receipt/5", "pdevidence-receipt/", None])
 def test_an_unknown_receipt_schema_is_refused(schema):
     doc = with_result(receipt_doc())
     doc["schema"] = schema
-    with pytest.raises(errors.HarnessError, match=r"expected pdevidence-receipt/<1\|2\|3>"):
+    with pytest.raises(errors.HarnessError, match=r"expected pdevidence-receipt/<1\|2\|3\|4>"):
         Receipt.from_doc(doc, source="r")
+
+
+def test_a_schema_3_receipt_loads_with_its_containment_unknown():
+    doc = with_result(receipt_doc())
+    doc["schema"] = "pdevidence-receipt/3"
+    del doc["containment"]
+    receipt = Receipt.from_doc(doc, source="r")
+    assert (receipt.schema_version, receipt.containment) == (3, None)
+    assert "containment" not in receipt.doc  # the document as written
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    (lambda doc: doc.pop("containment"), "containment is missing"),
+    (lambda doc: doc.update(containment=None), "containment must be an object"),
+    (lambda doc: doc["containment"].update(tool="chroot"), "tool 'chroot' is not one of"),
+    (lambda doc: doc["containment"].update(version=None), "names its tool's version"),
+    (lambda doc: doc["containment"].update(tool="none", version=None), "an uncontained one why_not"),
+    (lambda doc: doc["containment"].update(allowed_by="--allow-uncontained"), "allowed_by"),
+    (lambda doc: doc["containment"]["limits"].update(processes="many"), "limits.processes has the wrong type"),
+])
+def test_a_schema_4_receipt_must_say_how_its_probe_was_contained(change, why):
+    doc = with_result(receipt_doc())
+    change(doc)
+    with pytest.raises(errors.HarnessError, match=why) as caught:
+        Receipt.from_doc(doc, source="r")
+    assert caught.value.code == errors.INTEGRITY
 
 
 def test_a_pin_that_a_schema_1_receipt_did_not_record_is_not_compared():

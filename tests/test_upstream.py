@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -348,11 +349,14 @@ def test_the_tests_come_from_the_head_commit_of_a_clone(tmp_path, monkeypatch):
 def fake_cell(project, tmp_path, monkeypatch):
     """The side's tree and environment stand in: this interpreter, with pytest, as the cell's."""
     env_dir = tmp_path / "env"
+    # A venv of this interpreter whose .pth names this environment's site-packages (pytest): what the
+    # sandbox shows the cell's interpreter is read from its pyvenv.cfg and .pth files, as in a real cell.
     (env_dir / "bin").mkdir(parents=True)
-    # A wrapper, not a symlink: a symlinked venv interpreter would lose its venv (and pytest).
-    wrapper = env_dir / "bin" / "python"
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    wrapper.chmod(0o755)
+    (env_dir / "bin" / "python").symlink_to(sys.executable)
+    (env_dir / "pyvenv.cfg").write_text(f"home = {Path(sys.executable).resolve().parent}\n")
+    site = env_dir / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "this-environment.pth").write_text("\n".join(sysconfig.get_paths()[k] for k in ("purelib", "platlib")))
     tree = trees.Tree("release", "1.0.0", "1.0.0", tmp_path / "sglang-1.0.0.whl", "e" * 64, "pypi", "x.whl")
     seen = {}
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import environments
+from ..core import sandbox
 from ..core.files import read_json, sha256_file
 from ..core.locking import exclusive
 from ..core.paths import work_dir
@@ -30,6 +31,7 @@ class Outcome:
     doc: dict | None = None  # the result document, when the probe ran
     result_sha256: str | None = None
     error: str | None = None  # why it could not run
+    containment: dict | None = None  # how the process ran (sandbox.Containment.record)
 
 
 def driver(reg: Registry) -> Path:
@@ -52,16 +54,19 @@ def tree_argv(tree_args: dict[str, str]) -> list[str]:
 
 
 def run(reg: Registry, interpreter: Path | str, experiments: list[str], tree_args: dict[str, str], *,
-        out_dir: Path, log: Path, env: dict | None = None) -> dict[str, Outcome]:
-    """Run the driver with ``interpreter``; results land in ``out_dir/<experiment>.json``."""
+        out_dir: Path, log: Path, trusted: bool = False, env: dict | None = None) -> dict[str, Outcome]:
+    """Run the driver with ``interpreter``, contained (``trusted``: a pinned tree); results land in
+    ``out_dir/<experiment>.json``."""
     exps = [reg.experiment(name) for name in experiments]
     clear(out_dir, experiments)
     log.parent.mkdir(parents=True, exist_ok=True)
     command = [str(interpreter), str(driver(reg)), *[str(e.probe) for e in exps], "--out-dir", str(out_dir),
                *tree_argv(tree_args)]
     run_env = {**os.environ, **PROBE_ENV, **(env or {})}
-    status = run_killable(command, log, timeout=timeout_seconds(), env=run_env, what=f"probe driver {DRIVER}")
-    return collect(exps, out_dir, log, f"exited with status {status}")
+    view = sandbox.View(read=(driver(reg).parent, *{e.probe.parent for e in exps}), write=(out_dir,))
+    ran = run_killable(command, log, timeout=timeout_seconds(), env=run_env, what=f"probe driver {DRIVER}",
+                       view=view, trusted=trusted)
+    return collect(exps, out_dir, log, f"exited with status {ran.status}", ran.containment)
 
 
 def run_in_environment(reg: Registry, tree: trees.Tree, slug: str, experiments: list[str],
@@ -74,21 +79,24 @@ def run_in_environment(reg: Registry, tree: trees.Tree, slug: str, experiments: 
         log(f"{slug}: {'reusing' if env.reused else 'built'} environment {env.path}, "
             f"probing {', '.join(experiments)}")
         return run(reg, env.interpreter, experiments, tree_args, out_dir=out_dir,
-                   log=work_dir(reg.root) / "logs" / f"{slug}.log", env=env.probe_env)
+                   log=work_dir(reg.root) / "logs" / f"{slug}.log", trusted=tree.pinned, env=env.probe_env)
 
 
-def collect(exps: list[Experiment], out_dir: Path, log: Path, status: str) -> dict[str, Outcome]:
-    """What the driver left per experiment: a result, the reason it could not run, or nothing (say why)."""
+def collect(exps: list[Experiment], out_dir: Path, log: Path, status: str,
+            containment: dict | None) -> dict[str, Outcome]:
+    """What the driver left per experiment: a result, the reason it could not run, or nothing (say why);
+    each with how its process ran."""
     outcomes = {}
     for exp in exps:
         result, failed = out_dir / f"{exp.name}.json", out_dir / f"{exp.name}{CANNOT_RUN_SUFFIX}"
         if result.exists():
             doc = results.load(result, experiment=exp.name)
-            outcomes[exp.name] = Outcome(exp.name, doc, sha256_file(result))
+            outcomes[exp.name] = Outcome(exp.name, doc, sha256_file(result), containment=containment)
         elif failed.exists():
             error = read_json(failed, "cannot-run record", todo=f"full log: {log}")["error"]
-            outcomes[exp.name] = Outcome(exp.name, error=f"{error['type']}: {error['message']}")
+            outcomes[exp.name] = Outcome(exp.name, error=f"{error['type']}: {error['message']}",
+                                         containment=containment)
         else:
             outcomes[exp.name] = Outcome(exp.name, error=f"the probe process {status} and wrote nothing for "
-                                         f"{exp.name}; last output:\n{tail(log)}")
+                                         f"{exp.name}; last output:\n{tail(log)}", containment=containment)
     return outcomes

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import environments
-from ..core import clock
+from ..core import clock, sandbox
 from ..core.errors import HarnessError, usage
 from ..core.files import dumps, sha256_file, write_atomic
 from ..core.locking import exclusive
@@ -173,6 +173,7 @@ def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Pa
         if not current:  # stale: it describes other inputs and must not be compared as current
             result.unlink(missing_ok=True)
             receipt_file.unlink(missing_ok=True)
+        sandbox.admit(tree.pinned, f"{cell.name} on {tree.label()}")  # before its environment is built
         started = clock.now()
         env = environments.cell_environment(registry, tree, slug, constraints, log=lambda msg: log(f"{cell.name}: {msg}"))
         log(f"{cell.name}: {'reusing' if env.reused else 'built'} environment {env.path}")
@@ -184,12 +185,12 @@ def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Pa
         staged_result.parent.mkdir(parents=True)
         try:
             run = run_probe(env.interpreter, exp.probe, args, staged_result, work / "logs" / f"{slug}.log",
-                            experiment=cell.experiment, side=cell.side, env=env.probe_env)
+                            experiment=cell.experiment, side=cell.side, trusted=tree.pinned, env=env.probe_env)
             receipt = receipts.build(
                 cell=cell.name, experiment=cell.experiment, side=cell.side, tree=tree, env=env,
                 project=registry.root, constraints=closure, probe=exp.probe, result=staged_result,
                 commands=[*env.commands, run.command], started=started, finished=clock.now(),
-                exit_status=run.exit_status, cache_key=key, provenance=made_by,
+                exit_status=run.exit_status, cache_key=key, provenance=made_by, containment=run.containment,
             )
             write_atomic(staged_receipt, dumps(receipt))
             # Result first: a reader between the two renames sees a receipt that does not

@@ -8,6 +8,12 @@ or ``probe_mutants`` (the mutation lane). A child writes the documents its drive
 writes in a fresh process, and nothing else comes back but how it ended. The modules
 the children needed are kept per closure, so the next engine for that closure
 preloads them before its first child.
+
+The engine runs contained (``core/sandbox.py``), and so does every child it forks: it
+sees the closure, the probes and its tasks' trees read-only, and writes only its logs
+and its tasks' output directories. Its children share that sandbox, so one engine
+probes trees that trust each other: the releases from the package index together,
+any other tree alone (``warm.py`` groups them).
 """
 
 from __future__ import annotations
@@ -15,11 +21,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import children
+from ..core import children, sandbox
 from ..core.errors import HarnessError
+from ..core.files import dumps, read_json, write_atomic
 from ..registry import Registry
 from . import allprobes, probe_run
 from .probe_run import timeout_seconds
@@ -34,6 +42,8 @@ class TreeTask:
     label: str
     path: Path
     tree_args: dict[str, str]
+    trusted: bool = False  # pinned with a verified hash (``Tree.pinned``): may run where nothing contains it
+    shared: bool = False  # may share an engine with the other shared trees (``warm._groups``)
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,13 @@ class DriverTask:
     path: Path
     argv: list[str]
     driver: str = "probe_all"
+    writes: tuple[Path, ...] = ()  # the directories its driver writes its documents in
+
+
+@dataclass(frozen=True)
+class Finished:
+    failures: dict[str, str | None]  # per task id, how its child failed (None: it exited 0)
+    containment: dict  # how the engine and its children ran (sandbox.Containment.record)
 
 
 def preload_file(work: Path, env_path: Path) -> Path:
@@ -52,52 +69,78 @@ def preload_file(work: Path, env_path: Path) -> Path:
 
 
 def run_tasks(reg: Registry, interpreter: Path, tasks: list[DriverTask], *, logs: Path, preload: Path,
-              jobs: int = 2, env: dict[str, str] | None = None, log=print) -> dict[str, str | None]:
-    """Fork one child per task; per task id, how its child failed (None: it exited 0). Its output is in
-    ``logs/<id>.log``. ``env`` is added to the engine's environment (an era's stand-ins)."""
+              trusted: bool = False, jobs: int = 2, env: dict[str, str] | None = None, log=print) -> Finished:
+    """Fork one child per task, in one contained engine (``trusted``: every task's tree is pinned); how each
+    child ended and how they ran. A child's output is in ``logs/<id>.log``. ``env`` is added to the engine's
+    environment (an era's stand-ins)."""
     if not tasks:
-        return {}
+        return Finished({}, sandbox.detect().record())
     logs.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps({"id": t.id, "path": str(t.path), "log": str(logs / f"{t.id}.log"), "argv": t.argv,
-                         "driver": t.driver}) for t in tasks]
-    task_file = logs / "engine-tasks.jsonl"
-    task_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    preload.parent.mkdir(parents=True, exist_ok=True)
-    command = [str(interpreter), str(reg.root / "probes" / ENGINE), "--tasks", str(task_file), "--jobs", str(jobs),
-               "--timeout", str(timeout_seconds()), "--scratch", str(logs / "engine-scratch"),
-               "--preload", str(preload)]
-    engine_log = logs / "engine.log"
-    reports = {}
-    with open(engine_log, "wb") as err:
-        proc = children.popen(command, stdout=subprocess.PIPE, stderr=err, env={**os.environ, **allprobes.PROBE_ENV, **(env or {})})
-        try:
-            for raw in proc.stdout:  # one line per child, as each ends
-                report = json.loads(raw)
-                reports[report["id"]] = report
-                log(f"engine: {report['id']} done in {report['seconds']} s ({_status(report)})")
-        finally:
-            children.wait(proc)
-    if proc.returncode != 0:
-        raise HarnessError(f"the probe engine exited with status {proc.returncode}; last output:\n"
-                           f"{probe_run.tail(engine_log)}",
-                           todo=f"read {engine_log}; `--cold` runs each task in its own process instead")
-    return {t.id: _failure(reports.get(t.id)) for t in tasks}
+    # Its tasks, its preload list and its children's module lists in a directory of its own (no other
+    # engine sees it); the list it leaves is checked before it replaces ours.
+    with tempfile.TemporaryDirectory(prefix="pdevidence-engine-") as private:
+        task_file, needed = Path(private) / "tasks.jsonl", Path(private) / "preload.json"
+        task_file.write_text("".join(json.dumps({"id": t.id, "path": str(t.path), "log": str(logs / f"{t.id}.log"),
+                                                 "argv": t.argv, "driver": t.driver}) + "\n" for t in tasks),
+                             encoding="utf-8")
+        write_atomic(needed, dumps(_preload_list(preload)))
+        command = [str(interpreter), str(reg.root / "probes" / ENGINE), "--tasks", str(task_file), "--jobs",
+                   str(jobs), "--timeout", str(timeout_seconds()), "--scratch", str(Path(private) / "scratch"),
+                   "--preload", str(needed)]
+        view = sandbox.View(read=(reg.root / "probes", *(t.path for t in tasks)),
+                            write=(Path(private), logs, *(w for t in tasks for w in t.writes)), cwd=logs)
+        engine_log = logs / "engine.log"
+        what = f"the probe engine on {', '.join(t.id for t in tasks)}"
+        run_env = {**os.environ, **allprobes.PROBE_ENV, **(env or {})}
+        reports = {}
+        with open(engine_log, "wb") as err, sandbox.launch(command, view, run_env, trusted=trusted,
+                                                           what=what) as launch:
+            proc = children.popen(launch.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
+                                  env=launch.env)
+            try:
+                for raw in proc.stdout:  # one line per child, as each ends
+                    report = json.loads(raw)
+                    reports[report["id"]] = report
+                    log(f"engine: {report['id']} done in {report['seconds']} s ({_status(report)})")
+            finally:
+                children.wait(proc)
+        if proc.returncode != 0:
+            raise HarnessError(f"the probe engine exited with status {proc.returncode}; last output:\n"
+                               f"{probe_run.tail(engine_log)}",
+                               todo=f"read {engine_log}; `--cold` runs each task in its own process instead")
+        write_atomic(preload, dumps(_preload_list(needed)))
+    return Finished({t.id: _failure(reports.get(t.id)) for t in tasks}, launch.record)
+
+
+def _preload_list(path: Path) -> list[str]:
+    """The module names in a preload file (a list of dotted names); anything else counts as none."""
+    if not path.exists():
+        return []
+    try:
+        names = read_json(path, "preload list", todo="")
+    except HarnessError:
+        return []
+    if not isinstance(names, list):
+        return []
+    return [n for n in names if isinstance(n, str) and all(part.isidentifier() for part in n.split("."))]
 
 
 def run(reg: Registry, interpreter: Path, tasks: list[TreeTask], experiments: list[str], *,
         out_dir: Path, logs: Path, preload: Path, jobs: int = 2, env: dict[str, str] | None = None,
         log=print) -> dict[str, dict[str, allprobes.Outcome]]:
-    """Every experiment on every tree (``probe_all``); per tree label, per experiment, what came back."""
+    """Every experiment on every tree (``probe_all``), in one engine; per tree label, per experiment, what came
+    back. The trees share the engine's sandbox: pass only trees that trust each other (``warm.py``)."""
     exps = [reg.experiment(name) for name in experiments]
     driver_tasks = []
     for task in tasks:
         allprobes.clear(out_dir / task.label, experiments)
         argv = [*[str(e.probe) for e in exps], "--out-dir", str(out_dir / task.label),
                 *allprobes.tree_argv(task.tree_args)]
-        driver_tasks.append(DriverTask(task.label, task.path, argv))
-    failures = run_tasks(reg, interpreter, driver_tasks, logs=logs, preload=preload, jobs=jobs, env=env, log=log)
+        driver_tasks.append(DriverTask(task.label, task.path, argv, writes=(out_dir / task.label,)))
+    done = run_tasks(reg, interpreter, driver_tasks, logs=logs, preload=preload,
+                     trusted=all(task.trusted for task in tasks), jobs=jobs, env=env, log=log)
     return {task.label: allprobes.collect(exps, out_dir / task.label, logs / f"{task.label}.log",
-                                          failures[task.label] or "exited with status 0")
+                                          done.failures[task.label] or "exited with status 0", done.containment)
             for task in tasks}
 
 
@@ -108,6 +151,8 @@ def _failure(report: dict | None) -> str | None:
 
 
 def _status(report: dict) -> str:
+    if report.get("error"):
+        return report["error"]
     if report["timeout"]:
         return f"timed out after {report['seconds']} s and was killed"
     if report["signal"] is not None:

@@ -1,8 +1,9 @@
-"""Run a probe in a cell's interpreter, with a timeout, keeping its stderr.
+"""Run a probe in a cell's interpreter, contained, with a timeout, keeping its stderr.
 
 The probe writes to a temporary path; only a run that exits 0 with a valid
 document gets its result renamed into place, so a crash, a kill or a hang
-leaves no result file.
+leaves no result file. Every process that imports a tree starts here or in the
+warm engine (engine.py), inside the sandbox ``core/sandbox.py`` builds.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import children, settings
+from ..core import children, sandbox, settings
 from ..core.errors import HarnessError
 from ..core.files import read_json
 from ..documents import results
@@ -25,6 +26,13 @@ class ProbeRun:
     command: list[str]
     exit_status: int
     log: Path
+    containment: dict  # how it ran (sandbox.Containment.record)
+
+
+@dataclass
+class Ran:
+    status: int
+    containment: dict
 
 
 def timeout_seconds() -> float:
@@ -37,12 +45,14 @@ def tail(log: Path) -> str:
     return "\n".join(lines[-STDERR_TAIL_LINES:])
 
 
-def run_killable(command: list[str], log: Path, *, timeout: float, env: dict, what: str,
-                 cwd: Path | None = None) -> int:
-    """Run ``command`` with its output in ``log``; kill it and everything it started on timeout
-    or on SIGINT/SIGTERM (``children.Interrupted``)."""
-    with open(log, "wb") as out:
-        proc = children.popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+def run_killable(command: list[str], log: Path, *, timeout: float, env: dict, what: str, view: sandbox.View,
+                 trusted: bool) -> Ran:
+    """Run ``command`` contained (it sees ``view``; ``trusted``: a pinned tree, which may run where nothing
+    contains it), its output in ``log``; kill it and everything it started on timeout or on SIGINT/SIGTERM
+    (``children.Interrupted``)."""
+    with open(log, "wb") as out, sandbox.launch(command, view, env, trusted=trusted, what=what) as launch:
+        proc = children.popen(launch.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                              env=launch.env, cwd=view.cwd)
         try:
             children.wait(proc, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -51,7 +61,7 @@ def run_killable(command: list[str], log: Path, *, timeout: float, env: dict, wh
                 f"last output:\n{tail(log)}",
                 todo=f"look for a hang in {log}; PDEVIDENCE_PROBE_TIMEOUT raises the limit",
             ) from None
-        return proc.returncode
+        return Ran(proc.returncode, launch.record)
 
 
 def partial_path(dest: Path) -> Path:
@@ -60,7 +70,8 @@ def partial_path(dest: Path) -> Path:
 
 
 def run_probe(interpreter: Path, probe: Path, args: list[str], dest: Path, log: Path, *,
-              experiment: str, side: str, timeout: float | None = None, env: dict | None = None) -> ProbeRun:
+              experiment: str, side: str, trusted: bool = False, timeout: float | None = None,
+              env: dict | None = None) -> ProbeRun:
     """Run the probe; on success ``dest`` holds its validated result, else nothing is at ``dest``."""
     timeout = timeout_seconds() if timeout is None else timeout
     partial = partial_path(dest)
@@ -69,7 +80,9 @@ def run_probe(interpreter: Path, probe: Path, args: list[str], dest: Path, log: 
     command = [str(interpreter), str(probe), *args, "--out", str(partial)]
     run_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0", **(env or {})}
     try:
-        status = run_killable(command, log, timeout=timeout, env=run_env, what=f"probe {probe.name}")
+        ran = run_killable(command, log, timeout=timeout, env=run_env, what=f"probe {probe.name}",
+                           view=sandbox.View(read=(probe.parent,), write=(dest.parent,)), trusted=trusted)
+        status = ran.status
         if status != 0:
             raise HarnessError(
                 f"probe {probe.name} exited with status {status}; no result written.\nlast output:\n{tail(log)}",
@@ -82,6 +95,6 @@ def run_probe(interpreter: Path, probe: Path, args: list[str], dest: Path, log: 
                                todo=exc.todo) from None
         results.validate(doc, source=f"output of {probe.name}", experiment=experiment, side=side)
         os.replace(partial, dest)
-        return ProbeRun(command, status, log)
+        return ProbeRun(command, status, log, ran.containment)
     finally:
         partial.unlink(missing_ok=True)

@@ -6,7 +6,13 @@ or wheel's SHA-256, a commit, a work tree's HEAD and changes or, outside git, it
 content), the closure, every file that runs in the cell (probes, kit, drivers,
 engine), the harness itself, the interpreter and the torch channel. An
 unchanged rerun probes nothing; a new release is the only tree probed. What the
-engine could not finish (a crash, a timeout) is never kept.
+engine could not finish (a crash, a timeout) is never kept. How the tree's process
+ran (``core/sandbox.py``) is kept with its outcome.
+
+Trees that do not trust each other never share an engine (its children share one
+sandbox, and a child could write another tree's results): the releases from the
+package index (and the project's own backports of them) share one; a tree the
+operator brings (a source tree, a commit, a wheel file) gets one of its own.
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ import tempfile
 from pathlib import Path
 
 from .. import environments
-from ..core.files import sha256_file
+from ..core import sandbox
+from ..core.errors import HarnessError
+from ..core.files import dumps, read_json, sha256_file, write_atomic
 from ..core.paths import work_dir
 from ..documents.provenance import Shaped, harness_digest, tree_digest
 from ..registry import Era, Registry
@@ -39,6 +47,7 @@ def outcome_key(reg: Registry, tree: Tree, closure: Path, interpreter: str, chan
         "python": interpreter,
         "torch": channel,
         "stand_ins": stand_ins,
+        "sandbox": sandbox.detect().tool.value,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
@@ -49,6 +58,9 @@ def _complete(directory: Path, experiments: list[str]) -> bool:
                for name in experiments)
 
 
+CONTAINMENT = "containment.json"  # how the outcome's process ran, kept beside it
+
+
 def _copy(source: Path, dest: Path, experiments: list[str]) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for name in experiments:
@@ -57,12 +69,13 @@ def _copy(source: Path, dest: Path, experiments: list[str]) -> None:
                 shutil.copy2(source / f"{name}{suffix}", dest / f"{name}{suffix}")
 
 
-def _keep(entry: Path, produced: Path, experiments: list[str]) -> None:
-    """Copy what the probe wrote into the cache entry, renamed into place whole."""
+def _keep(entry: Path, produced: Path, experiments: list[str], containment: dict | None) -> None:
+    """Copy what the probe wrote into the cache entry, with how it ran, renamed into place whole."""
     entry.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{entry.name}.", suffix=".tmp"))
     try:
         _copy(produced, staging, experiments)
+        write_atomic(staging / CONTAINMENT, dumps(containment))
         os.chmod(staging, 0o755)
         shutil.rmtree(entry, ignore_errors=True)
         os.replace(staging, entry)
@@ -90,6 +103,8 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
                tree_args: dict[str, dict[str, str]], *, out_dir: Path, jobs: int, force: bool,
                log) -> dict[str, dict[str, allprobes.Outcome]]:
     exps = [reg.experiment(name) for name in experiments]
+    for tree in trees:  # refused before the closure is built
+        sandbox.admit(tree.pinned, f"the tree {tree.label()}")
     work = work_dir(reg.root)
     where = f"engine ({era.name})" if era else "engine"
     env = environments.closure_environment(reg, era, log=lambda msg: log(f"{where}: {msg}"))
@@ -106,20 +121,45 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
         if not force and _complete(entry, experiments):
             allprobes.clear(out_dir / label, experiments)
             _copy(entry, out_dir / label, experiments)
-            found[label] = allprobes.collect(exps, out_dir / label, entry / "none.log", "left no outcome")
+            found[label] = allprobes.collect(exps, out_dir / label, entry / "none.log", "left no outcome",
+                                             _kept_containment(entry))
         else:
-            todo.append(engine.TreeTask(label, importable_dir(tree, work), tree_args[label]))
+            todo.append(engine.TreeTask(label, importable_dir(tree, work), tree_args[label], tree.pinned,
+                                        shared=_from_the_index(tree)))
     if found:
         log(f"{where}: {len(found)} tree(s) unchanged, outcomes reused: {', '.join(found)} (use --force to reprobe)")
-    if todo:
-        log(f"{where}: probing {', '.join(t.label for t in todo)} ({jobs} at a time)")
-        # A work tree (--path) is the user's: its imports must leave no bytecode in it.
-        quiet = {"PYTHONDONTWRITEBYTECODE": "1"} if any(t.kind == "path" for t in trees) else {}
-        ran = engine.run(reg, env.interpreter, todo, experiments, out_dir=out_dir, logs=work / "logs" / "engine",
+    # A work tree (--path) is the user's: its imports must leave no bytecode in it.
+    quiet = {"PYTHONDONTWRITEBYTECODE": "1"} if any(t.kind == "path" for t in trees) else {}
+    groups = _groups(todo)
+    for group in groups:
+        alone = " in an engine of its own" if len(groups) > 1 and not group[0].shared else ""
+        log(f"{where}: probing {', '.join(t.label for t in group)} ({jobs} at a time){alone}")
+        ran = engine.run(reg, env.interpreter, group, experiments, out_dir=out_dir, logs=work / "logs" / "engine",
                          preload=engine.preload_file(work, env.path), jobs=jobs,
                          env={**stand_ins, **quiet}, log=log)
         for label, outcomes in ran.items():
             found[label] = outcomes
             if _complete(out_dir / label, experiments):
-                _keep(work / "outcomes" / keys[label], out_dir / label, experiments)
+                _keep(work / "outcomes" / keys[label], out_dir / label, experiments,
+                      next(iter(outcomes.values())).containment)
     return found
+
+
+def _from_the_index(tree: Tree) -> bool:
+    """A release from the package index, or the project's own backport of one: such trees share an engine."""
+    return tree.kind == "release" or tree.source == "backport"
+
+
+def _groups(tasks: list[engine.TreeTask]) -> list[list[engine.TreeTask]]:
+    """The trees from the index together, every other tree alone."""
+    shared = [t for t in tasks if t.shared]
+    return ([shared] if shared else []) + [[t] for t in tasks if not t.shared]
+
+
+def _kept_containment(entry: Path) -> dict | None:
+    """How a kept outcome's process ran; None for an entry kept before containment was recorded."""
+    try:
+        found = read_json(entry / CONTAINMENT, "containment record", todo="")
+    except HarnessError:  # missing or unreadable: unknown
+        return None
+    return found if isinstance(found, dict) else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,11 @@ from .errors import usage
 
 TORCH_CHANNELS = ("pypi", "cpu")  # registry.TorchChannel's values (the registry sits above core)
 TREE_KINDS = ("git", "release", "path")
+SANDBOX_TOOLS = ("auto", "bubblewrap", "unshare", "none")  # sandbox.Tool's values, and auto
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE = re.compile(r"([0-9]+)([KMGTkmgt]?)")
+_DIGITS = re.compile(r"[0-9]+")
+_NAMES = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(,[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,28 @@ def _choice(*values: str) -> Callable[[str], str]:
             raise ValueError(text)
         return text
     return parse
+
+
+def _bytes(text: str) -> int:
+    """``8G``, ``512M``, ``1048576``: a positive size in bytes, in ASCII digits with an optional binary unit."""
+    found = _SIZE.fullmatch(text)
+    if not found or int(found[1]) == 0:
+        raise ValueError(text)
+    return int(found[1]) * _SIZE_UNITS[found[2].upper()]
+
+
+def _count(text: str) -> int:
+    """A positive whole number, in ASCII digits."""
+    if not _DIGITS.fullmatch(text) or int(text) == 0:
+        raise ValueError(text)
+    return int(text)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """``NAME,NAME``: environment variable names, comma-separated, nothing else."""
+    if not _NAMES.fullmatch(text):
+        raise ValueError(text)
+    return tuple(text.split(","))
 
 
 def _url(text: str) -> str:
@@ -90,6 +118,14 @@ def _executable(text: str) -> str:
 
 SETTINGS = {s.name: s for s in (
     Setting("PDEVIDENCE_PROBE_TIMEOUT", "a positive number of seconds, e.g. 900 (the default)", _seconds, 900.0),
+    Setting("PDEVIDENCE_SANDBOX", f"one of: {', '.join(SANDBOX_TOOLS)} (default auto: bubblewrap, else unshare)",
+            _choice(*SANDBOX_TOOLS), "auto"),
+    Setting("PDEVIDENCE_PROBE_MEMORY", "a size in bytes with an optional K, M, G or T, e.g. 8G (the default)",
+            _bytes, 8 << 30),
+    Setting("PDEVIDENCE_PROBE_PROCESSES", "a positive number of processes and threads, e.g. 1024 (the default)",
+            _count, 1024),
+    Setting("PDEVIDENCE_PROBE_PASS_ENV", "names of environment variables a probe process also gets, comma-separated "
+            "without spaces, e.g. MY_VAR,OTHER_VAR", _names, ()),
     Setting("PDEVIDENCE_TORCH", f"one of: {', '.join(TORCH_CHANNELS)}; unset for the registry's torch_channel",
             _choice(*TORCH_CHANNELS)),
     Setting("PDEVIDENCE_UPSTREAM_KIND", f"one of: {', '.join(TREE_KINDS)} (default git)", _choice(*TREE_KINDS), "git"),

@@ -4,9 +4,10 @@ A receipt is evidence: ``Receipt.load`` checks every field the harness reads,
 with its type, and that the result beside it is the one the receipt recorded.
 Schema /2 added what the cell's interpreter is (implementation and the identity
 the cache key uses) and the torch override; /3 the provenance block (what made
-the run: probe, kit, registry, constraints, harness). Older receipts still load:
-their upgrade steps record what they lacked as unknown (null), and a receipt
-with no provenance is stale evidence (``stale``).
+the run: probe, kit, registry, constraints, harness); /4 how the probe process
+was contained (``core/sandbox.py``: by what, or not and why, and its limits).
+Older receipts still load: their upgrade steps record what they lacked as
+unknown (null), and a receipt with no provenance is stale evidence (``stale``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from ..core import sandbox
 from ..core.errors import HarnessError, integrity
 from ..core.files import read_json, relative, sha256_file
 from ..environments import CellEnvironment, find_python
@@ -45,7 +47,13 @@ def _receipt_2_to_3(doc: dict) -> dict:
     return doc
 
 
-SCHEMA = Schema("pdevidence-receipt/", 3, {1: _receipt_1_to_2, 2: _receipt_2_to_3})
+def _receipt_3_to_4(doc: dict) -> dict:
+    """/3 did not record how the probe process was contained: unknown."""
+    doc.setdefault("containment", None)
+    return doc
+
+
+SCHEMA = Schema("pdevidence-receipt/", 4, {1: _receipt_1_to_2, 2: _receipt_2_to_3, 3: _receipt_3_to_4})
 RECEIPT_SCHEMA_VERSION = SCHEMA.current  # what ``build`` writes
 RECEIPT_SCHEMA = SCHEMA.name
 # Pins a /1 receipt did not record: compared only when both receipts have them.
@@ -57,7 +65,7 @@ _TODO = ("a published receipt: restore it from git (`git checkout -- results/`);
 
 def build(*, cell: str, experiment: str, side: str, tree: Tree, env: CellEnvironment, project: Path,
           constraints: Path, probe: Path, result: Path, commands: list[list[str]], started: datetime,
-          finished: datetime, exit_status: int, cache_key: str, provenance: Provenance) -> dict:
+          finished: datetime, exit_status: int, cache_key: str, provenance: Provenance, containment: dict) -> dict:
     interpreter = find_python(env.python)  # the one the environment and the cache key were made with
     packages = env.packages()
     doc = {
@@ -93,6 +101,7 @@ def build(*, cell: str, experiment: str, side: str, tree: Tree, env: CellEnviron
         "exit_status": exit_status,
         "cache_key": cache_key,
         "provenance": provenance.to_json(),
+        "containment": containment,
     }
     Receipt.from_doc(doc, source=f"the receipt of {cell}")  # what we write, we can read back
     return doc
@@ -135,6 +144,7 @@ class Receipt:
     exit_status: int
     cache_key: str
     provenance: Provenance | None  # None on a receipt older than /3: what made it is unknown
+    containment: dict | None  # how the probe ran (sandbox.Containment.record); None before /4: unknown
     doc: dict[str, Any]
 
     @classmethod
@@ -196,6 +206,10 @@ class Receipt:
             provenance = None if recorded is None else Provenance.from_doc(recorded)
         except ValueError as exc:
             raise bad(str(exc)) from None
+        containment = field(doc, "containment", (dict, type(None)) if schema_version < 4 else dict, "")
+        why = containment is not None and sandbox.record_problem(containment)
+        if why:
+            raise bad(f"containment {why}")
         return cls(
             schema_version=schema_version,
             cell=field(doc, "cell", str, ""),
@@ -215,6 +229,7 @@ class Receipt:
             exit_status=field(doc, "exit_status", int, ""),
             cache_key=field(doc, "cache_key", str, ""),
             provenance=provenance,
+            containment=containment,
             doc=written,
         )
 

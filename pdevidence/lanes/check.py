@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cells import allprobes, warm
-from ..core import children
+from ..core import children, sandbox
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, usage, worst
 from ..core.paths import results_dir, runs_dir, tree_lock_file, work_dir
 from ..documents.observations import Explained, explained_json, explained_text
@@ -123,6 +124,7 @@ class CheckResult:
     target: Target
     experiments: list[ExperimentCheck]
     sglang_version: str | None = None  # what the build says it is: `sglang.__version__`
+    containment: dict | None = None  # how its probe process ran (sandbox.Containment.record); None: unknown
 
     @property
     def exit_code(self) -> int:
@@ -130,7 +132,7 @@ class CheckResult:
 
     def to_json(self) -> dict:
         return {"schema": SCHEMA, "target": {**self.target.to_json(), "sglang_version": self.sglang_version},
-                "exit_code": self.exit_code,
+                "exit_code": self.exit_code, "containment": self.containment,
                 "experiments": [e.to_json() for e in self.experiments]}
 
 
@@ -152,10 +154,14 @@ def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict) -
 
 
 def interpreter_version(interpreter: Path) -> tuple[int, int]:
-    """The interpreter's version, asked without site-packages (-I -S): it writes nothing."""
+    """The interpreter's version, asked without site-packages (-I -S), contained like any process of the
+    environment checked: it writes nothing."""
+    command = [str(interpreter), "-I", "-S", "-c", "import sys; print(*sys.version_info[:2])"]
     try:
-        done = children.run([str(interpreter), "-I", "-S", "-c", "import sys; print(*sys.version_info[:2])"],
-                            capture_output=True, text=True, timeout=60)
+        with sandbox.launch(command, sandbox.View(), dict(os.environ), trusted=False,
+                            what=f"the interpreter {interpreter}") as launch:
+            done = children.run(launch.argv, env=launch.env, stdin=subprocess.DEVNULL, capture_output=True,
+                                text=True, timeout=60)
     except OSError as exc:
         raise usage(f"cannot run {interpreter}: {exc}", todo="pass the python of the environment to check") from None
     try:
@@ -231,6 +237,9 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, f
     engine per era (an unpacked wheel is what installing it gives; a source tree's Python code is all the probes
     load, so nothing is built), with their outcomes cached by what made them."""
     exps = list(reg.experiments.values())
+    for target, tree in targets:  # refused before anything is fetched, built or run
+        if tree is None:
+            sandbox.admit(False, f"the interpreter {target.ref}")
     directory = runs_dir(reg.root) if fresh_references else results_dir(reg.root)
     refs = {exp.name: classify.references(reg, exp, directory, fresh=fresh_references) for exp in exps}
     names = [exp.name for exp in exps]
@@ -253,7 +262,8 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, f
         if target.kind == "python":
             target.resolved = version
         found.append(CheckResult(target, [judge(exp, outcomes[exp.name], refs[exp.name].base,
-                                                refs[exp.name].head) for exp in exps], version))
+                                                refs[exp.name].head) for exp in exps], version,
+                                 next(iter(outcomes.values())).containment))
     return found
 
 
@@ -324,4 +334,5 @@ def table(result: CheckResult) -> str:
         lines.append(f"  {e.experiment:<10} {e.status.value:<12} PR #{e.pr}  {'; '.join(parts)}")
         lines += [f"  {'':<10} {line}" for line in explained_text(e.explain)]
         lines += [f"  {'':<10} judged without {rule}" for rule in e.not_deciding]
+    lines.append(f"  ran {sandbox.describe(result.containment)}")  # how the tree's code ran on this machine
     return "\n".join(lines)

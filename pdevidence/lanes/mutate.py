@@ -48,6 +48,7 @@ from typing import Any
 
 from .. import environments, registry
 from ..cells import allprobes, cells, engine, probe_run
+from ..core import sandbox
 from ..core.errors import BEHAVIOUR_DIFFERS, ENVIRONMENT, HarnessError, usage
 from ..core.files import dumps, read_json, write_atomic
 from ..core.locking import exclusive
@@ -198,7 +199,7 @@ def run(reg: registry.Registry, experiment: str, *, cold: bool = False, mutants:
     with exclusive(work_dir(reg.root) / "locks" / f"mutate.{experiment}.lock", f"mutate({experiment})"):
         write_atomic(specs, dumps([exp.mutants[mid].spec() for mid in chosen]))
         try:
-            (_run_cold if cold else _run_warm)(reg, cell, tree, argv, log=log)
+            (_run_cold if cold else _run_warm)(reg, cell, tree, argv, out.parent, log=log)
             doc = _driver_document(partial, exp)
             os.replace(partial, out)
         finally:
@@ -215,17 +216,20 @@ def _chosen(exp: registry.Experiment, named: list[str] | None) -> list[str]:
     return [mid for mid in exp.mutants if not named or mid in named]
 
 
-def _run_warm(reg: registry.Registry, cell: cells.Cell, tree, argv: list[str], *, log) -> None:
-    """The driver in a child of the warm engine of the tree's closure, the tree unpacked first on its path."""
+def _run_warm(reg: registry.Registry, cell: cells.Cell, tree, argv: list[str], writes: Path, *, log) -> None:
+    """The driver in a child of the warm engine of the tree's closure, the tree unpacked first on its path;
+    it writes in ``writes`` only."""
     where = f"mutate({cell.experiment})"
     era = environments.era_of(reg, tree)
     env = environments.closure_environment(reg, era, log=lambda msg: log(f"{where}: {msg}"))
     work = work_dir(reg.root)
-    task = engine.DriverTask(cell.experiment, importable_dir(tree, work), argv, driver=ENGINE_DRIVER)
+    task = engine.DriverTask(cell.experiment, importable_dir(tree, work), argv, driver=ENGINE_DRIVER,
+                             writes=(writes,))
     logs = work / "logs" / f"mutate-engine.{cell.experiment}"
     log(f"{where}: the mutants on {tree.label()} in a warm engine child")
     failure = engine.run_tasks(reg, env.interpreter, [task], logs=logs, preload=engine.preload_file(work, env.path),
-                               jobs=1, env=environments.stand_in_env(era), log=log)[task.id]
+                               trusted=tree.pinned, jobs=1, env=environments.stand_in_env(era),
+                               log=log).failures[task.id]
     if failure:
         logfile = logs / f"{task.id}.log"
         raise HarnessError(f"mutant driver for {cell.experiment} {failure}; no table written.\n"
@@ -233,18 +237,22 @@ def _run_warm(reg: registry.Registry, cell: cells.Cell, tree, argv: list[str], *
                            todo=f"full log: {logfile}; `mutate {cell.experiment} --cold` runs it in a fresh process")
 
 
-def _run_cold(reg: registry.Registry, cell: cells.Cell, tree, argv: list[str], *, log) -> None:
-    """The driver in a fresh process of the release cell's environment (SGLang installed there)."""
+def _run_cold(reg: registry.Registry, cell: cells.Cell, tree, argv: list[str], writes: Path, *, log) -> None:
+    """The driver in a fresh process of the release cell's environment (SGLang installed there); it writes
+    in ``writes`` only."""
     slug = cells.cell_slug(reg, cell, tree)
     with exclusive(work_dir(reg.root) / "locks" / f"{slug}.lock", f"cell {cell.name}"):
         env = environments.cell_environment(reg, tree, slug)
         log(f"mutate({cell.experiment}): the mutants on {tree.label()} in a fresh process")
         logfile = work_dir(reg.root) / "logs" / f"mutate.{cell.experiment}.log"
         logfile.parent.mkdir(parents=True, exist_ok=True)
-        command = [str(env.interpreter), str(reg.experiment(cell.experiment).probe.parent / DRIVER), *argv]
+        probes = reg.experiment(cell.experiment).probe.parent
+        command = [str(env.interpreter), str(probes / DRIVER), *argv]
         run_env = {**os.environ, **allprobes.PROBE_ENV}
         status = probe_run.run_killable(command, logfile, timeout=probe_run.timeout_seconds(), env=run_env,
-                                        what=f"mutant driver for {cell.experiment}")
+                                        what=f"mutant driver for {cell.experiment}",
+                                        view=sandbox.View(read=(probes,), write=(writes,)),
+                                        trusted=tree.pinned).status
         if status != 0:
             raise HarnessError(f"mutant driver for {cell.experiment} exited with status {status}; no table written.\n"
                                f"last output:\n{probe_run.tail(logfile)}", code=ENVIRONMENT,

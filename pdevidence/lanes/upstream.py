@@ -61,6 +61,7 @@ class TestSource:
     kind: str  # head-tree | local
     files: list[TestFile]
     details: dict = field(default_factory=dict)
+    pinned: bool = False  # read from a tree pinned with a verified hash (``Tree.pinned``)
 
     __test__ = False
 
@@ -143,7 +144,7 @@ def head_tree_source(registry: Registry, exp: Experiment) -> TestSource:
     if missing:
         raise usage(f"the head commit {exp.git['head'][:12]} has no {', '.join(missing)}",
                     todo=f"fix experiments.{exp.name}.upstream_tests in the registry")
-    return TestSource("head-tree", files, {"head": tree.resolved, "tree": tree.receipt()})
+    return TestSource("head-tree", files, {"head": tree.resolved, "tree": tree.receipt()}, tree.pinned)
 
 
 def resolve_source(registry: Registry, exp: Experiment, tests_dir: Path | None = None) -> TestSource:
@@ -212,7 +213,8 @@ def _run_staged(registry: Registry, cell: cells.Cell, name: str, source: TestSou
     env = environments.cell_environment(registry, tree, slug)
     log(f"{name}: {'reusing' if env.reused else 'built'} environment {env.path}")
     log(f"{name}: running pytest on {tree.label()}")
-    run = run_suite(env.interpreter, source.files, work / "logs" / f"{slug}.upstream.log")
+    run = run_suite(env.interpreter, source.files, work / "logs" / f"{slug}.upstream.log",
+                    trusted=tree.pinned and source.pinned)
     packages = env.packages()  # before the result: no result without its receipt
     doc = UpstreamResult(cell.experiment, cell.side, tree.result_tree(),
                          {f.rel: f.sha256 for f in source.files}, run.tests)
@@ -229,6 +231,7 @@ def _run_staged(registry: Registry, cell: cells.Cell, name: str, source: TestSou
         "log": {"file": str(run.log), "sha256": run.log_sha256},
         "command": run.command,
         "pytest_exit_status": run.exit_status,
+        "containment": run.containment,
         "messages": run.messages,
         "environment": {"path": str(env.path), "reused": env.reused, "interpreter": str(env.interpreter),
                         "setup_commands": env.commands},

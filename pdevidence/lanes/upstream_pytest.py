@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..cells.probe_run import run_killable, tail, timeout_seconds
-from ..core import clock
+from ..core import clock, sandbox
 from ..core.errors import HarnessError
 from ..core.files import sha256_file
 from ..core.paths import PROJECT
@@ -51,6 +51,7 @@ class SuiteRun:
     messages: list[dict]
     started: datetime
     finished: datetime
+    containment: dict  # how pytest ran (sandbox.Containment.record)
 
 
 def _scratch(scratch: Path, files: list) -> tuple[Path, Path, Path]:
@@ -69,10 +70,11 @@ def _scratch(scratch: Path, files: list) -> tuple[Path, Path, Path]:
     return suite, plugin_dir, record
 
 
-def run_suite(interpreter: Path, files: list, log: Path, *, timeout: float | None = None,
+def run_suite(interpreter: Path, files: list, log: Path, *, trusted: bool = False, timeout: float | None = None,
               env: dict | None = None) -> SuiteRun:
     """pytest on a scratch copy of ``files`` (``upstream.TestFile``s, their repository paths kept),
-    so no conftest or pytest configuration of a checkout applies."""
+    so no conftest or pytest configuration of a checkout applies; contained, writing in the scratch
+    directory only (``trusted``: the tree and the tests are pinned)."""
     timeout = timeout_seconds() if timeout is None else timeout
     log.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="pdevidence-upstream-") as scratch:
@@ -86,7 +88,9 @@ def run_suite(interpreter: Path, files: list, log: Path, *, timeout: float | Non
                    "--continue-on-collection-errors", "-c", str(suite / "pytest.ini"), "--rootdir", str(suite),
                    "--confcutdir", str(suite), *[f.rel for f in files]]
         started = clock.now()
-        status = run_killable(command, log, timeout=timeout, env=run_env, cwd=suite, what="the upstream tests")
+        ran = run_killable(command, log, timeout=timeout, env=run_env, what="the upstream tests",
+                           view=sandbox.View(write=(Path(scratch),), cwd=suite), trusted=trusted)
+        status = ran.status
         finished = clock.now()
         lines = record.read_text(encoding="utf-8").splitlines()
     if status in BROKEN_RUN:
@@ -103,7 +107,7 @@ def run_suite(interpreter: Path, files: list, log: Path, *, timeout: float | Non
         # "some tests failed" with no failure reported: pytest itself did not run (not installed?).
         raise HarnessError(f"pytest exited with status 1 but reported no failing test; no result written.\n"
                            f"last output:\n{tail(log)}", todo=f"full log: {log}")
-    return SuiteRun(command, status, log, sha256_file(log), tests, messages, started, finished)
+    return SuiteRun(command, status, log, sha256_file(log), tests, messages, started, finished, ran.containment)
 
 
 def exception_type(text: str, message: str | None = None) -> str | None:

@@ -181,5 +181,7 @@ def materialize(release_tree: Tree, pristine_dir: Path, variant: Variant, backpo
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     told = f"{backport.release}+{variant.value}"
+    # A pinned wheel with the project's own edits is as trusted as the wheel: it may run where nothing contains it.
     return Tree("path", f"sglang {told}", key, dest, key, "backport", str(backport.path.name),
-                version=TreeVersion(backport.release, variant.value, backport.path.name, told))
+                version=TreeVersion(backport.release, variant.value, backport.path.name, told),
+                pinned=release_tree.pinned)

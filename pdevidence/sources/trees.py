@@ -7,6 +7,7 @@ their SHA-256 is recorded in the lock file on first use and checked after.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -57,6 +58,7 @@ class Tree:
     repo_root: Path | None = None  # whole checkout, for the upstream test files
     version: TreeVersion | None = None  # a source tree's version, read from its commit; None: not told
     pins: TreePins | None = None  # what a source tree's pyproject.toml pins of torch, transformers, the kernel
+    pinned: bool = False  # its digest is pinned in the tracked lock and matched: may run where nothing contains it
 
     def label(self) -> str:
         return tree_label(self.kind, self.resolved, self.digest)
@@ -250,7 +252,7 @@ def _git_tree_from_github(sha: str, dest: Path, lock: LockFile) -> Tree:
     # Recorded only once it extracted: a truncated first download must not become the reference.
     if entry is None:
         lock.record_seen("git", sha, {"sha256": digest, "url": url})
-    return _git_tree(sha, dest)
+    return dataclasses.replace(_git_tree(sha, dest), pinned=entry is not None and lock_path == lock.path)
 
 
 def _git(clone: Path, *args: str, **kw) -> subprocess.CompletedProcess:
@@ -430,7 +432,7 @@ def release_tree(version: str, python: str, lock: LockFile, project: str = "sgla
                 known = {**known, name: digest}
         digest = sha256_file(wheel)
         _check_digest(known[wheel.name], digest, wheel.name, lock_path, wheel.unlink)
-    return Tree("release", version, version, wheel, digest, "pypi", wheel.name)
+    return Tree("release", version, version, wheel, digest, "pypi", wheel.name, pinned=lock_path == lock.path)
 
 
 def _cached_wheel(known: dict[str, str], project: str, version: str, python: str) -> Path | None:
