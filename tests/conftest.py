@@ -5,10 +5,12 @@ Nothing here touches the network beyond 127.0.0.1.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import shutil
 import socket
+import sys
 import tarfile
 import threading
 import time
@@ -268,6 +270,19 @@ def demo_project(tmp_path, http_server, monkeypatch):
                         "PDEVIDENCE_RUNS": str(root / "runs")}.items():
         monkeypatch.setenv(name, value)
     return root
+
+
+@pytest.fixture
+def fresh_probe(monkeypatch):
+    """Load a probe of ``probes/`` as a cell loads it, a fresh copy each time (its adaptations start empty)."""
+    def load(filename: str):
+        monkeypatch.syspath_prepend(str(PROJECT / "probes"))
+        spec = importlib.util.spec_from_file_location(f"{filename[:-3]}_under_test", PROJECT / "probes" / filename)
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, spec.name, module)
+        spec.loader.exec_module(module)
+        return module
+    return load
 
 
 @pytest.fixture(scope="module")

@@ -46,6 +46,14 @@ keys = {{ enqueued = true }}
 """
 
 # What each side observes when the fix is there: D1 changes, D2 is a control.
+# Two telling scenarios (D1 a prefill-like door, D3 a decode-like door) and a control (D2).
+TWO_DOORS = REGISTRY + """
+[experiments.demo.expect.D3]
+changes = true
+base = { receiver_created = true }
+head = { receiver_created = false }
+"""
+
 OBSERVED = {
     "base": {"D1": {"enqueued": True, "retired": False}, "D2": {"enqueued": True}},
     "head": {"D1": {"enqueued": False, "retired": True}, "D2": {"enqueued": True}},

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from test_docs import docs_parser
 
-from pdevidence import cli, environments
+from pdevidence import environments
 from pdevidence.core import errors
 from pdevidence.core.paths import PROJECT
 

@@ -8,7 +8,6 @@ synthetic ``sglang`` trees; the rules are judged against the published bracket r
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import sys
 from types import SimpleNamespace
@@ -25,14 +24,9 @@ LACKS = ["no-beam-groups", "no-queued-abort-release", "session-without-inflight"
 
 
 @pytest.fixture
-def probe(monkeypatch):
+def probe(fresh_probe):
     """A fresh copy of the probe module (its adaptations start empty), with SG filled by the test."""
-    monkeypatch.syspath_prepend(str(ROOT / "probes"))
-    spec = importlib.util.spec_from_file_location("admission_probe_under_test",
-                                                  ROOT / "probes" / "probe_admission_differential.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
+    module = fresh_probe("probe_admission_differential.py")
     module.SG.utils = SimpleNamespace(DisaggregationMode=SimpleNamespace(NULL="null"))
     module.SG.Scheduler = type("Scheduler", (), {})
     module.SG.server_args = None

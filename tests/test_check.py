@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from schemas import problems
-from synthetic import REGISTRY, make_project, result_doc, wheel_bytes, write_cell
+from synthetic import TWO_DOORS, make_project, result_doc, wheel_bytes, write_cell
 
 from pdevidence import cli, registry
 from pdevidence.cells import allprobes
@@ -29,13 +29,6 @@ from pdevidence.publish import openvex
 from pdevidence.sources import trees
 
 ROOT = Path(__file__).resolve().parent.parent
-# Two changing scenarios (D1 a prefill-like door, D3 a decode-like door) and a control (D2).
-TWO_DOORS = REGISTRY + """
-[experiments.demo.expect.D3]
-changes = true
-base = { receiver_created = true }
-head = { receiver_created = false }
-"""
 BEFORE = {"D1": {"enqueued": True, "retired": False}, "D2": {"enqueued": True}, "D3": {"receiver_created": True}}
 AFTER = {"D1": {"enqueued": False, "retired": True}, "D2": {"enqueued": True}, "D3": {"receiver_created": False}}
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from synthetic import REGISTRY, make_project, result_doc, serve_index, wheel_bytes, write_cell
+from synthetic import TWO_DOORS, make_project, result_doc, serve_index, wheel_bytes, write_cell
 from test_engine import IN_CELL, PROBE_HEAD
 
 from pdevidence import cli, environments
@@ -23,13 +23,6 @@ from pdevidence.sources import backports
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Two telling scenarios (the prefill door D1, the decode door D3) and a control (D2).
-TWO_DOORS = REGISTRY + """
-[experiments.demo.expect.D3]
-changes = true
-base = { receiver_created = true }
-head = { receiver_created = false }
-"""
 PROBE = PROBE_HEAD + """
 @SET.scenario("D1", "the prefill door")
 def d1(observed):

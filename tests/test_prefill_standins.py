@@ -8,14 +8,11 @@ scheduler; the probe's own observations read what each did.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from array import array
 from types import SimpleNamespace
 
 import pytest
 
-from pdevidence.core.paths import PROJECT as ROOT
 
 OLDER_NAMES = ["bootstrap-queue-metadata-allocator", "mamba-pool-free", "scheduler-stream-output",
                "tree-cache-release-aborted-request"]
@@ -44,14 +41,8 @@ class TodaysIdiom:
 
 
 @pytest.fixture
-def probe(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "probes"))
-    spec = importlib.util.spec_from_file_location("prefill_probe_under_test",
-                                                  ROOT / "probes" / "probe_prefill_differential.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+def probe(fresh_probe):
+    return fresh_probe("probe_prefill_differential.py")
 
 
 def retire(probe, mixin):

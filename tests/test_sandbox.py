@@ -24,7 +24,7 @@ import pytest
 from synthetic import REGISTRY, make_project, result_doc, serve_index, wheel_bytes, write_cell
 from test_engine import DOOR_PROBE, IN_CELL
 
-from pdevidence import cli, environments, registry
+from pdevidence import cli, environments
 from pdevidence.core import errors, sandbox
 from pdevidence.core.paths import PROJECT
 from pdevidence.documents import integrity
