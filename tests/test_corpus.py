@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from packaging.version import Version
 from synthetic import TWO_DOORS, make_project, result_doc, serve_index, wheel_bytes, write_cell
 from test_engine import IN_CELL, PROBE_HEAD
 
@@ -187,3 +188,9 @@ def test_the_report_shows_each_release_and_fix_across_the_three_trees(world, cap
     text = report.markdown({"schema": "pdevidence-report/1", "exit_code": 0, "pairs": [], "corpus": doc})
     assert "## The backport corpus" in text and "2 of 3 answers are the expected ones" in text
     assert "| 1.0.0 | current | demo | affected | fixed | **fixed** (expected partial) |" in text
+
+
+def test_the_declared_backports_come_oldest_release_first():
+    releases = [b.release for b in backports.load_all(ROOT, ["admission", "prefill"])]
+    assert releases[:3] == ["0.4.5", "0.4.6", "0.4.10"]
+    assert releases == sorted(releases, key=Version)

@@ -2,7 +2,7 @@
 
 Slow (``--sglang``): one ``sweep`` over a release per era (one warm engine per era) into a
 temporary runs directory; the tests read what that run wrote. What is pinned here is what
-these releases do today: every one behaves pre-fix, and where telling keys differ for a reason
+these releases do today: the one without PD disaggregation is not affected, every other behaves pre-fix, and where telling keys differ for a reason
 the fix does not decide (the tree finishes a rejected request at once; it has no optimistic
 prefill; it retries a result whose bootstrap is pending), the registry rule that set them aside
 is named in the table.
@@ -24,6 +24,8 @@ pytestmark = pytest.mark.sglang
 
 # One release per era, oldest first (the era named in experiments.toml).
 ERA_RELEASES = {
+    "0.4.4.post1": "pre-pd",  # the last release without PD disaggregation
+    "0.4.4.post2": "torch2.5-tf4",  # the first with it
     "0.4.5": "torch2.5-tf4",
     "0.4.6": "torch2.6-tf4",
     "0.4.10": "torch2.7-tf4",
@@ -66,7 +68,10 @@ ADAPTATIONS = {
                            "publish-global-server-args", "scheduler-server-args", "single-rank-poll"]},
 }
 
-# Every release is pre-fix; the registry rules (`not_deciding`) that set telling or control keys aside on it. The first
+ADAPTATIONS["0.4.4.post2"] = ADAPTATIONS["0.4.5"]  # the first PD release is driven as 0.4.5 is
+PD_RELEASES = [v for v in ERA_RELEASES if ERA_RELEASES[v] != "pre-pd"]
+
+# Every PD release is pre-fix; the registry rules (`not_deciding`) that set telling or control keys aside on it. The first
 # PD releases cannot express four of the prefill fix's steps at all (no insert flag on their release, no
 # cache-side abort, no KV-less mamba slot, no abortable sender) nor its grammar gate (no grammar there).
 OLDEST_PREFILL_RULES = ["no_optimistic_prefill", "release_without_insert_flag", "no_cache_abort_release",
@@ -74,13 +79,13 @@ OLDEST_PREFILL_RULES = ["no_optimistic_prefill", "release_without_insert_flag", 
 SET_ASIDE = {
     "admission": {**{v: ["intake_finishes", "door_without_is_retracted", "door_without_is_rebootstrap",
                          "no_host_backup", "no_mamba_slots", "no_beam_groups", "no_queued_abort_release",
-                         "session_without_inflight"] for v in ("0.4.5", "0.4.6")},
+                         "session_without_inflight"] for v in ("0.4.4.post2", "0.4.5", "0.4.6")},
                   "0.4.10": ["intake_finishes", "door_without_is_rebootstrap", "no_mamba_slots", "no_beam_groups",
                              "no_queued_abort_release", "session_without_inflight"],
                   **{v: ["door_without_is_rebootstrap", "no_beam_groups", "session_without_inflight"]
                      for v in ("0.5.5", "0.5.6", "0.5.10")},
                   **{v: ["door_without_is_rebootstrap", "no_beam_groups"] for v in ("0.5.12", "0.5.14")}},
-    "prefill": {"0.4.5": OLDEST_PREFILL_RULES, "0.4.6": OLDEST_PREFILL_RULES,
+    "prefill": {"0.4.4.post2": OLDEST_PREFILL_RULES, "0.4.5": OLDEST_PREFILL_RULES, "0.4.6": OLDEST_PREFILL_RULES,
                 "0.4.10": ["no_optimistic_prefill", "release_without_insert_flag", "no_cache_abort_release",
                            "no_req_mamba_slot"],
                 "0.5.5": ["no_optimistic_prefill"],
@@ -143,7 +148,7 @@ def test_what_a_tree_lacks_is_recorded_absent_and_an_inline_intake_still_rejects
 
 def test_the_door_admits_an_already_finished_request_on_every_era(swept):
     """A12: the case the fix also retires; every era's door lets it through, as the base release does."""
-    for version in ERA_RELEASES:
+    for version in PD_RELEASES:
         a12 = result(swept, version, "admission")["scenarios"]["A12"]["observed"]
         assert (a12["sender_created"], a12["enqueued"], a12["retired"]) == (True, True, False), version
 
@@ -153,6 +158,16 @@ def test_each_release_is_pre_fix_naming_the_rules_that_set_keys_aside(swept, exp
     table = json.loads((swept / f"sweep-{experiment}.json").read_text())
     rows = {row["version"]: row for row in table["releases"]}
     got = {v: (rows[v]["classification"], rows[v]["differing"]) for v in ERA_RELEASES}
-    assert got == {v: ("pre-fix", []) for v in ERA_RELEASES}
+    assert got == {v: ("pre-fix" if v in PD_RELEASES else "not affected", []) for v in ERA_RELEASES}
     aside = {v: [rule.split(":")[0] for rule in rows[v].get("not_deciding", [])] for v in ERA_RELEASES}
     assert aside == {v: SET_ASIDE[experiment].get(v, []) for v in ERA_RELEASES}
+
+
+@pytest.mark.parametrize("experiment", ["admission", "prefill"])
+def test_a_release_without_pd_disaggregation_is_not_affected_from_what_it_lacks(swept, experiment):
+    """0.4.4.post1 imports, has no sglang.srt.disaggregation: every scenario says so and nothing else."""
+    doc = result(swept, "0.4.4.post1", experiment)
+    assert {sid: sc["observed"] for sid, sc in doc["scenarios"].items()} \
+        == {sid: {"pd_disaggregation": "absent"} for sid in doc["scenarios"]}
+    table = json.loads((swept / f"sweep-{experiment}.json").read_text())
+    assert [row["version"] for row in table["releases"] if row["classification"] == "not affected"] == ["0.4.4.post1"]

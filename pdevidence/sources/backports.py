@@ -19,6 +19,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.version import Version
+
 from ..core.errors import usage
 from ..core.files import read_marker, write_atomic, write_marker
 from ..registry import RegistryError, _strings, _table, _version
@@ -79,7 +81,8 @@ def files(root: Path) -> list[Path]:
 
 def load_all(root: Path, experiments: list[str], releases: list[str] | None = None) -> list[Backport]:
     """Every declared backport (or those of ``releases``), validated; an unknown release is a usage error."""
-    found = [load(path, experiments) for path in files(root)]
+    # Oldest release first, as the sweep lists them (file names sort 0.4.10 before 0.4.5).
+    found = sorted((load(path, experiments) for path in files(root)), key=lambda b: Version(b.release))
     if releases:
         known = {b.release for b in found}
         missing = [r for r in releases if r not in known]
