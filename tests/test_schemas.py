@@ -29,7 +29,7 @@ def kind_of(path: Path) -> str:
         return "osv-1.6"
     if name.startswith("openvex-"):
         return "openvex-0.2.0"
-    for prefix, kind in (("sweep-", "sweep"), ("mutate.", "mutation"), ("report.", "report")):
+    for prefix, kind in (("sweep-", "sweep"), ("mutate.", "mutation"), ("report.", "report"), ("corpus.", "corpus")):
         if name.startswith(prefix):
             return kind
     return "receipt" if name.endswith(".receipt.json") else "result"
@@ -40,7 +40,7 @@ PUBLISHED = sorted(RESULTS.rglob("*.json"))
 
 def test_every_kind_of_published_document_is_covered():
     assert {kind_of(p) for p in PUBLISHED} == {"osv-1.6", "openvex-0.2.0", "sweep", "mutation", "report", "receipt",
-                                                 "result"}
+                                                 "result", "corpus"}
 
 
 @pytest.mark.parametrize("path", PUBLISHED, ids=lambda p: p.relative_to(RESULTS).as_posix())
