@@ -30,26 +30,63 @@ RELEASE_PINS = {
     "0.4.4.post3": ("2.5.1", "4.50.0", "sgl-kernel", "0.0.5.post4"),
     "0.4.4.post4": ("2.5.1", "4.51.0", "sgl-kernel", "0.0.8"),
     "0.4.5": ("2.5.1", "4.51.0", "sgl-kernel", "0.0.8"),
+    "0.4.5.post1": ("2.5.1", "4.51.1", "sgl-kernel", "0.0.9.post1"),
+    "0.4.5.post2": ("2.5.1", "4.51.1", "sgl-kernel", "0.0.9.post2"),
+    "0.4.5.post3": ("2.6.0", "4.51.1", "sgl-kernel", "0.0.9.post2"),
     "0.4.6": ("2.6.0", "4.51.1", "sgl-kernel", "0.0.9.post2"),
+    "0.4.6.post1": ("2.6.0", "4.51.1", "sgl-kernel", "0.1.0"),
+    "0.4.6.post2": ("2.6.0", "4.51.1", "sgl-kernel", "0.1.1"),
+    "0.4.6.post3": ("2.6.0", "4.51.1", "sgl-kernel", "0.1.1"),
+    "0.4.6.post4": ("2.6.0", "4.51.1", "sgl-kernel", "0.1.2.post1"),
+    "0.4.6.post5": ("2.6.0", "4.51.1", "sgl-kernel", "0.1.4"),
     "0.4.7": ("2.7.1", "4.52.3", "sgl-kernel", "0.1.7"),
+    "0.4.7.post1": ("2.7.1", "4.52.3", "sgl-kernel", "0.1.9"),
     "0.4.8": ("2.7.1", "4.52.3", "sgl-kernel", "0.1.9"),
+    "0.4.8.post1": ("2.7.1", "4.52.3", "sgl-kernel", "0.1.9"),
     "0.4.9": ("2.7.1", "4.53.0", "sgl-kernel", "0.2.4"),
+    "0.4.9.post1": ("2.7.1", "4.53.0", "sgl-kernel", "0.2.4"),
+    "0.4.9.post2": ("2.7.1", "4.53.0", "sgl-kernel", "0.2.5"),
+    "0.4.9.post3": ("2.7.1", "4.53.2", "sgl-kernel", "0.2.6.post1"),
+    "0.4.9.post4": ("2.7.1", "4.53.2", "sgl-kernel", "0.2.7"),
+    "0.4.9.post5": ("2.7.1", "4.54.0", "sgl-kernel", "0.2.7"),
+    "0.4.9.post6": ("2.7.1", "4.54.0", "sgl-kernel", "0.2.7"),
     "0.4.10": ("2.7.1", "4.54.1", "sgl-kernel", "0.2.8"),
+    "0.4.10.post1": ("2.7.1", "4.54.1", "sgl-kernel", "0.2.8"),
+    "0.4.10.post2": ("2.7.1", "4.54.1", "sgl-kernel", "0.2.8"),
     "0.5.1": ("2.8.0", "4.55.2", "sgl-kernel", "0.3.5"),
+    "0.5.1.post1": ("2.8.0", "4.55.2", "sgl-kernel", "0.3.5"),
+    "0.5.1.post2": ("2.8.0", "4.55.2", "sgl-kernel", "0.3.5"),
+    "0.5.1.post3": ("2.8.0", "4.55.2", "sgl-kernel", "0.3.7"),
     "0.5.2": ("2.8.0", "4.56.1", "sgl-kernel", "0.3.9.post2"),
     "0.5.3": ("2.8.0", "4.57.0", "sgl-kernel", "0.3.14.post1"),
+    "0.5.3.post1": ("2.8.0", "4.57.0", "sgl-kernel", "0.3.15"),
+    "0.5.3.post2": ("2.8.0", "4.57.1", "sgl-kernel", "0.3.15"),
+    "0.5.3.post3": ("2.8.0", "4.57.1", "sgl-kernel", "0.3.15"),
     "0.5.4": ("2.8.0", "4.57.1", "sgl-kernel", "0.3.16.post3"),
+    "0.5.4.post1": ("2.8.0", "4.57.1", "sgl-kernel", "0.3.16.post4"),
+    "0.5.4.post2": ("2.8.0", "4.57.1", "sgl-kernel", "0.3.16.post4"),
+    "0.5.4.post3": ("2.8.0", "4.57.1", "sgl-kernel", "0.3.16.post4"),
     "0.5.5": ("2.8.0", "4.57.1", "sgl-kernel", "0.3.16.post5"),
+    "0.5.5.post1": ("2.8.0", "4.57.1", "sgl-kernel", "0.3.17"),
+    "0.5.5.post2": ("2.8.0", "4.57.1", "sgl-kernel", "0.3.17"),
+    "0.5.5.post3": ("2.8.0", "4.57.1", "sgl-kernel", "0.3.17.post1"),
     "0.5.6": ("2.9.1", "4.57.1", "sgl-kernel", "0.3.18.post2"),
+    "0.5.6.post1": ("2.9.1", "5.0.0rc0", "sgl-kernel", "0.3.19"),
+    "0.5.6.post2": ("2.9.1", "4.57.1", "sgl-kernel", "0.3.19"),
     "0.5.7": ("2.9.1", "4.57.1", "sgl-kernel", "0.3.20"),
     "0.5.8": ("2.9.1", "4.57.1", "sgl-kernel", "0.3.21"),
+    "0.5.8.post1": ("2.9.1", "4.57.1", "sgl-kernel", "0.3.21"),
     "0.5.9": ("2.9.1", "4.57.1", "sgl-kernel", "0.3.21"),
     "0.5.10": ("2.9.1", "5.3.0", "sglang-kernel", "0.4.1"),
+    "0.5.10.post1": ("2.9.1", "5.3.0", "sglang-kernel", "0.4.1"),
     "0.5.11": ("2.11.0", "5.6.0", "sglang-kernel", "0.4.2"),
     "0.5.12": ("2.11.0", "5.6.0", "sglang-kernel", "0.4.2.post2"),
+    "0.5.12.post1": ("2.11.0", "5.6.0", "sglang-kernel", "0.4.2.post2"),
     "0.5.13": ("2.11.0", "5.8.1", "sglang-kernel", "0.4.3"),
+    "0.5.13.post1": ("2.11.0", "5.8.1", "sglang-kernel", "0.4.3"),
     "0.5.14": ("2.11.0", "5.8.1", "sglang-kernel", "0.4.4"),
     "0.5.15": ("2.11.0", "5.12.1", "sglang-kernel", "0.4.4"),
+    "0.5.15.post1": ("2.11.0", "5.12.1", "sglang-kernel", "0.4.4"),
     "0.5.16": ("2.11.0", "5.12.1", "sglang-kernel", "0.4.5"),
     "0.5.17": ("2.11.0", "5.12.1", "sglang-kernel", "0.4.5"),
     "0.5.18": ("2.13.0", "5.12.1", "sglang-kernel", "0.4.6.post1"),
@@ -59,6 +96,10 @@ RELEASE_PINS = {
     "0.5.22": ("2.14.1", "5.19.0", "sglang-kernel", "0.4.9"),
     "0.5.23": ("2.14.1", "5.19.0", "sglang-kernel", "0.4.10"),
 }
+
+
+# Post-releases whose own pins are those of a later era: 0.4.5.post3 pins torch 2.6.0, 0.5.6.post1 transformers 5.0.0rc0.
+PINS_AHEAD_OF_ERA = {"0.4.5.post3": "torch2.6-tf4", "0.5.6.post1": "torch2.9-tf5"}
 
 
 def tree_pins(torch=None, transformers=None, kernel_package=None, kernel=None) -> TreePins:
@@ -76,6 +117,11 @@ def test_each_releases_pins_choose_the_era_its_version_is_in(version):
         # itself runs in today's closure. Either fits it: the pins choose the closure that equals them.
         assert by_version is None and chosen.name == "torch2.11-tf5"
         assert "has torch 2.11.0, transformers 5.12.1" in why
+    elif version in PINS_AHEAD_OF_ERA:
+        # A post-release that pins its next release's torch or transformers runs in the era of its version
+        # (its published sweep row shows it probed cleanly there); pins choose only for a tree whose version
+        # tells nothing trustworthy, and would choose the closure those pins name.
+        assert chosen.name == PINS_AHEAD_OF_ERA[version] != by_version.name, why
     else:
         assert (chosen.name if chosen else None) == (by_version.name if by_version else None), why
 
