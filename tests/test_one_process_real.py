@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -44,19 +45,24 @@ def both(reg, tmp_path_factory):
     with contextlib.redirect_stdout(io.StringIO()) as out:  # one check, one engine, every release
         cli.main(["--root", str(PROJECT), "check", *(arg for v in BRACKETS for arg in ("--version", v)), "--json"])
     assert [doc["target"]["resolved"] for doc in json.loads(out.getvalue())] == BRACKETS
+    lone = []
     for version in BRACKETS:
         tree = trees.release_tree(version, reg.python, trees.LockFile(tree_lock_file(reg.root)))
         env = environments.cell_environment(reg, tree, f"alone.{tree.label()}")  # as a cell builds its own
         alone = tmp_path_factory.mktemp(f"alone-{version}")
-        for name, exp in reg.experiments.items():
-            together = results.load(runs_dir(reg.root) / "check" / tree.label() / f"{name}.json", experiment=name)
-            dest = alone / f"{name}.json"
-            probe_run.run_probe(env.interpreter, exp.probe,
-                                ["--side", check.CHECK_SIDE, "--tree-kind", tree.kind, "--tree-ref", tree.ref,
-                                 "--tree-resolved", tree.resolved],
-                                dest, work_dir(reg.root) / "logs" / f"alone.{name}.{tree.label()}.log",
-                                experiment=name, side=check.CHECK_SIDE, env=env.probe_env)
-            found[version, name] = together, results.load(dest, experiment=name)
+        lone += [(version, tree, env, name, exp, alone / f"{name}.json") for name, exp in reg.experiments.items()]
+
+    def run_alone(version, tree, env, name, exp, dest):
+        probe_run.run_probe(env.interpreter, exp.probe,
+                            ["--side", check.CHECK_SIDE, "--tree-kind", tree.kind, "--tree-ref", tree.ref,
+                             "--tree-resolved", tree.resolved],
+                            dest, work_dir(reg.root) / "logs" / f"alone.{name}.{tree.label()}.log",
+                            experiment=name, side=check.CHECK_SIDE, env=env.probe_env)
+        together = results.load(runs_dir(reg.root) / "check" / tree.label() / f"{name}.json", experiment=name)
+        return (version, name), (together, results.load(dest, experiment=name))
+
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two lone processes at a time, as cells run
+        found.update(pool.map(lambda job: run_alone(*job), lone))
     return found
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -59,13 +60,17 @@ def written(tmp_path_factory):
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("PDEVIDENCE_SANDBOX", mode)
             out = tmp_path_factory.mktemp(f"cell-{mode}")
-            for name, exp in reg.experiments.items():
-                ran = probe_run.run_probe(env.interpreter, exp.probe,
-                                          ["--side", "sweep", "--tree-kind", cell_tree.kind, "--tree-ref",
-                                           cell_tree.ref, "--tree-resolved", cell_tree.resolved],
-                                          out / f"{name}.json", work_dir(reg.root) / "logs" / f"contained.{name}.log",
-                                          experiment=name, side="sweep", trusted=True, env=env.probe_env)
-                assert ran.containment["tool"] == mode
+
+            def run_alone(name, exp):
+                return probe_run.run_probe(env.interpreter, exp.probe,
+                                           ["--side", "sweep", "--tree-kind", cell_tree.kind, "--tree-ref",
+                                            cell_tree.ref, "--tree-resolved", cell_tree.resolved],
+                                           out / f"{name}.json", work_dir(reg.root) / "logs" / f"contained.{name}.log",
+                                           experiment=name, side="sweep", trusted=True, env=env.probe_env)
+            with ThreadPoolExecutor(max_workers=2) as pool:  # both probes at once, as two cells run
+                ran = list(pool.map(lambda item: run_alone(*item), reg.experiments.items()))
+            assert {r.containment["tool"] for r in ran} == {mode}
+            for name in reg.experiments:
                 found[f"cell-{mode}"][cell_tree.resolved, name] = (out / f"{name}.json").read_bytes()
     return found
 
