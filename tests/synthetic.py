@@ -10,6 +10,8 @@ from pathlib import Path
 
 from pdevidence.documents import provenance
 
+PROJECT_PROBES = Path(__file__).resolve().parent.parent / "probes"
+
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"  # the cells' Python in fixture projects
 
 BASE_SHA = "a" * 40
@@ -73,6 +75,18 @@ def make_project(root: Path, registry: str = REGISTRY) -> Path:
     (root / "probes" / "probe_demo.py").write_text("print('demo probe')\n")
     for name in IN_CELL:
         (root / "probes" / name).write_text(f"# {name}\n")
+    return root
+
+
+# The real in-cell files: the probe kit, the era stand-ins and the drivers a cell, the engine and the mutation lane run.
+REAL_IN_CELL = ("engine.py", "probe_all.py", "_probekit.py", "_standins.py", "probe_mutants.py", "_mutants.py")
+
+
+def with_real_probes(root: Path, probe: str) -> Path:
+    """``root``'s probes/ holding this checkout's real in-cell files, and ``probe`` as the demo probe."""
+    for name in REAL_IN_CELL:
+        (root / "probes" / name).write_bytes((PROJECT_PROBES / name).read_bytes())
+    (root / "probes" / "probe_demo.py").write_text(probe)
     return root
 
 

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 from packaging.version import Version
-from synthetic import TWO_DOORS, make_project, result_doc, serve_index, wheel_bytes, write_cell
-from test_engine import IN_CELL, PROBE_HEAD
+from synthetic import TWO_DOORS, make_project, result_doc, serve_index, wheel_bytes, with_real_probes, write_cell
+from test_engine import PROBE_HEAD
 
 from pdevidence import cli, environments
 from pdevidence.core import errors
@@ -70,10 +70,7 @@ OBSERVED = {"base": {"D1": {"enqueued": True, "retired": False}, "D2": {"enqueue
 
 @pytest.fixture
 def world(tmp_path, http_server, monkeypatch):
-    root = make_project(tmp_path / "project", TWO_DOORS)
-    for name in IN_CELL:
-        (root / "probes" / name).write_bytes((ROOT / "probes" / name).read_bytes())
-    (root / "probes" / "probe_demo.py").write_text(PROBE)
+    root = with_real_probes(make_project(tmp_path / "project", TWO_DOORS), PROBE)
     (root / "backports").mkdir()
     (root / "backports" / "sglang-1.0.0.toml").write_text(BACKPORT)
     for side, version in (("base", "1.0.0"), ("head", "1.1.0")):

@@ -16,14 +16,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from synthetic import REGISTRY, make_project
+from synthetic import REGISTRY, make_project, with_real_probes
 
 from pdevidence import registry
 from pdevidence.cells import allprobes, engine
 from pdevidence.core import errors
 
 ROOT = Path(__file__).resolve().parent.parent
-IN_CELL = ("engine.py", "probe_all.py", "_probekit.py", "_standins.py", "probe_mutants.py", "_mutants.py")
 
 CLOSURE_MODULE = """
 REGISTERED = set()
@@ -73,10 +72,7 @@ def make_tree(root: Path, version: str, *, guard: bool, behaviour: str = "normal
 @pytest.fixture
 def world(tmp_path):
     """A project whose probes dir holds the real in-cell files and a demo probe; a closure on PYTHONPATH."""
-    root = make_project(tmp_path / "project", REGISTRY)
-    for name in IN_CELL:
-        (root / "probes" / name).write_bytes((ROOT / "probes" / name).read_bytes())
-    (root / "probes" / "probe_demo.py").write_text(PROBE)
+    root = with_real_probes(make_project(tmp_path / "project", REGISTRY), PROBE)
     closure = tmp_path / "closure"
     closure.mkdir()
     (closure / "closurelib.py").write_text(CLOSURE_MODULE)

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 from schemas import problems
-from synthetic import REGISTRY, make_project, result_doc, write_cell
-from test_engine import DOOR_PROBE, IN_CELL
+from synthetic import REGISTRY, make_project, result_doc, with_real_probes, write_cell
+from test_engine import DOOR_PROBE
 
 from pdevidence import cli, environments, registry
 from pdevidence.core import errors
@@ -175,11 +175,8 @@ def test_the_era_follows_a_source_trees_version_and_today_runs_one_that_tells_no
 def world(tmp_path, monkeypatch):
     """A project with an era for 0.5.10; this interpreter stands for every closure environment, and
     building any environment (the step a source tree used to take) fails the test."""
-    root = make_project(tmp_path / "project", ERAS)
+    root = with_real_probes(make_project(tmp_path / "project", ERAS), DOOR_PROBE)
     write_closures(root)
-    for name in IN_CELL:
-        (root / "probes" / name).write_bytes((ROOT / "probes" / name).read_bytes())
-    (root / "probes" / "probe_demo.py").write_text(DOOR_PROBE)
     write_cell(root / "results", "base", result_doc("base", "1.0.0"))
     write_cell(root / "results", "head", result_doc("head", "1.1.0"))
     integrity.regenerate(root)

@@ -21,8 +21,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from synthetic import REGISTRY, make_project, result_doc, serve_index, wheel_bytes, write_cell
-from test_engine import DOOR_PROBE, IN_CELL
+from synthetic import REGISTRY, make_project, result_doc, serve_index, wheel_bytes, with_real_probes, write_cell
+from test_engine import DOOR_PROBE
 
 from pdevidence import cli, environments
 from pdevidence.core import errors, sandbox
@@ -61,10 +61,7 @@ TOOLS = [pytest.param(tool, marks=pytest.mark.skipif(not usable(tool), reason=f"
 def world(tmp_path, monkeypatch):
     """A project with published base/head results of the demo experiment; the warm engine's closure is
     this interpreter; $HOME is a directory of the test's, so an escape lands where the test looks."""
-    root = make_project(tmp_path / "project", REGISTRY)
-    for name in IN_CELL:
-        (root / "probes" / name).write_bytes((PROJECT / "probes" / name).read_bytes())
-    (root / "probes" / "probe_demo.py").write_text(PROBE)
+    root = with_real_probes(make_project(tmp_path / "project", REGISTRY), PROBE)
     write_cell(root / "results", "base", result_doc("base", "1.0.0"))
     write_cell(root / "results", "head", result_doc("head", "1.1.0"))
     integrity.regenerate(root)
@@ -233,10 +230,8 @@ def test_a_secret_outside_the_tree_never_reaches_the_answer(world, tool, capsys,
 def test_a_hostile_release_in_a_cell_is_contained_and_its_receipt_says_how(tmp_path, http_server, monkeypatch,
                                                                              tool, capsys):
     """A release from an index nobody pinned: its cell's fresh probe process runs contained."""
-    root = make_project(tmp_path / "project", REGISTRY.replace('python = "3.12"', f'python = "{_py()}"'))
-    for name in IN_CELL:
-        (root / "probes" / name).write_bytes((PROJECT / "probes" / name).read_bytes())
-    (root / "probes" / "probe_demo.py").write_text(PROBE)
+    root = with_real_probes(make_project(tmp_path / "project", REGISTRY.replace('python = "3.12"',
+                                                                                f'python = "{_py()}"')), PROBE)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
