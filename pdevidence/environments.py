@@ -5,6 +5,13 @@ identity, constraints, torch channel, tree); its key is stored inside it, so a
 warm cell costs a file read. The torch channel is declared by the registry,
 never sniffed from the network; the interpreter is found once, up front, and
 uv never downloads one.
+
+Every environment is compiled to bytecode as it is built: probes run contained, with
+the environment read-only and ``PYTHONDONTWRITEBYTECODE`` often set, so bytecode that
+is not there when it is built would be compiled from source by every process, and
+thrown away. A closure environment (the warm engine's) holds no tree and is shared by
+every checkout and the installed tool through the user's cache: one per closure file's
+content and interpreter, built once under a lock.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +35,8 @@ from packaging.version import Version
 from .core import children, files, settings
 from .core.errors import HarnessError
 from .core.files import sha256_file
-from .core.paths import work_dir
+from .core.locking import exclusive
+from .core.paths import cache_dir, work_dir
 from .registry import Era, Registry, TorchChannel
 from .sources import era_choice
 from .sources.trees import Tree
@@ -36,6 +45,8 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 ENV_INFO = ".pdevidence-env.json"
 # uv must use the interpreter it is given; a download attempt only costs retries and noise.
 UV_ENV = {"UV_PYTHON_DOWNLOADS": "never"}
+# Enters every environment's key: an environment built before bytecode was compiled at build time is rebuilt.
+BYTECODE = "compiled"
 _IDENTITY = ("import json, sys; print(json.dumps({'version': '%d.%d.%d' % sys.version_info[:3], "
              "'implementation': sys.implementation.name}))")
 
@@ -251,7 +262,7 @@ def environment_key(interpreter: Interpreter, closure: Path, channel: TorchChann
         identity = "no tree"
     else:
         identity = str(tree.install_target) if tree.kind == "path" else f"{tree.resolved}:{tree.digest}"
-    parts = [interpreter.identity(), sha256_file(closure), channel.value, tree.kind if tree else "", identity]
+    parts = [interpreter.identity(), sha256_file(closure), channel.value, tree.kind if tree else "", identity, BYTECODE]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
@@ -265,34 +276,51 @@ def ensure(path: Path, python: str, closure: Path, tree: Tree | None, torch: Tor
     interpreter = find_python(python)
     env = CellEnvironment(path, python, torch)
     key = environment_key(interpreter, closure, torch.channel, tree)
-    info = path / ENV_INFO
     uv = uv_executable()
-    stored = files.read_marker(info, "key")  # missing or truncated: rebuild
-    if stored is not None and stored["key"] == key:
-        env.reused = True
-        if tree is not None and tree.kind == "path":  # the developer's work in progress: always reinstall it
-            _install_tree(uv, env, tree, say)
-        return env
+    if not _built(path, key):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Another run (another checkout, the installed tool, a second shell) may be building it: the loser
+        # waits, then finds it built.
+        with exclusive(path.parent / f".{path.name}.lock", f"the environment {path.name}"):
+            if not _built(path, key):
+                _build(env, interpreter, closure, tree, key, uv, say)
+                return env
+    env.reused = True
+    if tree is not None and tree.kind == "path":  # the developer's work in progress: always reinstall it
+        _install_tree(uv, env, tree, say)
+    return env
+
+
+def _built(path: Path, key: str) -> bool:
+    stored = files.read_marker(path / ENV_INFO, "key")  # missing or truncated: not built
+    return stored is not None and stored["key"] == key
+
+
+def _build(env: CellEnvironment, interpreter: Interpreter, closure: Path, tree: Tree | None, key: str, uv: str,
+           say: Callable[[str], None]) -> None:
+    path = env.path
+    started = time.monotonic()
     shutil.rmtree(path, ignore_errors=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
     say(f"creating the environment with {interpreter.path} ({interpreter.identity()}) (uv venv) ...")
     run([uv, "venv", "--quiet", "--no-python-downloads", "--python", interpreter.path, str(path)], env.commands,
-        what=f"creating a Python {python} environment")
-    channel = ["--torch-backend", "cpu"] if torch.channel is TorchChannel.CPU else []
-    say(f"installing the pinned closure {closure.name} (uv pip sync; about 6 GB on a cold uv cache) ...")
-    run([uv, "pip", "sync", "--require-hashes", *channel, "--python", str(env.interpreter), str(closure)],
-        env.commands, what="installing the pinned closure", progress=True)
+        what=f"creating a Python {env.python} environment")
+    channel = ["--torch-backend", "cpu"] if env.torch.channel is TorchChannel.CPU else []
+    say(f"installing the pinned closure {closure.name} (uv pip sync, compiled to bytecode; about 6 GB on a cold "
+        "uv cache) ...")
+    run([uv, "pip", "sync", "--require-hashes", "--compile-bytecode", *channel, "--python", str(env.interpreter),
+         str(closure)], env.commands, what="installing the pinned closure", progress=True)
     if tree is not None:
         _install_tree(uv, env, tree, say)
-    files.write_marker(info, {"key": key})
-    return env
+    seconds = round(time.monotonic() - started, 1)
+    files.write_marker(path / ENV_INFO, {"key": key, "build_seconds": seconds})
+    say(f"built {path.name} in {seconds} s")
 
 
 def _install_tree(uv: str, env: CellEnvironment, tree: Tree, say: Callable[[str], None]) -> None:
     reinstall = ["--reinstall-package", "sglang"] if tree.kind == "path" else []
     say(f"installing the SGLang tree {tree.label()} --no-deps (uv pip install) ...")
     # SGLang's setup.py otherwise looks for a Rust workspace that a CPU cell does not need.
-    run([uv, "pip", "install", "--quiet", "--no-deps", *reinstall, "--python", str(env.interpreter),
+    run([uv, "pip", "install", "--quiet", "--no-deps", "--compile-bytecode", *reinstall, "--python", str(env.interpreter),
          str(tree.install_target)], env.commands, env={"SGLANG_BUILD_RUST_EXTS": "none"},
         what=f"installing the SGLang tree {tree.label()}", progress=True)
 
@@ -349,6 +377,7 @@ def closure_environment(registry: Registry, era: Era | None = None, log=None) ->
 
 
 def closure_environment_path(registry: Registry, installs: Path) -> Path:
-    """Where the closure environment of ``installs`` lives: one per closure file's content, shared by the eras
-    that declare the same closure."""
-    return work_dir(registry.root) / "envs" / f"closure.{sha256_file(installs)[:12]}"
+    """Where the closure environment of ``installs`` lives: in the user's cache, one per closure file's content
+    and interpreter, shared by the eras that declare the same closure, every checkout and the installed tool."""
+    identity = find_python(registry.python).identity()
+    return cache_dir() / "envs" / f"closure.{sha256_file(installs)[:12]}.{identity}"

@@ -5,8 +5,12 @@ unmutated (the baseline), then once per mutant (apply, run, restore, check the
 restore), then unmutated again (``baseline_after``). The harness (``python -m pdevidence mutate <exp>``) judges the kills
 from this document; this script only observes.
 
+With ``--jobs N`` (N > 1) each mutant runs in a child forked from this process once the
+baseline has run, N at a time: every mutant starts from the same imported, prepared
+SGLang, and whatever a mutant leaves behind dies with its child.
+
     python probes/probe_mutants.py --probe probes/probe_admission_differential.py \
-        --mutants specs.json [--only A_m1 --only A_m2] --out /tmp/mutants.json
+        --mutants specs.json [--only A_m1 --only A_m2] [--jobs 2] --out /tmp/mutants.json
 
 ``specs.json`` is a JSON list of the registry's ``Mutant.spec()``. Exit 0 when
 every mutant ran (an inapplicable or unbuildable mutant is recorded, not fatal),
@@ -19,7 +23,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
+import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -52,11 +58,58 @@ def run_mutant(spec: _mutants.MutantSpec, scenario_set) -> dict:
     return record
 
 
+def run_forked(specs: list, scenario_set, jobs: int) -> dict:
+    """Each mutant's record from a child forked per mutant, at most ``jobs`` alive at once, in ``specs`` order."""
+    records, running = {}, {}
+    pending = list(specs)
+    while pending or running:
+        while pending and len(running) < jobs:
+            spec = pending.pop(0)
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: one mutant, its record down the pipe, never back into the parent's loop
+                os.close(read)
+                code = 0
+                try:
+                    text = json.dumps(run_mutant(spec, scenario_set))
+                except _mutants.RestoreError as exc:
+                    text = json.dumps({"restore_error": str(exc)})
+                except BaseException:
+                    traceback.print_exc()
+                    text, code = "", _probekit.EXIT_CANNOT_RUN
+                with os.fdopen(write, "w", encoding="utf-8") as out:
+                    out.write(text)
+                os._exit(code)
+            os.close(write)
+            running[pid] = (spec, os.fdopen(read, encoding="utf-8"))
+        pid, status = os.wait()
+        if pid not in running:
+            continue
+        spec, pipe = running.pop(pid)
+        with pipe:
+            text = pipe.read()
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0 or not text:
+            raise ChildDied(spec.id, code)
+        records[spec.id] = json.loads(text)
+    return {spec.id: records[spec.id] for spec in specs}
+
+
+class ChildDied(Exception):
+    """A mutant's child ended without its record: the driver ends as that child did, as one process would."""
+
+    def __init__(self, mutant: str, code: int):
+        super().__init__(f"the child running mutant {mutant} ended with {code}")
+        self.status = code if code > 0 else 128 - code  # killed by a signal: the shell's 128 + N
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--probe", type=Path, required=True, help="the differential probe whose scenarios run")
     parser.add_argument("--mutants", type=Path, required=True, help="JSON list of mutant specs")
     parser.add_argument("--only", action="append", default=[], help="run only this mutant id (repeatable)")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants at once, each in a forked child (default 1: "
+                        "in this process, one after another)")
     _probekit.add_tree_arguments(parser)
     parser.add_argument("--out", type=Path, help="write the document here (atomically); default: stdout")
     return parser.parse_args(argv)
@@ -100,12 +153,23 @@ def main(argv: list[str] | None = None) -> int:
         "baseline": run_all(scenario_set),
         "mutants": {},
     }
-    for spec in specs:
+    if args.jobs > 1:
         try:
-            doc["mutants"][spec.id] = run_mutant(spec, scenario_set)
-        except _mutants.RestoreError as exc:
-            print(f"restore failed, every later run would be void: {exc}", file=sys.stderr)
+            doc["mutants"] = run_forked(specs, scenario_set, args.jobs)
+        except ChildDied as exc:
+            print(exc, file=sys.stderr)
+            return exc.status
+        failed = [f"{sid}: {rec['restore_error']}" for sid, rec in doc["mutants"].items() if "restore_error" in rec]
+        if failed:  # only the child's copy was left mutated, but a mutant that cannot be undone is broken
+            print(f"restore failed: {'; '.join(failed)}", file=sys.stderr)
             return _probekit.EXIT_CANNOT_RUN
+    else:
+        for spec in specs:
+            try:
+                doc["mutants"][spec.id] = run_mutant(spec, scenario_set)
+            except _mutants.RestoreError as exc:
+                print(f"restore failed, every later run would be void: {exc}", file=sys.stderr)
+                return _probekit.EXIT_CANNOT_RUN
     # Run again unmutated: a mutant that left state behind shows up as a different baseline.
     doc["baseline_after"] = run_all(scenario_set)
     if scenario_set.adaptations:  # as a result lists them (absent where none ran): a judge's rules may hold on one

@@ -83,7 +83,8 @@ def world(tmp_path, http_server, monkeypatch):
     env = SimpleNamespace(interpreter=Path(sys.executable), path=tmp_path / "closure-env",
                           torch=SimpleNamespace(channel=TorchChannel.PYPI))
     monkeypatch.setattr(environments, "closure_environment", lambda reg, era=None, log=None: env)
-    monkeypatch.setattr(environments, "find_python", lambda v: SimpleNamespace(identity=lambda: "cpython-3.12.1"))
+    monkeypatch.setattr(environments, "find_python",
+                        lambda v: SimpleNamespace(identity=lambda: "cpython-3.12.1", path=sys.executable))
     return SimpleNamespace(root=root, tmp=tmp_path)
 
 

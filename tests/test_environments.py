@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -214,11 +216,50 @@ def test_uv_gets_an_explicit_interpreter_never_downloads_and_installs_only_hashe
     assert venv[venv.index("--python") + 1] == str((tmp_path / "bin" / f"python{PY}").resolve())
     assert "--require-hashes" in calls[1]["args"] and calls[1]["args"][-1] == str(constraints)
     assert "--torch-backend" not in calls[1]["args"]
-    assert [s.split(" (")[0] for s in steps] == [f"creating the environment with {venv[venv.index('--python') + 1]}",
+    assert [s.split(" (")[0] for s in steps[:-1]] == [f"creating the environment with {venv[venv.index('--python') + 1]}",
                                                 "installing the pinned closure cells.txt",
                                                 "installing the SGLang tree release-1.0 --no-deps"]
-    assert all(s.endswith("...") for s in steps)
+    assert all(s.endswith("...") for s in steps[:-1])
+    assert steps[-1].startswith("built env in ")
     assert (env.path / environments.ENV_INFO).exists()
+
+
+def test_the_closure_and_the_tree_are_compiled_to_bytecode_as_they_are_installed(tmp_path, fake_uv):
+    """A contained probe sees its environment read-only: what is not compiled here is compiled by every probe."""
+    constraints = tmp_path / "cells.txt"
+    constraints.write_text("")
+
+    environments.ensure(tmp_path / "env", PY, constraints, fixture_tree(tmp_path),
+                        environments.choose_torch(TorchChannel.PYPI))
+
+    sync, install = fake_uv()[1]["args"], fake_uv()[2]["args"]
+    assert "--compile-bytecode" in sync and "--compile-bytecode" in install
+
+
+def test_an_environment_built_before_bytecode_was_compiled_is_rebuilt(tmp_path, fake_uv):
+    constraints = tmp_path / "cells.txt"
+    constraints.write_text("")
+    tree, torch = fixture_tree(tmp_path), environments.choose_torch(TorchChannel.PYPI)
+    env = environments.ensure(tmp_path / "env", PY, constraints, tree, torch)
+    before_bytecode = [environments.find_python(PY).identity(), environments.sha256_file(constraints),
+                       torch.channel.value, tree.kind, f"{tree.resolved}:{tree.digest}"]
+    (env.path / environments.ENV_INFO).write_text(
+        json.dumps({"key": hashlib.sha256("\0".join(before_bytecode).encode()).hexdigest()}))
+
+    assert not environments.ensure(tmp_path / "env", PY, constraints, tree, torch).reused
+
+
+def test_two_runs_that_need_one_environment_build_it_once(tmp_path, fake_uv):
+    """The loser of the race waits for the winner's lock and then finds the environment built."""
+    constraints = tmp_path / "cells.txt"
+    constraints.write_text("")
+    tree, torch = fixture_tree(tmp_path), environments.choose_torch(TorchChannel.PYPI)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        envs = list(pool.map(lambda _: environments.ensure(tmp_path / "env", PY, constraints, tree, torch),
+                             range(4)))
+
+    assert [c["args"][0] for c in fake_uv()].count("venv") == 1
+    assert sorted(e.reused for e in envs) == [False, True, True, True]
 
 
 def test_an_unchanged_environment_is_reused_without_calling_uv(tmp_path, fake_uv):

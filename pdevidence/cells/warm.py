@@ -124,7 +124,7 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
             found[label] = allprobes.collect(exps, out_dir / label, entry / "none.log", "left no outcome",
                                              _kept_containment(entry))
         else:
-            todo.append(engine.TreeTask(label, importable_dir(tree, work), tree_args[label], tree.pinned,
+            todo.append(engine.TreeTask(label, importable_dir(tree, work, env.interpreter), tree_args[label], tree.pinned,
                                         shared=_from_the_index(tree)))
     if found:
         log(f"{where}: {len(found)} tree(s) unchanged, outcomes reused: {', '.join(found)} (use --force to reprobe)")

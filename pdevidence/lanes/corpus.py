@@ -63,13 +63,14 @@ def run(reg: Registry, releases: list[str] | None = None, *, fresh_references: b
                     todo=f"declare one in {backports.DIRECTORY}/{backports.FILE_PREFIX}<release>.toml")
     lock = trees.LockFile(tree_lock_file(reg.root))
     work = work_dir(reg.root)
+    python = environments.find_python(reg.python).path  # compiles the unpacked trees' bytecode
     targets, asked = [], []
     for backport in declared:
         release = trees.release_tree(backport.release, reg.python, lock)
-        pristine = importable_dir(release, work)
+        pristine = importable_dir(release, work, python)
         for variant in Variant:
             try:
-                tree = backports.materialize(release, pristine, variant, backport, work)
+                tree = backports.materialize(release, pristine, variant, backport, work, python)
             except backports.EditDoesNotApply as exc:
                 raise usage(f"{backport.path.name}: {exc}", expected="each edit's old text exactly once in the "
                             f"pristine sglang {backport.release} (after the edits before it)",

@@ -24,6 +24,7 @@ from packaging.version import Version
 from ..core.errors import usage
 from ..core.files import read_marker, write_atomic, write_marker
 from ..registry import RegistryError, _strings, _table, _version
+from .importable import compile_bytecode
 from .trees import TREE_INFO, Tree
 from .version import TreeVersion
 
@@ -164,7 +165,8 @@ def digest(release_tree: Tree, edits: tuple[Edit, ...]) -> str:
     return hashlib.sha256(json.dumps([release_tree.digest, spec]).encode()).hexdigest()
 
 
-def materialize(release_tree: Tree, pristine_dir: Path, variant: Variant, backport: Backport, work: Path) -> Tree:
+def materialize(release_tree: Tree, pristine_dir: Path, variant: Variant, backport: Backport, work: Path,
+                python: Path | str) -> Tree:
     """The tree of ``variant``: the unpacked release (pristine), or a copy with the variant's edits applied,
     under ``work/corpus/``, renamed into place once complete."""
     if variant is Variant.PRISTINE:
@@ -178,6 +180,7 @@ def materialize(release_tree: Tree, pristine_dir: Path, variant: Variant, backpo
         try:
             shutil.copytree(pristine_dir, staging, dirs_exist_ok=True, copy_function=os.link)
             apply(staging, edits)
+            compile_bytecode(staging, python)  # the edited modules; the rest came compiled with the links
             write_marker(staging / TREE_INFO, {"release": backport.release, "variant": variant.value, "key": key})
             shutil.rmtree(dest, ignore_errors=True)
             os.replace(staging, dest)

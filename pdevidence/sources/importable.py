@@ -1,29 +1,54 @@
 """A tree as a directory that holds ``sglang/``: what the warm engine puts on a child's path.
 
-A wheel is unpacked once per digest (a wheel is a zip laid out as site-packages); a
-source tree's ``python/`` directory is used as it is. Nothing is built or installed:
-the probes need SGLang's Python code only.
+A wheel is unpacked once per digest (a wheel is a zip laid out as site-packages) and
+compiled to bytecode before it is renamed into place, by the interpreter the probes
+run: the probes see the tree read-only and often with ``PYTHONDONTWRITEBYTECODE`` set,
+so whatever is not compiled here is compiled again by every probe process. A commit
+exported into the cache is compiled where it lies, once. An operator's own source
+tree's ``python/`` directory is used as it is and never written to. Nothing is built
+or installed: the probes need SGLang's Python code only, and compiling runs none of it.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 import zipfile
 from pathlib import Path
 
-from ..core.errors import integrity
+from ..core import children
+from ..core.errors import HarnessError, integrity
+from ..core.files import read_marker, write_marker
+from ..core.locking import exclusive
 from .trees import Tree
 
+COMPILE_SECONDS = 600
+COMPILED = ".pdevidence-bytecode.json"  # in a cached commit's tree: compiled for these interpreters
+# A module that does not compile (a template, a file for another Python) is left to fail where it is imported,
+# if it ever is: the compiler's verdict on the tree is not ours to give.
+_COMPILE = "import compileall, sys; compileall.compile_dir(sys.argv[1], quiet=2, workers=0); print('compiled')"
 
-def importable_dir(tree: Tree, work: Path) -> Path:
+
+def importable_dir(tree: Tree, work: Path, python: Path | str) -> Path:
+    """Where ``tree``'s ``sglang/`` is, compiled for ``python`` unless it is the operator's own directory."""
     if tree.install_target.is_dir():
+        if tree.kind == "git":  # exported into the cache by trees.py: ours to compile
+            _compile_in_place(tree.install_target, python)
         return tree.install_target
     dest = work / "trees" / f"{tree.label()}.{(tree.digest or 'nodigest')[:12]}"
     if dest.is_dir():  # renamed into place only once complete
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
+    # Two runs unpacking one wheel: the second waits, then uses the first one's tree.
+    with exclusive(dest.parent / f".{dest.name}.lock", f"the unpacked tree {dest.name}"):
+        if not dest.is_dir():
+            _unpack(tree, dest, python)
+    return dest
+
+
+def _unpack(tree: Tree, dest: Path, python: Path | str) -> None:
     staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".unpack"))
     try:
         try:
@@ -37,7 +62,37 @@ def importable_dir(tree: Tree, work: Path) -> Path:
         except zipfile.BadZipFile as exc:
             raise integrity(f"{tree.install_target.name} is not a readable wheel: {exc}",
                             todo="delete it from the cache and fetch again") from None
+        compile_bytecode(staging, python)
         os.replace(staging, dest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return dest
+
+
+def _compile_in_place(directory: Path, python: Path | str) -> None:
+    identity = str(python)
+    marker = directory / COMPILED
+    done = read_marker(marker, "interpreters")
+    if done is not None and identity in done["interpreters"]:
+        return
+    with exclusive(directory.parent / f".{directory.name}.compile.lock", f"compiling {directory.name}"):
+        done = read_marker(marker, "interpreters") or {"interpreters": []}
+        if identity not in done["interpreters"]:
+            compile_bytecode(directory, python)
+            write_marker(marker, {"interpreters": sorted({*done["interpreters"], identity})})
+
+
+def compile_bytecode(directory: Path, python: Path | str) -> None:
+    """Compile every module under ``directory`` with ``python`` (what is current already is skipped).
+
+    Isolated and without site: only the standard library's compiler runs, never a line of the tree."""
+    command = [str(python), "-I", "-S", "-c", _COMPILE, str(directory)]
+    try:
+        done = children.run(command, capture_output=True, text=True, timeout=COMPILE_SECONDS)
+    except subprocess.TimeoutExpired:
+        raise HarnessError(f"compiling {directory} to bytecode took over {COMPILE_SECONDS} s",
+                           todo="the machine may be overloaded; run again") from None
+    if done.returncode != 0 or done.stdout.strip() != "compiled":
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-10:])
+        raise HarnessError(f"compiling {directory} to bytecode with {python} failed "
+                           f"(exit {done.returncode}):\n{tail}".rstrip(),
+                           todo="check that the interpreter runs; delete the directory to unpack it again")
