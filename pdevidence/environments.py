@@ -267,10 +267,12 @@ def environment_key(interpreter: Interpreter, closure: Path, channel: TorchChann
 
 
 def ensure(path: Path, python: str, closure: Path, tree: Tree | None, torch: TorchChoice, *,
-           log: Callable[[str], None] | None = None) -> CellEnvironment:
+           log: Callable[[str], None] | None = None, seed: CellEnvironment | None = None) -> CellEnvironment:
     """The cell's environment at ``path``, built or reused; ``log`` gets one line per step.
 
-    ``closure`` is the hashed closure of ``torch``'s channel (``closure_for``).
+    ``closure`` is the hashed closure of ``torch``'s channel (``closure_for``). ``seed``, a built closure
+    environment of that closure, is copied as hard links (its bytecode with it) instead of syncing and
+    compiling the closure again.
     """
     say = log or (lambda msg: None)
     interpreter = find_python(python)
@@ -283,7 +285,7 @@ def ensure(path: Path, python: str, closure: Path, tree: Tree | None, torch: Tor
         # waits, then finds it built.
         with exclusive(path.parent / f".{path.name}.lock", f"the environment {path.name}"):
             if not _built(path, key):
-                _build(env, interpreter, closure, tree, key, uv, say)
+                _build(env, interpreter, closure, tree, key, uv, say, seed)
                 return env
     env.reused = True
     if tree is not None and tree.kind == "path":  # the developer's work in progress: always reinstall it
@@ -297,10 +299,36 @@ def _built(path: Path, key: str) -> bool:
 
 
 def _build(env: CellEnvironment, interpreter: Interpreter, closure: Path, tree: Tree | None, key: str, uv: str,
-           say: Callable[[str], None]) -> None:
+           say: Callable[[str], None], seed: CellEnvironment | None) -> None:
     path = env.path
     started = time.monotonic()
     shutil.rmtree(path, ignore_errors=True)
+    if seed and _linked_copy(seed.path, path, say):
+        env.commands.append(["cp", "--archive", "--link", str(seed.path), str(path)])  # what it amounts to
+    else:
+        _sync(env, interpreter, closure, uv, say)
+    if tree is not None:
+        _install_tree(uv, env, tree, say)
+    seconds = round(time.monotonic() - started, 1)
+    files.write_marker(path / ENV_INFO, {"key": key, "build_seconds": seconds})
+    say(f"built {path.name} in {seconds} s")
+
+
+def _linked_copy(seed: Path, path: Path, say: Callable[[str], None]) -> bool:
+    """``seed`` copied to ``path`` as hard links (installing never edits a file in place: uv and the bytecode
+    compiler replace files); False where links cannot be made (another file system)."""
+    say(f"copying the closure environment {seed.name} (hard links, with its bytecode) ...")
+    try:
+        shutil.copytree(seed, path, symlinks=True, copy_function=os.link,
+                        ignore=lambda _d, names: [n for n in names if n == ENV_INFO])
+    except (OSError, shutil.Error):
+        shutil.rmtree(path, ignore_errors=True)
+        return False
+    return True
+
+
+def _sync(env: CellEnvironment, interpreter: Interpreter, closure: Path, uv: str, say: Callable[[str], None]) -> None:
+    path = env.path
     say(f"creating the environment with {interpreter.path} ({interpreter.identity()}) (uv venv) ...")
     run([uv, "venv", "--quiet", "--no-python-downloads", "--python", interpreter.path, str(path)], env.commands,
         what=f"creating a Python {env.python} environment")
@@ -309,11 +337,6 @@ def _build(env: CellEnvironment, interpreter: Interpreter, closure: Path, tree: 
         "uv cache) ...")
     run([uv, "pip", "sync", "--require-hashes", "--compile-bytecode", *channel, "--python", str(env.interpreter),
          str(closure)], env.commands, what="installing the pinned closure", progress=True)
-    if tree is not None:
-        _install_tree(uv, env, tree, say)
-    seconds = round(time.monotonic() - started, 1)
-    files.write_marker(path / ENV_INFO, {"key": key, "build_seconds": seconds})
-    say(f"built {path.name} in {seconds} s")
 
 
 def _install_tree(uv: str, env: CellEnvironment, tree: Tree, say: Callable[[str], None]) -> None:
@@ -350,8 +373,10 @@ def cell_environment(registry: Registry, tree: Tree, slug: str,
     closure (today's unless the registry declares an era for its version), or ``constraints``."""
     torch = torch_choice(registry)
     era = era_of(registry, tree)
+    # The era's closure is the shared closure environment's: the cell starts as a linked copy of it.
+    seed = closure_environment(registry, era, log=log) if constraints is None else None
     env = ensure(work_dir(registry.root) / "envs" / slug, registry.python,
-                 closure(registry, era, torch=torch, override=constraints), tree, torch, log=log)
+                 closure(registry, era, torch=torch, override=constraints), tree, torch, log=log, seed=seed)
     if era is not None and constraints is None:  # the era's own closure: its stand-ins with it
         env.probe_env = stand_in_env(era)
     return env

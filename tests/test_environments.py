@@ -262,6 +262,28 @@ def test_two_runs_that_need_one_environment_build_it_once(tmp_path, fake_uv):
     assert sorted(e.reused for e in envs) == [False, True, True, True]
 
 
+def test_a_cell_starts_as_a_linked_copy_of_its_closure_environment_bytecode_and_all(tmp_path, fake_uv):
+    constraints = tmp_path / "cells.txt"
+    constraints.write_text("")
+    torch = environments.choose_torch(TorchChannel.PYPI)
+    closure_env = environments.ensure(tmp_path / "closure", PY, constraints, None, torch)
+    compiled = closure_env.path / "lib" / "torch" / "__pycache__" / "__init__.cpython-312.pyc"
+    compiled.parent.mkdir(parents=True)
+    compiled.write_bytes(b"bytecode")
+    calls = len(fake_uv())
+
+    cell = environments.ensure(tmp_path / "cell", PY, constraints, fixture_tree(tmp_path), torch, seed=closure_env)
+
+    assert [c["args"][:2] for c in fake_uv()[calls:]] == [["pip", "install"]]
+    copied = cell.path / compiled.relative_to(closure_env.path)
+    assert copied.stat().st_ino == compiled.stat().st_ino
+    assert cell.commands[0][:3] == ["cp", "--archive", "--link"]
+    # The cell's own marker, not the closure's: the closure environment is still what it was.
+    assert json.loads((cell.path / environments.ENV_INFO).read_text())["key"] != \
+        json.loads((closure_env.path / environments.ENV_INFO).read_text())["key"]
+    assert environments.ensure(tmp_path / "closure", PY, constraints, None, torch).reused
+
+
 def test_an_unchanged_environment_is_reused_without_calling_uv(tmp_path, fake_uv):
     constraints = tmp_path / "cells.txt"
     constraints.write_text("")
