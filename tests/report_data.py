@@ -153,3 +153,36 @@ def full_document() -> dict:
                         "sources": ["experiments.toml", "runs/admission.base.release-0.5.20.json",
                                     "runs/sweep-admission.json"]})
     return doc
+
+
+def many_experiments(experiments: int = 4, releases: int = 80, era_size: int = 8) -> dict:
+    """A worst case for the timeline: four experiments over 80 releases with long labels, an era every 8
+    releases, and in each experiment scenarios that stop being set aside at their own release, a fix, a
+    one-release regression and a release that could not be probed, all at different releases, so that runs
+    seldom line up."""
+    versions = [f"0.{10 + i // 10}.{i % 10}.post{i % 3 + 1}" for i in range(releases)]
+    doc: dict = {"schema": "pdevidence-report/1", "exit_code": 0, "pairs": [], "upstream": [], "scenarios": {},
+                 "sweeps": {}, "eras": {v: f"era{i // era_size}" for i, v in enumerate(versions)}}
+    for e in range(experiments):
+        name, rows = f"fix{e}", [f"S{e}{j}" for j in range(6)]
+        fixed = 52 + 5 * e
+        doc["pairs"].append(_pair(name, 100 + e, f"the fix number {e}", versions[fixed - 1], versions[fixed], {}))
+        doc["scenarios"][name] = {sid: {"title": sid, "changes": True, "keys": ["k"]} for sid in rows}
+
+        def state(i: int, j: int) -> str:
+            if i < 5 + 11 * j + 3 * e and j % 2:
+                return "not deciding"
+            return "fixed" if i >= fixed and i != fixed + 9 + e else "pre-fix"
+
+        found = []
+        for i, v in enumerate(versions):
+            if i == 30 + 7 * e:
+                found.append({"version": v, "classification": "failed", "differing": [], "error": "no wheel"})
+                continue
+            scenarios = {sid: state(i, j) for j, sid in enumerate(rows)}
+            classes = set(scenarios.values()) - {"not deciding"}
+            found.append({"version": v, "classification": classes.pop() if len(classes) == 1 else "partial",
+                          "scenarios": scenarios, "differing": [], "error": None})
+        doc["sweeps"][name] = {"schema": "pdevidence-sweep/4", "experiment": name, "first_fixed": versions[fixed],
+                               "flagged": [versions[fixed + 9 + e]], "releases": found}
+    return doc

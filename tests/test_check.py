@@ -113,6 +113,19 @@ def test_some_scenarios_fixed_and_others_pre_fix_is_partial_whatever_else_matche
     assert line.endswith("pre-fix: D3; fixed: D1; raised: D4: AttributeError: no attribute 'sender'")
 
 
+def test_an_affected_answer_names_the_scenarios_that_behave_as_base_and_keeps_every_key(project):
+    found = judged(project, BEFORE)
+    lines = check.table(check.CheckResult(check.Target("release", "1.0.0", "1.0.0"), [found])).splitlines()
+    assert lines[1].split()[:2] == ["demo", "affected"] and lines[1].endswith("pre-fix: D1, D3")
+    # Each key beside base's and head's, on the terminal and in the --json document.
+    assert [line.split()[0] for line in lines[2:4]] == ["D1:", "D3:"]
+    assert "enqueued true (base true, head false); retired false (base false, head true)" in lines[2]
+    doc = found.to_json()
+    assert {sid: b for sid, b in doc["scenarios"].items() if b == "pre-fix"} == {"D1": "pre-fix", "D3": "pre-fix"}
+    assert {sid: set(keys) for sid, keys in doc["explain"].items()} == {"D1": {"enqueued", "retired"},
+                                                                      "D3": {"receiver_created"}}
+
+
 def test_an_error_is_named_whatever_the_status(project):
     raised = judged(project, BEFORE, {"D2": {"type": "KeyError", "message": "'queue'"}})
     assert (raised.status, raised.error) == (Status.AFFECTED, "D2: KeyError: 'queue'")  # a control raised

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import ast
 import copy
 import io
 import json
+import math
 import os
+import re
+import tempfile
+import tokenize
+import tomllib
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import cairocffi
 import cairosvg
 import pytest
 from PIL import Image
-from report_data import TITLES, full_document, mutations, notes, report_dict, sweep_v1, sweep_v3, sweep_v4
+from report_data import (TITLES, full_document, many_experiments, mutations, notes, report_dict, sweep_v1, sweep_v3,
+                         sweep_v4)
 from synthetic import make_project, write_cell
 
 from pdevidence import cli, registry
@@ -101,35 +109,154 @@ def rendered_width(text: str, size: float, bold: bool) -> float:
     return ctx.text_extents(text)[4]
 
 
-@pytest.mark.parametrize("name", DOCUMENTS)
+def text_box(node: ET.Element) -> list[tuple[float, float]]:
+    """The corners of a text's ink as cairo renders it (its advance, from a descender to an ascender's top),
+    turned as its transform turns it."""
+    x, y, size = float(node.get("x")), float(node.get("y")), float(node.get("font-size"))
+    width = rendered_width(node.text, size, node.get("font-weight") == "bold")
+    left = x - width / 2 if node.get("text-anchor") == "middle" else x
+    corners = [(left, y - 0.76 * size), (left + width, y - 0.76 * size), (left + width, y + 0.24 * size),
+               (left, y + 0.24 * size)]
+    turn = re.fullmatch(r"rotate\((-?[\d.]+) ([\d.]+) ([\d.]+)\)", node.get("transform") or "")
+    if not turn:
+        return corners
+    angle, cx, cy = math.radians(float(turn[1])), float(turn[2]), float(turn[3])
+    return [(cx + (px - cx) * math.cos(angle) - (py - cy) * math.sin(angle),
+             cy + (px - cx) * math.sin(angle) + (py - cy) * math.cos(angle)) for px, py in corners]
+
+
+def rect_box(node: ET.Element) -> list[tuple[float, float]]:
+    x, y, w, h = (float(node.get(k)) for k in ("x", "y", "width", "height"))
+    return [(x, y), (x + w, y), (x + w, y + h), (x, y + h)]
+
+
+def overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> bool:
+    """Two convex boxes overlap by more than half a pixel: no edge of either separates them."""
+    for box in (a, b):
+        for (x1, y1), (x2, y2) in zip(box, box[1:] + box[:1]):
+            nx, ny = y1 - y2, x2 - x1
+            norm = math.hypot(nx, ny)
+            pa, pb = [[(px * nx + py * ny) / norm for px, py in q] for q in (a, b)]
+            if min(max(pa), max(pb)) - max(min(pa), min(pb)) <= 0.5:
+                return False
+    return True
+
+
+def published_document() -> dict:
+    """The published report enriched from the published tables (results/ only; nothing is written there)."""
+    reg = registry.load(Path(__file__).resolve().parents[1])
+    doc = json.loads((reg.root / "results" / "report.json").read_text())
+    with tempfile.TemporaryDirectory() as runs:
+        return report.document(doc, report_inputs.gather(reg, doc, runs=Path(runs), published=reg.root / "results"))
+
+
+PICTURES = {**DOCUMENTS, "four experiments over 80 releases": many_experiments()}
+PUBLISHED = "the published report"
+
+
+def picture(name: str) -> dict:
+    return published_document() if name == PUBLISHED else PICTURES[name]
+
+
+@pytest.mark.parametrize("name", [*PICTURES, PUBLISHED])
 def test_every_svg_renders_at_its_declared_size_with_every_text_inside_the_canvas(name):
-    svg = report.svg(DOCUMENTS[name])
+    svg = report.svg(picture(name))
     root = parse(svg)
     width, height = int(root.get("width")), int(root.get("height"))
     assert render(svg).size == (width, height)
     for node in texts(root):
-        x, y, size = float(node.get("x")), float(node.get("y")), float(node.get("font-size"))
-        bold = node.get("font-weight") == "bold"
-        for w in (0.6 * size * len(node.text), rendered_width(node.text, size, bold)):
-            left = x - w / 2 if node.get("text-anchor") == "middle" else x
-            assert 0 <= left and left + w <= width, (name, node.text, left, left + w, width)
-        assert y - size >= 0 and y + size / 3 <= height, (name, node.text)
+        for x, y in text_box(node):
+            assert 0 <= x <= width and 0 <= y <= height, (name, node.text, x, y, width, height)
+
+
+@pytest.mark.parametrize("name", [*PICTURES, PUBLISHED])
+def test_no_text_overlaps_another_text_or_a_cell(name):
+    root = parse(report.svg(picture(name)))
+    boxes = [(node.text, text_box(node)) for node in texts(root)]
+    cells = [rect_box(r) for r in rects(root, "cell")]
+    for i, (text, box) in enumerate(boxes):
+        assert not [other for other, theirs in boxes[i + 1:] if overlap(box, theirs)], (name, text)
+        assert not any(overlap(box, cell) for cell in cells), (name, text)
+
+
+@pytest.mark.parametrize("name", [PUBLISHED, "four experiments over 80 releases"])
+def test_the_picture_reads_at_the_readmes_width(name):
+    """At most 1,600 px wide and, shown 1,000 px wide as the README shows it, no text under 11 px."""
+    doc = picture(name)
+    svg = report.svg(doc)
+    width = render(svg).size[0]
+    smallest = min(float(node.get("font-size")) for node in texts(parse(svg)))
+    assert width <= 1600 and smallest * min(1, 1000 / width) >= 11, (width, smallest)
+    swept = {r["version"] for sweep in doc["sweeps"].values() for r in sweep["releases"]}
+    assert len(swept) >= 70
+
+
+def test_runs_split_at_each_era_each_change_and_each_first_fixed_release():
+    doc = many_experiments()
+    strips = [t.strips[0] for t in timeline.timelines(doc)]
+    assert len({tuple(col.label for col in strip.columns) for strip in strips}) == 1  # shared by every experiment
+    versions = [r["version"] for r in doc["sweeps"]["fix0"]["releases"]]
+    for strip in strips:
+        assert [v for col in strip.columns for v in col.releases] == versions
+        for before, col in zip(strip.columns, strip.columns[1:]):
+            assert {doc["eras"][v] for v in col.releases} == {col.era}
+            assert col.label == timeline.range_label(col.releases)
+            assert before.era != col.era or any(
+                before.states != other.columns[strip.columns.index(col)].states
+                or before.note != other.columns[strip.columns.index(col)].note for other in strips) \
+                or col.releases[0] in {s["first_fixed"] for s in doc["sweeps"].values()}, col.label
+        assert strip.columns[strip.first_fixed].releases[0] in {s["first_fixed"] for s in doc["sweeps"].values()}
+    assert len(strips[0].columns) < len(versions) / 2
+
+
+def test_a_run_is_labelled_with_its_range_and_how_many_releases_it_holds():
+    labels = {node.text for node in texts(parse(report.svg(published_document())))}
+    assert {"0.5.13–0.5.16 (6)", "0.4.4.post1", "0.5.19: base", "0.5.22–0.5.23 (2)"} <= labels
+    assert "first fixed: 0.5.20" in labels and "first fixed: 0.5.21" in labels
 
 
 @pytest.mark.parametrize("name", ["full", "many long release labels", "incomplete"])
-def test_the_timeline_shows_every_swept_release_with_its_full_label(name):
+def test_the_timeline_shows_every_swept_release_in_a_run_labelled_with_its_range(name):
     doc = DOCUMENTS[name]
-    root = parse(report.svg(doc))
-    labels = {node.text for node in texts(root)}
-    columns = {r.find(f"{NS}title").text.split(" on ", 1)[1].rsplit(": ", 1)[0] for r in rects(root, "cell")}
-    for sweep in doc["sweeps"].values():
-        versions = {r["version"] for r in sweep["releases"]}
-        assert versions <= labels and versions <= columns
+    labels = {node.text for node in texts(parse(report.svg(doc)))}
+    for t in timeline.timelines(doc):
+        if t.experiment in doc["sweeps"]:
+            columns = t.strips[0].columns
+            swept = [r["version"] for r in doc["sweeps"][t.experiment]["releases"]]
+            assert [v for col in columns for v in col.releases if v in swept] == swept
+            assert all(any(label.startswith(col.label) for label in labels) for col in columns)
+
+
+def docstrings(tree: ast.Module) -> set[int]:
+    nodes = [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)))]
+    return {id(n.body[0].value) for n in nodes
+            if n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+
+
+def test_no_module_names_an_experiment_of_the_registry():
+    """The harness reads experiments from experiments.toml: no module's code or comment may know one by name.
+    Docstrings may give one as an example: rewording registry.py's would stale every published table (its
+    digest is in their provenance). SGLang's own module paths (sglang/srt/disaggregation/prefill.py) are SGLang's
+    words, not the registry's."""
+    package = Path(__file__).resolve().parents[1] / "pdevidence"
+    names = tomllib.loads((package.parent / "experiments.toml").read_text())["experiments"]
+    assert names
+    found = []
+    for module in package.rglob("*.py"):
+        source = module.read_text()
+        skip = docstrings(tree := ast.parse(source))
+        strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                   and id(n) not in skip]
+        words = [t.string for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                 if t.type in (tokenize.NAME, tokenize.COMMENT)]
+        text = re.sub(r"sglang[\w/.]*", "", " ".join(strings + words))
+        found += [f"{module.relative_to(package)}: {name}" for name in names if re.search(rf"\b{name}\b", text)]
+    assert not found
 
 
 def test_compared_trees_are_labelled_in_full_when_there_is_no_sweep():
     labels = {node.text for node in texts(parse(report.svg(report_dict())))}
-    assert {"0.5.20", "0.5.21", "0.5.19", "base", "head"} <= labels
+    assert {"0.5.20: base", "0.5.21: head", "0.5.19: base", "0.5.20: head"} <= labels
 
 
 @pytest.mark.parametrize("name", DOCUMENTS)
@@ -226,8 +353,8 @@ def test_the_report_names_every_release_the_watch_flags_and_shows_an_erroring_sc
     md = report.markdown(doc)
     assert "release watch, not fixed after 0.5.20: 0.5.21 (partial), 0.5.23 (error)" in md
     prefill = next(t for t in timeline.timelines(doc) if t.experiment == "prefill")
-    swept = prefill.strips[0].columns[-1]
-    assert (swept.label, swept.states["B2"]) == ("0.5.23", Behaviour.ERROR)
+    swept = next(col for col in prefill.strips[0].columns if col.label == "0.5.23")
+    assert swept.states["B2"] == Behaviour.ERROR
 
 
 def test_a_release_that_deviates_is_flagged_and_its_control_is_a_row_marked_only_where_it_departs():

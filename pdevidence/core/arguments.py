@@ -70,7 +70,7 @@ def positive_int(value: str) -> int:
 def name(value: str) -> str:
     """An experiment or era name as the registry spells them (the CLI then checks the registry has it)."""
     if not _NAME.match(value):
-        raise _bad(value, "a name of lower-case letters, digits and _, e.g. admission")
+        raise _bad(value, "a name of lower-case letters, digits and _, as experiments.toml spells it")
     return value
 
 

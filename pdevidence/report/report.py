@@ -34,7 +34,7 @@ def document(report, inputs: ReportInputs | None = None, *, command: str | None 
     """The report dict plus what the report shows beside it; also accepts an object with ``to_json``."""
     data = dict(report) if isinstance(report, dict) else report.to_json()
     if inputs is not None:
-        data.update(scenarios=inputs.scenarios, sweeps=inputs.sweeps, mutations=inputs.mutations)
+        data.update(scenarios=inputs.scenarios, sweeps=inputs.sweeps, mutations=inputs.mutations, eras=inputs.eras)
         if inputs.corpus is not None:
             data["corpus"] = inputs.corpus
     if command is not None or inputs is not None:

@@ -20,6 +20,7 @@ from ..documents.corpus_table import FILE as CORPUS_FILE
 from ..documents.corpus_table import CorpusTable
 from ..documents.results import Result
 from ..documents.tables import MutationTable, SweepTable
+from ..lanes.sweep_parts import CURRENT
 from ..registry import SIDES, Registry
 
 T = TypeVar("T")
@@ -27,13 +28,14 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class ReportInputs:
     """Per experiment: scenario notes ({sid: {"title", "changes", "keys"}}), sweep and mutation tables; the
-    backport corpus table."""
+    backport corpus table; the era each swept release runs in."""
 
     scenarios: dict[str, dict[str, dict]] = field(default_factory=dict)
     sweeps: dict[str, dict] = field(default_factory=dict)
     mutations: dict[str, dict] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
     corpus: dict | None = None
+    eras: dict[str, str] = field(default_factory=dict)
 
 
 def find_table(name: str, runs: Path, published: Path) -> Path | None:
@@ -90,6 +92,12 @@ def scenario_notes(reg: Registry, report: dict, runs: Path) -> dict[str, dict[st
     return notes
 
 
+def eras(reg: Registry, sweeps: dict[str, dict]) -> dict[str, str]:
+    """Swept version -> the era it runs in (``current``: no declared era): the timeline cuts its runs there."""
+    versions = {r["version"] for sweep in sweeps.values() for r in sweep["releases"]}
+    return {v: era.name if (era := reg.era_of(v)) else CURRENT for v in sorted(versions)}
+
+
 def gather(reg: Registry, report: dict, *, runs: Path, published: Path) -> ReportInputs:
     """Everything the report shows besides ``report``, and the files it came from."""
     sweeps, mutations, sources = {}, {}, [reg.root / "experiments.toml"]
@@ -112,4 +120,4 @@ def gather(reg: Registry, report: dict, *, runs: Path, published: Path) -> Repor
     shown = [results_dir(reg.root) / p.relative_to(published) if p.is_relative_to(published) else p
              for p in sources]
     return ReportInputs(scenario_notes(reg, report, runs), sweeps, mutations,
-                        sorted({relative(p, reg.root) for p in shown}), corpus)
+                        sorted({relative(p, reg.root) for p in shown}), corpus, eras(reg, sweeps))

@@ -1,15 +1,22 @@
 """Which side each tree behaves like, per telling scenario: the data behind the timeline picture.
 
-A column is a tree (a swept release, or a compared base/head tree), a row a
-scenario that tells base from head; each cell says whether that tree behaves
-like the pre-fix side, the fixed side, neither, or raised. A control some
-release departs from both sides on (or raised in) is a row too, marked only
+A column is a run of swept releases that behave alike (or a compared base/head
+tree), a row a scenario that tells base from head; each cell says whether that
+run behaves like the pre-fix side, the fixed side, neither, or raised. A control
+some release departs from both sides on (or raised in) is a row too, marked only
 where it did.
+
+Runs are shared by every experiment's sweep, so the columns line up from one
+timeline to the next: a run ends where the era changes (``eras``: the report's
+version -> era map) and wherever any experiment shows something else (a cell,
+a compared tree, its first fixed release).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from packaging.version import Version
 
 from ..documents.vocabulary import Behaviour, Classification
 from .narrative import tree, trees_text
@@ -24,9 +31,11 @@ RELEASE_STATE = {Classification.PRE_FIX: Behaviour.PRE_FIX, Classification.FIXED
 
 @dataclass(frozen=True)
 class Column:
-    label: str  # a full version, or a commit
+    label: str  # a full version, a range of them ("0.5.13–0.5.16"), or a commit
     note: str  # "base" / "head" when the comparison used this tree, else ""
     states: dict[str, Behaviour | None]  # None: a control row on a release that agrees with both sides there
+    releases: list[str] = field(default_factory=list)  # a sweep's run: its releases, oldest first
+    era: str | None = None  # the era the run's releases ran in (None: not told)
 
 
 @dataclass(frozen=True)
@@ -101,13 +110,46 @@ def fixed_for_good(columns: list[Column]) -> int | None:
     return None
 
 
-def sweep_strip(sweep: dict, rows: list[str], pairs: list[dict]) -> Strip:
+def release_columns(sweep: dict, rows: list[str], pairs: list[dict]) -> dict[str, Column]:
+    """One column per swept release, by version."""
     compared = {tree(p["cells"].get(side))[1]: side for p in pairs if p["kind"] == "release" for side in p["cells"]}
-    columns = [Column(r["version"], compared.get(r["version"], ""), {sid: release_state(r, sid) for sid in rows})
-               for r in sweep["releases"]]
-    versions = [c.label for c in columns]
-    fixed = versions.index(sweep["first_fixed"]) if sweep["first_fixed"] in versions else None
-    return Strip(f"release sweep: {len(columns)} releases", columns, fixed)
+    return {r["version"]: Column(r["version"], compared.get(r["version"], ""),
+                                 {sid: release_state(r, sid) for sid in rows}, [r["version"]])
+            for r in sweep["releases"]}
+
+
+def runs(per_experiment: dict[str, dict[str, Column]], firsts: set[str], eras: dict[str, str]) -> list[list[str]]:
+    """Every swept version in version order, cut into runs: a new run at each era change, each first fixed
+    release, and wherever an experiment shows that release differently from the one before."""
+    def shown(version: str) -> list:
+        return [(cols[version].states, cols[version].note) if version in cols else None
+                for cols in per_experiment.values()]
+
+    out: list[list[str]] = []
+    for version in sorted({v for cols in per_experiment.values() for v in cols}, key=Version):
+        last = out[-1][-1] if out else None
+        if last is None or version in firsts or eras.get(version) != eras.get(last) or shown(version) != shown(last):
+            out.append([version])
+        else:
+            out[-1].append(version)
+    return out
+
+
+def range_label(versions: list[str]) -> str:
+    return versions[0] if len(versions) == 1 else f"{versions[0]}–{versions[-1]}"
+
+
+def sweep_strip(sweep: dict, rows: list[str], columns: dict[str, Column], cut: list[list[str]],
+                eras: dict[str, str]) -> Strip:
+    """The sweep's releases in the shared runs; a run this sweep has no release in shows no marks."""
+    out = []
+    for run in cut:
+        mine = [columns[v] for v in run if v in columns]
+        states = mine[0].states if mine else dict.fromkeys(rows)
+        out.append(Column(range_label(run), mine[0].note if mine else "", states, run, eras.get(run[0])))
+    starts = [col.releases[0] for col in out]
+    fixed = starts.index(sweep["first_fixed"]) if sweep["first_fixed"] in starts else None
+    return Strip(f"release sweep: {len(sweep['releases'])} releases in {len(out)} runs", out, fixed)
 
 
 def pair_strip(pair: dict, rows: list[str]) -> Strip:
@@ -117,14 +159,20 @@ def pair_strip(pair: dict, rows: list[str]) -> Strip:
 
 
 def timelines(doc: dict) -> list[Timeline]:
-    out = []
     names = list(dict.fromkeys(p["experiment"] for p in doc["pairs"]))
+    pairs = {name: [p for p in doc["pairs"] if p["experiment"] == name] for name in names}
+    rows = {name: telling_rows(doc, name) for name in names}
+    sweeps = {name: sweep for name in names if (sweep := doc.get("sweeps", {}).get(name))}
+    columns = {name: release_columns(sweep, rows[name], pairs[name]) for name, sweep in sweeps.items()}
+    eras = doc.get("eras", {})
+    cut = runs(columns, {s["first_fixed"] for s in sweeps.values() if s["first_fixed"]}, eras)
+    out = []
     for name in names:
-        pairs = [p for p in doc["pairs"] if p["experiment"] == name]
-        rows = telling_rows(doc, name)
-        sweep = doc.get("sweeps", {}).get(name)
-        strips = [sweep_strip(sweep, rows, pairs)] if sweep else []
-        strips += [pair_strip(p, rows) for p in pairs if p["grid"] and not (sweep and p["kind"] == "release")]
-        verdicts = [f"{trees_text(p)}: {p['verdict']}" for p in pairs]
-        out.append(Timeline(name, f"{name}: PR #{pairs[0]['pr']} {pairs[0]['title']}", verdicts, rows, strips))
+        sweep = sweeps.get(name)
+        strips = [sweep_strip(sweep, rows[name], columns[name], cut, eras)] if sweep else []
+        strips += [pair_strip(p, rows[name]) for p in pairs[name]
+                   if p["grid"] and not (sweep and p["kind"] == "release")]
+        verdicts = [f"{trees_text(p)}: {p['verdict']}" for p in pairs[name]]
+        first = pairs[name][0]
+        out.append(Timeline(name, f"{name}: PR #{first['pr']} {first['title']}", verdicts, rows[name], strips))
     return out

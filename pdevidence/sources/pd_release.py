@@ -1,7 +1,7 @@
 """Which SGLang releases ship PD disaggregation, read from each wheel's own file list.
 
 A release ships it when its wheel holds ``sglang/srt/disaggregation/`` with both of the
-doors the fixes touch (the prefill and the decode queue modules). The registry's
+doors the fixes touch (``DOORS``: the two queues' modules). The registry's
 ``pd_first_release`` is the first release that does; a test holds it to the wheels.
 """
 
