@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import __version__, environments, registry
 from .cells import cells
-from .core import arguments, children, clock, paths, sandbox, settings
+from .core import arguments, children, clock, paths, phases, sandbox, settings
 from .core.errors import CONFIRMED, EXIT_CODES, USAGE, HarnessError, boundary, usage, worst
 from .core.files import dumps, sha256_file, write_atomic
 from .core.paths import PROJECT, results_dir, runs_dir, tree_lock_file, work_dir
@@ -193,8 +194,12 @@ def cmd_check(args) -> int:
         raise usage("check needs a target",
                     expected="one or more of --python, --version, --wheel, --path, --git, --image")
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
-    targets = [target for kind, value in asked for target in _resolved(reg, kind, value, log)]
-    found = check.run_all(reg, targets, fresh_references=args.references == "fresh", log=log)
+    started = time.monotonic()
+    with phases.recording() as spent:
+        with phases.measure(phases.TREES):
+            targets = [target for kind, value in asked for target in _resolved(reg, kind, value, log)]
+        found = check.run_all(reg, targets, fresh_references=args.references == "fresh", force=args.force, log=log)
+    log(f"time: {phases.describe(spent, time.monotonic() - started)}")
     if args.openvex:
         stamp = clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
         write_atomic(args.openvex, dumps(openvex.document(reg, found, stamp)))
@@ -366,6 +371,7 @@ def parser() -> argparse.ArgumentParser:
     ck.add_argument("--references", choices=classify.REFERENCES, default="published",
                     help="judge against the published base and head results (default), or the fresh ones in "
                     "runs/ (republishing)")
+    ck.add_argument("--force", action="store_true", help="probe every tree again, ignoring the outcomes kept for it")
     _allow_uncontained(ck)
     ck.set_defaults(func=cmd_check)
 

@@ -16,7 +16,8 @@ children.
 
     task (--tasks):  {"id": "0.5.21", "path": "<dir with sglang/>", "log": "<file>", "argv": [driver args],
                       "driver": "probe_all"}   (default probe_all; or probe_mutants)
-    report (stdout): {"id": "0.5.21", "status": 0, "signal": null, "seconds": 7.1}
+    report (stdout): {"id": "0.5.21", "status": 0, "signal": null, "seconds": 7.1, "started": 12.3}
+                     (started: seconds from the engine's start to the child's fork)
                      {"id": ..., "status": null, "signal": 9, "timeout": true}  killed past --timeout
                      {"id": ..., "status": null, "signal": null, "error": "could not fork: ..."}
 
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preload", type=Path, required=True,
                         help="modules to import before the first child; updated with what the children needed")
     args = parser.parse_args(argv)
+    began = time.monotonic()
     args.scratch.mkdir(parents=True, exist_ok=True)
     quiet_environment()
     _standins.install()  # the children inherit them; preloading must not import the real ones
@@ -159,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             child = _fork(task, modules_file)
             if isinstance(child, str):
                 _report({"id": task["id"], "status": None, "signal": None, "timeout": False, "seconds": 0.0,
-                         "error": child})
+                         "started": round(time.monotonic() - began, 1), "error": child})
                 continue
             running[child] = (task, time.monotonic(), modules_file)
         time.sleep(0.05)
@@ -175,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             del running[pid]
             code, killed_by = (None, signal.SIGKILL) if done == 0 else _status(status)
             _report({"id": task["id"], "status": code, "signal": killed_by, "timeout": done == 0,
-                     "seconds": seconds})
+                     "seconds": seconds, "started": round(started - began, 1)})
             if modules_file.exists():
                 found = json.loads(modules_file.read_text(encoding="utf-8"))
                 modules_file.unlink()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import multiprocessing
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +15,11 @@ from pdevidence.core.errors import HarnessError
 from pdevidence.sources import importable, trees
 
 TAG = sys.implementation.cache_tag  # the probes' interpreter here is this one
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PDEVIDENCE_CACHE", str(tmp_path / "cache"))
 
 
 def wheel_tree(tmp_path: Path, source: str = "VALUE = 1\n") -> trees.Tree:
@@ -27,7 +33,7 @@ def tree_of(wheel: Path) -> trees.Tree:
 
 
 def test_an_unpacked_wheel_holds_current_bytecode_for_the_probes_interpreter(tmp_path):
-    tree = importable.importable_dir(wheel_tree(tmp_path), tmp_path / "work", sys.executable)
+    tree = importable.importable_dir(wheel_tree(tmp_path), sys.executable)
 
     source = tree / "sglang" / "__init__.py"
     compiled = Path(importlib.util.cache_from_source(str(source)))
@@ -39,7 +45,7 @@ def test_an_unpacked_wheel_holds_current_bytecode_for_the_probes_interpreter(tmp
 
 
 def test_a_module_that_does_not_compile_is_left_to_fail_where_it_is_imported(tmp_path):
-    tree = importable.importable_dir(wheel_tree(tmp_path, "def broken(:\n"), tmp_path / "work", sys.executable)
+    tree = importable.importable_dir(wheel_tree(tmp_path, "def broken(:\n"), sys.executable)
 
     assert (tree / "sglang" / "__init__.py").exists()
     assert not list((tree / "sglang").glob("__pycache__/*.pyc"))
@@ -47,22 +53,23 @@ def test_a_module_that_does_not_compile_is_left_to_fail_where_it_is_imported(tmp
 
 def test_an_interpreter_that_cannot_compile_is_an_error_and_leaves_no_tree(tmp_path):
     with pytest.raises(HarnessError, match="compiling .* to bytecode"):
-        importable.importable_dir(wheel_tree(tmp_path), tmp_path / "work", "/bin/false")
+        importable.importable_dir(wheel_tree(tmp_path), "/bin/false")
 
-    assert not list((tmp_path / "work" / "trees").glob("release-1.0*"))
+    assert not list((tmp_path / "cache" / "unpacked").glob("release-1.0*"))
 
 
 def _unpack(args: tuple[str, str]) -> str:
-    wheel, work = args
-    return str(importable.importable_dir(tree_of(Path(wheel)), Path(work), sys.executable))
+    wheel, cache = args
+    os.environ["PDEVIDENCE_CACHE"] = cache
+    return str(importable.importable_dir(tree_of(Path(wheel)), sys.executable))
 
 
 def test_runs_unpacking_one_wheel_at_once_all_get_the_one_tree(tmp_path):
     """Issue 29's case: two checks unpacking the same wheel; the second rename found the first one's tree."""
     wheel = wheel_tree(tmp_path).install_target
     with multiprocessing.get_context("spawn").Pool(4) as pool:
-        found = pool.map(_unpack, [(str(wheel), str(tmp_path / "work"))] * 4)
+        found = pool.map(_unpack, [(str(wheel), str(tmp_path / "cache"))] * 4)
 
     assert len(set(found)) == 1
-    assert sorted(p.name for p in (tmp_path / "work" / "trees").iterdir() if not p.name.endswith(".lock")) == \
+    assert sorted(p.name for p in (tmp_path / "cache" / "unpacked").iterdir() if not p.name.endswith(".lock")) == \
         [Path(found[0]).name]

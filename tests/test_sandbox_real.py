@@ -96,7 +96,7 @@ def test_a_hostile_copy_of_a_release_gets_nothing_out_and_answers_cannot_run(tmp
     reg = registry.load(PROJECT)
     release = trees.release_tree(BRACKETS[-1], reg.python, trees.LockFile(tree_lock_file(reg.root)))
     copy = tmp_path / "hostile-0.5.21"
-    shutil.copytree(importable_dir(release, work_dir(reg.root), environments.find_python(reg.python).path), copy / "python")
+    shutil.copytree(importable_dir(release, environments.find_python(reg.python).path), copy / "python")
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))

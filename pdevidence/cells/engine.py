@@ -22,10 +22,11 @@ import json
 import os
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import children, sandbox
+from ..core import children, phases, sandbox
 from ..core.errors import HarnessError
 from ..core.files import dumps, read_json, write_atomic
 from ..registry import Registry
@@ -63,9 +64,10 @@ class Finished:
     containment: dict  # how the engine and its children ran (sandbox.Containment.record)
 
 
-def preload_file(work: Path, env_path: Path) -> Path:
-    """Where the modules the children of one closure environment needed are kept."""
-    return work / "engine" / f"{env_path.name}.preload.json"
+def preload_file(env_path: Path) -> Path:
+    """Where the modules the children of one closure environment needed are kept: beside it, so every checkout
+    and the installed tool that share the environment start its engines as warm."""
+    return env_path.parent / f"{env_path.name}.preload.json"
 
 
 def run_tasks(reg: Registry, interpreter: Path, tasks: list[DriverTask], *, logs: Path, preload: Path,
@@ -90,6 +92,7 @@ def run_tasks(reg: Registry, interpreter: Path, tasks: list[DriverTask], *, logs
         view = sandbox.View(read=(reg.root / "probes", *(t.path for t in tasks)),
                             write=(Path(private), logs, *(w for t in tasks for w in t.writes)), cwd=logs)
         engine_log = logs / "engine.log"
+        launched = time.monotonic()
         what = f"the probe engine on {', '.join(t.id for t in tasks)}"
         run_env = {**os.environ, **allprobes.PROBE_ENV, **(env or {})}
         reports = {}
@@ -104,12 +107,25 @@ def run_tasks(reg: Registry, interpreter: Path, tasks: list[DriverTask], *, logs
                     log(f"engine: {report['id']} done in {report['seconds']} s ({_status(report)})")
             finally:
                 children.wait(proc)
+        _spent(reports.values(), time.monotonic() - launched)
         if proc.returncode != 0:
             raise HarnessError(f"the probe engine exited with status {proc.returncode}; last output:\n"
                                f"{probe_run.tail(engine_log)}",
                                todo=f"read {engine_log}; `--cold` runs each task in its own process instead")
         write_atomic(preload, dumps(_preload_list(needed)))
     return Finished({t.id: _failure(reports.get(t.id)) for t in tasks}, launch.record)
+
+
+def _spent(reports, seconds: float) -> None:
+    """The engine's start (its closure's import, until the first child forks) and its probing (first fork to last
+    end), from when its children started and how long each ran."""
+    spans = [(r["started"], r["started"] + r["seconds"]) for r in reports if isinstance(r.get("started"), (int, float))]
+    if not spans:
+        phases.add(phases.ENGINE_START, seconds)
+        return
+    first = min(start for start, _ in spans)
+    phases.add(phases.ENGINE_START, first)
+    phases.add(phases.PROBING, max(end for _, end in spans) - first)
 
 
 def _preload_list(path: Path) -> list[str]:

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from .. import environments
-from ..core import sandbox
+from ..core import phases, sandbox
 from ..core.errors import HarnessError
 from ..core.files import dumps, read_json, sha256_file, write_atomic
 from ..core.paths import work_dir
@@ -107,7 +107,8 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
         sandbox.admit(tree.pinned, f"the tree {tree.label()}")
     work = work_dir(reg.root)
     where = f"engine ({era.name})" if era else "engine"
-    env = environments.closure_environment(reg, era, log=lambda msg: log(f"{where}: {msg}"))
+    with phases.measure(phases.ENVIRONMENTS):
+        env = environments.closure_environment(reg, era, log=lambda msg: log(f"{where}: {msg}"))
     closure = environments.closure(reg, era)
     stand_ins = environments.stand_in_env(era)
     identity = environments.find_python(reg.python).identity()
@@ -124,8 +125,9 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
             found[label] = allprobes.collect(exps, out_dir / label, entry / "none.log", "left no outcome",
                                              _kept_containment(entry))
         else:
-            todo.append(engine.TreeTask(label, importable_dir(tree, work, env.interpreter), tree_args[label], tree.pinned,
-                                        shared=_from_the_index(tree)))
+            with phases.measure(phases.TREES):
+                unpacked = importable_dir(tree, env.interpreter)
+            todo.append(engine.TreeTask(label, unpacked, tree_args[label], tree.pinned, shared=_from_the_index(tree)))
     if found:
         log(f"{where}: {len(found)} tree(s) unchanged, outcomes reused: {', '.join(found)} (use --force to reprobe)")
     # A work tree (--path) is the user's: its imports must leave no bytecode in it.
@@ -135,7 +137,7 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
         alone = " in an engine of its own" if len(groups) > 1 and not group[0].shared else ""
         log(f"{where}: probing {', '.join(t.label for t in group)} ({jobs} at a time){alone}")
         ran = engine.run(reg, env.interpreter, group, experiments, out_dir=out_dir, logs=work / "logs" / "engine",
-                         preload=engine.preload_file(work, env.path), jobs=jobs,
+                         preload=engine.preload_file(env.path), jobs=jobs,
                          env={**stand_ins, **quiet}, log=log)
         for label, outcomes in ran.items():
             found[label] = outcomes

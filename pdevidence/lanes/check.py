@@ -231,7 +231,7 @@ def run(reg: Registry, target: Target, tree: trees.Tree | None, *, fresh_referen
 
 
 def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, fresh_references: bool = False,
-            log=print) -> list[CheckResult]:
+            force: bool = False, log=print) -> list[CheckResult]:
     """Every target, each judged on its own against the published base and head results (verified first), or
     with ``fresh_references`` against the fresh ones in runs/ (while republishing); every tree shares one warm
     engine per era (an unpacked wheel is what installing it gives; a source tree's Python code is all the probes
@@ -247,7 +247,7 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, f
     # One probe per tree: an image's package may be named twice (two platforms, or the image passed twice).
     warm_trees = list({tree.label(): tree for _, tree in targets if tree is not None}.values())
     engine_outcomes = warm.probe_trees(reg, warm_trees, names, {t.label(): _tree_args(t) for t in warm_trees},
-                                       out_dir=out, log=log) if warm_trees else {}
+                                       out_dir=out, force=force, log=log) if warm_trees else {}
     own: dict[str, dict[str, allprobes.Outcome]] = {}  # interpreters, by label
     found = []
     for target, tree in targets:

@@ -67,7 +67,7 @@ def run(reg: Registry, releases: list[str] | None = None, *, fresh_references: b
     targets, asked = [], []
     for backport in declared:
         release = trees.release_tree(backport.release, reg.python, lock)
-        pristine = importable_dir(release, work, python)
+        pristine = importable_dir(release, python)
         for variant in Variant:
             try:
                 tree = backports.materialize(release, pristine, variant, backport, work, python)

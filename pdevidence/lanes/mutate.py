@@ -224,11 +224,11 @@ def _run_warm(reg: registry.Registry, cell: cells.Cell, tree, argv: list[str], w
     env = environments.closure_environment(reg, era, log=lambda msg: log(f"{where}: {msg}"))
     work = work_dir(reg.root)
     # The child imports the tree once and forks each mutant from there, two at a time.
-    task = engine.DriverTask(cell.experiment, importable_dir(tree, work, env.interpreter), [*argv, "--jobs", "2"],
+    task = engine.DriverTask(cell.experiment, importable_dir(tree, env.interpreter), [*argv, "--jobs", "2"],
                              driver=ENGINE_DRIVER, writes=(writes,))
     logs = work / "logs" / f"mutate-engine.{cell.experiment}"
     log(f"{where}: the mutants on {tree.label()} in a warm engine child")
-    failure = engine.run_tasks(reg, env.interpreter, [task], logs=logs, preload=engine.preload_file(work, env.path),
+    failure = engine.run_tasks(reg, env.interpreter, [task], logs=logs, preload=engine.preload_file(env.path),
                                trusted=tree.pinned, jobs=1, env=environments.stand_in_env(era),
                                log=log).failures[task.id]
     if failure:

@@ -1,8 +1,8 @@
 """A tree as a directory that holds ``sglang/``: what the warm engine puts on a child's path.
 
-A wheel is unpacked once per digest (a wheel is a zip laid out as site-packages) and
-compiled to bytecode before it is renamed into place, by the interpreter the probes
-run: the probes see the tree read-only and often with ``PYTHONDONTWRITEBYTECODE`` set,
+A wheel is unpacked once per digest (a wheel is a zip laid out as site-packages), in the
+user's cache where every checkout and the installed tool find it, and compiled to
+bytecode before it is renamed into place, by the interpreter the probes run: the probes see the tree read-only and often with ``PYTHONDONTWRITEBYTECODE`` set,
 so whatever is not compiled here is compiled again by every probe process. A commit
 exported into the cache is compiled where it lies, once. An operator's own source
 tree's ``python/`` directory is used as it is and never written to. Nothing is built
@@ -22,6 +22,7 @@ from ..core import children
 from ..core.errors import HarnessError, integrity
 from ..core.files import read_marker, write_marker
 from ..core.locking import exclusive
+from ..core.paths import cache_dir
 from .trees import Tree
 
 COMPILE_SECONDS = 600
@@ -31,13 +32,13 @@ COMPILED = ".pdevidence-bytecode.json"  # in a cached commit's tree: compiled fo
 _COMPILE = "import compileall, sys; compileall.compile_dir(sys.argv[1], quiet=2, workers=0); print('compiled')"
 
 
-def importable_dir(tree: Tree, work: Path, python: Path | str) -> Path:
+def importable_dir(tree: Tree, python: Path | str) -> Path:
     """Where ``tree``'s ``sglang/`` is, compiled for ``python`` unless it is the operator's own directory."""
     if tree.install_target.is_dir():
         if tree.kind == "git":  # exported into the cache by trees.py: ours to compile
             _compile_in_place(tree.install_target, python)
         return tree.install_target
-    dest = work / "trees" / f"{tree.label()}.{(tree.digest or 'nodigest')[:12]}"
+    dest = cache_dir() / "unpacked" / f"{tree.label()}.{(tree.digest or 'nodigest')[:12]}"
     if dest.is_dir():  # renamed into place only once complete
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
