@@ -332,5 +332,5 @@ def set_committed(req, length: int) -> None:
     kv = getattr(req, "kv", None)
     if not sg.kv_on_record and sg.ReqKvInfo is not None:
         if not isinstance(kv, sg.ReqKvInfo):  # 0.5.17/0.5.18: the allocation is on req.kv
-            req.kv = kv = sg.ReqKvInfo()
+            req.kv = kv = sg.ReqKvInfo(kv_allocated_len=length, swa_evicted_seqlen=0)
         kv.kv_allocated_len = length
