@@ -162,6 +162,16 @@ class Experiment:
     not_affected: dict[str, NotAffected] = field(default_factory=dict)
     not_deciding: dict[str, NotDeciding] = field(default_factory=dict)
 
+    def commit(self, side: str) -> str:
+        sha = self.git.get(side)
+        if not sha:
+            raise usage(
+                f"experiment {self.name!r} has no pinned {side} commit",
+                expected=f"[experiments.{self.name}.git] {side} = \"<40-hex sha>\" in {REGISTRY_FILE}",
+                todo="run its release-backed cells (`cell release`), or record the PR's commits once known",
+            )
+        return sha
+
     def release(self, side: str) -> str:
         version = self.releases.get(side)
         if not version:
@@ -388,11 +398,13 @@ def _specifier(text: str, where: str) -> SpecifierSet:
 
 def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
     where = f"experiments.{name}"
-    _table(table, where, required={"pr": int, "title": str, "probe": str, "git": dict},
-           optional={"upstream_tests": list, "releases": dict, "expect": dict, "mutants": dict,
+    # ``git`` may be left out where the PR's commits are not known yet: release-backed cells only.
+    _table(table, where, required={"pr": int, "title": str, "probe": str},
+           optional={"git": dict, "upstream_tests": list, "releases": dict, "expect": dict, "mutants": dict,
                      "not_affected": dict, "not_deciding": dict})
-    git = _table(table["git"], f"{where}.git", required={side: str for side in SIDES}, optional={})
-    for side in SIDES:
+    git = _table(table.get("git", {}), f"{where}.git", required={side: str for side in SIDES} if "git" in table
+                 else {}, optional={})
+    for side in git:
         if not _SHA.match(git[side]):
             raise RegistryError(f"{where}.git.{side}: {git[side]!r} is not a full 40-hex commit SHA")
     releases = _table(table.get("releases", {}), f"{where}.releases", required={}, optional={s: str for s in SIDES})
@@ -410,7 +422,7 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
         title=table["title"],
         probe=root / table["probe"],
         upstream_tests=_strings(table.get("upstream_tests", []), f"{where}.upstream_tests"),
-        git={side: git[side] for side in SIDES},
+        git={side: git[side] for side in SIDES if side in git},
         releases={side: _version(releases[side], f"{where}.releases.{side}") if releases.get(side) else None
                   for side in SIDES},
         expect=expect,

@@ -17,15 +17,25 @@ def load_text(tmp_path, text):
 
 def test_the_project_registry_declares_both_experiments_with_full_pins():
     reg = registry.load(PROJECT)
-    assert set(reg.experiments) == {"admission", "prefill"}
+    assert set(reg.experiments) == {"admission", "prefill", "offload_slots", "offload_rid"}
     admission = reg.experiment("admission")
     assert admission.pr == 38935
     assert admission.git == {"base": "17ba2c2e7c7b81f31a8a9e693e7435ab262c16b4",
                              "head": "8f3d6944b76c428d884582cb6c82a39db1465360"}
     assert reg.experiment("prefill").git["head"] == "2ee5742af92db2727236460473554c2ee8c4ddaa"
+    # The offload experiments are release-backed only: their PRs' commits are not pinned yet.
+    assert reg.experiment("offload_slots").git == {} and reg.experiment("offload_rid").git == {}
+    assert reg.experiment("offload_slots").releases == {"base": "0.5.12", "head": "0.5.13"}
+    assert reg.experiment("offload_rid").releases == {"base": "0.5.18", "head": "0.5.19"}
     for exp in reg.experiments.values():
         assert exp.probe.exists(), exp.probe
         assert exp.expect, f"{exp.name} declares no expected differential"
+
+
+def test_an_experiment_without_git_pins_names_the_missing_commit(tmp_path):
+    exp = registry.load(PROJECT).experiment("offload_rid")
+    with pytest.raises(Exception, match="no pinned base commit"):
+        exp.commit("base")
 
 
 def test_expectations_distinguish_changes_from_controls(tmp_path):

@@ -65,7 +65,7 @@ def resolve_tree(registry: Registry, cell: Cell) -> trees.Tree:
     lock = trees.LockFile(tree_lock_file(registry.root))
     if cell.kind == "git":
         clone = os.environ.get("SGLANG_REPO")
-        return trees.git_tree(cell.ref or exp.git[cell.side], lock, clone=Path(clone) if clone else None)
+        return trees.git_tree(cell.ref or exp.commit(cell.side), lock, clone=Path(clone) if clone else None)
     if cell.kind == "release":
         return trees.release_tree(cell.ref or exp.release(cell.side), registry.python, lock)
     directory = cell.ref or os.environ.get("SGLANG_TREE")

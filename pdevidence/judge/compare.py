@@ -73,7 +73,7 @@ class Summary:
 
 def expected_file(exp: Experiment, side: str, kind: str) -> str:
     """The result file name a registry cell produces, known without fetching anything."""
-    pin = exp.release(side) if kind == "release" else exp.git[side]
+    pin = exp.release(side) if kind == "release" else exp.commit(side)
     return result_name(exp.name, side, tree_label(kind, pin))
 
 

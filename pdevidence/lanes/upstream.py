@@ -264,7 +264,7 @@ PINS = "pins"  # an entry's ``tree`` for the registry's base/head pair
 
 
 def _pinned_label(exp: Experiment, side: str, kind: str) -> str | None:
-    pin = exp.git[side] if kind == "git" else exp.releases.get(side)
+    pin = exp.git.get(side) if kind == "git" else exp.releases.get(side)
     return trees.tree_label(kind, pin) if pin else None
 
 
