@@ -9,7 +9,7 @@ oldest), a whole CLI run in a child process: `sweep --era <era> --force`, every 
 both experiments, through the warm engine. The era's closure environment is built (or reused)
 beforehand and that time shown apart, so the sweep figure is probing, not installing.
 
-Disk cost: each era's environment under `.cells/envs/closure.<digest>` is hard links into the uv
+Disk cost: each era's environment under `<cache>/envs/closure.<digest>.<python>` is hard links into the uv
 cache, so `du` over the environments in registry order counts each file once, where it is first
 seen; what it reports for an era's directory is what that era added beyond the eras before it,
 i.e. its uv cache growth (eras declaring the same closure share one environment: the later one adds

@@ -394,8 +394,8 @@ def stand_in_env(era: Era | None) -> dict[str, str]:
 
 
 def closure_environment(registry: Registry, era: Era | None = None, log=None) -> CellEnvironment:
-    """An era's closure (default: the registry's) without SGLang, under ``.cells/envs/closure.<digest>``:
-    the warm engine's environment."""
+    """An era's closure (default: the registry's) without SGLang, in the user's cache
+    (``closure_environment_path``): the warm engine's environment, and the seed of every cell's."""
     torch = torch_choice(registry)
     installs = closure(registry, era, torch=torch)
     return ensure(closure_environment_path(registry, installs), registry.python, installs, None, torch, log=log)
