@@ -207,7 +207,7 @@ def cmd_check(args) -> int:
     if args.json:  # one target: its document, as before; several: a list of them
         print(dumps(found[0].to_json() if len(found) == 1 else [r.to_json() for r in found]), end="")
     else:
-        print("\n".join(check.table(result) for result in found))
+        print("\n".join(check.table(result, verbose=args.verbose) for result in found))
     return worst(result.exit_code for result in found)
 
 
@@ -367,6 +367,9 @@ def parser() -> argparse.ArgumentParser:
                     help="a saved container image (`docker save` tarball, OCI layout directory or tar): every SGLang "
                     "package in it, read without a container runtime")
     ck.add_argument("--json", action="store_true", help=f"print the {check.SCHEMA} document instead of the table")
+    ck.add_argument("-v", "--verbose", action="store_true",
+                    help="below each answer, every key of every scenario that kept it from fixed, beside base's and "
+                    "head's (--json always has them)")
     ck.add_argument("--openvex", type=arguments.output_file, metavar="FILE", help="also write an OpenVEX v0.2.0 document")
     ck.add_argument("--references", choices=classify.REFERENCES, default="published",
                     help="judge against the published base and head results (default), or the fresh ones in "

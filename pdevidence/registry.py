@@ -255,7 +255,7 @@ def check_side(side: str) -> str:
 
 
 class RegistryError(ValueError):
-    """A registry problem at a key path, e.g. ``experiments.admission.releases.bsae``."""
+    """A registry problem at a key path, e.g. ``experiments.<name>.releases.bsae``."""
 
 
 def load(root: Path, filename: str = REGISTRY_FILE) -> Registry:

@@ -178,7 +178,7 @@ def test_each_target_input_line_is_one_option_and_the_cli_parses_them(tmp_path):
     assert run.argv == ["check", "--version", "0.5.19", "--version", "0.5.20",
                         "--wheel", "./a b.whl", "--path", "src/sglang", "--image", "sglang.tar",
                         "--python", "/opt/venv/bin/python",
-                        "--references", "published", "--openvex", vex]
+                        "--references", "published", "--openvex", vex, "--verbose"]
     args = docs_parser().parse_args(run.argv)  # the paths need not exist here
     assert args.version == ["0.5.19", "0.5.20"] and args.openvex == Path(vex)
     assert run.outputs == {"exit-code": "0", "openvex": vex}
@@ -191,7 +191,7 @@ def test_a_workflow_may_choose_the_openvex_file_references_and_runs(tmp_path):
     run = run_check_step(tmp_path, {"release": "0.5.20", "references": "fresh", "openvex": "out/vex.json"},
                          env={"PDEVIDENCE_RUNS": str(tmp_path / "my-runs")})
     assert run.code == 0, run.log
-    assert run.argv[-4:] == ["--references", "fresh", "--openvex", "out/vex.json"]
+    assert run.argv[-5:] == ["--references", "fresh", "--openvex", "out/vex.json", "--verbose"]
     assert (tmp_path / "workspace" / "out" / "vex.json").is_file()
     assert run.outputs["openvex"] == "out/vex.json"
     assert run.env["PDEVIDENCE_RUNS"] == str(tmp_path / "my-runs")

@@ -81,10 +81,24 @@ def test_what_kept_a_build_from_fixed_is_shown_key_by_key_beside_base_and_head(p
     assert odd.to_json()["explain"] == {"D1": {"enqueued": {"tree": True, "base": True, "head": False}}}
     partial = judged(project, {**AFTER, "D3": {"receiver_created": True}})
     assert partial.to_json()["explain"] == {"D3": {"receiver_created": {"tree": True, "base": True, "head": False}}}
-    lines = check.table(check.CheckResult(check.Target("release", "1.0.0", "1.0.0"), [odd, partial])).splitlines()
+    result = check.CheckResult(check.Target("release", "1.0.0", "1.0.0"), [odd, partial])
+    lines = check.table(result, verbose=True).splitlines()
     assert lines[1].split()[:2] == ["demo", "unknown"] and lines[1].endswith("matches neither side: D1")
     assert lines[2].split() == ["D1:", "enqueued", "true", "(base", "true,", "head", "false)"]
     assert lines[3].split()[:2] == ["demo", "partial"] and lines[4].split()[:2] == ["D3:", "receiver_created"]
+    # By default a scenario matching neither side keeps its reason; a pre-fix one is named on the line alone.
+    lines = check.table(result).splitlines()
+    assert lines[2].split() == ["D1:", "enqueued", "true", "(base", "true,", "head", "false)"]
+    assert lines[3].split()[:2] == ["demo", "partial"] and lines[4].split()[0] == "ran"
+
+
+def test_the_default_table_gives_one_key_per_surprise_preferring_one_that_departs_from_both_sides(project):
+    odd = judged(project, {**AFTER, "D1": {"enqueued": True, "retired": 2}, "D2": {"enqueued": False}})
+    assert odd.status is Status.UNKNOWN and set(odd.explain) == {"D1", "D2"}
+    lines = check.table(check.CheckResult(check.Target("release", "1.0.0", "1.0.0"), [odd])).splitlines()
+    assert lines[1].endswith("matches neither side: D1; departs from both sides on the controls: D2")
+    assert lines[2].strip() == "D1: retired 2 (base false, head true); 1 more key"
+    assert lines[3].strip() == "D2: enqueued false (base true, head true)"
 
 
 THREE_DOORS = TWO_DOORS + """
@@ -115,15 +129,29 @@ def test_some_scenarios_fixed_and_others_pre_fix_is_partial_whatever_else_matche
 
 def test_an_affected_answer_names_the_scenarios_that_behave_as_base_and_keeps_every_key(project):
     found = judged(project, BEFORE)
-    lines = check.table(check.CheckResult(check.Target("release", "1.0.0", "1.0.0"), [found])).splitlines()
+    result = check.CheckResult(check.Target("release", "1.0.0", "1.0.0"), [found])
+    lines = check.table(result).splitlines()
     assert lines[1].split()[:2] == ["demo", "affected"] and lines[1].endswith("pre-fix: D1, D3")
-    # Each key beside base's and head's, on the terminal and in the --json document.
+    assert lines[2].split()[0] == "ran"
+    # Each key beside base's and head's, with --verbose and in the --json document.
+    lines = check.table(result, verbose=True).splitlines()
     assert [line.split()[0] for line in lines[2:4]] == ["D1:", "D3:"]
     assert "enqueued true (base true, head false); retired false (base false, head true)" in lines[2]
     doc = found.to_json()
     assert {sid: b for sid, b in doc["scenarios"].items() if b == "pre-fix"} == {"D1": "pre-fix", "D3": "pre-fix"}
     assert {sid: set(keys) for sid, keys in doc["explain"].items()} == {"D1": {"enqueued", "retired"},
                                                                       "D3": {"receiver_created"}}
+
+
+def test_the_command_prints_every_key_with_verbose_and_in_json_whatever_the_flag(project, capsys, monkeypatch):
+    found = check.CheckResult(check.Target("release", "1.0.0", "1.0.0"), [judged(project, BEFORE)])
+    monkeypatch.setattr(check, "resolve", lambda reg, **kw: (found.target, None))
+    monkeypatch.setattr(check, "run_all", lambda reg, targets, **kw: [found])
+    for flags, every_key in (([], False), (["-v"], True), (["--verbose"], True)):
+        assert cli.main(["--root", str(ROOT), "check", "--version", "1.0.0", *flags]) == errors.BEHAVIOUR_DIFFERS
+        assert ("D1: enqueued true" in capsys.readouterr().out) is every_key
+    assert cli.main(["--root", str(ROOT), "check", "--version", "1.0.0", "--json"]) == errors.BEHAVIOUR_DIFFERS
+    assert set(json.loads(capsys.readouterr().out)["experiments"][0]["explain"]) == {"D1", "D3"}
 
 
 def test_an_error_is_named_whatever_the_status(project):
@@ -163,8 +191,8 @@ def test_the_table_says_each_status_and_its_scenarios(project):
     lines = check.table(result).splitlines()
     assert lines[0] == "sglang check: release 1.0.0"
     assert lines[1].split()[:2] == ["demo", "partial"] and "pre-fix: D3; fixed: D1" in lines[1]
-    assert lines[2].split()[0] == "D3:"  # what kept it from fixed, below it
-    assert "cannot run" in lines[3] and "No module named 'sglang'" in lines[3]
+    assert "cannot run" in lines[2] and "No module named 'sglang'" in lines[2]
+    assert check.table(result, verbose=True).splitlines()[2].split()[0] == "D3:"  # what kept it from fixed
 
 
 def _vex_result(project, status_observed):

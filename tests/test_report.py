@@ -227,26 +227,18 @@ def test_the_timeline_shows_every_swept_release_in_a_run_labelled_with_its_range
             assert all(any(label.startswith(col.label) for label in labels) for col in columns)
 
 
-def docstrings(tree: ast.Module) -> set[int]:
-    nodes = [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)))]
-    return {id(n.body[0].value) for n in nodes
-            if n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
-
-
 def test_no_module_names_an_experiment_of_the_registry():
-    """The harness reads experiments from experiments.toml: no module's code or comment may know one by name.
-    Docstrings may give one as an example: rewording registry.py's would stale every published table (its
-    digest is in their provenance). SGLang's own module paths (sglang/srt/disaggregation/prefill.py) are SGLang's
-    words, not the registry's."""
+    """The harness reads experiments from experiments.toml: no module's code, comment or docstring may know one
+    by name. SGLang's own module paths (sglang/srt/disaggregation/prefill.py) are SGLang's words, not the
+    registry's."""
     package = Path(__file__).resolve().parents[1] / "pdevidence"
     names = tomllib.loads((package.parent / "experiments.toml").read_text())["experiments"]
     assert names
     found = []
     for module in package.rglob("*.py"):
         source = module.read_text()
-        skip = docstrings(tree := ast.parse(source))
-        strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-                   and id(n) not in skip]
+        strings = [n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant)
+                   and isinstance(n.value, str)]
         words = [t.string for t in tokenize.generate_tokens(io.StringIO(source).readline)
                  if t.type in (tokenize.NAME, tokenize.COMMENT)]
         text = re.sub(r"sglang[\w/.]*", "", " ".join(strings + words))

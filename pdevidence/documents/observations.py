@@ -42,6 +42,12 @@ class Values:
             raise ValueError(f"expected an object with some of {', '.join(SIDES)}, got {doc!r}")
         return cls(*(doc.get(side, NOT_OBSERVED) for side in SIDES))
 
+    def neither(self) -> bool:
+        """The tree observes what neither side does, compared as the judge compares (a key not observed is null)."""
+        tree, base, head = (json.dumps(None if v is NOT_OBSERVED else v, sort_keys=True)
+                            for v in (self.tree, self.base, self.head))
+        return tree not in (base, head)
+
     def text(self) -> str:
         """``true (base false, head false)``: the tree's value first, the sides it is judged against after."""
         return f"{shown(self.tree)} (base {shown(self.base)}, head {shown(self.head)})"
@@ -70,3 +76,15 @@ def explained_text(found: Explained) -> list[str]:
     """One line per scenario: ``A3p: retired true (base false, head false); enqueued ...``."""
     return [f"{sid}: " + "; ".join(f"{key} {values.text()}" for key, values in keys.items())
             for sid, keys in found.items()]
+
+
+def explained_brief(found: Explained) -> list[str]:
+    """One line per scenario, one key: ``A3p: retired true (base false, head false); 2 more keys``. The key
+    shown is one the tree departs from both sides on where there is one: why the scenario matches neither."""
+    lines = []
+    for sid, keys in found.items():
+        key = next((k for k, values in keys.items() if values.neither()), next(iter(keys)))
+        others = len(keys) - 1
+        more = f"; {others} more key{'s' if others > 1 else ''}" if others else ""
+        lines.append(f"{sid}: {key} {keys[key].text()}{more}")
+    return lines

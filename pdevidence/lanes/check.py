@@ -10,8 +10,10 @@ results apart and on the controls (scenarios they agree on): fixed, affected
 (pre-fix), partial (some scenarios fixed, others pre-fix), deviates (fixed where
 the scenarios tell, but a control departs from both sides: an over-broad fix, not
 the fixed code), unknown (matches neither, or raised), or cannot run (the probe
-could not import or set up). Every answer but fixed shows, per scenario that kept
-the build from fixed, its keys with the build's value beside base's and head's.
+could not import or set up). The table names, per answer, the scenarios that put
+it there; a scenario matching neither side or a departing control gets one key
+beside base's and head's, and ``verbose`` (as ``--json``) every key of every
+scenario that kept the build from fixed.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from ..cells import allprobes, warm
 from ..core import children, sandbox
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, usage, worst
 from ..core.paths import results_dir, runs_dir, tree_lock_file, work_dir
-from ..documents.observations import Explained, explained_json, explained_text
+from ..documents.observations import Explained, explained_brief, explained_json, explained_text
 from ..documents.vocabulary import Behaviour, Classification
 from ..documents.vocabulary import CheckStatus as Status
 from ..judge import classify
@@ -315,10 +317,10 @@ LABEL = {Behaviour.PRE_FIX: "pre-fix", Behaviour.FIXED: "fixed", Behaviour.NEITH
          Behaviour.DEVIATES: "departs from both sides on the controls"}
 
 
-def table(result: CheckResult) -> str:
-    """One line per experiment: status, the scenarios that decided it, and whatever raised whatever the status;
-    below it, each scenario that kept the build from fixed, its keys with the build's value beside base's and
-    head's."""
+def table(result: CheckResult, *, verbose: bool = False) -> str:
+    """One line per experiment: status, the scenarios that decided it, and whatever raised whatever the status.
+    Below it, each scenario matching neither side and each departing control with one key beside base's and
+    head's; ``verbose``: every scenario that kept the build from fixed, with all its keys."""
     lines = [f"sglang check: {describe(result)}"]
     if result.target.kind in SOURCE_KINDS and result.target.era_choice:
         lines.append(f"  era: {result.target.era_choice.describe()}")
@@ -332,7 +334,12 @@ def table(result: CheckResult) -> str:
             parts = [f"{LABEL[b]}: {', '.join(by[b])}" for b in dict.fromkeys([*SHOWN[e.status], Behaviour.DEVIATES])
                      if by[b]] + ([f"raised: {e.error}"] if e.error else [])
         lines.append(f"  {e.experiment:<10} {e.status.value:<12} PR #{e.pr}  {'; '.join(parts)}")
-        lines += [f"  {'':<10} {line}" for line in explained_text(e.explain)]
+        if verbose:
+            detail = explained_text(e.explain)
+        else:  # a pre-fix scenario's name says it all (it behaves as base); the others are surprises to read
+            detail = explained_brief({sid: keys for sid, keys in e.explain.items()
+                                      if e.scenarios.get(sid) is not Behaviour.PRE_FIX})
+        lines += [f"  {'':<10} {line}" for line in detail]
         lines += [f"  {'':<10} judged without {rule}" for rule in e.not_deciding]
     lines.append(f"  ran {sandbox.describe(result.containment)}")  # how the tree's code ran on this machine
     return "\n".join(lines)
