@@ -10,6 +10,7 @@ same judge as ``check``, in one call (one warm engine per era): the release as p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from .. import environments
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, usage
@@ -18,7 +19,8 @@ from ..core.paths import results_dir, runs_dir, tree_lock_file, work_dir
 from ..documents import provenance
 from ..documents.corpus_table import CorpusAnswer, CorpusTable
 from ..documents.provenance import Provenance
-from ..documents.vocabulary import CheckStatus
+from ..documents import tables
+from ..documents.vocabulary import CheckStatus, Classification
 from ..judge import classify
 from ..registry import Registry
 from ..sources import backports, era_choice, trees
@@ -30,9 +32,32 @@ EXPECTED = {Variant.PRISTINE: CheckStatus.AFFECTED, Variant.BACKPORT: CheckStatu
             Variant.PARTIAL: CheckStatus.PARTIAL}
 
 
-def expected(backport: Backport, experiment: str, variant: Variant) -> CheckStatus:
-    """A fix the release already carries reads fixed on all three trees; a ported one as its variant says."""
-    return EXPECTED[variant] if experiment in backport.ports else CheckStatus.FIXED
+# What check answers on a release the sweep classified so.
+AS_CLASSIFIED = {Classification.PRE_FIX: CheckStatus.AFFECTED, Classification.FIXED: CheckStatus.FIXED,
+                 Classification.PARTIAL: CheckStatus.PARTIAL, Classification.NOT_AFFECTED: CheckStatus.NOT_AFFECTED,
+                 Classification.DEVIATES: CheckStatus.DEVIATES}
+
+
+def expected(backport: Backport, experiment: str, variant: Variant,
+             unported: dict[str, dict[str, CheckStatus]]) -> CheckStatus:
+    """A ported fix reads as its variant says; a fix the file does not port reads on all three trees what the
+    release reads in the sweep (``unported``: per experiment, per release): porting one fix must not move
+    another's answer."""
+    return EXPECTED[variant] if experiment in backport.ports else unported[experiment][backport.release]
+
+
+def as_released(directory: Path, experiment: str, releases: list[str]) -> dict[str, CheckStatus]:
+    """Per release, what check answers on it as released, from the sweep table in ``directory``."""
+    path = directory / f"sweep-{experiment}.json"
+    if not path.is_file():
+        raise usage(f"the corpus needs {path} to know what {experiment} reads on the releases no backport ports it "
+                    "into", todo="run the sweep first (`nox -s sweep`, with `-- --references fresh` when republishing)")
+    found = {o.version: AS_CLASSIFIED.get(o.classification, CheckStatus.UNKNOWN)
+             for o in tables.SweepTable.load(path).releases}
+    missing = [r for r in releases if r not in found]
+    if missing:
+        raise usage(f"{path} classifies no {', '.join(missing)}", todo="sweep those releases, then run the corpus")
+    return {r: found[r] for r in releases}
 
 
 @dataclass(frozen=True)
@@ -82,12 +107,14 @@ def run(reg: Registry, releases: list[str] | None = None, *, fresh_references: b
     directory = runs_dir(reg.root) if fresh_references else results_dir(reg.root)
     digests = {name: sha for exp in reg.experiments.values()
                for name, sha in classify.references(reg, exp, directory, fresh=fresh_references).digests.items()}
+    unported = {name: as_released(directory, name, [b.release for b in declared if name not in b.ports])
+                for name in names if any(name not in b.ports for b in declared)}
     found = check.run_all(reg, targets, fresh_references=fresh_references, log=log)
     answers, results = [], {}
     for (backport, variant, era), result in zip(asked, found):
         results[(backport.release, variant)] = result
         answers += [CorpusAnswer(backport.release, era, variant, e.experiment, e.pr, e.status,
-                                 expected(backport, e.experiment, variant), e.deciding, e.result_sha256)
+                                 expected(backport, e.experiment, variant, unported), e.deciding, e.result_sha256)
                     for e in result.experiments]
     table = CorpusTable(answers, made, digests, [relative(b.path, reg.root) for b in declared])
     return Corpus(table, results)
