@@ -369,14 +369,21 @@ def closure(registry: Registry, era: Era | None = None, *, torch: TorchChoice | 
 
 def cell_environment(registry: Registry, tree: Tree, slug: str,
                      constraints: Path | None = None, log=None) -> CellEnvironment:
-    """The cell's uv environment under ``.cells/envs/<slug>``, built or reused: the tree's era's
-    closure (today's unless the registry declares an era for its version), or ``constraints``."""
+    """The cell's uv environment, built or reused: the tree's era's closure (today's unless the registry
+    declares an era for its version), or ``constraints`` (under ``.cells/envs/<slug>``).
+
+    With its era's closure, the cell starts as a linked copy of the shared closure environment, and a
+    pinned tree's (a release's, a commit's: all it holds is named by its content) lives in the user's cache
+    beside it, for every cell, lane and checkout that installs that tree in that closure."""
     torch = torch_choice(registry)
     era = era_of(registry, tree)
-    # The era's closure is the shared closure environment's: the cell starts as a linked copy of it.
+    installs = closure(registry, era, torch=torch, override=constraints)
     seed = closure_environment(registry, era, log=log) if constraints is None else None
-    env = ensure(work_dir(registry.root) / "envs" / slug, registry.python,
-                 closure(registry, era, torch=torch, override=constraints), tree, torch, log=log, seed=seed)
+    if seed is not None and tree.kind != "path":
+        where = seed.path.parent / f"tree.{tree.label()}.{(tree.digest or '')[:12]}.{seed.path.name}"
+    else:  # a work tree, reinstalled on every run, or the drift lane's pins: this checkout's own
+        where = work_dir(registry.root) / "envs" / slug
+    env = ensure(where, registry.python, installs, tree, torch, log=log, seed=seed)
     if era is not None and constraints is None:  # the era's own closure: its stand-ins with it
         env.probe_env = stand_in_env(era)
     return env

@@ -341,16 +341,23 @@ def test_each_step_of_a_cold_cell_is_one_line_naming_the_cell(demo_project):
     assert any("running probe_demo.py" in s for s in steps)
 
 
+def cell_marker(project: Path) -> Path:
+    """A release cell's environment is in the user's cache, named by its tree and closure environment."""
+    reg = registry.load(project)
+    tree = cells.resolve_tree(reg, cells.Cell("demo", "base", "release"))
+    return environments.cell_environment(reg, tree, "demo.base.release-1.0.0").path / environments.ENV_INFO
+
+
 def test_every_document_and_marker_a_cell_writes_is_0644(demo_project):
     outcome = run_cell(demo_project)
-    marker = demo_project / ".cells" / "envs" / "demo.base.release-1.0.0" / environments.ENV_INFO
+    marker = cell_marker(demo_project)
     for path in (outcome.result, outcome.receipt, marker):
         assert path.stat().st_mode & 0o777 == 0o644, path
 
 
 def test_a_truncated_environment_marker_means_rebuild(demo_project):
     run_cell(demo_project)
-    marker = demo_project / ".cells" / "envs" / "demo.base.release-1.0.0" / environments.ENV_INFO
+    marker = cell_marker(demo_project)
     marker.write_text('{"key": "')
     said = []
 

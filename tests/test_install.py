@@ -171,6 +171,6 @@ def test_the_installed_wheel_checks_a_release_from_an_empty_directory(installed)
     state = installed["home"] / "xdg-state" / "pdevidence" / "runs" / "check"
     written = {p.name for p in state.rglob("*.json")}
     assert {"admission.json", "prefill.json"} <= written
-    assert (installed["home"] / "xdg-cache" / "pdevidence" / "work" / "envs").is_dir()
+    assert (installed["home"] / "xdg-cache" / "pdevidence" / "envs").is_dir()
     assert list(installed["cwd"].iterdir()) == []
     assert tree_hash(installed["site"]) == before
