@@ -25,7 +25,7 @@ from synthetic import REGISTRY, make_project, result_doc, serve_index, wheel_byt
 from test_engine import DOOR_PROBE
 
 from pdevidence import cli, environments
-from pdevidence.core import errors, sandbox
+from pdevidence.core import children, errors, sandbox
 from pdevidence.core.paths import PROJECT
 from pdevidence.documents import integrity
 from pdevidence.registry import TorchChannel
@@ -410,6 +410,27 @@ def test_a_contained_process_sees_no_home_no_tmp_of_the_machine_and_has_no_capab
     assert (seen["home"], seen["tmp"], seen["beside"], seen["caps"], seen["run"]) == (
         [], False, ["home", "out"], "0000000000000000", False), done.stderr
     assert seen["pid"] < 10  # its own PID namespace
+
+
+def test_a_killed_sandbox_leaves_no_zombie_behind(tool, tmp_path, gone):
+    """Killing a contained child's group orphans the sandbox's init (bubblewrap's child, unshare's): the
+    harness is their subreaper and collects it, and everything below it, before ``wait`` returns."""
+    from test_signals import descendants
+
+    children.become_subreaper()
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', "
+            "sys.argv[1]]); print('ready', flush=True); time.sleep(60)")
+    with sandbox.launch([sys.executable, "-c", code, TOKEN], sandbox.View(write=(tmp_path / "out",)),
+                        dict(os.environ), trusted=False, what="a test") as launch:
+        proc = children.popen(launch.argv, env=launch.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+        if proc.stdout.readline() != "ready\n":
+            pytest.fail(f"the contained child did not start: {children.wait(proc)[1]}")
+        inside = descendants(proc.pid)
+        with pytest.raises(subprocess.TimeoutExpired):
+            children.wait(proc, timeout=0.1)
+    assert len(inside) >= 2  # the sandbox's init (the contained interpreter, or what runs it) and its child
+    assert [pid for pid in [proc.pid, *inside] if not gone(pid)] == []  # not even a zombie
 
 
 def test_releases_from_the_index_share_an_engine_and_a_tree_the_operator_brings_gets_its_own(tmp_path):
