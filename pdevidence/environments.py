@@ -225,7 +225,7 @@ class CellEnvironment:
     torch: TorchChoice
     commands: list[list[str]] = field(default_factory=list)
     reused: bool = False
-    probe_env: dict[str, str] = field(default_factory=dict)  # what a probe run here needs (an era's stand-ins)
+    probe_env: dict[str, str] = field(default_factory=dict)  # what a probe run here needs: a path tree, stand-ins
 
     @property
     def interpreter(self) -> Path:
@@ -246,11 +246,12 @@ class CellEnvironment:
 
 
 def environment_key(interpreter: Interpreter, closure: Path, channel: TorchChannel, tree: Tree | None) -> str:
-    # A path tree is reinstalled on every run, so its changing HEAD must not force a rebuild.
     if tree is None:  # a closure environment: the warm engine brings each tree itself
         identity = "no tree"
+    elif tree.kind == "path":  # never installed (``unbuilt``): its changing HEAD must not force a rebuild
+        identity = f"unbuilt {tree.install_target}"
     else:
-        identity = str(tree.install_target) if tree.kind == "path" else f"{tree.resolved}:{tree.digest}"
+        identity = f"{tree.resolved}:{tree.digest}"
     parts = [interpreter.identity(), sha256_file(closure), channel.value, tree.kind if tree else "", identity]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
@@ -270,8 +271,6 @@ def ensure(path: Path, python: str, closure: Path, tree: Tree | None, torch: Tor
     stored = files.read_marker(info, "key")  # missing or truncated: rebuild
     if stored is not None and stored["key"] == key:
         env.reused = True
-        if tree is not None and tree.kind == "path":  # the developer's work in progress: always reinstall it
-            _install_tree(uv, env, tree, say)
         return env
     shutil.rmtree(path, ignore_errors=True)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -282,19 +281,25 @@ def ensure(path: Path, python: str, closure: Path, tree: Tree | None, torch: Tor
     say(f"installing the pinned closure {closure.name} (uv pip sync; about 6 GB on a cold uv cache) ...")
     run([uv, "pip", "sync", "--require-hashes", *channel, "--python", str(env.interpreter), str(closure)],
         env.commands, what="installing the pinned closure", progress=True)
-    if tree is not None:
+    if tree is not None and tree.kind != "path":
         _install_tree(uv, env, tree, say)
     files.write_marker(info, {"key": key})
     return env
 
 
 def _install_tree(uv: str, env: CellEnvironment, tree: Tree, say: Callable[[str], None]) -> None:
-    reinstall = ["--reinstall-package", "sglang"] if tree.kind == "path" else []
     say(f"installing the SGLang tree {tree.label()} --no-deps (uv pip install) ...")
     # SGLang's setup.py otherwise looks for a Rust workspace that a CPU cell does not need.
-    run([uv, "pip", "install", "--quiet", "--no-deps", *reinstall, "--python", str(env.interpreter),
+    run([uv, "pip", "install", "--quiet", "--no-deps", "--python", str(env.interpreter),
          str(tree.install_target)], env.commands, env={"SGLANG_BUILD_RUST_EXTS": "none"},
         what=f"installing the SGLang tree {tree.label()}", progress=True)
+
+
+def unbuilt(tree: Tree | None) -> dict[str, str]:
+    """What puts a path tree on a process's path as it is (its ``python/``, as ``check --path`` does). A work
+    tree is never built: its build backend is the tree's own code, and a build cannot be contained (the
+    sandbox has no network, and a build's isolated environment comes from the package index)."""
+    return {"PYTHONPATH": str(tree.install_target)} if tree is not None and tree.kind == "path" else {}
 
 
 # --- the environment for a tree, as the registry declares it -----------------------------------
@@ -324,8 +329,9 @@ def cell_environment(registry: Registry, tree: Tree, slug: str,
     era = era_of(registry, tree)
     env = ensure(work_dir(registry.root) / "envs" / slug, registry.python,
                  closure(registry, era, torch=torch, override=constraints), tree, torch, log=log)
+    env.probe_env = unbuilt(tree)
     if era is not None and constraints is None:  # the era's own closure: its stand-ins with it
-        env.probe_env = stand_in_env(era)
+        env.probe_env.update(stand_in_env(era))
     return env
 
 
