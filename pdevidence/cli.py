@@ -525,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         with sandbox.uncontained_allowed(getattr(args, "allow_uncontained", False)):
             return args.func(args)
 
+    children.become_subreaper()  # what a killed child leaves behind is reparented here and reaped
     try:
         with children.stop_on_signals():
             return boundary(command, where=f"`pdevidence {args.command}`")

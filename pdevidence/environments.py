@@ -236,7 +236,7 @@ class CellEnvironment:
     torch: TorchChoice
     commands: list[list[str]] = field(default_factory=list)
     reused: bool = False
-    probe_env: dict[str, str] = field(default_factory=dict)  # what a probe run here needs (an era's stand-ins)
+    probe_env: dict[str, str] = field(default_factory=dict)  # what a probe run here needs: a path tree, stand-ins
 
     @property
     def interpreter(self) -> Path:
@@ -257,11 +257,12 @@ class CellEnvironment:
 
 
 def environment_key(interpreter: Interpreter, closure: Path, channel: TorchChannel, tree: Tree | None) -> str:
-    # A path tree is reinstalled on every run, so its changing HEAD must not force a rebuild.
     if tree is None:  # a closure environment: the warm engine brings each tree itself
         identity = "no tree"
+    elif tree.kind == "path":  # never installed (``unbuilt``): its changing HEAD must not force a rebuild
+        identity = f"unbuilt {tree.install_target}"
     else:
-        identity = str(tree.install_target) if tree.kind == "path" else f"{tree.resolved}:{tree.digest}"
+        identity = f"{tree.resolved}:{tree.digest}"
     parts = [interpreter.identity(), sha256_file(closure), channel.value, tree.kind if tree else "", identity, BYTECODE]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
@@ -288,8 +289,6 @@ def ensure(path: Path, python: str, closure: Path, tree: Tree | None, torch: Tor
                 _build(env, interpreter, closure, tree, key, uv, say, seed)
                 return env
     env.reused = True
-    if tree is not None and tree.kind == "path":  # the developer's work in progress: always reinstall it
-        _install_tree(uv, env, tree, say)
     return env
 
 
@@ -307,7 +306,7 @@ def _build(env: CellEnvironment, interpreter: Interpreter, closure: Path, tree: 
         env.commands.append(["cp", "--archive", "--link", str(seed.path), str(path)])  # what it amounts to
     else:
         _sync(env, interpreter, closure, uv, say)
-    if tree is not None:
+    if tree is not None and tree.kind != "path":
         _install_tree(uv, env, tree, say)
     seconds = round(time.monotonic() - started, 1)
     files.write_marker(path / ENV_INFO, {"key": key, "build_seconds": seconds})
@@ -340,12 +339,18 @@ def _sync(env: CellEnvironment, interpreter: Interpreter, closure: Path, uv: str
 
 
 def _install_tree(uv: str, env: CellEnvironment, tree: Tree, say: Callable[[str], None]) -> None:
-    reinstall = ["--reinstall-package", "sglang"] if tree.kind == "path" else []
     say(f"installing the SGLang tree {tree.label()} --no-deps (uv pip install) ...")
     # SGLang's setup.py otherwise looks for a Rust workspace that a CPU cell does not need.
-    run([uv, "pip", "install", "--quiet", "--no-deps", "--compile-bytecode", *reinstall, "--python", str(env.interpreter),
+    run([uv, "pip", "install", "--quiet", "--no-deps", "--compile-bytecode", "--python", str(env.interpreter),
          str(tree.install_target)], env.commands, env={"SGLANG_BUILD_RUST_EXTS": "none"},
         what=f"installing the SGLang tree {tree.label()}", progress=True)
+
+
+def unbuilt(tree: Tree | None) -> dict[str, str]:
+    """What puts a path tree on a process's path as it is (its ``python/``, as ``check --path`` does). A work
+    tree is never built: its build backend is the tree's own code, and a build cannot be contained (the
+    sandbox has no network, and a build's isolated environment comes from the package index)."""
+    return {"PYTHONPATH": str(tree.install_target)} if tree is not None and tree.kind == "path" else {}
 
 
 # --- the environment for a tree, as the registry declares it -----------------------------------
@@ -384,8 +389,9 @@ def cell_environment(registry: Registry, tree: Tree, slug: str,
     else:  # a work tree, reinstalled on every run, or the drift lane's pins: this checkout's own
         where = work_dir(registry.root) / "envs" / slug
     env = ensure(where, registry.python, installs, tree, torch, log=log, seed=seed)
+    env.probe_env = unbuilt(tree)
     if era is not None and constraints is None:  # the era's own closure: its stand-ins with it
-        env.probe_env = stand_in_env(era)
+        env.probe_env.update(stand_in_env(era))
     return env
 
 

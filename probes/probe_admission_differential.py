@@ -19,8 +19,8 @@ control would hold), not re-implemented.
 The retirement's keys count what the fix decides the way any tree can do it,
 so a backport into an older release reads `fixed`: `abort_streamed` counts
 streams through the output streamer or, up to 0.5.12, the scheduler's own
-`stream_output`; `released` counts `tree_cache.finish` or, up to 0.5.19,
-`tree_cache.release_aborted_request(rid)` (the doors run with HiCache storage
+`stream_output`; `released` counts `tree_cache.finish` of the request's handle or, up to
+0.5.19, `tree_cache.release_aborted_request(rid)` (the doors run with HiCache storage
 on, the only case in which those trees release anything). A call of an older
 name is named in `adaptations` (`scheduler-stream-output`,
 `release-aborted-request-by-rid`); today's trees never make one. Where a tree
@@ -374,9 +374,11 @@ def abort_streamed(sched, req) -> int:
 
 
 def released(sched, req) -> int:
-    """Releases of ``req``'s cache-side state: `tree_cache.finish` (0.5.20 on), or by its rid."""
-    by_rid = sum(1 for args, _ in sched.tree_cache.release_aborted_request.calls if args and args[0] == req.rid)
-    return sched.tree_cache.finish.count + by_rid
+    """Releases of ``req``'s cache-side state: `tree_cache.finish(handle, outcome)` (0.5.20 on), or
+    `release_aborted_request(rid)`. Either names the request (a handle carries its rid), so another request's
+    release in the same scheduler is not counted as this one's."""
+    calls = sched.tree_cache.finish.calls + sched.tree_cache.release_aborted_request.calls
+    return sum(1 for args, _ in calls if args and getattr(args[0], "rid", args[0]) == req.rid)
 
 
 def finished_status(req):

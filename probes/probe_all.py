@@ -4,7 +4,8 @@ Loads each probe module by path (default: every ``probe_*_differential.py``
 beside this file), runs its ``prepare()`` and its scenario set, and writes the
 same result document the probe writes alone to ``DIR/<experiment>.json``. An
 experiment whose ``prepare()`` fails gets ``DIR/<experiment>.cannot-run.json``
-with the error instead; the others still run.
+with the error instead; the others still run. SGLang is imported once, before any probe: when that
+import fails, every experiment's cannot-run record carries its error.
 
     python probes/probe_all.py --out-dir /tmp/out --tree-kind release --tree-ref 0.5.21
 
@@ -39,12 +40,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def run_one(path: Path, args: argparse.Namespace) -> bool:
+def import_sglang() -> Exception | None:
+    """Why the tree's ``sglang`` does not import, or None (it imports, or there is none: each ``prepare()`` says
+    so). Tried once per process: a failed import leaves the submodules it had imported behind (Python drops only
+    the package that raised), so a second attempt meets that half-imported state and fails with another error
+    (``KeyError: 'sglang'``), not the tree's own."""
+    try:
+        import sglang  # noqa: F401
+    except ModuleNotFoundError as exc:
+        return None if exc.name == "sglang" else exc
+    except Exception as exc:  # the tree's import error is the answer of every probe
+        return exc
+    return None
+
+
+def run_one(path: Path, args: argparse.Namespace, import_error: Exception | None) -> bool:
     """Write one experiment's result, or its cannot-run record; True when it ran."""
     experiment = path.stem.removeprefix("probe_").removesuffix("_differential")
     try:
         scenario_set, prepare = load_probe(path)
         experiment = scenario_set.experiment
+        if import_error is not None:
+            raise import_error
         version, absent = prepare_tree(prepare)
     except Exception as exc:  # this experiment cannot run; the next one still may
         error = describe_error(exc)
@@ -67,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     quiet_environment()
     block_network()
     _standins.install()  # before any probe imports SGLang
-    ran = [run_one(path.resolve(), args) for path in probes]
+    import_error = import_sglang()
+    ran = [run_one(path.resolve(), args, import_error) for path in probes]
     return EXIT_OK if any(ran) else EXIT_CANNOT_RUN
 
 

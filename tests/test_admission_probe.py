@@ -41,13 +41,18 @@ def retire_as_0_5_12(self, req):
 
 
 def retire_as_today(self, req):
-    self.tree_cache.finish(None, "abort")
+    self.tree_cache.finish(req.cache_request_handle, "abort")
     self.output_streamer.stream_output([req], req.return_logprob)
+
+
+def request(rid: str, **fields) -> SimpleNamespace:
+    """A request as 0.5.20 on carries it: its cache-side handle names its rid (``CacheRequestHandle``)."""
+    return SimpleNamespace(rid=rid, cache_request_handle=SimpleNamespace(rid=rid, attempt_id=0), **fields)
 
 
 def observed_after(probe, retire, **scheduler):
     sched = probe.make_scheduler(**scheduler)
-    req = SimpleNamespace(rid="probe-req", return_logprob=False, finished_reason=None)
+    req = request("probe-req", return_logprob=False, finished_reason=None)
     retire(sched, req)
     return {"released": probe.released(sched, req), "abort_streamed": probe.abort_streamed(sched, req)}
 
@@ -64,9 +69,19 @@ def test_todays_release_and_stream_name_nothing(probe):
 
 def test_a_release_by_rid_counts_only_for_the_request_retired(probe):
     sched = probe.make_scheduler()
-    req = SimpleNamespace(rid="probe-req")
+    req = request("probe-req")
     sched.tree_cache.release_aborted_request("another-req")
     assert probe.released(sched, req) == 0
+
+
+def test_a_finish_counts_only_for_the_request_retired(probe):
+    """Two requests in one scheduler: the other one's finish is not a release of ours."""
+    sched = probe.make_scheduler()
+    ours, other = request("probe-req"), request("another-req")
+    sched.tree_cache.finish(other.cache_request_handle, "abort")
+    assert probe.released(sched, ours) == 0
+    sched.tree_cache.finish(ours.cache_request_handle, "abort")
+    assert probe.released(sched, ours) == 1 and probe.released(sched, other) == 1
 
 
 def test_null_mode_runs_without_hicache_storage_so_an_older_tree_releases_nothing_there(probe):

@@ -336,6 +336,43 @@ def test_the_driver_runs_each_probe_and_records_the_one_that_cannot_set_up(tmp_p
     assert not (out / "beta.json").exists()
 
 
+# A package whose import fails after a submodule of it imported: Python drops only the package, the submodule
+# stays, so a second attempt meets the state the first left (its claim already taken) and fails otherwise.
+FAILING_SGLANG = {
+    "sglang/__init__.py": "from sglang import claims\nclaims.CLAIMS.pop('sglang')\n"
+                          "raise ImportError('libcuda.so.1: cannot open shared object file')\n",
+    "sglang/claims.py": "CLAIMS = {'sglang': object()}\n",
+}
+IMPORTS_SGLANG = """
+from _probekit import ScenarioSet
+SET = ScenarioSet("{name}")
+
+def prepare():
+    import sglang
+    return sglang.__version__
+
+@SET.scenario("X1", "a scenario")
+def x1(observed):
+    observed["seen"] = True
+"""
+
+
+def test_every_probe_of_the_driver_reports_sglangs_failed_import_as_itself(tmp_path, monkeypatch):
+    for rel, text in FAILING_SGLANG.items():
+        (tmp_path / "tree" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tree" / rel).write_text(text)
+    probes = []
+    for name in ("alpha", "beta", "gamma"):
+        probes.append(tmp_path / f"probe_{name}_differential.py")
+        probes[-1].write_text(IMPORTS_SGLANG.format(name=name))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "tree"))
+    proc, out = run_driver(tmp_path, *probes)
+    assert proc.returncode == 3, proc.stderr
+    for name in ("alpha", "beta", "gamma"):
+        error = json.loads((out / f"{name}.cannot-run.json").read_text())["error"]
+        assert error == {"type": "ImportError", "message": "libcuda.so.1: cannot open shared object file"}, name
+
+
 def test_the_driver_exits_3_when_no_experiment_can_run(tmp_path):
     (tmp_path / "probe_beta_differential.py").write_text(STANDIN_BROKEN)
     proc, out = run_driver(tmp_path, tmp_path / "probe_beta_differential.py")

@@ -295,6 +295,26 @@ def test_an_unchanged_environment_is_reused_without_calling_uv(tmp_path, fake_uv
     assert len(fake_uv()) == before
 
 
+def test_a_path_tree_is_never_built_its_python_dir_goes_on_the_path(tmp_path, fake_uv):
+    """Its build backend is the tree's own code, and a build cannot run in the sandbox: nothing installs it."""
+    fork = tmp_path / "fork"
+    (fork / "python" / "sglang").mkdir(parents=True)
+    (fork / "python" / "sglang" / "__init__.py").write_text("__version__ = '1.0'\n")
+    (fork / "python" / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n')
+    constraints = tmp_path / "cells.txt"
+    constraints.write_text("")
+    tree, torch = trees.path_tree(fork), environments.choose_torch(TorchChannel.PYPI)
+
+    built = environments.ensure(tmp_path / "env", PY, constraints, tree, torch)
+    reused = environments.ensure(tmp_path / "env", PY, constraints, tree, torch)
+
+    assert reused.reused and [c["args"][:2] for c in fake_uv()] == [["venv", "--quiet"], ["pip", "sync"]]
+    assert built.commands and not any("install" in command for command in built.commands)
+    assert environments.unbuilt(tree) == {"PYTHONPATH": str(fork / "python")}
+    assert environments.unbuilt(fixture_tree(tmp_path)) == {}
+
+
 def test_the_cpu_channel_syncs_its_compiled_closure_with_hashes_required(tmp_path, fake_uv, monkeypatch):
     monkeypatch.setenv("PDEVIDENCE_TORCH", "cpu")
     cpu = tmp_path / "cells-cpu.txt"

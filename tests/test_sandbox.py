@@ -25,7 +25,7 @@ from synthetic import REGISTRY, make_project, result_doc, serve_index, wheel_byt
 from test_engine import DOOR_PROBE
 
 from pdevidence import cli, environments
-from pdevidence.core import errors, sandbox
+from pdevidence.core import children, errors, sandbox
 from pdevidence.core.paths import PROJECT
 from pdevidence.documents import integrity
 from pdevidence.registry import TorchChannel
@@ -410,6 +410,71 @@ def test_a_contained_process_sees_no_home_no_tmp_of_the_machine_and_has_no_capab
     assert (seen["home"], seen["tmp"], seen["beside"], seen["caps"], seen["run"]) == (
         [], False, ["home", "out"], "0000000000000000", False), done.stderr
     assert seen["pid"] < 10  # its own PID namespace
+
+
+def test_a_killed_sandbox_leaves_no_zombie_behind(tool, tmp_path, gone):
+    """Killing a contained child's group orphans the sandbox's init (bubblewrap's child, unshare's): the
+    harness is their subreaper and collects it, and everything below it, before ``wait`` returns."""
+    from test_signals import descendants
+
+    children.become_subreaper()
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', "
+            "sys.argv[1]]); print('ready', flush=True); time.sleep(60)")
+    with sandbox.launch([sys.executable, "-c", code, TOKEN], sandbox.View(write=(tmp_path / "out",)),
+                        dict(os.environ), trusted=False, what="a test") as launch:
+        proc = children.popen(launch.argv, env=launch.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+        if proc.stdout.readline() != "ready\n":
+            pytest.fail(f"the contained child did not start: {children.wait(proc)[1]}")
+        inside = descendants(proc.pid)
+        with pytest.raises(subprocess.TimeoutExpired):
+            children.wait(proc, timeout=0.1)
+    assert len(inside) >= 2  # the sandbox's init (the contained interpreter, or what runs it) and its child
+    assert [pid for pid in [proc.pid, *inside] if not gone(pid)] == []  # not even a zombie
+
+
+def test_a_file_others_may_not_read_is_not_in_the_sandbox_and_the_interpreter_still_runs(tool, tmp_path,
+                                                                                       monkeypatch):
+    """Run as root, the sandbox's root owns every root-only file it is shown: so none is shown, in a system
+    directory (here one of the test's) or in /etc."""
+    system = tmp_path / "system"
+    (system / "ssl" / "private").mkdir(parents=True)
+    (system / "ssl" / "certs").mkdir()
+    (system / "ld.so.cache").write_text("public")
+    (system / "ssl" / "certs" / "ca.pem").write_text("public")
+    (system / "ssl" / "private" / "key.pem").write_text("s3cr3t")
+    (system / "shadow").write_text("s3cr3t")
+    (system / "link").symlink_to("ld.so.cache")
+    for path, mode in ((system, 0o755), (system / "ld.so.cache", 0o644), (system / "shadow", 0o600),
+                       (system / "ssl" / "private", 0o700)):
+        path.chmod(mode)
+    monkeypatch.setattr(sandbox, "SYSTEM", (*sandbox.SYSTEM, str(system)))
+    code = ("import json, os, sys; top = sys.argv[1]; print(json.dumps({'seen': sorted("
+            "os.path.relpath(os.path.join(d, n), top) for d, ds, fs in os.walk(top) for n in ds + fs), "
+            "'read': open(os.path.join(top, 'link')).read(), 'shadow': os.path.exists('/etc/shadow'), "
+            "'passwd': os.path.exists('/etc/passwd')}))")
+    with sandbox.launch([sys.executable, "-c", code, str(system)], sandbox.View(), dict(os.environ), trusted=False,
+                        what="a test") as launch:
+        done = subprocess.run(launch.argv, env=launch.env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen == {"seen": ["ld.so.cache", "link", "ssl", "ssl/certs", "ssl/certs/ca.pem"], "read": "public",
+                    "shadow": False, "passwd": True}
+
+
+def test_bubblewrap_is_told_the_same_view_each_mask_made_read_only_once_its_entries_are_in(tmp_path, monkeypatch):
+    system = tmp_path / "etc"
+    system.mkdir()
+    (system / "passwd").write_text("public")
+    (system / "shadow").write_text("s3cr3t")
+    (system / "shadow").chmod(0o600)
+    monkeypatch.setattr(sandbox, "SYSTEM", (str(system),))
+    argv = sandbox._bwrap(SimpleNamespace(executable="bwrap"), sandbox._Resolved([], [], tmp_path))
+    assert str(system / "shadow") not in argv
+    mask = argv.index("--tmpfs", argv.index(str(system)) - 1)
+    bound = argv.index("--ro-bind", mask)
+    assert argv[mask + 1] == str(system) and argv[bound + 1:bound + 3] == [str(system / "passwd")] * 2
+    assert argv.index("--remount-ro", bound) == argv.index(str(system), bound) - 1
 
 
 def test_releases_from_the_index_share_an_engine_and_a_tree_the_operator_brings_gets_its_own(tmp_path):

@@ -89,3 +89,33 @@ def test_ctrl_c_during_a_download_stops_at_once(demo_project, http_server):
     assert "interrupted by SIGINT" in err and "Traceback" not in err
     runs = demo_project / "runs"
     assert not runs.exists() or list(runs.iterdir()) == []  # nothing written
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, read from /proc."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        try:
+            stat = open(f"/proc/{entry}/stat").read()
+        except (OSError, ValueError):
+            continue
+        if entry.isdigit():
+            parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    found, todo = [], [pid]
+    while todo:
+        above = todo.pop()
+        below = [p for p, parent in parents.items() if parent == above]
+        found += below
+        todo += below
+    return found
+
+
+def test_a_killed_childs_grandchild_is_reaped_not_left_a_zombie(gone):
+    """The child's group is killed on timeout; its grandchild's parent dies with it, so the grandchild is
+    reparented to the harness (a subreaper), which must collect it."""
+    children.become_subreaper()
+    proc = children.popen(["/bin/sh", "-c", "sleep 60 & echo $!; exec sleep 60"], stdout=subprocess.PIPE, text=True)
+    grandchild = int(proc.stdout.readline())
+    with pytest.raises(subprocess.TimeoutExpired):
+        children.wait(proc, timeout=0.2)
+    assert gone(proc.pid) and gone(grandchild)  # not a zombie either

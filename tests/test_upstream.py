@@ -345,18 +345,22 @@ def test_the_tests_come_from_the_head_commit_of_a_clone(tmp_path, monkeypatch):
 # --- the session end to end, through the CLI -----------------------------------------------------
 
 
-@pytest.fixture
-def fake_cell(project, tmp_path, monkeypatch):
-    """The side's tree and environment stand in: this interpreter, with pytest, as the cell's."""
-    env_dir = tmp_path / "env"
-    # A venv of this interpreter whose .pth names this environment's site-packages (pytest): what the
-    # sandbox shows the cell's interpreter is read from its pyvenv.cfg and .pth files, as in a real cell.
+def this_interpreter_as_an_environment(env_dir: Path) -> Path:
+    """A venv of this interpreter whose .pth names this environment's site-packages (pytest): what the
+    sandbox shows the cell's interpreter is read from its pyvenv.cfg and .pth files, as in a real cell."""
     (env_dir / "bin").mkdir(parents=True)
     (env_dir / "bin" / "python").symlink_to(sys.executable)
     (env_dir / "pyvenv.cfg").write_text(f"home = {Path(sys.executable).resolve().parent}\n")
     site = env_dir / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
     site.mkdir(parents=True)
     (site / "this-environment.pth").write_text("\n".join(sysconfig.get_paths()[k] for k in ("purelib", "platlib")))
+    return env_dir
+
+
+@pytest.fixture
+def fake_cell(project, tmp_path, monkeypatch):
+    """The side's tree and environment stand in: this interpreter, with pytest, as the cell's."""
+    env_dir = this_interpreter_as_an_environment(tmp_path / "env")
     tree = trees.Tree("release", "1.0.0", "1.0.0", tmp_path / "sglang-1.0.0.whl", "e" * 64, "pypi", "x.whl")
     seen = {}
 
@@ -400,6 +404,33 @@ def test_the_session_writes_a_deterministic_result_and_a_receipt(fake_cell, caps
     first = result.read_bytes()
     assert cli.main(argv) == 0
     assert result.read_bytes() == first  # same tree, same tests, same environment: same bytes
+
+
+UNBUILT_TEST = "test/unit/test_unbuilt.py"
+
+
+def test_a_path_trees_tests_import_its_python_dir_unbuilt(tmp_path, monkeypatch):
+    """`--kind path`: the tests import the work tree's python/ as it is, as ``check --path`` does (it is never
+    built: test_environments)."""
+    fork = tmp_path / "fork"
+    (fork / "python" / "sglang").mkdir(parents=True)
+    (fork / "python" / "sglang" / "__init__.py").write_text("__version__ = '1.1.0'\nFROM_THE_TREE = True\n")
+    tests = tmp_path / "tests"
+    (tests / "test" / "unit").mkdir(parents=True)
+    (tests / UNBUILT_TEST).write_text("import sglang\n\n\ndef test_the_tree_as_it_is():\n"
+                                      "    assert sglang.FROM_THE_TREE\n")
+    reg = registry.load(make_project(tmp_path / "project", REGISTRY.replace(
+        'probe = "probes/probe_demo.py"\n', f'probe = "probes/probe_demo.py"\nupstream_tests = ["{UNBUILT_TEST}"]\n', 1)))
+    env_dir = this_interpreter_as_an_environment(tmp_path / "env")
+    # The environment is the closure alone (uv is not run here); what the lane does with the tree is real.
+    monkeypatch.setattr(environments, "ensure", lambda path, python, closure, tree, torch, log=None:
+                        environments.CellEnvironment(env_dir, python, torch, reused=True))
+    monkeypatch.setattr(environments.CellEnvironment, "packages", lambda self: {"pytest": "9"})
+    argv = ["--root", str(reg.root), "upstream", "demo", "base", "--kind", "path", "--ref", str(fork),
+            "--tests", str(tests)]
+    assert cli.main(argv) == 0
+    doc = load(next((reg.root / "runs").glob("demo.base.path-*.upstream.json")), experiment="demo", side="base")
+    assert [(t.nodeid, t.outcome) for t in doc.tests] == [(f"{UNBUILT_TEST}::test_the_tree_as_it_is", Outcome.PASSED)]
 
 
 def test_a_failed_rerun_keeps_the_previous_pair_as_it_was(fake_cell, monkeypatch):

@@ -7,16 +7,26 @@ nothing. Without this, Ctrl-C waited for the probe and wrote its result, and
 SIGTERM left the probe orphaned. Waits that are not on a child (a lock, a
 download) either poll ``sleep`` or register a ``on_stop`` callback that ends
 them, since a worker thread never sees the signal itself.
+
+The harness is a child subreaper (``become_subreaper``): what a killed child leaves
+behind (a sandbox's init, orphaned when its bubblewrap parent dies) is reparented to
+the harness, not to PID 1, which on some machines never reaps it. Each time a child
+ends, ``wait`` reaps those orphans.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import signal
 import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -26,6 +36,8 @@ _cancels: dict[int, Callable[[], None]] = {}  # what else a stop signal ends (so
 _stopping: int | None = None  # the signal that stopped this run
 _stop = threading.Event()  # set with _stopping: wakes ``sleep`` in any thread
 _starting = False  # the main thread is between starting a child and registering it
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+ORPHAN_GRACE_SECONDS = 2.0  # how long an ended child's orphans get to die (a sandbox's init on its parent's death)
 
 
 class Interrupted(BaseException):
@@ -94,7 +106,8 @@ def popen(command: list[str], **kw) -> subprocess.Popen:
 
 
 def wait(proc: subprocess.Popen, *, timeout: float | None = None, input: bytes | str | None = None):
-    """``communicate`` with the child; on timeout or any exception its whole group is killed."""
+    """``communicate`` with the child; on timeout or any exception its whole group is killed; then what it
+    left behind and is dying is reaped (``reap_orphans``)."""
     try:
         out, err = proc.communicate(input, timeout=timeout)
     except BaseException:
@@ -104,8 +117,68 @@ def wait(proc: subprocess.Popen, *, timeout: float | None = None, input: bytes |
     finally:
         with _lock:
             _live.discard(proc.pid)
+        reap_orphans(proc.pid)
     check()  # killed by the handler: the interruption, not the child's exit status, is the outcome
     return out, err
+
+
+_subreaper = False
+
+
+def become_subreaper() -> None:
+    """Make this process the one that orphaned descendants are reparented to (Linux; elsewhere nothing)."""
+    global _subreaper
+    if _subreaper or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    # Refused (a seccomp filter, say): orphans go to PID 1 as before, and nothing here has any to reap.
+    _subreaper = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def _orphans() -> list[tuple[int, str, int, int]]:
+    """(pid, state, session, depth of its PID namespace) of every child of this process it did not start here:
+    not a live ``popen`` child and not in this process's session (what ``subprocess`` starts elsewhere, whose
+    exit status is its caller's to collect)."""
+    me, session = str(os.getpid()), os.getsid(0)
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in _live:
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            status = (entry / "status").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        # stat is "pid (comm) state ppid pgrp session ...", and comm may hold spaces or parentheses.
+        state, ppid, _pgrp, sid = stat[stat.rindex(")") + 2:].split()[:4]
+        if ppid != me or int(sid) == session:
+            continue
+        nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+        found.append((int(entry.name), state, int(sid), len(nspid)))
+    return found
+
+
+def reap_orphans(ended: int | None = None) -> None:
+    """Collect the exit status of orphans that have exited (zombies), so none is left behind. After the
+    child ``ended``, its own orphans still dying (in its session, or a sandbox's init in a PID namespace of
+    its own) are waited for a little; anything else still running is left alone."""
+    if not _subreaper:
+        return
+    depth = len(next((line.split()[1:] for line in Path("/proc/self/status").read_text().splitlines()
+                      if line.startswith("NSpid:")), []))
+    deadline = time.monotonic() + ORPHAN_GRACE_SECONDS
+    while True:
+        with _lock:  # a ``popen`` child is registered under the lock: never mistaken for an orphan
+            dying = False
+            for pid, state, sid, nsdepth in _orphans():
+                if state in ("Z", "X"):
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, os.WNOHANG)
+                elif ended is not None and (sid == ended or nsdepth > depth):
+                    dying = True
+        if not dying or time.monotonic() >= deadline:
+            return
+        time.sleep(0.02)
 
 
 def run(command: list[str], *, timeout: float | None = None, input=None, **kw) -> subprocess.CompletedProcess:

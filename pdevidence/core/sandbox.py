@@ -6,8 +6,8 @@ driver, the upstream tests) therefore starts inside a sandbox built here:
 
 - no network: its own network namespace, with nothing in it but a loopback of its own;
 - its own PID, IPC and UTS namespaces; no capabilities; it dies with the harness;
-- a file system of its own: the system directories (``/usr``, ``/etc``, ...) and what the
-  run needs (the interpreter, the tree, the probes) read-only, the run's output directories
+- a file system of its own: the system directories (``/usr``, ``/etc``, ...; nothing in them that others
+  may not read) and what the run needs (the interpreter, the tree, the probes) read-only, the run's output directories
   writable, a private ``/tmp`` and an empty private ``$HOME``; nothing else of the machine
   (the rest of the home directory, other checkouts, ``/run`` and its sockets) is there;
 - an environment cleared to what a probe needs (no tokens or keys of the operator's);
@@ -36,6 +36,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -49,6 +50,7 @@ from .errors import ENVIRONMENT, HarnessError
 # The machine's own software, visible read-only: what an interpreter links and reads.
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/nix/store", "/gnu/store")
 SCRATCH_BYTES = 512 << 20  # each private tmpfs (/tmp, $HOME): its pages are memory
+MASK_BYTES = 1 << 20  # each read-only tmpfs hiding a system directory's private entries: mount points, links
 FILE_BYTES = 4 << 30  # the largest file a contained process may write (its log too)
 UNSHARE_SCRIPT = Path(__file__).with_name("unshare_sandbox.sh")
 INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `sudo apt-get install bubblewrap`; Fedora: `sudo dnf install "
@@ -434,41 +436,87 @@ def _unique(paths: list[Path]) -> list[Path]:
 
 
 def _mounts(resolved: _Resolved) -> list[tuple[str, str, str]]:
-    """The file system as (operation, path, symlink target) in mount order: parents before what goes inside."""
-    ops = [("tmpfs", "/tmp", "-"), ("symlink", "/var/tmp", "/tmp")]
-    for top in SYSTEM:
-        if os.path.islink(top):
-            ops.append(("symlink", top, os.readlink(top)))
-        elif os.path.isdir(top):
-            ops.append(("ro", top, "-"))
+    """The file system as (operation, path, symlink target) in mount order: parents before what goes inside.
+    ``mask`` is an empty tmpfs, made read-only once what goes inside is there."""
+    ops = [("tmpfs", "/tmp", "-"), ("symlink", "/var/tmp", "/tmp"), *_system_view(SYSTEM)]
     home = os.path.abspath(os.path.expanduser("~"))
     if home != "/" and not any(Path(home).is_relative_to(top) for top in SYSTEM):
         ops.append(("tmpfs", home, "-"))  # the operator's home: an empty private one
     ops += [("ro", str(p), "-") for p in resolved.read]
     ops += [("rw", str(p), "-") for p in resolved.write]
-    order = {"symlink": 0, "tmpfs": 0, "ro": 1, "rw": 2}
+    order = {"symlink": 0, "tmpfs": 0, "mask": 0, "ro": 1, "rw": 2}
     return sorted(ops, key=lambda op: (len(Path(op[1]).parts), order[op[0]]))
+
+
+@functools.lru_cache(maxsize=8)
+def _system_view(tops: tuple[str, ...]) -> tuple[tuple[str, str, str], ...]:
+    """The system directories, read once per process: each bound whole, but nothing others may not read.
+    Run as root, a root-only file (``/etc/shadow``, ``/etc/ssl/private``) would be readable inside: the
+    sandbox's root is the file's owner. So a directory that holds such an entry is shown as an empty
+    read-only tmpfs with only its other entries bound back, each shown the same way."""
+    ops: list[tuple[str, str, str]] = []
+    for top in tops:
+        if os.path.islink(top):
+            ops.append(("symlink", top, os.readlink(top)))
+        elif os.path.isdir(top) and _public(os.stat(top, follow_symlinks=False)):
+            below = _masked(top)
+            ops += below if below[:1] == [("mask", top, "-")] else [("ro", top, "-"), *below]
+    return tuple(ops)
+
+
+def _public(st: os.stat_result) -> bool:
+    """Whether others may read it (a directory: list and enter it); a link always (its target is shown or
+    not by its own mode). Sockets, pipes and devices: never."""
+    if stat.S_ISDIR(st.st_mode):
+        return st.st_mode & 0o005 == 0o005
+    return stat.S_ISLNK(st.st_mode) or (stat.S_ISREG(st.st_mode) and bool(st.st_mode & 0o004))
+
+
+def _masked(directory: str) -> list[tuple[str, str, str]]:
+    """Below ``directory`` (shown whole): a mask on every directory holding an entry others may not read,
+    and its other entries shown again inside it."""
+    try:
+        entries = sorted((e.path, e.stat(follow_symlinks=False)) for e in os.scandir(directory))
+    except OSError:  # gone meanwhile, or unreadable even to us: show nothing of it
+        return [("mask", directory, "-")]
+    public = [(path, st) for path, st in entries if _public(st)]
+    below = {path: _masked(path) for path, st in public if stat.S_ISDIR(st.st_mode)}
+    ops = []
+    if len(public) < len(entries):
+        ops.append(("mask", directory, "-"))
+        for path, st in public:
+            if stat.S_ISLNK(st.st_mode):
+                ops.append(("symlink", path, os.readlink(path)))
+            elif below.get(path, [])[:1] != [("mask", path, "-")]:  # else that mask makes it
+                ops.append(("ro", path, "-"))
+    for more in below.values():
+        ops += more
+    return ops
 
 
 def _bwrap(containment: Containment, resolved: _Resolved) -> list[str]:
     argv = [containment.executable, "--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL",
             "--die-with-parent", "--new-session", "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev",
             "--ro-bind-try", "/sys", "/sys"]
+    masks = []
     for op, path, target in _mounts(resolved):
         if op == "symlink":
             argv += ["--symlink", target, path]
         elif op == "tmpfs":
             argv += ["--perms", "1777", "--size", str(SCRATCH_BYTES), "--tmpfs", path]
+        elif op == "mask":
+            argv += ["--perms", "0755", "--size", str(MASK_BYTES), "--tmpfs", path]
+            masks += ["--remount-ro", path]
         else:
             argv += ["--bind" if op == "rw" else "--ro-bind", path, path]
-    return [*argv, "--remount-ro", "/", "--chdir", str(resolved.cwd), "--"]
+    return [*argv, *masks, "--remount-ro", "/", "--chdir", str(resolved.cwd), "--"]
 
 
 def _unshare(containment: Containment, resolved: _Resolved, mountpoint: Path) -> list[str]:
     ops = [part for op in _mounts(resolved) for part in (op[0], op[2], op[1])]
     return [containment.executable, "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork",
             "--kill-child", "--ipc", "--uts", "--", "/bin/sh", str(UNSHARE_SCRIPT), str(mountpoint),
-            str(SCRATCH_BYTES), str(resolved.cwd), *ops, "--"]
+            str(SCRATCH_BYTES), str(MASK_BYTES), str(resolved.cwd), *ops, "--"]
 
 
 def _argv(containment: Containment, command: list[str], resolved: _Resolved, *, cgroup_procs: list[str],

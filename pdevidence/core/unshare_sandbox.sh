@@ -3,18 +3,21 @@
 # Run by `unshare --user --map-root-user --mount --net --pid --fork --kill-child --ipc --uts` as root
 # of that fresh user namespace: on a tmpfs mounted at MOUNTPOINT (an empty directory the harness
 # made) it builds a root holding only what it is told, as bubblewrap would (read-only binds made
-# read-only all the way down, writable binds, tmpfs, symlinks), a minimal /dev, a new /proc with
+# read-only all the way down, writable binds, tmpfs, masks: tmpfs made read-only once what goes
+# inside them is there, symlinks), a minimal /dev, a new /proc with
 # its system knobs read-only and /sys read-only; pivots into it; checks that nothing else is
 # writable; drops every capability and runs the command in CWD.
 #
-#   sh unshare_sandbox.sh MOUNTPOINT SCRATCH_BYTES CWD {ro|rw|tmpfs|symlink} TARGET PATH ... -- COMMAND...
+#   sh unshare_sandbox.sh MOUNTPOINT SCRATCH_BYTES MASK_BYTES CWD {ro|rw|tmpfs|mask|symlink} TARGET PATH ... \
+#       -- COMMAND...
 set -eu
 command_path=$PATH
 PATH=/usr/sbin:/usr/bin:/sbin:/bin
 setpriv=$(command -v setpriv)
-root=$1 size=$2 cwd=$3
-shift 3
+root=$1 size=$2 mask_size=$3 cwd=$4
+shift 4
 writable="/proc /dev/shm"
+masks=""
 
 # Every mount at or under $1 read-only, keeping the flags the kernel locks in a user namespace.
 readonly_below() {
@@ -28,6 +31,7 @@ readonly_below() {
 }
 
 mount --make-rprivate /
+host_mounts=$(cat /proc/self/mountinfo)  # where a bind must be recursive, and its mounts made read-only
 mount -t tmpfs -o mode=0755,size=16m pdevidence-root "$root"
 
 while [ "$1" != -- ]; do
@@ -42,16 +46,34 @@ while [ "$1" != -- ]; do
             mkdir -p "$dest"
             mount -t tmpfs -o "size=$size,mode=1777,nosuid,nodev" pdevidence-scratch "$dest"
             writable="$writable $path" ;;
+        mask)
+            mkdir -p "$dest"
+            mount -t tmpfs -o "size=$mask_size,mode=0755,nosuid,nodev" pdevidence-mask "$dest"
+            masks="$masks $dest" ;;
         ro|rw)
-            if [ -d "$path" ]; then mkdir -p "$dest"; else mkdir -p "$(dirname "$dest")"; : > "$dest"; fi
-            mount --rbind "$path" "$dest"
-            if [ "$op" = ro ]; then readonly_below "$dest"; else writable="$writable $path"; fi ;;
+            if [ -d "$path" ]; then
+                mkdir -p "$dest"
+            else
+                [ -d "${dest%/*}" ] || mkdir -p "${dest%/*}"
+                : > "$dest"
+            fi
+            case $op:$host_mounts in
+                ro:*" $path/"*)
+                    mount --rbind "$path" "$dest"
+                    readonly_below "$dest" ;;
+                ro:*)  # nothing is mounted below it (most entries a mask shows): read-only as it is bound
+                    mount --bind -o ro "$path" "$dest" ;;
+                *)
+                    mount --rbind "$path" "$dest"
+                    writable="$writable $path" ;;
+            esac ;;
         *)
             echo "unshare_sandbox.sh: unknown operation $op" >&2
             exit 1 ;;
     esac
 done
 shift
+for dest in $masks; do mount -o remount,bind,ro,nosuid,nodev "$dest"; done
 
 mkdir -p "$root/dev" "$root/proc" "$root/sys"
 mount -t tmpfs -o mode=0755,size=1m,nosuid,noexec pdevidence-dev "$root/dev"

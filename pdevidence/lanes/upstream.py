@@ -214,7 +214,7 @@ def _run_staged(registry: Registry, cell: cells.Cell, name: str, source: TestSou
     log(f"{name}: {'reusing' if env.reused else 'built'} environment {env.path}")
     log(f"{name}: running pytest on {tree.label()}")
     run = run_suite(env.interpreter, source.files, work / "logs" / f"{slug}.upstream.log",
-                    trusted=tree.pinned and source.pinned)
+                    trusted=tree.pinned and source.pinned, env=env.probe_env)
     packages = env.packages()  # before the result: no result without its receipt
     doc = UpstreamResult(cell.experiment, cell.side, tree.result_tree(),
                          {f.rel: f.sha256 for f in source.files}, run.tests)
