@@ -235,7 +235,7 @@ def server_args_file(value: str) -> ServerArguments:
     path = Path(value)
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: a NUL in the name
         raise argparse.ArgumentTypeError(f"cannot read {value!r}: {exc}") from None
     words = _split(text, value)
     starts = [i for i, word in enumerate(words)
