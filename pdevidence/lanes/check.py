@@ -35,7 +35,7 @@ from ..core.arguments import ServerArguments
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, HarnessError, usage, worst
 from ..core.paths import results_dir, runs_dir, tree_lock_file, work_dir
 from ..documents.observations import Explained, explained_json, explained_text
-from ..documents.vocabulary import Behaviour, Classification
+from ..documents.vocabulary import Behaviour, Classification, RestsOn
 from ..documents.vocabulary import CheckStatus as Status
 from ..judge import classify
 from ..registry import Experiment, Justification, Registry
@@ -180,7 +180,7 @@ class ExperimentCheck:
             found["not_deciding"] = self.not_deciding
         if self.config is not None:
             found["configuration"] = self.config.to_json()
-            found["rests_on"] = "configuration" if self.rests_on_configuration else "code"
+            found["rests_on"] = (RestsOn.CONFIGURATION if self.rests_on_configuration else RestsOn.CODE).value
         return found
 
 
