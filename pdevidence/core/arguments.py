@@ -242,7 +242,7 @@ def server_args_file(value: str) -> ServerArguments:
               if word.endswith(_LAUNCHERS) or (word.rsplit("/", 1)[-1] == "sglang" and words[i + 1:i + 2] == ["serve"])]
     if len(starts) > 1:
         raise argparse.ArgumentTypeError(f"{value!r} holds {len(starts)} SGLang launch commands: give one server's "
-                                         "(a prefill and a decode server are checked one at a time)")
+                                         "(each server of a deployment is checked on its own)")
     if starts:
         first = starts[0] + (2 if words[starts[0]].rsplit("/", 1)[-1] == "sglang" else 1)
         return ServerArguments(tuple(words[first:]), str(path.absolute()))
