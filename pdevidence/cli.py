@@ -198,7 +198,8 @@ def cmd_check(args) -> int:
     with phases.recording() as spent:
         with phases.measure(phases.TREES):
             targets = [target for kind, value in asked for target in _resolved(reg, kind, value, log)]
-        found = check.run_all(reg, targets, fresh_references=args.references == "fresh", force=args.force, log=log)
+        found = check.run_all(reg, targets, fresh_references=args.references == "fresh", force=args.force, log=log,
+                              server_args=args.server_args)
     log(f"time: {phases.describe(spent, time.monotonic() - started)}")
     if args.openvex:
         stamp = clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -375,6 +376,12 @@ def parser() -> argparse.ArgumentParser:
                     help="judge against the published base and head results (default), or the fresh ones in "
                     "runs/ (republishing)")
     ck.add_argument("--force", action="store_true", help="probe every tree again, ignoring the outcomes kept for it")
+    given = ck.add_mutually_exclusive_group()
+    given.add_argument("--server-args", type=arguments.server_args, metavar='"ARGS"',
+                       help="the server's arguments (\"--disaggregation-mode decode ...\"): each fix whose code path "
+                       "that configuration never enters is not affected (read with each tree's own parser)")
+    given.add_argument("--server-args-file", dest="server_args", type=arguments.server_args_file, metavar="FILE",
+                       help="a file holding the server's launch command (python -m sglang.launch_server ...)")
     _allow_uncontained(ck)
     ck.set_defaults(func=cmd_check)
 

@@ -149,6 +149,26 @@ class NotDeciding:
 
 
 @dataclass(frozen=True)
+class Needs:
+    """The server configuration a fix's code path needs: the attributes of the tree's own ``ServerArgs`` (what its
+    command-line parser sets) and, per attribute, the values that enter the path. A configuration meets them when
+    every attribute holds one of its values; one that does not never runs the code the fix changes."""
+
+    server_args: dict[str, tuple[Any, ...]]
+    why: str
+
+    def undefined(self, values: dict[str, Any]) -> list[str]:
+        """The attributes the tree's parser does not define (missing from ``values``): the configuration cannot be
+        read against them, so it cannot show the path is off."""
+        return [attr for attr in self.server_args if attr not in values]
+
+    def unmet(self, values: dict[str, Any]) -> list[str]:
+        """The attributes whose value keeps the configuration off the path, in the declared order."""
+        return [attr for attr, wanted in self.server_args.items()
+                if attr in values and not any(_same(values[attr], w) for w in wanted)]
+
+
+@dataclass(frozen=True)
 class Experiment:
     name: str
     pr: int
@@ -161,6 +181,7 @@ class Experiment:
     mutants: dict[str, Mutant] = field(default_factory=dict)
     not_affected: dict[str, NotAffected] = field(default_factory=dict)
     not_deciding: dict[str, NotDeciding] = field(default_factory=dict)
+    needs: Needs | None = None  # the server configuration its code path needs; None: every configuration enters it
 
     def commit(self, side: str) -> str:
         sha = self.git.get(side)
@@ -401,7 +422,7 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
     # ``git`` may be left out where the PR's commits are not known yet: release-backed cells only.
     _table(table, where, required={"pr": int, "title": str, "probe": str},
            optional={"git": dict, "upstream_tests": list, "releases": dict, "expect": dict, "mutants": dict,
-                     "not_affected": dict, "not_deciding": dict})
+                     "not_affected": dict, "not_deciding": dict, "needs": dict})
     git = _table(table.get("git", {}), f"{where}.git", required={side: str for side in SIDES} if "git" in table
                  else {}, optional={})
     for side in git:
@@ -429,7 +450,26 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
         mutants=mutants,
         not_affected=not_affected,
         not_deciding=not_deciding,
+        needs=_parse_needs(f"{where}.needs", table["needs"]) if "needs" in table else None,
     )
+
+
+_ATTRIBUTE = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+def _parse_needs(where: str, spec: Any) -> Needs:
+    _table(spec, where, required={"server_args": dict, "why": str}, optional={})
+    if not spec["server_args"]:
+        raise RegistryError(f"{where}.server_args: names no attribute (leave [needs] out: every configuration)")
+    found = {}
+    for attr, values in spec["server_args"].items():
+        if not _ATTRIBUTE.match(attr):
+            raise RegistryError(f"{where}.server_args.{attr}: not a ServerArgs attribute name (lowercase, digits, _)")
+        if not isinstance(values, list) or not values or not all(isinstance(v, Scalar) for v in values):
+            raise RegistryError(f"{where}.server_args.{attr}: expected a non-empty array of the values that enter "
+                                "the path (booleans, integers or strings)")
+        found[attr] = tuple(values)
+    return Needs(found, spec["why"])
 
 
 def _parse_not_affected(where: str, rid: str, spec: Any) -> NotAffected:

@@ -173,3 +173,47 @@ def test_a_tree_that_cannot_import_cannot_run_and_says_why(reg, tmp_path):
     assert statuses(doc) == {"admission": "cannot run", "prefill": "cannot run"}
     assert all("ModuleNotFoundError" in e["error"] and "sglang.srt" in e["error"] for e in doc["experiments"])
     assert code == errors.ENVIRONMENT
+
+
+# --- answers that know the configuration (check --server-args) -------------------------------------------------
+# The offload experiments have no published references yet: both checks judge against this module's own fresh
+# release cells (the matrix, into a temporary runs/), as `--references fresh` does while republishing.
+
+
+@pytest.fixture(scope="module")
+def fresh_matrix(tmp_path_factory):
+    runs = tmp_path_factory.mktemp("config-runs")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PDEVIDENCE_RUNS", str(runs))
+        cli.main(["--root", str(PROJECT), "matrix", "--kind", "release", "--jobs", "1"])
+        yield runs
+
+
+def test_0_5_12_decode_without_offload_is_not_affected_by_the_offload_fix_and_with_offload_affected(fresh_matrix,
+                                                                                                   monkeypatch):
+    monkeypatch.setenv("PDEVIDENCE_RUNS", str(fresh_matrix))
+    decode = "--model-path /models/m --disaggregation-mode decode"
+    code, off = run_check("--version", "0.5.12", "--references", "fresh", "--server-args", decode)
+    answer = {e["experiment"]: e for e in off["experiments"]}
+    assert answer["offload_slots"]["status"] == "not affected"
+    assert answer["offload_slots"]["justification"] == "vulnerable_code_not_in_execute_path"
+    assert answer["offload_slots"]["configuration"]["code_status"] == "affected"  # 0.5.12 is pre-fix
+    assert answer["prefill"]["rests_on"] == "configuration"  # a decode server runs no prefill result path
+    assert off["configuration"]["values"]["disaggregation_decode_enable_offload_kvcache"] is False
+    code, on = run_check("--version", "0.5.12", "--references", "fresh", "--server-args",
+                         f"{decode} --disaggregation-decode-enable-offload-kvcache")
+    answer = {e["experiment"]: e for e in on["experiments"]}
+    assert answer["offload_slots"]["status"] == "affected"
+    assert answer["offload_slots"]["configuration"]["enters_path"] is True
+    assert code == errors.BEHAVIOUR_DIFFERS
+    # An option 0.5.12's own parser does not define: refused by that parser, in the probe process.
+    code, _ = run_check_code("--version", "0.5.12", "--references", "fresh", "--server-args",
+                             f"{decode} --no-such-option")
+    assert code == errors.USAGE
+
+
+def run_check_code(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["--root", str(PROJECT), "check", *argv, "--json"])
+    return code, out.getvalue()

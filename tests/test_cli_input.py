@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from packaging.version import InvalidVersion, Version
 
 from pdevidence import cli, registry
-from pdevidence.core import children, errors
+from pdevidence.core import arguments, children, errors
 from pdevidence.core import settings as harness_settings
 from pdevidence.core.paths import PROJECT
 from pdevidence.lanes import sweep_parts
@@ -56,6 +56,14 @@ def _version(value: str) -> bool:
     except InvalidVersion:
         return False
     return value == value.strip()
+
+
+def _accepts(check, value: str) -> bool:
+    try:
+        check(value)
+    except argparse.ArgumentTypeError:
+        return False
+    return True
 
 
 def not_in(known) -> st.SearchStrategy[str]:
@@ -129,6 +137,10 @@ def malformed(ground: Path) -> dict[str, st.SearchStrategy[str]]:
                                "sglang-0.5.21-py3-none-any.whl.d", "not-a-wheel.zip"),
         "check --path": paths(ground, "a-file", "an-executable"),
         "check --git": not_commit(),
+        # A string that does not split as a shell line, or whose first word is no option.
+        "check --server-args": st.one_of(st.sampled_from(['"', "'x", "decode", "a b", "x --y", '--a "b']),
+                                         TEXT).filter(lambda v: not _accepts(arguments.server_args, v)),
+        "check --server-args-file": paths(ground, "a-directory", "a-file"),
         "check --image": paths(ground, "a-directory", "a-file", "an-executable", "not-a-wheel.zip"),
         "check --openvex": st.one_of(st.sampled_from(["", str(ground / "a-directory"), str(ground / "a-file" / "x.json"),
                                                       str(ground / "x") + os.sep, "x" * 300]),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .. import environments
 from ..core import sandbox
+from ..core.errors import HarnessError
 from ..core.files import read_json, sha256_file
 from ..core.locking import exclusive
 from ..core.paths import work_dir
@@ -23,6 +24,7 @@ from .probe_run import run_killable, tail, timeout_seconds
 
 DRIVER = "probe_all.py"
 CANNOT_RUN_SUFFIX = ".cannot-run.json"  # what the driver writes for an experiment whose setup failed
+CONFIG_FILE = "config.json"  # what the driver writes of the server arguments it was given (probe_all.CONFIG_FILE)
 
 
 @dataclass
@@ -47,6 +49,20 @@ def clear(out_dir: Path, experiments: list[str]) -> None:
     for name in experiments:
         for suffix in (".json", CANNOT_RUN_SUFFIX):
             (out_dir / f"{name}{suffix}").unlink(missing_ok=True)
+    (out_dir / CONFIG_FILE).unlink(missing_ok=True)
+
+
+def read_config(out_dir: Path) -> dict | None:
+    """What the driver read of the server arguments it was given (``probe_all.read_configuration``); None: it
+    wrote nothing (it was given none, or did not get that far)."""
+    path = out_dir / CONFIG_FILE
+    if not path.exists():
+        return None
+    found = read_json(path, "configuration record", todo=f"run the check again; it is rewritten: {path}")
+    if not isinstance(found, dict) or not ({"values", "error"} <= set(found)):
+        raise HarnessError(f"{path} is not a configuration record (values, error)",
+                           todo="run the check again with --force")
+    return found
 
 
 def tree_argv(tree_args: dict[str, str]) -> list[str]:

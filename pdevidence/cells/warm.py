@@ -40,7 +40,7 @@ def outcome_key(reg: Registry, tree: Tree, closure: Path, interpreter: str, chan
                 stand_ins: dict[str, str], tree_args: dict[str, str]) -> str:
     parts = {
         "tree": [tree.kind, tree.resolved, tree.digest],
-        "args": tree_args,  # what the documents say of the tree (a sweep's side is not a check's)
+        "args": tree_args,  # what the documents say of the tree (a sweep's side is not a check's); server arguments
         "closure": sha256_file(closure),
         "in_cell": tree_digest(list((reg.root / "probes").glob("*.py")), reg.root),
         "harness": harness_digest(Shaped.RESULT),
@@ -52,12 +52,16 @@ def outcome_key(reg: Registry, tree: Tree, closure: Path, interpreter: str, chan
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def _complete(directory: Path, experiments: list[str]) -> bool:
-    """Every experiment left a result or a cannot-run record: an outcome worth keeping (or reusing)."""
+def _complete(directory: Path, experiments: list[str], config: bool = False) -> bool:
+    """Every experiment left a result or a cannot-run record (and, given server arguments, what they read as):
+    an outcome worth keeping (or reusing)."""
+    if config and not (directory / allprobes.CONFIG_FILE).exists():
+        return False
     return all((directory / f"{name}.json").exists() or (directory / f"{name}{allprobes.CANNOT_RUN_SUFFIX}").exists()
                for name in experiments)
 
 
+SERVER_ARGS = "server_args"  # the tree argument carrying an operator's server arguments (check --server-args)
 CONTAINMENT = "containment.json"  # how the outcome's process ran, kept beside it
 
 
@@ -67,6 +71,8 @@ def _copy(source: Path, dest: Path, experiments: list[str]) -> None:
         for suffix in (".json", allprobes.CANNOT_RUN_SUFFIX):
             if (source / f"{name}{suffix}").exists():
                 shutil.copy2(source / f"{name}{suffix}", dest / f"{name}{suffix}")
+    if (source / allprobes.CONFIG_FILE).exists():
+        shutil.copy2(source / allprobes.CONFIG_FILE, dest / allprobes.CONFIG_FILE)
 
 
 def _keep(entry: Path, produced: Path, experiments: list[str], containment: dict | None) -> None:
@@ -119,7 +125,7 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
     todo = []
     for tree in trees:
         label, entry = tree.label(), work / "outcomes" / keys[tree.label()]
-        if not force and _complete(entry, experiments):
+        if not force and _complete(entry, experiments, SERVER_ARGS in tree_args[label]):
             allprobes.clear(out_dir / label, experiments)
             _copy(entry, out_dir / label, experiments)
             found[label] = allprobes.collect(exps, out_dir / label, entry / "none.log", "left no outcome",
@@ -141,7 +147,7 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
                          env={**stand_ins, **quiet}, log=log)
         for label, outcomes in ran.items():
             found[label] = outcomes
-            if _complete(out_dir / label, experiments):
+            if _complete(out_dir / label, experiments, SERVER_ARGS in tree_args[label]):
                 _keep(work / "outcomes" / keys[label], out_dir / label, experiments,
                       next(iter(outcomes.values())).containment)
     return found

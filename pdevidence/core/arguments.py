@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
@@ -189,3 +191,62 @@ def output_file(value: str) -> Path:
     except (OSError, ValueError):
         raise _bad(value, "a file to write: a path that can be made") from None
     return path
+
+
+@dataclass(frozen=True)
+class ServerArguments:
+    """An operator's SGLang server arguments (``check --server-args``), split as a shell splits them, and where
+    they were given: the option, or the file holding the launch command."""
+
+    args: tuple[str, ...]
+    source: str
+
+    def to_json(self) -> dict:
+        return {"args": list(self.args), "source": self.source}
+
+
+# What starts an SGLang server in a launch command: what follows it are the server's arguments.
+_LAUNCHERS = ("sglang.launch_server", "sglang/launch_server.py", "launch_server.py")
+
+
+def _split(text: str, what: str) -> list[str]:
+    # A backslash before a newline continues the line, as in a shell.
+    joined = re.sub(r"\\\r?\n", " ", text)
+    try:
+        return shlex.split(joined, comments=True)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{what} does not split as a shell command line: {exc} "
+                                         "(a quote left open, or a backslash at its end)") from None
+
+
+def server_args(value: str) -> ServerArguments:
+    """Server arguments as one string (``--disaggregation-mode decode ...``), split as a shell would."""
+    found = _split(value, repr(value))
+    if found and not found[0].startswith("-"):
+        raise argparse.ArgumentTypeError(f"{value!r} does not start with an option: give the server's arguments "
+                                         "(--disaggregation-mode decode ...), or its launch command with "
+                                         "--server-args-file")
+    return ServerArguments(tuple(found), "--server-args")
+
+
+def server_args_file(value: str) -> ServerArguments:
+    """A file holding the server's launch command (``python -m sglang.launch_server ...`` or ``sglang serve ...``,
+    lines continued with a backslash, ``#`` comments): the arguments after what starts the server."""
+    path = Path(value)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: a NUL in the name
+        raise argparse.ArgumentTypeError(f"cannot read {value!r}: {exc}") from None
+    words = _split(text, value)
+    starts = [i for i, word in enumerate(words)
+              if word.endswith(_LAUNCHERS) or (word.rsplit("/", 1)[-1] == "sglang" and words[i + 1:i + 2] == ["serve"])]
+    if len(starts) > 1:
+        raise argparse.ArgumentTypeError(f"{value!r} holds {len(starts)} SGLang launch commands: give one server's "
+                                         "(each server of a deployment is checked on its own)")
+    if starts:
+        first = starts[0] + (2 if words[starts[0]].rsplit("/", 1)[-1] == "sglang" else 1)
+        return ServerArguments(tuple(words[first:]), str(path.absolute()))
+    if words and words[0].startswith("-"):  # the arguments alone
+        return ServerArguments(tuple(words), str(path.absolute()))
+    raise argparse.ArgumentTypeError(f"{value!r} holds no SGLang launch command (python -m sglang.launch_server ... "
+                                     "or sglang serve ...) and does not start with an option")

@@ -52,6 +52,13 @@ class CheckStatus(str, enum.Enum):
     DEVIATES = "deviates"  # fixed where the scenarios tell, but a control departs from both sides: not the fixed code
 
 
+class RestsOn(str, enum.Enum):
+    """What a check's answer rests on, given the operator's server arguments (check documents)."""
+
+    CODE = "code"  # what the build's code does (the configuration enters the path, or cannot tell)
+    CONFIGURATION = "configuration"  # not affected: the configuration given never enters the fix's code path
+
+
 # A release classified so lacks the fix, wholly or in part (after a fixed one: a regression).
 LACKS_FIX = (Classification.PRE_FIX, Classification.PARTIAL)
 

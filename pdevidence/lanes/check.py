@@ -14,25 +14,33 @@ could not import or set up). The table names, per answer, the scenarios that put
 it there; a scenario matching neither side or a departing control gets one key
 beside base's and head's, and ``verbose`` (as ``--json``) every key of every
 scenario that kept the build from fixed.
+
+Given the operator's server arguments (``--server-args``), each tree's own parser reads
+them in its probe process; a fix whose code path that configuration never enters (the
+registry's ``needs``) is not affected, resting on that configuration
+(``vulnerable_code_not_in_execute_path``), its code's own answer kept beside it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..cells import allprobes, warm
 from ..core import children, sandbox
-from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, usage, worst
+from ..core.arguments import ServerArguments
+from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, HarnessError, usage, worst
 from ..core.paths import results_dir, runs_dir, tree_lock_file, work_dir
 from ..documents.observations import Explained, explained_brief, explained_json, explained_text
-from ..documents.vocabulary import Behaviour, Classification
+from ..documents.vocabulary import Behaviour, Classification, RestsOn
 from ..documents.vocabulary import CheckStatus as Status
 from ..judge import classify
-from ..registry import Experiment, Registry
+from ..registry import Experiment, Justification, Registry
 from ..sources import era_choice, images, trees
 from ..sources.era_choice import EraChoice
 from ..sources.pins import TreePins
@@ -90,6 +98,54 @@ class Target:
 
 
 @dataclass
+class Configuration:
+    """The server arguments given, as one tree's own parser read them: the attributes the registry's ``needs``
+    name (one the tree's parser does not define is missing)."""
+
+    given: ServerArguments
+    values: dict[str, Any]
+
+    def describe(self) -> str:
+        args = " ".join(self.given.args) or "(no arguments: every option at its default)"
+        where = "" if self.given.source == "--server-args" else f" from {self.given.source}"
+        read = ", ".join(f"{attr} = {_shown(value)}" for attr, value in sorted(self.values.items()))
+        return f"{args}{where}; this tree's parser reads {read or 'none of the options the fixes need'}"
+
+    def to_json(self) -> dict:
+        return {**self.given.to_json(), "values": self.values}
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value)
+
+
+@dataclass
+class ConfigAnswer:
+    """Whether the configuration given enters a fix's code path: True, False, or None (the tree's parser defines
+    an option the path needs under no such name: it cannot tell, and the answer is about the code)."""
+
+    enters_path: bool | None
+    needs: dict[str, list]  # the registry's: attribute -> the values that enter the path
+    unmet: dict[str, Any]  # the attributes (and the values given) that keep it off the path
+    undefined: list[str]  # the attributes the tree's parser does not define
+    code_status: Status  # the answer about the code alone
+    why: str
+
+    def describe(self) -> str:
+        if self.enters_path is None:
+            return (f"the configuration given cannot tell: this tree's parser defines no "
+                    f"{', '.join(self.undefined)}; answered about the code")
+        if self.enters_path:
+            needs = "; ".join(f"{attr} in {_shown(values)}" for attr, values in self.needs.items())
+            return f"the configuration given enters its path ({needs or 'every configuration does'})"
+        return f"its code alone: {self.code_status.value}"
+
+    def to_json(self) -> dict:
+        return {"enters_path": self.enters_path, "needs": self.needs, "unmet": self.unmet,
+                "undefined": self.undefined, "code_status": self.code_status.value, "why": self.why}
+
+
+@dataclass
 class ExperimentCheck:
     experiment: str
     pr: int
@@ -104,6 +160,12 @@ class ExperimentCheck:
     # Per scenario that kept the build from fixed (pre-fix, neither, a departing control): its keys, the
     # build's value beside base's and head's.
     explain: Explained = field(default_factory=dict)
+    config: ConfigAnswer | None = None  # given server arguments: whether they enter this fix's code path
+
+    @property
+    def rests_on_configuration(self) -> bool:
+        """Not affected because the configuration given never enters the code path (not because of the code)."""
+        return self.config is not None and self.config.enters_path is False
 
     @property
     def deviations(self) -> Explained:
@@ -118,6 +180,9 @@ class ExperimentCheck:
             found.update(evidence=self.evidence, justification=self.justification)
         if self.not_deciding:
             found["not_deciding"] = self.not_deciding
+        if self.config is not None:
+            found["configuration"] = self.config.to_json()
+            found["rests_on"] = (RestsOn.CONFIGURATION if self.rests_on_configuration else RestsOn.CODE).value
         return found
 
 
@@ -127,19 +192,46 @@ class CheckResult:
     experiments: list[ExperimentCheck]
     sglang_version: str | None = None  # what the build says it is: `sglang.__version__`
     containment: dict | None = None  # how its probe process ran (sandbox.Containment.record); None: unknown
+    configuration: Configuration | None = None  # the server arguments given, as this tree's parser read them
 
     @property
     def exit_code(self) -> int:
         return worst(EXIT_OF[e.status] for e in self.experiments)
 
     def to_json(self) -> dict:
-        return {"schema": SCHEMA, "target": {**self.target.to_json(), "sglang_version": self.sglang_version},
-                "exit_code": self.exit_code, "containment": self.containment,
-                "experiments": [e.to_json() for e in self.experiments]}
+        found = {"schema": SCHEMA, "target": {**self.target.to_json(), "sglang_version": self.sglang_version},
+                 "exit_code": self.exit_code, "containment": self.containment,
+                 "experiments": [e.to_json() for e in self.experiments]}
+        if self.configuration is not None:
+            found["configuration"] = self.configuration.to_json()
+        return found
 
 
-def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict) -> ExperimentCheck:
-    """One experiment's status from its result and the published base and head results."""
+def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict,
+          configuration: Configuration | None = None) -> ExperimentCheck:
+    """One experiment's status from its result and the published base and head results; given the server
+    configuration, not affected where it never enters the fix's code path (the code's own answer kept beside)."""
+    found = _judge_code(exp, outcome, base, head)
+    if configuration is None:
+        return found
+    needs = exp.needs
+    wanted = {attr: list(values) for attr, values in needs.server_args.items()} if needs else {}
+    undefined = needs.undefined(configuration.values) if needs else []
+    unmet = {attr: configuration.values[attr] for attr in needs.unmet(configuration.values)} if needs else {}
+    enters = None if undefined else not unmet
+    found.config = ConfigAnswer(enters, wanted, unmet, undefined, found.status, needs.why if needs else "")
+    if enters is not False or found.status is Status.NOT_AFFECTED:  # the code's own absence says more
+        return found
+    off = "; ".join(f"{attr} = {_shown(value)} (the path needs {' or '.join(map(_shown, wanted[attr]))})"
+                    for attr, value in unmet.items())
+    evidence = f"the server configuration given ({configuration.given.source}) never enters it: {off}: {needs.why}"
+    return ExperimentCheck(exp.name, exp.pr, Status.NOT_AFFECTED, found.scenarios, [], found.result_sha256,
+                           found.error, [evidence], Justification.NOT_IN_EXECUTE_PATH.value,
+                           found.not_deciding, {}, found.config)
+
+
+def _judge_code(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict) -> ExperimentCheck:
+    """One experiment's status from its code alone."""
     if outcome.doc is None:
         return ExperimentCheck(exp.name, exp.pr, Status.CANNOT_RUN, error=outcome.error)
     found = classify.behaviours(outcome.doc, base, head, exp)
@@ -233,12 +325,14 @@ def run(reg: Registry, target: Target, tree: trees.Tree | None, *, fresh_referen
 
 
 def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, fresh_references: bool = False,
-            force: bool = False, log=print) -> list[CheckResult]:
+            force: bool = False, log=print, server_args: ServerArguments | None = None) -> list[CheckResult]:
     """Every target, each judged on its own against the published base and head results (verified first), or
     with ``fresh_references`` against the fresh ones in runs/ (while republishing); every tree shares one warm
     engine per era (an unpacked wheel is what installing it gives; a source tree's Python code is all the probes
-    load, so nothing is built), with their outcomes cached by what made them."""
+    load, so nothing is built), with their outcomes cached by what made them. Given ``server_args``, each tree's
+    own parser reads them in its probe process, and they are part of what its outcome is cached by."""
     exps = list(reg.experiments.values())
+    config_args = _config_args(exps, server_args)
     for target, tree in targets:  # refused before anything is fetched, built or run
         if tree is None:
             sandbox.admit(False, f"the interpreter {target.ref}")
@@ -248,7 +342,7 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, f
     out = runs_dir(reg.root) / "check"
     # One probe per tree: an image's package may be named twice (two platforms, or the image passed twice).
     warm_trees = list({tree.label(): tree for _, tree in targets if tree is not None}.values())
-    engine_outcomes = warm.probe_trees(reg, warm_trees, names, {t.label(): _tree_args(t) for t in warm_trees},
+    engine_outcomes = warm.probe_trees(reg, warm_trees, names, {t.label(): {**_tree_args(t), **config_args} for t in warm_trees},
                                        out_dir=out, force=force, log=log) if warm_trees else {}
     own: dict[str, dict[str, allprobes.Outcome]] = {}  # interpreters, by label
     found = []
@@ -257,16 +351,49 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, f
             outcomes = engine_outcomes[tree.label()]
         else:
             if target.label() not in own:
-                own[target.label()] = _in_own_process(reg, names, target, out / target.label(), log)
+                own[target.label()] = _in_own_process(reg, names, target, out / target.label(), log, config_args)
             outcomes = own[target.label()]
+        configuration = _configuration(server_args, out / (tree.label() if tree else target.label()), target)
         versions = {o.doc.get("sglang_version") for o in outcomes.values() if o.doc}
         version = versions.pop() if len(versions) == 1 else None
         if target.kind == "python":
             target.resolved = version
         found.append(CheckResult(target, [judge(exp, outcomes[exp.name], refs[exp.name].base,
-                                                refs[exp.name].head) for exp in exps], version,
-                                 next(iter(outcomes.values())).containment))
+                                                refs[exp.name].head, configuration) for exp in exps], version,
+                                 next(iter(outcomes.values())).containment, configuration))
     return found
+
+
+def _config_args(exps: list[Experiment], server_args: ServerArguments | None) -> dict[str, str]:
+    """The probe driver's arguments for the server arguments given: them, and the attributes the fixes need."""
+    if server_args is None:
+        return {}
+    attrs = sorted({attr for exp in exps if exp.needs for attr in exp.needs.server_args})
+    return {warm.SERVER_ARGS: json.dumps(list(server_args.args)), "server_attrs": ",".join(attrs)}
+
+
+def _configuration(server_args: ServerArguments | None, out: Path, target: Target) -> Configuration | None:
+    """The server arguments as the tree's own parser read them in its probe process; an argument it refused is a
+    usage error naming it."""
+    if server_args is None:
+        return None
+    read = allprobes.read_config(out)
+    which = f"{target.kind} {target.resolved or target.ref}"
+    if read is None:
+        raise HarnessError(f"the probe process of {which} did not read the server arguments ({server_args.source})",
+                           todo=f"see the log under .cells/logs/; rerun with --force")
+    error = read.get("error")
+    if error and error.get("kind") == "arguments":
+        named = f"{error['option']}: " if error.get("option") else ""
+        raise usage(f"--server-args ({server_args.source}): {named}{error['message']}",
+                    expected=f"the options the server of {which} defines (its ServerArgs.add_cli_args)",
+                    todo=f"fix or drop {error['option'] or 'that argument'}; the arguments as given: "
+                    f"{' '.join(server_args.args)}")
+    if error:
+        raise HarnessError(f"the server arguments cannot be read with the parser of {which}: {error['message']}",
+                           todo="check that tree without --server-args (its answers are then about the code)",
+                           code=ENVIRONMENT)
+    return Configuration(server_args, dict(read.get("values") or {}))
 
 
 def _tree_args(tree: trees.Tree | None, kind: str = "") -> dict[str, str]:
@@ -274,12 +401,14 @@ def _tree_args(tree: trees.Tree | None, kind: str = "") -> dict[str, str]:
             "tree_resolved": tree.resolved if tree else ""}
 
 
-def _in_own_process(reg: Registry, names: list[str], target: Target, out: Path, log) -> dict[str, allprobes.Outcome]:
+def _in_own_process(reg: Registry, names: list[str], target: Target, out: Path, log,
+                    config_args: dict[str, str]) -> dict[str, allprobes.Outcome]:
     """An interpreter as it is."""
     logfile = work_dir(reg.root) / "logs" / f"check.{target.label()}.log"
     log(f"check: running every probe with {target.ref}")
     # Nothing may be written inside the environment checked: no bytecode caches, not even the probes'.
-    return allprobes.run(reg, target.ref, names, _tree_args(None, target.kind), out_dir=out, log=logfile,
+    return allprobes.run(reg, target.ref, names, {**_tree_args(None, target.kind), **config_args}, out_dir=out,
+                         log=logfile,
                          env={"PYTHONDONTWRITEBYTECODE": "1"})
 
 
@@ -324,10 +453,14 @@ def table(result: CheckResult, *, verbose: bool = False) -> str:
     lines = [f"sglang check: {describe(result)}"]
     if result.target.kind in SOURCE_KINDS and result.target.era_choice:
         lines.append(f"  era: {result.target.era_choice.describe()}")
+    if result.configuration is not None:
+        lines.append(f"  server configuration: {result.configuration.describe()}")
     for e in result.experiments:
         by = {b: [sid for sid, got in e.scenarios.items() if got is b] for b in Behaviour}
         if e.status is Status.CANNOT_RUN:
             parts = [f"could not run: {e.error}"]
+        elif e.rests_on_configuration:
+            parts = ["not in the execute path of the configuration given: " + "; ".join(e.evidence)]
         elif e.status is Status.NOT_AFFECTED:
             parts = ["the vulnerable path is not in this build: " + "; ".join(e.evidence)]
         else:
@@ -341,5 +474,7 @@ def table(result: CheckResult, *, verbose: bool = False) -> str:
                                       if e.scenarios.get(sid) is not Behaviour.PRE_FIX})
         lines += [f"  {'':<10} {line}" for line in detail]
         lines += [f"  {'':<10} judged without {rule}" for rule in e.not_deciding]
+        if e.config is not None:
+            lines.append(f"  {'':<10} {e.config.describe()}")
     lines.append(f"  ran {sandbox.describe(result.containment)}")  # how the tree's code ran on this machine
     return "\n".join(lines)

@@ -95,6 +95,15 @@ def statement(reg: Registry, result: CheckResult, index: int) -> dict:
                   + "; ".join(explained_text(e.deviations)))
     if e.error:
         notes += f"; error: {e.error}"
+    if result.configuration is not None and e.config is not None:
+        args = " ".join(result.configuration.given.args) or "(no arguments)"
+        if e.rests_on_configuration:
+            notes += (f"; rests on the server configuration given ({result.configuration.given.source}: {args}), "
+                      f"which never enters the vulnerable code path; the code alone: {e.config.code_status.value}")
+        elif e.config.enters_path:
+            notes += f"; the server configuration given ({result.configuration.given.source}: {args}) enters its path"
+        else:
+            notes += f"; {e.config.describe()}"
     notes += f"; result sha256: {e.result_sha256 or 'none (no result)'}"
     found = {
         "vulnerability": {"@id": PR_URL.format(pr=exp.pr), "name": vuln_id(exp), "description": exp.title},

@@ -1,0 +1,190 @@
+"""`check --server-args`: answers that know the configuration, on a synthetic fork.
+
+The fork's ``sglang.srt.server_args`` is a tiny ``ServerArgs`` with ``add_cli_args`` (a required
+model path, the PD mode, the decode offload switch); the registry's demo experiment needs decode
+mode with offload on. The warm engine runs with this interpreter, as in test_forks.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from schemas import problems
+from synthetic import REGISTRY, make_project, result_doc, write_cell
+from test_forks import ERAS, make_fork, quiet_git, world, write_closures  # noqa: F401 - fixtures
+
+from pdevidence import cli, registry
+from pdevidence.core import errors
+from pdevidence.documents import integrity
+
+NEEDS = """
+[experiments.demo.needs]
+server_args = { disaggregation_mode = ["decode"], disaggregation_decode_enable_offload_kvcache = [true] }
+why = "the offload manager runs only on a decode server with offload on"
+"""
+# As a release's: a dataclass whose add_cli_args declares each option; __post_init__ must never run.
+SERVER_ARGS_PY = '''
+import argparse
+import dataclasses
+
+
+@dataclasses.dataclass
+class ServerArgs:
+    model_path: str = None
+    disaggregation_mode: str = "null"
+    disaggregation_decode_enable_offload_kvcache: bool = False
+    tp_size: int = 1
+
+    def __post_init__(self):
+        raise RuntimeError("no accelerator: __post_init__ must not run in a check")
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser):
+        parser.add_argument("--model-path", type=str, required=True)
+        parser.add_argument("--tp-size", type=int, default=ServerArgs.tp_size)
+        parser.add_argument("--disaggregation-mode", type=str, default="null", choices=["null", "prefill", "decode"])
+        parser.add_argument("--disaggregation-decode-enable-offload-kvcache", action="store_true")
+'''
+DECODE = "--disaggregation-mode decode"
+OFFLOAD = f"{DECODE} --disaggregation-decode-enable-offload-kvcache"
+
+
+@pytest.fixture
+def fork(world):
+    """An unfixed fork (its door admits a rejected request) with a server parser; the registry's needs added."""
+    registry_file = world.root / "experiments.toml"
+    registry_file.write_text(registry_file.read_text() + NEEDS)
+    for side, version in (("base", "1.0.0"), ("head", "1.1.0")):  # made by this registry
+        write_cell(world.root / "results", side, result_doc(side, version))
+    integrity.regenerate(world.root)
+    found = make_fork(world.tmp / "fork", guard=False, tag=None)
+    srt = found / "python" / "sglang" / "srt"
+    srt.mkdir()
+    (srt / "__init__.py").write_text("")
+    (srt / "server_args.py").write_text(SERVER_ARGS_PY)
+    return found
+
+
+def check(world, capsys, *argv: str) -> tuple[int, dict, str]:
+    code = cli.main(["--root", str(world.root), "check", *argv, "--json"])
+    captured = capsys.readouterr()
+    return code, json.loads(captured.out) if captured.out.strip() else {}, captured.err
+
+
+def test_a_configuration_that_never_enters_the_path_is_not_affected_resting_on_it(world, fork, capsys, tmp_path):
+    vex = tmp_path / "vex.json"
+    code, doc, _ = check(world, capsys, "--path", str(fork), "--server-args", DECODE, "--openvex", str(vex))
+    assert code == errors.CONFIRMED
+    [answer] = doc["experiments"]
+    assert answer["status"] == "not affected"
+    assert answer["justification"] == "vulnerable_code_not_in_execute_path"
+    assert answer["rests_on"] == "configuration"
+    assert answer["configuration"]["enters_path"] is False
+    assert answer["configuration"]["code_status"] == "affected"  # the code alone still lacks the fix
+    assert answer["configuration"]["unmet"] == {"disaggregation_decode_enable_offload_kvcache": False}
+    assert "server configuration given (--server-args)" in answer["evidence"][0]
+    assert doc["configuration"] == {"args": DECODE.split(), "source": "--server-args", "values": {
+        "disaggregation_mode": "decode", "disaggregation_decode_enable_offload_kvcache": False}}
+    assert problems("check", doc) == []
+    [statement] = json.loads(vex.read_text())["statements"]
+    assert statement["status"] == "not_affected"
+    assert statement["justification"] == "vulnerable_code_not_in_execute_path"
+    assert "server configuration given" in statement["impact_statement"]
+    assert "rests on the server configuration given (--server-args: --disaggregation-mode decode)" in \
+        statement["status_notes"] and "the code alone: affected" in statement["status_notes"]
+    assert problems("openvex-0.2.0", json.loads(vex.read_text())) == []
+    cli.main(["--root", str(world.root), "check", "--path", str(fork), "--server-args", DECODE])
+    table = capsys.readouterr().out
+    assert "server configuration: --disaggregation-mode decode; this tree's parser reads" in table
+    assert "not in the execute path of the configuration given" in table and "its code alone: affected" in table
+
+
+def test_a_configuration_that_enters_the_path_gets_the_codes_answer(world, fork, capsys):
+    code, doc, _ = check(world, capsys, "--path", str(fork), "--server-args", OFFLOAD)
+    assert code == errors.BEHAVIOUR_DIFFERS
+    [answer] = doc["experiments"]
+    assert (answer["status"], answer["rests_on"], answer["configuration"]["enters_path"]) == ("affected", "code", True)
+    assert problems("check", doc) == []
+    # Without server arguments the answer is about the code, as it always was: no configuration in it.
+    code, doc, _ = check(world, capsys, "--path", str(fork))
+    assert code == errors.BEHAVIOUR_DIFFERS and "configuration" not in doc and "rests_on" not in doc["experiments"][0]
+
+
+def test_the_launch_command_in_a_file_is_read_past_its_program(world, fork, capsys, tmp_path):
+    launch = tmp_path / "decode.sh"
+    launch.write_text("# the decode server\nCUDA_VISIBLE_DEVICES=0 python3 -m sglang.launch_server \\\n"
+                      "    --model-path /models/x --tp-size 2 \\\n    --disaggregation-mode decode \\\n"
+                      "    --disaggregation-decode-enable-offload-kvcache\n")
+    code, doc, _ = check(world, capsys, "--path", str(fork), "--server-args-file", str(launch))
+    assert code == errors.BEHAVIOUR_DIFFERS and doc["experiments"][0]["status"] == "affected"
+    assert doc["configuration"]["args"] == ["--model-path", "/models/x", "--tp-size", "2", "--disaggregation-mode",
+                                            "decode", "--disaggregation-decode-enable-offload-kvcache"]
+    assert doc["configuration"]["source"] == str(launch)
+    launch.write_text("sglang serve --model-path /models/x --disaggregation-mode decode\n")
+    code, doc, _ = check(world, capsys, "--path", str(fork), "--server-args-file", str(launch))
+    assert code == errors.CONFIRMED and doc["experiments"][0]["rests_on"] == "configuration"
+
+
+def test_an_option_the_trees_parser_does_not_define_is_a_usage_error_naming_it(world, fork, capsys):
+    code, _, err = check(world, capsys, "--path", str(fork), "--server-args", f"{DECODE} --no-such-option 3")
+    assert code == errors.USAGE
+    assert "--no-such-option" in err and "unrecognized arguments" in err
+    code, _, err = check(world, capsys, "--path", str(fork), "--server-args", "--disaggregation-mode sideways")
+    assert code == errors.USAGE and "--disaggregation-mode: argument --disaggregation-mode: invalid choice" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["--server-args", '--model-path "/models/x'],  # a quote left open
+    ["--server-args", "decode"],  # no option at all
+])
+def test_a_malformed_server_argument_string_is_a_usage_error_before_anything_runs(world, fork, capsys, argv):
+    code, _, err = check(world, capsys, "--path", str(fork), *argv)
+    assert code == errors.USAGE and "--server-args" in err
+    assert not (world.tmp / "runs" / "check").exists()  # refused before any probe ran
+
+
+def test_a_file_without_one_launch_command_is_a_usage_error(world, fork, capsys, tmp_path):
+    launch = tmp_path / "both.sh"
+    launch.write_text("python -m sglang.launch_server --disaggregation-mode prefill &\n"
+                      "python -m sglang.launch_server --disaggregation-mode decode\n")
+    code, _, err = check(world, capsys, "--path", str(fork), "--server-args-file", str(launch))
+    assert code == errors.USAGE and "2 SGLang launch commands" in err
+    launch.write_text("echo hello\n")
+    code, _, err = check(world, capsys, "--path", str(fork), "--server-args-file", str(launch))
+    assert code == errors.USAGE and "no SGLang launch command" in err
+
+
+def test_a_tree_whose_parser_lacks_an_option_the_path_needs_is_answered_about_the_code(world, fork, capsys):
+    server_args = fork / "python" / "sglang" / "srt" / "server_args.py"
+    server_args.write_text(server_args.read_text().replace(
+        '        parser.add_argument("--disaggregation-decode-enable-offload-kvcache", action="store_true")\n', ""))
+    code, doc, _ = check(world, capsys, "--path", str(fork), "--server-args", DECODE)
+    assert code == errors.BEHAVIOUR_DIFFERS
+    [answer] = doc["experiments"]
+    assert (answer["status"], answer["rests_on"]) == ("affected", "code")
+    assert answer["configuration"]["enters_path"] is None
+    assert answer["configuration"]["undefined"] == ["disaggregation_decode_enable_offload_kvcache"]
+
+
+@pytest.mark.parametrize(("needs", "message"), [
+    ('server_args = { disaggregation_mode = [] }\nwhy = "x"', "non-empty array"),
+    ('server_args = { disaggregation_mode = ["decode"] }\nwhy = "x"\nwhen = "y"', "unknown key"),
+    ('server_args = {}\nwhy = "x"', "names no attribute"),
+    ('server_args = { "Disaggregation-Mode" = ["decode"] }\nwhy = "x"', "not a ServerArgs attribute name"),
+    ('server_args = { disaggregation_mode = ["decode"] }', "missing key 'why'"),
+])
+def test_the_registrys_needs_are_strictly_validated(tmp_path, needs, message):
+    root = make_project(tmp_path, REGISTRY + f"\n[experiments.demo.needs]\n{needs}\n")
+    with pytest.raises(errors.HarnessError, match=message):
+        registry.load(root)
+
+
+def test_the_server_arguments_are_part_of_what_an_outcome_is_kept_by(world, fork, capsys):
+    assert check(world, capsys, "--path", str(fork), "--server-args", DECODE)[0] == errors.CONFIRMED
+    assert check(world, capsys, "--path", str(fork), "--server-args", OFFLOAD)[0] == errors.BEHAVIOUR_DIFFERS
+    code, _, err = check(world, capsys, "--path", str(fork), "--server-args", DECODE)
+    assert code == errors.CONFIRMED and "outcomes reused" in err
+    kept = sorted(Path(p).name for p in (world.tmp / "work" / "outcomes").glob("*/config.json"))
+    assert kept == ["config.json", "config.json"]
