@@ -164,3 +164,77 @@ except HarnessError as exc:
 def test_every_fault_point_is_tested():
     tested = {"download", "unpack", "environment", "probe", "outcome", "write", "publish"}
     assert tested == set(faults.POINTS)
+
+
+# --- publish -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def to_publish(tmp_path):
+    from synthetic import write_sweep
+
+    project = make_project(tmp_path / "publish")
+    for side in ("base", "head"):
+        write_cell(project / "runs", side)
+    write_sweep(project / "runs" / "sweep-demo.json")
+    return project
+
+
+def publish(project: Path, work: Path, fault: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PDEVIDENCE_WORK": str(work), "PYTHONPATH": str(HERE.parent)}
+    env.pop("PDEVIDENCE_RUNS", None)
+    if fault:
+        env["PDEVIDENCE_FAULT"] = fault
+    return subprocess.run([sys.executable, "-m", "pdevidence", "--root", str(project), "publish"], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_publishes_at_once_never_interleave_even_from_other_work_directories(to_publish, tmp_path):
+    with ThreadPoolExecutor(3) as pool:
+        done = list(pool.map(lambda i: publish(to_publish, tmp_path / f"work-{i}"), range(3)))
+    assert [d.returncode for d in done] == [errors.CONFIRMED] * 3, [d.stderr for d in done]
+    integrity.verify(to_publish)
+    assert not [p.name for p in to_publish.iterdir() if p.name.startswith(".results.") and p.name != ".results.lock"]
+
+
+def test_a_publish_killed_mid_swap_is_rolled_back_and_the_next_one_publishes(to_publish, tmp_path):
+    assert publish(to_publish, tmp_path / "work").returncode == errors.CONFIRMED
+    before = (to_publish / "SHA256SUMS.txt").read_bytes()
+    killed = publish(to_publish, tmp_path / "work", fault="publish")
+    assert killed.returncode == -9, killed.stderr
+    assert not (to_publish / "results").exists()  # moved aside, not yet replaced: what the next run repairs
+    assert (to_publish / "SHA256SUMS.txt").read_bytes() == before  # not committed
+    assert publish(to_publish, tmp_path / "work").returncode == errors.CONFIRMED
+    integrity.verify(to_publish)
+
+
+# --- locks ---------------------------------------------------------------------------------------------
+
+
+def test_a_run_that_waits_names_who_holds_the_lock_and_gives_up_after_its_timeout(tmp_path, capsys):
+    from pdevidence.core.errors import HarnessError
+    from pdevidence.core.locking import exclusive
+
+    lock = tmp_path / "thing.lock"
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+from pathlib import Path
+from pdevidence.core.locking import exclusive
+with exclusive(Path({str(lock)!r}), "the thing"):
+    print("held", flush=True)
+    time.sleep(30)
+""", "--holding"], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(HarnessError) as raised:
+            with exclusive(lock, "the thing", timeout=0.3):
+                pass
+        said = capsys.readouterr().err
+        assert f"waiting: another process is using the thing ({lock}): pid {holder.pid} (-c --holding)" in said
+        assert raised.value.code == errors.ENVIRONMENT
+        assert f"gave up after 0.3 s waiting for the thing ({lock}), held by pid {holder.pid}" in str(raised.value)
+    finally:
+        holder.kill()
+        holder.wait()
+    with exclusive(lock, "the thing", timeout=5):  # its holder died: the kernel let it go
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
