@@ -70,7 +70,7 @@ def _copy(source: Path, dest: Path, experiments: list[str]) -> None:
                 shutil.copy2(source / f"{name}{suffix}", dest / f"{name}{suffix}")
 
 
-def _keep(entry: Path, produced: Path, experiments: list[str], containment: dict | None) -> None:
+def _keep(entry: Path, produced: Path, experiments: list[str], containment: dict | None, locks: Path) -> None:
     """Copy what the probe wrote into the cache entry, with how it ran, renamed into place whole."""
     entry.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{entry.name}.", suffix=".tmp"))
@@ -78,19 +78,21 @@ def _keep(entry: Path, produced: Path, experiments: list[str], containment: dict
         _copy(produced, staging, experiments)
         write_atomic(staging / CONTAINMENT, dumps(containment))
         os.chmod(staging, 0o755)
-        with _held(entry):
+        with _held(entry, locks):
             _swap_in(staging, entry)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _held(directory: Path):
-    """The lock of a directory that is read whole and replaced whole (a kept outcome, a tree's output)."""
-    return exclusive(directory.parent / f".{directory.name}.lock", f"the outcome {directory.name}")
+def _held(directory: Path, locks: Path):
+    """The lock of a directory that is read whole and replaced whole (a kept outcome, a tree's output), in
+    ``locks``: nothing but the outcomes themselves where they are."""
+    name = hashlib.sha256(os.fsencode(directory.resolve())).hexdigest()[:24]
+    return exclusive(locks / f"outcome-{name}.lock", f"the outcome {directory}")
 
 
 def _swap_in(staging: Path, dest: Path) -> None:
-    """``dest`` becomes ``staging`` (the caller holds ``_held(dest)``): the old one is moved aside, not deleted
+    """``dest`` becomes ``staging`` (the caller holds its ``_held``): the old one is moved aside, not deleted
     in place, so no reader ever sees half of either; what a killed swap left aside goes on the next one."""
     for left in dest.parent.glob(f".{dest.name}.*.old"):
         shutil.rmtree(left, ignore_errors=True)
@@ -142,7 +144,7 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
     try:
         for tree in trees:
             label, entry = tree.label(), work / "outcomes" / keys[tree.label()]
-            kept = None if force else _reuse(entry, private / label, experiments)
+            kept = None if force else _reuse(entry, private / label, experiments, work / "locks")
             if kept is not None:
                 found[label] = allprobes.collect(exps, private / label, entry / "none.log", "left no outcome",
                                                  kept["containment"])
@@ -167,18 +169,18 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
                 found[label] = outcomes
                 if _complete(private / label, experiments):
                     _keep(work / "outcomes" / keys[label], private / label, experiments,
-                          next(iter(outcomes.values())).containment)
+                          next(iter(outcomes.values())).containment, work / "locks")
         for label in found:
-            with _held(out_dir / label):
+            with _held(out_dir / label, work / "locks"):
                 _swap_in(private / label, out_dir / label)
     finally:
         shutil.rmtree(private, ignore_errors=True)
     return found
 
 
-def _reuse(entry: Path, dest: Path, experiments: list[str]) -> dict | None:
+def _reuse(entry: Path, dest: Path, experiments: list[str], locks: Path) -> dict | None:
     """Copy a complete kept outcome to ``dest`` and say how it ran (``{"containment": ...}``); None: there is none."""
-    with _held(entry):
+    with _held(entry, locks):
         if not _complete(entry, experiments):
             return None
         _copy(entry, dest, experiments)
