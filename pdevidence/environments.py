@@ -32,7 +32,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from .core import children, files, settings
+from .core import children, faults, files, settings
 from .core.errors import HarnessError
 from .core.files import sha256_file
 from .core.locking import exclusive
@@ -309,6 +309,7 @@ def _build(env: CellEnvironment, interpreter: Interpreter, closure: Path, tree: 
     if tree is not None and tree.kind != "path":
         _install_tree(uv, env, tree, say)
     seconds = round(time.monotonic() - started, 1)
+    faults.point("environment")
     files.write_marker(path / ENV_INFO, {"key": key, "build_seconds": seconds})
     say(f"built {path.name} in {seconds} s")
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from packaging.version import InvalidVersion, Version
 
 from pdevidence import cli, registry
-from pdevidence.core import arguments, children, errors
+from pdevidence.core import arguments, children, errors, faults
 from pdevidence.core import settings as harness_settings
 from pdevidence.core.paths import PROJECT
 from pdevidence.lanes import sweep_parts
@@ -257,6 +257,8 @@ def malformed_settings(ground: Path) -> dict[str, st.SearchStrategy[str]]:
                         missing(ground).filter(lambda v: v and "\x00" not in v and os.sep in v))
     return {
         "PDEVIDENCE_PROBE_TIMEOUT": ENV_TEXT.filter(lambda v: v and seconds(v)),
+        "PDEVIDENCE_LOCK_TIMEOUT": ENV_TEXT.filter(lambda v: v and seconds(v)),
+        "PDEVIDENCE_FAULT": no(faults.POINTS),
         "PDEVIDENCE_TORCH": no(harness_settings.TORCH_CHANNELS),
         "PDEVIDENCE_UPSTREAM_KIND": no(harness_settings.TREE_KINDS),
         "PDEVIDENCE_INDEX_URL": ENV_TEXT.filter(lambda v: v and not v.startswith(("http:", "https:", "file:"))),

@@ -25,10 +25,11 @@ import tempfile
 from pathlib import Path
 
 from .. import environments
-from ..core import phases, sandbox
+from ..core import faults, phases, sandbox
 from ..core.errors import HarnessError
 from ..core.files import dumps, read_json, sha256_file, write_atomic
-from ..core.paths import work_dir
+from ..core.locking import exclusive
+from ..core.paths import run_logs, work_dir
 from ..documents.provenance import Shaped, harness_digest, tree_digest
 from ..registry import Era, Registry
 from ..sources.importable import importable_dir
@@ -75,7 +76,7 @@ def _copy(source: Path, dest: Path, experiments: list[str]) -> None:
         shutil.copy2(source / allprobes.CONFIG_FILE, dest / allprobes.CONFIG_FILE)
 
 
-def _keep(entry: Path, produced: Path, experiments: list[str], containment: dict | None) -> None:
+def _keep(entry: Path, produced: Path, experiments: list[str], containment: dict | None, locks: Path) -> None:
     """Copy what the probe wrote into the cache entry, with how it ran, renamed into place whole."""
     entry.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{entry.name}.", suffix=".tmp"))
@@ -83,10 +84,30 @@ def _keep(entry: Path, produced: Path, experiments: list[str], containment: dict
         _copy(produced, staging, experiments)
         write_atomic(staging / CONTAINMENT, dumps(containment))
         os.chmod(staging, 0o755)
-        shutil.rmtree(entry, ignore_errors=True)
-        os.replace(staging, entry)
+        with _held(entry, locks):
+            _swap_in(staging, entry)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _held(directory: Path, locks: Path):
+    """The lock of a directory that is read whole and replaced whole (a kept outcome, a tree's output), in
+    ``locks``: nothing but the outcomes themselves where they are."""
+    name = hashlib.sha256(os.fsencode(directory.resolve())).hexdigest()[:24]
+    return exclusive(locks / f"outcome-{name}.lock", f"the outcome {directory}")
+
+
+def _swap_in(staging: Path, dest: Path) -> None:
+    """``dest`` becomes ``staging`` (the caller holds its ``_held``): the old one is moved aside, not deleted
+    in place, so no reader ever sees half of either; what a killed swap left aside goes on the next one."""
+    for left in dest.parent.glob(f".{dest.name}.*.old"):
+        shutil.rmtree(left, ignore_errors=True)
+    aside = dest.with_name(f".{dest.name}.{os.getpid()}.old")
+    if dest.exists():
+        os.rename(dest, aside)
+    faults.point("outcome")
+    os.rename(staging, dest)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def probe_trees(reg: Registry, trees: list[Tree], experiments: list[str], tree_args: dict[str, dict[str, str]], *,
@@ -123,34 +144,54 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
             for tree in trees}
     found: dict[str, dict[str, allprobes.Outcome]] = {}
     todo = []
-    for tree in trees:
-        label, entry = tree.label(), work / "outcomes" / keys[tree.label()]
-        if not force and _complete(entry, experiments, SERVER_ARGS in tree_args[label]):
-            allprobes.clear(out_dir / label, experiments)
-            _copy(entry, out_dir / label, experiments)
-            found[label] = allprobes.collect(exps, out_dir / label, entry / "none.log", "left no outcome",
-                                             _kept_containment(entry))
-        else:
-            with phases.measure(phases.TREES):
-                unpacked = importable_dir(tree, env.interpreter)
-            todo.append(engine.TreeTask(label, unpacked, tree_args[label], tree.pinned, shared=_from_the_index(tree)))
-    if found:
-        log(f"{where}: {len(found)} tree(s) unchanged, outcomes reused: {', '.join(found)} (use --force to reprobe)")
-    # A work tree (--path) is the user's: its imports must leave no bytecode in it.
-    quiet = {"PYTHONDONTWRITEBYTECODE": "1"} if any(t.kind == "path" for t in trees) else {}
-    groups = _groups(todo)
-    for group in groups:
-        alone = " in an engine of its own" if len(groups) > 1 and not group[0].shared else ""
-        log(f"{where}: probing {', '.join(t.label for t in group)} ({jobs} at a time){alone}")
-        ran = engine.run(reg, env.interpreter, group, experiments, out_dir=out_dir, logs=work / "logs" / "engine",
-                         preload=engine.preload_file(env.path), jobs=jobs,
-                         env={**stand_ins, **quiet}, log=log)
-        for label, outcomes in ran.items():
-            found[label] = outcomes
-            if _complete(out_dir / label, experiments, SERVER_ARGS in tree_args[label]):
-                _keep(work / "outcomes" / keys[label], out_dir / label, experiments,
-                      next(iter(outcomes.values())).containment)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # This run's own copy of every tree's output, swapped into out_dir whole: runs at once never mix theirs.
+    private = Path(tempfile.mkdtemp(dir=out_dir, prefix=".probing-"))
+    try:
+        for tree in trees:
+            label, entry = tree.label(), work / "outcomes" / keys[tree.label()]
+            config = SERVER_ARGS in tree_args[label]
+            kept = None if force else _reuse(entry, private / label, experiments, work / "locks", config)
+            if kept is not None:
+                found[label] = allprobes.collect(exps, private / label, entry / "none.log", "left no outcome",
+                                                 kept["containment"])
+            else:
+                with phases.measure(phases.TREES):
+                    unpacked = importable_dir(tree, env.interpreter)
+                todo.append(engine.TreeTask(label, unpacked, tree_args[label], tree.pinned,
+                                            shared=_from_the_index(tree)))
+        if found:
+            log(f"{where}: {len(found)} tree(s) unchanged, outcomes reused: {', '.join(found)} (use --force to reprobe)")
+        # A work tree (--path) is the user's: its imports must leave no bytecode in it.
+        quiet = {"PYTHONDONTWRITEBYTECODE": "1"} if any(t.kind == "path" for t in trees) else {}
+        groups = _groups(todo)
+        for group in groups:
+            alone = " in an engine of its own" if len(groups) > 1 and not group[0].shared else ""
+            log(f"{where}: probing {', '.join(t.label for t in group)} ({jobs} at a time){alone}")
+            ran = engine.run(reg, env.interpreter, group, experiments, out_dir=private,
+                             logs=run_logs(work / "logs" / "engine"), preload=engine.preload_file(env.path),
+                             jobs=jobs, env={**stand_ins, **quiet}, log=log)
+            faults.point("probe")
+            for label, outcomes in ran.items():
+                found[label] = outcomes
+                if _complete(private / label, experiments, SERVER_ARGS in tree_args[label]):
+                    _keep(work / "outcomes" / keys[label], private / label, experiments,
+                          next(iter(outcomes.values())).containment, work / "locks")
+        for label in found:
+            with _held(out_dir / label, work / "locks"):
+                _swap_in(private / label, out_dir / label)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
     return found
+
+
+def _reuse(entry: Path, dest: Path, experiments: list[str], locks: Path, config: bool) -> dict | None:
+    """Copy a complete kept outcome to ``dest`` and say how it ran (``{"containment": ...}``); None: there is none."""
+    with _held(entry, locks):
+        if not _complete(entry, experiments, config):
+            return None
+        _copy(entry, dest, experiments)
+        return {"containment": _kept_containment(entry)}
 
 
 def _from_the_index(tree: Tree) -> bool:

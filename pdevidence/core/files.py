@@ -7,6 +7,7 @@ umask gives a temporary file (published files are read by everyone).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -14,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from . import faults
 from .errors import INCOMPLETE, HarnessError
 
 FILE_MODE = 0o644  # mkstemp alone gives 0600
@@ -25,8 +27,18 @@ def dumps(doc: Any) -> str:
     return json.dumps(doc, sort_keys=True, indent=2, ensure_ascii=True) + "\n"
 
 
+def disk_error(exc: OSError, path: Path) -> HarnessError | None:
+    """A full disk or a file-size limit while writing ``path``: the environment's problem, named; else None."""
+    if exc.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        return None
+    return HarnessError(f"cannot write {path}: {os.strerror(exc.errno)}",
+                        expected="room on its file system (and no file-size or quota limit in the way)",
+                        todo=f"free space where {path.parent} is (or raise the limit), then run again; "
+                        "nothing half-written was left")
+
+
 def write_atomic(path: Path, text: str | bytes) -> None:
-    """Write via a temporary file in the same directory, renamed into place once complete."""
+    """Write via a temporary file in the same directory, synced, renamed into place once complete."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = text.encode("utf-8") if isinstance(text, str) else text
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -34,9 +46,15 @@ def write_atomic(path: Path, text: str | bytes) -> None:
         os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())  # on disk before it has the name: a power cut leaves the old file or this one
+        faults.point("write")
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         os.unlink(tmp)
+        found = disk_error(exc, path) if isinstance(exc, OSError) else None
+        if found:
+            raise found from None
         raise
 
 

@@ -1,14 +1,22 @@
-"""Inter-process locks, so two runs of one cell never share a half-built cache entry."""
+"""Inter-process locks, so two runs never share a half-built cache entry.
+
+A lock is an ``flock`` on a file that also says who holds it (pid, command, since), so a run
+that waits can say for whom, and one that gives up (``timeout``) names the holder. The
+kernel drops the lock when its holder dies, even by ``kill -9``: a lock is never stale.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import sys
+import time
 from pathlib import Path
 
-from . import children
+from . import children, settings
+from .errors import HarnessError
 
 POLL_SECONDS = 0.1
 
@@ -21,20 +29,54 @@ def _try_lock(fd: int) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def exclusive(path: Path, what: str):
-    """Hold an exclusive lock on ``path``; say so when another process has it.
+def holder(path: Path) -> str:
+    """Who holds the lock at ``path``, in words, as its holder recorded it ("" when it did not)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        since = time.strftime("%H:%M:%S", time.localtime(doc["since"]))
+        return f"pid {doc['pid']} ({doc['command']}), since {since}"
+    except (OSError, ValueError, KeyError, TypeError, OverflowError):
+        return ""
 
-    The wait polls rather than blocks in flock: a worker thread blocked there never sees
-    Ctrl-C, and the run would hang until the other process let go.
+
+def _record(fd: int) -> None:
+    """Say who holds the lock: written in place (the lock is the file's inode, never replaced)."""
+    doc = {"pid": os.getpid(), "command": " ".join(sys.argv)[:200] or sys.executable, "since": time.time()}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(doc).encode(), 0)
+
+
+@contextlib.contextmanager
+def exclusive(path: Path, what: str, *, timeout: float | None = None):
+    """Hold an exclusive lock on ``path``; say so, and who has it, when another process has it.
+
+    ``timeout`` (default ``PDEVIDENCE_LOCK_TIMEOUT``, else none): give up after that many seconds with an
+    error naming the holder. The wait
+    polls rather than blocks in flock: a worker thread blocked there never sees Ctrl-C, and
+    the run would hang until the other process let go.
     """
+    if timeout is None:
+        timeout = settings.get("PDEVIDENCE_LOCK_TIMEOUT")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    held = False
     try:
         if not _try_lock(fd):
-            print(f"waiting: another process is using {what} ({path})", file=sys.stderr)
+            who = holder(path)
+            print(f"waiting: another process is using {what} ({path})" + (f": {who}" if who else ""),
+                  file=sys.stderr)
+            deadline = None if timeout is None else time.monotonic() + timeout
             while not _try_lock(fd):
+                if deadline is not None and time.monotonic() >= deadline:
+                    who = holder(path) or "a process that did not say who it is"
+                    raise HarnessError(f"gave up after {timeout:g} s waiting for {what} ({path}), held by {who}",
+                                       todo="let that run finish, or stop it if it is stuck; the lock is "
+                                       "released the moment it exits")
                 children.sleep(POLL_SECONDS)
+        held = True
+        _record(fd)
         yield
     finally:
+        if held:  # no one holds it now
+            os.ftruncate(fd, 0)
         os.close(fd)

@@ -12,6 +12,8 @@ to the user's state directory (``platformdirs``; ``PDEVIDENCE_CACHE``, ``PDEVIDE
 from __future__ import annotations
 
 import os
+import tempfile
+import time
 from pathlib import Path
 
 import platformdirs
@@ -59,6 +61,13 @@ def work_dir(root: Path) -> Path:
 def runs_dir(root: Path) -> Path:
     """Fresh cell results and receipts (the published ones live in results/)."""
     return settings.get("PDEVIDENCE_RUNS") or (state_dir() / "runs" if bundled(root) else root / "runs")
+
+
+def run_logs(parent: Path) -> Path:
+    """A new directory under ``parent`` for one run's logs, named by when it started: runs at once never share
+    a log, and what an error message points at stays what that run wrote."""
+    parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=parent, prefix=time.strftime("%Y%m%d-%H%M%S-")))
 
 
 def keep_bytecode_out(root: Path) -> None:

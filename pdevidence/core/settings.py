@@ -42,6 +42,14 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _fault_point(text: str) -> str:
+    from . import faults  # the names live with the points
+
+    if text not in faults.POINTS:
+        raise ValueError(text)
+    return text
+
+
 def _choice(*values: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in values:
@@ -118,6 +126,9 @@ def _executable(text: str) -> str:
 
 SETTINGS = {s.name: s for s in (
     Setting("PDEVIDENCE_PROBE_TIMEOUT", "a positive number of seconds, e.g. 900 (the default)", _seconds, 900.0),
+    Setting("PDEVIDENCE_LOCK_TIMEOUT", "a positive number of seconds a run waits for another one's lock before it "
+            "gives up, e.g. 3600; unset: it waits as long as the other run takes", _seconds),
+    Setting("PDEVIDENCE_FAULT", "a fault point's name (tests only: the run kills itself there)", _fault_point),
     Setting("PDEVIDENCE_SANDBOX", f"one of: {', '.join(SANDBOX_TOOLS)} (default auto: bubblewrap, else unshare)",
             _choice(*SANDBOX_TOOLS), "auto"),
     Setting("PDEVIDENCE_PROBE_MEMORY", "a size in bytes with an optional K, M, G or T, e.g. 8G (the default)",

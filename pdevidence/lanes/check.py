@@ -35,7 +35,7 @@ from ..cells import allprobes, warm
 from ..core import children, sandbox
 from ..core.arguments import ServerArguments
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, HarnessError, usage, worst
-from ..core.paths import results_dir, runs_dir, tree_lock_file, work_dir
+from ..core.paths import results_dir, run_logs, runs_dir, tree_lock_file, work_dir
 from ..documents.observations import Explained, explained_brief, explained_json, explained_text
 from ..documents.vocabulary import Behaviour, Classification, RestsOn
 from ..documents.vocabulary import CheckStatus as Status
@@ -404,7 +404,7 @@ def _tree_args(tree: trees.Tree | None, kind: str = "") -> dict[str, str]:
 def _in_own_process(reg: Registry, names: list[str], target: Target, out: Path, log,
                     config_args: dict[str, str]) -> dict[str, allprobes.Outcome]:
     """An interpreter as it is."""
-    logfile = work_dir(reg.root) / "logs" / f"check.{target.label()}.log"
+    logfile = run_logs(work_dir(reg.root) / "logs" / "check") / f"{target.label()}.log"
     log(f"check: running every probe with {target.ref}")
     # Nothing may be written inside the environment checked: no bytecode caches, not even the probes'.
     return allprobes.run(reg, target.ref, names, {**_tree_args(None, target.kind), **config_args}, out_dir=out,

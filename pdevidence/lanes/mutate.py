@@ -52,7 +52,7 @@ from ..core import sandbox
 from ..core.errors import BEHAVIOUR_DIFFERS, ENVIRONMENT, HarnessError, usage
 from ..core.files import dumps, read_json, write_atomic
 from ..core.locking import exclusive
-from ..core.paths import runs_dir, work_dir
+from ..core.paths import run_logs, runs_dir, work_dir
 from ..documents import provenance, results
 from ..documents.tables import RAISED, MutantOutcome, MutationParameters, MutationTable
 from ..documents.vocabulary import MutantStatus
@@ -226,7 +226,7 @@ def _run_warm(reg: registry.Registry, cell: cells.Cell, tree, argv: list[str], w
     # The child imports the tree once and forks each mutant from there, two at a time.
     task = engine.DriverTask(cell.experiment, importable_dir(tree, env.interpreter), [*argv, "--jobs", "2"],
                              driver=ENGINE_DRIVER, writes=(writes,))
-    logs = work / "logs" / f"mutate-engine.{cell.experiment}"
+    logs = run_logs(work / "logs" / f"mutate-engine.{cell.experiment}")
     log(f"{where}: the mutants on {tree.label()} in a warm engine child")
     failure = engine.run_tasks(reg, env.interpreter, [task], logs=logs, preload=engine.preload_file(env.path),
                                trusted=tree.pinned, jobs=1, env=environments.stand_in_env(era),

@@ -23,11 +23,12 @@ from typing import Any
 
 from packaging.version import Version
 
+from ..core import faults
 from ..core.errors import INCOMPLETE, INTEGRITY, STALE, HarnessError
 from ..core.errors import integrity as integrity_error
 from ..core.files import relative, sha256_file, write_atomic
 from ..core.locking import exclusive
-from ..core.paths import results_dir, work_dir
+from ..core.paths import results_dir
 from ..documents import integrity
 from ..documents.provenance import republish_steps, stale_error
 from ..documents.receipts import Receipt
@@ -46,6 +47,7 @@ from .openvex import purl_of_release
 
 STAGING = ".results.staging"  # beside results/: the same filesystem, so the swap is two renames
 OLD = ".results.old"
+LOCK = ".results.lock"  # held by a publish from its recovery to its commit: two never interleave
 SUMS_NEW = f".{integrity.SUMS_FILE}.new"  # the staged sums; replacing SHA256SUMS.txt with it commits
 
 
@@ -300,6 +302,7 @@ def _swap(root: Path, staged: Path) -> None:
     write_atomic(root / SUMS_NEW, integrity.render(root, staged))
     published.mkdir(exist_ok=True)
     os.rename(published, root / OLD)
+    faults.point("publish")
     os.rename(staged, published)
     os.replace(root / SUMS_NEW, root / integrity.SUMS_FILE)  # the commit
     shutil.rmtree(root / OLD)
@@ -307,7 +310,8 @@ def _swap(root: Path, staged: Path) -> None:
 
 def publish(reg: Registry, runs: Path, kind: str, *, allow_unconfirmed: bool = False) -> Published:
     root = reg.root
-    with exclusive(work_dir(root) / "locks" / "publish.lock", "another publish"):
+    # Beside results/, not in the work directory: runs with another PDEVIDENCE_WORK publish here too.
+    with exclusive(root / LOCK, "results/ (another publish)"):
         recover(root)
         chosen = _choose(reg, runs, kind)
         gate(reg, runs, kind, allow_unconfirmed)

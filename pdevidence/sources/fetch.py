@@ -20,9 +20,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ..core import children
+from ..core import children, faults
 from ..core.errors import HarnessError, integrity
-from ..core.files import CHUNK
+from ..core.files import CHUNK, disk_error
 
 
 class Progress:
@@ -109,12 +109,18 @@ def download(url: str, dest: Path, *, expected_sha256: str | None = None, timeou
                 for block in iter(lambda: resp.read(CHUNK), b""):
                     children.check()  # SIGINT/SIGTERM: stop now, the temporary file goes below
                     out.write(block)
+                    faults.point("download")
                     digest.update(block)
                     progress.update(len(block))
                 children.check()  # a stopped transfer ends early: not a truncation
+                out.flush()
+                os.fsync(out.fileno())
                 progress.close()
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError,
                 http.client.HTTPException) as exc:
+            full = disk_error(exc, dest) if isinstance(exc, OSError) else None
+            if full:
+                raise full from None
             reason = getattr(exc, "reason", exc)
             raise HarnessError(
                 f"cannot fetch {what} from {url}: {reason}",

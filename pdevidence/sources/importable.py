@@ -18,7 +18,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from ..core import children
+from ..core import children, faults
 from ..core.errors import HarnessError, integrity
 from ..core.files import read_marker, write_marker
 from ..core.locking import exclusive
@@ -45,6 +45,8 @@ def importable_dir(tree: Tree, python: Path | str) -> Path:
     # Two runs unpacking one wheel: the second waits, then uses the first one's tree.
     with exclusive(dest.parent / f".{dest.name}.lock", f"the unpacked tree {dest.name}"):
         if not dest.is_dir():
+            for left in dest.parent.glob(f".{dest.name}.*.unpack"):  # a killed run's: no one else unpacks here
+                shutil.rmtree(left, ignore_errors=True)
             _unpack(tree, dest, python)
     return dest
 
@@ -64,6 +66,7 @@ def _unpack(tree: Tree, dest: Path, python: Path | str) -> None:
             raise integrity(f"{tree.install_target.name} is not a readable wheel: {exc}",
                             todo="delete it from the cache and fetch again") from None
         compile_bytecode(staging, python)
+        faults.point("unpack")
         os.replace(staging, dest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,240 @@
+"""Shared state under concurrency and crashes: many runs on one cold cache, a run killed at each fault point, a
+full disk.
+
+Every run is a process of its own (``concurrent_run.py``) on a synthetic project, releases served by a local
+index and a fake uv that records each environment it builds. Two eras: 1.0.x runs in ``old``, 1.1.0 in today's
+closure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from synthetic import REGISTRY, make_project, result_doc, serve_index, wheel_bytes, with_real_probes, write_cell
+from test_sandbox import PROBE
+
+from pdevidence.core import errors, faults
+from pdevidence.documents import integrity
+
+HERE = Path(__file__).resolve().parent
+ERAS = REGISTRY + '\n[eras.old]\nreleases = "<1.1.0"\nconstraints = "constraints/era-old.txt"\n'
+RELEASES = {"1.0.0": False, "1.0.1": False, "1.1.0": True}  # version: carries the fix
+ANSWER = {False: (errors.BEHAVIOUR_DIFFERS, "affected"), True: (errors.CONFIRMED, "fixed")}
+
+
+def sglang(version: str, guard: bool) -> str:
+    return f'__version__ = "{version}"\nGUARD = {guard}\n'
+
+
+@pytest.fixture
+def world(tmp_path, http_server):
+    """The project, its index, its cold cache and the environment every run gets."""
+    root = with_real_probes(make_project(tmp_path / "project", ERAS), PROBE)
+    (root / "constraints" / "era-old.txt").write_text("# the old era's closure\n")
+    write_cell(root / "results", "base", result_doc("base", "1.0.0"))
+    write_cell(root / "results", "head", result_doc("head", "1.1.0"))
+    integrity.regenerate(root)
+    wheels = {f"sglang-{v}-py3-none-any.whl": wheel_bytes(v, sglang(v, fixed)) for v, fixed in RELEASES.items()}
+    index = serve_index(http_server, wheels)
+    calls = tmp_path / "uv-calls.jsonl"
+    uv = tmp_path / "fake-uv"
+    uv.write_text(f"""#!{sys.executable}
+import json, os, sys, time
+args = sys.argv[1:]
+with open({str(calls)!r}, "a") as fh:
+    fh.write(json.dumps(args) + "\\n")
+if args[0] == "venv":
+    time.sleep(0.3)  # long enough for the other runs to arrive
+    os.makedirs(os.path.join(args[-1], "bin"), exist_ok=True)
+    os.symlink({os.path.realpath(sys.executable)!r}, os.path.join(args[-1], "bin", "python"))
+""")
+    uv.chmod(0o755)
+    env = {**os.environ, "UV": str(uv), "PDEVIDENCE_INDEX_URL": index, "PDEVIDENCE_CACHE": str(tmp_path / "cache"),
+           "PDEVIDENCE_WORK": str(tmp_path / "work"), "PDEVIDENCE_RUNS": str(tmp_path / "runs"),
+           "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(HERE.parent)}
+    env.pop("PDEVIDENCE_TORCH", None)
+    return root, tmp_path, env, http_server, calls
+
+
+def run(world, *argv: str, fault: str | None = None, preexec=None) -> subprocess.CompletedProcess:
+    root, _, env, _, _ = world
+    env = {**env, "PDEVIDENCE_FAULT": fault} if fault else env
+    return subprocess.run([sys.executable, str(HERE / "concurrent_run.py"), "--root", str(root), *argv],
+                          env=env, capture_output=True, text=True, timeout=300, preexec_fn=preexec)
+
+
+def check(world, version: str, **kw) -> subprocess.CompletedProcess:
+    return run(world, "check", "--version", version, "--json", **kw)
+
+
+def assert_right(done: subprocess.CompletedProcess, version: str) -> None:
+    code, status = ANSWER[RELEASES[version]]
+    assert done.returncode == code, done.stderr
+    assert [e["status"] for e in json.loads(done.stdout)["experiments"]] == [status], done.stderr
+
+
+def builds(world) -> list[str]:
+    """The environments the fake uv created, one line each."""
+    calls = world[4]
+    return [args[-1] for args in map(json.loads, calls.read_text().splitlines()) if args[0] == "venv"] \
+        if calls.exists() else []
+
+
+def leftovers(world) -> list[str]:
+    """Half-made things the runs left in the cache or the work directory (locks aside)."""
+    tmp = world[1]
+    return sorted(str(p.relative_to(tmp)) for top in ("cache", "work") for p in (tmp / top).rglob(".*")
+                  if not p.name.endswith(".lock") and not p.name.startswith(".pdevidence-"))
+
+
+@pytest.mark.parametrize("versions", [["1.0.0"] * 4, ["1.0.0", "1.0.1", "1.0.0", "1.0.1"],
+                                      ["1.0.0", "1.1.0", "1.0.1", "1.1.0"]],
+                         ids=["one release", "one era", "two eras"])
+def test_runs_at_once_on_a_cold_cache_all_answer_right_and_make_each_thing_once(world, versions):
+    with ThreadPoolExecutor(len(versions)) as pool:
+        done = list(pool.map(lambda v: check(world, v), versions))
+    for version, ran in zip(versions, done):
+        assert ran.returncode != errors.INTERNAL, ran.stderr
+        assert_right(ran, version)
+    _, tmp, _, server, _ = world
+    for version in set(versions):
+        assert server.hits(f"/files/sglang-{version}-py3-none-any.whl") == 1
+    made = builds(world)
+    assert len(made) == len(set(made)) == len({version < "1.1.0" for version in versions})
+    unpacked = sorted(p.name.split(".")[0] for p in (tmp / "cache" / "unpacked").iterdir()
+                      if not p.name.startswith("."))
+    assert len(unpacked) == len(set(versions))
+    assert leftovers(world) == []
+
+
+@pytest.mark.parametrize("point", ["download", "unpack", "environment", "probe", "outcome", "write"])
+def test_a_run_killed_at_any_point_loses_nothing_and_the_next_run_answers_right(world, point):
+    killed = check(world, "1.0.0", fault=point)
+    assert killed.returncode == -9, killed.stderr
+    assert_right(check(world, "1.0.0"), "1.0.0")
+    assert_right(check(world, "1.1.0"), "1.1.0")  # another era, after the kill too
+    again = check(world, "1.0.0")
+    assert_right(again, "1.0.0")
+    assert "outcomes reused" in again.stderr + again.stdout
+
+
+def test_a_run_killed_after_replacing_an_outcome_leaves_the_next_one_right(world):
+    assert_right(check(world, "1.0.0"), "1.0.0")
+    assert run(world, "check", "--version", "1.0.0", "--force", fault="outcome").returncode == -9
+    assert_right(check(world, "1.0.0"), "1.0.0")
+
+
+def _small_files() -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))  # Python ignores SIGXFSZ: a write fails with EFBIG
+
+
+def test_a_full_disk_is_an_environment_problem_naming_the_path_and_leaves_nothing_half_written(world, http_server):
+    big = wheel_bytes("1.0.0", sglang("1.0.0", False) + "# " + os.urandom(4000).hex() + "\n")
+    http_server.serve("/files/sglang-1.0.0-py3-none-any.whl", big)
+    done = check(world, "1.0.0", preexec=_small_files)
+    assert done.returncode == errors.ENVIRONMENT, done.stderr
+    assert "cannot write" in done.stderr and "sglang-1.0.0-py3-none-any.whl" in done.stderr
+    assert "File too large" in done.stderr and "Traceback" not in done.stderr
+    assert not [p for p in (world[1] / "cache").rglob("*") if p.suffix in (".part", ".tmp")]
+
+
+def test_an_atomic_write_over_the_limit_is_exit_3_naming_the_path_with_no_temporary_left(tmp_path):
+    code = f"""
+from pathlib import Path
+from pdevidence.core.errors import HarnessError
+from pdevidence.core.files import write_atomic
+try:
+    write_atomic(Path({str(tmp_path / 'doc.json')!r}), "x" * 10000)
+except HarnessError as exc:
+    print(exc.code, exc)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=_small_files,
+                          env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    assert done.stdout.startswith(f"{errors.ENVIRONMENT} cannot write {tmp_path / 'doc.json'}"), done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_fault_point_is_tested():
+    tested = {"download", "unpack", "environment", "probe", "outcome", "write", "publish"}
+    assert tested == set(faults.POINTS)
+
+
+# --- publish -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def to_publish(tmp_path):
+    from synthetic import write_sweep
+
+    project = make_project(tmp_path / "publish")
+    for side in ("base", "head"):
+        write_cell(project / "runs", side)
+    write_sweep(project / "runs" / "sweep-demo.json")
+    return project
+
+
+def publish(project: Path, work: Path, fault: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PDEVIDENCE_WORK": str(work), "PYTHONPATH": str(HERE.parent)}
+    env.pop("PDEVIDENCE_RUNS", None)
+    if fault:
+        env["PDEVIDENCE_FAULT"] = fault
+    return subprocess.run([sys.executable, "-m", "pdevidence", "--root", str(project), "publish"], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_publishes_at_once_never_interleave_even_from_other_work_directories(to_publish, tmp_path):
+    with ThreadPoolExecutor(3) as pool:
+        done = list(pool.map(lambda i: publish(to_publish, tmp_path / f"work-{i}"), range(3)))
+    assert [d.returncode for d in done] == [errors.CONFIRMED] * 3, [d.stderr for d in done]
+    integrity.verify(to_publish)
+    assert not [p.name for p in to_publish.iterdir() if p.name.startswith(".results.") and p.name != ".results.lock"]
+
+
+def test_a_publish_killed_mid_swap_is_rolled_back_and_the_next_one_publishes(to_publish, tmp_path):
+    assert publish(to_publish, tmp_path / "work").returncode == errors.CONFIRMED
+    before = (to_publish / "SHA256SUMS.txt").read_bytes()
+    killed = publish(to_publish, tmp_path / "work", fault="publish")
+    assert killed.returncode == -9, killed.stderr
+    assert not (to_publish / "results").exists()  # moved aside, not yet replaced: what the next run repairs
+    assert (to_publish / "SHA256SUMS.txt").read_bytes() == before  # not committed
+    assert publish(to_publish, tmp_path / "work").returncode == errors.CONFIRMED
+    integrity.verify(to_publish)
+
+
+# --- locks ---------------------------------------------------------------------------------------------
+
+
+def test_a_run_that_waits_names_who_holds_the_lock_and_gives_up_after_its_timeout(tmp_path, capsys):
+    from pdevidence.core.errors import HarnessError
+    from pdevidence.core.locking import exclusive
+
+    lock = tmp_path / "thing.lock"
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+from pathlib import Path
+from pdevidence.core.locking import exclusive
+with exclusive(Path({str(lock)!r}), "the thing"):
+    print("held", flush=True)
+    time.sleep(30)
+""", "--holding"], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(HarnessError) as raised:
+            with exclusive(lock, "the thing", timeout=0.3):
+                pass
+        said = capsys.readouterr().err
+        assert f"waiting: another process is using the thing ({lock}): pid {holder.pid} (-c --holding)" in said
+        assert raised.value.code == errors.ENVIRONMENT
+        assert f"gave up after 0.3 s waiting for the thing ({lock}), held by pid {holder.pid}" in str(raised.value)
+    finally:
+        holder.kill()
+        holder.wait()
+    with exclusive(lock, "the thing", timeout=5):  # its holder died: the kernel let it go
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
