@@ -380,16 +380,19 @@ def cell_environment(registry: Registry, tree: Tree, slug: str,
 
     With its era's closure, the cell starts as a linked copy of the shared closure environment, and a
     pinned tree's (a release's, a commit's: all it holds is named by its content) lives in the user's cache
-    beside it, for every cell, lane and checkout that installs that tree in that closure."""
+    beside it, for every cell, lane and checkout that installs that tree in that closure. A work tree is
+    never installed: its cell runs in the closure environment itself, the tree on its path."""
     torch = torch_choice(registry)
     era = era_of(registry, tree)
     installs = closure(registry, era, torch=torch, override=constraints)
     seed = closure_environment(registry, era, log=log) if constraints is None else None
-    if seed is not None and tree.kind != "path":
-        where = seed.path.parent / f"tree.{tree.label()}.{(tree.digest or '')[:12]}.{seed.path.name}"
-    else:  # a work tree, reinstalled on every run, or the drift lane's pins: this checkout's own
-        where = work_dir(registry.root) / "envs" / slug
-    env = ensure(where, registry.python, installs, tree, torch, log=log, seed=seed)
+    if seed is not None and tree.kind == "path":  # never installed (``unbuilt``): the closure environment itself
+        env = CellEnvironment(seed.path, seed.python, seed.torch, seed.commands, reused=seed.reused)
+    elif seed is not None:
+        env = ensure(seed.path.parent / f"tree.{tree.label()}.{(tree.digest or '')[:12]}.{seed.path.name}",
+                     registry.python, installs, tree, torch, log=log, seed=seed)
+    else:  # the drift lane's pins: this checkout's own
+        env = ensure(work_dir(registry.root) / "envs" / slug, registry.python, installs, tree, torch, log=log)
     env.probe_env = unbuilt(tree)
     if era is not None and constraints is None:  # the era's own closure: its stand-ins with it
         env.probe_env.update(stand_in_env(era))
