@@ -132,7 +132,7 @@ def tree_classes(*paths: str) -> tuple[type, ...]:
             cls = getattr(importlib.import_module(module), name)
         except Exception:  # absent, or not importable here: nothing to take names from
             continue
-        if isinstance(cls, type):
+        if isinstance(cls, type) and cls not in found:  # an old module may re-export the new one's class
             found.append(cls)
     return tuple(found)
 
