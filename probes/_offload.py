@@ -17,6 +17,9 @@ the boundary the manager talks to, and nothing else:
   ``free_kv_row`` gives each range back through the allocator; ``cache_finished_req`` of the
   finish-only trees gives the row back the same way) and the tensor-parallel world size (1).
 
+Each is built from the tree's own class (``STANDINS``): every method the class defines that the
+stand-in does not write is a recorder, so no name the tree's own idiom calls is missing.
+
 The scenarios call the manager as the tree's output processor does: a decode step offloads an
 unfinished request; at finish ``offload_kv_cache``, and where it wrote nothing
 ``finalize_release_on_finish`` (trees without it: the tree cache's ``cache_finished_req``); a copy

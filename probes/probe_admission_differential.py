@@ -6,7 +6,10 @@ admission doors let it through; after it, `is_unadmitted_reject` sends it to
 `Scheduler.retire_unadmitted_request`. The scenarios call the real SGLang doors,
 receiver/sender creation and retirement; only the KV sender/receiver classes,
 the KV manager, the tree cache, the allocator, the output streamer and the
-beam coordinator are recording stand-ins.
+beam coordinator are recording stand-ins. Each is built from the tree's own
+class (`STANDINS`): what the probe wrote behaves as written, and every other
+method the class defines is a recorder, so a fix written in the tree's own
+idiom never ends in an AttributeError inside a stand-in.
 
 Older trees (back to 0.4.5) are driven through what they have, each detected
 from the tree, never from its version, and named in the result's `adaptations`

@@ -6,7 +6,9 @@ on a stand-in scheduler that subclasses the real mixin, with real ``Req``,
 transport / cache / scheduler boundary is replaced by recorders: the KV sender,
 ``send_kv_chunk``, ``release_kv_cache``, the unfinished-request cache call,
 the tree cache, the allocators, the output streamer, the metrics and the
-scheduler's queues and cache-side abort hook. The stand-ins carry everything
+scheduler's queues and cache-side abort hook. Each collaborator is built from the
+tree's own class (``STANDINS``): every method it defines that the probe did not write
+is a recorder, so no name the tree's own idiom calls is missing. The stand-ins carry everything
 the pre-fix paths read too, so a head tree with its fix removed (the mutation
 lane, ``python -m pdevidence mutate prefill``) shows the base behaviour.
 
