@@ -17,6 +17,9 @@ the boundary the manager talks to, and nothing else:
   ``free_kv_row`` gives each range back through the allocator; ``cache_finished_req`` of the
   finish-only trees gives the row back the same way) and the tensor-parallel world size (1).
 
+Each is built from the tree's own class (``STANDINS``): every method the class defines that the
+stand-in does not write is a recorder, so no name the tree's own idiom calls is missing.
+
 The scenarios call the manager as the tree's output processor does: a decode step offloads an
 unfinished request; at finish ``offload_kv_cache``, and where it wrote nothing
 ``finalize_release_on_finish`` (trees without it: the tree cache's ``cache_finished_req``); a copy
@@ -38,7 +41,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from _probekit import ScenarioSet, publish_server_args, server_args, swapped
+from _probekit import Collaborators, ScenarioSet, publish_server_args, server_args, swapped
 
 MANAGER_MODULE = "sglang.srt.disaggregation.decode_kvcache_offload_manager"
 PAGE = 4  # page size, and so the offload stride (SGLANG_HICACHE_DECODE_OFFLOAD_STRIDE unset)
@@ -47,6 +50,18 @@ ROW_LEN = 64
 # Where the output processor offloads an unfinished request (0.5.12 on), read from the tree's source.
 DECODE_CALL = re.compile(r"not req\.finished\(\)\s*\)?:?\s*\n\s*self\.decode_offload_manager\.offload_kv_cache\(req\)")
 HOST_POOL_NAMES = ("MHATokenToKVPoolHost", "MLATokenToKVPoolHost", "build_kv_host_pool")
+# The tree's classes each stand-in is built from, wherever a release keeps them: every method they
+# define answers as a recorder, so a fix written in any tree's idiom reaches its collaborators.
+STANDINS = Collaborators(
+    allocator=("sglang.srt.mem_cache.allocator:TokenToKVPoolAllocator",
+               "sglang.srt.mem_cache.allocator:BaseTokenToKVPoolAllocator"),
+    req_to_token_pool=("sglang.srt.mem_cache.memory_pool:ReqToTokenPool",),
+    tree_cache=("sglang.srt.mem_cache.hiradix_cache:HiRadixCache", "sglang.srt.mem_cache.radix_cache:RadixCache",
+                "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache"),
+    cache_controller=("sglang.srt.managers.cache_controller:HiCacheController",),
+    host_pool=tuple(f"{MANAGER_MODULE}:{name}" for name in HOST_POOL_NAMES)
+    + ("sglang.srt.mem_cache.memory_pool_host:HostKVCache", "sglang.srt.mem_cache.pool_host.base:HostKVCache"),
+)
 
 sg = SimpleNamespace(ready=False)
 
@@ -88,6 +103,7 @@ def prepare(scenarios: ScenarioSet) -> str:
             pass
 
     sg.KVPool = ProbeKVPool
+    STANDINS.find()
     sg.decode_offload = _offloads_while_decoding()
     if not sg.decode_offload:
         scenarios.adapted("offload-at-finish-only")
@@ -139,16 +155,19 @@ class World:
         self.errors: list[str] = []
         world = self
 
-        self.allocator = SimpleNamespace(page_size=PAGE, free=self._free, free_full=self._free,
-                                         get_kvcache=lambda: world.kv_pool, available_size=lambda: 1 << 20)
+        self.allocator = STANDINS.make("allocator", "allocator", page_size=PAGE, free=self._free,
+                                       free_full=self._free, get_kvcache=lambda: world.kv_pool,
+                                       available_size=lambda: 1 << 20)
         self.kv_pool = sg.KVPool()
-        self.req_to_token_pool = SimpleNamespace(req_to_token=self.req_to_token, free=self._free_row,
-                                                 size=ROWS, max_context_len=ROW_LEN)
-        self.tree_cache = SimpleNamespace(protected_size_=1000, free_kv_row=self._free_kv_row,
-                                          unlock=lambda lock: None, dec_lock_ref=lambda *a, **k: None,
-                                          cache_finished_req=self._cache_finished_req,
-                                          req_to_token_pool=self.req_to_token_pool,
-                                          token_to_kv_pool_allocator=self.allocator)
+        self.req_to_token_pool = STANDINS.make("req_to_token_pool", "req_to_token_pool",
+                                               req_to_token=self.req_to_token, free=self._free_row,
+                                               size=ROWS, max_context_len=ROW_LEN)
+        self.tree_cache = STANDINS.make("tree_cache", "tree_cache", protected_size_=1000,
+                                        free_kv_row=self._free_kv_row, unlock=lambda lock: None,
+                                        dec_lock_ref=lambda *a, **k: None,
+                                        cache_finished_req=self._cache_finished_req,
+                                        req_to_token_pool=self.req_to_token_pool,
+                                        token_to_kv_pool_allocator=self.allocator)
         self.manager = self._build()
 
     # --- the manager, built by its real constructor -----------------------------------------
@@ -178,9 +197,9 @@ class World:
                 return hashlib.sha256(text.encode()).hexdigest()[:16]
 
         def host_pool(*args, **kwargs):
-            return SimpleNamespace(free=world._host_free, destroy=lambda: None)
+            return STANDINS.make("host_pool", "host_pool", free=world._host_free, destroy=lambda: None)
 
-        names = {"HiCacheController": Controller}
+        names = {"HiCacheController": STANDINS.make_class("cache_controller", Controller, "cache_controller")}
         names.update({name: host_pool for name in HOST_POOL_NAMES if hasattr(sg.module, name)})
         params = inspect.signature(sg.Manager.__init__).parameters
         kwargs = {"req_to_token_pool": self.req_to_token_pool, "token_to_kv_pool_allocator": self.allocator,

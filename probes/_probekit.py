@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
+import importlib
 import importlib.util
 import inspect
 import json
@@ -22,6 +24,7 @@ import tempfile
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import _standins
@@ -113,6 +116,151 @@ class Spy(Recorder):
     def __call__(self, *args, **kwargs):
         super().__call__(*args, **kwargs)
         return self.then(*args, **kwargs)
+
+
+def tree_classes(*paths: str) -> tuple[type, ...]:
+    """The tree's own classes among ``"module:Class"`` paths, in order; a path the tree lacks is skipped.
+
+    Collaborators move and get renamed between releases, so a stand-in names every place its class
+    has lived. A module that does not import on this machine only leaves its names unrecorded: the
+    stand-in still carries what it was written with.
+    """
+    found = []
+    for path in paths:
+        module, _, name = path.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except Exception:  # absent, or not importable here: nothing to take names from
+            continue
+        if isinstance(cls, type) and cls not in found:  # an old module may re-export the new one's class
+            found.append(cls)
+    return tuple(found)
+
+
+def _methods(classes: tuple[type, ...]) -> dict[str, Any]:
+    """Each method name the classes and their bases define (dunders aside), with its return annotation."""
+    methods: dict[str, Any] = {}
+    for cls in classes:
+        for klass in cls.__mro__:
+            if klass is object:
+                continue
+            for name, value in vars(klass).items():
+                if (name.startswith("__") and name.endswith("__")) or name in methods:
+                    continue
+                fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+                if inspect.isfunction(fn):
+                    methods[name] = fn.__annotations__.get("return")
+    return methods
+
+
+_NEUTRAL: dict[str, Callable[[], Any]] = {"bool": bool, "int": int, "float": float, "str": str, "list": list,
+                                         "dict": dict, "tuple": tuple, "set": set}
+
+
+def _neutral(annotation: Any) -> Any:
+    """What a recorded method returns: the empty value of a builtin return type it declares, else None."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    head = text.removeprefix("typing.").split("[", 1)[0].strip().lower()
+    make = _NEUTRAL.get(head)
+    return make() if make is not None else None
+
+
+def summary(value: Any) -> str:
+    """A deterministic word for an argument: scalars as they are, anything else by its type (no ids)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(scrub(value))
+    if isinstance(value, (list, tuple, set, dict)):
+        return f"{type(value).__name__}[{len(value)}]"
+    return type(value).__name__
+
+
+class _Recording:
+    """What a collaborator stand-in adds to its hand-written attributes: every other method of the
+    tree's collaborator classes answers as a recorder, so the tree's own idiom (a name only an older
+    or a newer tree calls) never ends a scenario with an AttributeError."""
+
+    __methods: dict[str, Any] = {}
+    __label = ""
+    __written = ""
+
+    def __getattr__(self, name: str) -> Any:
+        methods = type(self).__methods
+        if name not in methods:  # worded as the hand-written stand-in's own, so an error reads as it did
+            raise AttributeError(f"{type(self).__written!r} object has no attribute {name!r}", name=name, obj=self)
+        recorder = _MethodRecorder(f"{type(self).__label}.{name}", methods[name], self)
+        object.__setattr__(self, name, recorder)  # one recorder per name, so its calls add up
+        return recorder
+
+
+class _MethodRecorder(Recorder):
+    """A recorder for a method no one wrote: each call also goes to its stand-in's log."""
+
+    def __init__(self, name: str, annotation: Any, owner: Any):
+        super().__init__(name)
+        self.annotation = annotation
+        self.owner = owner
+
+    def __call__(self, *args, **kwargs):
+        words = [summary(a) for a in args] + [f"{k}={summary(v)}" for k, v in sorted(kwargs.items())]
+        recorded(self.owner).append(f"{self.name}({', '.join(words)})")
+        self.returns = _neutral(self.annotation)  # a fresh one each call: the tree may fill it
+        return super().__call__(*args, **kwargs)
+
+
+def recorded(stand_in: Any) -> list[str]:
+    """The calls of ``stand_in``'s recorded methods, in order: ``name(argument summaries)``."""
+    return stand_in.__dict__.setdefault("_Recording__log", [])
+
+
+@functools.cache  # a scenario makes many stand-ins of a few kinds
+def stand_in_class(written: type, classes: tuple[type, ...], label: str | None = None) -> type:
+    """``written`` (a hand-written stand-in class) answering every method of ``classes`` as a recorder.
+
+    The result is not a subclass of the tree's classes: an ``isinstance`` test in the tree still
+    sees a stranger, and no real method runs.
+    """
+    methods = {name: ret for name, ret in _methods(classes).items() if not hasattr(written, name)}
+    heap = written.__flags__ & (1 << 9)  # Py_TPFLAGS_HEAPTYPE: CPython names a built-in type with its module
+    return type(written.__name__, (written, _Recording), {
+        "_Recording__methods": methods, "_Recording__label": label or written.__name__,
+        "_Recording__written": written.__name__ if heap else f"{written.__module__}.{written.__qualname__}",
+        "__module__": written.__module__, "__qualname__": written.__qualname__})
+
+
+def stand_in(classes: tuple[type, ...], label: str, **attrs: Any) -> Any:
+    """A collaborator stand-in: ``attrs`` as written (what the probes observe, and every attribute the
+    tree reads), and every other method the tree's ``classes`` define a recorder returning a neutral value."""
+    return stand_in_class(SimpleNamespace, classes, label)(**attrs)
+
+
+class Collaborators:
+    """A probe's collaborator roles, each with the ``"module:Class"`` paths its classes have lived at.
+
+    ``find()`` imports them once, from ``prepare()``, so no scenario imports anything; until then (and
+    for a role the tree has no class for) a stand-in carries only what it was written with.
+    """
+
+    def __init__(self, **roles: tuple[str, ...]):
+        self.roles = roles
+        self.found: dict[str, tuple[type, ...]] = {}
+
+    def find(self) -> None:
+        self.found = {role: tree_classes(*paths) for role, paths in self.roles.items()}
+
+    def classes(self, role: str) -> tuple[type, ...]:
+        if role not in self.roles:
+            raise KeyError(f"no collaborator role {role!r}")  # a typo must not pass as a tree lacking the class
+        return self.found.get(role, ())
+
+    def make(self, role: str, label: str, **attrs: Any) -> Any:
+        """The stand-in for ``role``: see ``stand_in``."""
+        return stand_in(self.classes(role), label, **attrs)
+
+    def make_class(self, role: str, written: type, label: str) -> type:
+        """A hand-written stand-in class for ``role`` (one the tree constructs): see ``stand_in_class``."""
+        return stand_in_class(written, self.classes(role), label)
 
 
 @contextlib.contextmanager

@@ -6,7 +6,10 @@ admission doors let it through; after it, `is_unadmitted_reject` sends it to
 `Scheduler.retire_unadmitted_request`. The scenarios call the real SGLang doors,
 receiver/sender creation and retirement; only the KV sender/receiver classes,
 the KV manager, the tree cache, the allocator, the output streamer and the
-beam coordinator are recording stand-ins.
+beam coordinator are recording stand-ins. Each is built from the tree's own
+class (`STANDINS`): what the probe wrote behaves as written, and every other
+method the class defines is a recorder, so a fix written in the tree's own
+idiom never ends in an AttributeError inside a stand-in.
 
 Older trees (back to 0.4.5) are driven through what they have, each detected
 from the tree, never from its version, and named in the result's `adaptations`
@@ -55,8 +58,8 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _probekit import (Observed, Recorder, ScenarioSet, Spy, accepts, main, publish_server_args,  # noqa: E402
-                       reads, server_args, swapped)
+from _probekit import (Collaborators, Observed, Recorder, ScenarioSet, Spy, accepts, main,  # noqa: E402
+                       publish_server_args, reads, server_args, swapped)
 
 PROBE = ScenarioSet("admission")
 
@@ -69,6 +72,24 @@ REJECT_MSG = f"Input length (1500 tokens) exceeds the maximum allowed length ({R
 BOOTSTRAP_HOST = "192.0.2.1"
 BOOTSTRAP_PORT = 8998
 CAPACITY = 4096  # well above every prompt here, so no capacity abort muddies a door
+
+# The tree's classes each stand-in is built from, wherever a release keeps them: every method they
+# define answers as a recorder, so a fix written in any tree's idiom reaches its collaborators.
+# The doors run with HiCache storage on, so the tree cache is a HiRadixCache where the tree has one.
+STANDINS = Collaborators(
+    tree_cache=("sglang.srt.mem_cache.hiradix_cache:HiRadixCache", "sglang.srt.mem_cache.radix_cache:RadixCache",
+                "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache"),
+    output_streamer=("sglang.srt.managers.scheduler_components.output_streamer:SchedulerOutputStreamer",),
+    beam_coordinator=("sglang.srt.beam_search.coordinator:BeamCoordinator",),
+    kv_sender=("sglang.srt.disaggregation.fake.conn:FakeKVSender", "sglang.srt.disaggregation.base.conn:BaseKVSender"),
+    kv_receiver=("sglang.srt.disaggregation.fake.conn:FakeKVReceiver",
+                 "sglang.srt.disaggregation.base.conn:BaseKVReceiver"),
+    kv_manager=("sglang.srt.disaggregation.fake.conn:FakeKVManager", "sglang.srt.disaggregation.base.conn:BaseKVManager"),
+    kv_pool=("sglang.srt.mem_cache.memory_pool:KVCache",),
+    allocator=("sglang.srt.mem_cache.allocator:TokenToKVPoolAllocator",
+               "sglang.srt.mem_cache.allocator:BaseTokenToKVPoolAllocator"),
+    session=("sglang.srt.session.session_controller:Session", "sglang.srt.managers.session_controller:Session"),
+)
 
 
 def presence(owner, name: str) -> str:
@@ -122,6 +143,7 @@ def prepare() -> str:
     if SG.transfer_backend is None:  # 0.4.5: one transport, no backend to name
         PROBE.adapted("no-transfer-backend")
     name_what_the_tree_lacks(Scheduler)
+    STANDINS.find()
     return sglang.__version__
 
 
@@ -255,10 +277,11 @@ def make_scheduler(hicache_storage: bool = True):
     door's hand-off is recorded and the real retirement still runs.
     """
     sched = SimpleNamespace(
-        output_streamer=SimpleNamespace(stream_output=Recorder("stream_output")),
+        output_streamer=STANDINS.make("output_streamer", "output_streamer", stream_output=Recorder("stream_output")),
         stream_output=OlderName("Scheduler.stream_output", "scheduler-stream-output"),
-        beam_coordinator=SimpleNamespace(retire_group=Recorder("retire_group")),
-        tree_cache=SimpleNamespace(
+        beam_coordinator=STANDINS.make("beam_coordinator", "beam_coordinator", retire_group=Recorder("retire_group")),
+        tree_cache=STANDINS.make(
+            "tree_cache", "tree_cache",
             finish=Recorder("tree_cache.finish"),
             release_aborted_request=OlderName("tree_cache.release_aborted_request", "release-aborted-request-by-rid"),
         ),
@@ -293,7 +316,7 @@ def make_scheduler(hicache_storage: bool = True):
 
 def kv_endpoint_class(name: str) -> Recorder:
     """Stand-in for a KV sender/receiver class: each construction is a recorded call."""
-    return Recorder(name, returns=SimpleNamespace(init=Recorder(f"{name}.init")))
+    return Recorder(name, returns=STANDINS.make(name, name, init=Recorder(f"{name}.init")))
 
 
 @contextlib.contextmanager
@@ -328,7 +351,7 @@ def prefill_queue(sched):
     q = object.__new__(SG.PrefillBootstrapQueue)
     q.scheduler = sched
     q.queue = []
-    q.kv_manager = SimpleNamespace()
+    q.kv_manager = STANDINS.make("kv_manager", "kv_manager")
     q.transfer_backend = fake_backend()
     q.tp_rank = 0
     q.pp_rank = 0
@@ -346,16 +369,17 @@ def decode_queue(sched):
     q.pending_reqs = []
     q.retracted_queue = []
     # No prefill peer resolved yet: a new receiver waits in `pending_reqs`.
-    q.kv_manager = SimpleNamespace(prefill_info_table={})
+    q.kv_manager = STANDINS.make("kv_manager", "kv_manager", prefill_info_table={})
     q.transfer_backend = fake_backend()
     if SG.fake_transport is None:  # that door builds the receiver's bootstrap address from the queue's port
         q.bootstrap_port = BOOTSTRAP_PORT
     # Not an SWA pool, so the capacity check takes its plain full-KV branch.
-    q.token_to_kv_pool = SimpleNamespace()
-    q.token_to_kv_pool_allocator = SimpleNamespace(
+    q.token_to_kv_pool = STANDINS.make("kv_pool", "token_to_kv_pool")
+    q.token_to_kv_pool_allocator = STANDINS.make(
+        "allocator", "token_to_kv_pool_allocator",
         page_size=1,
         size_swa=CAPACITY,
-        get_kvcache=lambda: SimpleNamespace(),
+        get_kvcache=lambda: q.token_to_kv_pool,
         # None: no unified byte budget, the plain token capacity decides.
         prealloc_ceiling_fits=lambda full, swa: None,
     )
@@ -563,7 +587,7 @@ def retire_session_request(streaming: bool, observed: Observed):
     what SGLang did to the session and the request.
     """
     observed["retire_method"] = presence(SG.Scheduler, "retire_unadmitted_request")
-    session = SimpleNamespace(streaming=streaming, abort_req=Recorder("session.abort_req"))
+    session = STANDINS.make("session", "session", streaming=streaming, abort_req=Recorder("session.abort_req"))
     req = rejected_req(session=session)
     sched = make_scheduler()
     real_retire = getattr(SG.Scheduler, "retire_unadmitted_request", None)

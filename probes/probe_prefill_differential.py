@@ -6,7 +6,9 @@ on a stand-in scheduler that subclasses the real mixin, with real ``Req``,
 transport / cache / scheduler boundary is replaced by recorders: the KV sender,
 ``send_kv_chunk``, ``release_kv_cache``, the unfinished-request cache call,
 the tree cache, the allocators, the output streamer, the metrics and the
-scheduler's queues and cache-side abort hook. The stand-ins carry everything
+scheduler's queues and cache-side abort hook. Each collaborator is built from the
+tree's own class (``STANDINS``): every method it defines that the probe did not write
+is a recorder, so no name the tree's own idiom calls is missing. The stand-ins carry everything
 the pre-fix paths read too, so a head tree with its fix removed (the mutation
 lane, ``python -m pdevidence mutate prefill``) shows the base behaviour.
 
@@ -50,8 +52,8 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _probekit import (Observed, Recorder, ScenarioSet, Spy, main, publish_server_args, reads,  # noqa: E402
-                       server_args, swapped)
+from _probekit import (Collaborators, Observed, Recorder, ScenarioSet, Spy, main, publish_server_args,  # noqa: E402
+                       reads, server_args, swapped)
 
 SCENARIOS = ScenarioSet("prefill")
 
@@ -67,6 +69,26 @@ OPTIMISTIC_ATTEMPTS = 2
 # Module-level functions the mixin looks up in its own globals; each scenario
 # replaces those present on the tree (names differ between releases).
 CACHE_UNFINISHED_NAMES = ("maybe_cache_unfinished_req", "checkpoint_kv_cache")
+
+# The tree's classes each stand-in is built from, wherever a release keeps them: every method they
+# define answers as a recorder, so a fix written in any tree's idiom reaches its collaborators.
+STANDINS = Collaborators(
+    tree_cache=("sglang.srt.mem_cache.hiradix_cache:HiRadixCache",
+                "sglang.srt.mem_cache.mamba_radix_cache:MambaRadixCache",
+                "sglang.srt.mem_cache.radix_cache:RadixCache", "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache"),
+    req_to_token_pool=("sglang.srt.mem_cache.memory_pool:HybridReqToTokenPool",
+                       "sglang.srt.mem_cache.memory_pool:ReqToTokenPool"),
+    mamba_allocator=("sglang.srt.mem_cache.allocator.mamba:MambaSlotAllocator",),
+    mamba_pool=("sglang.srt.mem_cache.memory_pool:MambaPool",),
+    metadata_allocator=("sglang.srt.disaggregation.utils:ReqToMetadataIdxAllocator",),
+    output_streamer=("sglang.srt.managers.scheduler_components.output_streamer:SchedulerOutputStreamer",),
+    metrics_reporter=("sglang.srt.managers.scheduler_components.metrics_reporter:SchedulerMetricsReporter",),
+    batch_result_processor=(
+        "sglang.srt.managers.scheduler_components.batch_result_processor:SchedulerBatchResultProcessor",),
+    bootstrap_queue=("sglang.srt.disaggregation.prefill:PrefillBootstrapQueue",),
+    kv_sender=("sglang.srt.disaggregation.base.conn:BaseKVSender",),
+    grammar=("sglang.srt.constrained.base_grammar_backend:BaseGrammarObject",),
+)
 
 
 def prepare() -> str:
@@ -125,6 +147,7 @@ def prepare() -> str:
         # 0.4.5 and 0.4.6 never show the sampled token to the grammar in the result path.
         SCENARIOS.adapted("no-grammar-in-result")
     sg.Scheduler = _scheduler_class(prefill.SchedulerDisaggregationPrefillMixin)
+    STANDINS.find()
     return sglang.__version__
 
 
@@ -194,29 +217,37 @@ def _scheduler_class(mixin: type) -> type:
         """Only the scheduler state the result path reads; the methods are the mixin's."""
 
         def __init__(self, *, mamba_cache: bool):
-            self.tree_cache = SimpleNamespace(
+            self.tree_cache = STANDINS.make(
+                "tree_cache", "tree_cache",
                 supports_mamba=Recorder("tree_cache.supports_mamba", returns=mamba_cache),
                 finish=Recorder("tree_cache.finish"),
                 # Up to 0.5.19 a hicache storage learns of an abort by the request's id.
                 release_aborted_request=Older("tree_cache.release_aborted_request",
                                               "tree-cache-release-aborted-request"),
-                req_to_token_pool=SimpleNamespace(
-                    mamba_allocator=SimpleNamespace(free=Recorder("mamba_allocator.free")),
+                req_to_token_pool=STANDINS.make(
+                    "req_to_token_pool", "req_to_token_pool",
+                    mamba_allocator=STANDINS.make("mamba_allocator", "mamba_allocator",
+                                                  free=Recorder("mamba_allocator.free")),
                     # Up to 0.5.12 mamba slots go back to the pool itself.
-                    mamba_pool=SimpleNamespace(free=Older("mamba_pool.free", "mamba-pool-free")),
+                    mamba_pool=STANDINS.make("mamba_pool", "mamba_pool",
+                                             free=Older("mamba_pool.free", "mamba-pool-free")),
                 ),
             )
             metadata_free = Recorder("metadata_allocator.free")
-            self.req_to_metadata_buffer_idx_allocator = SimpleNamespace(free=metadata_free)
-            self.output_streamer = SimpleNamespace(stream_output=Recorder("stream_output"))
+            self.req_to_metadata_buffer_idx_allocator = STANDINS.make("metadata_allocator", "metadata_allocator",
+                                                                      free=metadata_free)
+            self.output_streamer = STANDINS.make("output_streamer", "output_streamer",
+                                                 stream_output=Recorder("stream_output"))
             # Up to 0.5.12 the scheduler streams outputs itself.
             self.stream_output = Older("scheduler.stream_output", "scheduler-stream-output")
             self.send_kv_chunk = Recorder("send_kv_chunk")
-            self.metrics_reporter = SimpleNamespace(
+            self.metrics_reporter = STANDINS.make(
+                "metrics_reporter", "metrics_reporter",
                 enable_metrics=False, report_prefill_stats=Recorder("report_prefill_stats")
             )
             self.maybe_send_health_check_signal = Recorder("maybe_send_health_check_signal")
-            self.batch_result_processor = SimpleNamespace(
+            self.batch_result_processor = STANDINS.make(
+                "batch_result_processor", "batch_result_processor",
                 snapshot_auxiliary_output_starts=Recorder("snapshot_auxiliary_output_starts"),
                 move_logprobs_to_cpu=Recorder("move_logprobs_to_cpu"),
             )
@@ -232,12 +263,16 @@ def _scheduler_class(mixin: type) -> type:
             # removed runs that path too and must reach its end.
             # Up to 0.4.6 the metadata allocator is reached through the bootstrap queue,
             # named disagg_prefill_pending_queue in 0.4.5.
-            self.disagg_prefill_bootstrap_queue = SimpleNamespace(
-                queue=[], req_to_metadata_buffer_idx_allocator=SimpleNamespace(
+            self.disagg_prefill_bootstrap_queue = STANDINS.make(
+                "bootstrap_queue", "bootstrap_queue",
+                queue=[], req_to_metadata_buffer_idx_allocator=STANDINS.make(
+                    "metadata_allocator", "bootstrap_queue.metadata_allocator",
                     free=Older("bootstrap_queue.metadata_allocator.free", "bootstrap-queue-metadata-allocator",
                                then=metadata_free)))
-            self.disagg_prefill_pending_queue = SimpleNamespace(
-                req_to_metadata_buffer_idx_allocator=SimpleNamespace(
+            self.disagg_prefill_pending_queue = STANDINS.make(
+                "bootstrap_queue", "pending_queue",
+                req_to_metadata_buffer_idx_allocator=STANDINS.make(
+                    "metadata_allocator", "pending_queue.metadata_allocator",
                     free=Older("pending_queue.metadata_allocator.free", "pending-queue-metadata-allocator",
                                then=metadata_free)))
             self.processed_tokens_counter = 0
@@ -281,7 +316,7 @@ def _older_scheduler_state(sched: Any) -> None:
 
 def make_req(*, kv: bool, mamba: bool, metadata: bool, pending_bootstrap: bool) -> Any:
     req = sg.Req(RID, "", array("q", range(PROMPT_LEN)), sg.SamplingParams(max_new_tokens=4))
-    req.disagg_kv_sender = SimpleNamespace(abort=Recorder("sender.abort"))
+    req.disagg_kv_sender = STANDINS.make("kv_sender", "sender", abort=Recorder("sender.abort"))
     req.pending_bootstrap = pending_bootstrap
     if pending_bootstrap:
         # In its first optimistic attempt, as pop_bootstrapped leaves it.
@@ -638,7 +673,8 @@ class GrammarRejects(ValueError):
 
 def with_grammar(req: Any, *, rejects: bool) -> Any:
     error = GrammarRejects("probe: token rejected") if rejects else None
-    req.grammar = SimpleNamespace(accept_token=Recorder("grammar.accept_token", raises=error), finished=False)
+    req.grammar = STANDINS.make("grammar", "grammar", accept_token=Recorder("grammar.accept_token", raises=error),
+                                finished=False)
     return req
 
 

@@ -190,3 +190,28 @@ def test_a_pristine_older_tree_stays_pre_fix_with_every_rule_holding(brackets):
     exp, base, head = brackets
     assert classify.classify(older_tree(base, "0.4.10", LACKS), base, head, exp).classification \
         is Classification.PRE_FIX
+
+
+class HiRadixCache04:
+    """0.4.10's HiCache tree cache as a retirement reaches it: no `finish`, no `release_aborted_request`
+    (0.5.2); the scheduler ends a request's storage prefetch with `check_prefetch_progress(rid)`."""
+
+    def check_prefetch_progress(self, req_id: str):
+        raise AssertionError("the real method must never run")
+
+
+def retire_as_0_4_10_ending_the_prefetch(self, req):
+    """A port into 0.4.10 that ends the request's prefetch as that tree's own scheduler does."""
+    if self.enable_hicache_storage:
+        self.tree_cache.check_prefetch_progress(req.rid)
+    self.stream_output([req], req.return_logprob)
+
+
+def test_a_port_calling_a_method_only_its_tree_s_cache_has_is_recorded_not_an_error(probe):
+    probe.STANDINS.found = {"tree_cache": (HiRadixCache04,)}
+    sched = probe.make_scheduler()
+    req = SimpleNamespace(rid="probe-req", return_logprob=False, finished_reason=None)
+    retire_as_0_4_10_ending_the_prefetch(sched, req)  # was an AttributeError inside the stand-in: `unknown`
+    assert sched.tree_cache.check_prefetch_progress.calls == [(("probe-req",), {})]
+    assert {"released": probe.released(sched, req), "abort_streamed": probe.abort_streamed(sched, req)} == {
+        "released": 0, "abort_streamed": 1}

@@ -165,3 +165,70 @@ def test_a_tree_without_pd_disaggregation_records_only_that_and_prepares_nothing
     if not has_pd:
         assert doc["scenarios"] == {sid: {"title": title, "observed": {"pd_disaggregation": "absent"}, "error": None}
                                     for sid, title in (("S2", "records a value"), ("S1", "fails half-way"))}
+
+
+class Collaborator:
+    """A tree's collaborator: ``a`` the probe writes itself, ``b`` only another tree's idiom calls."""
+
+    def a(self):
+        raise AssertionError("the real method must never run")
+
+    def b(self, rid, *, tokens=None):
+        raise AssertionError("the real method must never run")
+
+    def count(self) -> int:
+        raise AssertionError("the real method must never run")
+
+    @property
+    def size(self):
+        return 1
+
+
+def test_a_stand_in_records_every_method_of_the_tree_s_class_it_was_not_written_with(kit):
+    written = kit.Recorder("thing.a", returns="written")
+    thing = kit.stand_in((Collaborator,), "thing", a=written, page_size=4)
+    assert thing.a() == "written" and written.count == 1  # as written
+    assert thing.b("rid-1", tokens=[1, 2]) is None  # no AttributeError for a name only another tree calls
+    assert thing.b.count == 1 and thing.b.arg("rid", 0) == "rid-1"
+    assert thing.count() == 0  # the empty value of the type it declares
+    assert kit.recorded(thing) == ["thing.b('rid-1', tokens=list[2])", "thing.count()"]
+    assert thing.page_size == 4 and not isinstance(thing, Collaborator)
+    with pytest.raises(AttributeError):  # an attribute, not a method: given explicitly or absent
+        thing.size
+    with pytest.raises(AttributeError, match="^'types.SimpleNamespace' object has no attribute 'c'$"):
+        thing.c()  # as a plain SimpleNamespace words it: a scenario's error reads as it did
+
+
+def test_a_stand_in_s_record_is_the_same_on_every_run(kit):
+    def record():
+        thing = kit.stand_in((Collaborator,), "thing")
+        thing.b(object(), tokens={"a": 1})
+        return kit.recorded(thing)
+
+    assert record() == record() == ["thing.b(object, tokens=dict[1])"]
+
+
+def test_a_hand_written_stand_in_class_keeps_its_methods_and_records_the_others(kit):
+    class Controller:
+        def __init__(self):
+            self.queue = []
+
+        def a(self):
+            return "written"
+
+    made = kit.stand_in_class(Controller, (Collaborator,), "controller")()
+    assert made.a() == "written" and made.queue == [] and made.b("r") is None
+    assert kit.recorded(made) == ["controller.b('r')"]
+
+
+def test_the_tree_s_classes_are_found_where_it_keeps_them_and_missing_ones_skipped(kit):
+    found = kit.tree_classes("no_such_module:Thing", "json:NoSuchClass", "json:JSONDecoder", "json:dumps")
+    assert found == (json.JSONDecoder,)
+    roles = kit.Collaborators(decoder=("json:JSONDecoder",))
+    with pytest.raises(AttributeError):  # before find(): only what it was written with
+        roles.make("decoder", "decoder").decode("x")
+    roles.find()
+    assert roles.classes("decoder") == (json.JSONDecoder,)
+    assert roles.make("decoder", "decoder").decode("x") is None
+    with pytest.raises(KeyError):
+        roles.classes("decodr")
