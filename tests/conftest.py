@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from synthetic import PY, serve_index, wheel_bytes
 from synthetic import REGISTRY as SYNTHETIC_REGISTRY
+from real_runs import bracket_releases, cli_run
 
 from pdevidence import registry
 from pdevidence.core.paths import PROJECT
@@ -290,3 +291,75 @@ def project_reg(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PDEVIDENCE_RUNS", str(tmp_path_factory.mktemp("runs")))
         yield registry.load(PROJECT)
+
+
+# --- Real runs shared by the real tests (``--sglang``) ---------------------------------------------------
+# Each runs once per session, the first time a test asks for it, into a temporary runs directory; every
+# environment it needs is the user cache's (shared across checkouts), never built again in a temporary one.
+
+@dataclass
+class Matrix:
+    code: int  # the matrix's exit code
+    pairs: dict  # per experiment, its pair in the report
+    before: tuple  # results/ and `git status` before it ran
+    runs: Path  # what it wrote: each cell's result and receipt, the report
+
+
+@pytest.fixture(scope="session")
+def release_matrix(tmp_path_factory) -> Matrix:
+    """The release-backed matrix (`matrix --kind release`): every experiment's base and head release, each probe
+    alone in its own process as a cell runs it, then compare. Shared: test_real_releases.py reads the report,
+    test_one_process_real.py and test_sandbox_real.py the cells' results."""
+    import hashlib
+    import subprocess
+
+    from pdevidence import cli
+    from pdevidence.core.paths import results_dir
+    from pdevidence.documents import reports
+
+    def snapshot(directory: Path) -> dict[str, str]:
+        return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(directory.rglob("*")) if p.is_file()}
+
+    def git_status() -> str:
+        return subprocess.run(["git", "-C", str(PROJECT), "status", "--porcelain", "--untracked-files=all"],
+                              capture_output=True, text=True, check=True).stdout
+
+    runs = tmp_path_factory.mktemp("matrix-runs")
+    before = snapshot(results_dir(PROJECT)), git_status()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PDEVIDENCE_RUNS", str(runs))
+        code = cli.main(["--root", str(PROJECT), "matrix", "--kind", "release"])
+    report = reports.load_report(runs / "report.json")
+    return Matrix(code, {pair["experiment"]: pair for pair in report["pairs"]}, before, runs)
+
+
+@dataclass
+class BracketSweep:
+    releases: list[str]
+    runs: Path  # runs/sweep/release-<v>/<experiment>.json and runs/sweep-<experiment>.json
+    said: str  # what it printed
+
+    def result(self, version: str, experiment: str) -> Path:
+        return self.runs / "sweep" / f"release-{version}" / f"{experiment}.json"
+
+    def row(self, experiment: str, version: str) -> dict:
+        import json
+
+        table = json.loads((self.runs / f"sweep-{experiment}.json").read_text())
+        return next(r for r in table["releases"] if r["version"] == version)
+
+
+@pytest.fixture(scope="session")
+def bracket_sweep(tmp_path_factory) -> BracketSweep:
+    """One `sweep --force` of every bracket release through the warm engine (one engine per era, every probe of a
+    release in one process), contained by bubblewrap. Shared: test_engine_real.py holds it to fresh processes,
+    test_sandbox_real.py to an uncontained run, test_one_process_real.py to the matrix's lone probes,
+    test_check_real.py's `check --python` to its table."""
+    reg = registry.load(PROJECT)
+    versions = bracket_releases(reg)
+    runs = tmp_path_factory.mktemp("bracket-sweep")
+    done = cli_run(runs, "sweep", "--force", *versions, extra_env={"PDEVIDENCE_SANDBOX": "bubblewrap"})
+    # 0: every experiment's first fixed release is among them and nothing after it lost the fix.
+    assert done.returncode == 0, done.stdout + done.stderr
+    return BracketSweep(versions, runs, done.stdout)

@@ -233,8 +233,9 @@ def test_bad_inputs_are_usage_errors_before_anything_runs(tmp_path, inputs, mess
 
 @pytest.mark.sglang
 def test_the_action_installs_pdevidence_and_checks_a_release(tmp_path):
-    """Both steps for real, from a copy of this repository's tracked files (what a runner downloads): the
-    installed wheel answers with its own copy of the published evidence."""
+    """Alone proves: both steps of the GitHub Action for real, from a copy of this repository's tracked files (what
+    a runner downloads): the wheel it installs answers with its own copy of the published evidence, and the step
+    passes an affected release with fail-on-affected false, the exit code and the OpenVEX document as outputs."""
     python = environments.find_python("3.12").path  # what the action's setup-python step provides
     copy = tmp_path / "action"
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=PROJECT, capture_output=True, check=True).stdout
@@ -256,12 +257,16 @@ def test_the_action_installs_pdevidence_and_checks_a_release(tmp_path):
                               timeout=1800, env={**os.environ, "GITHUB_OUTPUT": str(output),
                                                  "PDEVIDENCE_RUNS": str(tmp_path / "runs"), **env})
         assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "admission  affected" in proc.stdout and "prefill    fixed" in proc.stdout
+    # 0.5.20: admission is fixed from 0.5.21; prefill from 0.5.20, offload_slots from 0.5.13, offload_rid from 0.5.19.
+    told = dict(re.findall(r"^  (\w+) +(affected|fixed|partial|deviates|unknown|not affected|cannot run) ",
+                           proc.stdout, re.MULTILINE))
+    assert told == {"admission": "affected", "prefill": "fixed", "offload_slots": "fixed",
+                    "offload_rid": "fixed"}, proc.stdout
     outputs = dict(line.split("=", 1) for line in output.read_text().splitlines())
     assert outputs["exit-code"] == "1"  # affected, and the step passed: fail-on-affected is false
     vex = json.loads(Path(outputs["openvex"]).read_text())
     status = {s["vulnerability"]["name"]: s["status"] for s in vex["statements"]}
-    assert sorted(status.values()) == ["affected", "fixed"], status
+    assert sorted(status.values()) == ["affected", "fixed", "fixed", "fixed"], status
 
 
 def docs_workflows() -> list[tuple[str, dict | str]]:

@@ -287,8 +287,8 @@ def test_an_environment_whose_sglang_cannot_import_is_cannot_run_and_left_untouc
     code = cli.main(["--root", str(ROOT), "check", "--python", str(env / "bin" / "python"), "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == errors.ENVIRONMENT
-    assert {e["experiment"]: e["status"] for e in doc["experiments"]} == {"admission": "cannot run",
-                                                                          "prefill": "cannot run"}
+    assert {e["experiment"]: e["status"] for e in doc["experiments"]} == {
+        name: "cannot run" for name in registry.load(ROOT).experiments}
     assert all("ImportError: libcuda.so.1" in e["error"] for e in doc["experiments"])
     assert snapshot(env) == before  # no __pycache__, nothing else
     assert snapshot(ROOT / "probes") == probes  # the probes' own bytecode neither

@@ -1,8 +1,10 @@
 """`check` on real SGLang: a release, a release env as "your environment", a partial backport, an over-broad
 fix, a broken build.
 
-Slow (about 30 s of SGLang import per probe process, four of them): runs with
-``--sglang``. Every answer is read from what this module's own runs wrote.
+Slow (about 30 s of SGLang import per probe process, four of them): runs with ``--sglang``. Every answer is
+read from what this module's own runs wrote, and the session's bracket sweep (``bracket_sweep``) for what the
+sweep says of 0.5.20. The environments are the user cache's: a release's cell environment is shared by every
+cell, lane and checkout that installs it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import pytest
 
 from pdevidence import cli, environments, registry
 from pdevidence.core import errors
-from pdevidence.core.paths import PROJECT, results_dir, tree_lock_file
+from pdevidence.core.paths import PROJECT, tree_lock_file
+from pdevidence.documents.vocabulary import Classification
 from pdevidence.lanes import check, sweep
 from pdevidence.sources import trees
 
@@ -66,10 +69,9 @@ def version_check(reg):
 
 
 @pytest.fixture(scope="module")
-def swept(reg, tmp_path_factory):
-    found, _, _ = sweep.sweep(reg, list(reg.experiments), published=results_dir(reg.root),
-                              out_dir=tmp_path_factory.mktemp("sweep"), versions=["0.5.20"], jobs=1)
-    return {name: outcomes[0] for name, outcomes in found.items()}
+def swept(reg, bracket_sweep):
+    """Per experiment, the shared bracket sweep's row for 0.5.20 (a bracket release of admission and prefill)."""
+    return {name: bracket_sweep.row(name, "0.5.20") for name in reg.experiments}
 
 
 def telling(reg, experiment: str) -> list[str]:
@@ -78,8 +80,12 @@ def telling(reg, experiment: str) -> list[str]:
 
 
 def test_0_5_20_has_the_prefill_fix_but_not_the_admission_fix(reg, version_check):
+    """Alone proves: `check --version` of a real release answers each fix as its brackets say (0.5.20: admission
+    is fixed from 0.5.21; prefill from 0.5.20, offload_slots from 0.5.13, offload_rid from 0.5.19), deciding
+    by the scenarios the registry declares telling, with the exit code of an affected build."""
     code, doc = version_check
-    assert statuses(doc) == {"admission": "affected", "prefill": "fixed"}
+    assert statuses(doc) == {"admission": "affected", "prefill": "fixed", "offload_slots": "fixed",
+                             "offload_rid": "fixed"}
     assert code == errors.BEHAVIOUR_DIFFERS
     assert doc["target"]["kind"] == "release" and doc["target"]["resolved"] == "0.5.20"
     admission = doc["experiments"][0]
@@ -88,6 +94,8 @@ def test_0_5_20_has_the_prefill_fix_but_not_the_admission_fix(reg, version_check
 
 
 def test_a_release_env_as_your_environment_agrees_with_the_sweep_and_is_left_untouched(reg, swept, version_check):
+    """Alone proves: `check --python` on an environment SGLang is installed in reads its version from it, leaves
+    it untouched, and answers per scenario what the sweep and `check --version` answer on that release."""
     env = release_env(reg, "0.5.20", sweep.SWEEP_SIDE)  # the sweep's own cell, reused
     before = snapshot(env.path)
     code, doc = run_check("--python", str(env.interpreter))
@@ -96,8 +104,8 @@ def test_a_release_env_as_your_environment_agrees_with_the_sweep_and_is_left_unt
                              "sglang_version": "0.5.20"}
     for entry in doc["experiments"]:
         row = swept[entry["experiment"]]
-        assert entry["status"] == check.STATUS_OF[row.classification].value
-        assert entry["scenarios"] == {sid: b.value for sid, b in row.scenarios.items()}
+        assert entry["status"] == check.STATUS_OF[Classification(row["classification"])].value
+        assert entry["scenarios"] == row["scenarios"]
     assert [e["scenarios"] for e in doc["experiments"]] == [e["scenarios"] for e in version_check[1]["experiments"]]
     assert code == version_check[0]
 
@@ -132,9 +140,12 @@ def patched_release(reg, tmp_path: Path, version: str, edit: tuple[str, str, str
 
 
 def test_a_partial_backport_is_partial_and_names_the_door_without_the_fix(reg, tmp_path):
+    """Alone proves: a real build carrying the admission fix at one door only reads `partial`, names that door
+    and the keys that kept it from fixed (the other fixes, untouched by the edit, stay as on 0.5.21: fixed)."""
     python, original = patched_release(reg, tmp_path, "0.5.21", DECODE_DOOR)
     code, doc = run_check("--python", str(python))
-    assert statuses(doc) == {"admission": "partial", "prefill": "fixed"}
+    assert statuses(doc) == {"admission": "partial", "prefill": "fixed", "offload_slots": "fixed",
+                             "offload_rid": "fixed"}
     admission = doc["experiments"][0]
     assert admission["scenarios"] == {sid: "pre-fix" if sid == "A2" else "fixed" for sid in telling(reg, "admission")}
     assert admission["deciding"] == ["A2"]
@@ -146,10 +157,14 @@ def test_a_partial_backport_is_partial_and_names_the_door_without_the_fix(reg, t
 
 
 def test_an_over_broad_fix_deviates_names_the_control_and_its_values_and_is_not_vex_fixed(reg, tmp_path):
+    """Alone proves: a real build whose admission fix is over-broad reads `deviates`, names the control it
+    departs on with its values, and its OpenVEX statement is under investigation, never fixed (the other fixes,
+    untouched by the edit, stay as on 0.5.21: fixed)."""
     python, original = patched_release(reg, tmp_path, "0.5.21", HOLDS_KV)
     vex = tmp_path / "vex.json"
     code, doc = run_check("--python", str(python), "--openvex", str(vex))
-    assert statuses(doc) == {"admission": "deviates", "prefill": "fixed"}
+    assert statuses(doc) == {"admission": "deviates", "prefill": "fixed", "offload_slots": "fixed",
+                             "offload_rid": "fixed"}
     assert code == errors.BEHAVIOUR_DIFFERS
     admission = doc["experiments"][0]
     assert {sid for sid, b in admission["scenarios"].items() if b != "fixed"} == {"A10"} == set(admission["deciding"])
@@ -163,6 +178,8 @@ def test_an_over_broad_fix_deviates_names_the_control_and_its_values_and_is_not_
 
 
 def test_a_tree_that_cannot_import_cannot_run_and_says_why(reg, tmp_path):
+    """Alone proves: a source tree whose `sglang` fails to import answers `cannot run` for every fix, with the
+    import error, and the exit code of an environment problem (never a verdict about the fixes)."""
     tree = tmp_path / "broken-sglang"
     (tree / "sglang").mkdir(parents=True)
     (tree / "pyproject.toml").write_text(
@@ -170,7 +187,7 @@ def test_a_tree_that_cannot_import_cannot_run_and_says_why(reg, tmp_path):
         '[project]\nname = "sglang"\nversion = "0.0.0.dev0"\n\n[tool.setuptools]\npackages = ["sglang"]\n')
     (tree / "sglang" / "__init__.py").write_text("from sglang.srt import sgl_kernel_ops  # a build that lost a module\n")
     code, doc = run_check("--path", str(tree))
-    assert statuses(doc) == {"admission": "cannot run", "prefill": "cannot run"}
+    assert statuses(doc) == {name: "cannot run" for name in reg.experiments}
     assert all("ModuleNotFoundError" in e["error"] and "sglang.srt" in e["error"] for e in doc["experiments"])
     assert code == errors.ENVIRONMENT
 

@@ -31,6 +31,7 @@ from pdevidence.core.paths import PROJECT, tree_lock_file
 from pdevidence.lanes import check
 from pdevidence.sources import era_choice, pins, trees
 from pdevidence.sources.era_choice import Basis
+from real_runs import answer_known
 
 pytestmark = pytest.mark.sglang
 
@@ -76,6 +77,8 @@ FORKS = [
 @pytest.mark.parametrize(("version", "tag", "past", "basis"), FORKS)
 def test_a_fork_of_a_release_checked_from_its_source_tree_behaves_as_the_release(tmp_path, monkeypatch, version,
                                                                                  tag, past, basis):
+    """Alone proves: a fork's unbuilt source tree, however it is tagged, runs in its release's era (by its
+    version, else by its pins) and every probe observes on it what it observes on the release."""
     monkeypatch.setenv("PDEVIDENCE_RUNS", str(tmp_path / "runs"))
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
     reg = registry.load(PROJECT)
@@ -92,14 +95,21 @@ def test_a_fork_of_a_release_checked_from_its_source_tree_behaves_as_the_release
                              out_dir=tmp_path / "check", force=True, log=lambda msg: None)
     for name in names:
         ours, theirs = found[source.label()][name].doc, found[release.label()][name].doc
+        if not answer_known(name, version) and ours is None and theirs is None:
+            continue  # an offload probe on a release nobody read may not run on it: alike on both, all it can show
         assert ours is not None and theirs is not None, (found[source.label()][name].error,
                                                          found[release.label()][name].error)
+        if not answer_known(name, version):  # a scenario's error may name the tree's own path: its kind must agree
+            ours, theirs = ({**doc, "scenarios": {sid: {**sc, "error": sc["error"] and sc["error"].split(":")[0]}
+                                                  for sid, sc in doc["scenarios"].items()}} for doc in (ours, theirs))
         for key in ("scenarios", "adaptations", "stand_ins"):
-            assert json.dumps(ours.get(key), sort_keys=True) == json.dumps(theirs.get(key), sort_keys=True), key
+            assert json.dumps(ours.get(key), sort_keys=True) == json.dumps(theirs.get(key), sort_keys=True), \
+                (name, key)
 
 
 def test_every_pinned_releases_own_requirements_choose_the_era_its_version_is_in():
-    """What ``test_era_choice.RELEASE_PINS`` states, read again from each release's wheel."""
+    """Alone proves: what ``test_era_choice.RELEASE_PINS`` states (the fast tests' era choice by pins), read
+    again from each pinned release's wheel."""
     reg = registry.load(PROJECT)
     lock = trees.LockFile(tree_lock_file(reg.root))
     versions = sorted((key.partition("==")[2] for key in lock.pinned_keys("sglang")), key=Version)

@@ -3,7 +3,7 @@
 The image (an OCI layout, gzip layers) is what an operator's would be: SGLang 0.5.20 installed,
 then upgraded to 0.5.21 in a later layer (its package directory opaque, the old dist-info whited
 out), a second interpreter (a venv) with 0.5.10, and a file of 0.5.21 deleted in the last layer.
-Slow (each package is probed in its era's engine): runs with ``--sglang``.
+Slow (each package is probed in its era's engine, in the user cache's environments): runs with ``--sglang``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from schemas import problems
 
 from pdevidence import cli
 from pdevidence.core import errors
-from pdevidence.core.paths import PROJECT, results_dir, tree_lock_file
+from pdevidence.core.paths import PROJECT, cache_dir, results_dir, tree_lock_file
 from pdevidence.documents.vocabulary import Classification
 from pdevidence.lanes import check
 from pdevidence.sources import trees
@@ -127,14 +127,25 @@ def image(tmp_path_factory, wheels) -> Path:
     return oci_layout(tmp_path_factory.mktemp("image") / "oci", layer_tars, TAG)
 
 
+def scan_entry(image: Path) -> Path:
+    """Where the user's cache keeps the image's scan: by its config's digest (its layers' content, not when they
+    were compressed), so every run of this module builds the same image and finds the same entry."""
+    index = json.loads((image / "index.json").read_text())
+    manifest = json.loads((image / "blobs" / "sha256" / index["manifests"][0]["digest"].split(":")[1]).read_text())
+    return cache_dir() / "images" / manifest["config"]["digest"].replace(":", "-", 1)
+
+
 @pytest.fixture(scope="module")
 def checked(image, project_reg, tmp_path_factory):
-    """One check of the image, as an operator runs it: its exit code, JSON and OpenVEX, and the cache it filled."""
-    out, vex, cache = io.StringIO(), tmp_path_factory.mktemp("vex") / "image.vex.json", tmp_path_factory.mktemp("cache")
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
-        mp.setenv("PDEVIDENCE_CACHE", str(cache))  # where the image's packages are extracted
+    """One check of the image, as an operator runs it: its exit code, JSON and OpenVEX, and the scan it made. The
+    environments are the user cache's (shared); the image's scan is removed from it first, so this run makes it."""
+    out, vex = io.StringIO(), tmp_path_factory.mktemp("vex") / "image.vex.json"
+    entry = scan_entry(image)
+    shutil.rmtree(entry, ignore_errors=True)  # this module's own image: nothing else makes it
+    with contextlib.redirect_stdout(out):
         code = cli.main(["--root", str(PROJECT), "check", "--image", str(image), "--json", "--openvex", str(vex)])
-    return code, json.loads(out.getvalue()), json.loads(vex.read_text()), cache
+    assert entry.is_dir(), f"the scan is not where it was looked for: {entry}"
+    return code, json.loads(out.getvalue()), json.loads(vex.read_text()), entry
 
 
 def swept(experiment: str, version: str) -> dict:
@@ -143,6 +154,8 @@ def swept(experiment: str, version: str) -> dict:
 
 
 def test_each_interpreter_of_the_image_is_checked_in_the_era_of_its_version(project_reg, checked, image):
+    """Alone proves: `check --image` finds each interpreter's SGLang in a real image, reads its version from the
+    upgrade's dist-info, checks each in its version's era and names the image (tags, manifest digest)."""
     code, docs, _, _ = checked
     assert [d["target"]["image"]["site"] for d in docs] == [f"/{VENV}", f"/{SITE}"]
     assert [d["target"]["resolved"] for d in docs] == ["0.5.10", "0.5.21"]  # the upgrade's dist-info, not 0.5.20's
@@ -157,6 +170,8 @@ def test_each_interpreter_of_the_image_is_checked_in_the_era_of_its_version(proj
 
 
 def test_each_answer_is_the_published_sweep_s_for_that_release(checked):
+    """Alone proves: an image's SGLang is answered, scenario by scenario, as the published sweep answers its
+    release (0.5.10 and 0.5.21)."""
     _, docs, _, _ = checked
     for doc in docs:
         for entry in doc["experiments"]:
@@ -166,7 +181,9 @@ def test_each_answer_is_the_published_sweep_s_for_that_release(checked):
 
 
 def test_the_checked_tree_is_the_upgrade_less_the_deleted_file(checked, wheels):
-    entry = next((checked[3] / "images").glob("sha256-*"))
+    """Alone proves: the tree an image's layers make (an upgrade over an earlier install, whiteouts, an opaque
+    directory) is what is checked: the upgrade's files less the deleted one, nothing of the earlier release."""
+    entry = checked[3]
     scan = json.loads((entry / "scan.json").read_text())
     site = next(entry / i["tree"] for i in scan["installs"] if i["site"] == f"/{SITE}")
     found = {p.relative_to(site).as_posix() for p in site.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
@@ -174,6 +191,8 @@ def test_the_checked_tree_is_the_upgrade_less_the_deleted_file(checked, wheels):
 
 
 def test_openvex_names_the_image_with_each_sglang_as_a_subcomponent(checked, image):
+    """Alone proves: the OpenVEX document of an image check names the image (its purl) as the product and each
+    SGLang in it as a subcomponent, one statement per fix and SGLang."""
     _, docs, vex, _ = checked
     assert problems("openvex-0.2.0", vex) == []
     digest = json.loads((image / "index.json").read_text())["manifests"][0]["digest"]

@@ -18,7 +18,7 @@ import pytest
 from packaging.requirements import Requirement
 from synthetic import serve_index, wheel_bytes
 
-from pdevidence import __version__, environments
+from pdevidence import __version__, environments, registry
 from pdevidence.core import errors
 from pdevidence.core.paths import PROJECT
 from pdevidence.documents import integrity, provenance
@@ -157,8 +157,11 @@ def test_the_installed_tool_keeps_its_state_in_the_users_cache_and_never_where_i
 
 @pytest.mark.sglang
 def test_the_installed_wheel_checks_a_release_from_an_empty_directory(installed):
-    """A real check, as an operator runs it after `pipx install`: every environment, tree, outcome and run in the
-    user's cache and state directories (uv's own cache shared, so the closure installs by links)."""
+    """Alone proves: the installed wheel, from an empty directory with no clone, checks a real release (0.5.21:
+    every fix fixed) with its own copy of the evidence, and keeps every environment, tree, outcome and run in the
+    user's cache and state directories. Those are a fresh, temporary home's on purpose (the one real test with a
+    cold pdevidence cache: the test is about where the tool puts its state, so nothing may be there before;
+    uv's own cache is shared, so the closure installs by links)."""
     before = tree_hash(installed["site"])
     uv_cache = subprocess.run([environments.uv_executable(), "cache", "dir"], capture_output=True, text=True,
                               check=True).stdout.strip()
@@ -167,10 +170,12 @@ def test_the_installed_wheel_checks_a_release_from_an_empty_directory(installed)
     assert done.returncode == errors.CONFIRMED, done.stderr
     doc = json.loads(done.stdout)
     assert doc["target"]["resolved"] == "0.5.21"
-    assert {e["experiment"]: e["status"] for e in doc["experiments"]} == {"admission": "fixed", "prefill": "fixed"}
+    # 0.5.21 is admission's head; every other fix came before it.
+    assert {e["experiment"]: e["status"] for e in doc["experiments"]} == {
+        "admission": "fixed", "prefill": "fixed", "offload_slots": "fixed", "offload_rid": "fixed"}
     state = installed["home"] / "xdg-state" / "pdevidence" / "runs" / "check"
     written = {p.name for p in state.rglob("*.json")}
-    assert {"admission.json", "prefill.json"} <= written
+    assert {f"{name}.json" for name in registry.load(PROJECT).experiments} <= written
     assert (installed["home"] / "xdg-cache" / "pdevidence" / "envs").is_dir()
     assert list(installed["cwd"].iterdir()) == []
     assert tree_hash(installed["site"]) == before

@@ -35,6 +35,9 @@ GATES_OFF = {"id": "gates_off", "title": "every gate of the fix removed", "kind"
 
 @pytest.mark.sglang
 def test_head_without_its_gates_runs_the_old_paths_to_the_base_expectations(tmp_path):
+    """Alone proves: the prefill probe is adequate end to end: its head release with every gate of the fix
+    removed at once (no single registry mutant can: edits of one function do not compose) runs the old paths to
+    the base expectations, every scenario without an error. Specific to prefill's probe and its gates."""
     cell = cells.Cell("prefill", "head", "release")
     tree = cells.resolve_tree(REG, cell)
     slug = cells.cell_slug(REG, cell, tree)

@@ -144,7 +144,9 @@ def test_a_signal_stops_the_probe_at_once_and_keeps_the_previous_result(demo_pro
 
 @pytest.mark.sglang
 def test_sigint_during_a_forced_real_cell_keeps_its_result_and_leaves_no_probe(tmp_path, gone):
-    """`nox -s "release(admission, head)" -- --force`, Ctrl-C while the probe imports SGLang."""
+    """Alone proves: Ctrl-C during a real forced cell under nox (`nox -s "release(admission, head)" -- --force`,
+    while the probe imports SGLang) exits 130, leaves no probe process and keeps the cell's earlier result byte
+    for byte. One cell stands for all: every release cell is interrupted the same way."""
     runs = tmp_path / "runs"
     env = {**os.environ, "PDEVIDENCE_RUNS": str(runs)}
     env.pop("PDEVIDENCE_TORCH", None)

@@ -1,69 +1,29 @@
-"""One process, same answers: `check` runs every probe in one process; a cell runs one probe per process.
+"""One process, same answers: the warm engine runs every probe of a tree in one process; a cell runs one probe per
+process.
 
-Slow (``--sglang``): one ``check`` of every bracket release runs, per release, both probes in
-one process (``probes/probe_all.py``, in a child of the warm engine), then each probe
-runs alone in its own fresh process, as a cell runs it, in an environment of the same
-closure and tree. The test compares what
-those runs wrote, scenario by scenario and key by key, with compare's typed equality
-(``true`` is not ``1``): every published reference was made one probe per process, so
-check and the sweep judge a tree fairly only if the two give the same observations.
+Slow (``--sglang``), and it runs nothing of its own: it reads two of the session's shared runs. The bracket sweep
+(``bracket_sweep``) probed every bracket release through the warm engine, all experiments in one process per
+release (``probes/probe_all.py``, in a child of the engine, as ``check`` runs it); the release matrix
+(``release_matrix``) ran each experiment's probe alone, in its own fresh process, on its base and head release,
+as a cell runs it. The test compares what those runs wrote, scenario by scenario and key by key, with compare's
+typed equality (``true`` is not ``1``): every published reference was made one probe per process, so check and
+the sweep judge a tree fairly only if the two give the same observations on the releases the references were
+made on.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
-from pdevidence import cli, environments, registry
-from pdevidence.cells import probe_run
-from pdevidence.core.paths import PROJECT, runs_dir, tree_lock_file, work_dir
+from pdevidence import registry
+from pdevidence.core.paths import PROJECT
 from pdevidence.documents import results
 from pdevidence.judge.compare import same
-from pdevidence.lanes import check
-from pdevidence.sources import trees
+from real_runs import bracket_cells
 
 pytestmark = pytest.mark.sglang
 
-BRACKETS = ["0.5.19", "0.5.20", "0.5.21"]  # prefill base, prefill head = admission base, admission head
-
-
-@pytest.fixture(scope="module")
-def reg(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PDEVIDENCE_RUNS", str(tmp_path_factory.mktemp("runs")))
-        yield registry.load(PROJECT)
-
-
-@pytest.fixture(scope="module")
-def both(reg, tmp_path_factory):
-    """Per release and experiment: (the document check's one process wrote, the one a lone probe wrote)."""
-    found = {}
-    with contextlib.redirect_stdout(io.StringIO()) as out:  # one check, one engine, every release
-        cli.main(["--root", str(PROJECT), "check", *(arg for v in BRACKETS for arg in ("--version", v)), "--json"])
-    assert [doc["target"]["resolved"] for doc in json.loads(out.getvalue())] == BRACKETS
-    lone = []
-    for version in BRACKETS:
-        tree = trees.release_tree(version, reg.python, trees.LockFile(tree_lock_file(reg.root)))
-        env = environments.cell_environment(reg, tree, f"alone.{tree.label()}")  # as a cell builds its own
-        alone = tmp_path_factory.mktemp(f"alone-{version}")
-        lone += [(version, tree, env, name, exp, alone / f"{name}.json") for name, exp in reg.experiments.items()]
-
-    def run_alone(version, tree, env, name, exp, dest):
-        probe_run.run_probe(env.interpreter, exp.probe,
-                            ["--side", check.CHECK_SIDE, "--tree-kind", tree.kind, "--tree-ref", tree.ref,
-                             "--tree-resolved", tree.resolved],
-                            dest, work_dir(reg.root) / "logs" / f"alone.{name}.{tree.label()}.log",
-                            experiment=name, side=check.CHECK_SIDE, env=env.probe_env)
-        together = results.load(runs_dir(reg.root) / "check" / tree.label() / f"{name}.json", experiment=name)
-        return (version, name), (together, results.load(dest, experiment=name))
-
-    with ThreadPoolExecutor(max_workers=2) as pool:  # two lone processes at a time, as cells run
-        found.update(pool.map(lambda job: run_alone(*job), lone))
-    return found
+CELLS = bracket_cells(registry.load(PROJECT))
 
 
 def differences(together: dict, alone: dict) -> list[str]:
@@ -83,10 +43,14 @@ def differences(together: dict, alone: dict) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("version", BRACKETS)
-@pytest.mark.parametrize("experiment", ["admission", "prefill"])
-def test_check_observes_in_one_process_what_each_probe_observes_alone(both, version, experiment):
-    together, alone = both[version, experiment]
-    assert together["scenarios"], "the check ran no scenario"
+@pytest.mark.parametrize(("experiment", "side", "version"), CELLS, ids=[f"{e}-{s}-{v}" for e, s, v in CELLS])
+def test_the_engine_observes_in_one_process_what_each_probe_observes_alone(bracket_sweep, release_matrix,
+                                                                          experiment, side, version):
+    """Alone proves: all probes imported together in one engine child observe, key by key, what each probe
+    observes alone in a fresh process, on every release a reference is made on (no probe leaks into another)."""
+    together = results.load(bracket_sweep.result(version, experiment), experiment=experiment)
+    alone = results.load(release_matrix.runs / f"{experiment}.{side}.release-{version}.json", experiment=experiment,
+                         side=side)
+    assert together["scenarios"], "the engine ran no scenario"
     assert differences(together, alone) == [], f"{experiment} on {version}"
     assert together["sglang_version"] == alone["sglang_version"] == version

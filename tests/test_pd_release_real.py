@@ -16,6 +16,8 @@ SINCE = "0.4.0"
 
 @pytest.mark.sglang
 def test_pd_first_release_is_the_oldest_wheel_that_ships_both_doors():
+    """Alone proves: the registry's first PD release and release floor are what the wheels PyPI serves hold
+    (read from the wheels, no probe run)."""
     reg = registry.load(PROJECT)
     lock = trees.LockFile(tree_lock_file(PROJECT))
     first = Version(reg.pd_first_release)

@@ -1,23 +1,21 @@
 """The real thing: the release-backed matrix on SGLang from PyPI, then compare.
 
-Slow (a uv environment per cell, reused once built; ~25 s of SGLang import per
-probe): runs with ``--sglang``; CI runs it. Every probe runs afresh into a
-temporary runs directory, and the tests read what that run wrote.
+Slow (a cell per experiment and side, each probe alone in its own process, in the user cache's environments):
+runs with ``--sglang``; CI runs it. The matrix is the session's shared one (``release_matrix`` in conftest.py),
+run afresh into a temporary runs directory; the tests read what that run wrote.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
-import sys
 
 import pytest
 
-from pdevidence import cli
+from pdevidence import registry
 from pdevidence.core import errors
 from pdevidence.core.paths import PROJECT, results_dir
-from pdevidence.documents import reports
+from real_runs import cli_run
 
 pytestmark = pytest.mark.sglang
 
@@ -33,45 +31,36 @@ def git_status():
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """This run's own results, receipts and report: never the committed ones, never a stale runs/."""
-    return tmp_path_factory.mktemp("runs")
-
-
-def pdevidence(runs, *argv):
-    """The command line in its own process, writing to ``runs``."""
-    env = {**os.environ, "PDEVIDENCE_RUNS": str(runs), "PYTHONPATH": str(PROJECT)}
-    return subprocess.run([sys.executable, "-m", "pdevidence", "--root", str(PROJECT), *argv], env=env,
-                          capture_output=True, text=True, timeout=1800)
+def matrix(release_matrix):
+    return release_matrix.code, release_matrix.pairs, release_matrix.before
 
 
 @pytest.fixture(scope="module")
-def matrix(runs):
-    before = snapshot(results_dir(PROJECT)), git_status()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PDEVIDENCE_RUNS", str(runs))
-        code = cli.main(["--root", str(PROJECT), "matrix", "--kind", "release"])
-    report = reports.load_report(runs / "report.json")
-    return code, {pair["experiment"]: pair for pair in report["pairs"]}, before
+def runs(release_matrix):
+    return release_matrix.runs
 
 
 def test_the_matrix_leaves_results_and_the_checkout_as_they_were(matrix):
+    """Alone proves: a real matrix run writes nothing into results/ or the checkout (only into its runs)."""
     assert (snapshot(results_dir(PROJECT)), git_status()) == matrix[2]
 
 
 def test_a_cell_rerun_in_another_process_gives_the_same_bytes(matrix, runs):
+    """Alone proves: a real cell forced to run again, through the `cell` command in another process, writes the
+    same bytes (one cell stands for all: the matrix's cells share the path)."""
     result = runs / "admission.head.release-0.5.21.json"
     first = result.read_bytes()
-    done = pdevidence(runs, "cell", "release", "admission", "head", "--force")
+    done = cli_run(runs, "cell", "release", "admission", "head", "--force")
     assert done.returncode == errors.CONFIRMED, done.stdout + done.stderr
     assert "reusing admission.head" not in done.stdout  # it really ran the probe again
     assert result.read_bytes() == first
 
 
 def test_the_report_is_byte_identical_from_two_processes(matrix, runs):
+    """Alone proves: `compare` of real results gives a byte-identical report (JSON, Markdown, SVG) every time."""
     reports = []
     for _ in range(2):
-        done = pdevidence(runs, "compare")
+        done = cli_run(runs, "compare")
         assert done.returncode == errors.CONFIRMED, done.stdout + done.stderr
         reports.append({name: (runs / name).read_bytes() for name in ("report.json", "report.md", "report.svg")})
     assert reports[0] == reports[1]
@@ -81,16 +70,20 @@ def observed(pair, scenario, side):
     return {key: k[side] for key, k in pair["grid"][scenario]["keys"].items()}
 
 
-def test_both_experiments_confirm_the_published_differential(matrix):
+def test_every_experiment_confirms_the_published_differential(matrix):
+    """Alone proves: on the bracket releases from PyPI, every experiment of the registry shows its declared
+    differential and each cell's result is byte-identical to the published one."""
     code, pairs, _ = matrix
     assert {name: p["verdict"] for name, p in pairs.items()} == {
-        "admission": "differential confirmed", "prefill": "differential confirmed"}
+        name: "differential confirmed" for name in registry.load(PROJECT).experiments}
     assert code == errors.CONFIRMED
     for pair in pairs.values():
         assert {p["status"] for p in pair["published"].values()} == {"identical"}, pair["published"]
 
 
 def test_admission_rejected_requests_are_retired_at_both_doors_only_after_the_fix(matrix):
+    """Alone proves: the admission differential is the one the fix claims, read key by key from the real run
+    (not only "as declared"): rejected requests get a sender or receiver before the fix and are retired after."""
     pair = matrix[1]["admission"]
     a1b, a1h = observed(pair, "A1", "base"), observed(pair, "A1", "head")
     assert (a1b["sender_created"], a1b["enqueued"], a1b["retired"]) == (True, True, False)
@@ -102,6 +95,7 @@ def test_admission_rejected_requests_are_retired_at_both_doors_only_after_the_fi
 
 
 def test_admission_controls_and_reentries_do_not_change(matrix):
+    """Alone proves: admission's controls stay admitted on both sides of the real bracket."""
     pair = matrix[1]["admission"]
     for scenario in ("A3p", "A3d", "A4", "A5", "A6p", "A6d", "A7r", "A7b", "A8", "A10", "A11"):
         assert pair["grid"][scenario]["status"] == "unchanged", scenario
@@ -109,6 +103,8 @@ def test_admission_controls_and_reentries_do_not_change(matrix):
 
 
 def test_prefill_aborted_results_are_retired_once_only_after_the_fix(matrix):
+    """Alone proves: the prefill differential key by key: cached unfinished, requeued and sent before the fix;
+    released once, not requeued, not sent after."""
     pair = matrix[1]["prefill"]
     b1b, b1h = observed(pair, "B1", "base"), observed(pair, "B1", "head")
     assert b1b["cached_unfinished"] and b1b["enqueued_inflight"] and not b1b["kv_released"]
@@ -121,5 +117,6 @@ def test_prefill_aborted_results_are_retired_once_only_after_the_fix(matrix):
 
 
 def test_prefill_normal_results_are_processed_the_same(matrix):
+    """Alone proves: prefill's controls are processed the same on both sides of the real bracket."""
     for scenario in ("B3m", "B9", "B9g", "B10", "B11"):
         assert matrix[1]["prefill"]["grid"][scenario]["status"] == "unchanged", scenario

@@ -1,16 +1,18 @@
 """Same answers contained: the bracket releases give byte-identical results in the sandbox and out of it.
 
-Slow (``--sglang``): the three bracket releases go through the sweep's warm engine twice, reprobed
-each time, once contained by bubblewrap and once not (``PDEVIDENCE_SANDBOX=none``: pinned releases
-may run uncontained); and each probe runs alone on the newest one in a fresh process, as a cell
-runs it, contained and not. Every result document must be byte-identical to its uncontained twin:
-the sandbox takes the network, the home directory and the rest of the machine away from SGLang,
-and none of that may change what the probes observe. And the issue's own case, a hostile copy of
-a real release, gets nothing out.
+Slow (``--sglang``): the session's bracket sweep (``bracket_sweep``: every bracket release through the warm
+engine, contained by bubblewrap) is held to the same releases through the warm engine uncontained
+(``PDEVIDENCE_SANDBOX=none``: pinned releases may run uncontained); and each experiment's head cell of the session's
+release matrix (``release_matrix``: a lone probe in a fresh process, contained) to that probe run alone again
+with the cell's arguments, uncontained. Every result document must be byte-identical to its uncontained twin:
+the sandbox takes the network, the home directory and the rest of the machine away from SGLang, and none of
+that may change what the probes observe. And the issue's own case, a hostile copy of a real release, gets
+nothing out.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -24,11 +26,13 @@ from pdevidence.cells import probe_run, warm
 from pdevidence.core.paths import PROJECT, tree_lock_file, work_dir
 from pdevidence.sources import trees
 from pdevidence.sources.importable import importable_dir
+from real_runs import bracket_releases
 
 pytestmark = pytest.mark.sglang
 
-BRACKETS = ["0.5.19", "0.5.20", "0.5.21"]  # prefill base, prefill head = admission base, admission head
-MODES = ("bubblewrap", "none")
+REG = registry.load(PROJECT)
+BRACKETS = bracket_releases(REG)
+HEADS = [(name, exp.releases["head"]) for name, exp in REG.experiments.items()]
 
 
 def tree_args(tree: trees.Tree) -> dict[str, str]:
@@ -36,66 +40,76 @@ def tree_args(tree: trees.Tree) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def written(tmp_path_factory):
-    """Per mode, per (release, experiment): the bytes the warm engine wrote; and under "cell", those a lone
-    contained probe wrote."""
-    reg = registry.load(PROJECT)
-    brackets = [trees.release_tree(v, reg.python, trees.LockFile(tree_lock_file(reg.root))) for v in BRACKETS]
+def uncontained_engine(tmp_path_factory) -> Path:
+    """The bracket releases through the warm engine, uncontained and reprobed: where each result is written."""
+    lock = trees.LockFile(tree_lock_file(REG.root))
+    brackets = [trees.release_tree(v, REG.python, lock) for v in BRACKETS]
     assert all(tree.pinned for tree in brackets)  # so they may run uncontained below, as the operator's releases
-    found: dict[str, dict] = {}
-    for mode in MODES:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setenv("PDEVIDENCE_SANDBOX", mode)
-            out = tmp_path_factory.mktemp(mode)
-            outcomes = warm.probe_trees(reg, brackets, list(reg.experiments),
-                                        {t.label(): tree_args(t) for t in brackets}, out_dir=out, force=True,
-                                        log=lambda msg: None)
-            assert {o.containment["tool"] for per in outcomes.values() for o in per.values()} == {mode}
-            found[mode] = {(t.resolved, name): (out / t.label() / f"{name}.json").read_bytes()
-                           for t in brackets for name in reg.experiments}
-    cell_tree = brackets[-1]
-    env = environments.cell_environment(reg, cell_tree, f"contained.{cell_tree.label()}")
-    for mode in MODES:
-        found[f"cell-{mode}"] = {}
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setenv("PDEVIDENCE_SANDBOX", mode)
-            out = tmp_path_factory.mktemp(f"cell-{mode}")
+    out = tmp_path_factory.mktemp("uncontained")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PDEVIDENCE_SANDBOX", "none")
+        outcomes = warm.probe_trees(REG, brackets, list(REG.experiments), {t.label(): tree_args(t) for t in brackets},
+                                    out_dir=out, force=True, log=lambda msg: None)
+    assert {o.containment["tool"] for per in outcomes.values() for o in per.values()} == {"none"}
+    return out
 
-            def run_alone(name, exp):
-                return probe_run.run_probe(env.interpreter, exp.probe,
-                                           ["--side", "sweep", "--tree-kind", cell_tree.kind, "--tree-ref",
-                                            cell_tree.ref, "--tree-resolved", cell_tree.resolved],
-                                           out / f"{name}.json", work_dir(reg.root) / "logs" / f"contained.{name}.log",
-                                           experiment=name, side="sweep", trusted=True, env=env.probe_env)
-            with ThreadPoolExecutor(max_workers=2) as pool:  # both probes at once, as two cells run
-                ran = list(pool.map(lambda item: run_alone(*item), reg.experiments.items()))
-            assert {r.containment["tool"] for r in ran} == {mode}
-            for name in reg.experiments:
-                found[f"cell-{mode}"][cell_tree.resolved, name] = (out / f"{name}.json").read_bytes()
-    return found
+
+@pytest.fixture(scope="module")
+def uncontained_cells(release_matrix, tmp_path_factory) -> dict[str, Path]:
+    """Each experiment's head cell run again uncontained, as the cell ran it (its side, its tree's arguments, its
+    environment): per experiment, the result it wrote."""
+    lock = trees.LockFile(tree_lock_file(REG.root))
+    out = tmp_path_factory.mktemp("uncontained-cells")
+
+    def run_alone(name: str, version: str) -> tuple[str, Path]:
+        tree = trees.release_tree(version, REG.python, lock)
+        env = environments.cell_environment(REG, tree, f"contained.{tree.label()}")  # the cell's, from the cache
+        dest = out / f"{name}.head.{tree.label()}.json"
+        ran = probe_run.run_probe(env.interpreter, REG.experiment(name).probe,
+                                  ["--side", "head", "--tree-kind", tree.kind, "--tree-ref", tree.ref,
+                                   "--tree-resolved", tree.resolved],
+                                  dest, work_dir(REG.root) / "logs" / f"uncontained.{name}.log",
+                                  experiment=name, side="head", trusted=True, env=env.probe_env)
+        assert ran.containment["tool"] == "none"
+        return name, dest
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PDEVIDENCE_SANDBOX", "none")
+        with ThreadPoolExecutor(max_workers=2) as pool:  # two at a time, as cells run
+            return dict(pool.map(lambda item: run_alone(*item), HEADS))
 
 
 @pytest.mark.parametrize("version", BRACKETS)
-@pytest.mark.parametrize("experiment", ["admission", "prefill"])
-def test_the_warm_engine_contained_writes_the_bytes_it_writes_uncontained(written, version, experiment):
-    uncontained = written["none"][version, experiment]
+@pytest.mark.parametrize("experiment", list(REG.experiments))
+def test_the_warm_engine_contained_writes_the_bytes_it_writes_uncontained(bracket_sweep, uncontained_engine,
+                                                                         version, experiment):
+    """Alone proves: the sandbox changes nothing the warm engine's children observe, on every bracket release."""
+    uncontained = (uncontained_engine / f"release-{version}" / f"{experiment}.json").read_bytes()
     assert b'"scenarios"' in uncontained
-    assert written["bubblewrap"][version, experiment] == uncontained
+    assert bracket_sweep.result(version, experiment).read_bytes() == uncontained
 
 
-@pytest.mark.parametrize("experiment", ["admission", "prefill"])
-def test_a_lone_probe_contained_writes_the_bytes_it_writes_uncontained(written, experiment):
-    uncontained = written["cell-none"][BRACKETS[-1], experiment]
+@pytest.mark.parametrize(("experiment", "version"), HEADS)
+def test_a_lone_probe_contained_writes_the_bytes_it_writes_uncontained(release_matrix, uncontained_cells,
+                                                                      experiment, version):
+    """Alone proves: the sandbox changes nothing a lone probe (a cell's) observes: each experiment's head cell,
+    contained by bubblewrap in the matrix, and the same probe uncontained write the same bytes."""
+    cell = release_matrix.runs / f"{experiment}.head.release-{version}.json"
+    receipt = json.loads(cell.with_name(cell.name.replace(".json", ".receipt.json")).read_text())
+    assert receipt["containment"]["tool"] == "bubblewrap"
+    uncontained = uncontained_cells[experiment].read_bytes()
     assert b'"scenarios"' in uncontained
-    assert written["cell-bubblewrap"][BRACKETS[-1], experiment] == uncontained
+    assert cell.read_bytes() == uncontained
 
 
 def test_a_hostile_copy_of_a_release_gets_nothing_out_and_answers_cannot_run(tmp_path, monkeypatch):
-    """The issue's case: a copy of the 0.5.21 tree whose ``sglang/__init__.py`` first writes into $HOME and /tmp
-    and connects to a listener on 127.0.0.1 through ``_socket``, probed as `check --path` probes it."""
-    reg = registry.load(PROJECT)
+    """Alone proves: a tree that is not pinned runs contained whatever is asked, and what SGLang's own import
+    tries gets nothing out. The issue's case: a copy of the newest bracket release whose ``sglang/__init__.py``
+    first writes into $HOME and /tmp and connects to a listener on 127.0.0.1 through ``_socket``, probed as
+    `check --path` probes it."""
+    reg = REG
     release = trees.release_tree(BRACKETS[-1], reg.python, trees.LockFile(tree_lock_file(reg.root)))
-    copy = tmp_path / "hostile-0.5.21"
+    copy = tmp_path / f"hostile-{BRACKETS[-1]}"
     shutil.copytree(importable_dir(release, environments.find_python(reg.python).path), copy / "python")
     home = tmp_path / "home"
     home.mkdir()

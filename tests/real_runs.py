@@ -1,0 +1,58 @@
+"""What the real tests (``--sglang``) share: the registry's bracket releases, the command line in its own process,
+and where the answer of the decode-offload experiments is known.
+
+The session's shared real runs (the release matrix, one sweep of every bracket release) are fixtures in
+``conftest.py``; they use these.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from packaging.version import Version
+
+from pdevidence import registry
+from pdevidence.core.paths import PROJECT
+
+
+def bracket_releases(reg: registry.Registry) -> list[str]:
+    """Every experiment's release bracket (the last release without its fix, the first with it), oldest first."""
+    return sorted({v for exp in reg.experiments.values() for v in exp.releases.values() if v}, key=Version)
+
+
+def bracket_cells(reg: registry.Registry) -> list[tuple[str, str, str]]:
+    """(experiment, side, release) of every release-backed cell of the matrix, in the registry's order."""
+    return [(name, side, exp.releases[side]) for name, exp in reg.experiments.items() for side in ("base", "head")
+            if exp.releases.get(side)]
+
+
+def cli_run(runs: Path, *argv: str, extra_env: Mapping[str, str] | None = None,
+            timeout: float = 3600) -> subprocess.CompletedProcess:
+    """``python -m pdevidence --root <project> ...`` in its own process, writing to ``runs``."""
+    env = {**os.environ, "PDEVIDENCE_RUNS": str(runs), "PYTHONPATH": str(PROJECT), **(extra_env or {})}
+    return subprocess.run([sys.executable, "-m", "pdevidence", "--root", str(PROJECT), *argv], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# The decode-offload experiments, and from which release on their probes' answer is known from the wheels
+# (docs/maintainers/offload.md). Below 0.5.3 no release has a DecodeKVCacheOffloadManager: not affected. From
+# 0.5.3 the manager ships, first offloading only finished requests; where offloading while decoding starts
+# (somewhere after 0.5.4.post3, by 0.5.12) was not read release by release, and the published sweep does not
+# classify these experiments yet: on those releases the real tests assert nothing of them but what they are about.
+OFFLOAD_KNOWN_FROM = {"offload_slots": "0.5.12",  # its base release
+                      "offload_rid": "0.5.13"}  # 0.5.12 predates #24226: its acknowledgements release otherwise
+MANAGER_FIRST = "0.5.3"
+
+
+def answer_known(experiment: str, version: str) -> bool:
+    """Whether the real tests may pin what ``experiment`` answers on release ``version``: always for the
+    experiments the published sweep classifies on every release; for the offload ones, outside 0.5.3 up to
+    OFFLOAD_KNOWN_FROM."""
+    if experiment not in OFFLOAD_KNOWN_FROM:
+        return True
+    v = Version(version)
+    return v < Version(MANAGER_FIRST) or v >= Version(OFFLOAD_KNOWN_FROM[experiment])
