@@ -16,7 +16,7 @@ from packaging.version import Version
 from synthetic import TWO_DOORS, make_project, result_doc, serve_index, wheel_bytes, with_real_probes, write_cell
 from test_engine import PROBE_HEAD
 
-from pdevidence import cli, environments
+from pdevidence import cli, environments, registry
 from pdevidence.core import errors
 from pdevidence.documents import integrity
 from pdevidence.registry import TorchChannel
@@ -189,6 +189,6 @@ def test_the_report_shows_each_release_and_fix_across_the_three_trees(world, cap
 
 
 def test_the_declared_backports_come_oldest_release_first():
-    releases = [b.release for b in backports.load_all(ROOT, ["admission", "prefill"])]
+    releases = [b.release for b in backports.load_all(ROOT, list(registry.load(ROOT).experiments))]
     assert releases[:3] == ["0.4.5", "0.4.6", "0.4.10"]
     assert releases == sorted(releases, key=Version)
