@@ -18,9 +18,13 @@ from test_engine import PROBE_HEAD
 
 from pdevidence import cli, environments, registry
 from pdevidence.core import errors
+from pdevidence.core.errors import HarnessError
 from pdevidence.documents import integrity
+from pdevidence.documents.vocabulary import CheckStatus
+from pdevidence.lanes import corpus as corpus_lane
 from pdevidence.registry import TorchChannel
 from pdevidence.sources import backports
+from pdevidence.sources.backports import Variant
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -192,3 +196,26 @@ def test_the_declared_backports_come_oldest_release_first():
     releases = [b.release for b in backports.load_all(ROOT, list(registry.load(ROOT).experiments))]
     assert releases[:3] == ["0.4.5", "0.4.6", "0.4.10"]
     assert releases == sorted(releases, key=Version)
+
+
+def a_port_moving(other: str, backport: str, partial: str) -> backports.Backport:
+    edit = backports.Edit("e", "sglang/__init__.py", "A", "B", "why")
+    port = backports.FixPort("demo", (edit,), ("e",), "why", {other: backports.Move(backport, partial, "reachable")})
+    return backports.Backport("1.0.0", {"demo": port}, Path("sglang-1.0.0.toml"))
+
+
+def test_a_port_that_makes_another_fixs_bug_reachable_moves_that_answer_as_it_declares():
+    """Porting one fix leaves another's answer as the sweep has it, unless the port says it moves it, and why."""
+    moving = a_port_moving("other", "affected", "unknown")
+    unported = {"other": {"1.0.0": CheckStatus.NOT_AFFECTED}}
+
+    assert [corpus_lane.expected(moving, "other", v, unported) for v in Variant] == \
+        [CheckStatus.NOT_AFFECTED, CheckStatus.AFFECTED, CheckStatus.UNKNOWN]
+    assert corpus_lane.expected(moving, "demo", Variant.BACKPORT, unported) is CheckStatus.FIXED
+
+
+@pytest.mark.parametrize(("other", "status", "named"), [("demo", "fixed", "'demo' is not an experiment"),
+                                                          ("other", "mended", "mended is not a check status")])
+def test_a_move_names_an_unported_experiment_and_a_check_status(other, status, named):
+    with pytest.raises(HarnessError, match=named):
+        corpus_lane._check_moves(a_port_moving(other, status, "fixed"), ["demo", "other"])

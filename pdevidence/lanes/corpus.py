@@ -42,8 +42,28 @@ def expected(backport: Backport, experiment: str, variant: Variant,
              unported: dict[str, dict[str, CheckStatus]]) -> CheckStatus:
     """A ported fix reads as its variant says; a fix the file does not port reads on all three trees what the
     release reads in the sweep (``unported``: per experiment, per release): porting one fix must not move
-    another's answer."""
-    return EXPECTED[variant] if experiment in backport.ports else unported[experiment][backport.release]
+    another's answer, unless a port declares it does (``moves``, with why)."""
+    if experiment in backport.ports:
+        return EXPECTED[variant]
+    moved = [port.moves[experiment] for port in backport.ports.values() if experiment in port.moves]
+    if moved and variant is not Variant.PRISTINE:
+        return CheckStatus(moved[0].status(variant))
+    return unported[experiment][backport.release]
+
+
+def _check_moves(backport: Backport, names: list[str]) -> None:
+    """A declared move names an experiment this file does not port and a status check answers."""
+    statuses = {s.value for s in CheckStatus}
+    for port in backport.ports.values():
+        for other, move in port.moves.items():
+            where = f"{backport.path.name}: {port.experiment}.moves.{other}"
+            if other not in names or other in backport.ports:
+                raise usage(f"{where}: {other!r} is not an experiment this file leaves unported",
+                            expected=f"one of: {', '.join(n for n in names if n not in backport.ports)}")
+            bad = [s for s in (move.backport, move.partial) if s not in statuses]
+            if bad:
+                raise usage(f"{where}: {', '.join(bad)} is not a check status",
+                            expected=f"one of: {', '.join(sorted(statuses))}")
 
 
 def as_released(directory: Path, experiment: str, releases: list[str]) -> dict[str, CheckStatus]:
@@ -86,6 +106,8 @@ def run(reg: Registry, releases: list[str] | None = None, *, fresh_references: b
     if not declared:
         raise usage(f"no backport is declared under {backports.DIRECTORY}/",
                     todo=f"declare one in {backports.DIRECTORY}/{backports.FILE_PREFIX}<release>.toml")
+    for backport in declared:
+        _check_moves(backport, names)
     lock = trees.LockFile(tree_lock_file(reg.root))
     work = work_dir(reg.root)
     python = environments.find_python(reg.python).path  # compiles the unpacked trees' bytecode

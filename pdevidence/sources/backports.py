@@ -50,6 +50,16 @@ class Edit:
 
 
 @dataclass(frozen=True)
+class Move:
+    backport: str  # a check status: what the other fix reads on the backport tree
+    partial: str  # ... and on the partial tree
+    why: str
+
+    def status(self, variant: Variant) -> str:
+        return self.backport if variant is Variant.BACKPORT else self.partial
+
+
+@dataclass(frozen=True)
 class FixPort:
     """One experiment's fix ported into one release."""
 
@@ -57,6 +67,9 @@ class FixPort:
     edits: tuple[Edit, ...]
     partial: tuple[str, ...]  # the edits the partial port leaves out
     partial_why: str
+    # Another fix's answer this port moves, per tree (the backport's, the partial's), with why: a fix that makes
+    # another's bug reachable (a later fix's race exists only once this one is in).
+    moves: dict[str, Move]
 
     def edits_for(self, variant: Variant) -> tuple[Edit, ...]:
         if variant is Variant.PRISTINE:
@@ -117,7 +130,7 @@ def _parse(path: Path, data: dict, experiments: list[str]) -> Backport:
 
 
 def _parse_port(name: str, table: dict) -> FixPort:
-    _table(table, name, required={"edits": list, "partial": list, "partial_why": str}, optional={})
+    _table(table, name, required={"edits": list, "partial": list, "partial_why": str}, optional={"moves": dict})
     edits = []
     for i, spec in enumerate(table["edits"]):
         where = f"{name}.edits[{i}]"
@@ -137,7 +150,12 @@ def _parse_port(name: str, table: dict) -> FixPort:
     if unknown or not partial:
         raise RegistryError(f"{name}.partial: {', '.join(unknown) if unknown else 'empty'}: it must name the edits "
                             f"the partial port leaves out (one or more of: {', '.join(ids)})")
-    return FixPort(name, tuple(edits), partial, table["partial_why"])
+    moves = {}
+    for other, spec in table.get("moves", {}).items():
+        where = f"{name}.moves.{other}"
+        _table(spec, where, required={"backport": str, "partial": str, "why": str}, optional={})
+        moves[other] = Move(spec["backport"], spec["partial"], spec["why"])
+    return FixPort(name, tuple(edits), partial, table["partial_why"], moves)
 
 
 class EditDoesNotApply(Exception):
