@@ -15,7 +15,9 @@ the boundary the manager talks to, and nothing else:
   digest of the tokens;
 - the host pool (built under the tree's name for it), the tree cache (its protected size;
   ``free_kv_row`` gives each range back through the allocator; ``cache_finished_req`` of the
-  finish-only trees gives the row back the same way) and the tensor-parallel world size (1).
+  finish-only trees gives the row back the same way; ``unlock`` / ``unpin`` of a radix-owned prefix
+  do nothing) and the tensor-parallel world size (1). Where a tree picks the host pool's class from
+  the device pool (``get_mha_host_pool_cls``, 0.5.14 to 0.5.17), that choice answers the stand-in.
 
 The scenarios call the manager as the tree's output processor does: a decode step offloads an
 unfinished request; at finish ``offload_kv_cache``, and where it wrote nothing
@@ -47,6 +49,8 @@ ROW_LEN = 64
 # Where the output processor offloads an unfinished request (0.5.12 on), read from the tree's source.
 DECODE_CALL = re.compile(r"not req\.finished\(\)\s*\)?:?\s*\n\s*self\.decode_offload_manager\.offload_kv_cache\(req\)")
 HOST_POOL_NAMES = ("MHATokenToKVPoolHost", "MLATokenToKVPoolHost", "build_kv_host_pool")
+# 0.5.14 to 0.5.17 pick the MHA host pool's class from the device pool (its head_dim): the class is the stand-in.
+HOST_POOL_CLASS_OF = "get_mha_host_pool_cls"
 
 sg = SimpleNamespace(ready=False)
 
@@ -145,7 +149,8 @@ class World:
         self.req_to_token_pool = SimpleNamespace(req_to_token=self.req_to_token, free=self._free_row,
                                                  size=ROWS, max_context_len=ROW_LEN)
         self.tree_cache = SimpleNamespace(protected_size_=1000, free_kv_row=self._free_kv_row,
-                                          unlock=lambda lock: None, dec_lock_ref=lambda *a, **k: None,
+                                          unlock=lambda lock: None, unpin=lambda req: None,
+                                          dec_lock_ref=lambda *a, **k: None,
                                           cache_finished_req=self._cache_finished_req,
                                           req_to_token_pool=self.req_to_token_pool,
                                           token_to_kv_pool_allocator=self.allocator)
@@ -182,6 +187,8 @@ class World:
 
         names = {"HiCacheController": Controller}
         names.update({name: host_pool for name in HOST_POOL_NAMES if hasattr(sg.module, name)})
+        if hasattr(sg.module, HOST_POOL_CLASS_OF):
+            names[HOST_POOL_CLASS_OF] = lambda kv_cache: host_pool
         params = inspect.signature(sg.Manager.__init__).parameters
         kwargs = {"req_to_token_pool": self.req_to_token_pool, "token_to_kv_pool_allocator": self.allocator,
                   "tp_group": None, "tree_cache": self.tree_cache, "server_args": sg.server_args}
