@@ -24,7 +24,7 @@ unfinished request; at finish ``offload_kv_cache``, and where it wrote nothing
 ``finalize_release_on_finish`` (trees without it: the tree cache's ``cache_finished_req``); a copy
 landing is ``check_offload_progress``. Whether the tree offloads while decoding at all is read from
 its output processor (the call guarded by ``not req.finished()``): the finish-only trees (0.5.3 to
-0.5.4.post3) record ``decode_offload: "absent"`` and their scenarios stop there; a tree without the
+0.5.9) record ``decode_offload: "absent"`` and their scenarios stop there; a tree without the
 manager records ``offload_manager: "absent"``.
 """
 
