@@ -339,3 +339,15 @@ def test_a_tree_without_the_manager_runs_no_scenario_past_the_fact(fresh_probe, 
     offload.sg.module = None
     for filename, sid in (("probe_offload_slots_differential.py", "O1"), ("probe_offload_rid_differential.py", "R1")):
         assert scenario(fresh_probe, filename, sid, Manager, offload) == {"offload_manager": "absent"}
+
+
+def test_a_manager_counting_no_copies_in_flight_is_named_and_one_that_counts_is_not(fresh_probe, offload):
+    class Counting(Manager):
+        def _has_inflight_offload(self, req):
+            return bool(self.inflight.get(self._key(req)))
+
+    observed = {m: scenario(fresh_probe, "probe_offload_rid_differential.py", "R4", m, offload)
+                for m in (Manager, Counting)}
+    assert observed[Manager]["inflight_wait"] == "absent"
+    assert "inflight_wait" not in observed[Counting]
+    assert observed[Counting]["old_released_on_ack"] == 1 and observed[Counting]["old_released"] == 1
