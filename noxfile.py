@@ -46,8 +46,8 @@ def _load_registry() -> registry.Registry:
 REGISTRY = _load_registry()
 CELLS = [(name, side) for name in REGISTRY.experiments for side in registry.SIDES]
 CELL_IDS = [f"{name}, {side}" for name, side in CELLS]
-# A pinned-commit cell exists where the registry pins the experiment's commits.
-GIT_CELLS = [(name, side) for name, side in CELLS if REGISTRY.experiments[name].git]
+# Pinned-commit cells only where the registry pins the side's commit ([experiments.<name>.git] is optional).
+GIT_CELLS = [(name, side) for name, side in CELLS if side in REGISTRY.experiments[name].git]
 GIT_CELL_IDS = [f"{name}, {side}" for name, side in GIT_CELLS]
 ERAS = ["current", *REGISTRY.eras]  # lanes.sweep_parts.CURRENT: the releases of no declared era
 

@@ -15,7 +15,9 @@ the boundary the manager talks to, and nothing else:
   digest of the tokens;
 - the host pool (built under the tree's name for it), the tree cache (its protected size;
   ``free_kv_row`` gives each range back through the allocator; ``cache_finished_req`` of the
-  finish-only trees gives the row back the same way) and the tensor-parallel world size (1).
+  finish-only trees gives the row back the same way; ``unlock`` / ``unpin`` of a radix-owned prefix
+  do nothing) and the tensor-parallel world size (1). Where a tree picks the host pool's class from
+  the device pool (``get_mha_host_pool_cls``, 0.5.14 to 0.5.17), that choice answers the stand-in.
 
 Each is built from the tree's own class (``STANDINS``): every method the class defines that the
 stand-in does not write is a recorder, so no name the tree's own idiom calls is missing.
@@ -25,7 +27,7 @@ unfinished request; at finish ``offload_kv_cache``, and where it wrote nothing
 ``finalize_release_on_finish`` (trees without it: the tree cache's ``cache_finished_req``); a copy
 landing is ``check_offload_progress``. Whether the tree offloads while decoding at all is read from
 its output processor (the call guarded by ``not req.finished()``): the finish-only trees (0.5.3 to
-0.5.4.post3) record ``decode_offload: "absent"`` and their scenarios stop there; a tree without the
+0.5.9) record ``decode_offload: "absent"`` and their scenarios stop there; a tree without the
 manager records ``offload_manager: "absent"``.
 """
 
@@ -62,6 +64,8 @@ STANDINS = Collaborators(
     host_pool=tuple(f"{MANAGER_MODULE}:{name}" for name in HOST_POOL_NAMES)
     + ("sglang.srt.mem_cache.memory_pool_host:HostKVCache", "sglang.srt.mem_cache.pool_host.base:HostKVCache"),
 )
+# 0.5.14 to 0.5.17 pick the MHA host pool's class from the device pool (its head_dim): the class is the stand-in.
+HOST_POOL_CLASS_OF = "get_mha_host_pool_cls"
 
 sg = SimpleNamespace(ready=False)
 
@@ -163,7 +167,7 @@ class World:
                                                req_to_token=self.req_to_token, free=self._free_row,
                                                size=ROWS, max_context_len=ROW_LEN)
         self.tree_cache = STANDINS.make("tree_cache", "tree_cache", protected_size_=1000,
-                                        free_kv_row=self._free_kv_row, unlock=lambda lock: None,
+                                        free_kv_row=self._free_kv_row, unlock=lambda lock: None, unpin=lambda req: None,
                                         dec_lock_ref=lambda *a, **k: None,
                                         cache_finished_req=self._cache_finished_req,
                                         req_to_token_pool=self.req_to_token_pool,
@@ -201,6 +205,8 @@ class World:
 
         names = {"HiCacheController": STANDINS.make_class("cache_controller", Controller, "cache_controller")}
         names.update({name: host_pool for name in HOST_POOL_NAMES if hasattr(sg.module, name)})
+        if hasattr(sg.module, HOST_POOL_CLASS_OF):
+            names[HOST_POOL_CLASS_OF] = lambda kv_cache: host_pool
         params = inspect.signature(sg.Manager.__init__).parameters
         kwargs = {"req_to_token_pool": self.req_to_token_pool, "token_to_kv_pool_allocator": self.allocator,
                   "tp_group": None, "tree_cache": self.tree_cache, "server_args": sg.server_args}

@@ -13,7 +13,10 @@ slots) with different tokens. Scenarios:
 - R1 A decodes three steps (a copy of positions 8-11 in flight) and finishes; B arrives with A's
   rid and decodes seven steps; A's late acknowledgement lands; then B's; B finishes;
 - R2 control: as R1, B with its own rid;
-- R3 control: as R1, but A's acknowledgement lands (A released) before B arrives.
+- R3 control: as R1, but A's acknowledgement lands (A released) before B arrives;
+- R4 as R1, but A decodes six steps and its finish writes the last copy (positions 12-15): A's
+  state is kept until that copy lands even on trees that release a finished request without
+  waiting for its copies (before PR #24226), so the rid is shared there too.
 
 Keys: ``new_first_write_start`` (row position of B's first device-to-host copy, null if none while
 decoding), ``new_offloaded`` (B's slots copied while decoding), ``new_empty_writes`` (copies of no slot issued
@@ -21,7 +24,9 @@ while B decodes: progress carried over from A), ``old_released_on_ack`` (A's row
 released by its own late acknowledgement), ``old_released`` (A's row released by the end),
 ``new_hash_from_old`` (B's first storage backup chains from one of A's page hashes),
 ``new_freed`` (B's slots given back by the end), ``double_freed``, ``manager_error``. Tree facts
-as in offload_slots: ``offload_manager: "absent"``, ``decode_offload: "absent"`` / ``"present"``.
+as in offload_slots: ``offload_manager: "absent"``, ``decode_offload: "absent"`` / ``"present"``;
+``inflight_wait: "absent"`` where the manager counts no copies in flight (before PR #24226: it
+releases a finished request at finish, so in R1 the old request is gone before the rid is reused).
 
     python probes/probe_offload_rid_differential.py --side head --tree-kind release --tree-ref 0.5.19
 """
@@ -46,15 +51,22 @@ def prepare() -> str:
     return _offload.prepare(SCENARIOS)
 
 
-def reuse(observed: Observed, *, new_rid: str, old_drained_first: bool) -> None:
+def reuse(observed: Observed, *, new_rid: str, old_drained_first: bool, old_finish_writes: bool = False) -> None:
     if not tree_facts(observed):
         return
+    if not hasattr(_offload.sg.Manager, "_has_inflight_offload"):
+        observed["inflight_wait"] = "absent"  # before PR #24226: a finished request is released at once
     world = World()
     old = world.new_req(RID, row=0, prompt=PROMPT)
-    world.decode(old, 3)
+    if old_finish_writes:
+        world.decode(old, 6)  # a copy of positions 8-11 at the third step
+        world.decode(old, 1, offload=False)  # the finishing step's token: the finish copies 12-15
+    else:
+        world.decode(old, 3)
     world.finish(old)
     if old_drained_first:
         world.land()
+    old_pending = sum(1 for w in world.writes if not w["landed"])
     new = world.new_req(new_rid, row=1, prompt=PROMPT, first_token=500)
     new_slots = world._row_slots(1)
     writes_before = len(world.writes)
@@ -65,7 +77,7 @@ def reuse(observed: Observed, *, new_rid: str, old_drained_first: bool) -> None:
     observed["new_empty_writes"] = sum(1 for w in world.writes[writes_before:] if not w["slots"])
     if not old_drained_first:
         released = len(world.rows_released)
-        world.land(1)  # the old request's late acknowledgement
+        world.land(old_pending)  # the old request's late acknowledgements
         observed["old_released_on_ack"] = sum(1 for r in world.rows_released[released:] if r["row"] == 0)
     world.land()  # the new request's copies, while it decodes
     old_hashes = {h for b in world.backups if b["tokens"] and b["tokens"][0] < 500 for h in b["hashes"]}
@@ -98,6 +110,11 @@ def r2(observed: Observed) -> None:
 @SCENARIOS.scenario("R3", "control: the rid reused after the old request's copies drained")
 def r3(observed: Observed) -> None:
     reuse(observed, new_rid=RID, old_drained_first=True)
+
+
+@SCENARIOS.scenario("R4", "the rid reused while the old request's own finish copy is in flight")
+def r4(observed: Observed) -> None:
+    reuse(observed, new_rid=RID, old_drained_first=False, old_finish_writes=True)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ reads them), ``row_released_in_flight`` (the request's row released with such a 
 ``freed_total``, ``double_freed``, ``rows_released``, ``radix_freed_while_decoding``,
 ``manager_error`` (``<call>:<exception type>`` where the tree's manager raised, else null). Tree
 facts: ``offload_manager: "absent"`` (no manager), ``decode_offload: "absent"`` (the tree offloads
-only finished requests, 0.5.3 to 0.5.4.post3) or ``"present"``.
+only finished requests, 0.5.3 to 0.5.9) or ``"present"``.
 
     python probes/probe_offload_slots_differential.py --side head --tree-kind release --tree-ref 0.5.13
 """

@@ -111,10 +111,10 @@ def test_matrix_is_the_cells_nox_lists(kind, matrices, nox_cells):
     listed = {e["session"] for e in nox_cells if kind in e["tags"] and e["name"] == KINDS[kind]}
     assert len(sessions) == len(set(sessions))
     assert set(sessions) == listed
-    # ... and those are experiments x sides of the registry (pinned commits for a git cell), nothing more or less.
+    # ... and those are experiments x sides of the registry (for git, the sides it pins), nothing more or less.
     reg = registry.load(ROOT)
     assert set(sessions) == {f"{KINDS[kind]}({name}, {side})" for name, exp in reg.experiments.items()
-                             for side in registry.SIDES if kind == "release" or exp.git}
+                             for side in registry.SIDES if kind == "release" or side in exp.git}
 
 
 @needs_nox
@@ -153,8 +153,8 @@ def test_uploaded_files_are_the_cells_result_and_receipt(kind, matrices):
     for tree_kind, session_name in KINDS.items():
         for name, exp in reg.experiments.items():
             for side in registry.SIDES:
-                if tree_kind == "git" and not exp.git:
-                    continue  # no pinned commits: no git cell
+                if tree_kind == "git" and side not in exp.git:
+                    continue  # no pinned commit: no probe(...) cell
                 resolved = exp.release(side) if tree_kind == "release" else exp.git[side]
                 result = Path("runs") / results.result_name(name, side, _tree(tree_kind, resolved).label())
                 written[f"{session_name}({name}, {side})"] = [result.as_posix(),

@@ -52,7 +52,7 @@ class CellOutcome:
 def matrix(registry: Registry, kind: str) -> list[Cell]:
     """Every cell of ``kind``: a pinned-commit cell only where the registry pins the experiment's commits."""
     return [Cell(name, side, kind) for name, exp in registry.experiments.items() for side in SIDES
-            if kind != "git" or exp.git]
+            if kind != "git" or side in exp.git]
 
 
 def parse_cell(registry: Registry, kind: str, experiment: str, side: str) -> Cell:
