@@ -167,7 +167,8 @@ class World:
                                                req_to_token=self.req_to_token, free=self._free_row,
                                                size=ROWS, max_context_len=ROW_LEN)
         self.tree_cache = STANDINS.make("tree_cache", "tree_cache", protected_size_=1000,
-                                        free_kv_row=self._free_kv_row, unlock=lambda lock: None, unpin=lambda req: None,
+                                        free_kv_row=self._free_kv_row, unlock=lambda lock: None,
+                                        unpin=lambda req: None,
                                         dec_lock_ref=lambda *a, **k: None,
                                         cache_finished_req=self._cache_finished_req,
                                         req_to_token_pool=self.req_to_token_pool,

@@ -16,6 +16,7 @@ functions.
 
 from __future__ import annotations
 
+import ast
 import enum
 import hashlib
 import re
@@ -187,9 +188,25 @@ def record(root: Path, files: list[Path], shaped: Shaped) -> Provenance:
     return Provenance({relative(path, root): file_digest(path) for path in files}, harness_digest(shaped))
 
 
+def probe_files(probe: Path) -> list[Path]:
+    """A probe and the modules of its own directory it imports (``_offload.py``, shared by two probes), but the
+    kit and the stand-ins, which every document records anyway."""
+    found, todo = [probe], [probe]
+    while todo:
+        tree = ast.parse(todo.pop().read_text(encoding="utf-8"))
+        names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        for name in sorted(names):
+            path = probe.parent / f"{name}.py"
+            if path.is_file() and path not in found and relative(path, probe.parent.parent) not in (KIT, STAND_INS):
+                found.append(path)
+                todo.append(path)
+    return found
+
+
 def inputs(reg: Registry, experiments: list[str], drivers: tuple[str, ...], closures: list[Path]) -> list[Path]:
     """The files that run in the cell or decide a document's content."""
-    probes = [reg.experiment(name).probe for name in experiments]
+    probes = list(dict.fromkeys(f for name in experiments for f in probe_files(reg.experiment(name).probe)))
     stand_ins = [reg.root / STAND_INS] if (reg.root / STAND_INS).is_file() else []
     return [*probes, reg.root / KIT, *stand_ins, *(reg.root / d for d in drivers), reg.root / REGISTRY_FILE,
             *dict.fromkeys(closures)]
@@ -197,7 +214,8 @@ def inputs(reg: Registry, experiments: list[str], drivers: tuple[str, ...], clos
 
 def required(reg: Registry, experiment: str, drivers: tuple[str, ...]) -> list[str]:
     """What a current document of ``experiment`` must have recorded (besides the closure and the harness)."""
-    return [relative(reg.experiment(experiment).probe, reg.root), KIT, *drivers, REGISTRY_FILE]
+    return [*(relative(f, reg.root) for f in probe_files(reg.experiment(experiment).probe)), KIT, *drivers,
+            REGISTRY_FILE]
 
 
 def stale_why(block: Provenance | None, root: Path, required_files: list[str], shaped: Shaped) -> list[str]:
