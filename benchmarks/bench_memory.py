@@ -1,7 +1,7 @@
 """Peak memory of a run's whole process tree, against the 7 GB of a 2-core runner (issue 29).
 
-    python benchmarks/bench_memory.py check          # `check --references fresh --force` of 27 releases over five
-                                                      # eras (bench_warm's), from a fresh work directory
+    python benchmarks/bench_memory.py check          # `check --references fresh --force` of bench_warm's releases
+                                                      # (up to 27, five eras), from a fresh work directory
     python benchmarks/bench_memory.py sweep          # the full-era sweep: `sweep --references fresh --force`
     python benchmarks/bench_memory.py sweep --era torch2.9-tf4    # one era's sweep
     python benchmarks/bench_memory.py tests          # the fast tests: `python -m pytest -q`
@@ -40,6 +40,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 TARGET_BYTES = 7_000_000_000  # 7 GB: a 2-core GitHub-hosted runner's memory
 RUNS = ("check", "sweep", "tests")
+RUN_CLI = "import sys; from pdevidence.cli import main; sys.exit(main())"  # python -m pdevidence, spelt out
+# --ignore-stale: the same, with every receipt taken as made by this checkout (a benchmark's measure, never an answer)
+IGNORING_STALE = ("import sys; from pdevidence.documents import receipts; receipts.Receipt.stale = lambda self, root: "
+                  "[]; from pdevidence.cli import main; sys.exit(main())")
 
 
 @dataclass
@@ -180,13 +184,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between samples (default 0.5)")
     parser.add_argument("--target", type=float, default=TARGET_BYTES / 1e9, help="GB (default 7)")
     parser.add_argument("--quiet", action="store_true", help="the runs' own output to nowhere")
+    parser.add_argument("--ignore-stale", action="store_true",
+                        help="check and sweep: judge against the fresh references ($PDEVIDENCE_RUNS) even when they "
+                        "are stale, so the probing's memory can be measured while the evidence awaits a republish; "
+                        "the answers then mean nothing")
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
     args, command = parser.parse_args(argv[:split]), argv[split + 1:]
     unknown = sorted(set(args.runs) - set(RUNS))
     if unknown:
         parser.error(f"unknown runs {unknown}; known: {', '.join(RUNS)}")
-    python = [sys.executable, "-m", "pdevidence", "--root", str(ROOT)]
+    python = [sys.executable, "-c", IGNORING_STALE if args.ignore_stale else RUN_CLI, "--root", str(ROOT)]
+    references = ["--references", "fresh"]
     target = int(args.target * 1e9)
     runs: list[tuple[str, list[str], dict[str, str] | None]] = []
     if command:
@@ -194,13 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     for run in args.runs or ([] if command else ["check"]):
         if run == "check":
             work = tempfile.mkdtemp(prefix="bench-memory-work-")
-            runs.append((f"check of 27 releases (PDEVIDENCE_WORK={work})",
-                         [*python, "check", "--references", "fresh", "--force", *many_check_argv()],
+            versions = many_check_argv()
+            runs.append((f"check of {len(versions) // 2} releases (PDEVIDENCE_WORK={work})",
+                         [*python, "check", *references, "--force", *versions],
                          {**os.environ, "PDEVIDENCE_WORK": work}))
         elif run == "sweep":
             era = ["--era", args.era] if args.era else []
             runs.append((f"sweep {args.era or 'of every era'}",
-                         [*python, "sweep", "--references", "fresh", "--force", *era], None))
+                         [*python, "sweep", *references, "--force", *era], None))
         else:
             runs.append(("fast tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], None))
     worst = 0
