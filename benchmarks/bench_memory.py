@@ -5,7 +5,8 @@
     python benchmarks/bench_memory.py sweep          # the full-era sweep: `sweep --references fresh --force`
     python benchmarks/bench_memory.py sweep --era torch2.9-tf4    # one era's sweep
     python benchmarks/bench_memory.py tests          # the fast tests: `python -m pytest -q`
-    python benchmarks/bench_memory.py check tests    # several, one after the other
+    python benchmarks/bench_memory.py check tests --log /tmp/mem   # several, one after the other; their output
+                                                      # in /tmp/mem.check, /tmp/mem.tests
     python benchmarks/bench_memory.py -- python -m pdevidence check --version 0.5.21   # any command
 
 Each run's command starts as a child of this script; every ``--interval`` seconds the script finds every
@@ -18,17 +19,24 @@ in PID namespaces of their own, are there under their outer pids) and sums two f
   PSS  ``Pss`` of ``/proc/<pid>/smaps_rollup``: each shared page divided among the processes that map it, so
        the sum counts it once: what the tree really holds
 
+Every run starts in the checkout. While the published evidence is stale and the fresh references in
+``$PDEVIDENCE_RUNS`` are too (made by another checkout, awaiting a republish), ``--ignore-stale`` runs check and
+sweep with every receipt taken as this checkout's: what they answer then means nothing, but what they probe, and
+so their memory, is the same.
+
 It prints each figure's peak (and when it came, and how many processes were alive then), the largest single
 process, the run's time and exit status, and whether the peak PSS is within the target (``--target``, default
-7 GB = 7.0e9 bytes: ``met`` or ``MISSED``). A sample between two ticks is missed: a shorter interval sees more
-and costs more (reading ``smaps_rollup`` walks a process's page tables). Page cache and the sandboxes' tmpfs
-(``/tmp``, ``$HOME``) are memory too but belong to no process: neither figure counts them.
+7 GB = 7.0e9 bytes: ``met`` or ``MISSED``). A peak that comes and goes between two samples is missed: a
+shorter interval sees more and costs more (reading ``smaps_rollup`` walks a process's page tables). Page cache
+and the sandboxes' tmpfs (``/tmp``, ``$HOME``) are memory too but belong to no process: neither figure counts
+them.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -111,13 +119,18 @@ def sample(pid: int) -> tuple[int, int, str]:
 
 
 def measure(command: list[str], *, interval: float, env: dict[str, str] | None = None,
-            quiet: bool = False) -> tuple[Peak, int, float]:
-    """Run ``command`` (its output to ours, or to nothing with ``quiet``), sampling its tree; its peaks, exit status
-    and seconds."""
+            log: Path | None = None) -> tuple[Peak, int, float]:
+    """Run ``command`` (its output to ours, or into ``log``), sampling its tree; its peaks, exit status and
+    seconds."""
     peak = Peak()
-    out = subprocess.DEVNULL if quiet else None
+    out = open(log, "wb") if log else None  # noqa: SIM115 - closed below, whatever happens
     started = time.monotonic()
-    proc = subprocess.Popen(command, env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+    try:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                stdin=subprocess.DEVNULL, cwd=ROOT)
+    finally:
+        if out:
+            out.close()  # the child holds its own copy
     try:
         while True:
             ended = proc.poll() is not None
@@ -183,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--era", help="sweep: this era only (`sweep --era ERA`)")
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between samples (default 0.5)")
     parser.add_argument("--target", type=float, default=TARGET_BYTES / 1e9, help="GB (default 7)")
-    parser.add_argument("--quiet", action="store_true", help="the runs' own output to nowhere")
+    parser.add_argument("--log", type=Path, help="each run's own output into LOG.<run> instead of ours")
     parser.add_argument("--ignore-stale", action="store_true",
                         help="check and sweep: judge against the fresh references ($PDEVIDENCE_RUNS) even when they "
                         "are stale, so the probing's memory can be measured while the evidence awaits a republish; "
@@ -197,27 +210,34 @@ def main(argv: list[str] | None = None) -> int:
     python = [sys.executable, "-c", IGNORING_STALE if args.ignore_stale else RUN_CLI, "--root", str(ROOT)]
     references = ["--references", "fresh"]
     target = int(args.target * 1e9)
-    runs: list[tuple[str, list[str], dict[str, str] | None]] = []
+    runs: list[tuple[str, str, list[str], dict[str, str] | None]] = []  # name, label, command, environment
+    made: list[str] = []  # fresh work directories, removed at the end
     if command:
-        runs.append(("command", command, None))
+        runs.append(("command", "command", command, None))
     for run in args.runs or ([] if command else ["check"]):
         if run == "check":
             work = tempfile.mkdtemp(prefix="bench-memory-work-")
             versions = many_check_argv()
-            runs.append((f"check of {len(versions) // 2} releases (PDEVIDENCE_WORK={work})",
+            runs.append((run, f"check of {len(versions) // 2} releases (PDEVIDENCE_WORK={work})",
                          [*python, "check", *references, "--force", *versions],
                          {**os.environ, "PDEVIDENCE_WORK": work}))
         elif run == "sweep":
             era = ["--era", args.era] if args.era else []
-            runs.append((f"sweep {args.era or 'of every era'}",
+            runs.append((run, f"sweep {args.era or 'of every era'}",
                          [*python, "sweep", *references, "--force", *era], None))
         else:
-            runs.append(("fast tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], None))
+            runs.append((run, "fast tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], None))
     worst = 0
-    for label, cmd, env in runs:
-        peak, status, seconds = measure(cmd, interval=args.interval, env=env, quiet=args.quiet)
+    for name, label, cmd, env in runs:
+        if env and "PDEVIDENCE_WORK" in env:
+            made.append(env["PDEVIDENCE_WORK"])
+        log = args.log.with_name(f"{args.log.name}.{name}") if args.log else None
+        peak, status, seconds = measure(cmd, interval=args.interval, env=env, log=log)
+        label += f" (output: {log})" if log else ""
         print(report(label, cmd, peak, status, seconds, target), flush=True)
         worst = max(worst, peak.pss)
+    for work in made:
+        shutil.rmtree(work, ignore_errors=True)
     return 0 if worst <= target else 1
 
 
