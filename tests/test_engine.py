@@ -178,6 +178,19 @@ def test_an_engine_killed_at_the_memory_limit_leaves_its_unfinished_trees_cannot
     assert any("killed by the kernel at its sandbox's memory limit; 1.1.0 unfinished" in line for line in lines)
 
 
+def test_a_driver_that_ran_out_of_memory_outside_any_scenario_cannot_run_naming_the_limit(world):
+    reg, tmp_path, _ = world
+    log = tmp_path / "driver.log"
+    log.write_text("Traceback (most recent call last):\n  File \"probe_all.py\", line 1, in <module>\nMemoryError\n"
+                   "probe cannot run: the probe driver failed outside any scenario\n")
+    record = {"tool": "bubblewrap", "limits": {"memory_bytes": 2 << 30}}
+    (tmp_path / "out").mkdir()
+    found = allprobes.collect([reg.experiment("demo")], tmp_path / "out", log, "exited with status 3", record)["demo"]
+    assert found.doc is None and found.out_of_memory
+    assert found.error.startswith("MemoryError: the probe process hit the memory limit of 2 GiB per process "
+                                  "(PDEVIDENCE_PROBE_MEMORY;"), found.error
+
+
 def test_a_tree_whose_sglang_does_not_import_is_recorded_as_cannot_run(world, monkeypatch):
     reg, tmp_path, closure = world
     broken = tmp_path / "t1"

@@ -124,7 +124,21 @@ def collect(exps: list[Experiment], out_dir: Path, log: Path, status: str,
                 said = f"{said.rstrip(': ')}: the probe process {sandbox.out_of_memory(containment, killed=False)}"
             outcomes[exp.name] = Outcome(exp.name, error=said, containment=containment,
                                          out_of_memory=error["type"] == MEMORY_ERROR)
+        elif _raised_memory_error(log):  # outside any scenario and prepare(): the driver's traceback ends so
+            outcomes[exp.name] = Outcome(exp.name, error=f"MemoryError: the probe process "
+                                         f"{sandbox.out_of_memory(containment, killed=False)} and wrote nothing for "
+                                         f"{exp.name}; last output:\n{tail(log)}", containment=containment,
+                                         out_of_memory=True)
         else:
             outcomes[exp.name] = Outcome(exp.name, error=f"the probe process {status} and wrote nothing for "
                                          f"{exp.name}; last output:\n{tail(log)}", containment=containment)
     return outcomes
+
+
+def _raised_memory_error(log: Path) -> bool:
+    """Whether the process's output holds a traceback's last line for ``MemoryError``."""
+    try:
+        lines = tail(log).splitlines()
+    except OSError:
+        return False
+    return any(line == MEMORY_ERROR or line.startswith(f"{MEMORY_ERROR}:") for line in lines)
