@@ -310,6 +310,25 @@ for where in (os.path.expanduser("~"), "/tmp", {str(env)!r}):
     assert leftovers(world) == [] and not (env / TOKEN).exists()
 
 
+@pytest.mark.parametrize("hog", ["import", "shared"])
+def test_an_environment_checked_with_python_past_the_memory_limit_cannot_run_naming_it(world, tool, capsys,
+                                                                                     monkeypatch, hog):
+    """A fresh probe process (not the engine): its MemoryError, or the kernel's kill at the memory cgroup limit."""
+    monkeypatch.setenv("PDEVIDENCE_PROBE_MEMORY", "1G")
+    if hog == "shared" and sandbox.detect().limits.memory_by != "rlimit+cgroup":
+        pytest.skip("no memory cgroup here: shared memory is not limited")
+    env = world.tmp / "serving-venv"
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(env)
+    site = next(env.glob("lib/python*/site-packages"))
+    (site / "sglang").mkdir()
+    (site / "sglang" / "__init__.py").write_text(HOGS[hog] + FIXED)
+    code, doc, said = check(world, capsys, "--python", str(env / "bin" / "python"))
+    assert doc and statuses(doc) == {"demo": "cannot run"} and code == errors.ENVIRONMENT, said
+    error = doc["experiments"][0]["error"]
+    assert "the memory limit of 1 GiB" in error and "PDEVIDENCE_PROBE_MEMORY" in error, said
+    assert ("killed by the kernel" if hog == "shared" else "per process") in error, said
+
+
 # --- where nothing contains: the operator decides ------------------------------------------------------
 
 

@@ -109,7 +109,7 @@ def run_tasks(reg: Registry, interpreter: Path, tasks: list[DriverTask], *, logs
                     log(f"engine: {report['id']} done in {report['seconds']} s ({_status(report)})")
             finally:
                 children.wait(proc)
-            engine_killed = proc.returncode != 0 and launch.exited_at_memory_limit(proc.returncode)
+            engine_killed = launch.exited_at_memory_limit(proc.returncode)
         _spent(reports.values(), time.monotonic() - launched)
         if engine_killed:  # its children not yet reported died with it: each tree's answer is the limit
             said = sandbox.out_of_memory(launch.record, killed=True)

@@ -64,7 +64,7 @@ def run_killable(command: list[str], log: Path, *, timeout: float, env: dict, wh
                 todo=f"look for a hang in {log}; PDEVIDENCE_PROBE_TIMEOUT raises the limit",
             ) from None
         return Ran(proc.returncode, launch.record,
-                   proc.returncode != 0 and launch.exited_at_memory_limit(proc.returncode))
+                   launch.exited_at_memory_limit(proc.returncode))
 
 
 def memory_error_scenario(doc: dict) -> str | None:

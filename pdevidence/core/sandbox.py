@@ -621,9 +621,10 @@ class Launch:
         return signal_number == signal.SIGKILL and self.oom_kills() > 0
 
     def exited_at_memory_limit(self, returncode: int) -> bool:
-        """The same, for the sandbox's own process ended with ``returncode`` (a signal's: -N from Popen, 128+N
-        from the sandbox tool passing on its command's)."""
-        return self.killed_at_memory_limit(-returncode if returncode < 0 else returncode - 128)
+        """The same, for the sandbox's own process that failed with ``returncode``: any failure, since the tool
+        does not always pass its command's SIGKILL on (bubblewrap exits 137; util-linux's ``unshare`` fails to
+        re-raise it and exits 1), with an OOM kill counted in the sandbox."""
+        return returncode != 0 and self.oom_kills() > 0
 
 
 @contextlib.contextmanager
