@@ -156,13 +156,15 @@ def test_a_child_past_the_timeout_is_killed_and_reported_for_its_tree(world, mon
     assert found["1.1.0"]["demo"].doc is not None
 
 
-@pytest.mark.parametrize("oom_kills", [1, 0])
+@pytest.mark.parametrize(("oom_kills", "peak"), [(1, None), (1, 64 << 20), (0, None)])
 def test_an_engine_killed_at_the_memory_limit_leaves_its_unfinished_trees_cannot_run_naming_it(world, monkeypatch,
-                                                                                               oom_kills):
+                                                                                               oom_kills, peak):
     """Killed with the sandbox's memory cgroup counting an OOM kill, the engine's finished trees keep their results
-    and the rest cannot run for want of memory; any other death of the engine is still an error of the run."""
+    and the rest cannot run for want of memory: at the limit, or (the sandbox's peak well under it) because the
+    machine ran out first; any other death of the engine is still an error of the run."""
     reg, tmp_path, closure = world
     monkeypatch.setattr(sandbox, "oom_kills", lambda group: oom_kills)
+    monkeypatch.setattr(sandbox, "memory_peak", lambda group: peak)
     trees = {"1.0.0": make_tree(tmp_path / "t1", "1.0.0", guard=False),
              "1.1.0": make_tree(tmp_path / "t2", "1.1.0", guard=True, behaviour="kill-engine")}
     if not oom_kills:
@@ -174,8 +176,9 @@ def test_an_engine_killed_at_the_memory_limit_leaves_its_unfinished_trees_cannot
     error = found["1.1.0"]["demo"].error
     assert found["1.1.0"]["demo"].doc is None and "memory" in error and "wrote nothing for demo" in error, error
     if sandbox.detect().contained:
-        assert "killed by the kernel at the memory limit of 8 GiB (PDEVIDENCE_PROBE_MEMORY)" in error, error
-    assert any("killed by the kernel at its sandbox's memory limit; 1.1.0 unfinished" in line for line in lines)
+        assert ("when the machine ran out of memory, its sandbox holding 64 MiB at most, under its limit of 8 GiB"
+                if peak else "killed by the kernel at the memory limit of 8 GiB (PDEVIDENCE_PROBE_MEMORY)") in error
+    assert any("killed by the kernel for memory; 1.1.0 unfinished" in line for line in lines)
 
 
 def test_a_driver_that_ran_out_of_memory_outside_any_scenario_cannot_run_naming_the_limit(world):

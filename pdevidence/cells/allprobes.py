@@ -83,8 +83,7 @@ def run(reg: Registry, interpreter: Path | str, experiments: list[str], tree_arg
     view = sandbox.View(read=(driver(reg).parent, *{e.probe.parent for e in exps}), write=(out_dir,))
     ran = run_killable(command, log, timeout=timeout_seconds(), env=run_env, what=f"probe driver {DRIVER}",
                        view=view, trusted=trusted)
-    status = sandbox.out_of_memory(ran.containment, killed=True) if ran.memory_killed else \
-        f"exited with status {ran.status}"
+    status = ran.memory_killed or f"exited with status {ran.status}"
     return collect(exps, out_dir, log, status, ran.containment)
 
 

@@ -34,7 +34,7 @@ class ProbeRun:
 class Ran:
     status: int
     containment: dict
-    memory_killed: bool = False  # killed by the kernel at its sandbox's memory limit
+    memory_killed: str | None = None  # killed by the kernel for memory: what it ran into (Launch.out_of_memory)
 
 
 def timeout_seconds() -> float:
@@ -64,7 +64,7 @@ def run_killable(command: list[str], log: Path, *, timeout: float, env: dict, wh
                 todo=f"look for a hang in {log}; PDEVIDENCE_PROBE_TIMEOUT raises the limit",
             ) from None
         return Ran(proc.returncode, launch.record,
-                   launch.exited_at_memory_limit(proc.returncode))
+                   launch.out_of_memory() if launch.exited_at_memory_limit(proc.returncode) else None)
 
 
 def memory_error_scenario(doc: dict) -> str | None:
@@ -96,7 +96,7 @@ def run_probe(interpreter: Path, probe: Path, args: list[str], dest: Path, log: 
                            view=sandbox.View(read=(probe.parent,), write=(dest.parent,)), trusted=trusted)
         status = ran.status
         if ran.memory_killed:
-            raise HarnessError(f"probe {probe.name} {sandbox.out_of_memory(ran.containment, killed=True)}; no result "
+            raise HarnessError(f"probe {probe.name} {ran.memory_killed}; no result "
                                f"written.\nlast output:\n{tail(log)}", todo=f"full log: {log}")
         if status != 0:
             raise HarnessError(

@@ -354,10 +354,24 @@ def oom_kills(group: Path | None) -> int:
     return 0
 
 
-def out_of_memory(record: dict | None, *, killed: bool) -> str:
+def memory_peak(group: Path | None) -> int | None:
+    """The most a memory cgroup has held (v2's ``memory.peak``, v1's ``memory.max_usage_in_bytes``), or None."""
+    if group is None:
+        return None
+    for name in ("memory.peak", "memory.max_usage_in_bytes"):
+        with contextlib.suppress(OSError, ValueError):
+            return int((group / name).read_text().split()[0])
+    return None
+
+
+LIMIT_REACHED = 0.95  # a cgroup that held this share of its limit was killed at it; less: the machine ran out first
+
+
+def out_of_memory(record: dict | None, *, killed: bool, peak: int | None = None) -> str:
     """What a probe process that ran out of memory ran into, said after "the probe process" in a ``cannot run``,
-    with what to do: ``killed``, by the kernel at its sandbox's memory cgroup limit; else (a ``MemoryError``) at
-    the limit per process, or at the machine's own memory where nothing limited it (``record``: how it ran,
+    with what to do: ``killed``, by the kernel at its sandbox's memory cgroup limit (or, when the sandbox's
+    ``peak`` stayed below it, because the machine ran out first); else (a ``MemoryError``) at the limit per
+    process, or at the machine's own memory where nothing limited it (``record``: how it ran,
     ``Containment.record``)."""
     limits = (record or {}).get("limits") or {}
     size = _size(limits["memory_bytes"]) if isinstance(limits.get("memory_bytes"), int) else "?"
@@ -365,6 +379,11 @@ def out_of_memory(record: dict | None, *, killed: bool) -> str:
         return ("ran out of memory: the machine's own, since nothing limits an uncontained process (free memory, "
                 "or check fewer trees at a time)")
     advice = "raise it, e.g. PDEVIDENCE_PROBE_MEMORY=16G, where the machine has that much free"
+    if killed and peak is not None and isinstance(limits.get("memory_bytes"), int) and \
+            peak < LIMIT_REACHED * limits["memory_bytes"]:
+        return (f"was killed by the kernel when the machine ran out of memory, its sandbox holding {peak >> 20} MiB "
+                f"at most, under its limit of {size} (PDEVIDENCE_PROBE_MEMORY): free memory, or lower the limit "
+                "below what the machine has so that the sandbox meets it first")
     if killed:
         return (f"was killed by the kernel at the memory limit of {size} (PDEVIDENCE_PROBE_MEMORY) of its sandbox's "
                 f"memory cgroup, which all of the sandbox's processes share ({advice}; or probe one tree at a time: "
@@ -619,6 +638,10 @@ class Launch:
         """Whether a process of the sandbox that died of ``signal_number`` was the kernel's, at the memory limit:
         SIGKILL, with an OOM kill counted in the sandbox's memory cgroup."""
         return signal_number == signal.SIGKILL and self.oom_kills() > 0
+
+    def out_of_memory(self) -> str:
+        """What a process of this sandbox that the kernel killed for memory ran into (``sandbox.out_of_memory``)."""
+        return out_of_memory(self.record, killed=True, peak=memory_peak(self.memory_cgroup))
 
     def exited_at_memory_limit(self, returncode: int) -> bool:
         """The same, for the sandbox's own process that failed with ``returncode``: any failure, since the tool
