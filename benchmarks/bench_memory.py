@@ -1,7 +1,7 @@
 """Peak memory of a run's whole process tree, against the 7 GB of a 2-core runner (issue 29).
 
-    python benchmarks/bench_memory.py check          # `check --references fresh --force` of bench_warm's releases
-                                                      # (up to 27, five eras), from a fresh work directory
+    python benchmarks/bench_memory.py check          # `check --references fresh --force` of the 27 newest releases
+                                                      # (--trees N), from a fresh work directory
     python benchmarks/bench_memory.py sweep          # the full-era sweep: `sweep --references fresh --force`
     python benchmarks/bench_memory.py sweep --era torch2.9-tf4    # one era's sweep
     python benchmarks/bench_memory.py tests          # the fast tests: `python -m pytest -q`
@@ -179,13 +179,15 @@ def report(label: str, command: list[str], peak: Peak, status: int, seconds: flo
     ])
 
 
-def many_check_argv() -> list[str]:
-    """bench_warm's 27 releases over the five newest eras of the published sweep, as ``--version`` arguments."""
-    sys.path.insert(0, str(HERE))
-    import bench_warm  # noqa: PLC0415 - its registry imports only when a check is asked for
-    from pdevidence import registry  # noqa: PLC0415
+def many_check_argv(count: int) -> list[str]:
+    """The ``count`` newest releases of the published sweep, as ``--version`` arguments."""
+    sys.path.insert(0, str(ROOT))
+    from pdevidence import registry  # noqa: PLC0415 - the registry is read only when a check is asked for
+    from pdevidence.core import files  # noqa: PLC0415
 
-    releases = bench_warm.many_releases(registry.load(ROOT))
+    reg = registry.load(ROOT)
+    table = files.read_json(ROOT / "results" / f"sweep-{next(iter(reg.experiments))}.json", "sweep table", todo="")
+    releases = [row["version"] for row in reversed(table["releases"])][:count]
     return [a for v in releases for a in ("--version", v)]
 
 
@@ -194,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="*", metavar="{check,sweep,tests}",
                         help="which runs, in this order (default: check); or `-- COMMAND...`")
     parser.add_argument("--era", help="sweep: this era only (`sweep --era ERA`)")
+    parser.add_argument("--trees", type=int, default=27, help="check: this many releases, newest first (default 27)")
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between samples (default 0.5)")
     parser.add_argument("--target", type=float, default=TARGET_BYTES / 1e9, help="GB (default 7)")
     parser.add_argument("--log", type=Path, help="each run's own output into LOG.<run> instead of ours")
@@ -217,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     for run in args.runs or ([] if command else ["check"]):
         if run == "check":
             work = tempfile.mkdtemp(prefix="bench-memory-work-")
-            versions = many_check_argv()
+            versions = many_check_argv(args.trees)
             runs.append((run, f"check of {len(versions) // 2} releases (PDEVIDENCE_WORK={work})",
                          [*python, "check", *references, "--force", *versions],
                          {**os.environ, "PDEVIDENCE_WORK": work}))
