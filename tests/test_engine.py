@@ -20,7 +20,7 @@ from synthetic import REGISTRY, make_project, with_real_probes
 
 from pdevidence import registry
 from pdevidence.cells import allprobes, engine
-from pdevidence.core import errors
+from pdevidence.core import errors, sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,6 +42,10 @@ BEHAVIOUR = "{behaviour}"
 if BEHAVIOUR == "crash":
     os._exit(9)
 if BEHAVIOUR == "hang":
+    import time
+    time.sleep(600)
+if BEHAVIOUR == "kill-engine":  # as the kernel's OOM killer would
+    os.kill(os.getppid(), 9)
     import time
     time.sleep(600)
 """
@@ -150,6 +154,44 @@ def test_a_child_past_the_timeout_is_killed_and_reported_for_its_tree(world, mon
     found, _ = run_engine(reg, tmp_path, closure, trees, monkeypatch, jobs=2, timeout=3)
     assert "timed out after" in found["1.0.0"]["demo"].error
     assert found["1.1.0"]["demo"].doc is not None
+
+
+@pytest.mark.parametrize(("oom_kills", "peak"), [(1, None), (1, 64 << 20), (0, None)])
+def test_an_engine_killed_at_the_memory_limit_leaves_its_unfinished_trees_cannot_run_naming_it(world, monkeypatch,
+                                                                                               oom_kills, peak):
+    """Killed with the sandbox's memory cgroup counting an OOM kill, the engine's finished trees keep their results
+    and the rest cannot run for want of memory: at the limit, or (the sandbox's peak well under it) because the
+    machine ran out first; any other death of the engine is still an error of the run."""
+    reg, tmp_path, closure = world
+    monkeypatch.setattr(sandbox, "oom_kills", lambda group: oom_kills)
+    monkeypatch.setattr(sandbox, "memory_peak", lambda group: peak)
+    trees = {"1.0.0": make_tree(tmp_path / "t1", "1.0.0", guard=False),
+             "1.1.0": make_tree(tmp_path / "t2", "1.1.0", guard=True, behaviour="kill-engine")}
+    if not oom_kills:
+        with pytest.raises(errors.HarnessError, match="the probe engine exited with status"):
+            run_engine(reg, tmp_path, closure, trees, monkeypatch)
+        return
+    found, lines = run_engine(reg, tmp_path, closure, trees, monkeypatch)
+    assert found["1.0.0"]["demo"].doc is not None
+    error = found["1.1.0"]["demo"].error
+    assert found["1.1.0"]["demo"].doc is None and "memory" in error and "wrote nothing for demo" in error, error
+    if sandbox.detect().contained:
+        assert ("when the machine ran out of memory, its sandbox holding 64 MiB at most, under its limit of 8 GiB"
+                if peak else "killed by the kernel at the memory limit of 8 GiB (PDEVIDENCE_PROBE_MEMORY)") in error
+    assert any("killed by the kernel for memory; 1.1.0 unfinished" in line for line in lines)
+
+
+def test_a_driver_that_ran_out_of_memory_outside_any_scenario_cannot_run_naming_the_limit(world):
+    reg, tmp_path, _ = world
+    log = tmp_path / "driver.log"
+    log.write_text("Traceback (most recent call last):\n  File \"probe_all.py\", line 1, in <module>\nMemoryError\n"
+                   "probe cannot run: the probe driver failed outside any scenario\n")
+    record = {"tool": "bubblewrap", "limits": {"memory_bytes": 2 << 30}}
+    (tmp_path / "out").mkdir()
+    found = allprobes.collect([reg.experiment("demo")], tmp_path / "out", log, "exited with status 3", record)["demo"]
+    assert found.doc is None and found.out_of_memory
+    assert found.error.startswith("MemoryError: the probe process hit the memory limit of 2 GiB per process "
+                                  "(PDEVIDENCE_PROBE_MEMORY;"), found.error
 
 
 def test_a_tree_whose_sglang_does_not_import_is_recorded_as_cannot_run(world, monkeypatch):

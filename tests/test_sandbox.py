@@ -195,12 +195,39 @@ for _ in range(4096):
     assert leftovers(world) == []
 
 
-def test_a_memory_hog_is_stopped_at_the_memory_limit(world, tool, capsys, monkeypatch):
+# Each hog and what stops it: a private allocation at import and in a scenario, past the limit per process
+# (RLIMIT_DATA: MemoryError); shared memory, which that limit does not count, past the sandbox's memory cgroup (the
+# kernel's OOM killer: SIGKILL), where the harness runs as root with a writable one.
+HOGS = {
+    "import": "HOG = bytearray(4 << 30)\n",
+    "scenario": "def __getattr__(name):\n    return bytearray(4 << 30)  # sglang.GUARD, read by scenario D1\n",
+    "shared": "import mmap\nHOG = mmap.mmap(-1, 2 << 30)\nfor _ in range(2 << 10):\n    HOG.write(bytes(1 << 20))\n",
+}
+
+
+@pytest.mark.parametrize("hog", HOGS)
+def test_a_memory_hog_is_stopped_at_the_memory_limit_and_cannot_run_naming_it(world, tool, capsys, monkeypatch,
+                                                                             hog):
     monkeypatch.setenv("PDEVIDENCE_PROBE_MEMORY", "1G")
-    tree = hostile_tree(world, "hog", "HOG = bytearray(4 << 30)\n")
+    if hog == "shared" and sandbox.detect().limits.memory_by != "rlimit+cgroup":
+        pytest.skip("no memory cgroup here: shared memory is not limited")
+    tree = hostile_tree(world, f"hog-{hog}", HOGS[hog])
+    if hog == "scenario":  # the import is fine: GUARD is read through the module's __getattr__
+        init = tree / "sglang" / "__init__.py"
+        init.write_text(init.read_text().replace("GUARD = True\n", ""))
     code, doc, said = check(world, capsys, "--path", str(tree))
-    assert statuses(doc) == {"demo": "cannot run"}, said
-    assert doc["experiments"][0]["error"].startswith("MemoryError"), said
+    assert doc and statuses(doc) == {"demo": "cannot run"} and code == errors.ENVIRONMENT, said
+    error = doc["experiments"][0]["error"]
+    assert "the memory limit of 1 GiB" in error and "PDEVIDENCE_PROBE_MEMORY" in error, said
+    if hog == "shared":
+        assert "killed by the kernel" in error and "memory cgroup" in error, said
+    else:
+        assert error.startswith("MemoryError") and "per process" in error, said
+    if hog == "scenario":
+        assert "in scenario D1" in error, said
+    # Not kept: the same check with room enough probes the tree again (and a scenario hog still hits 1 GiB).
+    code, doc, said = check(world, capsys, "--path", str(tree))
+    assert "outcomes reused" not in said, said
 
 
 def test_a_secret_outside_the_tree_never_reaches_the_answer(world, tool, capsys, monkeypatch):
@@ -281,6 +308,25 @@ for where in (os.path.expanduser("~"), "/tmp", {str(env)!r}):
     assert "Read-only file system" in doc["experiments"][0]["error"], said
     assert doc["containment"]["tool"] == tool
     assert leftovers(world) == [] and not (env / TOKEN).exists()
+
+
+@pytest.mark.parametrize("hog", ["import", "shared"])
+def test_an_environment_checked_with_python_past_the_memory_limit_cannot_run_naming_it(world, tool, capsys,
+                                                                                     monkeypatch, hog):
+    """A fresh probe process (not the engine): its MemoryError, or the kernel's kill at the memory cgroup limit."""
+    monkeypatch.setenv("PDEVIDENCE_PROBE_MEMORY", "1G")
+    if hog == "shared" and sandbox.detect().limits.memory_by != "rlimit+cgroup":
+        pytest.skip("no memory cgroup here: shared memory is not limited")
+    env = world.tmp / "serving-venv"
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(env)
+    site = next(env.glob("lib/python*/site-packages"))
+    (site / "sglang").mkdir()
+    (site / "sglang" / "__init__.py").write_text(HOGS[hog] + FIXED)
+    code, doc, said = check(world, capsys, "--python", str(env / "bin" / "python"))
+    assert doc and statuses(doc) == {"demo": "cannot run"} and code == errors.ENVIRONMENT, said
+    error = doc["experiments"][0]["error"]
+    assert "the memory limit of 1 GiB" in error and "PDEVIDENCE_PROBE_MEMORY" in error, said
+    assert ("killed by the kernel" if hog == "shared" else "per process") in error, said
 
 
 # --- where nothing contains: the operator decides ------------------------------------------------------

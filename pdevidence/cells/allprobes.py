@@ -20,7 +20,7 @@ from ..core.paths import work_dir
 from ..documents import results
 from ..registry import Experiment, Registry
 from ..sources import trees
-from .probe_run import run_killable, tail, timeout_seconds
+from .probe_run import MEMORY_ERROR, memory_error_scenario, run_killable, tail, timeout_seconds
 
 DRIVER = "probe_all.py"
 CANNOT_RUN_SUFFIX = ".cannot-run.json"  # what the driver writes for an experiment whose setup failed
@@ -34,6 +34,7 @@ class Outcome:
     result_sha256: str | None = None
     error: str | None = None  # why it could not run
     containment: dict | None = None  # how the process ran (sandbox.Containment.record)
+    out_of_memory: bool = False  # it could not run for want of memory: an answer of this run's limit, never kept
 
 
 def driver(reg: Registry) -> Path:
@@ -82,7 +83,8 @@ def run(reg: Registry, interpreter: Path | str, experiments: list[str], tree_arg
     view = sandbox.View(read=(driver(reg).parent, *{e.probe.parent for e in exps}), write=(out_dir,))
     ran = run_killable(command, log, timeout=timeout_seconds(), env=run_env, what=f"probe driver {DRIVER}",
                        view=view, trusted=trusted)
-    return collect(exps, out_dir, log, f"exited with status {ran.status}", ran.containment)
+    status = ran.memory_killed or f"exited with status {ran.status}"
+    return collect(exps, out_dir, log, status, ran.containment)
 
 
 def run_in_environment(reg: Registry, tree: trees.Tree, slug: str, experiments: list[str],
@@ -107,12 +109,35 @@ def collect(exps: list[Experiment], out_dir: Path, log: Path, status: str,
         result, failed = out_dir / f"{exp.name}.json", out_dir / f"{exp.name}{CANNOT_RUN_SUFFIX}"
         if result.exists():
             doc = results.load(result, experiment=exp.name)
-            outcomes[exp.name] = Outcome(exp.name, doc, sha256_file(result), containment=containment)
+            short = memory_error_scenario(doc)
+            if short:  # a scenario that ran out of memory observed nothing of the tree: none is judged
+                outcomes[exp.name] = Outcome(exp.name, error=f"MemoryError in scenario {short}: the probe process "
+                                             f"{sandbox.out_of_memory(containment, killed=False)}",
+                                             containment=containment, out_of_memory=True)
+            else:
+                outcomes[exp.name] = Outcome(exp.name, doc, sha256_file(result), containment=containment)
         elif failed.exists():
             error = read_json(failed, "cannot-run record", todo=f"full log: {log}")["error"]
-            outcomes[exp.name] = Outcome(exp.name, error=f"{error['type']}: {error['message']}",
-                                         containment=containment)
+            said = f"{error['type']}: {error['message']}"
+            if error["type"] == MEMORY_ERROR:
+                said = f"{said.rstrip(': ')}: the probe process {sandbox.out_of_memory(containment, killed=False)}"
+            outcomes[exp.name] = Outcome(exp.name, error=said, containment=containment,
+                                         out_of_memory=error["type"] == MEMORY_ERROR)
+        elif _raised_memory_error(log):  # outside any scenario and prepare(): the driver's traceback ends so
+            outcomes[exp.name] = Outcome(exp.name, error=f"MemoryError: the probe process "
+                                         f"{sandbox.out_of_memory(containment, killed=False)} and wrote nothing for "
+                                         f"{exp.name}; last output:\n{tail(log)}", containment=containment,
+                                         out_of_memory=True)
         else:
             outcomes[exp.name] = Outcome(exp.name, error=f"the probe process {status} and wrote nothing for "
                                          f"{exp.name}; last output:\n{tail(log)}", containment=containment)
     return outcomes
+
+
+def _raised_memory_error(log: Path) -> bool:
+    """Whether the process's output holds a traceback's last line for ``MemoryError``."""
+    try:
+        lines = tail(log).splitlines()
+    except OSError:
+        return False
+    return any(line == MEMORY_ERROR or line.startswith(f"{MEMORY_ERROR}:") for line in lines)

@@ -103,11 +103,20 @@ def run_tasks(reg: Registry, interpreter: Path, tasks: list[DriverTask], *, logs
             try:
                 for raw in proc.stdout:  # one line per child, as each ends
                     report = json.loads(raw)
+                    if not report.get("timeout") and launch.killed_at_memory_limit(report.get("signal")):
+                        report["error"] = launch.out_of_memory()
                     reports[report["id"]] = report
                     log(f"engine: {report['id']} done in {report['seconds']} s ({_status(report)})")
             finally:
                 children.wait(proc)
+            engine_killed = launch.exited_at_memory_limit(proc.returncode)
+            said = launch.out_of_memory() if engine_killed else None
         _spent(reports.values(), time.monotonic() - launched)
+        if said:  # its children not yet reported died with it: each tree's answer is the limit
+            log(f"engine: killed by the kernel for memory; "
+                f"{', '.join(t.id for t in tasks if t.id not in reports) or 'no task'} unfinished")
+            return Finished({t.id: _failure(reports.get(t.id)) if t.id in reports else said for t in tasks},
+                            launch.record)
         if proc.returncode != 0:
             raise HarnessError(f"the probe engine exited with status {proc.returncode}; last output:\n"
                                f"{probe_run.tail(engine_log)}",

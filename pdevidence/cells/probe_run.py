@@ -19,6 +19,7 @@ from ..core.files import read_json
 from ..documents import results
 
 STDERR_TAIL_LINES = 25
+MEMORY_ERROR = "MemoryError"  # what a probe process raises at its memory limit per process (RLIMIT_DATA)
 
 
 @dataclass
@@ -33,6 +34,7 @@ class ProbeRun:
 class Ran:
     status: int
     containment: dict
+    memory_killed: str | None = None  # killed by the kernel for memory: what it ran into (Launch.out_of_memory)
 
 
 def timeout_seconds() -> float:
@@ -61,7 +63,17 @@ def run_killable(command: list[str], log: Path, *, timeout: float, env: dict, wh
                 f"last output:\n{tail(log)}",
                 todo=f"look for a hang in {log}; PDEVIDENCE_PROBE_TIMEOUT raises the limit",
             ) from None
-        return Ran(proc.returncode, launch.record)
+        return Ran(proc.returncode, launch.record,
+                   launch.out_of_memory() if launch.exited_at_memory_limit(proc.returncode) else None)
+
+
+def memory_error_scenario(doc: dict) -> str | None:
+    """The first scenario of a result document that raised ``MemoryError`` (it observed nothing of the tree), or
+    None."""
+    for scenario_id, scenario in sorted(doc.get("scenarios", {}).items()):
+        if isinstance(scenario, dict) and (scenario.get("error") or {}).get("type") == MEMORY_ERROR:
+            return scenario_id
+    return None
 
 
 def partial_path(dest: Path) -> Path:
@@ -83,6 +95,9 @@ def run_probe(interpreter: Path, probe: Path, args: list[str], dest: Path, log: 
         ran = run_killable(command, log, timeout=timeout, env=run_env, what=f"probe {probe.name}",
                            view=sandbox.View(read=(probe.parent,), write=(dest.parent,)), trusted=trusted)
         status = ran.status
+        if ran.memory_killed:
+            raise HarnessError(f"probe {probe.name} {ran.memory_killed}; no result "
+                               f"written.\nlast output:\n{tail(log)}", todo=f"full log: {log}")
         if status != 0:
             raise HarnessError(
                 f"probe {probe.name} exited with status {status}; no result written.\nlast output:\n{tail(log)}",
@@ -94,6 +109,11 @@ def run_probe(interpreter: Path, probe: Path, args: list[str], dest: Path, log: 
             raise HarnessError(f"probe {probe.name} exited 0 but wrote no readable result: {exc.what}",
                                todo=exc.todo) from None
         results.validate(doc, source=f"output of {probe.name}", experiment=experiment, side=side)
+        short = memory_error_scenario(doc)
+        if short:
+            raise HarnessError(f"probe {probe.name}: MemoryError in scenario {short}: the probe process "
+                               f"{sandbox.out_of_memory(ran.containment, killed=False)}; no result written",
+                               todo=f"full log: {log}")
         os.replace(partial, dest)
         return ProbeRun(command, status, log, ran.containment)
     finally:

@@ -6,8 +6,8 @@ or wheel's SHA-256, a commit, a work tree's HEAD and changes or, outside git, it
 content), the closure, every file that runs in the cell (probes, kit, drivers,
 engine), the harness itself, the interpreter and the torch channel. An
 unchanged rerun probes nothing; a new release is the only tree probed. What the
-engine could not finish (a crash, a timeout) is never kept. How the tree's process
-ran (``core/sandbox.py``) is kept with its outcome.
+engine could not finish (a crash, a timeout) is never kept, nor what ran out of memory (a higher limit may
+run it). How the tree's process ran (``core/sandbox.py``) is kept with its outcome.
 
 Trees that do not trust each other never share an engine (its children share one
 sandbox, and a child could write another tree's results): the releases from the
@@ -174,7 +174,8 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
             faults.point("probe")
             for label, outcomes in ran.items():
                 found[label] = outcomes
-                if _complete(private / label, experiments, SERVER_ARGS in tree_args[label]):
+                short = any(o.out_of_memory for o in outcomes.values())  # a higher limit may run it: not kept
+                if _complete(private / label, experiments, SERVER_ARGS in tree_args[label]) and not short:
                     _keep(work / "outcomes" / keys[label], private / label, experiments,
                           next(iter(outcomes.values())).containment, work / "locks")
         for label in found:

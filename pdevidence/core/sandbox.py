@@ -312,11 +312,17 @@ def _unescape(field: str) -> str:
 _counter = itertools.count()
 
 
+@dataclass(frozen=True)
+class _Groups:
+    procs: list[str]  # each sub-cgroup's cgroup.procs, for the sandbox to enter
+    memory: Path | None  # the memory one, whose OOM kills are read
+
+
 @contextlib.contextmanager
-def _cgroups(containment: Containment) -> Iterator[list[str]]:
-    """Fresh sub-cgroups for one sandbox (limits written), yielding their ``cgroup.procs`` files; on the way
-    out, whatever is still in them is killed and they are removed."""
-    made = []
+def _cgroups(containment: Containment) -> Iterator[_Groups]:
+    """Fresh sub-cgroups for one sandbox (limits written); on the way out, whatever is still in them is killed
+    and they are removed."""
+    made, memory = [], None
     try:
         for name, parent in containment.cgroups:
             group = Path(parent) / f"pdevidence-sandbox-{os.getpid()}-{next(_counter)}"
@@ -327,10 +333,62 @@ def _cgroups(containment: Containment) -> Iterator[list[str]]:
             else:
                 limit = "memory.max" if (group / "memory.max").exists() else "memory.limit_in_bytes"
                 (group / limit).write_text(str(containment.limits.memory_bytes))
-        yield [str(group / "cgroup.procs") for group in made]
+                memory = group
+        yield _Groups([str(group / "cgroup.procs") for group in made], memory)
     finally:
         for group in made:
             _remove_cgroup(group)
+
+
+def oom_kills(group: Path | None) -> int:
+    """How many processes the kernel's OOM killer has killed in a memory cgroup (``oom_kill`` of v2's
+    ``memory.events``, of v1's ``memory.oom_control``); 0 without one or where the kernel does not count them."""
+    if group is None:
+        return 0
+    for name in ("memory.events", "memory.oom_control"):
+        with contextlib.suppress(OSError, ValueError):
+            for line in (group / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    return 0
+
+
+def memory_peak(group: Path | None) -> int | None:
+    """The most a memory cgroup has held (v2's ``memory.peak``, v1's ``memory.max_usage_in_bytes``), or None."""
+    if group is None:
+        return None
+    for name in ("memory.peak", "memory.max_usage_in_bytes"):
+        with contextlib.suppress(OSError, ValueError):
+            return int((group / name).read_text().split()[0])
+    return None
+
+
+LIMIT_REACHED = 0.95  # a cgroup that held this share of its limit was killed at it; less: the machine ran out first
+
+
+def out_of_memory(record: dict | None, *, killed: bool, peak: int | None = None) -> str:
+    """What a probe process that ran out of memory ran into, said after "the probe process" in a ``cannot run``,
+    with what to do: ``killed``, by the kernel at its sandbox's memory cgroup limit (or, when the sandbox's
+    ``peak`` stayed below it, because the machine ran out first); else (a ``MemoryError``) at the limit per
+    process, or at the machine's own memory where nothing limited it (``record``: how it ran,
+    ``Containment.record``)."""
+    limits = (record or {}).get("limits") or {}
+    size = _size(limits["memory_bytes"]) if isinstance(limits.get("memory_bytes"), int) else "?"
+    if not record or record.get("tool") == Tool.NONE.value:
+        return ("ran out of memory: the machine's own, since nothing limits an uncontained process (free memory, "
+                "or check fewer trees at a time)")
+    advice = "raise it, e.g. PDEVIDENCE_PROBE_MEMORY=16G, where the machine has that much free"
+    if killed and peak is not None and isinstance(limits.get("memory_bytes"), int) and \
+            peak < LIMIT_REACHED * limits["memory_bytes"]:
+        return (f"was killed by the kernel when the machine ran out of memory, its sandbox holding {peak >> 20} MiB "
+                f"at most, under its limit of {size} (PDEVIDENCE_PROBE_MEMORY): free memory, or lower the limit "
+                "below what the machine has so that the sandbox meets it first")
+    if killed:
+        return (f"was killed by the kernel at the memory limit of {size} (PDEVIDENCE_PROBE_MEMORY) of its sandbox's "
+                f"memory cgroup, which all of the sandbox's processes share ({advice}; or probe one tree at a time: "
+                "`sweep --jobs 1`)")
+    return f"hit the memory limit of {size} per process (PDEVIDENCE_PROBE_MEMORY; {advice})"
 
 
 def _remove_cgroup(group: Path) -> None:
@@ -570,6 +628,26 @@ class Launch:
     argv: list[str]
     env: dict[str, str]
     record: dict  # how it runs, for receipts and check documents
+    memory_cgroup: Path | None = None  # the sandbox's own memory cgroup, while the ``with`` lasts
+
+    def oom_kills(self) -> int:
+        """The processes of this sandbox the kernel killed at its memory limit so far (read inside the ``with``)."""
+        return oom_kills(self.memory_cgroup)
+
+    def killed_at_memory_limit(self, signal_number: int | None) -> bool:
+        """Whether a process of the sandbox that died of ``signal_number`` was the kernel's, at the memory limit:
+        SIGKILL, with an OOM kill counted in the sandbox's memory cgroup."""
+        return signal_number == signal.SIGKILL and self.oom_kills() > 0
+
+    def out_of_memory(self) -> str:
+        """What a process of this sandbox that the kernel killed for memory ran into (``sandbox.out_of_memory``)."""
+        return out_of_memory(self.record, killed=True, peak=memory_peak(self.memory_cgroup))
+
+    def exited_at_memory_limit(self, returncode: int) -> bool:
+        """The same, for the sandbox's own process that failed with ``returncode``: any failure, since the tool
+        does not always pass its command's SIGKILL on (bubblewrap exits 137; util-linux's ``unshare`` fails to
+        re-raise it and exits 1), with an OOM kill counted in the sandbox."""
+        return returncode != 0 and self.oom_kills() > 0
 
 
 @contextlib.contextmanager
@@ -585,6 +663,6 @@ def launch(command: list[str], view: View, env: dict[str, str], *, trusted: bool
     resolved = _resolve(command, view, env)
     for path in resolved.write:  # writable directories: each bound where it is
         path.mkdir(parents=True, exist_ok=True)
-    with _cgroups(found) as procs, _mountpoint(found) as mountpoint:
-        yield Launch(_argv(found, command, resolved, cgroup_procs=procs, mountpoint=mountpoint), env,
-                     found.record())
+    with _cgroups(found) as groups, _mountpoint(found) as mountpoint:
+        yield Launch(_argv(found, command, resolved, cgroup_procs=groups.procs, mountpoint=mountpoint), env,
+                     found.record(), groups.memory)
