@@ -455,6 +455,7 @@ def table(result: CheckResult, *, verbose: bool = False) -> str:
         lines.append(f"  era: {result.target.era_choice.describe()}")
     if result.configuration is not None:
         lines.append(f"  server configuration: {result.configuration.describe()}")
+    width = max((len(e.experiment) for e in result.experiments), default=0)  # the fixes' column
     for e in result.experiments:
         by = {b: [sid for sid, got in e.scenarios.items() if got is b] for b in Behaviour}
         if e.status is Status.CANNOT_RUN:
@@ -466,15 +467,15 @@ def table(result: CheckResult, *, verbose: bool = False) -> str:
         else:
             parts = [f"{LABEL[b]}: {', '.join(by[b])}" for b in dict.fromkeys([*SHOWN[e.status], Behaviour.DEVIATES])
                      if by[b]] + ([f"raised: {e.error}"] if e.error else [])
-        lines.append(f"  {e.experiment:<10} {e.status.value:<12} PR #{e.pr}  {'; '.join(parts)}")
+        lines.append(f"  {e.experiment:<{width}} {e.status.value:<12} PR #{e.pr}  {'; '.join(parts)}")
         if verbose:
             detail = explained_text(e.explain)
         else:  # a pre-fix scenario's name says it all (it behaves as base); the others are surprises to read
             detail = explained_brief({sid: keys for sid, keys in e.explain.items()
                                       if e.scenarios.get(sid) is not Behaviour.PRE_FIX})
-        lines += [f"  {'':<10} {line}" for line in detail]
-        lines += [f"  {'':<10} judged without {rule}" for rule in e.not_deciding]
+        lines += [f"  {'':<{width}} {line}" for line in detail]
+        lines += [f"  {'':<{width}} judged without {rule}" for rule in e.not_deciding]
         if e.config is not None:
-            lines.append(f"  {'':<10} {e.config.describe()}")
+            lines.append(f"  {'':<{width}} {e.config.describe()}")
     lines.append(f"  ran {sandbox.describe(result.containment)}")  # how the tree's code ran on this machine
     return "\n".join(lines)

@@ -144,16 +144,17 @@ def run(reg: Registry, releases: list[str] | None = None, *, fresh_references: b
 
 def table(corpus: Corpus) -> str:
     """Release x fix, one column per tree; an answer that is not the expected one says what was."""
-    lines = [f"{'release':<9} {'era':<26} {'fix':<10} " + " ".join(f"{v.value:<24}" for v in Variant)]
-    rows: dict[tuple[str, str], dict[Variant, CorpusAnswer]] = {}
     answers = corpus.table.answers
+    width = max([len("fix"), *(len(a.experiment) for a in answers)])
+    lines = [f"{'release':<9} {'era':<26} {'fix':<{width}} " + " ".join(f"{v.value:<24}" for v in Variant)]
+    rows: dict[tuple[str, str], dict[Variant, CorpusAnswer]] = {}
     for a in answers:
         rows.setdefault((a.release, a.experiment), {})[a.variant] = a
     for (release, experiment), cells in rows.items():
         era = next(iter(cells.values())).era or "current"
         shown = [cells[v].status.value + ("" if cells[v].as_expected else f" (expected {cells[v].expected.value})")
                  for v in Variant]
-        lines.append(f"{release:<9} {era:<26} {experiment:<10} " + " ".join(f"{s:<24}" for s in shown))
+        lines.append(f"{release:<9} {era:<26} {experiment:<{width}} " + " ".join(f"{s:<24}" for s in shown))
     good = sum(a.as_expected for a in answers)
     lines.append(f"corpus: {good} of {len(answers)} answers as expected")
     wrong = {(a.release, a.variant) for a in answers if not a.as_expected}
