@@ -18,6 +18,11 @@ slots) with different tokens. Scenarios:
   state is kept until that copy lands even on trees that release a finished request without
   waiting for its copies (before PR #24226), so the rid is shared there too.
 
+R1 and R4 observe the new request B (what it inherits: the ``new_*`` keys); R1o and R4o run the
+same sequence and observe the old request A (whether its own acknowledgement releases it: the
+``old_*`` keys). Each request's side is a scenario of its own, so a fix that isolates one of
+them and not the other reads as partial, not as matching neither side.
+
 Keys: ``new_first_write_start`` (row position of B's first device-to-host copy, null if none while
 decoding), ``new_offloaded`` (B's slots copied while decoding), ``new_empty_writes`` (copies of no slot issued
 while B decodes: progress carried over from A), ``old_released_on_ack`` (A's row
@@ -45,6 +50,8 @@ from _probekit import Observed, ScenarioSet, main  # noqa: E402
 SCENARIOS = ScenarioSet("offload_rid")
 PROMPT = 10
 RID = "probe-offload-rid"
+NEW_KEYS = ("new_first_write_start", "new_offloaded", "new_empty_writes", "new_hash_from_old", "new_freed")
+OLD_KEYS = ("old_released_on_ack", "old_released")
 
 
 def prepare() -> str:
@@ -97,9 +104,25 @@ def reuse(observed: Observed, *, new_rid: str, old_drained_first: bool, old_fini
     observed.update(double_freed=world.double_freed(), manager_error=world.error())
 
 
-@SCENARIOS.scenario("R1", "a new request reuses a finished request's rid while that request's copy is in flight")
+def one_side(observed: Observed, side: tuple[str, ...], **how) -> None:
+    """``reuse`` with only one request's keys kept (the tree's facts and the manager's errors always)."""
+    seen: dict = {}
+    reuse(seen, **how)
+    hidden = set(NEW_KEYS + OLD_KEYS) - set(side)
+    for key, value in seen.items():
+        if key not in hidden:
+            observed[key] = value
+
+
+@SCENARIOS.scenario("R1", "a new request reuses a finished request's rid while that request's copy is in flight: "
+                          "the new request")
 def r1(observed: Observed) -> None:
-    reuse(observed, new_rid=RID, old_drained_first=False)
+    one_side(observed, NEW_KEYS, new_rid=RID, old_drained_first=False)
+
+
+@SCENARIOS.scenario("R1o", "as R1: the old request, its copy acknowledged after its rid was reused")
+def r1o(observed: Observed) -> None:
+    one_side(observed, OLD_KEYS, new_rid=RID, old_drained_first=False)
 
 
 @SCENARIOS.scenario("R2", "control: the same sequence with a new rid")
@@ -112,9 +135,14 @@ def r3(observed: Observed) -> None:
     reuse(observed, new_rid=RID, old_drained_first=True)
 
 
-@SCENARIOS.scenario("R4", "the rid reused while the old request's own finish copy is in flight")
+@SCENARIOS.scenario("R4", "the rid reused while the old request's own finish copy is in flight: the new request")
 def r4(observed: Observed) -> None:
-    reuse(observed, new_rid=RID, old_drained_first=False, old_finish_writes=True)
+    one_side(observed, NEW_KEYS, new_rid=RID, old_drained_first=False, old_finish_writes=True)
+
+
+@SCENARIOS.scenario("R4o", "as R4: the old request, its finish copy acknowledged after its rid was reused")
+def r4o(observed: Observed) -> None:
+    one_side(observed, OLD_KEYS, new_rid=RID, old_drained_first=False, old_finish_writes=True)
 
 
 if __name__ == "__main__":

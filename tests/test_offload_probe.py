@@ -321,11 +321,18 @@ def test_o6_control_a_request_without_output_is_released_whole_once(fresh_probe,
 
 
 @pytest.mark.parametrize("manager, old_released_on_ack", [(RidManager, 0), (Manager, 1)])
-def test_r1_sees_the_old_request_held_back_by_a_new_one_with_its_rid(fresh_probe, offload, manager,
-                                                                      old_released_on_ack):
-    observed = scenario(fresh_probe, "probe_offload_rid_differential.py", "R1", manager, offload)
+def test_r1o_sees_the_old_request_held_back_by_a_new_one_with_its_rid(fresh_probe, offload, manager,
+                                                                       old_released_on_ack):
+    observed = scenario(fresh_probe, "probe_offload_rid_differential.py", "R1o", manager, offload)
     assert observed["old_released_on_ack"] == old_released_on_ack
+    assert observed["double_freed"] == 0 and not any(key.startswith("new_") for key in observed)
+
+
+def test_r1_sees_the_new_request_and_only_it(fresh_probe, offload):
+    """R1 and R1o run one sequence; each keeps one request's keys, so a fix of one side only reads partial."""
+    observed = scenario(fresh_probe, "probe_offload_rid_differential.py", "R1", Manager, offload)
     assert observed["new_freed"] == 17 and observed["double_freed"] == 0
+    assert not any(key.startswith("old_") for key in observed)
 
 
 def test_r2_control_a_new_rid_is_untouched_by_rid_keying(fresh_probe, offload):
@@ -346,7 +353,7 @@ def test_a_manager_counting_no_copies_in_flight_is_named_and_one_that_counts_is_
         def _has_inflight_offload(self, req):
             return bool(self.inflight.get(self._key(req)))
 
-    observed = {m: scenario(fresh_probe, "probe_offload_rid_differential.py", "R4", m, offload)
+    observed = {m: scenario(fresh_probe, "probe_offload_rid_differential.py", "R4o", m, offload)
                 for m in (Manager, Counting)}
     assert observed[Manager]["inflight_wait"] == "absent"
     assert "inflight_wait" not in observed[Counting]
