@@ -233,8 +233,9 @@ def _run_warm(reg: registry.Registry, cell: cells.Cell, tree, argv: list[str], w
                                log=log).failures[task.id]
     if failure:
         logfile = logs / f"{task.id}.log"
-        raise HarnessError(f"mutant driver for {cell.experiment} {failure}; no table written.\n"
-                           f"last output:\n{probe_run.tail(logfile)}", code=ENVIRONMENT,
+        said = f"last output:\n{probe_run.tail(logfile)}" if logfile.exists() else "it left no output"
+        raise HarnessError(f"mutant driver for {cell.experiment} {failure}; no table written.\n{said}",
+                           code=ENVIRONMENT,
                            todo=f"full log: {logfile}; `mutate {cell.experiment} --cold` runs it in a fresh process")
 
 
