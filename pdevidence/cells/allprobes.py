@@ -133,4 +133,3 @@ def collect(exps: list[Experiment], out_dir: Path, log: Path, status: str,
             outcomes[exp.name] = Outcome(exp.name, error=f"the probe process {status} and wrote nothing for "
                                          f"{exp.name}; {said}", containment=containment)
     return outcomes
-
