@@ -66,7 +66,7 @@ class Peak:
     largest_name: str = ""
     samples: int = 0
     most_processes: int = 0
-    names: dict[str, int] = field(default_factory=dict)  # per command name, its largest PSS sum at the PSS peak
+    at_peak: list[tuple[int, int, str]] = field(default_factory=list)  # (PSS, RSS, what) per process at the PSS peak
 
 
 def _parents() -> dict[int, int]:
@@ -109,12 +109,29 @@ def _bytes(path: str, key: bytes) -> int:
     return 0
 
 
-def sample(pid: int) -> tuple[int, int, str]:
-    """(RSS bytes, PSS bytes, command name) of one process."""
+def what(pid: int) -> str:
+    """A process in a few words: its program and the script or module it runs (``python engine.py``)."""
     try:
-        name = Path(f"/proc/{pid}/comm").read_text().strip()
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
-        name = "?"
+        return "?"
+    words = [Path(argv[0]).name]
+    for i, arg in enumerate(argv[1:], 1):
+        if arg == "-m" and i + 1 < len(argv):
+            words.append(f"-m {argv[i + 1]}")
+            break
+        if arg == "-c":
+            words.append("-c ...")
+            break
+        if arg.endswith(".py"):
+            words.append(Path(arg).name)
+            break
+    return " ".join(words)
+
+
+def sample(pid: int) -> tuple[int, int, str]:
+    """(RSS bytes, PSS bytes, what it is) of one process."""
+    name = what(pid)
     return _bytes(f"/proc/{pid}/status", b"VmRSS:"), _bytes(f"/proc/{pid}/smaps_rollup", b"Pss:"), name
 
 
@@ -136,13 +153,13 @@ def measure(command: list[str], *, interval: float, env: dict[str, str] | None =
             ended = proc.poll() is not None
             now = time.monotonic() - started
             rss_sum = pss_sum = 0
-            names: dict[str, int] = {}
+            each: list[tuple[int, int, str]] = []
             pids = descendants(proc.pid) if not ended else []
             for pid in pids:
                 rss, pss, name = sample(pid)
                 rss_sum += rss
                 pss_sum += pss
-                names[name] = names.get(name, 0) + pss
+                each.append((pss, rss, name))
                 if rss > peak.largest:
                     peak.largest, peak.largest_name = rss, name
             peak.samples += 1
@@ -150,7 +167,7 @@ def measure(command: list[str], *, interval: float, env: dict[str, str] | None =
             if rss_sum > peak.rss:
                 peak.rss, peak.rss_at, peak.rss_processes = rss_sum, now, len(pids)
             if pss_sum > peak.pss:
-                peak.pss, peak.pss_at, peak.pss_processes, peak.names = pss_sum, now, len(pids), names
+                peak.pss, peak.pss_at, peak.pss_processes, peak.at_peak = pss_sum, now, len(pids), each
             if ended:
                 break
             time.sleep(interval)
@@ -166,13 +183,13 @@ def gb(n: int) -> str:
 
 
 def report(label: str, command: list[str], peak: Peak, status: int, seconds: float, target: int) -> str:
-    top = sorted(peak.names.items(), key=lambda kv: -kv[1])[:4]
+    top = sorted(peak.at_peak, reverse=True)[:4]
     return "\n".join([
         f"{label}: {' '.join(command)}",
         f"  exit status {status}, {seconds:.0f} s, {peak.samples} samples, up to {peak.most_processes} processes",
         f"  peak RSS sum {gb(peak.rss):>10} at {peak.rss_at:.0f} s ({peak.rss_processes} processes)",
-        f"  peak PSS sum {gb(peak.pss):>10} at {peak.pss_at:.0f} s ({peak.pss_processes} processes: "
-        + ", ".join(f"{name} {gb(n)}" for name, n in top) + ")",
+        f"  peak PSS sum {gb(peak.pss):>10} at {peak.pss_at:.0f} s ({peak.pss_processes} processes; the largest, "
+        "PSS/RSS: " + ", ".join(f"{name} {gb(pss)}/{gb(rss)}" for pss, rss, name in top) + ")",
         f"  largest one process: {gb(peak.largest)} RSS ({peak.largest_name})",
         f"  target: peak PSS <= {gb(target)}: {'met' if peak.pss <= target else 'MISSED'}"
         f" (RSS sum {'within' if peak.rss <= target else 'beyond'} it)",

@@ -166,7 +166,8 @@ def test_an_engine_killed_at_the_memory_limit_leaves_its_unfinished_trees_cannot
     monkeypatch.setattr(sandbox, "oom_kills", lambda group: oom_kills)
     monkeypatch.setattr(sandbox, "memory_peak", lambda group: peak)
     trees = {"1.0.0": make_tree(tmp_path / "t1", "1.0.0", guard=False),
-             "1.1.0": make_tree(tmp_path / "t2", "1.1.0", guard=True, behaviour="kill-engine")}
+             "1.1.0": make_tree(tmp_path / "t2", "1.1.0", guard=True, behaviour="kill-engine"),
+             "1.2.0": make_tree(tmp_path / "t3", "1.2.0", guard=True)}  # never started
     if not oom_kills:
         with pytest.raises(errors.HarnessError, match="the probe engine exited with status"):
             run_engine(reg, tmp_path, closure, trees, monkeypatch)
@@ -178,7 +179,31 @@ def test_an_engine_killed_at_the_memory_limit_leaves_its_unfinished_trees_cannot
     if sandbox.detect().contained:
         assert ("when the machine ran out of memory, its sandbox holding 64 MiB at most, under its limit of 8 GiB"
                 if peak else "killed by the kernel at the memory limit of 8 GiB (PDEVIDENCE_PROBE_MEMORY)") in error
-    assert any("killed by the kernel for memory; 1.1.0 unfinished" in line for line in lines)
+    assert "it left no output" in found["1.2.0"]["demo"].error and "memory" in found["1.2.0"]["demo"].error
+    assert any("engine: out of memory; 1.1.0, 1.2.0 unfinished" in line for line in lines)
+
+
+def test_an_engine_that_raised_memory_error_itself_leaves_its_trees_cannot_run_naming_the_limit(world, monkeypatch):
+    """The engine's own imports (its closure, the preload list) past the limit per process: here an import of the
+    engine's that raises MemoryError as one past it does."""
+    reg, tmp_path, closure = world
+    monkeypatch.setenv("PDEVIDENCE_PROBE_MEMORY", "1G")
+    (closure / "sitecustomize.py").write_text("""
+import sys
+class Hog:
+    def find_spec(self, name, path=None, target=None):
+        if name == "probe_all":
+            raise MemoryError
+if sys.argv and sys.argv[0].endswith("engine.py"):
+    sys.meta_path.insert(0, Hog())
+""")
+    found, lines = run_engine(reg, tmp_path, closure, {"1.0.0": make_tree(tmp_path / "t1", "1.0.0", guard=False)},
+                              monkeypatch)
+    error = found["1.0.0"]["demo"].error
+    assert found["1.0.0"]["demo"].doc is None and "it left no output" in error, error
+    if sandbox.detect().contained:
+        assert "hit the memory limit of 1 GiB per process (PDEVIDENCE_PROBE_MEMORY;" in error, error
+    assert any("engine: out of memory; 1.0.0 unfinished" in line for line in lines)
 
 
 def test_a_driver_that_ran_out_of_memory_outside_any_scenario_cannot_run_naming_the_limit(world):

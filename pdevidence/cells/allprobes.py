@@ -20,7 +20,7 @@ from ..core.paths import work_dir
 from ..documents import results
 from ..registry import Experiment, Registry
 from ..sources import trees
-from .probe_run import MEMORY_ERROR, memory_error_scenario, run_killable, tail, timeout_seconds
+from .probe_run import MEMORY_ERROR, memory_error_scenario, raised_memory_error, run_killable, tail, timeout_seconds
 
 DRIVER = "probe_all.py"
 CANNOT_RUN_SUFFIX = ".cannot-run.json"  # what the driver writes for an experiment whose setup failed
@@ -123,21 +123,13 @@ def collect(exps: list[Experiment], out_dir: Path, log: Path, status: str,
                 said = f"{said.rstrip(': ')}: the probe process {sandbox.out_of_memory(containment, killed=False)}"
             outcomes[exp.name] = Outcome(exp.name, error=said, containment=containment,
                                          out_of_memory=error["type"] == MEMORY_ERROR)
-        elif _raised_memory_error(log):  # outside any scenario and prepare(): the driver's traceback ends so
+        elif raised_memory_error(log):  # outside any scenario and prepare(): the driver's traceback ends so
             outcomes[exp.name] = Outcome(exp.name, error=f"MemoryError: the probe process "
                                          f"{sandbox.out_of_memory(containment, killed=False)} and wrote nothing for "
                                          f"{exp.name}; last output:\n{tail(log)}", containment=containment,
                                          out_of_memory=True)
         else:
+            said = f"last output:\n{tail(log)}" if log.exists() else "it left no output"
             outcomes[exp.name] = Outcome(exp.name, error=f"the probe process {status} and wrote nothing for "
-                                         f"{exp.name}; last output:\n{tail(log)}", containment=containment)
+                                         f"{exp.name}; {said}", containment=containment)
     return outcomes
-
-
-def _raised_memory_error(log: Path) -> bool:
-    """Whether the process's output holds a traceback's last line for ``MemoryError``."""
-    try:
-        lines = tail(log).splitlines()
-    except OSError:
-        return False
-    return any(line == MEMORY_ERROR or line.startswith(f"{MEMORY_ERROR}:") for line in lines)

@@ -109,11 +109,12 @@ def run_tasks(reg: Registry, interpreter: Path, tasks: list[DriverTask], *, logs
                     log(f"engine: {report['id']} done in {report['seconds']} s ({_status(report)})")
             finally:
                 children.wait(proc)
-            engine_killed = launch.exited_at_memory_limit(proc.returncode)
-            said = launch.out_of_memory() if engine_killed else None
+            said = launch.out_of_memory() if launch.exited_at_memory_limit(proc.returncode) else None
+        if proc.returncode != 0 and not said and probe_run.raised_memory_error(engine_log):  # in its own imports
+            said = sandbox.out_of_memory(launch.record, killed=False)
         _spent(reports.values(), time.monotonic() - launched)
         if said:  # its children not yet reported died with it: each tree's answer is the limit
-            log(f"engine: killed by the kernel for memory; "
+            log(f"engine: out of memory; "
                 f"{', '.join(t.id for t in tasks if t.id not in reports) or 'no task'} unfinished")
             return Finished({t.id: _failure(reports.get(t.id)) if t.id in reports else said for t in tasks},
                             launch.record)

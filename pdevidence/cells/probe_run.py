@@ -67,6 +67,15 @@ def run_killable(command: list[str], log: Path, *, timeout: float, env: dict, wh
                    launch.out_of_memory() if launch.exited_at_memory_limit(proc.returncode) else None)
 
 
+def raised_memory_error(log: Path) -> bool:
+    """Whether a process's output ends with a traceback's last line for ``MemoryError`` (in its last lines)."""
+    try:
+        lines = tail(log).splitlines()
+    except OSError:
+        return False
+    return any(line == MEMORY_ERROR or line.startswith(f"{MEMORY_ERROR}:") for line in lines)
+
+
 def memory_error_scenario(doc: dict) -> str | None:
     """The first scenario of a result document that raised ``MemoryError`` (it observed nothing of the tree), or
     None."""

@@ -631,7 +631,7 @@ class Launch:
     memory_cgroup: Path | None = None  # the sandbox's own memory cgroup, while the ``with`` lasts
 
     def oom_kills(self) -> int:
-        """The processes of this sandbox the kernel killed at its memory limit so far (read inside the ``with``)."""
+        """The processes of this sandbox the kernel's OOM killer killed so far (read inside the ``with``)."""
         return oom_kills(self.memory_cgroup)
 
     def killed_at_memory_limit(self, signal_number: int | None) -> bool:

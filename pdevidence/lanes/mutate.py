@@ -233,8 +233,9 @@ def _run_warm(reg: registry.Registry, cell: cells.Cell, tree, argv: list[str], w
                                log=log).failures[task.id]
     if failure:
         logfile = logs / f"{task.id}.log"
-        raise HarnessError(f"mutant driver for {cell.experiment} {failure}; no table written.\n"
-                           f"last output:\n{probe_run.tail(logfile)}", code=ENVIRONMENT,
+        said = f"last output:\n{probe_run.tail(logfile)}" if logfile.exists() else "it left no output"
+        raise HarnessError(f"mutant driver for {cell.experiment} {failure}; no table written.\n{said}",
+                           code=ENVIRONMENT,
                            todo=f"full log: {logfile}; `mutate {cell.experiment} --cold` runs it in a fresh process")
 
 
@@ -250,12 +251,12 @@ def _run_cold(reg: registry.Registry, cell: cells.Cell, tree, argv: list[str], w
         probes = reg.experiment(cell.experiment).probe.parent
         command = [str(env.interpreter), str(probes / DRIVER), *argv]
         run_env = {**os.environ, **allprobes.PROBE_ENV}
-        status = probe_run.run_killable(command, logfile, timeout=probe_run.timeout_seconds(), env=run_env,
-                                        what=f"mutant driver for {cell.experiment}",
-                                        view=sandbox.View(read=(probes,), write=(writes,)),
-                                        trusted=tree.pinned).status
-        if status != 0:
-            raise HarnessError(f"mutant driver for {cell.experiment} exited with status {status}; no table written.\n"
+        ran = probe_run.run_killable(command, logfile, timeout=probe_run.timeout_seconds(), env=run_env,
+                                     what=f"mutant driver for {cell.experiment}",
+                                     view=sandbox.View(read=(probes,), write=(writes,)), trusted=tree.pinned)
+        if ran.status != 0:
+            how = ran.memory_killed or f"exited with status {ran.status}"
+            raise HarnessError(f"mutant driver for {cell.experiment} {how}; no table written.\n"
                                f"last output:\n{probe_run.tail(logfile)}", code=ENVIRONMENT,
                                todo=f"full log: {logfile}")
 
