@@ -76,6 +76,8 @@ def manifest(reg: Registry, kind: str) -> list[Declared]:
             if cell_kind == "release" and not all(exp.releases.values()):
                 continue
             for side in SIDES:
+                if cell_kind == "git" and side not in exp.git:  # no pinned commit: no such cell
+                    continue
                 name = compare.expected_file(exp, side, cell_kind)
                 checks = dict(fresh_required=cell_kind == kind, optional=cell_kind != kind)
                 declared += [Declared(name, _check_result, **checks),
