@@ -58,14 +58,6 @@ def _version(value: str) -> bool:
     return value == value.strip()
 
 
-def _accepts(check, value: str) -> bool:
-    try:
-        check(value)
-    except argparse.ArgumentTypeError:
-        return False
-    return True
-
-
 def not_in(known) -> st.SearchStrategy[str]:
     return st.one_of(st.sampled_from(HOSTILE), TEXT).filter(lambda v: v not in known)
 
@@ -139,7 +131,7 @@ def malformed(ground: Path) -> dict[str, st.SearchStrategy[str]]:
         "check --git": not_commit(),
         # A string that does not split as a shell line, or whose first word is no option.
         "check --server-args": st.one_of(st.sampled_from(['"', "'x", "decode", "a b", "x --y", '--a "b']),
-                                         TEXT).filter(lambda v: not _accepts(arguments.server_args, v)),
+                                         TEXT).filter(lambda v: not arguments._accepts(arguments.server_args, v)),
         "check --server-args-file": paths(ground, "a-directory", "a-file"),
         "check --image": paths(ground, "a-directory", "a-file", "an-executable", "not-a-wheel.zip"),
         "check --openvex": st.one_of(st.sampled_from(["", str(ground / "a-directory"), str(ground / "a-file" / "x.json"),
