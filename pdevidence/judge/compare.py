@@ -287,6 +287,8 @@ def compare_all(reg: Registry, *, runs: Path, published: Path | None, kinds: lis
     pairs = []
     for exp in reg.experiments.values():
         for kind in kinds:
+            if kind == "git" and not exp.git:  # no pinned commits: no pinned-commit cells to compare
+                continue
             try:
                 pairs.append(compare_pair(reg, exp, kind, runs, published, bad))
             except HarnessError as exc:
