@@ -2,9 +2,9 @@
 its partial port `partial`, the release as published `affected`.
 
 Slow (``--sglang``): one ``corpus`` run (every declared release, three trees each, one warm engine per era)
-into a temporary runs directory; the tests read what that run wrote. A fix no backport file ports (the
-decode-offload ones have none yet) is expected, on all three trees, to read what the published sweep reads on
-the release (``lanes/corpus.py``): porting one fix must not move another's answer.
+into a temporary runs directory; the tests read what that run wrote. A fix a backport file does not port is
+expected, on all three trees, to read what the published sweep reads on the release (``lanes/corpus.py``):
+porting one fix must not move another's answer, unless the port declares it does.
 """
 
 from __future__ import annotations
@@ -21,6 +21,12 @@ from pdevidence.core.paths import PROJECT
 from pdevidence.sources import backports
 
 pytestmark = pytest.mark.sglang
+# Eras that lack a fix and have no port of it yet, and why: the gap stays visible here until it is closed.
+NOT_PORTED = {
+    ("offload_rid", "torch2.9-tf5"): "0.5.10's #37026 port would sit on the #24226 port; their two partial ports "
+                                     "together leave the R2 control departing (corpus.md)",
+    ("offload_rid", "torch2.11-tf5-sgl-kernel"): "as 0.5.10: 0.5.12's manager is the same file",
+}
 
 
 @pytest.fixture(scope="module")
@@ -43,18 +49,23 @@ def test_every_answer_is_the_expected_one(corpus):
     assert wrong == []
 
 
-def test_each_fix_is_ported_fully_and_partially_into_a_release_of_every_era(corpus):
-    """Alone proves: the corpus covers every PD era for each fix it ports, and each ported fix's three trees
-    read affected, fixed and partial. Only the fixes some backport file ports: a decode-offload fix cannot be
-    ported into the eras before the offload manager (0.5.3), and none is ported yet."""
+def test_each_fix_is_ported_fully_and_partially_into_a_release_of_every_era_that_lacks_it(corpus):
+    """Alone proves: for each fix, the corpus ports it into a release of every era in which the published sweep
+    finds a release without it but those NOT_PORTED names (a decode-offload fix has no era before 0.5.10: those
+    releases lack the code path), and each ported fix's three trees read affected, fixed and partial."""
     _, doc = corpus
     reg = registry.load(PROJECT)
     ported = {(b.release, name) for b in backports.load_all(PROJECT, list(reg.experiments)) for name in b.ports}
-    for name in sorted({name for _, name in ported}):
+
+    def era(version: str) -> str:
+        return reg.era_of(version).name if reg.era_of(version) else "current"
+
+    for name in reg.experiments:
+        sweep = json.loads((PROJECT / "results" / f"sweep-{name}.json").read_text())
+        lacking = {era(r["version"]) for r in sweep["releases"] if r["classification"] == "pre-fix"}
         eras = {a["era"] or "current" for a in doc["answers"]
                 if a["experiment"] == name and (a["release"], name) in ported}
-        before_pd = reg.era_of(reg.release_floor).name  # the sweep's floor: the last release without PD
-        pd_eras = {"current", *(era for era in reg.eras if era != before_pd)}
-        assert eras == pd_eras, f"{name}: no backport in era(s) {sorted(pd_eras - eras)}"
+        gaps = {era for (fix, era) in NOT_PORTED if fix == name}
+        assert eras == lacking - gaps, f"{name}: no backport in era(s) {sorted(lacking - gaps - eras)}"
     statuses = {(a["variant"], a["status"]) for a in doc["answers"] if (a["release"], a["experiment"]) in ported}
     assert statuses == {("pristine", "affected"), ("backport", "fixed"), ("partial", "partial")}

@@ -414,8 +414,7 @@ def real_lanes(tmp_path_factory):
     return lane
 
 
-# The experiments whose mutants the registry declares (the decode-offload ones declare none yet): the lane runs
-# on each experiment's head release.
+# The experiments whose mutants the registry declares: the lane runs on each experiment's head release.
 MUTATED = [name for name, exp in registry.load(PROJECT).experiments.items() if exp.mutants]
 
 
@@ -431,7 +430,7 @@ def test_real_lane_kills_every_mutant_and_every_scenario_kills(name, real_lanes)
                                                      f"killed ({score['by_observation']} by observation, "
                                                      f"{score['only_raising']} only by raising)")
     assert f"engine: {name} done in" in done.stdout  # a warm engine child ran the driver
-    assert result.score["applicable"] >= 10
+    assert result.score["applicable"] == len(registry.load(PROJECT).experiment(name).mutants)  # all apply there
     assert [m.id for m in result.survivors] == []
     assert done.returncode == errors.CONFIRMED, done.stdout[-2000:] + done.stderr[-2000:]
     killers = {sid for m in result.mutants for sid in m.killed_by}
@@ -464,7 +463,7 @@ def test_real_lane_no_mutant_reads_fixed_through_checks_judge(name, real_lanes):
     assert answer(mutate.as_result(exp, doc, doc["baseline"], "baseline")).status is check.Status.FIXED
     answers = {mid: answer(result) for mid, result in mutate.mutant_results(exp, doc).items()}
     over_broad = [mid for mid, m in exp.mutants.items() if m.kind is registry.MutantKind.OVER_BROAD]
-    assert set(over_broad) <= set(answers) and len(over_broad) >= 5  # every one ran on the head release
+    assert set(over_broad) <= set(answers) and over_broad  # every one ran on the head release
     assert {mid: a.to_json() for mid, a in answers.items() if a.status is check.Status.FIXED} == {}
     killed = {m.id: set(m.killed_by) for m in MutationTable.load(runs / f"mutate.{name}.json").mutants}
     controls = {sid for sid, e in exp.expect.items() if not e.changes}
