@@ -415,6 +415,12 @@ def real_lanes(tmp_path_factory):
 
 
 # The experiments whose mutants the registry declares: the lane runs on each experiment's head release.
+# Controls no declared mutant breaks yet, and why: the gap stays visible here until a mutant closes it.
+UNEXERCISED_CONTROLS = {
+    ("offload_slots", "O7"): "a prompt shorter than a page: no over-broad mutant of #24226 touches the page alignment",
+    ("offload_rid", "R3"): "the rid reused once the old request drained: no over-broad mutant of #37026 keeps a "
+                           "drained request's state",
+}
 MUTATED = [name for name, exp in registry.load(PROJECT).experiments.items() if exp.mutants]
 
 
@@ -434,7 +440,8 @@ def test_real_lane_kills_every_mutant_and_every_scenario_kills(name, real_lanes)
     assert [m.id for m in result.survivors] == []
     assert done.returncode == errors.CONFIRMED, done.stdout[-2000:] + done.stderr[-2000:]
     killers = {sid for m in result.mutants for sid in m.killed_by}
-    assert killers == set(result.scenarios), f"scenarios that kill nothing: {set(result.scenarios) - killers}"
+    idle = {sid for (exp, sid) in UNEXERCISED_CONTROLS if exp == name}
+    assert killers == set(result.scenarios) - idle, f"scenarios that kill nothing: {set(result.scenarios) - killers}"
     assert {m.kind for m in result.mutants} == set(registry.MutantKind)
 
 
@@ -473,8 +480,9 @@ def test_real_lane_no_mutant_reads_fixed_through_checks_judge(name, real_lanes):
         assert caught == killed[mid], (mid, got.to_json())
         assert set(got.deviations) | {sid for sid in caught if got.scenarios[sid] is Behaviour.ERROR} == caught
         # Fixed where the scenarios tell, it deviates; an over-broad fix that also moves a telling scenario
-        # (B_owner_dropped re-retires B4's and B8's retired request) matches neither there: unknown.
-        assert got.status in (check.Status.DEVIATES, check.Status.UNKNOWN), (mid, got.to_json())
+        # (B_owner_dropped re-retires B4's and B8's retired request) matches neither there: unknown; one that
+        # undoes part of the fix too (state_shared_by_all hands every request the last one's state) is partial.
+        assert got.status in (check.Status.DEVIATES, check.Status.UNKNOWN, check.Status.PARTIAL), (mid, got.to_json())
 
 
 @pytest.mark.sglang
