@@ -259,3 +259,12 @@ def mutations_doc(root: Path) -> dict:
 def write_table(path: Path, doc: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def publishable_project(root: Path) -> Path:
+    """A demo project with fresh cells and a full, current sweep table in runs/: the smallest declared set."""
+    project = make_project(root)
+    for side in ("base", "head"):
+        write_cell(project / "runs", side)
+    write_sweep(project / "runs" / "sweep-demo.json")
+    return project

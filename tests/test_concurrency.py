@@ -17,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from synthetic import REGISTRY, make_project, result_doc, serve_index, wheel_bytes, with_real_probes, write_cell
+from synthetic import (REGISTRY, make_project, publishable_project, result_doc, serve_index, wheel_bytes,
+                       with_real_probes, write_cell)
 from test_sandbox import PROBE
 
 from pdevidence.core import errors, faults
@@ -171,13 +172,7 @@ def test_every_fault_point_is_tested():
 
 @pytest.fixture
 def to_publish(tmp_path):
-    from synthetic import write_sweep
-
-    project = make_project(tmp_path / "publish")
-    for side in ("base", "head"):
-        write_cell(project / "runs", side)
-    write_sweep(project / "runs" / "sweep-demo.json")
-    return project
+    return publishable_project(tmp_path / "publish")
 
 
 def publish(project: Path, work: Path, fault: str | None = None) -> subprocess.CompletedProcess:

@@ -6,7 +6,7 @@ import json
 import stat
 
 import pytest
-from synthetic import make_project, result_doc, write_cell, write_sweep
+from synthetic import publishable_project, result_doc, write_cell, write_sweep
 
 from pdevidence import cli, registry
 from pdevidence.core import errors
@@ -20,11 +20,7 @@ PUBLISHED = ("demo.base.release-1.0.0.json", "demo.base.release-1.0.0.receipt.js
 @pytest.fixture
 def project(tmp_path):
     """Fresh cells and a full, current sweep table in runs/: the smallest declared set."""
-    project = make_project(tmp_path / "project")
-    for side in ("base", "head"):
-        write_cell(project / "runs", side)
-    write_sweep(project / "runs" / "sweep-demo.json")
-    return project
+    return publishable_project(tmp_path / "project")
 
 
 def test_publish_copies_results_receipts_and_tables_then_reports_from_what_it_published(project):
