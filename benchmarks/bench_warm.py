@@ -163,7 +163,7 @@ def main() -> None:
                     total = seconds(lambda: check(*argv))
             finally:
                 del os.environ["PDEVIDENCE_WORK"]
-        probing = spent.get(phases.PROBING, 0.0)
+        probing = spent.seconds(phases.PROBING)
         eras = {(reg.era_of(v).name if reg.era_of(v) else "current") for v in releases}
         lines.append(f"check of {len(releases)} releases over {len(eras)} eras, fresh work directory: "
                      f"{phases.describe(spent, total)}")

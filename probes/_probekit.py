@@ -331,10 +331,22 @@ def publish_server_args(args: Any, adapt: Callable[[str], None], *, role: str, r
 
 def reads(fn: Callable[..., Any], token: str) -> bool:
     """Whether ``fn``'s source names ``token``: what a stand-in must carry depends on what the tree reads."""
-    try:
-        return token in inspect.getsource(fn)
-    except (OSError, TypeError):
-        return False
+    return token in _source(fn)
+
+
+_SOURCES: dict[Any, str] = {}
+
+
+def _source(obj: Any) -> str:
+    """``inspect.getsource``, read once per code object (a class: once per class). Each call re-tokenizes the
+    file, most of a scenario's time; a mutant's swapped ``__code__`` is a new key, read as it always was."""
+    key = getattr(obj, "__code__", obj)
+    if key not in _SOURCES:
+        try:
+            _SOURCES[key] = inspect.getsource(obj)
+        except (OSError, TypeError):
+            _SOURCES[key] = ""
+    return _SOURCES[key]
 
 
 def accepts(fn: Callable[..., Any], name: str) -> bool:

@@ -16,8 +16,10 @@ children.
 
     task (--tasks):  {"id": "0.5.21", "path": "<dir with sglang/>", "log": "<file>", "argv": [driver args],
                       "driver": "probe_all"}   (default probe_all; or probe_mutants)
-    report (stdout): {"id": "0.5.21", "status": 0, "signal": null, "seconds": 7.1, "started": 12.3}
-                     (started: seconds from the engine's start to the child's fork)
+    report (stdout): {"id": "0.5.21", "status": 0, "signal": null, "seconds": 7.1, "started": 12.3,
+                      "at": 5021.402}
+                     (started: seconds from the engine's start to the child's fork; at: the fork on the
+                     monotonic clock, which the harness shares, so it can place the child among other engines)
                      {"id": ..., "status": null, "signal": 9, "timeout": true}  killed past --timeout
                      {"id": ..., "status": null, "signal": null, "error": "could not fork: ..."}
 
@@ -161,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             child = _fork(task, modules_file)
             if isinstance(child, str):
                 _report({"id": task["id"], "status": None, "signal": None, "timeout": False, "seconds": 0.0,
-                         "started": round(time.monotonic() - began, 1), "error": child})
+                         "started": round(time.monotonic() - began, 1), "at": round(time.monotonic(), 3),
+                         "error": child})
                 continue
             running[child] = (task, time.monotonic(), modules_file)
         time.sleep(0.05)
@@ -177,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             del running[pid]
             code, killed_by = (None, signal.SIGKILL) if done == 0 else _status(status)
             _report({"id": task["id"], "status": code, "signal": killed_by, "timeout": done == 0,
-                     "seconds": seconds, "started": round(started - began, 1)})
+                     "seconds": seconds, "started": round(started - began, 1), "at": round(started, 3)})
             if modules_file.exists():
                 found = json.loads(modules_file.read_text(encoding="utf-8"))
                 modules_file.unlink()
@@ -190,4 +193,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)  # not the interpreter's teardown of the preloaded closure (seconds of torch): nothing is left to write

@@ -44,6 +44,9 @@ if BEHAVIOUR == "crash":
 if BEHAVIOUR == "hang":
     import time
     time.sleep(600)
+if BEHAVIOUR == "slow":  # a tree whose probing takes a while
+    import time
+    time.sleep(4)
 if BEHAVIOUR == "kill-engine":  # as the kernel's OOM killer would
     os.kill(os.getppid(), 9)
     import time
@@ -371,6 +374,29 @@ def test_what_the_engine_could_not_finish_is_never_kept(warm_world):
     assert found["release-1.0.0"]["demo"].doc is None
     _, said = probe(reg, tmp_path, trees)
     assert "probing release-1.0.0 " in said and "outcomes reused: release-1.1.0 " in said
+
+
+def test_the_next_era_starts_while_the_one_before_still_probes_and_its_time_counts_once(warm_world, monkeypatch):
+    from types import SimpleNamespace
+
+    from pdevidence import environments
+    from pdevidence.core import phases
+
+    reg, tmp_path, trees = warm_world
+    slow = trees[0].install_target / "sglang" / "__init__.py"
+    slow.write_text(slow.read_text().replace('BEHAVIOUR = "normal"', 'BEHAVIOUR = "slow"'))
+    eras = {"1.0.0": SimpleNamespace(name="old"), "1.1.0": SimpleNamespace(name="new")}  # one era per tree
+    monkeypatch.setattr(environments, "era_of", lambda reg, tree: eras[tree.resolved])
+    monkeypatch.setattr(environments, "closure", lambda reg, era: reg.root / "constraints" / "cells.txt")
+    monkeypatch.setattr(environments, "stand_in_env", lambda era: {})
+    with phases.recording() as spans:
+        found, said = probe(reg, tmp_path, trees)
+    assert said.index("engine (new): probing") < said.index("engine: release-1.0.0 done")
+    assert said.index("engine: release-1.1.0 done") < said.index("engine: release-1.0.0 done")
+    assert [found[t.label()]["demo"].doc["scenarios"]["D1"]["observed"]["retired"] for t in trees] == [False, True]
+    (old_start, old_end), (new_start, new_end) = sorted(spans[phases.PROBING])
+    assert new_start < old_end  # probed side by side: the wall saw the overlap once
+    assert spans.seconds(phases.PROBING) == pytest.approx(max(old_end, new_end) - old_start)
 
 
 # The fixture registry's differential (synthetic.REGISTRY: D1 changes, D2 does not), read from the tree's GUARD.

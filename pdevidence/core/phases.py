@@ -1,13 +1,17 @@
-"""Where a run's time goes: named phases, added up while a ``recording()`` is open.
+"""Where a run's time goes: named phases, recorded while a ``recording()`` is open.
 
 A many-target ``check`` spends its time setting up (environments, unpacking trees,
-engine starts) or probing; the stages that do each add their share here, and the
-command that opened the recording prints the sums. Outside a recording nothing is kept.
+engine starts) or probing; the stages that do each record when they ran here, and the
+command that opened the recording prints each phase's wall time. Eras run side by side
+(``cells/warm.py``), so phases overlap: a phase's time is the union of its spans (what
+a clock on the wall saw), and the shares can add up to more than the whole.
+Outside a recording nothing is kept.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator
 
@@ -17,23 +21,38 @@ ENGINE_START = "engine start"  # an engine launched, until its first child forks
 PROBING = "probing"  # from an engine's first child forking to its last child's end
 ORDER = (ENVIRONMENTS, TREES, ENGINE_START, PROBING)
 
-_open: list[dict[str, float]] = []
+
+class Spans(dict[str, list[tuple[float, float]]]):
+    """Per phase, its ``(start, end)`` spans on the monotonic clock."""
+
+    def seconds(self, name: str) -> float:
+        return _union(self.get(name, []))
+
+    def busy(self) -> float:
+        """Wall time in which any phase ran."""
+        return _union([span for spans in self.values() for span in spans])
+
+
+_open: list[Spans] = []
+_lock = threading.Lock()  # eras' threads record at once
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[dict[str, float]]:
-    """Sum the phases of everything run inside; the dict is filled as they end."""
-    sums: dict[str, float] = {}
-    _open.append(sums)
+def recording() -> Iterator[Spans]:
+    """Record the phases of everything run inside; filled as they end."""
+    spans = Spans()
+    _open.append(spans)
     try:
-        yield sums
+        yield spans
     finally:
-        _open.remove(sums)
+        _open.remove(spans)
 
 
-def add(name: str, seconds: float) -> None:
-    for sums in _open:
-        sums[name] = sums.get(name, 0.0) + seconds
+def add(name: str, start: float, end: float) -> None:
+    """A span of ``name``, from ``start`` to ``end`` (``time.monotonic()``)."""
+    with _lock:
+        for spans in _open:
+            spans.setdefault(name, []).append((start, end))
 
 
 @contextlib.contextmanager
@@ -42,13 +61,22 @@ def measure(name: str) -> Iterator[None]:
     try:
         yield
     finally:
-        add(name, time.monotonic() - started)
+        add(name, started, time.monotonic())
 
 
-def describe(sums: dict[str, float], total: float) -> str:
-    """One line: each phase's seconds and share of ``total``, the rest as other."""
-    parts = [f"{name} {sums[name]:.1f} s" for name in ORDER if name in sums]
-    other = total - sum(sums.values())
+def describe(spans: Spans, total: float) -> str:
+    """One line: each phase's wall seconds, the rest (no phase running) as other."""
+    parts = [f"{name} {spans.seconds(name):.1f} s" for name in ORDER if name in spans]
+    other = total - spans.busy()
     if other > 0.05:
         parts.append(f"other {other:.1f} s")
     return f"{total:.1f} s: " + ", ".join(parts)
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
