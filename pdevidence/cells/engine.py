@@ -23,7 +23,6 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,12 +71,10 @@ def preload_file(env_path: Path) -> Path:
 
 
 def run_tasks(reg: Registry, interpreter: Path, tasks: list[DriverTask], *, logs: Path, preload: Path,
-              trusted: bool = False, jobs: int = 2, env: dict[str, str] | None = None, log=print,
-              draining: Callable[[], None] = lambda: None) -> Finished:
+              trusted: bool = False, jobs: int = 2, env: dict[str, str] | None = None, log=print) -> Finished:
     """Fork one child per task, in one contained engine (``trusted``: every task's tree is pinned); how each
     child ended and how they ran. A child's output is in ``logs/<id>.log``. ``env`` is added to the engine's
-    environment (an era's stand-ins). ``draining`` is called when fewer than ``jobs`` children are left to
-    end (a core is idle from then on: the next engine may start) and again as the engine ends."""
+    environment (an era's stand-ins)."""
     if not tasks:
         return Finished({}, sandbox.detect().record())
     logs.mkdir(parents=True, exist_ok=True)
@@ -104,19 +101,14 @@ def run_tasks(reg: Registry, interpreter: Path, tasks: list[DriverTask], *, logs
             proc = children.popen(launch.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
                                   env=launch.env)
             try:
-                if len(tasks) < jobs:
-                    draining()
                 for raw in proc.stdout:  # one line per child, as each ends
                     report = json.loads(raw)
                     if not report.get("timeout") and launch.killed_at_memory_limit(report.get("signal")):
                         report["error"] = launch.out_of_memory()
                     reports[report["id"]] = report
                     log(f"engine: {report['id']} done in {report['seconds']} s ({_status(report)})")
-                    if len(tasks) - len(reports) == jobs - 1:
-                        draining()
             finally:
                 children.wait(proc)
-                draining()
             said = launch.out_of_memory() if launch.exited_at_memory_limit(proc.returncode) else None
         if proc.returncode != 0 and not said and probe_run.raised_memory_error(engine_log):  # in its own imports
             said = sandbox.out_of_memory(launch.record, killed=False)
@@ -161,7 +153,7 @@ def _preload_list(path: Path) -> list[str]:
 
 def run(reg: Registry, interpreter: Path, tasks: list[TreeTask], experiments: list[str], *,
         out_dir: Path, logs: Path, preload: Path, jobs: int = 2, env: dict[str, str] | None = None,
-        log=print, draining: Callable[[], None] = lambda: None) -> dict[str, dict[str, allprobes.Outcome]]:
+        log=print) -> dict[str, dict[str, allprobes.Outcome]]:
     """Every experiment on every tree (``probe_all``), in one engine; per tree label, per experiment, what came
     back. The trees share the engine's sandbox: pass only trees that trust each other (``warm.py``)."""
     exps = [reg.experiment(name) for name in experiments]
@@ -172,8 +164,7 @@ def run(reg: Registry, interpreter: Path, tasks: list[TreeTask], experiments: li
                 *allprobes.tree_argv(task.tree_args)]
         driver_tasks.append(DriverTask(task.label, task.path, argv, writes=(out_dir / task.label,)))
     done = run_tasks(reg, interpreter, driver_tasks, logs=logs, preload=preload,
-                     trusted=all(task.trusted for task in tasks), jobs=jobs, env=env, log=log,
-                     draining=draining)
+                     trusted=all(task.trusted for task in tasks), jobs=jobs, env=env, log=log)
     return {task.label: allprobes.collect(exps, out_dir / task.label, logs / f"{task.label}.log",
                                           done.failures[task.label] or "exited with status 0", done.containment)
             for task in tasks}

@@ -22,8 +22,6 @@ import json
 import os
 import shutil
 import tempfile
-import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -118,42 +116,29 @@ def probe_trees(reg: Registry, trees: list[Tree], experiments: list[str], tree_a
     """Per tree label, per experiment, the outcome: from the cache, else from one engine per era for the misses.
 
     A label names one content (``trees.tree_label``): a tree given twice, or two copies of one, is probed once.
-    The eras overlap: the next era is set up and its engine started (one core's import) as soon as the one
-    before has a core idle, so engine starts hide behind probing rather than adding to it."""
+    Up to ``jobs`` eras run side by side: an engine's start (its closure's import) uses one core, so the next
+    era's runs beside it and beside the children of the one before, rather than after them."""
     by_era: dict[str, tuple[Era | None, list[Tree]]] = {}
     for tree in {tree.label(): tree for tree in trees}.values():
         era = environments.era_of(reg, tree)
         by_era.setdefault(era.name if era else "", (era, []))[1].append(tree)
     found = {}
-    with ThreadPoolExecutor(max_workers=max(1, len(by_era)), thread_name_prefix="era") as pool:
-        running = []
-        for era, members in by_era.values():
-            idle = threading.Event()
-            running.append(pool.submit(_probe_era, reg, era, members, experiments, tree_args, out_dir=out_dir,
-                                       jobs=jobs, force=force, log=log, draining=idle.set))
-            idle.wait()
-            if running[-1].done() and running[-1].exception() is not None:
-                break  # raised below; no later era is started
-        for era in running:
-            found.update(era.result())
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(by_era))), thread_name_prefix="era") as pool:
+        running = [pool.submit(_probe_era, reg, era, members, experiments, tree_args, out_dir=out_dir, jobs=jobs,
+                               force=force, log=log) for era, members in by_era.values()]
+        try:
+            for era in running:
+                found.update(era.result())
+        except BaseException:
+            for era in running:  # an era failed: those not started yet never start
+                era.cancel()
+            raise
     return found
 
 
 def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: list[str],
-               tree_args: dict[str, dict[str, str]], *, out_dir: Path, jobs: int, force: bool, log,
-               draining: Callable[[], None]) -> dict[str, dict[str, allprobes.Outcome]]:
-    """One era's trees: reused, or probed in its engines. ``draining`` is called when a core is idle (its last
-    engine is ending, or there is none), and again as it returns or raises (the later era never waits forever)."""
-    try:
-        return _probe_era_trees(reg, era, trees, experiments, tree_args, out_dir=out_dir, jobs=jobs, force=force,
-                                log=log, draining=draining)
-    finally:
-        draining()
-
-
-def _probe_era_trees(reg: Registry, era: Era | None, trees: list[Tree], experiments: list[str],
-                     tree_args: dict[str, dict[str, str]], *, out_dir: Path, jobs: int, force: bool, log,
-                     draining: Callable[[], None]) -> dict[str, dict[str, allprobes.Outcome]]:
+               tree_args: dict[str, dict[str, str]], *, out_dir: Path, jobs: int, force: bool,
+               log) -> dict[str, dict[str, allprobes.Outcome]]:
     exps = [reg.experiment(name) for name in experiments]
     for tree in trees:  # refused before the closure is built
         sandbox.admit(tree.pinned, f"the tree {tree.label()}")
@@ -185,20 +170,17 @@ def _probe_era_trees(reg: Registry, era: Era | None, trees: list[Tree], experime
                     unpacked = importable_dir(tree, env.interpreter)
                 todo.append(engine.TreeTask(label, unpacked, tree_args[label], tree.pinned,
                                             shared=_from_the_index(tree)))
-        if not todo:
-            draining()
         if found:
             log(f"{where}: {len(found)} tree(s) unchanged, outcomes reused: {', '.join(found)} (use --force to reprobe)")
         # A work tree (--path) is the user's: its imports must leave no bytecode in it.
         quiet = {"PYTHONDONTWRITEBYTECODE": "1"} if any(t.kind == "path" for t in trees) else {}
         groups = _groups(todo)
-        for n, group in enumerate(groups, 1):
+        for group in groups:
             alone = " in an engine of its own" if len(groups) > 1 and not group[0].shared else ""
             log(f"{where}: probing {', '.join(t.label for t in group)} ({jobs} at a time){alone}")
             ran = engine.run(reg, env.interpreter, group, experiments, out_dir=private,
                              logs=run_logs(work / "logs" / "engine"), preload=engine.preload_file(env.path),
-                             jobs=jobs, env={**stand_ins, **quiet}, log=log,
-                             draining=draining if n == len(groups) else lambda: None)
+                             jobs=jobs, env={**stand_ins, **quiet}, log=log)
             faults.point("probe")
             for label, outcomes in ran.items():
                 found[label] = outcomes
