@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import __version__, environments, registry
 from .cells import cells
-from .core import arguments, children, clock, paths, phases, sandbox, settings
+from .core import arguments, children, clock, debris, paths, phases, sandbox, settings
 from .core.errors import CONFIRMED, EXIT_CODES, USAGE, HarnessError, boundary, usage, worst
 from .core.files import dumps, sha256_file, write_atomic
 from .core.paths import PROJECT, results_dir, runs_dir, tree_lock_file, work_dir
@@ -517,6 +517,24 @@ def _resolvable(option: str, ref: str) -> None:
                     todo="pass the full SHA, or set SGLANG_REPO=<clone> so the ref can be resolved")
 
 
+# What code that names its own temporaries leaves when killed, in each scratch directory: an atomic write's and
+# a download's temporary, an unpacked wheel's staging, the warm engine's private, staging and aside directories, a
+# cell's or a lane's staging. What core/debris names with a run's token goes without being listed here.
+LEFTOVERS = (".*.tmp", ".*.part", ".*.unpack", ".*.extract", ".*.partial", ".*.old", ".probing-*")
+
+
+def enter_scratch(root: Path) -> None:
+    """This run is in every scratch directory of the project at ``root`` from now on; what dead runs left there
+    goes first (core/debris.py). Every command enters all of them: a run writing in one it did not enter could
+    have its temporaries taken for a dead run's."""
+    cache, work, runs = paths.cache_dir(), work_dir(root), runs_dir(root)
+    for directory in (cache, cache / "wheels", cache / "archives", cache / "unpacked", work / "outcomes",
+                      work / "corpus", runs, runs / "check", runs / "sweep", runs / "mutate"):
+        debris.enter(directory, LEFTOVERS)
+    for builds in (cache / "envs", work / "envs"):  # an environment is built in place, under its lock
+        debris.enter(builds, LEFTOVERS, unfinished=environments.ENV_INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Every command's exit code as docs/operators/exit-codes.md documents it; argparse's own errors (a malformed
     value: the option and the value named) are 2, --help and --version 0."""
@@ -529,7 +547,8 @@ def main(argv: list[str] | None = None) -> int:
         settings.check_all()  # a bad setting is one usage error up front, naming the variable
         check_arguments(args)
         paths.keep_bytecode_out(args.root)
-        with sandbox.uncontained_allowed(getattr(args, "allow_uncontained", False)):
+        with debris.run(), sandbox.uncontained_allowed(getattr(args, "allow_uncontained", False)):
+            enter_scratch(args.root)
             return args.func(args)
 
     children.become_subreaper()  # what a killed child leaves behind is reparented here and reaped

@@ -11,12 +11,11 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from pdevidence.core import debris
+from pdevidence.core import debris, paths
 
 HERE = Path(__file__).resolve().parent
 SHAPES = (".*.tmp",)
@@ -25,7 +24,7 @@ MARKER = "done.json"
 ANOTHER_RUN = """
 import json, os, sys, tempfile, time
 from pathlib import Path
-from pdevidence.core import debris
+from pdevidence.core import debris, paths
 
 directory = Path(sys.argv[1])
 debris.enter(directory, (".*.tmp",))
@@ -149,8 +148,15 @@ def test_a_run_block_leaves_no_token_file_and_its_directories_unlocked(tmp_path)
         assert debris.enter(tmp_path) != token  # a new run, a new token
 
 
-def test_a_temporary_name_carries_the_token_of_its_run(tmp_path):
+def test_a_temporary_carries_the_token_of_its_run_where_the_run_is_in_the_directory(tmp_path):
     with debris.run():
-        fd, name = tempfile.mkstemp(dir=tmp_path, prefix=debris.prefix(tmp_path, "x.whl"), suffix=".part")
-        os.close(fd)
-        assert Path(name).name.startswith(f".x.whl.run-{debris.enter(tmp_path)}.")
+        assert debris.prefix(tmp_path, "x.whl") == ".x.whl."  # not in it: nothing of this run's is made there
+        token = debris.enter(tmp_path)
+        assert debris.prefix(tmp_path, "x.whl") == f".x.whl.run-{token}."
+
+
+def test_each_kind_of_run_keeps_its_newest_twenty_log_directories(tmp_path):
+    for _ in range(paths.LOG_RUNS + 2):
+        with debris.run():
+            paths.run_logs(tmp_path / "engine")
+    assert len([p for p in (tmp_path / "engine").iterdir() if not p.name.startswith(".")]) == paths.LOG_RUNS

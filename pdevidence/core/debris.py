@@ -6,7 +6,7 @@ that lock when the run's process dies, even by ``kill -9``: a token whose lock i
 so does a token without a file (the file is made before anything named with it and removed only once its run is
 dead). In that directory, then:
 
-- a leftover named with a dead run's token goes: a temporary made with ``prefix`` (``.<name>.run-<token>.<random>``),
+- a leftover named with a dead run's token goes: a temporary named by ``prefix`` (``.<name>.run-<token>.<random>``),
   or a run directory made with ``run_dir`` (``<stem>-run-<token>-<random>``) older than the newest ``keep``;
 - a leftover of the shapes the caller names (the temporaries of code that names its own) carries no token: it
   goes only when no other run is in the directory;
@@ -89,9 +89,12 @@ def enter(directory: Path, shapes: tuple[str, ...] = (), unfinished: str | None 
 
 
 def prefix(directory: Path, name: str) -> str:
-    """The name prefix of a temporary for ``name`` made in ``directory`` (``tempfile``'s ``prefix``): it carries
-    this run's token, so the temporary goes once the run is dead."""
-    return f".{name}.run-{enter(directory)}."
+    """The name prefix (``tempfile``'s) of a temporary for ``name`` in ``directory``: with this run's token where the
+    run is in the directory, so that it goes once the run is dead; elsewhere plain (an untokened leftover)."""
+    run = _this_run()
+    with _entering:
+        entered = os.path.abspath(directory) in run.held
+    return f".{name}.run-{run.token}." if entered else f".{name}."
 
 
 def run_dir(parent: Path, stem: str, *, keep: int) -> Path:
