@@ -7,6 +7,7 @@ do, and the exit code documented in docs/operators/exit-codes.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,7 @@ from .cells import cells
 from .core import arguments, children, clock, debris, paths, phases, sandbox, settings
 from .core.errors import CONFIRMED, EXIT_CODES, USAGE, HarnessError, boundary, usage, worst
 from .core.files import dumps, sha256_file, write_atomic
+from .core.locking import exclusive
 from .core.paths import PROJECT, results_dir, runs_dir, tree_lock_file, work_dir
 from .documents import corpus_table, integrity, reports
 from .documents.tables import SweepParameters
@@ -198,8 +200,9 @@ def cmd_check(args) -> int:
     with phases.recording() as spent:
         with phases.measure(phases.TREES):
             targets = [target for kind, value in asked for target in _resolved(reg, kind, value, log)]
-        found = check.run_all(reg, targets, fresh_references=args.references == "fresh", force=args.force, log=log,
-                              server_args=args.server_args)
+        with _taking_turns(reg, targets):
+            found = check.run_all(reg, targets, fresh_references=args.references == "fresh", force=args.force,
+                                  log=log, server_args=args.server_args)
     log(f"time: {phases.describe(spent, time.monotonic() - started)}")
     if args.openvex:
         stamp = clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -210,6 +213,19 @@ def cmd_check(args) -> int:
     else:
         print("\n".join(check.table(result, verbose=args.verbose) for result in found))
     return worst(result.exit_code for result in found)
+
+
+@contextlib.contextmanager
+def _taking_turns(reg: registry.Registry, targets: list[tuple]):
+    """An interpreter's probe output is written in place (``runs/check/<its label>``), unlike a tree's: runs at
+    once that check one interpreter take turns, so that each reads its own. Locked in label order: two runs
+    naming two interpreters in either order never wait for each other."""
+    with contextlib.ExitStack() as held:
+        interpreters = {target.label(): target.ref for target, tree in targets if tree is None}
+        for label in sorted(interpreters):
+            held.enter_context(exclusive(work_dir(reg.root) / "locks" / f"check-{label}.lock",
+                                         f"the output of checking {interpreters[label]}"))
+        yield
 
 
 def _resolved(reg: registry.Registry, kind: str, value, log) -> list[tuple]:

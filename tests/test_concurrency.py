@@ -14,6 +14,7 @@ import resource
 import subprocess
 import sys
 import time
+import venv
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -187,6 +188,61 @@ def test_a_run_that_starts_while_another_probes_leaves_the_others_files_alone(wo
         assert swept.returncode == errors.CONFIRMED, swept.stderr
         assert not first.done() and all(p.exists() for p in probing)
         assert_right(first.result(), "1.0.1")
+
+
+# --- check --python: an environment the operator has ---------------------------------------------------
+
+
+def serving(world, guard: bool, linger: float = 0) -> Path:
+    """The interpreter of an environment SGLang is installed in, as ``check --python`` is given one; whether it
+    carries the fix is read from a file beside its code at import (upgrading it rewrites that file), and a process
+    that imported it lingers ``linger`` seconds as it exits, after its probes wrote their results."""
+    env = world[1] / "serving"
+    if not env.exists():
+        venv.EnvBuilder(with_pip=False, symlinks=True).create(env)
+    package = next(env.glob("lib/python*/site-packages")) / "sglang"
+    package.mkdir(exist_ok=True)
+    (package / "guard.txt").write_text(str(guard))
+    (package / "__init__.py").write_text(f"""import atexit, os, time
+GUARD = open(os.path.join(os.path.dirname(__file__), "guard.txt")).read() == "True"
+__version__ = "1.1.0" if GUARD else "1.0.0"
+atexit.register(time.sleep, {linger})
+
+def guarded():
+    return GUARD
+""")
+    return env / "bin" / "python"
+
+
+def statuses(done: subprocess.CompletedProcess) -> list[list[str]]:
+    """Each target's answers, from ``check --json`` (one document, or a list of them)."""
+    docs = json.loads(done.stdout)
+    return [[e["status"] for e in doc["experiments"]] for doc in (docs if isinstance(docs, list) else [docs])]
+
+
+def test_one_interpreter_named_twice_is_probed_once_and_answered_for_each_name(world):
+    python = serving(world, guard=False)
+    spelled_otherwise = python.parent.parent / "bin" / ".." / "bin" / "python"
+    done = run(world, "check", "--python", str(python), "--python", str(spelled_otherwise), "--json")
+    assert done.returncode == errors.BEHAVIOUR_DIFFERS, done.stderr
+    assert statuses(done) == [["affected"], ["affected"]]
+    assert done.stderr.count("running every probe with") == 1
+
+
+def test_runs_at_once_checking_one_interpreter_take_turns_and_each_reads_its_own_answer(world):
+    python = serving(world, guard=False, linger=4)
+    written = world[1] / "runs" / "check"
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(run, world, "check", "--python", str(python), "--json")
+        deadline = time.monotonic() + 60
+        while not list(written.glob("python-*/demo.json")):  # its probes are done; it lingers before it reads them
+            assert time.monotonic() < deadline and not first.done(), first.result().stderr
+            time.sleep(0.05)
+        serving(world, guard=True)  # upgraded meanwhile: the second run checks the fix
+        second = run(world, "check", "--python", str(python), "--json")
+        assert statuses(first.result()) == [["affected"]], first.result().stderr
+    assert statuses(second) == [["fixed"]], second.stderr
+    assert f"waiting: another process is using the output of checking {python}" in second.stderr
 
 
 def test_a_full_disk_is_an_environment_problem_naming_the_path_and_leaves_nothing_half_written(world, http_server):
