@@ -190,6 +190,59 @@ def test_a_run_that_starts_while_another_probes_leaves_the_others_files_alone(wo
         assert_right(first.result(), "1.0.1")
 
 
+# --- every lane at once ------------------------------------------------------------------------------
+
+
+SWEPT = {"1.0.0": "pre-fix", "1.0.1": "pre-fix", "1.1.0": "fixed"}  # what the sweep finds of each release
+BASE_CELL = "demo.base.release-1.0.0.json"
+
+
+def sweep_found(world) -> dict[str, str]:
+    """The sweep table the runs wrote: each release's classification."""
+    table = tables.SweepTable.load(world[1] / "runs" / "sweep-demo.json")
+    return {r.version: r.classification.value for r in table.releases}
+
+
+def cell_observed(world) -> dict:
+    """What the base cell observed, once its receipt vouches for its result."""
+    runs = world[1] / "runs"
+    receipts.Receipt.load(results.receipt_path(runs / BASE_CELL), experiment="demo", side="base")
+    return {sid: sc["observed"] for sid, sc in results.load(runs / BASE_CELL, experiment="demo")["scenarios"].items()}
+
+
+def test_a_sweep_checks_a_cell_and_mutants_at_once_on_a_cold_cache_all_answer_right_and_build_once(world):
+    lanes = {"sweep": ("sweep",), "check 1.0.0": ("check", "--version", "1.0.0", "--json"),
+             "check 1.1.0": ("check", "--version", "1.1.0", "--json"), "cell": ("cell", "release", "demo", "base"),
+             "mutate": ("mutate", "demo")}
+    with ThreadPoolExecutor(len(lanes)) as pool:
+        done = dict(zip(lanes, pool.map(lambda argv: run(world, *argv), lanes.values())))
+    assert {name: ran.returncode for name, ran in done.items()} == {
+        "sweep": errors.CONFIRMED, "check 1.0.0": errors.BEHAVIOUR_DIFFERS, "check 1.1.0": errors.CONFIRMED,
+        "cell": errors.CONFIRMED, "mutate": errors.CONFIRMED}, {name: ran.stderr for name, ran in done.items()}
+    assert_right(done["check 1.0.0"], "1.0.0")
+    assert_right(done["check 1.1.0"], "1.1.0")
+    assert sweep_found(world) == SWEPT
+    assert cell_observed(world) == {"D1": {"enqueued": True, "retired": False}, "D2": {"enqueued": True}}
+    assert tables.MutationTable.load(world[1] / "runs" / "mutate.demo.json").score["killed"] == 1
+    made = builds(world)
+    assert len(made) == len(set(made)) == 2  # each era's closure environment, once; the cell's is a linked copy
+    server = world[3]
+    assert all(server.hits(f"/files/sglang-{version}-py3-none-any.whl") == 1 for version in RELEASES)
+    assert leftovers(world) == []
+    integrity.verify(world[0])  # the published evidence is as it was
+
+
+@pytest.mark.parametrize("point", ["probe", "outcome"])
+def test_a_sweep_killed_while_probing_or_keeping_an_outcome_answers_right_when_rerun(world, point):
+    killed = run(world, "sweep", fault=point)
+    assert killed.returncode == -9, killed.stderr
+    assert leftovers(world)  # its private copy of the outputs, and the outcome it was keeping
+    rerun = run(world, "sweep")
+    assert rerun.returncode == errors.CONFIRMED, rerun.stderr
+    assert sweep_found(world) == SWEPT
+    assert leftovers(world) == []
+
+
 # --- check --python: an environment the operator has ---------------------------------------------------
 
 
