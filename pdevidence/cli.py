@@ -544,11 +544,18 @@ def enter_scratch(root: Path) -> None:
     goes first (core/debris.py). Every command enters all of them: a run writing in one it did not enter could
     have its temporaries taken for a dead run's."""
     cache, work, runs = paths.cache_dir(), work_dir(root), runs_dir(root)
-    for directory in (cache, cache / "wheels", cache / "archives", cache / "unpacked", work / "outcomes",
-                      work / "corpus", runs, runs / "check", runs / "sweep", runs / "mutate"):
-        debris.enter(directory, LEFTOVERS)
-    for builds in (cache / "envs", work / "envs"):  # an environment is built in place, under its lock
-        debris.enter(builds, LEFTOVERS, unfinished=environments.ENV_INFO)
+    scratch = [(directory, None) for directory in (cache, cache / "wheels", cache / "archives", cache / "unpacked",
+                                                   work / "outcomes", work / "corpus", runs, runs / "check",
+                                                   runs / "sweep", runs / "mutate")]
+    scratch += [(builds, environments.ENV_INFO) for builds in (cache / "envs", work / "envs")]  # built in place
+    for directory, unfinished in scratch:
+        try:
+            debris.enter(directory, LEFTOVERS, unfinished)
+        except OSError as exc:
+            raise HarnessError(f"cannot work in {directory}: {exc.strerror}",
+                               expected="a cache, work and runs directory this user can write",
+                               todo="fix its permissions, or point PDEVIDENCE_CACHE, PDEVIDENCE_WORK and "
+                               "PDEVIDENCE_RUNS at directories you can write") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -160,3 +160,16 @@ def test_each_kind_of_run_keeps_its_newest_twenty_log_directories(tmp_path):
         with debris.run():
             paths.run_logs(tmp_path / "engine")
     assert len([p for p in (tmp_path / "engine").iterdir() if not p.name.startswith(".")]) == paths.LOG_RUNS
+
+
+def test_a_scratch_directory_that_cannot_be_made_is_an_environment_problem_naming_it(tmp_path, monkeypatch, capsys):
+    from pdevidence import cli
+    from pdevidence.core import errors
+
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "wheels").write_text("a file where the downloads go")
+    for name in ("CACHE", "WORK", "RUNS"):
+        monkeypatch.setenv(f"PDEVIDENCE_{name}", str(tmp_path / name.lower()))
+    assert cli.main(["verify"]) == errors.ENVIRONMENT
+    said = capsys.readouterr().err
+    assert f"cannot work in {tmp_path / 'cache' / 'wheels'}: File exists" in said and "PDEVIDENCE_CACHE" in said

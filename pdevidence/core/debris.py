@@ -76,7 +76,7 @@ def run():
 def enter(directory: Path, shapes: tuple[str, ...] = (), unfinished: str | None = None) -> str:
     """Remove what dead runs left in ``directory`` (see the module's doc; ``shapes`` are glob patterns of the
     untokened leftovers, ``unfinished`` the marker of a finished build), then count this run as in it until it
-    exits; once per run and directory, before the run makes anything there. This run's token."""
+    ends; once per run and directory, before the run makes anything there. This run's token."""
     run = _this_run()
     key = os.path.abspath(directory)
     with _entering:
@@ -137,7 +137,7 @@ def _locked(fd: int) -> bool:
 
 
 def _hold(path: Path) -> int:
-    """Lock ``path`` for the rest of this run: the descriptor stays open until the process ends."""
+    """Lock ``path`` for the rest of this run: the descriptor stays open until the run ends."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh random token: no one else holds it
     return fd
