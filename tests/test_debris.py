@@ -1,6 +1,6 @@
 """What killed runs leave (core/debris.py): removed once their run is provably gone, never while it lives.
 
-"Another run" is a process of its own that enters a directory, makes what a run makes there and then waits,
+"Another run" is a process of its own that enters a root, makes what a run makes there and then waits,
 killed by ``kill -9`` when the test has seen what it needs.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from pdevidence.core import debris, paths
 
 directory = Path(sys.argv[1])
-debris.enter(directory, (".*.tmp",))
+debris.enter(directory)
 fd, tokened = tempfile.mkstemp(dir=directory, prefix=debris.prefix(directory, "download"), suffix=".part")
 untokened = tempfile.mkdtemp(dir=directory, prefix=".staging.", suffix=".tmp")
 logs = debris.run_dir(directory / "logs", "20260101-000000", keep=1)
@@ -61,12 +61,12 @@ def killed(proc: subprocess.Popen) -> None:
 def test_what_a_live_run_makes_stays_and_goes_once_it_is_killed(tmp_path, another_run):
     made, proc = another_run(tmp_path)
     with debris.run():
-        debris.enter(tmp_path, SHAPES)
+        debris.enter(tmp_path, [debris.Place(tmp_path, SHAPES)])
         debris.run_dir(tmp_path / "logs", "20260101-000001", keep=1)  # the other's is the older one now
     assert all(path.exists() for path in made.values())
     killed(proc)
     with debris.run():
-        debris.enter(tmp_path, SHAPES)
+        debris.enter(tmp_path, [debris.Place(tmp_path, SHAPES)])
         debris.run_dir(tmp_path / "logs", "20260101-000002", keep=1)
     assert not any(path.exists() for path in made.values())
     assert [p.name for p in tmp_path.glob(".pdevidence-run-*.lock")] == []  # a dead run's token goes with its leftovers
@@ -77,17 +77,17 @@ def test_a_dead_runs_tokened_temporary_goes_while_another_run_is_alive(tmp_path,
     dead, proc = another_run(tmp_path)
     killed(proc)
     with debris.run():
-        debris.enter(tmp_path, SHAPES)
+        debris.enter(tmp_path, [debris.Place(tmp_path, SHAPES)])
     assert not dead["tokened"].exists() and alive["tokened"].exists()
     assert dead["untokened"].exists() and alive["untokened"].exists()  # whose? not provable while a run is there
 
 
-def test_untokened_leftovers_of_the_shapes_named_go_only_when_no_other_run_is_in_the_directory(tmp_path):
+def test_untokened_leftovers_of_the_shapes_named_go_only_when_no_other_run_is_in_the_root(tmp_path):
     leftover, other = tmp_path / ".result.json.x1y2.tmp", tmp_path / ".keep.json"
     leftover.write_text("half")
     other.write_text("{}")
     with debris.run():
-        debris.enter(tmp_path, SHAPES)
+        debris.enter(tmp_path, [debris.Place(tmp_path, SHAPES)])
     assert not leftover.exists() and other.exists()
 
 
@@ -129,7 +129,7 @@ time.sleep(60)
     try:
         assert holder.stdout.readline() == "held\n"
         with debris.run():
-            debris.enter(tmp_path, unfinished=MARKER)
+            debris.enter(tmp_path, [debris.Place(tmp_path, unfinished=MARKER)])
         assert building.exists() and not abandoned.exists() and finished.exists()
     finally:
         killed(holder)
@@ -148,11 +148,11 @@ def test_a_run_block_leaves_no_token_file_and_its_directories_unlocked(tmp_path)
         assert debris.enter(tmp_path) != token  # a new run, a new token
 
 
-def test_a_temporary_carries_the_token_of_its_run_where_the_run_is_in_the_directory(tmp_path):
+def test_a_temporary_carries_the_token_of_its_run_in_the_roots_the_run_is_in(tmp_path):
     with debris.run():
-        assert debris.prefix(tmp_path, "x.whl") == ".x.whl."  # not in it: nothing of this run's is made there
+        assert debris.prefix(tmp_path / "wheels", "x.whl") == ".x.whl."  # outside them: plain
         token = debris.enter(tmp_path)
-        assert debris.prefix(tmp_path, "x.whl") == f".x.whl.run-{token}."
+        assert debris.prefix(tmp_path / "wheels", "x.whl") == f".x.whl.run-{token}."
 
 
 def test_each_kind_of_run_keeps_its_newest_twenty_log_directories(tmp_path):
@@ -162,14 +162,16 @@ def test_each_kind_of_run_keeps_its_newest_twenty_log_directories(tmp_path):
     assert len([p for p in (tmp_path / "engine").iterdir() if not p.name.startswith(".")]) == paths.LOG_RUNS
 
 
-def test_a_scratch_directory_that_cannot_be_made_is_an_environment_problem_naming_it(tmp_path, monkeypatch, capsys):
+def test_a_scratch_root_that_cannot_be_made_is_an_environment_problem_naming_it(tmp_path, monkeypatch, capsys):
     from pdevidence import cli
     from pdevidence.core import errors
 
-    (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / "wheels").write_text("a file where the downloads go")
-    for name in ("CACHE", "WORK", "RUNS"):
-        monkeypatch.setenv(f"PDEVIDENCE_{name}", str(tmp_path / name.lower()))
+    (tmp_path / "a-file").write_text("where the user's cache directories would be")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))
+    monkeypatch.delenv("PDEVIDENCE_CACHE", raising=False)
+    monkeypatch.setenv("PDEVIDENCE_WORK", str(tmp_path / "work"))
+    monkeypatch.setenv("PDEVIDENCE_RUNS", str(tmp_path / "runs"))
     assert cli.main(["verify"]) == errors.ENVIRONMENT
     said = capsys.readouterr().err
-    assert f"cannot work in {tmp_path / 'cache' / 'wheels'}: File exists" in said and "PDEVIDENCE_CACHE" in said
+    assert f"cannot work in {tmp_path / 'a-file' / 'pdevidence'}: Not a directory" in said
+    assert "PDEVIDENCE_CACHE" in said
