@@ -7,6 +7,7 @@ do, and the exit code documented in docs/operators/exit-codes.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,9 +15,10 @@ from pathlib import Path
 
 from . import __version__, environments, registry
 from .cells import cells
-from .core import arguments, children, clock, paths, phases, sandbox, settings
+from .core import arguments, children, clock, debris, paths, phases, sandbox, settings
 from .core.errors import CONFIRMED, EXIT_CODES, USAGE, HarnessError, boundary, usage, worst
 from .core.files import dumps, sha256_file, write_atomic
+from .core.locking import exclusive
 from .core.paths import PROJECT, results_dir, runs_dir, tree_lock_file, work_dir
 from .documents import corpus_table, integrity, reports
 from .documents.tables import SweepParameters
@@ -198,8 +200,9 @@ def cmd_check(args) -> int:
     with phases.recording() as spent:
         with phases.measure(phases.TREES):
             targets = [target for kind, value in asked for target in _resolved(reg, kind, value, log)]
-        found = check.run_all(reg, targets, fresh_references=args.references == "fresh", force=args.force, log=log,
-                              server_args=args.server_args)
+        with _taking_turns(reg, targets):
+            found = check.run_all(reg, targets, fresh_references=args.references == "fresh", force=args.force,
+                                  log=log, server_args=args.server_args)
     log(f"time: {phases.describe(spent, time.monotonic() - started)}")
     if args.openvex:
         stamp = clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -210,6 +213,19 @@ def cmd_check(args) -> int:
     else:
         print("\n".join(check.table(result, verbose=args.verbose) for result in found))
     return worst(result.exit_code for result in found)
+
+
+@contextlib.contextmanager
+def _taking_turns(reg: registry.Registry, targets: list[tuple]):
+    """An interpreter's probe output is written in place (``runs/check/<its label>``), unlike a tree's: runs at
+    once that check one interpreter take turns, so that each reads its own. Locked in label order: two runs
+    naming two interpreters in either order never wait for each other."""
+    with contextlib.ExitStack() as held:
+        interpreters = {target.label(): target.ref for target, tree in targets if tree is None}
+        for label in sorted(interpreters):
+            held.enter_context(exclusive(work_dir(reg.root) / "locks" / f"check-{label}.lock",
+                                         f"the output of checking {interpreters[label]}"))
+        yield
 
 
 def _resolved(reg: registry.Registry, kind: str, value, log) -> list[tuple]:
@@ -517,6 +533,34 @@ def _resolvable(option: str, ref: str) -> None:
                     todo="pass the full SHA, or set SGLANG_REPO=<clone> so the ref can be resolved")
 
 
+# What code that names its own temporaries leaves when killed, in each scratch directory: an atomic write's and
+# a download's temporary, an unpacked wheel's staging, the warm engine's private, staging and aside directories, a
+# cell's or a lane's staging. What core/debris names with a run's token goes without being listed here.
+LEFTOVERS = (".*.tmp", ".*.part", ".*.unpack", ".*.extract", ".*.partial", ".*.old", ".probing-*")
+
+
+def enter_scratch(root: Path) -> None:
+    """This run is in the cache, the work directory and the runs of the project at ``root`` from now on; what dead
+    runs left there goes first (core/debris.py). Every command enters all three: a run writing in one it did not
+    enter could have its temporaries taken for a dead run's."""
+    cache, work, runs = paths.cache_dir(), work_dir(root), runs_dir(root)
+    places = {
+        cache: [*(debris.Place(d, LEFTOVERS) for d in (cache, cache / "wheels", cache / "archives", cache / "unpacked")),
+                debris.Place(cache / "envs", LEFTOVERS, environments.ENV_INFO)],  # an environment is built in place
+        work: [*(debris.Place(d, LEFTOVERS) for d in (work / "outcomes", work / "corpus")),
+               debris.Place(work / "envs", LEFTOVERS, environments.ENV_INFO)],
+        runs: [debris.Place(d, LEFTOVERS) for d in (runs, runs / "check", runs / "sweep", runs / "mutate")],
+    }
+    for scratch, inside in places.items():
+        try:
+            debris.enter(scratch, inside)
+        except OSError as exc:
+            raise HarnessError(f"cannot work in {exc.filename or scratch}: {exc.strerror}",
+                               expected="a cache, work and runs directory this user can write",
+                               todo="fix its permissions, or point PDEVIDENCE_CACHE, PDEVIDENCE_WORK and "
+                               "PDEVIDENCE_RUNS at directories you can write") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Every command's exit code as docs/operators/exit-codes.md documents it; argparse's own errors (a malformed
     value: the option and the value named) are 2, --help and --version 0."""
@@ -529,7 +573,8 @@ def main(argv: list[str] | None = None) -> int:
         settings.check_all()  # a bad setting is one usage error up front, naming the variable
         check_arguments(args)
         paths.keep_bytecode_out(args.root)
-        with sandbox.uncontained_allowed(getattr(args, "allow_uncontained", False)):
+        with debris.run(), sandbox.uncontained_allowed(getattr(args, "allow_uncontained", False)):
+            enter_scratch(args.root)
             return args.func(args)
 
     children.become_subreaper()  # what a killed child leaves behind is reparented here and reaped

@@ -1,8 +1,8 @@
 """One pdevidence command in a process of its own, as the concurrency and crash tests start many of them.
 
 The cells' Python is this interpreter (whatever version it is), and ``UV`` is the tests' fake uv: an
-environment it builds is a ``bin/python`` linking to this interpreter's base, the standard library only
-(all the warm engine needs). Usage: ``python concurrent_run.py <pdevidence arguments>``.
+environment it builds is a venv of this interpreter's base, the standard library and the SGLang wheel a cell
+installs only (all the warm engine and a cell need). Usage: ``python concurrent_run.py <pdevidence arguments>``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Shared state under concurrency and crashes: many runs on one cold cache, a run killed at each fault point, a
-full disk.
+full disk, and what killed runs leave.
 
 Every run is a process of its own (``concurrent_run.py``) on a synthetic project, releases served by a local
-index and a fake uv that records each environment it builds. Two eras: 1.0.x runs in ``old``, 1.1.0 in today's
-closure.
+index and a fake uv that records each environment it builds (a venv of this interpreter's, a wheel unpacked into
+it). Two eras: 1.0.x runs in ``old``, 1.1.0 in today's closure. The demo experiment's fix has one mutant.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import os
 import resource
 import subprocess
 import sys
+import time
+import venv
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,41 +23,68 @@ from synthetic import (REGISTRY, make_project, publishable_project, result_doc, 
                        with_real_probes, write_cell)
 from test_sandbox import PROBE
 
+from pdevidence import environments
 from pdevidence.core import errors, faults
-from pdevidence.documents import integrity
+from pdevidence.documents import integrity, receipts, results, tables
 
 HERE = Path(__file__).resolve().parent
-ERAS = REGISTRY + '\n[eras.old]\nreleases = "<1.1.0"\nconstraints = "constraints/era-old.txt"\n'
+ERAS = REGISTRY + """
+[experiments.demo.mutants.M1]
+title = "the door lets an aborted request in"
+kind = "removes-fix"
+target = "sglang:guarded"
+operator = "constant"
+value = false
+
+[eras.old]
+releases = "<1.1.0"
+constraints = "constraints/era-old.txt"
+"""
 RELEASES = {"1.0.0": False, "1.0.1": False, "1.1.0": True}  # version: carries the fix
 ANSWER = {False: (errors.BEHAVIOUR_DIFFERS, "affected"), True: (errors.CONFIRMED, "fixed")}
+# The uv the runs get: ``venv`` makes a venv of the interpreter running it (slowly enough for the other runs to
+# arrive while it builds), ``pip install`` unpacks a wheel into the environment, ``pip list`` reads what is there.
+FAKE_UV = """#!{python}
+import glob, json, os, sys, time, venv, zipfile
+args = sys.argv[1:]
+with open({calls!r}, "a") as fh:
+    fh.write(json.dumps(args) + "\\n")
+if args[0] == "venv":
+    time.sleep(0.3)
+    venv.EnvBuilder(symlinks=True, with_pip=False).create(args[-1])
+    sys.exit()
+env = os.path.dirname(os.path.dirname(args[args.index("--python") + 1]))
+site = glob.glob(os.path.join(env, "lib", "python*", "site-packages"))[0]
+if args[:2] == ["pip", "install"]:
+    zipfile.ZipFile(args[-1]).extractall(site)
+elif args[:2] == ["pip", "list"]:
+    found = glob.glob(os.path.join(site, "*.dist-info"))
+    print(json.dumps([dict(zip(("name", "version"), os.path.basename(d)[:-10].split("-"))) for d in found]))
+"""
 
 
-def sglang(version: str, guard: bool) -> str:
-    return f'__version__ = "{version}"\nGUARD = {guard}\n'
+def sglang(version: str, guard: bool, preamble: str = "") -> str:
+    return f'{preamble}__version__ = "{version}"\nGUARD = {guard}\n\ndef guarded():\n    return GUARD\n'
+
+
+def wheels(**sources: str) -> dict[str, bytes]:
+    """Every release's wheel; ``sources`` replaces a release's ``sglang/__init__.py`` (``v1_0_1="..."``)."""
+    return {f"sglang-{v}-py3-none-any.whl": wheel_bytes(v, sources.get("v" + v.replace(".", "_"), sglang(v, fixed)))
+            for v, fixed in RELEASES.items()}
 
 
 @pytest.fixture
 def world(tmp_path, http_server):
     """The project, its index, its cold cache and the environment every run gets."""
-    root = with_real_probes(make_project(tmp_path / "project", ERAS), PROBE)
+    root = with_real_probes(make_project(tmp_path / "project", ERAS), PROBE.replace("sglang.GUARD", "sglang.guarded()"))
     (root / "constraints" / "era-old.txt").write_text("# the old era's closure\n")
     write_cell(root / "results", "base", result_doc("base", "1.0.0"))
     write_cell(root / "results", "head", result_doc("head", "1.1.0"))
     integrity.regenerate(root)
-    wheels = {f"sglang-{v}-py3-none-any.whl": wheel_bytes(v, sglang(v, fixed)) for v, fixed in RELEASES.items()}
-    index = serve_index(http_server, wheels)
+    index = serve_index(http_server, wheels())
     calls = tmp_path / "uv-calls.jsonl"
     uv = tmp_path / "fake-uv"
-    uv.write_text(f"""#!{sys.executable}
-import json, os, sys, time
-args = sys.argv[1:]
-with open({str(calls)!r}, "a") as fh:
-    fh.write(json.dumps(args) + "\\n")
-if args[0] == "venv":
-    time.sleep(0.3)  # long enough for the other runs to arrive
-    os.makedirs(os.path.join(args[-1], "bin"), exist_ok=True)
-    os.symlink({os.path.realpath(sys.executable)!r}, os.path.join(args[-1], "bin", "python"))
-""")
+    uv.write_text(FAKE_UV.format(python=sys.executable, calls=str(calls)))
     uv.chmod(0o755)
     env = {**os.environ, "UV": str(uv), "PDEVIDENCE_INDEX_URL": index, "PDEVIDENCE_CACHE": str(tmp_path / "cache"),
            "PDEVIDENCE_WORK": str(tmp_path / "work"), "PDEVIDENCE_RUNS": str(tmp_path / "runs"),
@@ -89,10 +118,14 @@ def builds(world) -> list[str]:
 
 
 def leftovers(world) -> list[str]:
-    """Half-made things the runs left in the cache or the work directory (locks aside)."""
+    """Half-made things the runs left in the cache, the work directory or the runs (locks and run tokens aside),
+    and environments never finished."""
     tmp = world[1]
-    return sorted(str(p.relative_to(tmp)) for top in ("cache", "work") for p in (tmp / top).rglob(".*")
-                  if not p.name.endswith(".lock") and not p.name.startswith(".pdevidence-"))
+    hidden = [p for top in ("cache", "work", "runs") for p in (tmp / top).rglob(".*")
+              if not p.name.endswith(".lock") and not p.name.startswith(".pdevidence-")]
+    unfinished = [p for p in (tmp / "cache" / "envs").glob("[!.]*")
+                  if p.is_dir() and not (p / environments.ENV_INFO).exists()]
+    return sorted(str(p.relative_to(tmp)) for p in hidden + unfinished)
 
 
 @pytest.mark.parametrize("versions", [["1.0.0"] * 4, ["1.0.0", "1.0.1", "1.0.0", "1.0.1"],
@@ -119,8 +152,10 @@ def test_runs_at_once_on_a_cold_cache_all_answer_right_and_make_each_thing_once(
 def test_a_run_killed_at_any_point_loses_nothing_and_the_next_run_answers_right(world, point):
     killed = check(world, "1.0.0", fault=point)
     assert killed.returncode == -9, killed.stderr
+    assert leftovers(world)  # what the kill left ...
+    assert_right(check(world, "1.1.0"), "1.1.0")  # another era: none of it is the next run's to reuse
+    assert leftovers(world) == []  # ... the next run removed
     assert_right(check(world, "1.0.0"), "1.0.0")
-    assert_right(check(world, "1.1.0"), "1.1.0")  # another era, after the kill too
     again = check(world, "1.0.0")
     assert_right(again, "1.0.0")
     assert "outcomes reused" in again.stderr + again.stdout
@@ -130,10 +165,137 @@ def test_a_run_killed_after_replacing_an_outcome_leaves_the_next_one_right(world
     assert_right(check(world, "1.0.0"), "1.0.0")
     assert run(world, "check", "--version", "1.0.0", "--force", fault="outcome").returncode == -9
     assert_right(check(world, "1.0.0"), "1.0.0")
+    assert leftovers(world) == []  # the outcome moved aside, the one staged and the run's own copy: gone
 
 
 def _small_files() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))  # Python ignores SIGXFSZ: a write fails with EFBIG
+
+
+def test_a_run_that_starts_while_another_probes_leaves_the_others_files_alone(world, http_server):
+    serve_index(http_server, wheels(v1_0_1=sglang("1.0.1", False, preamble="import time\ntime.sleep(6)\n")))
+    tmp = world[1]
+    engine_logs = tmp / "work" / "logs" / "engine"
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(check, world, "1.0.1")
+        deadline = time.monotonic() + 60
+        while not (engine_logs.exists() and any(engine_logs.iterdir())):  # probing: its engine has started
+            assert time.monotonic() < deadline and not first.done(), first.result().stderr
+            time.sleep(0.05)
+        probing = list((tmp / "runs" / "check").glob(".probing-*"))
+        assert probing
+        swept = run(world, "verify")  # every command cleans up as it starts
+        assert swept.returncode == errors.CONFIRMED, swept.stderr
+        assert not first.done() and all(p.exists() for p in probing)
+        assert_right(first.result(), "1.0.1")
+
+
+# --- every lane at once ------------------------------------------------------------------------------
+
+
+SWEPT = {"1.0.0": "pre-fix", "1.0.1": "pre-fix", "1.1.0": "fixed"}  # what the sweep finds of each release
+BASE_CELL = "demo.base.release-1.0.0.json"
+
+
+def sweep_found(world) -> dict[str, str]:
+    """The sweep table the runs wrote: each release's classification."""
+    table = tables.SweepTable.load(world[1] / "runs" / "sweep-demo.json")
+    return {r.version: r.classification.value for r in table.releases}
+
+
+def cell_observed(world) -> dict:
+    """What the base cell observed, once its receipt vouches for its result."""
+    runs = world[1] / "runs"
+    receipts.Receipt.load(results.receipt_path(runs / BASE_CELL), experiment="demo", side="base")
+    return {sid: sc["observed"] for sid, sc in results.load(runs / BASE_CELL, experiment="demo")["scenarios"].items()}
+
+
+def test_a_sweep_checks_a_cell_and_mutants_at_once_on_a_cold_cache_all_answer_right_and_build_once(world):
+    lanes = {"sweep": ("sweep",), "check 1.0.0": ("check", "--version", "1.0.0", "--json"),
+             "check 1.1.0": ("check", "--version", "1.1.0", "--json"), "cell": ("cell", "release", "demo", "base"),
+             "mutate": ("mutate", "demo")}
+    with ThreadPoolExecutor(len(lanes)) as pool:
+        done = dict(zip(lanes, pool.map(lambda argv: run(world, *argv), lanes.values())))
+    assert {name: ran.returncode for name, ran in done.items()} == {
+        "sweep": errors.CONFIRMED, "check 1.0.0": errors.BEHAVIOUR_DIFFERS, "check 1.1.0": errors.CONFIRMED,
+        "cell": errors.CONFIRMED, "mutate": errors.CONFIRMED}, {name: ran.stderr for name, ran in done.items()}
+    assert_right(done["check 1.0.0"], "1.0.0")
+    assert_right(done["check 1.1.0"], "1.1.0")
+    assert sweep_found(world) == SWEPT
+    assert cell_observed(world) == {"D1": {"enqueued": True, "retired": False}, "D2": {"enqueued": True}}
+    assert tables.MutationTable.load(world[1] / "runs" / "mutate.demo.json").score["killed"] == 1
+    made = builds(world)
+    assert len(made) == len(set(made)) == 2  # each era's closure environment, once; the cell's is a linked copy
+    server = world[3]
+    assert all(server.hits(f"/files/sglang-{version}-py3-none-any.whl") == 1 for version in RELEASES)
+    assert leftovers(world) == []
+    integrity.verify(world[0])  # the published evidence is as it was
+
+
+@pytest.mark.parametrize("point", ["probe", "outcome"])
+def test_a_sweep_killed_while_probing_or_keeping_an_outcome_answers_right_when_rerun(world, point):
+    killed = run(world, "sweep", fault=point)
+    assert killed.returncode == -9, killed.stderr
+    assert leftovers(world)  # its private copy of the outputs, and the outcome it was keeping
+    rerun = run(world, "sweep")
+    assert rerun.returncode == errors.CONFIRMED, rerun.stderr
+    assert sweep_found(world) == SWEPT
+    assert leftovers(world) == []
+
+
+# --- check --python: an environment the operator has ---------------------------------------------------
+
+
+def serving(world, guard: bool, linger: float = 0) -> Path:
+    """The interpreter of an environment SGLang is installed in, as ``check --python`` is given one; whether it
+    carries the fix is read from a file beside its code at import (upgrading it rewrites that file), and a process
+    that imported it lingers ``linger`` seconds as it exits, after its probes wrote their results."""
+    env = world[1] / "serving"
+    if not env.exists():
+        venv.EnvBuilder(with_pip=False, symlinks=True).create(env)
+    package = next(env.glob("lib/python*/site-packages")) / "sglang"
+    package.mkdir(exist_ok=True)
+    (package / "guard.txt").write_text(str(guard))
+    (package / "__init__.py").write_text(f"""import atexit, os, time
+GUARD = open(os.path.join(os.path.dirname(__file__), "guard.txt")).read() == "True"
+__version__ = "1.1.0" if GUARD else "1.0.0"
+atexit.register(time.sleep, {linger})
+
+def guarded():
+    return GUARD
+""")
+    return env / "bin" / "python"
+
+
+def statuses(done: subprocess.CompletedProcess) -> list[list[str]]:
+    """Each target's answers, from ``check --json`` (one document, or a list of them)."""
+    docs = json.loads(done.stdout)
+    return [[e["status"] for e in doc["experiments"]] for doc in (docs if isinstance(docs, list) else [docs])]
+
+
+def test_one_interpreter_named_twice_is_probed_once_and_answered_for_each_name(world):
+    python = serving(world, guard=False)
+    spelled_otherwise = python.parent.parent / "bin" / ".." / "bin" / "python"
+    done = run(world, "check", "--python", str(python), "--python", str(spelled_otherwise), "--json")
+    assert done.returncode == errors.BEHAVIOUR_DIFFERS, done.stderr
+    assert statuses(done) == [["affected"], ["affected"]]
+    assert done.stderr.count("running every probe with") == 1
+
+
+def test_runs_at_once_checking_one_interpreter_take_turns_and_each_reads_its_own_answer(world):
+    python = serving(world, guard=False, linger=4)
+    written = world[1] / "runs" / "check"
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(run, world, "check", "--python", str(python), "--json")
+        deadline = time.monotonic() + 60
+        while not list(written.glob("python-*/demo.json")):  # its probes are done; it lingers before it reads them
+            assert time.monotonic() < deadline and not first.done(), first.result().stderr
+            time.sleep(0.05)
+        serving(world, guard=True)  # upgraded meanwhile: the second run checks the fix
+        second = run(world, "check", "--python", str(python), "--json")
+        assert statuses(first.result()) == [["affected"]], first.result().stderr
+    assert statuses(second) == [["fixed"]], second.stderr
+    assert f"waiting: another process is using the output of checking {python}" in second.stderr
 
 
 def test_a_full_disk_is_an_environment_problem_naming_the_path_and_leaves_nothing_half_written(world, http_server):

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import faults
+from . import debris, faults
 from .errors import INCOMPLETE, HarnessError
 
 FILE_MODE = 0o644  # mkstemp alone gives 0600
@@ -41,7 +41,7 @@ def write_atomic(path: Path, text: str | bytes) -> None:
     """Write via a temporary file in the same directory, synced, renamed into place once complete."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = text.encode("utf-8") if isinstance(text, str) else text
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=debris.prefix(path.parent, path.name), suffix=".tmp")
     try:
         os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as fh:

@@ -12,19 +12,19 @@ to the user's state directory (``platformdirs``; ``PDEVIDENCE_CACHE``, ``PDEVIDE
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from pathlib import Path
 
 import platformdirs
 
-from . import settings
+from . import debris, settings
 
 APP = "pdevidence"
 REGISTRY = "experiments.toml"
 PACKAGE = Path(__file__).resolve().parents[1]
 BUNDLE = PACKAGE / "project"  # where a wheel carries the project's files
 CHECKOUT = PACKAGE.parent
+LOG_RUNS = 20  # run log directories kept per kind of run
 
 
 def _project() -> Path:
@@ -65,9 +65,9 @@ def runs_dir(root: Path) -> Path:
 
 def run_logs(parent: Path) -> Path:
     """A new directory under ``parent`` for one run's logs, named by when it started: runs at once never share
-    a log, and what an error message points at stays what that run wrote."""
-    parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(dir=parent, prefix=time.strftime("%Y%m%d-%H%M%S-")))
+    a log, and what an error message points at stays what that run wrote. ``parent`` keeps the newest
+    ``LOG_RUNS``; an older one goes once its run has ended."""
+    return debris.run_dir(parent, time.strftime("%Y%m%d-%H%M%S"), keep=LOG_RUNS)
 
 
 def keep_bytecode_out(root: Path) -> None:

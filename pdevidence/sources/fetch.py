@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ..core import children, faults
+from ..core import children, debris, faults
 from ..core.errors import HarnessError, integrity
 from ..core.files import CHUNK, disk_error
 
@@ -97,7 +97,9 @@ def download(url: str, dest: Path, *, expected_sha256: str | None = None, timeou
              what: str = "download", todo_unreachable: str = "") -> str:
     """Fetch ``url`` to ``dest``; return its SHA-256. Nothing is left at ``dest`` on failure."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    # With this run's token where the run is in the directory (the cache's, from the command line): what a run
+    # killed mid-transfer left goes as soon as a run sees it, whoever else is running.
+    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=debris.prefix(dest.parent, dest.name), suffix=".part")
     tmp = Path(tmp_name)
     try:
         digest = hashlib.sha256()

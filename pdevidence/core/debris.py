@@ -1,0 +1,269 @@
+"""What killed runs leave behind, removed once it is provably abandoned: never by its age.
+
+A run that works in a scratch root (the cache, the work directory, the runs) holds an exclusive ``flock`` on a
+token file of its own at the root's top, ``.pdevidence-run-<token>.lock``, from when it enters the root
+(``enter``) until it ends. The kernel drops that lock when the run's process dies, even by ``kill -9``: a token
+whose lock is free belongs to a dead run, and so does a token without a file (the file is made before anything
+named with it and removed only once its run is dead). In a directory of that root, then:
+
+- a leftover named with a dead run's token goes: a temporary named by ``prefix`` (``.<name>.run-<token>.<random>``),
+  or a run directory made with ``run_dir`` (``<stem>-run-<token>-<random>``) older than the newest ``keep``; its
+  run's token file is looked for in every directory above the leftover, whichever root the run was in;
+- a leftover of the shapes the caller names (the temporaries of code that names its own) carries no token: it
+  goes only when no other run is in the root;
+- an unfinished build (a directory without its ``unfinished`` marker) goes when its build lock,
+  ``.<name>.lock`` beside it, is free: it is only ever built under that lock.
+
+A run is a process, or a ``run()`` block in one (a command called in-process, as the tests do). It sweeps as it
+enters a root, before it makes anything there, holding the root's own flock exclusively while it looks and makes
+its token file: no sweep ever sees a token file not yet locked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import secrets
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from fnmatch import fnmatch
+from pathlib import Path
+
+from . import children
+
+TOKEN_FILE = ".pdevidence-run-{}.lock"
+_TOKEN_FILE = re.compile(r"^\.pdevidence-run-([0-9a-f]{16})\.lock$")
+_TOKENED = re.compile(r"run-([0-9a-f]{16})")
+POLL_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class Place:
+    """A directory of a scratch root, and what a killed run may leave there without a token."""
+
+    directory: Path
+    shapes: tuple[str, ...] = ()  # glob patterns of the untokened leftovers
+    unfinished: str | None = None  # the marker a finished build holds
+
+
+@dataclass
+class _Run:
+    pid: int
+    token: str
+    held: dict[str, int] = field(default_factory=dict)  # root -> this run's token file there, locked
+
+
+_run: _Run | None = None
+_entering = threading.Lock()  # the threads of one run enter one root once
+
+
+def _this_run() -> _Run:
+    global _run
+    if _run is None or _run.pid != os.getpid():  # a forked child is a run of its own
+        _run = _Run(os.getpid(), secrets.token_hex(8))
+    return _run
+
+
+@contextlib.contextmanager
+def run():
+    """A run of its own: what the block enters, it is in until the block ends (not until the process does)."""
+    global _run
+    try:
+        yield
+    finally:
+        with _entering:
+            if _run is not None and _run.pid == os.getpid():
+                for root, fd in _run.held.items():
+                    Path(root, TOKEN_FILE.format(_run.token)).unlink(missing_ok=True)
+                    os.close(fd)
+            _run = None
+
+
+def enter(root: Path, places: Iterable[Place] = ()) -> str:
+    """Remove what dead runs left in the ``places`` of ``root`` (see the module's doc), then count this run as in
+    the root (made if missing) until it ends; once per run and root, before the run makes anything there. This
+    run's token."""
+    run = _this_run()
+    key = os.path.abspath(root)
+    with _entering:
+        if key not in run.held:
+            root.mkdir(parents=True, exist_ok=True)
+            with _looking(root):
+                tokens = _runs(root, run.token)
+                try:
+                    for place in places:
+                        if place.directory.is_dir():
+                            _sweep(place, tokens)
+                finally:
+                    tokens.release()
+                run.held[key] = _hold(root / TOKEN_FILE.format(run.token))
+    return run.token
+
+
+def prefix(directory: Path, name: str) -> str:
+    """The name prefix (``tempfile``'s) of a temporary for ``name`` in ``directory``: with this run's token where the
+    directory is in a root the run is in, so that it goes once the run is dead; elsewhere plain (untokened)."""
+    run = _this_run()
+    with _entering:
+        entered = _root_of(run, directory) is not None
+    return f".{name}.run-{run.token}." if entered else f".{name}."
+
+
+def run_dir(parent: Path, stem: str, *, keep: int) -> Path:
+    """A new directory in ``parent`` for this run, named from ``stem`` (which sorts as the runs started); of the
+    older ones, ``parent`` keeps the newest ``keep``, and the rest go once their run is dead. Outside the roots this
+    run is in, ``parent`` is a root of its own."""
+    run = _this_run()
+    with _entering:
+        root = _root_of(run, parent)
+    if root is None:
+        enter(parent)
+        root = parent
+    parent.mkdir(parents=True, exist_ok=True)
+    made = Path(tempfile.mkdtemp(dir=parent, prefix=f"{stem}-run-{run.token}-"))
+    with _looking(root):
+        tokens = _runs(root, run.token)
+        try:
+            made_so_far = sorted(p for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))
+            for old in made_so_far[:-keep]:
+                found = _TOKENED.search(old.name)
+                if not tokens.alive(found.group(1), parent) if found else tokens.alone:
+                    _remove(old)
+        finally:
+            tokens.release()
+    return made
+
+
+def _root_of(run: _Run, directory: Path) -> Path | None:
+    """The innermost root this run is in that holds ``directory``; None: none does."""
+    path = os.path.abspath(directory)
+    inside = [root for root in run.held if os.path.commonpath([root, path]) == root]
+    return Path(max(inside, key=len)) if inside else None
+
+
+@contextlib.contextmanager
+def _looking(root: Path):
+    """The root's own flock, exclusive: one sweep at a time, and none while a run makes its token file.
+    Polled: a thread blocked in flock would not see Ctrl-C."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        while not _locked(fd):
+            children.sleep(POLL_SECONDS)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _locked(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _hold(path: Path) -> int:
+    """Lock ``path`` for the rest of this run: the descriptor stays open until the run ends."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh random token: no one else holds it
+    return fd
+
+
+def _free(path: Path) -> int | None:
+    """The descriptor of ``path`` locked by this run when no one else holds it (made if missing), else None."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    if _locked(fd):
+        return fd
+    os.close(fd)
+    return None
+
+
+@dataclass
+class _Tokens:
+    """The runs of one root, as a sweep found them: their tokens, and the token files of the dead ones, which the
+    sweep keeps locked (no run can take a dead token back) until ``release``."""
+
+    own: str
+    live: set[str]
+    dead: dict[str, tuple[Path, int]]
+
+    @property
+    def alone(self) -> bool:
+        return self.live == {self.own}
+
+    def alive(self, token: str, directory: Path) -> bool:
+        """Whether the run of ``token`` is alive. Its token file is in a root it is in that holds ``directory``: in
+        it or above it, and locked while the run lives."""
+        if token in self.live or token in self.dead:
+            return token in self.live
+        for above in (directory, *directory.parents):
+            try:
+                fd = os.open(above / TOKEN_FILE.format(token), os.O_RDWR)
+            except OSError:  # none here
+                continue
+            try:
+                if not _locked(fd):
+                    return True
+            finally:
+                os.close(fd)
+        return False
+
+    def release(self) -> None:
+        """Dead runs' token files go (what they named goes whether or not their file is there)."""
+        for path, fd in self.dead.values():
+            path.unlink(missing_ok=True)
+            os.close(fd)
+
+
+def _runs(root: Path, own: str) -> _Tokens:
+    found = _Tokens(own, {own}, {})
+    for path in root.glob(TOKEN_FILE.format("*")):
+        named = _TOKEN_FILE.match(path.name)
+        if named is None or named.group(1) == own:
+            continue
+        fd = _free(path)
+        if fd is None:
+            found.live.add(named.group(1))
+        else:
+            found.dead[named.group(1)] = (path, fd)
+    return found
+
+
+def _sweep(place: Place, tokens: _Tokens) -> None:
+    for entry in place.directory.iterdir():
+        if not entry.name.startswith(".") or _TOKEN_FILE.match(entry.name):
+            continue
+        found = _TOKENED.search(entry.name)
+        if not tokens.alive(found.group(1), place.directory) if found else (
+                tokens.alone and any(fnmatch(entry.name, s) for s in place.shapes)):
+            _remove(entry)
+    if place.unfinished:
+        _sweep_unfinished(place.directory, place.unfinished)
+
+
+def _sweep_unfinished(directory: Path, marker: str) -> None:
+    for entry in directory.iterdir():
+        if entry.name.startswith(".") or not entry.is_dir() or (entry / marker).exists():
+            continue
+        fd = _free(directory / f".{entry.name}.lock")
+        if fd is None:  # being built
+            continue
+        try:
+            if not (entry / marker).exists():  # not finished between the look and the lock
+                _remove(entry)
+        finally:
+            os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    """Remove a leftover; one that cannot be removed now (its permissions) stays for the next sweep."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
