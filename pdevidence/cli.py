@@ -536,7 +536,7 @@ def _resolvable(option: str, ref: str) -> None:
 # What code that names its own temporaries leaves when killed, in each scratch directory: an atomic write's and
 # a download's temporary, an unpacked wheel's staging, the warm engine's private, staging and aside directories, a
 # cell's or a lane's staging. What core/debris names with a run's token goes without being listed here.
-LEFTOVERS = (".*.tmp", ".*.part", ".*.unpack", ".*.extract", ".*.partial", ".*.old", ".probing-*")
+LEFTOVERS = (".*.tmp", ".*.part", ".*.unpack", ".*.extract", ".*.partial", ".*.old", ".probing.*")
 
 
 def enter_scratch(root: Path) -> None:

@@ -182,7 +182,7 @@ def test_a_run_that_starts_while_another_probes_leaves_the_others_files_alone(wo
         while not (engine_logs.exists() and any(engine_logs.iterdir())):  # probing: its engine has started
             assert time.monotonic() < deadline and not first.done(), first.result().stderr
             time.sleep(0.05)
-        probing = list((tmp / "runs" / "check").glob(".probing-*"))
+        probing = list((tmp / "runs" / "check").glob(".probing.*"))
         assert probing
         swept = run(world, "verify")  # every command cleans up as it starts
         assert swept.returncode == errors.CONFIRMED, swept.stderr

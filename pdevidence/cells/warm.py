@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .. import environments
-from ..core import faults, phases, sandbox
+from ..core import debris, faults, phases, sandbox
 from ..core.errors import HarnessError
 from ..core.files import dumps, read_json, sha256_file, write_atomic
 from ..core.locking import exclusive
@@ -80,7 +80,7 @@ def _copy(source: Path, dest: Path, experiments: list[str]) -> None:
 def _keep(entry: Path, produced: Path, experiments: list[str], containment: dict | None, locks: Path) -> None:
     """Copy what the probe wrote into the cache entry, with how it ran, renamed into place whole."""
     entry.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{entry.name}.", suffix=".tmp"))
+    staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=debris.prefix(entry.parent, entry.name), suffix=".tmp"))
     try:
         _copy(produced, staging, experiments)
         write_atomic(staging / CONTAINMENT, dumps(containment))
@@ -156,7 +156,7 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
     todo = []
     out_dir.mkdir(parents=True, exist_ok=True)
     # This run's own copy of every tree's output, swapped into out_dir whole: runs at once never mix theirs.
-    private = Path(tempfile.mkdtemp(dir=out_dir, prefix=".probing-"))
+    private = Path(tempfile.mkdtemp(dir=out_dir, prefix=debris.prefix(out_dir, "probing")))
     try:
         for tree in trees:
             label, entry = tree.label(), work / "outcomes" / keys[tree.label()]

@@ -18,7 +18,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from ..core import children, faults
+from ..core import children, debris, faults
 from ..core.errors import HarnessError, integrity
 from ..core.files import read_marker, write_marker
 from ..core.locking import exclusive
@@ -52,7 +52,7 @@ def importable_dir(tree: Tree, python: Path | str) -> Path:
 
 
 def _unpack(tree: Tree, dest: Path, python: Path | str) -> None:
-    staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".unpack"))
+    staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=debris.prefix(dest.parent, dest.name), suffix=".unpack"))
     try:
         try:
             with zipfile.ZipFile(tree.install_target) as wheel:
