@@ -246,20 +246,27 @@ def test_a_sweep_killed_while_probing_or_keeping_an_outcome_answers_right_when_r
 # --- check --python: an environment the operator has ---------------------------------------------------
 
 
-def serving(world, guard: bool, linger: float = 0) -> Path:
+def serving(world, guard: bool, hold: Path | None = None) -> Path:
     """The interpreter of an environment SGLang is installed in, as ``check --python`` is given one; whether it
-    carries the fix is read from a file beside its code at import (upgrading it rewrites that file), and a process
-    that imported it lingers ``linger`` seconds as it exits, after its probes wrote their results."""
+    carries the fix is read from a file beside its code at import (upgrading it rewrites that file), and, given
+    ``hold``, the probe process (not the harness's look at its version) waits as it exits, after its probes wrote
+    their results, until ``hold`` exists."""
     env = world[1] / "serving"
     if not env.exists():
         venv.EnvBuilder(with_pip=False, symlinks=True).create(env)
     package = next(env.glob("lib/python*/site-packages")) / "sglang"
     package.mkdir(exist_ok=True)
     (package / "guard.txt").write_text(str(guard))
-    (package / "__init__.py").write_text(f"""import atexit, os, time
+    (package / "__init__.py").write_text(f"""import atexit, os, sys, time
 GUARD = open(os.path.join(os.path.dirname(__file__), "guard.txt")).read() == "True"
 __version__ = "1.1.0" if GUARD else "1.0.0"
-atexit.register(time.sleep, {linger})
+
+def _held(hold={str(hold) if hold else ""!r}, until=time.monotonic() + 120):
+    probing = os.path.basename(sys.argv[0]) == "probe_all.py"
+    while hold and probing and not os.path.exists(hold) and time.monotonic() < until:
+        time.sleep(0.05)
+
+atexit.register(_held)
 
 def guarded():
     return GUARD
@@ -283,19 +290,30 @@ def test_one_interpreter_named_twice_is_probed_once_and_answered_for_each_name(w
 
 
 def test_runs_at_once_checking_one_interpreter_take_turns_and_each_reads_its_own_answer(world):
-    python = serving(world, guard=False, linger=4)
-    written = world[1] / "runs" / "check"
+    root, tmp, env, _, _ = world
+    hold = tmp / "serving" / "let-the-first-end"  # in the environment: what the sandbox shows the probe of it
+    python = serving(world, guard=False, hold=hold)
+    written = tmp / "runs" / "check"
     with ThreadPoolExecutor(1) as pool:
         first = pool.submit(run, world, "check", "--python", str(python), "--json")
         deadline = time.monotonic() + 60
-        while not list(written.glob("python-*/demo.json")):  # its probes are done; it lingers before it reads them
+        while not list(written.glob("python-*/demo.json")):  # its probes are done; it is held before it reads them
             assert time.monotonic() < deadline and not first.done(), first.result().stderr
             time.sleep(0.05)
-        serving(world, guard=True)  # upgraded meanwhile: the second run checks the fix
-        second = run(world, "check", "--python", str(python), "--json")
+        serving(world, guard=True, hold=hold)  # upgraded meanwhile: the second run checks the fix
+        second = subprocess.Popen([sys.executable, str(HERE / "concurrent_run.py"), "--root", str(root), "check",
+                                   "--python", str(python), "--json"], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        said = []
+        for line in second.stderr:  # until it says it waits: only then may the first go on
+            said.append(line)
+            if "waiting: another process is using the output of checking" in line:
+                break
+        hold.touch()
+        out, rest = second.communicate(timeout=300)
         assert statuses(first.result()) == [["affected"]], first.result().stderr
-    assert statuses(second) == [["fixed"]], second.stderr
-    assert f"waiting: another process is using the output of checking {python}" in second.stderr
+    assert f"waiting: another process is using the output of checking {python}" in "".join(said), "".join(said) + rest
+    assert statuses(subprocess.CompletedProcess([], second.returncode, out, rest)) == [["fixed"]], rest
 
 
 def test_a_full_disk_is_an_environment_problem_naming_the_path_and_leaves_nothing_half_written(world, http_server):
