@@ -35,6 +35,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from . import children
+from .locking import try_lock
 
 TOKEN_FILE = ".pdevidence-run-{}.lock"
 _TOKEN_FILE = re.compile(r"^\.pdevidence-run-([0-9a-f]{16})\.lock$")
@@ -152,19 +153,11 @@ def _looking(root: Path):
     Polled: a thread blocked in flock would not see Ctrl-C."""
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        while not _locked(fd):
+        while not try_lock(fd):
             children.sleep(POLL_SECONDS)
         yield
     finally:
         os.close(fd)
-
-
-def _locked(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
 
 
 def _hold(path: Path) -> int:
@@ -177,7 +170,7 @@ def _hold(path: Path) -> int:
 def _free(path: Path) -> int | None:
     """The descriptor of ``path`` locked by this run when no one else holds it (made if missing), else None."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    if _locked(fd):
+    if try_lock(fd):
         return fd
     os.close(fd)
     return None
@@ -207,7 +200,7 @@ class _Tokens:
             except OSError:  # none here
                 continue
             try:
-                if not _locked(fd):
+                if not try_lock(fd):
                     return True
             finally:
                 os.close(fd)

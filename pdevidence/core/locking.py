@@ -21,7 +21,7 @@ from .errors import HarnessError
 POLL_SECONDS = 0.1
 
 
-def _try_lock(fd: int) -> bool:
+def try_lock(fd: int) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -61,12 +61,12 @@ def exclusive(path: Path, what: str, *, timeout: float | None = None):
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     held = False
     try:
-        if not _try_lock(fd):
+        if not try_lock(fd):
             who = holder(path)
             print(f"waiting: another process is using {what} ({path})" + (f": {who}" if who else ""),
                   file=sys.stderr)
             deadline = None if timeout is None else time.monotonic() + timeout
-            while not _try_lock(fd):
+            while not try_lock(fd):
                 if deadline is not None and time.monotonic() >= deadline:
                     who = holder(path) or "a process that did not say who it is"
                     raise HarnessError(f"gave up after {timeout:g} s waiting for {what} ({path}), held by {who}",
