@@ -10,7 +10,6 @@ import argparse
 import contextlib
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import __version__, environments, registry
@@ -40,7 +39,7 @@ def run_cells(reg: registry.Registry, todo: list[cells.Cell], *, jobs: int = 1, 
         # In a worker thread too: an unexpected exception fails this cell as a bug, never vanishes.
         return boundary(run, where=f"cell {cell.name}", report=lambda exc: cells.report_failure(cell, exc))
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with children.workers(jobs, "cell") as pool:
         try:
             codes = list(pool.map(one, todo))
         except children.Interrupted:

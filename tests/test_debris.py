@@ -106,6 +106,17 @@ def test_run_directories_keep_the_newest_and_an_older_one_of_a_live_run(tmp_path
     assert not made["logs"].exists()
 
 
+def test_a_runs_own_directory_counts_among_the_kept_wherever_its_name_sorts(tmp_path):
+    for second in (5, 6, 7):
+        with debris.run():
+            debris.run_dir(tmp_path, f"20260101-00000{second}", keep=2)
+    with debris.run():
+        own = debris.run_dir(tmp_path, "20260101-000001", keep=2)  # a clock set back, or a token that sorts low
+    assert sorted(p.name[:15] for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
+        "20260101-000001", "20260101-000007"]
+    assert own.exists()
+
+
 def test_a_legacy_run_directory_without_a_token_goes_when_no_other_run_is_there(tmp_path):
     legacy = tmp_path / "20250101-000000-abcdefgh"
     legacy.mkdir()

@@ -22,11 +22,10 @@ import json
 import os
 import shutil
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .. import environments
-from ..core import debris, faults, phases, sandbox
+from ..core import children, debris, faults, phases, sandbox
 from ..core.errors import HarnessError
 from ..core.files import dumps, read_json, sha256_file, write_atomic
 from ..core.locking import exclusive
@@ -123,7 +122,7 @@ def probe_trees(reg: Registry, trees: list[Tree], experiments: list[str], tree_a
         era = environments.era_of(reg, tree)
         by_era.setdefault(era.name if era else "", (era, []))[1].append(tree)
     found = {}
-    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(by_era))), thread_name_prefix="era") as pool:
+    with children.workers(min(jobs, len(by_era)), "era") as pool:
         running = [pool.submit(_probe_era, reg, era, members, experiments, tree_args, out_dir=out_dir, jobs=jobs,
                                force=force, log=log) for era, members in by_era.values()]
         try:

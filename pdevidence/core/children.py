@@ -23,9 +23,11 @@ import os
 import signal
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -82,6 +84,16 @@ def on_stop(cancel: Callable[[], None]):
     finally:
         with _lock:
             _cancels.pop(id(cancel), None)
+
+
+def workers(count: int, name: str = "") -> ThreadPoolExecutor:
+    """The pool of worker threads that cells, trees or eras run in.
+
+    sysconfig fills its table unlocked on first use (CPython before 3.13): two workers asking at once (uv's
+    lookup of itself, a wheel's tags) could read it half-filled, ``None`` for what it holds. It is filled here,
+    before any worker starts."""
+    sysconfig.get_config_vars()
+    return ThreadPoolExecutor(max_workers=max(1, count), thread_name_prefix=name)
 
 
 def popen(command: list[str], **kw) -> subprocess.Popen:

@@ -130,8 +130,9 @@ def run_dir(parent: Path, stem: str, *, keep: int) -> Path:
     with _looking(root):
         tokens = _runs(root, run.token)
         try:
-            made_so_far = sorted(p for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))
-            for old in made_so_far[:-keep]:
+            # This run's own directory is never among the older ones, wherever its name sorts.
+            older = sorted(p for p in parent.iterdir() if p.is_dir() and not p.name.startswith(".") and p != made)
+            for old in older[:max(len(older) - (keep - 1), 0)]:
                 found = _TOKENED.search(old.name)
                 if not tokens.alive(found.group(1), parent) if found else tokens.alone:
                     _remove(old)

@@ -12,7 +12,7 @@ to the user's state directory (``platformdirs``; ``PDEVIDENCE_CACHE``, ``PDEVIDE
 from __future__ import annotations
 
 import os
-import time
+import datetime
 from pathlib import Path
 
 import platformdirs
@@ -67,7 +67,8 @@ def run_logs(parent: Path) -> Path:
     """A new directory under ``parent`` for one run's logs, named by when it started: runs at once never share
     a log, and what an error message points at stays what that run wrote. ``parent`` keeps the newest
     ``LOG_RUNS``; an older one goes once its run has ended."""
-    return debris.run_dir(parent, time.strftime("%Y%m%d-%H%M%S"), keep=LOG_RUNS)
+    # To the microsecond: runs started in one second sort as they started, not by their random tokens.
+    return debris.run_dir(parent, datetime.datetime.now().strftime("%Y%m%d-%H%M%S.%f"), keep=LOG_RUNS)
 
 
 def keep_bytecode_out(root: Path) -> None:

@@ -12,7 +12,6 @@ regression.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
@@ -20,6 +19,7 @@ from packaging.version import InvalidVersion, Version
 
 from .. import environments
 from ..cells import allprobes, warm
+from ..core import children
 from ..core.errors import HarnessError, usage
 from ..core.locking import exclusive
 from ..core.paths import tree_lock_file, work_dir
@@ -127,7 +127,7 @@ def _cold(reg: Registry, versions: list[str], experiments: list[str], lock: tree
         except HarnessError as exc:
             return str(exc).splitlines()[0]
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with children.workers(jobs, "tree") as pool:
         return dict(zip(versions, pool.map(one, versions)))
 
 
