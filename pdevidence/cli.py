@@ -571,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
     def command() -> int:
         settings.check_all()  # a bad setting is one usage error up front, naming the variable
         check_arguments(args)
-        paths.keep_bytecode_out(args.root)
+        paths.bytecode_beside_sources(args.root)
         with debris.run(), sandbox.uncontained_allowed(getattr(args, "allow_uncontained", False)):
             enter_scratch(args.root)
             return args.func(args)

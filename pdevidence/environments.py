@@ -45,8 +45,11 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 ENV_INFO = ".pdevidence-env.json"
 # uv must use the interpreter it is given; a download attempt only costs retries and noise.
 UV_ENV = {"UV_PYTHON_DOWNLOADS": "never"}
-# Enters every environment's key: an environment built before bytecode was compiled at build time is rebuilt.
-BYTECODE = "compiled"
+# Enters every environment's key: an environment built before its bytecode was compiled beside its sources
+# (at build time, and never into a PYTHONPYCACHEPREFIX) is rebuilt.
+BYTECODE = "compiled beside the sources"
+# Where uv's compiler writes what the probes read: a prefix would send it where no contained probe looks.
+_NOT_PASSED = ("PYTHONPYCACHEPREFIX",)
 _IDENTITY = ("import json, sys; print(json.dumps({'version': '%d.%d.%d' % sys.version_info[:3], "
              "'implementation': sys.implementation.name}))")
 
@@ -81,7 +84,8 @@ def run(cmd: list[str], log: list[list[str]], *, env: dict | None = None, what: 
     log.append(cmd)
     live = progress and sys.stderr.isatty()
     done = children.run(cmd, stdout=subprocess.PIPE, stderr=None if live else subprocess.PIPE,
-                        text=True, env={**os.environ, **UV_ENV, **(env or {})})
+                        text=True, env={**{k: v for k, v in os.environ.items() if k not in _NOT_PASSED}, **UV_ENV,
+                                        **(env or {})})
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout or "").strip().splitlines()[-15:])
         raise HarnessError(f"{what} failed (exit {done.returncode}): {' '.join(cmd)}\n{tail}".rstrip(),

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from pdevidence import environments
-from pdevidence.core import errors
+from pdevidence.core import errors, paths
 from pdevidence.core.errors import HarnessError
 from pdevidence.registry import TorchChannel
 from pdevidence.sources import trees
+from synthetic import wheel_bytes
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 THIS = f"{PY}.{sys.version_info.micro}"
@@ -236,17 +237,46 @@ def test_the_closure_and_the_tree_are_compiled_to_bytecode_as_they_are_installed
     assert "--compile-bytecode" in sync and "--compile-bytecode" in install
 
 
-def test_an_environment_built_before_bytecode_was_compiled_is_rebuilt(tmp_path, fake_uv):
+@pytest.mark.parametrize("bytecode", [[], ["compiled"]], ids=["not compiled", "compiled, maybe into a prefix"])
+def test_an_environment_built_before_bytecode_was_compiled_beside_its_sources_is_rebuilt(tmp_path, fake_uv,
+                                                                                        bytecode):
     constraints = tmp_path / "cells.txt"
     constraints.write_text("")
     tree, torch = fixture_tree(tmp_path), environments.choose_torch(TorchChannel.PYPI)
     env = environments.ensure(tmp_path / "env", PY, constraints, tree, torch)
-    before_bytecode = [environments.find_python(PY).identity(), environments.sha256_file(constraints),
-                       torch.channel.value, tree.kind, f"{tree.resolved}:{tree.digest}"]
+    before = [environments.find_python(PY).identity(), environments.sha256_file(constraints),
+              torch.channel.value, tree.kind, f"{tree.resolved}:{tree.digest}", *bytecode]
     (env.path / environments.ENV_INFO).write_text(
-        json.dumps({"key": hashlib.sha256("\0".join(before_bytecode).encode()).hexdigest()}))
+        json.dumps({"key": hashlib.sha256("\0".join(before).encode()).hexdigest()}))
 
     assert not environments.ensure(tmp_path / "env", PY, constraints, tree, torch).reused
+
+
+def test_bytecode_is_compiled_beside_the_sources_with_a_pycache_prefix_set(tmp_path, monkeypatch):
+    """A real uv: a contained probe reads bytecode only beside its sources (home, where a prefix would be, is
+    hidden from it), so the prefix of the shell that built the environment must not take it elsewhere."""
+    wheel = tmp_path / "tiny-1.0-py3-none-any.whl"
+    wheel.write_bytes(wheel_bytes("1.0", "ANSWER = 42\n", project="tiny"))
+    closure = tmp_path / "closure.txt"
+    closure.write_text(f"tiny @ {wheel.as_uri()} --hash=sha256:{environments.sha256_file(wheel)}\n")
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(tmp_path / "prefix"))
+
+    env = environments.ensure(tmp_path / "env", PY, closure, None, environments.choose_torch(TorchChannel.PYPI))
+
+    assert list(env.path.glob("lib/python*/site-packages/tiny/__pycache__/__init__.*.pyc"))
+    assert not (tmp_path / "prefix").exists()
+
+
+@pytest.mark.parametrize("installed", [False, True], ids=["checkout", "installed copy"])
+def test_the_harness_starts_no_process_with_a_pycache_prefix_and_an_installed_copys_write_no_bytecode(
+        monkeypatch, installed):
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", "/home/someone/.pycache")
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+
+    paths.bytecode_beside_sources(paths.BUNDLE if installed else paths.CHECKOUT)
+
+    assert "PYTHONPYCACHEPREFIX" not in os.environ
+    assert os.environ.get("PYTHONDONTWRITEBYTECODE") == ("1" if installed else None)
 
 
 def test_two_runs_that_need_one_environment_build_it_once(tmp_path, fake_uv):

@@ -71,12 +71,15 @@ def run_logs(parent: Path) -> Path:
     return debris.run_dir(parent, datetime.datetime.now().strftime("%Y%m%d-%H%M%S.%f"), keep=LOG_RUNS)
 
 
-def keep_bytecode_out(root: Path) -> None:
-    """With an installed copy's files, every process the harness starts keeps its bytecode in the user's cache
-    (PYTHONPYCACHEPREFIX), not beside the in-cell files it carries in site-packages. A checkout's cells keep
-    theirs beside their sources, as ever; a prefix the user set stands."""
-    if bundled(root) and not os.environ.get("PYTHONPYCACHEPREFIX"):
-        os.environ["PYTHONPYCACHEPREFIX"] = str(cache_dir() / "pycache")
+def bytecode_beside_sources(root: Path) -> None:
+    """Every process the harness starts reads bytecode beside its sources, where each environment and tree was
+    compiled as it was built: a contained probe sees nothing else (a PYTHONPYCACHEPREFIX, the user's or one
+    set here, points where the sandbox shows nothing, so every probe would compile torch again). With an
+    installed copy's files, no process writes bytecode either, not beside the in-cell files it carries in
+    site-packages (a build's compiler writes all the same)."""
+    os.environ.pop("PYTHONPYCACHEPREFIX", None)
+    if bundled(root):
+        os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
 
 
 def results_dir(root: Path) -> Path:
