@@ -1,4 +1,4 @@
-"""Issue 29's loop: the concurrency and crash tests (tests/test_concurrency.py), run N rounds, the passes counted.
+"""Issue 29's loop: the concurrency and crash tests, run N rounds, the passes counted.
 
     python benchmarks/bench_concurrency.py              # 20 rounds (about 30 minutes on 2 cores)
     python benchmarks/bench_concurrency.py --rounds 50 -k "cold_cache"
@@ -17,7 +17,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TESTS = ROOT / "tests" / "test_concurrency.py"
+# Runs at once on one cache, killed ones among them (test_concurrency), what killed runs leave (test_debris), worker
+# threads that start together (test_workers).
+TESTS = [ROOT / "tests" / name for name in ("test_concurrency.py", "test_debris.py", "test_workers.py")]
 
 
 def main() -> int:
@@ -31,7 +33,7 @@ def main() -> int:
         started = time.monotonic()
         log = logs / f"round-{n}.log"
         with open(log, "w") as out:
-            done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(TESTS),
+            done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *map(str, TESTS),
                                    *(["-k", args.k] if args.k else [])], cwd=ROOT, stdout=out,
                                   stderr=subprocess.STDOUT)
         passed += done.returncode == 0
