@@ -320,7 +320,7 @@ def test_mutants_and_the_prs_tests_are_drawn_as_panels_in_their_legend_colours()
         ("base: 1 passed", pictures.TEST_COLOURS["passed"]), ("base: 2 failed", pictures.TEST_COLOURS["failed"]),
         ("base: 3 errors", pictures.TEST_COLOURS["errors"]), ("head: 6 passed", pictures.TEST_COLOURS["passed"])}
     words = " ".join(node.text for node in texts(root))
-    assert "the probe kills 2 of 3 applicable (4 declared)" in words
+    assert "the probe kills 2 of 3 applicable (4 declared); not killed: M3 (survived), M4 (not applicable)" in words
     assert "the PR's own tests on git (my-branch)" in words
 
 

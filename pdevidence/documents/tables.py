@@ -311,12 +311,15 @@ class MutationTable:
                 "applicable": len(applicable), "total": len(self.mutants)}
 
     @property
-    def survivors(self) -> list[MutantOutcome]:
-        return [m for m in self.mutants if m.status in (MutantStatus.SURVIVED, MutantStatus.ERROR)]
+    def unkilled(self) -> list[MutantOutcome]:
+        """Every mutant the probe did not kill: survived, could not be run, or (a table older than the rule that
+        makes it an error on the lane's own tree) not applicable."""
+        return [m for m in self.mutants if m.status is not MutantStatus.KILLED]
 
     @property
     def exit_code(self) -> int:
-        return CONFIRMED if self.score["applicable"] and not self.survivors else BEHAVIOUR_DIFFERS
+        """Confirmed only when every declared mutant applied and was killed."""
+        return CONFIRMED if self.mutants and not self.unkilled else BEHAVIOUR_DIFFERS
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": self.schema, "experiment": self.experiment, "tree": self.tree, "score": self.score,

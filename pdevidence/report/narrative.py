@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..documents.vocabulary import MutantStatus
+
 SIDE_ROLE = {"base": "before the fix", "head": "after it"}
 
 
@@ -134,12 +136,12 @@ def set_aside(sweep: dict, dash: str) -> str:
 
 def mutation_text(table: dict) -> str:
     score = table["score"]
-    survived = [m["id"] for m in table["mutants"] if m["status"] == "survived"]
+    unkilled = [f"{m['id']} ({m['status']})" for m in table["mutants"] if m["status"] != MutantStatus.KILLED.value]
     text = (f"mutants: the probe kills {score['killed']} of {score['applicable']} applicable "
             f"({score['total']} declared)")
     if "only_raising" in score:  # tables since schema 2 count kills only by raising apart
         text += f", {score['by_observation']} by observation and {score['only_raising']} only by raising"
-    return text + (f"; survived: {', '.join(survived)}" if survived else "")
+    return text + (f"; not killed: {', '.join(unkilled)}" if unkilled else "")
 
 
 def totals(side: dict | None) -> str:
