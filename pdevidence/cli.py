@@ -145,10 +145,7 @@ def cmd_sweep(args) -> int:
     out = runs_dir(reg.root)
     if args.era:  # one job of the CI fan-out: this era's releases, written as a part
         versions = sweep_parts.in_era(reg, args.era, versions or sweep.default_releases(reg, pre=args.pre))
-        out = sweep_parts.part_dir(out, args.era)
-        if not versions:
-            print(f"sweep: no release of era {args.era} to probe")
-            return CONFIRMED
+        out = sweep_parts.part_dir(out, args.era)  # written even with no release: the merge expects every era's
     made = sweep.made_by(reg, names)  # before anything runs: what a change during the run must not pass for
     found, as_of, refs = sweep.sweep(reg, names, published=runs_dir(reg.root) if fresh else results_dir(reg.root),
                                      out_dir=runs_dir(reg.root) / "sweep", versions=versions, pre=args.pre,
@@ -167,7 +164,7 @@ def cmd_sweep(args) -> int:
 def cmd_sweep_merge(args) -> int:
     reg = registry.load(args.root)
     names = args.experiment or list(reg.experiments)
-    merged = sweep_parts.merge(reg, runs_dir(reg.root) / sweep_parts.PARTS, names)
+    merged = sweep_parts.merge(reg, runs_dir(reg.root) / sweep_parts.PARTS, names, partial=args.partial)
     return _sweep_tables(reg, {name: m.outcomes for name, m in merged.items()},
                          max((m.as_of for m in merged.values() if m.as_of), default=None),
                          sweep.made_by(reg, names), {name: m.parameters for name, m in merged.items()},
@@ -180,7 +177,7 @@ def _sweep_tables(reg: registry.Registry, found: dict, as_of: str | None, made, 
     for name, outcomes in found.items():
         path = out / f"sweep-{name}.json"
         write_atomic(path, dumps(sweep.document(name, outcomes, as_of, made, parameters[name])))
-        print(sweep.table(name, outcomes, reg.experiment(name).releases))
+        print(sweep.table(name, outcomes, reg.experiment(name).releases, parameters[name]))
         print(f"wrote {path}")
     return worst(classify.watch_exit(outcomes) for outcomes in found.values())
 
@@ -280,7 +277,7 @@ def cmd_upstream(args) -> int:
 
 
 def cmd_mutate(args) -> int:
-    """Every mutant of an experiment on its head release; exit 0 only when each applicable one is killed."""
+    """Every mutant of an experiment on its head release; exit 0 only when each declared one applied and was killed."""
     reg = registry.load(args.root)
     result = mutate.run(reg, args.experiment, cold=args.cold, mutants=args.mutant,
                         log=lambda msg: print(msg, flush=True))
@@ -366,6 +363,8 @@ def parser() -> argparse.ArgumentParser:
     sm = sub.add_parser("sweep-merge", help="join the era parts under runs/sweep-parts/ into the sweep tables")
     sm.add_argument("--experiment", action="append", type=arguments.name,
                     help="only this experiment (repeatable; default: all)")
+    sm.add_argument("--partial", action="store_true", help="merge the parts there are, though an era's is missing "
+                    "(exit 8 without it): the table says partial everywhere and publish refuses it")
     sm.set_defaults(func=cmd_sweep_merge)
 
     ck = sub.add_parser("check", help="is my SGLang affected? run every probe on one build and judge each fix")

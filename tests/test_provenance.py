@@ -361,6 +361,13 @@ def test_a_partial_sweep_is_refused(project, capsys):
     assert "partial sweep" in capsys.readouterr().err
 
 
+def test_a_sweep_merged_without_an_era_part_is_refused(project, capsys):
+    write_sweep(project / "runs" / "sweep-demo.json", missing_eras=["torch2.7-tf4"])
+    assert run(project, "publish") == errors.INCOMPLETE
+    assert "a partial sweep (merged with --partial, no part for era torch2.7-tf4)" in capsys.readouterr().err
+    assert not any((project / "results").iterdir())
+
+
 def test_a_sweep_covering_fewer_releases_than_the_published_one_is_refused(project, capsys):
     doc = sweep_doc(project)
     doc["releases"] = [{"version": "0.9.0", "classification": "pre-fix", "scenarios": {"D1": "pre-fix"},

@@ -74,12 +74,12 @@ def regressions(outcomes: list[ReleaseOutcome]) -> list[str]:
 
 def flagged(outcomes: list[ReleaseOutcome]) -> list[str]:
     """The release watch: releases after the first fixed one that are not fixed, whatever they are
-    instead (a regression, a probe that breaks or matches neither side, a release that failed)."""
+    instead (a regression, a probe that breaks or matches neither side, a release that failed), and a
+    release that failed anywhere: one not probed before the first fixed one may be the real first fixed."""
     fixed = first_fixed(outcomes)
-    if fixed is None:
-        return []
-    return [o.version for o in outcomes
-            if Version(o.version) > Version(fixed) and o.classification is not Classification.FIXED]
+    return [o.version for o in outcomes if o.classification is Classification.FAILED
+            or (fixed is not None and Version(o.version) > Version(fixed)
+                and o.classification is not Classification.FIXED)]
 
 
 def _outcomes(releases: list) -> list[ReleaseOutcome]:
@@ -122,7 +122,33 @@ def _sweep_3_to_4(doc: dict) -> dict:
     return doc
 
 
-SWEEP_SCHEMA = Schema("pdevidence-sweep/", 4, {1: _sweep_1_to_2, 2: _sweep_2_to_3, 3: _sweep_3_to_4})
+def _sweep_4_to_5(doc: dict) -> dict:
+    """/5 records the era parts a merge went without (``parameters.missing_eras``: a partial table) and
+    flags a release that failed anywhere, not only after the first fixed one. A /4 merge did not notice a
+    missing part, so it records none; its watch list is derived again by the /5 rule."""
+    if isinstance(doc.get("parameters"), dict):
+        doc["parameters"].setdefault("missing_eras", [])
+    try:
+        doc["flagged"] = flagged(_outcomes(doc["releases"]))
+    except (TypeError, KeyError, ValueError, InvalidVersion):
+        pass  # the check of the upgraded document names what is wrong
+    return doc
+
+
+SWEEP_SCHEMA = Schema("pdevidence-sweep/", 5, {1: _sweep_1_to_2, 2: _sweep_2_to_3, 3: _sweep_3_to_4,
+                                               4: _sweep_4_to_5})
+
+
+def partial_sweep(parameters: dict | None) -> str | None:
+    """Why a sweep table (its ``parameters`` as written) does not cover every release from the floor; None when
+    it does (or, on a table older than /3, is not known not to). The report reads tables as written: one rule
+    for it and for the typed table."""
+    if not isinstance(parameters, dict):
+        return None
+    why = ["releases named on the command line"] if parameters.get("explicit") else []
+    if parameters.get("missing_eras"):
+        why.append(f"no part for era {', '.join(parameters['missing_eras'])}")
+    return "; ".join(why) or None
 
 
 @dataclass(frozen=True)
@@ -133,20 +159,27 @@ class SweepParameters:
     pre: bool  # pre-, post- and dev releases included
     floor: str  # the registry's release floor it started from
     references: dict[str, str]  # the base and head result files (names) it judged against -> SHA-256
+    missing_eras: tuple[str, ...] = ()  # a merge asked for a partial table: the eras it had no part of
 
     def to_json(self) -> dict[str, Any]:
         return {"explicit": self.explicit, "pre": self.pre, "floor": self.floor,
-                "references": dict(sorted(self.references.items()))}
+                "references": dict(sorted(self.references.items())), "missing_eras": list(self.missing_eras)}
+
+    @property
+    def partial(self) -> str | None:
+        """Why the table does not cover every release from the floor (None: it does)."""
+        return partial_sweep(self.to_json())
 
     @classmethod
     def from_doc(cls, doc: Any) -> SweepParameters:
         ok = (isinstance(doc, dict) and isinstance(doc.get("explicit"), bool) and isinstance(doc.get("pre"), bool)
               and isinstance(doc.get("floor"), str) and isinstance(doc.get("references"), dict)
-              and all(isinstance(v, str) for v in doc["references"].values()))
+              and all(isinstance(v, str) for v in doc["references"].values())
+              and isinstance(doc.get("missing_eras"), list) and all(isinstance(e, str) for e in doc["missing_eras"]))
         if not ok:
-            raise ValueError("parameters must hold explicit and pre (booleans), floor (a version) and "
-                             "references (file -> SHA-256)")
-        return cls(doc["explicit"], doc["pre"], doc["floor"], dict(doc["references"]))
+            raise ValueError("parameters must hold explicit and pre (booleans), floor (a version), "
+                             "references (file -> SHA-256) and missing_eras (a list of era names)")
+        return cls(doc["explicit"], doc["pre"], doc["floor"], dict(doc["references"]), tuple(doc["missing_eras"]))
 
 
 @dataclass(frozen=True)
@@ -165,6 +198,11 @@ class SweepTable:
     def stale(self, root: Path, probe: str) -> list[str]:
         """How this checkout differs from what made the table (``probe``: the experiment's, in the checkout)."""
         return stale_why(self.provenance, root, [probe, KIT, *SWEEP_DRIVERS, REGISTRY_FILE], Shaped.TABLE)
+
+    @property
+    def partial(self) -> str | None:
+        """Why the table does not cover every release from the floor (None: it does, or is too old to say)."""
+        return self.parameters.partial if self.parameters else None
 
     @classmethod
     def from_doc(cls, doc: Any, *, source: str) -> SweepTable:

@@ -11,7 +11,7 @@ fixed on every telling scenario whose control departs from both sides deviates
 (an over-broad fix: not the fixed code). Keys that kept a tree from fixed are
 shown beside base's and head's (``Judgement.explain``). The sweep and ``check``
 both judge through here; the release watch (``flagged``) names every release
-after the first fixed one that is not fixed.
+after the first fixed one that is not fixed, and every release that failed.
 """
 
 from __future__ import annotations
@@ -223,7 +223,8 @@ def classify(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -
 
 
 def watch_exit(outcomes: list[ReleaseOutcome]) -> int:
-    """The sweep's exit code for one experiment: a flagged release outranks no fixed release at all."""
+    """The sweep's exit code for one experiment: a flagged release (a failed one anywhere: before the first fixed
+    one it may hide the real bracket) outranks no fixed release at all."""
     if flagged(outcomes):
         return RELEASE_WATCH
     return CONFIRMED if first_fixed(outcomes) else BEHAVIOUR_DIFFERS

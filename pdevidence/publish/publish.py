@@ -122,6 +122,12 @@ def _check_sweep(reg: Registry, path: Path) -> None:
                            expected=f"every release from the registry floor {reg.release_floor} up",
                            todo="rerun `nox -s sweep -- --references fresh` without naming versions",
                            code=INCOMPLETE)
+    if table.parameters.missing_eras:
+        raise HarnessError(f"refusing to publish {path.name}: a partial sweep (merged with --partial, no part for "
+                           f"era {', '.join(table.parameters.missing_eras)})",
+                           expected="a part of every era of the registry",
+                           todo="run the missing era jobs (`nox -s \"sweep_era(<era>)\"`), then `sweep-merge` "
+                           "without --partial", code=INCOMPLETE)
     published = results_dir(reg.root) / path.name
     if published != path and published.exists() and not integrity.problem(reg.root, relative(published, reg.root)):
         had = {r.version for r in SweepTable.load(published).releases}
