@@ -39,15 +39,13 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
-from . import children
-from .locking import try_lock
+from .locking import try_lock, wait
 
 TOKEN_FILE = ".pdevidence-run-{}.lock"
 IN_USE = ".pdevidence-in-use.lock"
 _ASIDE = re.compile(r"^\..+\.aside-[0-9a-f]{8}$")
 _TOKEN_FILE = re.compile(r"^\.pdevidence-run-([0-9a-f]{16})\.lock$")
 _TOKENED = re.compile(r"run-([0-9a-f]{16})")
-POLL_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -226,8 +224,8 @@ def _looking(root: Path):
     Polled: a thread blocked in flock would not see Ctrl-C."""
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        while not try_lock(fd):
-            children.sleep(POLL_SECONDS)
+        # A sweep takes moments: a long wait is a run stopped mid-sweep (^Z, a debugger).
+        wait(fd, f"{root} (a run sweeping what dead runs left there)", lambda: "", timeout=None)
         yield
     finally:
         os.close(fd)
