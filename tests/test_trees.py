@@ -774,3 +774,14 @@ def test_lock_trees_pins_every_wheel_of_the_brackets_with_the_index_hashes(tmp_p
         assert lock.pinned("release", f"sglang=={version}") == {"files": {
             name: sha256(data) for name, data in wheels.items() if name.startswith(f"sglang-{version}-")}}
     assert lock.path.stat().st_mode & 0o777 == 0o644
+
+
+def test_the_package_index_is_asked_again_after_a_server_error(http_server, monkeypatch):
+    monkeypatch.setattr(trees.fetch.children, "sleep", lambda seconds: None)
+    page = json.dumps({"files": [{"filename": "sglang-1.0-py3-none-any.whl", "url": "f.whl"}]}).encode()
+    http_server.serve("/simple/sglang/", page, content_type="application/vnd.pypi.simple.v1+json", fail_first=1)
+
+    files = trees.index_files("sglang", http_server.url("/simple"))
+
+    assert [f["url"] for f in files] == [http_server.url("/simple/sglang/f.whl")]
+    assert http_server.hits("/simple/sglang/") == 2

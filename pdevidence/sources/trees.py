@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import http.client
 import json
 import os
 import platform
@@ -378,14 +379,19 @@ def index_files(project: str, index_url: str | None = None) -> list[dict]:
     index_url = index_url or settings.get("PDEVIDENCE_INDEX_URL")
     req = urllib.request.Request(f"{index_url.rstrip('/')}/{project}/",
                                  headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    try:
-        with fetch.open_url(req, timeout=30) as resp:
-            # PEP 691 lets a file's url be relative to the project page.
-            return [{**f, "url": urllib.parse.urljoin(resp.geturl(), f["url"])}
-                    for f in json.load(resp)["files"]]
-    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
-        raise HarnessError(f"cannot read the package index {index_url} for {project}: {exc}",
-                           todo="check that the index is reachable (PDEVIDENCE_INDEX_URL overrides it)") from None
+
+    def ask() -> list[dict]:
+        try:
+            with fetch.open_url(req, timeout=30) as resp:
+                # PEP 691 lets a file's url be relative to the project page.
+                return [{**f, "url": urllib.parse.urljoin(resp.geturl(), f["url"])}
+                        for f in json.load(resp)["files"]]
+        except (urllib.error.URLError, OSError, ValueError, KeyError, http.client.HTTPException) as exc:
+            error = HarnessError(f"cannot read the package index {index_url} for {project}: {exc}",
+                                 todo="check that the index is reachable (PDEVIDENCE_INDEX_URL overrides it)")
+            raise (fetch.Transient(error) if fetch.transient(exc) else error) from None
+
+    return fetch.retried(ask, f"the package index for {project}")
 
 
 def parse_version(version: str) -> Version:
