@@ -251,6 +251,8 @@ def malformed_settings(ground: Path) -> dict[str, st.SearchStrategy[str]]:
     return {
         "PDEVIDENCE_PROBE_TIMEOUT": ENV_TEXT.filter(lambda v: v and seconds(v)),
         "PDEVIDENCE_LOCK_TIMEOUT": ENV_TEXT.filter(lambda v: v and seconds(v)),
+        "PDEVIDENCE_DOWNLOAD_BACKOFF": ENV_TEXT.filter(lambda v: v and seconds(v)),
+        "PDEVIDENCE_DOWNLOAD_TRIES": ENV_TEXT.filter(lambda v: v and not _positive(re.fullmatch(r"([0-9]+)", v))),
         "PDEVIDENCE_FAULT": no(faults.POINTS),
         "PDEVIDENCE_TORCH": no(harness_settings.TORCH_CHANNELS),
         "PDEVIDENCE_UPSTREAM_KIND": no(harness_settings.TREE_KINDS),

@@ -59,6 +59,9 @@ class Summary:
     upstream: list[dict] = field(default_factory=list)  # the PRs' own tests; informational
     # Published files (results/...) that fail verification, with why: any of them fails the comparison.
     published_failures: dict[str, str] = field(default_factory=dict)
+    # The references a publish took in although the fresh comparison did not confirm them (--allow-unconfirmed):
+    # experiment, kind, verdict, reasons each.
+    unconfirmed: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -67,7 +70,7 @@ class Summary:
     def to_json(self) -> dict:
         doc = {"schema": REPORT_SCHEMA, "exit_code": self.exit_code,
                "pairs": [{**asdict(p), "exit_code": p.exit_code} for p in self.pairs], "upstream": self.upstream,
-               "published_failures": self.published_failures}
+               "published_failures": self.published_failures, "unconfirmed": self.unconfirmed}
         return json.loads(json.dumps(doc))  # enum members become their plain string values
 
 
