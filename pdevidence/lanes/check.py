@@ -162,8 +162,8 @@ class ExperimentCheck:
     # Per scenario that kept the build from fixed (pre-fix, neither, a departing control): its keys, the
     # build's value beside base's and head's.
     explain: Explained = field(default_factory=dict)
-    config: ConfigAnswer | None = None
-    unobserved: list[str] = field(default_factory=list)  # deciding keys the build never recorded: ``sid.key``  # given server arguments: whether they enter this fix's code path
+    config: ConfigAnswer | None = None  # given server arguments: whether they enter this fix's code path
+    unobserved: list[str] = field(default_factory=list)  # deciding keys the build never recorded: ``sid.key``
 
     @property
     def rests_on_configuration(self) -> bool:
