@@ -330,6 +330,7 @@ def test_the_signature_of_a_key_never_recorded_equals_nothing():
     assert sig == {"D1": {"retired": NOT_OBSERVED}, "D9": NOT_OBSERVED}
     for side in ({"retired": None}, {"retired": False}, {"retired": NOT_OBSERVED}):
         assert not classify.matches(sig["D1"], side)
+    assert Values(NOT_OBSERVED, None, None).neither() and not Values(NOT_OBSERVED, None, NOT_OBSERVED).neither()
 
 
 def raising(doc, sid, error=None):
