@@ -9,7 +9,7 @@ process. Each is judged on the scenarios that tell the published base and head
 results apart and on the controls (scenarios they agree on): fixed, affected
 (pre-fix), partial (some scenarios fixed, others pre-fix), deviates (fixed where
 the scenarios tell, but a control departs from both sides: an over-broad fix, not
-the fixed code), unknown (matches neither, or raised), or cannot run (the probe
+the fixed code), unknown (matches neither, a deciding key never recorded, or raised), or cannot run (the probe
 could not import or set up). The table names, per answer, the scenarios that put
 it there; a scenario matching neither side or a departing control gets one key
 beside base's and head's, and ``verbose`` (as ``--json``) every key of every
