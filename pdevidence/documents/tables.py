@@ -43,6 +43,7 @@ class ReleaseOutcome:
     not_deciding: list[str] = field(default_factory=list)  # the registry rules that set keys aside on this tree
     # The controls the release departs from both sides on: per scenario, each such key beside base's and head's.
     deviations: Explained = field(default_factory=dict)
+    unobserved: list[str] = field(default_factory=list)  # deciding keys the release never recorded: ``sid.key``
 
     def to_json(self) -> dict:
         found = {"version": self.version, "classification": self.classification.value,
@@ -55,6 +56,8 @@ class ReleaseOutcome:
             found["not_deciding"] = self.not_deciding
         if self.deviations:
             found["deviations"] = explained_json(self.deviations)
+        if self.unobserved:
+            found["unobserved"] = self.unobserved
         return found
 
 
@@ -230,7 +233,8 @@ class SweepTable:
                     entry["version"], Classification(entry["classification"]),
                     {sid: Behaviour(b) for sid, b in entry.get("scenarios", {}).items()},
                     list(entry.get("differing", [])), entry.get("error"), list(entry.get("evidence", [])),
-                    list(entry.get("not_deciding", [])), explained_from_doc(entry.get("deviations", {}))))
+                    list(entry.get("not_deciding", [])), explained_from_doc(entry.get("deviations", {})),
+                    list(entry.get("unobserved", []))))
             except (TypeError, KeyError, ValueError, AttributeError):
                 raise bad(f"release entry {entry!r}") from None
             if not isinstance(entry["version"], str) or not isinstance(releases[-1].error, (str, type(None))):

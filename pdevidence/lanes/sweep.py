@@ -27,9 +27,10 @@ from ..core.paths import tree_lock_file, work_dir
 from ..documents import provenance
 from ..documents.observations import explained_text
 from ..documents.provenance import Provenance
+from ..documents.references import References, references
 from ..documents.tables import SWEEP_SCHEMA, ReleaseOutcome, SweepParameters, first_fixed, flagged, regressions
 from ..documents.vocabulary import Behaviour, Classification
-from ..judge.classify import References, classify, references
+from ..judge.classify import classify
 from ..registry import Registry
 from ..sources import trees
 
