@@ -20,7 +20,7 @@ import pytest
 from schemas import problems
 
 from pdevidence import cli, registry
-from pdevidence.core import errors
+from pdevidence.core import archives, errors, settings
 from pdevidence.core.paths import PROJECT
 from pdevidence.lanes import check
 from pdevidence.publish import openvex
@@ -238,6 +238,57 @@ def test_a_zstd_layer_without_zstandard_says_what_to_install(tmp_path, monkeypat
     assert "zstd-compressed" in err and "pip install 'pdevidence[zstd]'" in err
 
 
+# Bounded reads: what an image may make the harness write
+
+def zeros_image(tmp_path: Path, size: int) -> Path:
+    """An image whose SGLang package holds one file of ``size`` zero bytes, in a gzip layer made a block at a
+    time: its blob is tiny whatever ``size`` is."""
+    package = {name: data for name, data in b.sglang_files("0.5.20").items()}
+    files_ = {f"{SITE}/{name}": data for name, data in package.items()}
+    return b.oci_layout(tmp_path / "oci", [b.zeros_layer(files_, (f"{SITE}/sglang/zeros.bin", size))])
+
+
+def left_in(cache: Path) -> list[str]:
+    """What the image cache holds but its locks."""
+    return sorted(p.name for p in (cache / "images").iterdir()) if (cache / "images").exists() else []
+
+
+def test_a_file_over_the_limit_is_refused_by_name_and_nothing_is_left_in_the_cache(tmp_path, cache, monkeypatch,
+                                                                                      capsys):
+    monkeypatch.setenv("PDEVIDENCE_ARCHIVE_FILE_BYTES", "1M")
+    code, err = run_check(zeros_image(tmp_path, (1 << 20) + 1), capsys)
+    assert code == errors.INTEGRITY
+    assert f"member '{SITE}/sglang/zeros.bin (layer 1)' holds 1048577 bytes uncompressed" in err
+    assert "over the limit of 1048576 (PDEVIDENCE_ARCHIVE_FILE_BYTES)" in err
+    assert left_in(cache) == []
+
+
+def test_what_an_image_s_packages_hold_in_all_is_bounded_too(tmp_path, cache, monkeypatch):
+    monkeypatch.setenv("PDEVIDENCE_ARCHIVE_BYTES", "64K")
+    with pytest.raises(errors.HarnessError, match=r"zeros.bin \(layer 1\)' takes what is extracted to [0-9]+ bytes, "
+                       r"over the limit of 65536 \(PDEVIDENCE_ARCHIVE_BYTES\)") as info:
+        scan(zeros_image(tmp_path, 100 << 10))
+    assert info.value.code == errors.INTEGRITY and left_in(cache) == []
+
+
+def test_a_layer_of_too_many_members_is_refused_while_its_names_are_read(tmp_path, cache, monkeypatch):
+    monkeypatch.setenv("PDEVIDENCE_ARCHIVE_MEMBERS", "5")
+    with pytest.raises(errors.HarnessError, match=r"layer 1 of 1 .*is its member number 6, over the limit of 5 "
+                       r"\(PDEVIDENCE_ARCHIVE_MEMBERS\)") as info:
+        scan(b.oci_layout(tmp_path / "oci", [base_layer()]))
+    assert info.value.code == errors.INTEGRITY and left_in(cache) == []
+
+
+def test_a_file_just_over_the_default_limit_is_refused_without_being_written(tmp_path, cache):
+    """The default (256 MiB), from a blob of about a MiB: the measured 6 GiB of zeros is refused alike."""
+    limit = settings.get("PDEVIDENCE_ARCHIVE_FILE_BYTES")
+    path = zeros_image(tmp_path, limit + 1)
+    assert sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) < limit // 100
+    with pytest.raises(errors.HarnessError, match=f"holds {limit + 1} bytes uncompressed, over the limit of {limit}"):
+        scan(path)
+    assert left_in(cache) == []
+
+
 # Malformed archives: a clear error naming what is wrong, never a traceback
 
 def run_check(path: Path, capsys) -> tuple[int, str]:
@@ -405,7 +456,7 @@ def test_an_archive_that_changes_between_the_two_passes_is_refused(tmp_path):
     for after, message in [(shifted, "is no longer"), (b.layer(), "ends before member")]:
         with pytest.raises(errors.HarnessError, match=message) as info:
             layers.extract(plan, lambda i: layers.members(io.BytesIO(after), "layer 1", digest=None, diff_id=None),
-                           lambda i: "layer 1")
+                           lambda i: "layer 1", archives.Budget("the image"))
         assert info.value.code == errors.INTEGRITY
 
 

@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ..core import children, debris, faults
+from ..core import archives, children, debris, faults
 from ..core.errors import HarnessError, integrity
 from ..core.files import CHUNK, disk_error
 
@@ -179,8 +179,12 @@ def extract_tar(archive: Path, dest: Path, *, strip_top: bool = True) -> None:
         root = staging.resolve()
         try:
             with tarfile.open(archive) as tar:
-                members = tar.getmembers()
-                for member in members:
+                members, budget = [], archives.Budget(f"the archive {archive.name}")
+                for member in tar:  # counted as read: a hostile member count stops here, not in memory
+                    members.append(member)
+                    budget.member(member.name)
+                    if member.isreg():  # a tar member's size is what extracting it writes
+                        budget.extract(member.name, member.size)
                     reason = _unsafe_reason(member, root)
                     if reason:
                         raise integrity(

@@ -469,8 +469,10 @@ def _scan(archive: _Archive, image: Image, staging: Path, log) -> None:
         fs.apply(index, _layer(archive, image, index), _what(image, index))
     log(f"image {image.describe()}: {len(image.layers)} layer(s) read, names only")
 
+    budget = archives.Budget(f"the SGLang packages of {image.describe()} in {image.archive}")
+
     def extract(plan: layers.Plan) -> None:
-        layers.extract(plan, lambda i: _layer(archive, image, i, verify=False), lambda i: _what(image, i))
+        layers.extract(plan, lambda i: _layer(archive, image, i, verify=False), lambda i: _what(image, i), budget)
 
     candidates, plan = _candidates(fs, staging)
     extract(plan)

@@ -143,11 +143,13 @@ def members(raw: BinaryIO, what: str, *, digest: str | None, diff_id: str | None
         # An uncompressed layer is its own tar: one hash serves both digests.
         tar_bytes = blob if data is stored and algorithm == "sha256" else _Digesting(data)
         tar = tarfile.open(fileobj=stored if tar_bytes is blob else io.BufferedReader(tar_bytes, CHUNK), mode="r|")
+    budget = archives.Budget(what)  # a layer of hostile size is refused while its names are read
     while True:
         with reading(what):
             member = tar.next()
         if member is None:
             break
+        budget.member(member.name)
         yield tar, member
     with reading(what):
         found = {"diff_id": tar_bytes.drain(), "digest": blob.drain()}
@@ -282,9 +284,10 @@ class Plan:
 
 
 def extract(plan: Plan, layer: Callable[[int], Iterator[tuple[tarfile.TarFile, tarfile.TarInfo]]],
-            what: Callable[[int], str]) -> None:
+            what: Callable[[int], str], budget: archives.Budget) -> None:
     """Write the plan, reading each layer that holds one of its files up to the last member it needs (the
-    names pass read each layer whole and checked its digests)."""
+    names pass read each layer whole and checked its digests); each file's size is taken from ``budget``
+    before it is written."""
     for directory in plan.directories:
         directory.mkdir(parents=True, exist_ok=True)
     for index in sorted(plan.files):
@@ -295,6 +298,8 @@ def extract(plan: Plan, layer: Callable[[int], Iterator[tuple[tarfile.TarFile, t
                 if not member.isreg() or "/".join(parts(member.name, what(index))) != name:
                     raise integrity(f"{what(index)} changed while it was read: member {ordinal} is no longer {name}",
                                     todo="run again on an archive nothing writes to")
+                for dest in (first, *others):
+                    budget.extract(f"{name} (layer {index + 1})", member.size)
                 with reading(what(index)):
                     with tar.extractfile(member) as source, open(first, "wb") as out:
                         shutil.copyfileobj(source, out, CHUNK)
