@@ -165,22 +165,28 @@ class Node:
     source: Source | None = None  # a file: the member whose content it has (a hard link's target's)
     link: str | None = None  # a symbolic link: its target; a file whose hard link named no earlier file: that name
     children: dict[str, Node] | None = field(default=None)
+    data: bytes | None = None  # a small file the names pass was asked to keep (``Filesystem(keep=...)``)
 
     def __post_init__(self):
         if self.kind is Kind.DIR and self.children is None:
             self.children = {}
 
 
-class Filesystem:
-    """The names the layers applied so far leave, and where each file's content is."""
+KEEP_BYTES = 64 << 10  # a kept file larger than this is kept without its content
 
-    def __init__(self) -> None:
+
+class Filesystem:
+    """The names the layers applied so far leave, and where each file's content is; the content of the small
+    files ``keep`` names (a .pth, a pyvenv.cfg), read as the layer streams by."""
+
+    def __init__(self, keep: Callable[[Parts], bool] = lambda path: False) -> None:
         self.root = Node(Kind.DIR)
+        self.keep = keep
 
     def apply(self, index: int, layer: Iterator[tuple[tarfile.TarFile, tarfile.TarInfo]], what: str) -> int:
         """Layer ``index`` on top; the number of its entries."""
         whiteouts, entries = [], []
-        for ordinal, (_tar, member) in enumerate(layer):
+        for ordinal, (tar, member) in enumerate(layer):
             path = parts(member.name, what)
             if not path:
                 continue
@@ -190,7 +196,11 @@ class Filesystem:
                 elif not path[-1].startswith(WHITEOUT + WHITEOUT):  # .wh..wh.* other than opaque: aufs' own
                     whiteouts.append((path[:-1], path[-1][len(WHITEOUT):]))
                 continue
-            entries.append((path, ordinal, member.type, member.linkname))
+            data = None
+            if member.isreg() and member.size <= KEEP_BYTES and self.keep(path):
+                with reading(what), tar.extractfile(member) as fh:
+                    data = fh.read()
+            entries.append((path, ordinal, member.type, member.linkname, data))
         for directory, name in whiteouts:  # only what the layers below put there
             parent = self.find(directory)
             if parent is not None and parent.kind is Kind.DIR:
@@ -198,8 +208,10 @@ class Filesystem:
                     parent.children.clear()
                 else:
                     parent.children.pop(name, None)
-        for path, ordinal, kind, linkname in entries:
+        for path, ordinal, kind, linkname, data in entries:
             self._add((index, ordinal, "/".join(path)), path, kind, linkname, what)
+            if data is not None:
+                self.find(path).data = data
         return len(whiteouts) + len(entries)
 
     def _add(self, source: Source, path: Parts, kind: bytes, linkname: str, what: str) -> None:
@@ -226,6 +238,11 @@ class Filesystem:
 
     def find(self, path: Parts, *, follow: bool = False) -> Node | None:
         """The node at ``path``; with ``follow``, symbolic links on the way resolved inside the image."""
+        found = self.locate(path, follow=follow)
+        return found[1] if found else None
+
+    def locate(self, path: Parts, *, follow: bool = True) -> tuple[Parts, Node] | None:
+        """The path ``path`` names once its symbolic links are resolved (with ``follow``), and the node there."""
         node, todo, hops, where = self.root, list(path), 0, []
         while todo:
             name = todo.pop(0)
@@ -244,7 +261,7 @@ class Filesystem:
                 node, where = self.root, []
                 continue
             node, where = child, [*where, name]
-        return node
+        return tuple(where), node
 
     def directories(self, names: tuple[str, ...]) -> list[tuple[Parts, Node]]:
         """Every directory named one of ``names``, in path order (symbolic links not followed)."""
