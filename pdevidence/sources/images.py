@@ -5,12 +5,14 @@ layout (``oci-layout``, ``index.json``, ``blobs/<algorithm>/<hex>``), a director
 read in place; an archive compressed whole (``docker save | gzip``) is first decompressed to a
 temporary file. Every image in it is read in two passes over its layers (``layers``): names
 only, each layer streamed once and checked against its digest and diff_id, which gives the
-image's final filesystem; then only the SGLang packages found in it are extracted, from the
-layers that hold their files. A package is ``sglang/`` with its ``sglang-<version>.dist-info``
-in any ``site-packages`` or ``dist-packages`` directory (each interpreter, each venv), or the
-source directory an editable install's ``direct_url.json`` names (SGLang's own images install
-it so). What one image holds is kept in the cache under its config digest: an image read once
-is not read again.
+image's final filesystem; then only the SGLang package the server imports is extracted, from the
+layers that hold its files (``image_python`` models its ``sys.path`` from the image config; every
+copy, undecided, when that cannot be told). A copy is ``sglang/`` with its
+``sglang-<version>.dist-info`` in any ``site-packages`` or ``dist-packages`` directory (each
+interpreter, each venv), the source directory an editable install's ``direct_url.json`` names
+(SGLang's own images install it so), or an ``sglang/`` package on the server's path. What is
+extracted is bounded (``core.archives.Budget``). What one image holds is kept in the cache under
+its config digest: an image read once is not read again.
 """
 
 from __future__ import annotations
