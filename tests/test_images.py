@@ -229,8 +229,10 @@ def venv_image(tmp_path: Path, name: str, settings: dict, *extra: tuple) -> Path
      (b.file("usr/local/bin/serve", "#!/opt/venv/bin/python\nimport sglang\n", 0o755),), f"/{VENV}/sglang"),
     ({"Entrypoint": ["/usr/bin/python3", "-I", "app.py"], "Env": ["PYTHONPATH=/opt/override"]},
      tuple(b.installed("opt/override", package_only("0.5.12"))), f"/{DEBIAN_LOCAL}/sglang"),
+    ({"Entrypoint": ["/usr/bin/env", "PYTHONUNBUFFERED=1", "/opt/venv/bin/python", "-u", "-m", "sglang"]}, (),
+     f"/{VENV}/sglang"),
 ], ids=["python3 on PATH", "the venv's python named", "python on the venv's PATH", "a script whose #! names the venv",
-        "-I: PYTHONPATH ignored"])
+        "-I: PYTHONPATH ignored", "env NAME=value python"])
 def test_the_interpreter_the_config_names_decides_between_two_site_directories(tmp_path, settings, extra, package):
     found = only(scan(venv_image(tmp_path, "image.tar", settings, *extra)))
     assert (found.install.package, found.install.choice) == (package, images.Choice.IMPORTED)
@@ -252,6 +254,7 @@ def test_a_checkout_in_the_working_directory_does_not_shadow_the_editable_instal
     assert (found.install.package, found.install.editable) == (f"/{source}/sglang", True)
     assert found.install.choice is images.Choice.IMPORTED
     assert "names no Python: python3 on its PATH, run as `python3 -m` from its working directory" in found.install.why
+    assert found.install.why.startswith(f"the editable install's import hook in /{DEBIAN_LOCAL}, after the whole path")
     # The install's import hook comes after the whole path: a copy in a later site directory wins over it ...
     later = b.layer(*b.installed("usr/lib/python3/dist-packages", b.sglang_files("0.5.9")))
     found = only(scan(b.docker_save(tmp_path / "hook.tar", [layer, later], settings=settings)))
@@ -268,6 +271,11 @@ def test_when_the_copy_the_server_imports_cannot_be_told_every_copy_is_answered_
     assert [(f.install.package, f.install.choice) for f in found] == [
         (f"/{VENV}/sglang", images.Choice.UNDECIDED), (f"/{SITE}/sglang", images.Choice.UNDECIDED)]
     assert "the image has no python3 there" in found[0].install.why
+    # An interpreter whose path reaches neither copy decides nothing either.
+    python = b.layer(*PYTHON)
+    found = scan(b.docker_save(tmp_path / "python.tar", [base_layer(), other, python]))
+    assert {f.install.choice for f in found} == {images.Choice.UNDECIDED} and len(found) == 2
+    assert "cannot be told: its interpreter imports none of them, the image names no command" in found[0].install.why
     fixed = check.ExperimentCheck("admission", 38935, check.Status.FIXED, {}, ["A1"], "a" * 64)
     reg = registry.load(PROJECT)
     target = check.resolve_image(reg, found[0].image.archive, log=lambda msg: None)[0][0]

@@ -136,6 +136,10 @@ def _python_args(args: tuple[str, ...], runtime: Runtime) -> tuple[str | None, s
 def _command(fs: layers.Filesystem, runtime: Runtime) -> tuple[str | None, str | None, set[str], str]:
     """The interpreter (as named), the first path entry, the flags, and how they were told."""
     argv = list(runtime.argv)
+    if argv and posixpath.basename(argv[0]) == "env":  # `env [NAME=value …] python3 …`
+        argv = argv[1:]
+        while argv and "=" in argv[0] and not argv[0].startswith("-"):
+            argv = argv[1:]
     if argv and _PYTHON.fullmatch(posixpath.basename(argv[0])):
         first, flags = _python_args(tuple(argv[1:]), runtime)
         return argv[0], first, flags, f"the image's command runs {argv[0]}"

@@ -573,7 +573,8 @@ def _answered(fs: layers.Filesystem, path: image_python.SearchPath, copies: list
     names = ", ".join(c.package for c in copies)
     if server:
         chosen, choice = server[0], Choice.IMPORTED
-        why = f"the first of the copies on the server's path ({path.describe()})"
+        why = f"the first of the copies on the server's path ({path.describe()})" if chosen in on_path else \
+            f"the editable install's import hook in {chosen.site}, after the whole path ({path.describe()})"
         for other in copies:
             if other is not chosen:
                 notes.append(f"{other.package}: not what the server imports ("
@@ -583,8 +584,9 @@ def _answered(fs: layers.Filesystem, path: image_python.SearchPath, copies: list
         return copies, Choice.ONLY, f"the image's only copy; the server's path: {path.describe()}"
     if not copies:
         return [], Choice.UNDECIDED, ""
+    none = "its interpreter imports none of them, " if path.complete else ""
     return copies, Choice.UNDECIDED, (f"which of {len(copies)} copies ({names}) the server imports cannot be told: "
-                                      f"{path.describe()}")
+                                      f"{none}{path.describe()}")
 
 
 def _metadata_version(metadata: Path) -> str | None:
