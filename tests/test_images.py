@@ -1,8 +1,10 @@
 """`check --image`: saved images read without a container runtime, on images the tests build.
 
 A tiny stand-in SGLang package (tests/image_builder.py) is enough for the reader: the
-formats, the whiteouts, several interpreters, editable installs, streaming, the cache, and
-every malformed archive ending in a clear error with its exit code. The real check of an
+formats, the whiteouts, several interpreters, editable installs, which copy the server imports
+(the config's interpreter, PYTHONPATH, working directory and command), streaming, the cache, the
+limits on what an image may make the harness write, and every malformed archive ending in a
+clear error with its exit code. The real check of an
 image built from release wheels is in test_images_real.py.
 """
 

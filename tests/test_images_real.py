@@ -34,7 +34,7 @@ pytestmark = pytest.mark.sglang
 SITE = "usr/local/lib/python3.12/site-packages"
 VENV = "opt/venv/lib/python3.12/site-packages"
 DELETED = "sglang/bench_serving.py"  # in 0.5.21's wheel; no probe imports it
-VERSIONS = ("0.5.10", "0.5.20", "0.5.21")
+VERSIONS = ("0.5.10", "0.5.12", "0.5.13", "0.5.20", "0.5.21")
 TAG = "example/sglang:upgraded"
 
 
@@ -77,8 +77,8 @@ def sha256_of(path: Path) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
-def oci_layout(root: Path, layer_tars: list[Path], tag: str) -> Path:
-    """An OCI image layout of the layer tars, each stored gzip-compressed."""
+def oci_layout(root: Path, layer_tars: list[Path], tag: str, settings: dict | None = None) -> Path:
+    """An OCI image layout of the layer tars, each stored gzip-compressed; ``settings`` the config's Env, Cmd…"""
     blobs = root / "blobs" / "sha256"
     blobs.mkdir(parents=True)
 
@@ -98,7 +98,7 @@ def oci_layout(root: Path, layer_tars: list[Path], tag: str) -> Path:
         with open(tar, "rb") as src, gzip.open(compressed, "wb", compresslevel=1) as out:
             shutil.copyfileobj(src, out, 1 << 20)
         layers.append(store(compressed))
-    config = store_bytes(json.dumps({"architecture": "amd64", "os": "linux", "config": {},
+    config = store_bytes(json.dumps({"architecture": "amd64", "os": "linux", "config": settings or {},
                                      "rootfs": {"type": "layers", "diff_ids": [sha256_of(t) for t in layer_tars]}
                                      }).encode())
     manifest = json.dumps({"schemaVersion": 2, "mediaType": b.OCI_MANIFEST,
@@ -222,3 +222,23 @@ def test_the_default_archive_limits_hold_every_real_wheel_member_with_room(wheel
         assert max(m.file_size for m in members) * 8 < limits[archives.MEMBER_BYTES], version
         assert sum(m.file_size for m in members) * 8 < limits[archives.ARCHIVE_BYTES], version
         assert len(members) * 100 < limits[archives.MEMBERS], version
+
+
+def test_an_image_whose_pythonpath_holds_another_sglang_is_answered_for_that_one(tmp_path, wheels):
+    """Alone proves: the measured case of the issue. PYTHONPATH=/opt/override holds 0.5.12 (pre-fix for
+    offload_slots) over a site-packages holding 0.5.13 (fixed): the server imports 0.5.12, and that is the answer."""
+    debian = "usr/local/lib/python3.12/dist-packages"
+    layer_tars = [write_layer(tmp_path / "1.tar", debian, wheels["0.5.13"], b.file("usr/bin/python3.12", b"\x7fELF")),
+                  write_layer(tmp_path / "2.tar", "opt/override", wheels["0.5.12"])]
+    image = oci_layout(tmp_path / "oci", layer_tars, "example/sglang:override", {
+        "Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "PYTHONPATH=/opt/override"],
+        "Cmd": ["python3.12", "-m", "sglang.launch_server"]})
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["--root", str(PROJECT), "check", "--image", str(image), "--json"])
+    doc = json.loads(out.getvalue())
+    assert (doc["target"]["image"]["package"], doc["target"]["image"]["imported"]) == ("/opt/override/sglang",
+                                                                                        "imported")
+    assert doc["target"]["resolved"] == doc["target"]["sglang_version"] == "0.5.12"
+    statuses = {e["experiment"]: e["status"] for e in doc["experiments"]}
+    assert statuses["offload_slots"] == check.Status.AFFECTED.value and code == errors.BEHAVIOUR_DIFFERS
