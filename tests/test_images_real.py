@@ -2,7 +2,9 @@
 
 The image (an OCI layout, gzip layers) is what an operator's would be: SGLang 0.5.20 installed,
 then upgraded to 0.5.21 in a later layer (its package directory opaque, the old dist-info whited
-out), a second interpreter (a venv) with 0.5.10, and a file of 0.5.21 deleted in the last layer.
+out), a second interpreter (a venv) with 0.5.10, and a file of 0.5.21 deleted in the last layer;
+no interpreter, so which copy the server imports cannot be told and both are answered. A second
+image puts 0.5.12 on its PYTHONPATH over 0.5.13 in site-packages: the 0.5.12 copy is the answer.
 Slow (each package is probed in its era's engine, in the user cache's environments): runs with ``--sglang``.
 """
 
