@@ -263,8 +263,12 @@ def test_a_checkout_in_the_working_directory_does_not_shadow_the_editable_instal
     assert found.install.package == "/usr/lib/python3/dist-packages/sglang"
     # ... but not over a .pth naming the source, which site.py puts right after its own site directory.
     path_pth = b.layer(b.file(pth, f"/{source}\n"))
-    found = only(scan(b.docker_save(tmp_path / "pth.tar", [layer, later, path_pth], settings=settings)))
-    assert found.install.package == f"/{source}/sglang"
+    said = []
+    found = only(scan(b.docker_save(tmp_path / "pth.tar", [layer, later, path_pth], settings=settings), said.append))
+    assert (found.install.package, found.install.editable) == (f"/{source}/sglang", True)  # one copy, not two
+    assert [line.split(": ", 1)[1] for line in said if "not what the server imports" in line] == [
+        "/usr/lib/python3/dist-packages/sglang: not what the server imports (after "
+        f"/{source}/sglang on its path)"]
 
 
 def test_when_the_copy_the_server_imports_cannot_be_told_every_copy_is_answered_and_none_is_an_all_clear(tmp_path):

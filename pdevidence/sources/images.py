@@ -481,8 +481,9 @@ def _scan(archive: _Archive, image: Image, staging: Path, log) -> None:
     log(f"image {image.describe()}: {len(image.layers)} layer(s) read, names only")
     notes: list[str] = []
     path = image_python.search_path(fs, image.runtime)
-    candidates = _candidates(fs, path)
+    candidates = _candidates(fs)
     _editable_packages(fs, candidates, image, notes)
+    candidates += _path_copies(fs, path, candidates)
     answered, choice, why = _answered(fs, path, [c for c in candidates if c.package is not None], notes)
     plan = layers.Plan()
     trees_ = [staging / "trees" / str(n) for n in range(len(answered))]
@@ -506,8 +507,8 @@ def _scan(archive: _Archive, image: Image, staging: Path, log) -> None:
                                                   "installs": recorded, "notes": notes}, sort_keys=True) + "\n")
 
 
-def _candidates(fs: layers.Filesystem, path: image_python.SearchPath) -> list[_Candidate]:
-    """Each site directory's sglang/ and dist-info, then each other sglang/ on the server's path."""
+def _candidates(fs: layers.Filesystem) -> list[_Candidate]:
+    """Each site directory's sglang/ and dist-info."""
     found = []
     for parts, site in fs.directories(SITE_DIRS):
         site_path = "/" + "/".join(parts)
@@ -517,8 +518,15 @@ def _candidates(fs: layers.Filesystem, path: image_python.SearchPath) -> list[_C
         if package is None and not infos:
             continue
         found.append(_Candidate(site_path, infos, site, f"{site_path}/{PACKAGE}" if package else None, package))
-    known = {id(c.node) for c in found if c.node is not None}
-    for entry in path.entries:  # PYTHONPATH, the working directory, a .pth's directory
+    return found
+
+
+def _path_copies(fs: layers.Filesystem, path: image_python.SearchPath, known_copies: list[_Candidate]
+                 ) -> list[_Candidate]:
+    """Each sglang/ on the server's path that is no copy known already (PYTHONPATH, the working directory, a
+    .pth's directory that is no editable install's)."""
+    known, found = {id(c.node) for c in known_copies if c.node is not None}, []
+    for entry in path.entries:
         node = image_python.regular_package(fs, entry)
         if node is not None and id(node) not in known:
             known.add(id(node))
