@@ -257,6 +257,7 @@ def test_a_checkout_in_the_working_directory_does_not_shadow_the_editable_instal
     assert found.install.choice is images.Choice.IMPORTED
     assert "names no Python: python3 on its PATH, run as `python3 -m` from its working directory" in found.install.why
     assert found.install.why.startswith(f"the editable install's import hook in /{DEBIAN_LOCAL}, after the whole path")
+    assert f"sys.path /sgl-workspace, /root/.local/lib/python3.12/site-packages, /{DEBIAN_LOCAL}, " in found.install.why
     # The install's import hook comes after the whole path: a copy in a later site directory wins over it ...
     later = b.layer(*b.installed("usr/lib/python3/dist-packages", b.sglang_files("0.5.9")))
     found = only(scan(b.docker_save(tmp_path / "hook.tar", [layer, later], settings=settings)))

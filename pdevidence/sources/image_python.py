@@ -47,25 +47,18 @@ class Runtime:
             if isinstance(item, str) and "=" in item:
                 key, _, value = item.partition("=")
                 env[key] = value
-        argv = [a for key in ("Entrypoint", "Cmd") for a in (settings.get(key) or []) if isinstance(a, str)]
+        argv = [a for key in ("Entrypoint", "Cmd") if isinstance(settings.get(key), list)
+                for a in settings[key] if isinstance(a, str)]
         working_dir = settings.get("WorkingDir") if isinstance(settings.get("WorkingDir"), str) else ""
-        return cls(tuple(env.items()), posixpath.normpath("/" + working_dir), tuple(argv))
+        return cls(tuple(env.items()), posixpath.normpath("/" + working_dir.lstrip("/")), tuple(argv))
 
     def var(self, name: str, default: str = "") -> str:
         return dict(self.env).get(name, default)
-
-    def describe(self) -> str:
-        said = [f"command {shlex.join(self.argv)}" if self.argv else "no command",
-                f"working directory {self.working_dir}"]
-        if self.var("PYTHONPATH"):
-            said.append(f"PYTHONPATH={self.var('PYTHONPATH')}")
-        return ", ".join(said)
 
 
 @dataclass(frozen=True)
 class SearchPath:
     """The server's ``sys.path`` as far as the image tells it."""
-    interpreter: str | None  # as the image names it; None: none found
     entries: tuple[str, ...]  # directories, in order
     complete: bool  # False: only the entries before the site directories are known
     sites: tuple[str, ...]  # the interpreter's site directories (those of its editable installs' hooks)
@@ -106,8 +99,8 @@ def _shebang(fs: layers.Filesystem, path: str) -> list[str] | None:
     return data[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
 
 
-def _python_args(args: tuple[str, ...], runtime: Runtime) -> tuple[str | None, set[str]]:
-    """The first ``sys.path`` entry Python's own arguments give (None: none) and the flags that change the path."""
+def _python_args(args: tuple[str, ...], runtime: Runtime) -> tuple[str, set[str]]:
+    """The first ``sys.path`` entry Python's own arguments give, and the flags that change the path."""
     flags: set[str] = set()
     i = 0
     while i < len(args):
@@ -133,7 +126,7 @@ def _python_args(args: tuple[str, ...], runtime: Runtime) -> tuple[str | None, s
     return runtime.working_dir, flags  # the REPL
 
 
-def _command(fs: layers.Filesystem, runtime: Runtime) -> tuple[str | None, str | None, set[str], str]:
+def _command(fs: layers.Filesystem, runtime: Runtime) -> tuple[str, str, set[str], str]:
     """The interpreter (as named), the first path entry, the flags, and how they were told."""
     argv = list(runtime.argv)
     if argv and posixpath.basename(argv[0]) == "env":  # `env [NAME=value …] python3 …`
@@ -243,22 +236,22 @@ def keep(path: layers.Parts, runtime: Runtime) -> bool:
 def search_path(fs: layers.Filesystem, runtime: Runtime) -> SearchPath:
     named, first, flags, why = _command(fs, runtime)
     isolated = "I" in flags
-    entries = [] if first is None or isolated or "P" in flags or runtime.var("PYTHONSAFEPATH") else [first]
+    entries = [] if isolated or "P" in flags or runtime.var("PYTHONSAFEPATH") else [first]
     if not (isolated or "E" in flags):
         entries += [_joined(runtime.working_dir, e) for e in runtime.var("PYTHONPATH").split(":") if e]
     interpreter = _which(fs, named, runtime)
     if interpreter is None:
-        return SearchPath(None, tuple(entries), False, (), f"{why}; the image has no {named} there")
+        return SearchPath(tuple(entries), False, (), f"{why}; the image has no {named} there")
     found = _sites(fs, interpreter, runtime, flags)
     if found is None:
-        return SearchPath(interpreter, tuple(entries), False, (), f"{why}; the Python version of {interpreter} "
+        return SearchPath(tuple(entries), False, (), f"{why}; the Python version of {interpreter} "
                           "cannot be told")
     sites, described = found
     if "S" in flags:  # no site module: no site directories at all
         sites = []
     for site in sites:
         entries += [site, *_pth_entries(fs, site)]
-    return SearchPath(interpreter, tuple(dict.fromkeys(entries)), True, tuple(sites), f"{why}: {described}")
+    return SearchPath(tuple(dict.fromkeys(entries)), True, tuple(sites), f"{why}: {described}")
 
 
 def regular_package(fs: layers.Filesystem, entry: str) -> layers.Node | None:
