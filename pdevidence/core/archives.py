@@ -1,4 +1,5 @@
-"""What a file's first bytes say it is: a tar archive, or a compressed stream (of one)."""
+"""What a file's first bytes say it is (a tar archive, or a compressed stream of one), and how much an untrusted
+archive may make the harness write (``Budget``)."""
 
 from __future__ import annotations
 
