@@ -233,8 +233,12 @@ def venv_image(tmp_path: Path, name: str, settings: dict, *extra: tuple) -> Path
      tuple(b.installed("opt/override", package_only("0.5.12"))), f"/{DEBIAN_LOCAL}/sglang"),
     ({"Entrypoint": ["/usr/bin/env", "PYTHONUNBUFFERED=1", "/opt/venv/bin/python", "-u", "-m", "sglang"]}, (),
      f"/{VENV}/sglang"),
+    ({"Cmd": ["/bin/sh", "-c", "exec /opt/venv/bin/python -m sglang.launch_server --port 30000"]}, (),
+     f"/{VENV}/sglang"),
+    ({"Entrypoint": ["/opt/nvidia/nvidia_entrypoint.sh"], "Cmd": ["/opt/venv/bin/python", "-m", "sglang"]},
+     (b.file("opt/nvidia/nvidia_entrypoint.sh", "#!/bin/bash\nexec \"$@\"\n", 0o755),), f"/{VENV}/sglang"),
 ], ids=["python3 on PATH", "the venv's python named", "python on the venv's PATH", "a script whose #! names the venv",
-        "-I: PYTHONPATH ignored", "env NAME=value python"])
+        "-I: PYTHONPATH ignored", "env NAME=value python", "a Dockerfile's shell form", "a wrapper, then Python"])
 def test_the_interpreter_the_config_names_decides_between_two_site_directories(tmp_path, settings, extra, package):
     found = only(scan(venv_image(tmp_path, "image.tar", settings, *extra)))
     assert (found.install.package, found.install.choice) == (package, images.Choice.IMPORTED)
@@ -278,6 +282,12 @@ def test_when_the_copy_the_server_imports_cannot_be_told_every_copy_is_answered_
     assert [(f.install.package, f.install.choice) for f in found] == [
         (f"/{VENV}/sglang", images.Choice.UNDECIDED), (f"/{SITE}/sglang", images.Choice.UNDECIDED)]
     assert "the image has no python3 there" in found[0].install.why
+    # Shell code the image runs decides nothing: it may activate a venv, set PYTHONPATH, run anything.
+    shell = {"Cmd": ["/bin/sh", "-c", ". /opt/venv/bin/activate; python -m sglang.launch_server"]}
+    found = scan(venv_image(tmp_path, "shell.tar", shell))
+    assert [(f.install.package, f.install.choice) for f in found] == [
+        (f"/{VENV}/sglang", images.Choice.UNDECIDED), (f"/{DEBIAN_LOCAL}/sglang", images.Choice.UNDECIDED)]
+    assert "the image's command is shell code ('. /opt/venv/bin/activate; python -m" in found[0].install.why
     # An interpreter whose path reaches neither copy decides nothing either.
     python = b.layer(*PYTHON)
     found = scan(b.docker_save(tmp_path / "python.tar", [base_layer(), other, python]))

@@ -24,6 +24,8 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  #
 _PYTHON = re.compile(r"python(?P<version>3(?:\.[0-9]+)?)?")
 _VERSIONED = re.compile(r"python(?P<version>3\.[0-9]+)")
 _WITH_VALUE = set("WXQ")  # options whose value is the next argument when not joined
+_SHELLS = ("sh", "bash", "dash")
+_SHELL_SYNTAX = re.compile(r"[;&|<>$`()\n]")  # more than one simple command: what it runs is not read here
 
 
 class Choice(enum.Enum):
@@ -126,16 +128,19 @@ def _python_args(args: tuple[str, ...], runtime: Runtime) -> tuple[str, set[str]
     return runtime.working_dir, flags  # the REPL
 
 
-def _command(fs: layers.Filesystem, runtime: Runtime) -> tuple[str, str, set[str], str]:
-    """The interpreter (as named), the first path entry, the flags, and how they were told."""
+def _command(fs: layers.Filesystem, runtime: Runtime) -> tuple[str | None, str, set[str], str]:
+    """The interpreter (as named; None: the command is shell code not read here), the first path entry, the
+    flags, and how they were told."""
     argv = list(runtime.argv)
+    if len(argv) >= 3 and posixpath.basename(argv[0]) in _SHELLS and argv[1] == "-c":
+        if _SHELL_SYNTAX.search(argv[2]):  # it may set PYTHONPATH, activate a venv, run anything
+            return None, runtime.working_dir, set(), f"the image's command is shell code ({argv[2]!r}), not read here"
+        argv = shlex.split(argv[2])  # a Dockerfile's shell form: `CMD python3 -m …`
+        argv = argv[1:] if argv[:1] == ["exec"] else argv
     if argv and posixpath.basename(argv[0]) == "env":  # `env [NAME=value …] python3 …`
         argv = argv[1:]
         while argv and "=" in argv[0] and not argv[0].startswith("-"):
             argv = argv[1:]
-    if argv and _PYTHON.fullmatch(posixpath.basename(argv[0])):
-        first, flags = _python_args(tuple(argv[1:]), runtime)
-        return argv[0], first, flags, f"the image's command runs {argv[0]}"
     script = _which(fs, argv[0], runtime) if argv else None
     shebang = _shebang(fs, script) if script else None
     if shebang:
@@ -145,6 +150,11 @@ def _command(fs: layers.Filesystem, runtime: Runtime) -> tuple[str, str, set[str
         if _PYTHON.fullmatch(posixpath.basename(program)):
             flags = {letter for arg in rest if arg.startswith("-") for letter in arg[1:]}
             return program, posixpath.dirname(script), flags, f"the image's command {script} is a script of {program}"
+    # Python itself, or after a wrapper that runs its arguments (`nvidia_entrypoint.sh python3 -m …`).
+    at = next((i for i, arg in enumerate(argv) if _PYTHON.fullmatch(posixpath.basename(arg))), None)
+    if at is not None:
+        first, flags = _python_args(tuple(argv[at + 1:]), runtime)
+        return argv[at], first, flags, f"the image's command runs {argv[at]}"
     told = f"the image's command ({shlex.join(argv)}) names no Python" if argv else "the image names no command"
     return "python3", runtime.working_dir, set(), f"{told}: python3 on its PATH, run as `python3 -m` from its " \
         "working directory"
@@ -239,7 +249,9 @@ def search_path(fs: layers.Filesystem, runtime: Runtime) -> SearchPath:
     entries = [] if isolated or "P" in flags or runtime.var("PYTHONSAFEPATH") else [first]
     if not (isolated or "E" in flags):
         entries += [_joined(runtime.working_dir, e) for e in runtime.var("PYTHONPATH").split(":") if e]
-    interpreter = _which(fs, named, runtime)
+    interpreter = _which(fs, named, runtime) if named else None
+    if named is None:
+        return SearchPath(tuple(entries), False, (), why)
     if interpreter is None:
         return SearchPath(tuple(entries), False, (), f"{why}; the image has no {named} there")
     found = _sites(fs, interpreter, runtime, flags)
