@@ -23,6 +23,7 @@ registry's ``needs``) is not affected, resting on that configuration
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -53,6 +54,8 @@ MIN_PYTHON = (3, 10)
 CHECK_SIDE = "check"
 SOURCE_KINDS = ("path", "git")
 IMAGE_KIND = images.KIND
+CHOICE = {images.Choice.IMPORTED: "what the server imports", images.Choice.ONLY: "the image's only sglang",
+          images.Choice.UNDECIDED: "not an all-clear"}
 
 
 STATUS_OF = {Classification.FIXED: Status.FIXED, Classification.PRE_FIX: Status.AFFECTED,
@@ -359,10 +362,21 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, f
         version = versions.pop() if len(versions) == 1 else None
         if target.kind == "python":
             target.resolved = version
-        found.append(CheckResult(target, [judge(exp, outcomes[exp.name], refs[exp.name].base,
-                                                refs[exp.name].head, configuration) for exp in exps], version,
-                                 next(iter(outcomes.values())).containment, configuration))
+        judged = [judge(exp, outcomes[exp.name], refs[exp.name].base, refs[exp.name].head, configuration)
+                  for exp in exps]
+        if target.image is not None and target.image.install.choice is images.Choice.UNDECIDED:
+            judged = [_undecided(e) for e in judged]
+        found.append(CheckResult(target, judged, version, next(iter(outcomes.values())).containment, configuration))
     return found
+
+
+def _undecided(found: ExperimentCheck) -> ExperimentCheck:
+    """One of several copies in an image, when which one the server imports cannot be told: never an all-clear."""
+    if found.status not in (Status.FIXED, Status.NOT_AFFECTED):
+        return found
+    return dataclasses.replace(found, status=Status.UNKNOWN, justification=None,
+                               error=f"this copy reads {found.status.value}, but the server may import another copy "
+                               "in the image (see the image's why)")
 
 
 def _config_args(exps: list[Experiment], server_args: ServerArguments | None) -> dict[str, str]:
@@ -454,6 +468,8 @@ def table(result: CheckResult, *, verbose: bool = False) -> str:
     lines = [f"sglang check: {describe(result)}"]
     if result.target.kind in SOURCE_KINDS and result.target.era_choice:
         lines.append(f"  era: {result.target.era_choice.describe()}")
+    if result.target.image is not None:
+        lines.append(f"  {CHOICE[result.target.image.install.choice]}: {result.target.image.install.why}")
     if result.configuration is not None:
         lines.append(f"  server configuration: {result.configuration.describe()}")
     width = max((len(e.experiment) for e in result.experiments), default=0)  # the fixes' column

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from ..core import children, debris, faults, settings
+from ..core import archives, children, debris, faults, settings
 from ..core.errors import HarnessError, integrity
 from ..core.files import CHUNK, disk_error
 
@@ -228,8 +228,12 @@ def extract_tar(archive: Path, dest: Path, *, strip_top: bool = True) -> None:
         root = staging.resolve()
         try:
             with tarfile.open(archive) as tar:
-                members = tar.getmembers()
-                for member in members:
+                members, budget = [], archives.Budget(f"the archive {archive.name}")
+                for member in tar:  # counted as read: a hostile member count stops here, not in memory
+                    members.append(member)
+                    budget.member(member.name)
+                    if member.isreg():  # a tar member's size is what extracting it writes
+                        budget.extract(member.name, member.size)
                     reason = _unsafe_reason(member, root)
                     if reason:
                         raise integrity(
