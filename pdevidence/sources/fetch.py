@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..core import children, debris, faults
 from ..core.errors import HarnessError, integrity
-from ..core.files import CHUNK, disk_error
+from ..core.files import CHUNK, disk_error, move_atomic
 
 
 class Progress:
@@ -115,8 +115,6 @@ def download(url: str, dest: Path, *, expected_sha256: str | None = None, timeou
                     digest.update(block)
                     progress.update(len(block))
                 children.check()  # a stopped transfer ends early: not a truncation
-                out.flush()
-                os.fsync(out.fileno())
                 progress.close()
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError,
                 http.client.HTTPException) as exc:
@@ -142,7 +140,7 @@ def download(url: str, dest: Path, *, expected_sha256: str | None = None, timeou
                 todo="do not trust this file; if the source legitimately changed, remove its entry "
                 "from the lock file and fetch again",
             )
-        os.replace(tmp, dest)
+        move_atomic(tmp, dest)
         return actual
     finally:
         if tmp.exists():

@@ -28,7 +28,7 @@ from packaging.version import InvalidVersion, Version
 
 from ..core import children, settings
 from ..core.errors import HarnessError, integrity, usage
-from ..core.files import read_marker, sha256_file, write_atomic, write_marker
+from ..core.files import move_atomic, read_marker, sha256_file, write_atomic, write_marker
 from ..core.locking import exclusive
 from ..core.paths import cache_dir
 from . import fetch
@@ -240,7 +240,7 @@ def _git_tree_from_github(sha: str, dest: Path, lock: LockFile) -> Tree:
             "`nox -s \"release(<experiment>, <side>)\"`)",
         )
         archive = cache_dir() / "archives" / f"{digest}.tar.gz"
-        os.replace(tmp, archive)
+        move_atomic(tmp, archive)
     digest = sha256_file(archive)
     _check_digest(entry and entry["sha256"], digest, f"the archive of {sha[:12]}", lock_path, archive.unlink)
     info = {"source": "github", "origin": url, "sha256": digest}
@@ -426,7 +426,7 @@ def release_tree(version: str, python: str, lock: LockFile, project: str = "sgla
             digest = fetch.download(chosen["url"], tmp, expected_sha256=known.get(name) or published, what=name)
             wheel = cache_dir() / "wheels" / digest / name
             wheel.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, wheel)
+            move_atomic(tmp, wheel)
             if name not in known:
                 lock.record_seen("release", key, {"files": {name: digest}})
                 known = {**known, name: digest}
