@@ -149,7 +149,7 @@ def sweep_merge(session: nox.Session) -> None:
 
 @nox.session
 def check(session: nox.Session) -> None:
-    """Is my SGLang affected? `-- --python /venv/bin/python`, `-- --version 0.5.20`, --wheel, --path, --git."""
+    """Is my SGLang affected? `-- --python /venv/bin/python`, `-- --release 0.5.20`, --wheel, --path, --git."""
     _run(session, "check", *session.posargs)
 
 

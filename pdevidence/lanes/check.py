@@ -278,7 +278,7 @@ def check_interpreter(interpreter: Path) -> None:
                     todo="check the environment SGLang runs in, or use --version/--wheel to check a build here")
 
 
-def resolve(reg: Registry, *, python: Path | None = None, version: str | None = None, wheel: Path | None = None,
+def resolve(reg: Registry, *, python: Path | None = None, release: str | None = None, wheel: Path | None = None,
             path: Path | None = None, git: str | None = None) -> tuple[Target, trees.Tree | None]:
     """The target asked for, and the tree to install for it (None for an existing interpreter)."""
     if python is not None:
@@ -286,8 +286,8 @@ def resolve(reg: Registry, *, python: Path | None = None, version: str | None = 
         check_interpreter(python)
         return Target("python", str(python)), None
     lock = trees.LockFile(tree_lock_file(reg.root))
-    if version is not None:
-        tree = trees.release_tree(version, reg.python, lock)
+    if release is not None:
+        tree = trees.release_tree(release, reg.python, lock)
     elif wheel is not None:
         tree = trees.wheel_tree(wheel, reg.python)
     elif path is not None:
@@ -296,7 +296,7 @@ def resolve(reg: Registry, *, python: Path | None = None, version: str | None = 
         clone = os.environ.get("SGLANG_REPO")
         tree = trees.git_tree(git, lock, clone=Path(clone) if clone else None)
     else:
-        raise usage("check needs a target", expected="one of --python, --version, --wheel, --path, --git")
+        raise usage("check needs a target", expected="one of --python, --release, --wheel, --path, --git")
     ref = tree.origin if tree.kind == "path" else tree.ref
     choice = era_choice.choose(reg, tree)
     return Target(tree.kind, ref, tree.resolved, tree.digest, tree.version, choice.name, choice, tree.pins), tree
