@@ -335,17 +335,11 @@ def supported_tags(python: str) -> list[tags.Tag]:
     The cell's interpreter may lack ``packaging``, so the tags are computed here for its
     version, with this machine's platforms (OS, libc and architecture): the cell runs here.
     """
-    version = tuple(int(part) for part in python.split(".")[:2])
+    version = Version(python).release[:2]
     interpreter = f"cp{version[0]}{version[1]}"
     platforms = list(tags.platform_tags())
     return [*tags.cpython_tags(version, abis=[interpreter], platforms=platforms),
             *tags.compatible_tags(version, interpreter, platforms)]
-
-
-def wheel_tag(python: str) -> tuple[str, str]:
-    """The interpreter tag and machine of the best wheel tag, e.g. ``('cp312', 'x86_64')``."""
-    best = supported_tags(python)[0]
-    return best.interpreter, platform.machine()
 
 
 def wheel_fits(filename: str, project: str, supported: list[tags.Tag]) -> Version | None:
