@@ -138,6 +138,16 @@ def test_a_tree_without_a_version_literal_or_a_version_tag_tells_none(tmp_path):
     assert version.read(fork / "python", fork, repo=None, rev="HEAD") is None
 
 
+def test_a_dist_infos_version_is_its_metadata_header_and_nothing_in_its_description(tmp_path):
+    metadata = tmp_path / "METADATA"
+    metadata.write_text("Metadata-Version: 2.4\nName: sglang\nSummary: a\n  folded summary\nVersion: 0.5.12\n\n"
+                        "Version: 9.9.9 is only prose in the description\n")
+    assert version.metadata_version(metadata) == "0.5.12"
+    metadata.write_text("Metadata-Version: 2.4\nName: sglang\n\nVersion: 9.9.9\n")
+    assert version.metadata_version(metadata) is None
+    assert version.metadata_version(tmp_path / "missing") is None
+
+
 def test_source_trees_carry_the_version_their_commit_tells(tmp_path, monkeypatch):
     monkeypatch.setenv("PDEVIDENCE_CACHE", str(tmp_path / "cache"))
     fork = make_fork(tmp_path / "fork", guard=True)

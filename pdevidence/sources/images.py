@@ -38,7 +38,7 @@ from ..core.locking import exclusive
 from ..core.paths import cache_dir
 from . import layers
 from .trees import Tree
-from .version import TreeVersion, lenient
+from .version import TreeVersion, lenient, metadata_version
 from .version import read as read_version
 
 KIND = "image"
@@ -543,24 +543,9 @@ def _editable_source(info: Path) -> str | None:
     return unquote(url.path)
 
 
-def _metadata_version(metadata: Path) -> str | None:
-    """The ``Version:`` header of a dist-info's METADATA."""
-    try:
-        text = metadata.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if not line.strip():
-            break
-        key, _, value = line.partition(":")
-        if key.strip().lower() == "version" and value.strip():
-            return value.strip()
-    return None
-
-
 def _version(found: _Candidate) -> tuple[TreeVersion | None, str | None, str | None]:
     """What the dist-info says (else the package's version.py), the dist-info it came from, and a note."""
-    told = {info: v for info in found.infos if (v := _metadata_version(found.tree / info / "METADATA"))}
+    told = {info: v for info in found.infos if (v := metadata_version(found.tree / info / "METADATA"))}
     if len(told) == 1:
         (info, text), = told.items()
         parsed = lenient(text)

@@ -13,6 +13,7 @@ behind the tree or one naming no known release (``era_choice.py``: the tree's pi
 from __future__ import annotations
 
 import ast
+import email.parser
 import re
 import tomllib
 from dataclasses import dataclass
@@ -105,6 +106,15 @@ def _literal(version_py: Path) -> str | None:
         if named and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
             return node.value.value
     return None
+
+
+def metadata_version(metadata: Path) -> str | None:
+    """The ``Version`` field of a dist-info's METADATA (its header, an email message's: core metadata)."""
+    try:
+        text = metadata.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    return (email.parser.HeaderParser().parsestr(text)["Version"] or "").strip() or None
 
 
 def _static(pyproject: Path) -> str | None:
