@@ -29,7 +29,7 @@ from pdevidence.core.paths import PROJECT
 yaml = pytest.importorskip("yaml", reason="PyYAML is not installed: python -m pip install -r requirements-dev.txt")
 
 ACTION = PROJECT / "action.yml"
-TARGET_INPUTS = {"release": "--version", "wheel": "--wheel", "path": "--path", "image": "--image", "python": "--python"}
+TARGET_INPUTS = {"release": "--release", "wheel": "--wheel", "path": "--path", "image": "--image", "python": "--python"}
 EXPRESSION = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
 
 
@@ -175,12 +175,12 @@ def test_each_target_input_line_is_one_option_and_the_cli_parses_them(tmp_path):
                                     "path": "src/sglang\n", "image": "sglang.tar", "python": "/opt/venv/bin/python"})
     assert run.code == 0, run.log
     vex = str(tmp_path / "runner-temp" / "pdevidence" / "openvex.json")
-    assert run.argv == ["check", "--version", "0.5.19", "--version", "0.5.20",
+    assert run.argv == ["check", "--release", "0.5.19", "--release", "0.5.20",
                         "--wheel", "./a b.whl", "--path", "src/sglang", "--image", "sglang.tar",
                         "--python", "/opt/venv/bin/python",
                         "--references", "published", "--openvex", vex, "--verbose"]
     args = docs_parser().parse_args(run.argv)  # the paths need not exist here
-    assert args.version == ["0.5.19", "0.5.20"] and args.openvex == Path(vex)
+    assert args.release == ["0.5.19", "0.5.20"] and args.openvex == Path(vex)
     assert run.outputs == {"exit-code": "0", "openvex": vex}
     # The installed tool keeps its state where it always does (the user's cache and state directories).
     assert run.env["PDEVIDENCE_PYTHON"] == "/opt/python3.12/bin/python"

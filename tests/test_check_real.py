@@ -234,3 +234,18 @@ def run_check_code(*argv: str) -> tuple[int, str]:
     with contextlib.redirect_stdout(out):
         code = cli.main(["--root", str(PROJECT), "check", *argv, "--json"])
     return code, out.getvalue()
+
+
+def test_an_unpacked_setuptools_scm_wheel_given_as_a_path_runs_in_its_releases_era_and_answers(reg, tmp_path):
+    """Alone proves: a tree whose version only setuptools-scm wrote (sglang/_version.py, no version.py literal)
+    is read as that version, without importing it, and runs in its release's era, where every probe answers (in
+    today's closure, 0.5.12's scheduler could not import sgl_kernel: `cannot run`)."""
+    wheel = trees.release_tree("0.5.12", reg.python, trees.LockFile(tree_lock_file(reg.root))).install_target
+    unpacked = tmp_path / "sglang-0.5.12"
+    shutil.unpack_archive(wheel, unpacked, "zip")
+    code, doc = run_check("--path", str(unpacked))
+    assert doc["target"]["source_version"] == {"version": "0.5.12", "local": None, "source": "sglang/_version.py",
+                                               "told": "0.5.12"}
+    assert doc["target"]["era"] == reg.era_of("0.5.12").name
+    assert "cannot run" not in statuses(doc).values(), doc["experiments"]
+    assert code != errors.ENVIRONMENT

@@ -282,7 +282,7 @@ def check_interpreter(interpreter: Path) -> None:
                     todo="check the environment SGLang runs in, or use --version/--wheel to check a build here")
 
 
-def resolve(reg: Registry, *, python: Path | None = None, version: str | None = None, wheel: Path | None = None,
+def resolve(reg: Registry, *, python: Path | None = None, release: str | None = None, wheel: Path | None = None,
             path: Path | None = None, git: str | None = None) -> tuple[Target, trees.Tree | None]:
     """The target asked for, and the tree to install for it (None for an existing interpreter)."""
     if python is not None:
@@ -290,8 +290,8 @@ def resolve(reg: Registry, *, python: Path | None = None, version: str | None = 
         check_interpreter(python)
         return Target("python", str(python)), None
     lock = trees.LockFile(tree_lock_file(reg.root))
-    if version is not None:
-        tree = trees.release_tree(version, reg.python, lock)
+    if release is not None:
+        tree = trees.release_tree(release, reg.python, lock)
     elif wheel is not None:
         tree = trees.wheel_tree(wheel, reg.python)
     elif path is not None:
@@ -300,7 +300,7 @@ def resolve(reg: Registry, *, python: Path | None = None, version: str | None = 
         clone = os.environ.get("SGLANG_REPO")
         tree = trees.git_tree(git, lock, clone=Path(clone) if clone else None)
     else:
-        raise usage("check needs a target", expected="one of --python, --version, --wheel, --path, --git")
+        raise usage("check needs a target", expected="one of --python, --release, --wheel, --path, --git")
     ref = tree.origin if tree.kind == "path" else tree.ref
     choice = era_choice.choose(reg, tree)
     return Target(tree.kind, ref, tree.resolved, tree.digest, tree.version, choice.name, choice, tree.pins), tree
@@ -348,6 +348,12 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, f
     warm_trees = list({tree.label(): tree for _, tree in targets if tree is not None}.values())
     engine_outcomes = warm.probe_trees(reg, warm_trees, names, {t.label(): {**_tree_args(t), **config_args} for t in warm_trees},
                                        out_dir=out, force=force, log=log) if warm_trees else {}
+    moved = _in_own_eras(reg, warm_trees, engine_outcomes, log)
+    if moved:
+        engine_outcomes.update(warm.probe_trees(reg, list(moved.values()), names, {
+            label: {**_tree_args(t), **config_args} for label, t in moved.items()}, out_dir=out, force=force, log=log))
+        targets = [(_in_era_of(reg, target, moved[tree.label()]), tree) if tree and tree.label() in moved
+                   else (target, tree) for target, tree in targets]
     own: dict[str, dict[str, allprobes.Outcome]] = {}  # interpreters, by label
     found = []
     for target, tree in targets:
@@ -377,6 +383,28 @@ def _undecided(found: ExperimentCheck) -> ExperimentCheck:
     return dataclasses.replace(found, status=Status.UNKNOWN, justification=None,
                                error=f"this copy reads {found.status.value}, but the server may import another copy "
                                "in the image (see the image's why)")
+
+
+def _in_own_eras(reg: Registry, probed: list[trees.Tree], outcomes: dict[str, dict[str, allprobes.Outcome]],
+                 log) -> dict[str, trees.Tree]:
+    """By label, each source tree to probe again in the era its own ``sglang.__version__`` names: one whose
+    probes could not run (not for want of memory) in the era chosen (``era_choice.in_own_era``)."""
+    moved = {}
+    for tree in probed:
+        found = outcomes[tree.label()].values()
+        said = {o.doc.get("sglang_version") for o in found if o.doc} - {None}
+        if len(said) == 1 and any(o.doc is None and not o.out_of_memory for o in found):
+            again = era_choice.in_own_era(reg, tree, said.pop())
+            if again is not None:
+                moved[tree.label()] = again
+                log(f"check: {tree.label()}: {again.version.told} from {again.version.source}: probing it again "
+                    f"in {era_choice.choose(reg, again).describe()}")
+    return moved
+
+
+def _in_era_of(reg: Registry, target: Target, tree: trees.Tree) -> Target:
+    choice = era_choice.choose(reg, tree)
+    return dataclasses.replace(target, version=tree.version, era=choice.name, era_choice=choice)
 
 
 def _config_args(exps: list[Experiment], server_args: ServerArguments | None) -> dict[str, str]:
@@ -446,7 +474,7 @@ def describe(result: CheckResult) -> str:
         return f"{target.kind} {target.ref}{found}"
     # A source tree's own __version__ is often a build's fallback (0.0.0.dev0): the commit's version decides.
     told = f"version {target.version.describe()}" if target.version else \
-        "version not told (no version.py literal, static pyproject version or version tag)"
+        "version not told (no version.py or _version.py literal, static pyproject version or version tag)"
     era = f"era {target.era}" if target.era else "today's closure"
     same = target.version and result.sglang_version in (target.version.version, target.version.told)
     said = f"; sglang.__version__ says {result.sglang_version}" if result.sglang_version and not same else ""

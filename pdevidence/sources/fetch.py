@@ -26,7 +26,7 @@ from typing import TypeVar
 
 from ..core import archives, children, debris, faults, settings
 from ..core.errors import HarnessError, integrity
-from ..core.files import CHUNK, disk_error
+from ..core.files import CHUNK, disk_error, move_atomic
 
 T = TypeVar("T")
 
@@ -163,8 +163,6 @@ def _download(url: str, dest: Path, expected_sha256: str | None, timeout: float,
                     digest.update(block)
                     progress.update(len(block))
                 children.check()  # a stopped transfer ends early: not a truncation
-                out.flush()
-                os.fsync(out.fileno())
                 progress.close()
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError,
                 http.client.HTTPException) as exc:
@@ -191,7 +189,7 @@ def _download(url: str, dest: Path, expected_sha256: str | None, timeout: float,
                 todo="do not trust this file; if the source legitimately changed, remove its entry "
                 "from the lock file and fetch again",
             )
-        os.replace(tmp, dest)
+        move_atomic(tmp, dest)
         return actual
     finally:
         if tmp.exists():

@@ -42,7 +42,7 @@ from ..core.paths import cache_dir
 from . import image_python, layers
 from .image_python import Choice
 from .trees import Tree
-from .version import TreeVersion, lenient
+from .version import TreeVersion, lenient, metadata_version
 from .version import read as read_version
 
 KIND = "image"
@@ -596,13 +596,6 @@ def _answered(fs: layers.Filesystem, path: image_python.SearchPath, copies: list
     return copies, Choice.UNDECIDED, (f"which of {len(copies)} copies ({names}) the server imports cannot be told: "
                                       f"{none}{path.describe()}")
 
-
-def _metadata_version(metadata: Path) -> str | None:
-    """The ``Version:`` header of a dist-info's METADATA."""
-    try:
-        text = metadata.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
     for line in text.splitlines():
         if not line.strip():
             break
@@ -614,7 +607,7 @@ def _metadata_version(metadata: Path) -> str | None:
 
 def _version(found: _Candidate, tree: Path) -> tuple[TreeVersion | None, str | None, str | None]:
     """What the dist-info says (else the package's version.py), the dist-info it came from, and a note."""
-    told = {info: v for info in found.infos if (v := _metadata_version(tree / info / "METADATA"))}
+    told = {info: v for info in found.infos if (v := metadata_version(tree / info / "METADATA"))}
     if len(told) == 1:
         (info, text), = told.items()
         parsed = lenient(text)
