@@ -24,29 +24,49 @@ NEEDS = """
 server_args = { disaggregation_mode = ["decode"], disaggregation_decode_enable_offload_kvcache = [true] }
 why = "the offload manager runs only on a decode server with offload on"
 """
-# As a release's: a dataclass whose add_cli_args declares each option; __post_init__ must never run.
+# As a release's: a dataclass whose add_cli_args declares each option, and whose __post_init__ refuses what the
+# release refuses before its model-independent short circuit (``dummy``), then needs an accelerator (a check
+# stands in the cpu) and the model's config (a directory here). ``# derived`` is where a test adds a derivation.
 SERVER_ARGS_PY = '''
 import argparse
 import dataclasses
+import os
 
 
 @dataclasses.dataclass
 class ServerArgs:
     model_path: str = None
+    device: str = None
     disaggregation_mode: str = "null"
     disaggregation_decode_enable_offload_kvcache: bool = False
+    decode_offload_preset: bool = False
     tp_size: int = 1
 
     def __post_init__(self):
-        raise RuntimeError("no accelerator: __post_init__ must not run in a check")
+        if self.disaggregation_decode_enable_offload_kvcache and self.disaggregation_mode != "decode":
+            raise ValueError("The argument disaggregation-decode-enable-offload-kvcache is only supported for "
+                             "decode side.")
+        if self.model_path.lower() == "dummy":
+            return
+        if self.device is None:
+            raise RuntimeError("No accelerator (CUDA, XPU, NPU) is available.")
+        if not os.path.isdir(self.model_path):
+            raise OSError(f"no model config at {self.model_path}")
+        # derived
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser):
         parser.add_argument("--model-path", type=str, required=True)
+        parser.add_argument("--device", type=str, default=None)
         parser.add_argument("--tp-size", type=int, default=ServerArgs.tp_size)
         parser.add_argument("--disaggregation-mode", type=str, default="null", choices=["null", "prefill", "decode"])
         parser.add_argument("--disaggregation-decode-enable-offload-kvcache", action="store_true")
+        parser.add_argument("--decode-offload-preset", action="store_true")
 '''
+# A preset only the resolution expands: on a decode server it turns the offload on (the parser leaves it off).
+PRESET = """        if self.decode_offload_preset and self.disaggregation_mode == "decode":
+            self.disaggregation_decode_enable_offload_kvcache = True
+"""
 DECODE = "--disaggregation-mode decode"
 OFFLOAD = f"{DECODE} --disaggregation-decode-enable-offload-kvcache"
 
@@ -85,19 +105,23 @@ def test_a_configuration_that_never_enters_the_path_is_not_affected_resting_on_i
     assert answer["configuration"]["code_status"] == "affected"  # the code alone still lacks the fix
     assert answer["configuration"]["unmet"] == {"disaggregation_decode_enable_offload_kvcache": False}
     assert "server configuration given (--server-args)" in answer["evidence"][0]
-    assert doc["configuration"] == {"args": DECODE.split(), "source": "--server-args", "values": {
-        "disaggregation_mode": "decode", "disaggregation_decode_enable_offload_kvcache": False}}
+    assert doc["configuration"]["values"] == {"disaggregation_mode": "decode",
+                                              "disaggregation_decode_enable_offload_kvcache": False}
+    assert (doc["configuration"]["args"], doc["configuration"]["unestablished"]) == (DECODE.split(), {})
+    # No model path given: the tree's resolution stops, and its code derives neither attribute.
+    assert doc["configuration"]["resolution"]["completed"] is False
+    assert doc["configuration"]["resolution"]["derived"] == []
     assert problems("check", doc) == []
     [statement] = json.loads(vex.read_text())["statements"]
     assert statement["status"] == "not_affected"
     assert statement["justification"] == "vulnerable_code_not_in_execute_path"
     assert "server configuration given" in statement["impact_statement"]
     assert "rests on the server configuration given (--server-args: --disaggregation-mode decode)" in \
-        statement["status_notes"] and "the code alone: affected" in statement["status_notes"]
+        statement["status_notes"] and "its code alone: affected" in statement["status_notes"]
     assert problems("openvex-0.2.0", json.loads(vex.read_text())) == []
     cli.main(["--root", str(world.root), "check", "--path", str(fork), "--server-args", DECODE])
     table = capsys.readouterr().out
-    assert "server configuration: --disaggregation-mode decode; this tree's parser reads" in table
+    assert "server configuration: --disaggregation-mode decode; this tree reads" in table
     assert "not in the execute path of the configuration given" in table and "its code alone: affected" in table
 
 
