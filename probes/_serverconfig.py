@@ -220,7 +220,8 @@ def plain(value: Any) -> Any:
         return sorted((plain(v) for v in value), key=repr)
     if isinstance(value, dict):
         return {str(k): plain(v) for k, v in value.items()}
-    raise Unplain(f"its value is a {type(value).__name__} ({_shown(value)}), not plain data this check can compare")
+    raise Unplain(f"its value is a {type(value).__name__} ({repr(value)[:200]}), not plain data this check can "
+                  "compare")
 
 
 def _shown(value: Any) -> Any:
