@@ -63,8 +63,8 @@ class _TreeParser(argparse.ArgumentParser):
 def read_configuration(server_args: list[str], attrs: list[str]) -> dict:
     """``server_args`` as the tree reads them: the effective values of ``attrs`` it establishes, why the others
     are not established, how its resolution ran, or the refusal naming the argument."""
-    doc: dict = {"schema": CONFIG_SCHEMA, "server_args": server_args, "values": None, "parsed": None,
-                 "unestablished": {}, "resolution": None, "error": None}
+    doc: dict = {"schema": CONFIG_SCHEMA, "server_args": server_args, "values": None, "unestablished": {},
+                 "resolution": None, "error": None}
     if not isinstance(server_args, list) or not all(isinstance(a, str) for a in server_args):
         doc["error"] = {"kind": "arguments", "option": None, "message": "--server-args is not a JSON array of strings"}
         return doc
@@ -121,8 +121,7 @@ def read_configuration(server_args: list[str], attrs: list[str]) -> dict:
             values[attr] = plain(effective[attr])
         except Unplain as exc:
             unestablished[attr] = str(exc)
-    doc.update(values=values, parsed={attr: _shown(v) for attr, v in parsed.items()}, unestablished=unestablished,
-               resolution=resolution)
+    doc.update(values=values, unestablished=unestablished, resolution=resolution)
     return doc
 
 
@@ -222,13 +221,6 @@ def plain(value: Any) -> Any:
         return {str(k): plain(v) for k, v in value.items()}
     raise Unplain(f"its value is a {type(value).__name__} ({repr(value)[:200]}), not plain data this check can "
                   "compare")
-
-
-def _shown(value: Any) -> Any:
-    try:
-        return plain(value)
-    except Unplain:
-        return repr(value)[:200]
 
 
 def _option_of(message: str) -> str | None:
