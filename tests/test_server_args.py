@@ -318,3 +318,14 @@ def test_a_tree_that_cannot_run_is_not_affected_only_where_the_configuration_alo
     assert problems("check", doc) == []
     code, doc, _ = check(world, capsys, "--path", str(fork), "--server-args", OFFLOAD)  # it enters the path
     assert (doc["experiments"][0]["status"], code) == ("cannot run", errors.ENVIRONMENT)
+
+
+def test_a_tree_whose_parser_cannot_be_built_establishes_nothing_and_its_answers_stay_cannot_run(world, fork, capsys):
+    (fork / "python" / "sglang" / "__init__.py").write_text("raise ImportError('a kernel this machine lacks')\n")
+    code, doc, _ = check(world, capsys, "--path", str(fork), "--server-args", DECODE)
+    [answer] = doc["experiments"]
+    assert (answer["status"], answer["rests_on"], code) == ("cannot run", "code", errors.ENVIRONMENT)
+    assert answer["configuration"]["enters_path"] is None
+    assert "this tree's parser cannot be built here (ImportError: a kernel this machine lacks)" in \
+        doc["configuration"]["unestablished"]["disaggregation_mode"]
+    assert doc["configuration"]["values"] == {} and problems("check", doc) == []
