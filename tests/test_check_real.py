@@ -233,9 +233,15 @@ def test_0_5_12_decode_without_offload_is_not_affected_by_the_offload_fix_and_wi
     code, on = run_check("--version", "0.5.12", "--references", "fresh", "--server-args",
                          f"{decode} --disaggregation-decode-enable-offload-kvcache")
     answer = {e["experiment"]: e for e in on["experiments"]}
-    assert answer["offload_slots"]["status"] == "affected"
-    assert answer["offload_slots"]["configuration"]["enters_path"] is True
+    # Offload on, the mode not established here: the code's answer, the configuration not deciding.
+    assert (answer["offload_slots"]["status"], answer["offload_slots"]["configuration"]["enters_path"]) == \
+        ("affected", None)
     assert code == errors.BEHAVIOUR_DIFFERS
+    code, on = run_check("--version", "0.5.12", "--references", "fresh", "--server-args", "--model-path dummy "
+                         "--disaggregation-mode decode --disaggregation-decode-enable-offload-kvcache")
+    answer = {e["experiment"]: e for e in on["experiments"]}
+    assert (answer["offload_slots"]["status"], answer["offload_slots"]["configuration"]["enters_path"]) == \
+        ("affected", True)
     # An option 0.5.12's own parser does not define: refused by that parser, in the probe process.
     code, _ = run_check_code("--version", "0.5.12", "--references", "fresh", "--server-args",
                              f"{decode} --no-such-option")
