@@ -151,7 +151,7 @@ class ConfigAnswer:
     def describe(self) -> str:
         if self.enters_path is None:
             unknown = [f"this tree's parser defines no {', '.join(self.undefined)}"] if self.undefined else []
-            unknown += [f"{attr} has no established value ({why})" for attr, why in self.unestablished.items()]
+            unknown += [f"{attr} has no established value: {why}" for attr, why in self.unestablished.items()]
             return f"the configuration given cannot tell: {'; '.join(unknown)}; answered about the code"
         if self.enters_path:
             needs = "; ".join(f"{attr} in {_shown(values)}" for attr, values in self.needs.items())
