@@ -257,7 +257,7 @@ def test_a_source_tree_whose_probes_could_not_run_runs_again_in_the_era_its_vers
         return check.ExperimentCheck(exp.name, exp.pr, check.Status.FIXED if outcome.doc else check.Status.CANNOT_RUN)
 
     monkeypatch.setattr(check.warm, "probe_trees", probe_trees)
-    monkeypatch.setattr(check.classify, "references", lambda *a, **kw: SimpleNamespace(base={}, head={}))
+    monkeypatch.setattr(check, "references", lambda *a, **kw: SimpleNamespace(base={}, head={}))
     monkeypatch.setattr(check, "judge", judge)
     logged = []
     [found] = check.run_all(reg, [check.resolve(reg, path=fork)], log=logged.append)
