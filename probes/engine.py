@@ -9,17 +9,17 @@ as that driver runs in a fresh process, so each child imports its own SGLang int
 fresh copy of the warm parent. The parent never imports SGLang: a child's
 registrations and patches die with it.
 
-What the parent preloads is not a list written here: after each child, the engine
-imports the third-party modules that child had loaded (nothing of the tree's), so
-the next child starts warmer. A module that fails to preload is simply left to the
+What the parent preloads is not a list written here: after each child, while a task
+is still waiting for its fork, the engine imports the third-party modules that child
+had loaded (nothing of the tree's), so the next child starts warmer; past the last
+fork an import would only delay the engine's end. A module that fails to preload is simply left to the
 children.
 
     task (--tasks):  {"id": "0.5.21", "path": "<dir with sglang/>", "log": "<file>", "argv": [driver args],
                       "driver": "probe_all"}   (default probe_all; or probe_mutants)
-    report (stdout): {"id": "0.5.21", "status": 0, "signal": null, "seconds": 7.1, "started": 12.3,
-                      "at": 5021.402}
-                     (started: seconds from the engine's start to the child's fork; at: the fork on the
-                     monotonic clock, which the harness shares, so it can place the child among other engines)
+    report (stdout): {"id": "0.5.21", "status": 0, "signal": null, "seconds": 7.1, "at": 5021.402}
+                     (at: the fork on the monotonic clock, which the harness shares, so it can place the
+                     child among other engines)
                      {"id": ..., "status": null, "signal": 9, "timeout": true}  killed past --timeout
                      {"id": ..., "status": null, "signal": null, "error": "could not fork: ..."}
 
@@ -143,7 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preload", type=Path, required=True,
                         help="modules to import before the first child; updated with what the children needed")
     args = parser.parse_args(argv)
-    began = time.monotonic()
     args.scratch.mkdir(parents=True, exist_ok=True)
     quiet_environment()
     _standins.install()  # the children inherit them; preloading must not import the real ones
@@ -163,13 +162,12 @@ def main(argv: list[str] | None = None) -> int:
             child = _fork(task, modules_file)
             if isinstance(child, str):
                 _report({"id": task["id"], "status": None, "signal": None, "timeout": False, "seconds": 0.0,
-                         "started": round(time.monotonic() - began, 1), "at": round(time.monotonic(), 3),
-                         "error": child})
+                         "at": round(time.monotonic(), 3), "error": child})
                 continue
             running[child] = (task, time.monotonic(), modules_file)
         time.sleep(0.05)
-        for pid, (task, started, modules_file) in list(running.items()):
-            seconds = round(time.monotonic() - started, 1)
+        for pid, (task, forked, modules_file) in list(running.items()):
+            seconds = round(time.monotonic() - forked, 1)
             done, status = os.waitpid(pid, os.WNOHANG)
             if done == 0 and seconds <= args.timeout:
                 continue
@@ -180,12 +178,13 @@ def main(argv: list[str] | None = None) -> int:
             del running[pid]
             code, killed_by = (None, signal.SIGKILL) if done == 0 else _status(status)
             _report({"id": task["id"], "status": code, "signal": killed_by, "timeout": done == 0,
-                     "seconds": seconds, "started": round(started - began, 1), "at": round(started, 3)})
+                     "seconds": seconds, "at": round(forked, 3)})
             if modules_file.exists():
                 found = json.loads(modules_file.read_text(encoding="utf-8"))
                 modules_file.unlink()
                 needed.extend(name for name in found if name not in needed)
-                _preload(found, preloaded)
+                if pending:  # no child is left to fork: the engine would only import, then exit
+                    _preload(found, preloaded)
     tmp = args.preload.with_name(f".{args.preload.name}.tmp")
     tmp.write_text(json.dumps(needed), encoding="utf-8")
     os.replace(tmp, args.preload)

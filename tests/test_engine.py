@@ -468,3 +468,42 @@ def test_a_module_that_fails_to_preload_is_left_to_the_children_but_ctrl_c_stops
     warm_engine._preload(["broken_at_import", "exits_at_import"], set())
     with pytest.raises(KeyboardInterrupt):
         warm_engine._preload(["interrupted_at_import"], set())
+
+
+RECORDING_CLOSURE_MODULE = CLOSURE_MODULE + """
+import os
+with open(RECORD, "a") as record:
+    record.write(f"{os.getpid()} {os.getppid()}\\n")  # who imported me, and its parent
+"""
+
+
+def recording_closure(closure: Path, record: Path) -> None:
+    """closurelib records every process that imports it (the engine and its children may write in logs/)."""
+    record.parent.mkdir(parents=True, exist_ok=True)
+    (closure / "closurelib.py").write_text(f"RECORD = {str(record)!r}\n" + RECORDING_CLOSURE_MODULE)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_the_engine_imports_what_a_child_needed_only_while_a_task_waits_for_its_fork(world, monkeypatch, jobs):
+    """One tree at jobs 1, two at jobs 2: every fork happens before any child ends, so the engine itself never
+    imports closurelib (each child does), though it still keeps it for the next engine."""
+    reg, tmp_path, closure = world
+    record = tmp_path / "logs" / "imports.txt"
+    recording_closure(closure, record)
+    trees = {v: make_tree(tmp_path / f"t{v}", v, guard=True) for v in ["1.0.0", "1.1.0"][:jobs]}
+    found, _ = run_engine(reg, tmp_path, closure, trees, monkeypatch, jobs=jobs)
+    assert all(found[label]["demo"].doc is not None for label in trees)
+    importers = [tuple(line.split()) for line in record.read_text().splitlines()]
+    children_of = {parent for _, parent in importers}
+    assert len(importers) == jobs and not [pid for pid, _ in importers if pid in children_of], importers
+    assert "closurelib" in json.loads((tmp_path / "preload.json").read_text())
+
+
+def test_the_engine_imports_what_a_child_needed_before_the_next_fork(world, monkeypatch):
+    reg, tmp_path, closure = world
+    record = tmp_path / "logs" / "imports.txt"
+    recording_closure(closure, record)
+    trees = {v: make_tree(tmp_path / f"t{v}", v, guard=True) for v in ["1.0.0", "1.1.0"]}
+    run_engine(reg, tmp_path, closure, trees, monkeypatch, jobs=1)
+    (_, engine_pid), (importer, _) = [tuple(line.split()) for line in record.read_text().splitlines()]
+    assert importer == engine_pid  # the second child inherited it from the warm engine
