@@ -225,25 +225,33 @@ class Experiment:
     not_deciding: dict[str, NotDeciding] = field(default_factory=dict)
     needs: Needs | None = None  # the server configuration its code path needs; None: every configuration enters it
 
-    def commit(self, side: str) -> str:
-        sha = self.git.get(side)
-        if not sha:
-            raise usage(
-                f"experiment {self.name!r} has no pinned {side} commit",
-                expected=f"[experiments.{self.name}.git] {side} = \"<40-hex sha>\" in {REGISTRY_FILE}",
-                todo="run its release-backed cells (`cell release`), or record the PR's commits once known",
-            )
-        return sha
+    def pin(self, kind: str, side: str) -> str:
+        """What a registry cell of tree ``kind`` probes on ``side``: the pinned commit (``git``) or release."""
+        pin = PINS[kind]
+        value = getattr(self, pin.table).get(side)
+        if not value:
+            raise usage(f"experiment {self.name!r} has no {pin.missing.format(side=side)}",
+                        expected=f"[experiments.{self.name}.{pin.table}] {side} = \"<{pin.value}>\" in {REGISTRY_FILE}",
+                        todo=pin.todo.format(name=self.name))
+        return value
 
-    def release(self, side: str) -> str:
-        version = self.releases.get(side)
-        if not version:
-            raise usage(
-                f"experiment {self.name!r} has no release-backed {side} yet",
-                expected=f"[experiments.{self.name}.releases] {side} = \"<version>\" in {REGISTRY_FILE}",
-                todo=f"run `nox -s sweep -- --experiment {self.name}` to find the bracketing releases, then record them",
-            )
-        return version
+
+@dataclass(frozen=True)
+class Pin:
+    """Where an experiment pins the tree of one registry tree kind, and what to do while it does not."""
+
+    table: str  # the experiment's table (and attribute) that maps each side to it
+    missing: str
+    value: str
+    todo: str
+
+
+PINS = {
+    "git": Pin("git", "pinned {side} commit", "40-hex sha",
+               "run its release-backed cells (`cell release`), or record the PR's commits once known"),
+    "release": Pin("releases", "release-backed {side} yet", "version",
+                   "run `nox -s sweep -- --experiment {name}` to find the bracketing releases, then record them"),
+}
 
 
 @dataclass(frozen=True)

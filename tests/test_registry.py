@@ -37,7 +37,7 @@ def test_the_project_registry_declares_both_experiments_with_full_pins():
 def test_an_experiment_without_git_pins_names_the_missing_commit(tmp_path):
     exp = registry.load(PROJECT).experiment("offload_rid")
     with pytest.raises(Exception, match="no pinned base commit"):
-        exp.commit("base")
+        exp.pin("git", "base")
 
 
 def test_expectations_distinguish_changes_from_controls(tmp_path):
@@ -63,7 +63,7 @@ def test_unknown_side_is_a_usage_error():
 def test_unset_release_bracket_says_how_to_find_it(tmp_path):
     reg = load_text(tmp_path, REGISTRY.replace('head = "1.1.0"', ""))
     with pytest.raises(errors.HarnessError, match="sweep") as err:
-        reg.experiment("demo").release("head")
+        reg.experiment("demo").pin("release", "head")
     assert err.value.code == errors.USAGE
 
 

@@ -156,7 +156,7 @@ def test_uploaded_files_are_the_cells_result_and_receipt(kind, matrices):
             for side in registry.SIDES:
                 if tree_kind == "git" and side not in exp.git:
                     continue  # no pinned commit: no probe(...) cell
-                resolved = exp.release(side) if tree_kind == "release" else exp.git[side]
+                resolved = exp.pin(tree_kind, side)
                 result = Path("runs") / results.result_name(name, side, _tree(tree_kind, resolved).label())
                 written[f"{session_name}({name}, {side})"] = [result.as_posix(),
                                                              results.receipt_path(result).as_posix()]

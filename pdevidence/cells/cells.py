@@ -67,9 +67,9 @@ def resolve_tree(registry: Registry, cell: Cell) -> trees.Tree:
     lock = trees.LockFile(tree_lock_file(registry.root))
     if cell.kind == "git":
         clone = os.environ.get("SGLANG_REPO")
-        return trees.git_tree(cell.ref or exp.commit(cell.side), lock, clone=Path(clone) if clone else None)
+        return trees.git_tree(cell.ref or exp.pin("git", cell.side), lock, clone=Path(clone) if clone else None)
     if cell.kind == "release":
-        return trees.release_tree(cell.ref or exp.release(cell.side), registry.python, lock)
+        return trees.release_tree(cell.ref or exp.pin("release", cell.side), registry.python, lock)
     directory = cell.ref or os.environ.get("SGLANG_TREE")
     if not directory:
         raise usage("a path cell needs a directory",
@@ -83,7 +83,7 @@ def cell_era(registry: Registry, cell: Cell) -> Era | None:
     once it is (the version it tells, else its pins): None until then."""
     if cell.kind != "release":
         return None
-    return registry.era_of(cell.ref or registry.experiment(cell.experiment).release(cell.side))
+    return registry.era_of(cell.ref or registry.experiment(cell.experiment).pin("release", cell.side))
 
 
 def cache_key(registry: Registry, made_by: provenance.Provenance, tree: trees.Tree, torch_channel: str) -> str:

@@ -23,8 +23,7 @@ from .receipts import Receipt
 
 def expected_file(exp: Experiment, side: str, kind: str) -> str:
     """The result file name a registry cell produces, known without fetching anything."""
-    pin = exp.release(side) if kind == "release" else exp.commit(side)
-    return results.result_name(exp.name, side, tree_label(kind, pin))
+    return results.result_name(exp.name, side, tree_label(kind, exp.pin(kind, side)))
 
 
 @dataclass(frozen=True)
