@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from . import faults
 from .errors import usage
 
 TORCH_CHANNELS = ("pypi", "cpu")  # registry.TorchChannel's values (the registry sits above core)
@@ -40,14 +41,6 @@ def _seconds(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(text)
     return value
-
-
-def _fault_point(text: str) -> str:
-    from . import faults  # the names live with the points
-
-    if text not in faults.POINTS:
-        raise ValueError(text)
-    return text
 
 
 def _choice(*values: str) -> Callable[[str], str]:
@@ -132,7 +125,7 @@ SETTINGS = {s.name: s for s in (
             "connection, a server error, a cut transfer), e.g. 4 (the default)", _count, 4),
     Setting("PDEVIDENCE_DOWNLOAD_BACKOFF", "a positive number of seconds before a download's second try, doubled "
             "before each next one, e.g. 2 (the default)", _seconds, 2.0),
-    Setting("PDEVIDENCE_FAULT", "a fault point's name (tests only: the run kills itself there)", _fault_point),
+    Setting(faults.VARIABLE, "a fault point's name (tests only: the run kills itself there)", _choice(*faults.POINTS)),
     Setting("PDEVIDENCE_SANDBOX", f"one of: {', '.join(SANDBOX_TOOLS)} (default auto: bubblewrap, else unshare)",
             _choice(*SANDBOX_TOOLS), "auto"),
     Setting("PDEVIDENCE_PROBE_MEMORY", "a size in bytes with an optional K, M, G or T, e.g. 8G (the default)",
