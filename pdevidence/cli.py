@@ -22,6 +22,7 @@ from .core.paths import PROJECT, results_dir, runs_dir, tree_lock_file, work_dir
 from .documents import corpus_table, integrity, reports
 from .documents.tables import SweepParameters
 from .judge import classify, compare
+from .lanes import cache as cache_lane
 from .lanes import check, corpus, drift, mutate, sweep, sweep_parts, upstream
 from .publish import openvex, publish
 from .report import report
@@ -80,6 +81,11 @@ def cmd_compare(args) -> int:
         print(f"published artifact failed verification: {rel}: {why}")
     print(f"wrote {', '.join(str(p) for p in written)}")
     return summary.exit_code
+
+
+def cmd_cache(args) -> int:
+    return cache_lane.command(registry.load(args.root), cache_lane.Verb(args.verb), as_json=getattr(args, "json", False),
+                              older_than=getattr(args, "older_than", None), max_size=getattr(args, "max_size", None))
 
 
 def cmd_verify(args) -> int:
@@ -447,6 +453,16 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--ref", type=arguments.ref, help="override the side's tree: a version, a commit SHA or a directory")
     _allow_uncontained(up)
     up.set_defaults(func=cmd_upstream)
+
+    ca = sub.add_parser("cache", help="what pdevidence's caches hold and what each part is for; get the space back")
+    verbs = ca.add_subparsers(dest="verb", required=True)
+    verbs.add_parser("info", help="where each part lives, its size and last use").add_argument(
+        "--json", action="store_true", help="as JSON")
+    pr = verbs.add_parser("prune", help="remove what nothing the registry can use, and what is old or over a budget")
+    pr.add_argument("--older-than", type=arguments.duration, metavar="DURATION", help="not used for this long: 30d, 12h")
+    pr.add_argument("--max-size", type=arguments.size, metavar="SIZE", help="least recently used first until this fits: 20G")
+    verbs.add_parser("clean", help="remove every entry (what a running run uses stays)")
+    ca.set_defaults(func=cmd_cache)
     return p
 
 
@@ -532,24 +548,13 @@ def _resolvable(option: str, ref: str) -> None:
                     todo="pass the full SHA, or set SGLANG_REPO=<clone> so the ref can be resolved")
 
 
-# What code that names its own temporaries leaves when killed, in each scratch directory: an atomic write's and
-# a download's temporary, an unpacked wheel's staging, the warm engine's private, staging and aside directories, a
-# cell's or a lane's staging. What core/debris names with a run's token goes without being listed here.
-LEFTOVERS = (".*.tmp", ".*.part", ".*.unpack", ".*.extract", ".*.partial", ".*.old", ".probing.*")
-
-
 def enter_scratch(root: Path) -> None:
     """This run is in the cache, the work directory and the runs of the project at ``root`` from now on; what dead
     runs left there goes first (core/debris.py). Every command enters all three: a run writing in one it did not
     enter could have its temporaries taken for a dead run's."""
     cache, work, runs = paths.cache_dir(), work_dir(root), runs_dir(root)
-    places = {
-        cache: [*(debris.Place(d, LEFTOVERS) for d in (cache, cache / "wheels", cache / "archives", cache / "unpacked")),
-                debris.Place(cache / "envs", LEFTOVERS, environments.ENV_INFO)],  # an environment is built in place
-        work: [*(debris.Place(d, LEFTOVERS) for d in (work / "outcomes", work / "corpus")),
-               debris.Place(work / "envs", LEFTOVERS, environments.ENV_INFO)],
-        runs: [debris.Place(d, LEFTOVERS) for d in (runs, runs / "check", runs / "sweep", runs / "mutate")],
-    }
+    places = {**cache_lane.places(cache, work),
+              runs: [debris.Place(d, cache_lane.LEFTOVERS) for d in (runs, runs / "check", runs / "sweep", runs / "mutate")]}
     for scratch, inside in places.items():
         try:
             debris.enter(scratch, inside)
@@ -558,6 +563,7 @@ def enter_scratch(root: Path) -> None:
                                expected="a cache, work and runs directory this user can write",
                                todo="fix its permissions, or point PDEVIDENCE_CACHE, PDEVIDENCE_WORK and "
                                "PDEVIDENCE_RUNS at directories you can write") from None
+    cache_lane.remove_old_bytecode(cache)
 
 
 def main(argv: list[str] | None = None) -> int:

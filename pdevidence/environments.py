@@ -32,7 +32,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from .core import children, faults, files, settings
+from .core import children, faults, files, inuse, settings
 from .core.errors import HarnessError
 from .core.files import sha256_file
 from .core.locking import exclusive
@@ -288,6 +288,7 @@ def ensure(path: Path, python: str, closure: Path, tree: Tree | None, torch: Tor
     env = CellEnvironment(path, python, torch)
     key = environment_key(interpreter, closure, torch.channel, tree)
     uv = uv_executable()
+    inuse.use(path)  # before it is looked at: a `cache prune` leaves it alone from now until this run ends
     if not _built(path, key):
         path.parent.mkdir(parents=True, exist_ok=True)
         # Another run (another checkout, the installed tool, a second shell) may be building it: the loser

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
-from . import children
+from . import children, inuse
 from .locking import try_lock
 
 TOKEN_FILE = ".pdevidence-run-{}.lock"
@@ -83,6 +83,15 @@ def run():
                     Path(root, TOKEN_FILE.format(_run.token)).unlink(missing_ok=True)
                     os.close(fd)
             _run = None
+        inuse.release()  # the cache entries it used: a prune may take them now
+
+
+def alone(root: Path) -> bool:
+    """Whether no run but this one is in ``root``."""
+    with _looking(root):
+        tokens = _runs(root, _this_run().token)
+        tokens.release()
+    return tokens.alone
 
 
 def enter(root: Path, places: Iterable[Place] = ()) -> str:

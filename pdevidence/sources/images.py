@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import unquote, urlsplit
 
-from ..core import archives
+from ..core import archives, inuse
 from ..core.errors import HarnessError, integrity, usage
 from ..core.files import write_atomic
 from ..core.locking import exclusive
@@ -433,6 +433,7 @@ def _layer(archive: _Archive, image: Image, index: int, *, verify: bool = True) 
 def _installs(archive: _Archive, image: Image, log) -> list[Install]:
     algorithm, hex_ = image.config_digest.split(":", 1)
     entry = _images_dir() / f"{algorithm}-{hex_}"
+    inuse.use(entry)
     with exclusive(cache_dir() / "locks" / f"image-{hex_[:16]}.lock", f"the scan of {image.describe()}"):
         cached = _cached(entry, image)
         if cached is None:
