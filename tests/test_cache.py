@@ -49,6 +49,7 @@ def fill(directory: Path, size: int, *, name: str = "data", marker: bool = False
 def aged(entry: Path, days: float) -> Path:
     """Last used ``days`` ago (the time of its use marker, as a run leaves it)."""
     marker = inuse.marker(entry)
+    marker.parent.mkdir(parents=True, exist_ok=True)
     marker.touch()
     when = time.time() - days * DAY
     os.utime(marker, (when, when))
@@ -255,3 +256,10 @@ def test_a_malformed_age_or_size_is_a_usage_error(world, argv, capsys):
     root, _, _ = world
     assert run(root, "cache", "prune", *argv) == errors.USAGE
     assert argv[1] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("verb", ["list", "rm -rf", ""])
+def test_an_unknown_verb_is_a_usage_error_naming_the_verbs(world, verb, capsys):
+    root, _, _ = world
+    assert run(root, "cache", verb) == errors.USAGE
+    assert "info" in capsys.readouterr().err

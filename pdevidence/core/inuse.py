@@ -1,7 +1,8 @@
 """Which cache entries a live run uses, and when each was last used: what `cache prune` reads before it removes.
 
 A run that uses an entry of the cache (an environment, a wheel, an unpacked or exported tree, an image's packages)
-holds a shared ``flock`` on ``.<name>.used`` beside it until the run ends, and sets that file's time to now: one
+holds a shared ``flock`` on its marker, ``.used/<kind>/<name>`` in the entry's root (out of the listings of the
+entries themselves), until the run ends, and sets that file's time to now: one
 open, one lock and one ``utime`` per entry and run. A prune takes the same lock exclusively, without waiting:
 an entry whose lock it cannot take is in use and stays. It renames the entry out of the way before it lets go, so
 a run that asks for the entry after that finds it missing (and builds it again), never half of it.
@@ -21,7 +22,7 @@ from pathlib import Path
 from . import children
 from .locking import try_lock
 
-SUFFIX = ".used"
+MARKERS = ".used"
 POLL_SECONDS = 0.05
 
 _held: dict[str, int] = {}  # entry -> this run's open, share-locked marker
@@ -31,7 +32,7 @@ _guard = threading.Lock()  # a run's worker threads use entries at once
 
 def marker(entry: Path) -> Path:
     """The file beside ``entry`` whose lock says who uses it and whose time says when it was last used."""
-    return entry.with_name(f".{entry.name}{SUFFIX}")
+    return entry.parent.parent / MARKERS / entry.parent.name / entry.name
 
 
 def use(entry: Path) -> None:
@@ -45,7 +46,7 @@ def use(entry: Path) -> None:
             _pid = os.getpid()
         if key in _held:
             return
-        entry.parent.mkdir(parents=True, exist_ok=True)
+        marker(entry).parent.mkdir(parents=True, exist_ok=True)
         _held[key] = _share(marker(entry))
 
 
@@ -100,6 +101,7 @@ def unused(entry: Path) -> Iterator[bool]:
     """Whether no run uses ``entry``; while True, none can start to (its marker held exclusively). The marker goes
     with the block when the entry has gone (the caller renamed it away), or when the block made it."""
     path = marker(entry)
+    path.parent.mkdir(parents=True, exist_ok=True)
     made = not os.path.lexists(path)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
