@@ -84,8 +84,9 @@ def cmd_compare(args) -> int:
 
 
 def cmd_cache(args) -> int:
-    return cache_lane.command(registry.load(args.root), cache_lane.Verb(args.verb), as_json=getattr(args, "json", False),
-                              older_than=getattr(args, "older_than", None), max_size=getattr(args, "max_size", None))
+    return cache_lane.command(registry.load(args.root), cache_lane.Verb(args.verb),
+                              as_json=getattr(args, "json", False), older_than=getattr(args, "older_than", None),
+                              max_size=getattr(args, "max_size", None))
 
 
 def cmd_verify(args) -> int:
@@ -553,8 +554,8 @@ def enter_scratch(root: Path) -> None:
     runs left there goes first (core/debris.py). Every command enters all three: a run writing in one it did not
     enter could have its temporaries taken for a dead run's."""
     cache, work, runs = paths.cache_dir(), work_dir(root), runs_dir(root)
-    places = {**cache_lane.places(cache, work),
-              runs: [debris.Place(d, cache_lane.LEFTOVERS) for d in (runs, runs / "check", runs / "sweep", runs / "mutate")]}
+    places = {**cache_lane.places(cache, work), runs: [debris.Place(d, cache_lane.LEFTOVERS)
+                                                      for d in (runs, runs / "check", runs / "sweep", runs / "mutate")]}
     for scratch, inside in places.items():
         try:
             debris.enter(scratch, inside)

@@ -119,6 +119,16 @@ def test_prune_by_age_removes_only_what_no_run_used_for_that_long(world, capsys)
     assert not inuse.marker(parts["wheel"]).exists()  # its marker went with it
 
 
+def test_prune_forgets_the_use_of_an_entry_a_run_removed_itself(world):
+    root, cache_dir, work = world
+    parts = populated(root, cache_dir, work)
+    aged(parts["wheel"], 1)
+    shutil.rmtree(parts["wheel"])  # as a run does with a download that fails its check
+    cache.prune(registry.load(root))
+    assert not inuse.marker(parts["wheel"]).exists()
+    assert inuse.marker(parts["wheel"]).parent.is_dir()  # the directory of the markers stays
+
+
 def test_prune_to_a_budget_removes_the_least_recently_used_first(world):
     root, cache_dir, work = world
     parts = populated(root, cache_dir, work)

@@ -125,7 +125,8 @@ def roots(reg: Registry) -> list[Path]:
 def places(cache: Path, work: Path) -> dict[Path, list[debris.Place]]:
     """Where killed runs may leave something, per scratch root (core/debris sweeps them as a run enters)."""
     return {
-        cache: [*(debris.Place(cache / d, LEFTOVERS) for d in ("", "wheels", "archives", "unpacked", "trees", "images")),
+        cache: [*(debris.Place(cache / d, LEFTOVERS)
+                  for d in ("", "wheels", "archives", "unpacked", "trees", "images")),
                 debris.Place(cache / "envs", LEFTOVERS, environments.ENV_INFO)],  # an environment is built in place
         work: [*(debris.Place(work / d, LEFTOVERS) for d in ("", "outcomes", "corpus")),
                debris.Place(work / "envs", LEFTOVERS, environments.ENV_INFO)],
@@ -273,7 +274,18 @@ def prune(reg: Registry, *, older_than: float | None = None, max_size: int | Non
             if _prune_one(entry, result):
                 size -= entry.bytes
     result.after = found.total - result.freed
+    for root in found.roots:
+        _forget_gone(root)
     return result
+
+
+def _forget_gone(root: Path) -> None:
+    """The use markers of entries that are gone (removed by a run: a download that failed its check, say)."""
+    for marker in (root / inuse.MARKERS).glob("*/*"):
+        entry = root / marker.parent.name / marker.name
+        if not os.path.lexists(entry):
+            with inuse.unused(entry):  # a free marker of a missing entry goes with the block
+                pass
 
 
 def _prune_one(entry: Entry, result: Pruned) -> bool:
