@@ -229,7 +229,8 @@ def test_a_run_removes_the_old_bytecode_directory_and_what_dead_runs_left(world)
                  cache_dir / "archives" / f".incoming-{'e' * 40}.tar.gz.run-{dead}.x2.part",
                  cache_dir / "images" / ".incoming.abc",
                  cache_dir / "images" / f".sha256-{'f' * 64}.x3.scan",
-                 work / f".probing.run-{dead}.x4"]
+                 work / f".probing.run-{dead}.x4",
+                 work.parent / "runs" / "check" / ".probing-x5"]  # as runs named it before tokens
     for path in leftovers:
         fill(path, 10)
     assert run(root, "cache", "info") == errors.CONFIRMED

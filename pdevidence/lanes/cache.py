@@ -35,7 +35,7 @@ from ..registry import Registry
 # What killed runs may leave under a name of their own, in every directory of the roots: core/debris removes
 # these when no other run is in the root (what carries a run's token goes as soon as its run is dead).
 LEFTOVERS = (".*.tmp", ".*.part", ".*.unpack", ".*.extract", ".*.export", ".*.partial", ".*.old", ".probing.*",
-             ".*.scan", ".incoming.*", ".*.pruned")
+             ".probing-*", ".*.scan", ".incoming.*", ".*.pruned")  # .probing-*: as runs named them before tokens
 OLD_BYTECODE = "pycache"  # where an installed copy kept its bytecode (PYTHONPYCACHEPREFIX) before it moved beside
 PRUNED = "pruned"
 
