@@ -143,7 +143,8 @@ def sweep_era(session: nox.Session, era: str) -> None:
 
 @nox.session
 def sweep_merge(session: nox.Session) -> None:
-    """Join every era's part into the sweep tables; fails on a release that lost a fix (the watch)."""
+    """Join every era's part into the sweep tables; fails on a missing part (`-- --partial` joins what there is,
+    unpublishable) and on a release that lost a fix (the watch)."""
     _run(session, "sweep-merge", *session.posargs)
 
 

@@ -1,8 +1,11 @@
 """One isolated uv environment per cell: pinned closure, then the tree --no-deps.
 
-An environment is rebuilt only when its inputs change (the interpreter's
-identity, constraints, torch channel, tree); its key is stored inside it, so a
-warm cell costs a file read. The torch channel is declared by the registry,
+An environment's key is its inputs (the interpreter's identity, constraints,
+torch channel, tree, how its bytecode is compiled); its name ends with the key and
+the key is stored inside it, so a warm cell costs a file read and a lock. Runs share
+environments: each holds a shared lock on the ones it uses until it ends, and one
+that is rebuilt (found unfinished) is renamed aside, removed only once no run uses
+it (``core/debris.py``). The torch channel is declared by the registry,
 never sniffed from the network; the interpreter is found once, up front, and
 uv never downloads one.
 
@@ -32,7 +35,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from .core import children, faults, files, inuse, settings
+from .core import children, debris, faults, files, settings
 from .core.errors import HarnessError
 from .core.files import sha256_file
 from .core.locking import exclusive
@@ -275,9 +278,16 @@ def environment_key(interpreter: Interpreter, closure: Path, channel: TorchChann
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def ensure(path: Path, python: str, closure: Path, tree: Tree | None, torch: TorchChoice, *,
+def environment_path(home: Path, stem: str, key: str) -> Path:
+    """Where the environment of ``key`` lives: its name ends with the key, so it holds every part of it, and an
+    environment whose inputs change is a new one beside it, never a rebuild of one a run may be using."""
+    return home / f"{stem}.{key[:12]}"
+
+
+def ensure(home: Path, stem: str, python: str, closure: Path, tree: Tree | None, torch: TorchChoice, *,
            log: Callable[[str], None] | None = None, seed: CellEnvironment | None = None) -> CellEnvironment:
-    """The cell's environment at ``path``, built or reused; ``log`` gets one line per step.
+    """The cell's environment in ``home`` (``environment_path``), built or reused, and used by this run until it
+    ends (``debris.use``: no run removes it meanwhile); ``log`` gets one line per step.
 
     ``closure`` is the hashed closure of ``torch``'s channel (``closure_for``). ``seed``, a built closure
     environment of that closure, is copied as hard links (its bytecode with it) instead of syncing and
@@ -285,17 +295,20 @@ def ensure(path: Path, python: str, closure: Path, tree: Tree | None, torch: Tor
     """
     say = log or (lambda msg: None)
     interpreter = find_python(python)
-    env = CellEnvironment(path, python, torch)
     key = environment_key(interpreter, closure, torch.channel, tree)
-    uv = uv_executable()
-    inuse.use(path)  # before it is looked at: a `cache prune` leaves it alone from now until this run ends
-    if not _built(path, key):
-        path.parent.mkdir(parents=True, exist_ok=True)
+    path = environment_path(home, stem, key)
+    env = CellEnvironment(path, python, torch)
+    ready = functools.partial(_built, key=key)
+    if not debris.use(path, ready):
+        home.mkdir(parents=True, exist_ok=True)
         # Another run (another checkout, the installed tool, a second shell) may be building it: the loser
         # waits, then finds it built.
-        with exclusive(path.parent / f".{path.name}.lock", f"the environment {path.name}"):
-            if not _built(path, key):
-                _build(env, interpreter, closure, tree, key, uv, say, seed)
+        with exclusive(home / f".{path.name}.lock", f"the environment {path.name}"):
+            if not debris.use(path, ready):
+                _build(env, interpreter, closure, tree, key, uv_executable(), say, seed)
+                if not debris.use(path, ready):
+                    raise HarnessError(f"the environment {path} was built but is not there to use",
+                                       todo="run again; if it happens again, report it")
                 return env
     env.reused = True
     return env
@@ -310,7 +323,7 @@ def _build(env: CellEnvironment, interpreter: Interpreter, closure: Path, tree: 
            say: Callable[[str], None], seed: CellEnvironment | None) -> None:
     path = env.path
     started = time.monotonic()
-    shutil.rmtree(path, ignore_errors=True)
+    debris.set_aside(path)  # a run may still be importing from what was here: removed once it is done
     if seed and _linked_copy(seed.path, path, say):
         env.commands.append(["cp", "--archive", "--link", str(seed.path), str(path)])  # what it amounts to
     else:
@@ -319,6 +332,7 @@ def _build(env: CellEnvironment, interpreter: Interpreter, closure: Path, tree: 
         _install_tree(uv, env, tree, say)
     seconds = round(time.monotonic() - started, 1)
     faults.point("environment")
+    (path / debris.IN_USE).touch()
     files.write_marker(path / ENV_INFO, {"key": key, "build_seconds": seconds})
     say(f"built {path.name} in {seconds} s")
 
@@ -328,8 +342,9 @@ def _linked_copy(seed: Path, path: Path, say: Callable[[str], None]) -> bool:
     compiler replace files); False where links cannot be made (another file system)."""
     say(f"copying the closure environment {seed.name} (hard links, with its bytecode) ...")
     try:
+        # Its own lock and marker, not links to the seed's.
         shutil.copytree(seed, path, symlinks=True, copy_function=os.link,
-                        ignore=lambda _d, names: [n for n in names if n == ENV_INFO])
+                        ignore=lambda _d, names: [n for n in names if n in (ENV_INFO, debris.IN_USE)])
     except (OSError, shutil.Error):
         shutil.rmtree(path, ignore_errors=True)
         return False
@@ -397,10 +412,10 @@ def cell_environment(registry: Registry, tree: Tree, slug: str,
     if seed is not None and tree.kind in UNBUILT:  # never installed (``unbuilt``): the closure environment itself
         env = CellEnvironment(seed.path, seed.python, seed.torch, seed.commands, reused=seed.reused)
     elif seed is not None:
-        env = ensure(seed.path.parent / f"tree.{tree.label()}.{(tree.digest or '')[:12]}.{seed.path.name}",
-                     registry.python, installs, tree, torch, log=log, seed=seed)
+        env = ensure(seed.path.parent, f"tree.{tree.label()}.{seed.path.name}", registry.python, installs, tree,
+                     torch, log=log, seed=seed)
     else:  # the drift lane's pins: this checkout's own
-        env = ensure(work_dir(registry.root) / "envs" / slug, registry.python, installs, tree, torch, log=log)
+        env = ensure(work_dir(registry.root) / "envs", slug, registry.python, installs, tree, torch, log=log)
     if tree.kind == "git":  # exported into the cache: compiled where it lies, once, as the warm engine's trees are
         importable.importable_dir(tree, env.interpreter)
     env.probe_env = unbuilt(tree)
@@ -425,11 +440,17 @@ def closure_environment(registry: Registry, era: Era | None = None, log=None) ->
     (``closure_environment_path``): the warm engine's environment, and the seed of every cell's."""
     torch = torch_choice(registry)
     installs = closure(registry, era, torch=torch)
-    return ensure(closure_environment_path(registry, installs), registry.python, installs, None, torch, log=log)
+    return ensure(cache_dir() / "envs", _closure_stem(registry, installs), registry.python, installs, None, torch,
+                  log=log)
 
 
 def closure_environment_path(registry: Registry, installs: Path) -> Path:
-    """Where the closure environment of ``installs`` lives: in the user's cache, one per closure file's content
-    and interpreter, shared by the eras that declare the same closure, every checkout and the installed tool."""
-    identity = find_python(registry.python).identity()
-    return cache_dir() / "envs" / f"closure.{sha256_file(installs)[:12]}.{identity}"
+    """Where the closure environment of ``installs`` lives: in the user's cache, one per closure file's content,
+    interpreter and torch channel (its key), shared by the eras that declare the same closure, every checkout and
+    the installed tool."""
+    key = environment_key(find_python(registry.python), installs, torch_choice(registry).channel, None)
+    return environment_path(cache_dir() / "envs", _closure_stem(registry, installs), key)
+
+
+def _closure_stem(registry: Registry, installs: Path) -> str:
+    return f"closure.{sha256_file(installs)[:12]}.{find_python(registry.python).identity()}"

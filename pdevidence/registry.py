@@ -90,11 +90,43 @@ class Justification(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class Reading:
+    """A rule read on one result document: ``matched`` when what it reads was observed as it wants; ``raised``,
+    the scenarios it rests on that raised. An observation from a scenario that did not run to its end is no
+    evidence: a rule matched there is refused (it holds nowhere, and the answer cannot be an all-clear)."""
+
+    matched: bool
+    raised: tuple[str, ...] = ()
+
+    @property
+    def holds(self) -> bool:
+        return self.matched and not self.raised
+
+    @property
+    def refused(self) -> bool:
+        return self.matched and bool(self.raised)
+
+
+def _scenario(doc: dict, sid: str) -> dict | None:
+    return (doc.get("scenarios") or {}).get(sid)
+
+
+def _raised(doc: dict, sids) -> tuple[str, ...]:
+    return tuple(sid for sid in dict.fromkeys(sids) if (_scenario(doc, sid) or {}).get("error") is not None)
+
+
+def _observed_as(doc: dict, sid: str, key: str, wanted: Any) -> bool:
+    """``sid`` recorded ``key`` as ``wanted``: a key it never recorded is no value at all, never null."""
+    observed = (_scenario(doc, sid) or {}).get("observed") or {}
+    return key in observed and _same(observed[key], wanted)
+
+
+@dataclass(frozen=True)
 class NotAffected:
     """An observation that shows the vulnerable path does not exist on a tree.
 
-    It holds when scenario ``scenario`` observed ``key`` = ``value`` (e.g. ``"absent"``: the
-    function the fix guards is not in the tree). ``why`` is what a reader is told.
+    It holds when scenario ``scenario`` ran to its end without error and observed ``key`` = ``value`` (e.g.
+    ``"absent"``: the function the fix guards is not in the tree). ``why`` is what a reader is told.
     """
 
     id: str
@@ -104,13 +136,11 @@ class NotAffected:
     justification: Justification
     why: str
 
+    def read(self, doc: dict) -> Reading:
+        return Reading(_observed_as(doc, self.scenario, self.key, self.value), _raised(doc, [self.scenario]))
+
     def holds(self, doc: dict) -> bool:
-        scenario = (doc.get("scenarios") or {}).get(self.scenario) or {}
-        observed = scenario.get("observed") or {}
-        return _same(observed.get(self.key, _MISSING), self.value)
-
-
-_MISSING = object()
+        return self.read(doc).holds
 
 
 def _same(value: Any, wanted: Any) -> bool:
@@ -128,6 +158,9 @@ class NotDeciding:
     the probe ran, or ``"<scenario>.<key>"`` to an observed value; empty, it holds on every tree.
     ``keys`` maps a scenario (changing or control) to the keys that do not decide there, or to
     None: none do.
+
+    It rests on the scenarios ``when`` reads, and for an adaptation (the result names it for the whole
+    run, not per scenario) on the scenarios whose keys it sets aside: it holds only where those ran clean.
     """
 
     id: str
@@ -135,17 +168,25 @@ class NotDeciding:
     keys: dict[str, tuple[str, ...] | None]
     why: str
 
-    def holds(self, doc: dict) -> bool:
+    def rests_on(self) -> tuple[str, ...]:
+        sids = [name.split(".", 1)[0] for name in self.when if name != "adaptation"]
+        if "adaptation" in self.when:
+            sids += list(self.keys)
+        return tuple(dict.fromkeys(sids))
+
+    def read(self, doc: dict) -> Reading:
         for name, wanted in self.when.items():
             if name == "adaptation":
-                if wanted not in (doc.get("adaptations") or ()):
-                    return False
-                continue
-            sid, key = name.split(".", 1)
-            observed = ((doc.get("scenarios") or {}).get(sid) or {}).get("observed") or {}
-            if not _same(observed.get(key, _MISSING), wanted):
-                return False
-        return True
+                matched = wanted in (doc.get("adaptations") or ())
+            else:
+                sid, key = name.split(".", 1)
+                matched = _observed_as(doc, sid, key, wanted)
+            if not matched:
+                return Reading(False)
+        return Reading(True, _raised(doc, self.rests_on()))
+
+    def holds(self, doc: dict) -> bool:
+        return self.read(doc).holds
 
 
 @dataclass(frozen=True)
@@ -375,6 +416,7 @@ def _parse(root: Path, data: dict) -> Registry:
     stand_ins = {name: _table(spec, f"stand_ins.{name}", required={"why": str}, optional={})["why"]
                  for name, spec in data.get("stand_ins", {}).items()}
     eras = {name: _parse_era(root, name, table, stand_ins) for name, table in data.get("eras", {}).items()}
+    _disjoint(eras)
     return Registry(
         root=root,
         python=data["python"],
@@ -410,6 +452,20 @@ def _parse_era(root: Path, name: str, table: Any, stand_ins: dict[str, str]) -> 
                table.get("note", ""), kernel)
 
 
+def _disjoint(eras: dict[str, Era]) -> None:
+    """No release in two eras. Two version ranges overlap where one holds a bound of the other or the release
+    just after one (a range's edges are the versions it names), so those are the releases tried."""
+    bounds = {Version(spec.version) for era in eras.values() for spec in era.releases}
+    tried = sorted(bounds | {Version(f"{v.base_version}.0.0.1") for v in bounds} | {Version("0"), Version("9999")})
+    names = list(eras)
+    for i, name in enumerate(names):
+        for other in names[:i]:
+            both = next((v for v in tried if eras[name].holds(str(v)) and eras[other].holds(str(v))), None)
+            if both is not None:
+                raise RegistryError(f"eras.{name}.releases: {str(eras[name].releases)!r} overlaps eras.{other} "
+                                    f"({str(eras[other].releases)!r}): both hold {both}; a release runs in one era")
+
+
 def _specifier(text: str, where: str) -> SpecifierSet:
     try:
         return SpecifierSet(text)
@@ -433,7 +489,7 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
               for sid, spec in table.get("expect", {}).items()}
     mutants = {mid: _parse_mutant(f"{where}.mutants.{mid}", mid, spec)
                for mid, spec in table.get("mutants", {}).items()}
-    not_affected = {rid: _parse_not_affected(f"{where}.not_affected.{rid}", rid, spec)
+    not_affected = {rid: _parse_not_affected(f"{where}.not_affected.{rid}", rid, spec, expect)
                     for rid, spec in table.get("not_affected", {}).items()}
     not_deciding = {rid: _parse_not_deciding(f"{where}.not_deciding.{rid}", rid, spec, expect)
                     for rid, spec in table.get("not_deciding", {}).items()}
@@ -472,11 +528,15 @@ def _parse_needs(where: str, spec: Any) -> Needs:
     return Needs(found, spec["why"])
 
 
-def _parse_not_affected(where: str, rid: str, spec: Any) -> NotAffected:
+def _parse_not_affected(where: str, rid: str, spec: Any, expect: dict[str, Expectation]) -> NotAffected:
     if not _SCENARIO.match(rid):
         raise RegistryError(f"{where}: {rid!r} is not an id (letters, digits, _)")
     _table(spec, where, required={"scenario": str, "key": str, "value": (bool, int, str), "justification": str,
                                   "why": str}, optional={})
+    # A rule on a scenario no run has could never hold; one misspelt would silently never apply.
+    if spec["scenario"] not in expect:
+        raise RegistryError(f"{where}.scenario: {spec['scenario']!r} is not a scenario this experiment expects "
+                            f"(expect: {', '.join(expect) or 'none declared'})")
     return NotAffected(rid, spec["scenario"], spec["key"], spec["value"],
                        _enum(Justification, spec["justification"], f"{where}.justification"), spec["why"])
 

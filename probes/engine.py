@@ -94,8 +94,8 @@ def _preload(names: list[str], done: set[str]) -> None:
         done.add(name)
         try:
             importlib.import_module(name)
-        except BaseException:  # noqa: BLE001 - a module the child can still import itself
-            pass
+        except (Exception, SystemExit):  # noqa: BLE001 - a module the child can still import itself (and fail)
+            continue  # Ctrl-C, though, stops the engine
 
 
 def _report(line: dict) -> None:

@@ -44,6 +44,7 @@ class Route:
     chunked: bool = False
     truncate_to: int | None = None
     delay: float = 0.0  # seconds to wait before answering
+    fail_first: int = 0  # the first this many requests get a 503 (a server's passing trouble)
 
 
 class LocalHTTPServer:
@@ -110,6 +111,8 @@ class LocalHTTPServer:
                     route = Route(route)
                 if route.delay:
                     time.sleep(route.delay)
+                if server.hits(path) <= route.fail_first:
+                    route = Route(b"busy\n", status=503, content_type="text/plain")
                 sent = route.body if route.truncate_to is None else route.body[: route.truncate_to]
                 self.close_connection = True
                 self.send_response(route.status)
@@ -131,6 +134,12 @@ class LocalHTTPServer:
                 self.wfile.flush()
 
         return Handler
+
+
+@pytest.fixture(autouse=True)
+def quick_download_retries(monkeypatch):
+    """A download is tried again after a failure on the way: in tests, at once (no test sleeps for real)."""
+    monkeypatch.setenv("PDEVIDENCE_DOWNLOAD_BACKOFF", "0.001")
 
 
 @pytest.fixture

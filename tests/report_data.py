@@ -144,6 +144,14 @@ def sweep_v4() -> dict:
     return {**doc, "schema": "pdevidence-sweep/4", "flagged": [*doc["flagged"], "0.5.24"]}
 
 
+def sweep_v5() -> dict:
+    """Schema 5: merged without an era's part (a partial table), its release that failed before the first fixed
+    one flagged too."""
+    doc = sweep_v4()
+    return {**doc, "schema": "pdevidence-sweep/5", "flagged": ["0.5.17", *doc["flagged"]],
+            "parameters": {**doc["parameters"], "missing_eras": ["torch2.7-tf4"]}}
+
+
 def full_document() -> dict:
     """What ``report.document`` makes from the dict plus everything gathered."""
     doc = copy.deepcopy(report_dict())

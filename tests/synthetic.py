@@ -227,9 +227,10 @@ def sweep_doc(root: Path, references: Path | None = None, **parameters) -> dict:
         references = root / "runs" if (root / "runs" / CELLS[0]).exists() else root / "results"
     digests = {name: hashlib.sha256((references / name).read_bytes()).hexdigest()
                for name in CELLS if (references / name).exists()}
-    return {**copy.deepcopy(SWEEP), "schema": "pdevidence-sweep/4",
+    return {**copy.deepcopy(SWEEP), "schema": "pdevidence-sweep/5",
             "flagged": [], "provenance": made_by(root, provenance.SWEEP_DRIVERS, provenance.Shaped.TABLE),
-            "parameters": {"explicit": False, "pre": False, "floor": "1.0.0", "references": digests, **parameters}}
+            "parameters": {"explicit": False, "pre": False, "floor": "1.0.0", "references": digests,
+                           "missing_eras": [], **parameters}}
 
 
 def write_sweep(path: Path, **parameters) -> None:

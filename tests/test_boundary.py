@@ -13,6 +13,7 @@ import pytest
 from synthetic import make_project
 
 from pdevidence import cli, registry
+from pdevidence.commands import matrix
 from pdevidence.cells import cells
 from pdevidence.core import errors, settings
 from pdevidence.core.paths import PROJECT
@@ -69,7 +70,7 @@ def test_an_unexpected_exception_in_a_worker_fails_its_cell_as_a_bug_and_the_oth
             raise KeyError("no such thing")
 
     monkeypatch.setattr(cells, "run_cell", run_cell)
-    assert cli.run_cells(reg, cells.matrix(reg, "release"), jobs=2) == errors.INTERNAL
+    assert matrix.run_cells(reg, cells.matrix(reg, "release"), jobs=2) == errors.INTERNAL
     assert sorted(ran) == ["base", "head"]
     err = capsys.readouterr().err
     assert "internal error in cell release(demo, base)" in err and "KeyError" in err and "Traceback" in err

@@ -16,7 +16,7 @@ from synthetic import make_project
 
 from pdevidence import cli, environments, registry
 from pdevidence.cells import cells
-from pdevidence.core import arguments, errors, inuse
+from pdevidence.core import arguments, debris, errors, inuse, locking
 from pdevidence.core.files import sha256_file
 from pdevidence.lanes import cache
 
@@ -43,12 +43,13 @@ def fill(directory: Path, size: int, *, name: str = "data", marker: bool = False
     (directory / name).write_bytes(os.urandom(size))
     if marker:  # a finished environment: a run's sweep removes one without it as an unfinished build
         (directory / environments.ENV_INFO).write_text('{"key": "k"}')
+        (directory / debris.IN_USE).touch()
     return directory
 
 
 def aged(entry: Path, days: float) -> Path:
-    """Last used ``days`` ago (the time of its use marker, as a run leaves it)."""
-    marker = inuse.marker(entry)
+    """Last used ``days`` ago (the time of its use marker, as a run leaves it: an environment's is inside it)."""
+    marker = entry / debris.IN_USE if entry.parent.name == "envs" else inuse.marker(entry)
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.touch()
     when = time.time() - days * DAY
@@ -59,8 +60,8 @@ def aged(entry: Path, days: float) -> Path:
 def populated(root: Path, cache_dir: Path, work: Path) -> dict[str, Path]:
     """One entry of each kind: an era environment, a cell's hard-linked copy of it, a wheel, a tree, an outcome,
     a log; and the old bytecode directory."""
-    era = fill(cache_dir / "envs" / f"closure.{closure_hash(root)}.{IDENTITY}", 300_000, marker=True)
-    tree_env = fill(cache_dir / "envs" / f"tree.release-1.0.0.aaaaaaaaaaaa.{era.name}", 20_000, marker=True)
+    era = fill(cache_dir / "envs" / f"closure.{closure_hash(root)}.{IDENTITY}.{'1' * 12}", 300_000, marker=True)
+    tree_env = fill(cache_dir / "envs" / f"tree.release-1.0.0.{era.name}.{'2' * 12}", 20_000, marker=True)
     os.link(era / "data", tree_env / "linked")
     return {
         "era": era, "tree_env": tree_env,
@@ -146,42 +147,53 @@ def test_prune_to_a_budget_removes_the_least_recently_used_first(world):
 def test_prune_removes_what_no_current_registry_or_era_can_use(world):
     root, cache_dir, work = world
     parts = populated(root, cache_dir, work)
-    old_era = fill(cache_dir / "envs" / f"closure.0123456789ab.{IDENTITY}", 1_000, marker=True)
+    old_era = fill(cache_dir / "envs" / f"closure.0123456789ab.{IDENTITY}.{'3' * 12}", 1_000, marker=True)
     (cache_dir / "envs" / f"{old_era.name}.preload.json").write_text("{}")
-    git_env = fill(cache_dir / "envs" / f"tree.git-{'c' * 12}.{'d' * 12}.{parts['era'].name}", 1_000, marker=True)
+    git_env = fill(cache_dir / "envs" / f"tree.git-{'c' * 12}.{parts['era'].name}.{'4' * 12}", 1_000, marker=True)
     result = cache.prune(registry.load(root))
     assert {e.path for e in result.removed} == {old_era, git_env, parts["pycache"].parent}
     assert not (cache_dir / "envs" / f"{old_era.name}.preload.json").exists()  # it went with its environment
     assert all(parts[n].exists() for n in ("era", "tree_env", "wheel", "unpacked", "outcome", "log"))
 
 
+# A run using an entry as runs do: an environment through core/debris, anything else through core/inuse.
 HOLD = """
 import sys
 from pathlib import Path
-from pdevidence.core import inuse
-inuse.use(Path(sys.argv[1]))
+from pdevidence.core import debris, inuse
+entry = Path(sys.argv[1])
+assert debris.use(entry, lambda _: True) if entry.parent.name == "envs" else inuse.use(entry) is None
 print("using", flush=True)
 sys.stdin.read()
 """
 
 
-def test_an_entry_a_running_run_uses_stays_and_goes_once_that_run_has_ended(world):
+@pytest.mark.parametrize("held", ["era", "tree_env", "wheel", "unpacked", "outcome"])
+def test_an_entry_a_running_run_uses_stays_and_goes_once_that_run_has_ended(world, held):
     root, cache_dir, work = world
     parts = populated(root, cache_dir, work)
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(parts["era"])], stdin=subprocess.PIPE,
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(parts[held])], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
     try:
         assert holder.stdout.readline().strip() == "using"
         reg = registry.load(root)
         result = cache.prune(reg, everything=True)
-        assert parts["era"] in [e.path for e in result.in_use] and parts["era"].exists()
-        assert (parts["era"] / "data").exists()  # whole: nothing under it was touched
-        assert not parts["wheel"].exists()
+        assert [e.path for e in result.in_use] == [parts[held]] and parts[held].exists()
+        assert len(list(parts[held].iterdir())) >= 1  # whole: nothing under it was touched
+        assert not any(parts[n].exists() for n in parts if n != held)
     finally:
         holder.kill()
         holder.wait()
-    assert parts["era"] in [e.path for e in cache.prune(reg, everything=True).removed]
-    assert not parts["era"].exists()
+    assert [e.path for e in cache.prune(reg, everything=True).removed] == [parts[held]]
+    assert not parts[held].exists()
+
+
+def test_an_environment_being_built_stays(world):
+    root, cache_dir, work = world
+    parts = populated(root, cache_dir, work)
+    with locking.exclusive(parts["era"].parent / f".{parts['era'].name}.lock", "the build"):
+        assert parts["era"] in [e.path for e in cache.prune(registry.load(root), everything=True).in_use]
+    assert parts["era"] in [e.path for e in cache.prune(registry.load(root), everything=True).removed]
 
 
 def test_a_run_that_used_an_entry_lets_go_when_it_ends(world):

@@ -464,3 +464,22 @@ def test_the_sweep_classifies_such_a_release_not_affected_with_its_evidence(tmp_
     assert outcome.classification is Classification.NOT_AFFECTED and outcome.evidence
     assert outcome.to_json()["evidence"] == outcome.evidence
     assert timeline.release_state(outcome.to_json(), "D1") is Behaviour.NOT_AFFECTED
+
+
+def test_a_key_the_build_never_recorded_is_unknown_and_named_in_the_table_and_the_document(project):
+    found = judged(project, {**AFTER, "D3": {}})
+    assert (found.status, found.deciding, found.unobserved) == (Status.UNKNOWN, ["D3"], ["D3.receiver_created"])
+    result = check.CheckResult(check.Target("release", "0.1.0", "0.1.0"), [found])
+    assert "not observed: D3.receiver_created" in check.table(result).splitlines()[1]
+    doc = result.to_json()
+    assert doc["experiments"][0]["unobserved"] == ["D3.receiver_created"] and problems("check", doc) == []
+    assert "unobserved" not in judged(project, AFTER).to_json()  # a build that recorded everything keeps its bytes
+
+
+def test_a_not_affected_observation_from_a_scenario_that_raised_is_unknown_naming_the_rule(tmp_path):
+    reg = registry.load(make_project(tmp_path / "project", TWO_DOORS + NO_DOOR))
+    found = judged(reg, {**BEFORE, "D3": {"receiver_created": "absent"}},
+                   {"D3": {"type": "KeyError", "message": "'kv'"}})
+    assert (found.status, found.evidence, found.justification) == (Status.UNKNOWN, [], None)
+    assert found.error == "D3: KeyError: 'kv'; rule no_decode_door not applied: D3 raised KeyError: 'kv'"
+    assert check.EXIT_OF[found.status] == errors.BEHAVIOUR_DIFFERS

@@ -90,11 +90,19 @@ def test_a_control_that_raises_keeps_a_tree_from_fixed_and_is_named():
 
 def test_a_control_that_departs_on_a_pre_fix_tree_is_named_beside_its_answer():
     doc = release("1.0.1", {"enqueued": True, "retired": False})
-    doc["scenarios"]["D2"]["observed"] = {}  # not observed departs too: it is not what either side observed
+    doc["scenarios"]["D2"]["observed"] = {"enqueued": False}
     found = classify.classify(doc, BASE, HEAD)
     assert (found.classification, found.scenarios["D2"]) == (C.PRE_FIX, B.DEVIATES)
-    assert found.deviations == {"D2": {"enqueued": Values(NOT_OBSERVED, True, True)}}
-    assert found.to_json()["deviations"] == {"D2": {"enqueued": {"base": True, "head": True}}}
+    assert found.deviations == {"D2": {"enqueued": Values(False, True, True)}}
+
+
+def test_a_control_key_never_recorded_matches_neither_side_and_is_named_never_an_over_broad_fix():
+    doc = release("1.2.0", {"enqueued": False, "retired": True})
+    doc["scenarios"]["D2"]["observed"] = {}
+    found = classify.classify(doc, BASE, HEAD)
+    assert (found.classification, found.scenarios["D2"]) == (C.NEITHER, B.NEITHER)  # fixed needs the controls seen
+    assert found.deviations == {} and found.unobserved == ["D2.enqueued"]
+    assert found.to_json()["unobserved"] == ["D2.enqueued"]
 
 
 def test_a_pristine_tree_keeps_its_bytes():
@@ -217,7 +225,7 @@ def test_a_rule_sets_a_control_key_aside_where_it_holds_and_only_there(tmp_path)
     found = classify.classify(doc, BASE, HEAD, exp)
     assert (found.classification, found.scenarios) == (C.FIXED, {"D1": B.FIXED})
     assert found.not_deciding == ["older_queue: the older queue is a list the probe cannot look into"]
-    doc["scenarios"]["D2"]["observed"] = {"queue": "deque"}
+    doc["scenarios"]["D2"]["observed"] = {"queue": "deque", "enqueued": False}
     assert classify.classify(doc, BASE, HEAD, exp).classification is C.DEVIATES
 
 
@@ -254,3 +262,117 @@ def test_the_rejudge_script_lists_each_control_departure_with_the_rule_that_sets
     assert done.returncode == 0, done.stdout + done.stderr
     assert "D2: enqueued false: set aside by older_queue" in done.stdout
     assert "demo       1.1.0    fixed\n" in done.stdout
+
+
+# ---------------------------------------------------------------- an all-clear only from evidence
+
+NULL_AT_HEAD = """
+[experiments.demo.expect.D4]
+changes = true
+base = { status = 400 }
+head = {}
+head_null_keys = ["status"]
+
+[experiments.demo.not_affected.no_door]
+scenario = "D1"
+key = "door"
+value = "absent"
+justification = "vulnerable_code_not_present"
+why = "the door the fix guards is not in this tree"
+
+[experiments.demo.not_deciding.older_intake]
+when = { "D1.intake" = "inline" }
+keys = { D4 = "all" }
+why = "the older intake sets the status itself"
+
+[experiments.demo.not_deciding.no_status]
+when = { adaptation = "no-status" }
+keys = { D4 = ["status"] }
+why = "the tree has no status to set"
+"""
+BASE4 = result_doc("base", "1.0.0", {**OBSERVED["base"], "D4": {"status": 400}})
+HEAD4 = result_doc("head", "1.1.0", {**OBSERVED["head"], "D4": {"status": None}})
+
+
+@pytest.fixture
+def nulls(tmp_path):
+    from synthetic import REGISTRY, make_project
+
+    from pdevidence import registry
+    return registry.load(make_project(tmp_path, REGISTRY + NULL_AT_HEAD)).experiment("demo")
+
+
+def fixed_tree(**changes):
+    doc = result_doc("sweep", "1.2.0", {**OBSERVED["head"], "D4": {"status": None}})
+    for sid, observed in changes.items():
+        doc["scenarios"][sid]["observed"] = observed
+    return doc
+
+
+def test_a_key_never_recorded_is_not_the_null_a_side_observed_and_is_named(nulls):
+    assert classify.classify(fixed_tree(), BASE4, HEAD4, nulls).classification is C.FIXED
+    found = classify.classify(fixed_tree(D4={}), BASE4, HEAD4, nulls)
+    assert (found.classification, found.scenarios["D4"]) == (C.NEITHER, B.NEITHER)
+    assert found.unobserved == ["D4.status"] and found.to_json()["unobserved"] == ["D4.status"]
+    judged = classify.judge(fixed_tree(D4={}), BASE4, HEAD4, nulls)
+    assert judged.explain == {"D4": {"status": Values(NOT_OBSERVED, 400, None)}}
+
+
+def test_a_scenario_the_tree_never_ran_matches_neither_side(nulls):
+    doc = fixed_tree()
+    del doc["scenarios"]["D4"]
+    found = classify.classify(doc, BASE4, HEAD4, nulls)
+    assert (found.classification, found.scenarios["D4"], found.unobserved) == (C.NEITHER, B.NEITHER, ["D4.status"])
+
+
+def test_the_signature_of_a_key_never_recorded_equals_nothing():
+    sig = classify.signature({"scenarios": {"D1": {"observed": {}}}}, {"D1": ["retired"], "D9": ["x"]})
+    assert sig == {"D1": {"retired": NOT_OBSERVED}, "D9": NOT_OBSERVED}
+    for side in ({"retired": None}, {"retired": False}, {"retired": NOT_OBSERVED}):
+        assert not classify.matches(sig["D1"], side)
+    assert Values(NOT_OBSERVED, None, None).neither() and not Values(NOT_OBSERVED, None, NOT_OBSERVED).neither()
+
+
+def raising(doc, sid, error=None):
+    doc["scenarios"][sid]["error"] = error or {"type": "RuntimeError", "message": "after recording"}
+    return doc
+
+
+def test_a_not_affected_observation_from_a_scenario_that_raised_is_no_evidence(nulls):
+    absent = fixed_tree(D1={"door": "absent"})
+    assert classify.classify(absent, BASE4, HEAD4, nulls).classification is C.NOT_AFFECTED
+    found = classify.classify(raising(absent, "D1"), BASE4, HEAD4, nulls)
+    assert found.classification is C.ERROR
+    assert "rule no_door not applied: D1 raised RuntimeError: after recording" in found.error
+
+
+def test_keys_set_aside_on_an_observation_from_a_scenario_that_raised_stay_decided(nulls):
+    older = fixed_tree(D4={"status": 400})
+    older["scenarios"]["D1"]["observed"]["intake"] = "inline"
+    assert classify.classify(older, BASE4, HEAD4, nulls).classification is C.FIXED  # D4 set aside
+    found = classify.classify(raising(older, "D1"), BASE4, HEAD4, nulls)
+    assert found.classification is C.ERROR and found.not_deciding == []
+    assert "rule older_intake not applied: D1 raised RuntimeError" in found.error
+
+
+def test_an_adaptation_sets_nothing_aside_in_a_scenario_that_raised(nulls):
+    adapted = fixed_tree(D4={"status": 400})
+    adapted["adaptations"] = ["no-status"]
+    assert classify.classify(adapted, BASE4, HEAD4, nulls).classification is C.FIXED
+    found = classify.classify(raising(adapted, "D4"), BASE4, HEAD4, nulls)
+    assert (found.classification, found.scenarios["D4"]) == (C.ERROR, B.ERROR)
+    assert "rule no_status not applied: D4 raised RuntimeError: after recording" in found.error
+
+
+def test_the_judge_reads_no_file():
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(classify))
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} | \
+        {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert not imported & {"pathlib", "io", "os", "json", "..documents.results", "..documents.references",
+                           "..documents.integrity", "..documents.receipts", "..core.files"}, imported
+    calls = {node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Attribute)}
+    assert not calls & {"read_text", "read_bytes", "open", "load", "exists"}, calls

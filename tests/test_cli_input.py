@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from packaging.version import InvalidVersion, Version
 
 from pdevidence import cli, registry
+from pdevidence.commands import argument_checks
 from pdevidence.core import arguments, children, errors, faults
 from pdevidence.core import settings as harness_settings
 from pdevidence.core.paths import PROJECT
@@ -251,6 +252,8 @@ def malformed_settings(ground: Path) -> dict[str, st.SearchStrategy[str]]:
     return {
         "PDEVIDENCE_PROBE_TIMEOUT": ENV_TEXT.filter(lambda v: v and seconds(v)),
         "PDEVIDENCE_LOCK_TIMEOUT": ENV_TEXT.filter(lambda v: v and seconds(v)),
+        "PDEVIDENCE_DOWNLOAD_BACKOFF": ENV_TEXT.filter(lambda v: v and seconds(v)),
+        "PDEVIDENCE_DOWNLOAD_TRIES": ENV_TEXT.filter(lambda v: v and not _positive(re.fullmatch(r"([0-9]+)", v))),
         "PDEVIDENCE_FAULT": no(faults.POINTS),
         "PDEVIDENCE_TORCH": no(harness_settings.TORCH_CHANNELS),
         "PDEVIDENCE_UPSTREAM_KIND": no(harness_settings.TREE_KINDS),
@@ -300,5 +303,5 @@ def test_the_issues_version_is_a_usage_error_not_an_internal_one(tripwires):
 def test_every_era_of_the_registry_is_a_valid_era_option(era):
     """The CI fan-out runs `sweep --era <era>` for each era: their names hold . and - (torch2.9-tf5)."""
     args = cli.parser().parse_args(["sweep", "--era", era])
-    cli.check_arguments(args)
+    argument_checks.check_arguments(args)
     assert args.era == era

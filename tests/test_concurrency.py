@@ -13,6 +13,7 @@ import os
 import resource
 import subprocess
 import sys
+import threading
 import time
 import venv
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +25,7 @@ from synthetic import (REGISTRY, make_project, publishable_project, result_doc, 
 from test_sandbox import PROBE
 
 from pdevidence import environments
-from pdevidence.core import errors, faults, inuse
+from pdevidence.core import errors, faults, inuse, settings
 from pdevidence.documents import integrity, receipts, results, tables
 
 HERE = Path(__file__).resolve().parent
@@ -429,3 +430,57 @@ with exclusive(Path({str(lock)!r}), "the thing"):
         holder.wait()
     with exclusive(lock, "the thing", timeout=5):  # its holder died: the kernel let it go
         assert json.loads(lock.read_text())["pid"] == os.getpid()
+
+
+def held_by_another(path: Path, **kw) -> int:
+    """A lock on ``path`` held as another process holds it (flock locks belong to an open file, not a process)."""
+    import fcntl
+    fd = os.open(path, os.O_RDONLY | kw.get("flags", 0))
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def test_every_lock_wait_is_bounded_by_default_and_says_how_to_wait_longer(tmp_path, monkeypatch, capsys):
+    from pdevidence.core.errors import HarnessError
+    from pdevidence.core.locking import exclusive
+
+    monkeypatch.delenv("PDEVIDENCE_LOCK_TIMEOUT", raising=False)
+    assert settings.get("PDEVIDENCE_LOCK_TIMEOUT") == 7200  # unset: two hours, not forever
+
+    lock = tmp_path / "thing.lock"
+    lock.write_text("")
+    monkeypatch.setenv("PDEVIDENCE_LOCK_TIMEOUT", "0.2")
+    fd = held_by_another(lock)
+    try:
+        with pytest.raises(HarnessError) as raised:
+            with exclusive(lock, "the thing"):
+                pass
+    finally:
+        os.close(fd)
+    assert "(giving up after 0.2 s)" in capsys.readouterr().err
+    assert "PDEVIDENCE_LOCK_TIMEOUT=<seconds>" in str(raised.value)
+
+
+def test_a_run_stopped_mid_sweep_makes_the_others_give_up_not_hang(tmp_path, monkeypatch):
+    from pdevidence.core import debris
+    from pdevidence.core.errors import HarnessError
+
+    monkeypatch.setenv("PDEVIDENCE_LOCK_TIMEOUT", "0.2")
+    root = tmp_path / "cache"
+    root.mkdir()
+    fd = held_by_another(root, flags=os.O_DIRECTORY)  # as a sweep holds it
+    raised = []
+
+    def enter():
+        with debris.run():
+            try:
+                debris.enter(root)
+            except HarnessError as exc:
+                raised.append(exc)
+
+    entering = threading.Thread(target=enter, daemon=True)
+    entering.start()
+    entering.join(10)
+    os.close(fd)
+    entering.join(10)
+    assert raised and f"gave up after 0.2 s waiting for {root}" in str(raised[0])

@@ -9,6 +9,7 @@ carry one tree's SGLang into the next.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -453,3 +454,17 @@ def test_a_tree_probed_for_another_lane_is_probed_again_not_reused_under_its_sid
                              out_dir=tmp_path / "check", log=lines.append)
     assert "probing release-1.0.0" in "\n".join(lines)
     assert found["release-1.0.0"]["demo"].doc["side"] == "check"
+
+
+def test_a_module_that_fails_to_preload_is_left_to_the_children_but_ctrl_c_stops_the_engine(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("warm_engine", ROOT / "probes" / "engine.py")
+    warm_engine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(warm_engine)
+    (tmp_path / "broken_at_import.py").write_text("raise ImportError('no such library')\n")
+    (tmp_path / "exits_at_import.py").write_text("raise SystemExit(3)\n")
+    (tmp_path / "interrupted_at_import.py").write_text("raise KeyboardInterrupt\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    warm_engine._preload(["broken_at_import", "exits_at_import"], set())
+    with pytest.raises(KeyboardInterrupt):
+        warm_engine._preload(["interrupted_at_import"], set())

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import stat
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -13,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pdevidence import environments
-from pdevidence.core import errors, paths
+from pdevidence import environments, registry
+from pdevidence.core import debris, errors, paths
 from pdevidence.core.errors import HarnessError
 from pdevidence.registry import TorchChannel
 from pdevidence.sources import trees
@@ -206,7 +208,7 @@ def test_uv_gets_an_explicit_interpreter_never_downloads_and_installs_only_hashe
     constraints.write_text("")
     steps = []
 
-    env = environments.ensure(tmp_path / "env", PY, constraints, fixture_tree(tmp_path),
+    env = environments.ensure(tmp_path, "env", PY, constraints, fixture_tree(tmp_path),
                               environments.choose_torch(TorchChannel.PYPI), log=steps.append)
 
     calls = fake_uv()
@@ -221,7 +223,7 @@ def test_uv_gets_an_explicit_interpreter_never_downloads_and_installs_only_hashe
                                                 "installing the pinned closure cells.txt",
                                                 "installing the SGLang tree release-1.0 --no-deps"]
     assert all(s.endswith("...") for s in steps[:-1])
-    assert steps[-1].startswith("built env in ")
+    assert steps[-1].startswith(f"built {env.path.name} in ")
     assert (env.path / environments.ENV_INFO).exists()
 
 
@@ -230,7 +232,7 @@ def test_the_closure_and_the_tree_are_compiled_to_bytecode_as_they_are_installed
     constraints = tmp_path / "cells.txt"
     constraints.write_text("")
 
-    environments.ensure(tmp_path / "env", PY, constraints, fixture_tree(tmp_path),
+    environments.ensure(tmp_path, "env", PY, constraints, fixture_tree(tmp_path),
                         environments.choose_torch(TorchChannel.PYPI))
 
     sync, install = fake_uv()[1]["args"], fake_uv()[2]["args"]
@@ -243,13 +245,13 @@ def test_an_environment_built_before_bytecode_was_compiled_beside_its_sources_is
     constraints = tmp_path / "cells.txt"
     constraints.write_text("")
     tree, torch = fixture_tree(tmp_path), environments.choose_torch(TorchChannel.PYPI)
-    env = environments.ensure(tmp_path / "env", PY, constraints, tree, torch)
+    env = environments.ensure(tmp_path, "env", PY, constraints, tree, torch)
     before = [environments.find_python(PY).identity(), environments.sha256_file(constraints),
               torch.channel.value, tree.kind, f"{tree.resolved}:{tree.digest}", *bytecode]
     (env.path / environments.ENV_INFO).write_text(
         json.dumps({"key": hashlib.sha256("\0".join(before).encode()).hexdigest()}))
 
-    assert not environments.ensure(tmp_path / "env", PY, constraints, tree, torch).reused
+    assert not environments.ensure(tmp_path, "env", PY, constraints, tree, torch).reused
 
 
 def test_bytecode_is_compiled_beside_the_sources_with_a_pycache_prefix_set(tmp_path, monkeypatch):
@@ -261,7 +263,7 @@ def test_bytecode_is_compiled_beside_the_sources_with_a_pycache_prefix_set(tmp_p
     closure.write_text(f"tiny @ {wheel.as_uri()} --hash=sha256:{environments.sha256_file(wheel)}\n")
     monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(tmp_path / "prefix"))
 
-    env = environments.ensure(tmp_path / "env", PY, closure, None, environments.choose_torch(TorchChannel.PYPI))
+    env = environments.ensure(tmp_path, "env", PY, closure, None, environments.choose_torch(TorchChannel.PYPI))
 
     assert list(env.path.glob("lib/python*/site-packages/tiny/__pycache__/__init__.*.pyc"))
     assert not (tmp_path / "prefix").exists()
@@ -285,7 +287,7 @@ def test_two_runs_that_need_one_environment_build_it_once(tmp_path, fake_uv):
     constraints.write_text("")
     tree, torch = fixture_tree(tmp_path), environments.choose_torch(TorchChannel.PYPI)
     with ThreadPoolExecutor(max_workers=4) as pool:
-        envs = list(pool.map(lambda _: environments.ensure(tmp_path / "env", PY, constraints, tree, torch),
+        envs = list(pool.map(lambda _: environments.ensure(tmp_path, "env", PY, constraints, tree, torch),
                              range(4)))
 
     assert [c["args"][0] for c in fake_uv()].count("venv") == 1
@@ -296,13 +298,13 @@ def test_a_cell_starts_as_a_linked_copy_of_its_closure_environment_bytecode_and_
     constraints = tmp_path / "cells.txt"
     constraints.write_text("")
     torch = environments.choose_torch(TorchChannel.PYPI)
-    closure_env = environments.ensure(tmp_path / "closure", PY, constraints, None, torch)
+    closure_env = environments.ensure(tmp_path, "closure", PY, constraints, None, torch)
     compiled = closure_env.path / "lib" / "torch" / "__pycache__" / "__init__.cpython-312.pyc"
     compiled.parent.mkdir(parents=True)
     compiled.write_bytes(b"bytecode")
     calls = len(fake_uv())
 
-    cell = environments.ensure(tmp_path / "cell", PY, constraints, fixture_tree(tmp_path), torch, seed=closure_env)
+    cell = environments.ensure(tmp_path, "cell", PY, constraints, fixture_tree(tmp_path), torch, seed=closure_env)
 
     assert [c["args"][:2] for c in fake_uv()[calls:]] == [["pip", "install"]]
     copied = cell.path / compiled.relative_to(closure_env.path)
@@ -311,17 +313,17 @@ def test_a_cell_starts_as_a_linked_copy_of_its_closure_environment_bytecode_and_
     # The cell's own marker, not the closure's: the closure environment is still what it was.
     assert json.loads((cell.path / environments.ENV_INFO).read_text())["key"] != \
         json.loads((closure_env.path / environments.ENV_INFO).read_text())["key"]
-    assert environments.ensure(tmp_path / "closure", PY, constraints, None, torch).reused
+    assert environments.ensure(tmp_path, "closure", PY, constraints, None, torch).reused
 
 
 def test_an_unchanged_environment_is_reused_without_calling_uv(tmp_path, fake_uv):
     constraints = tmp_path / "cells.txt"
     constraints.write_text("")
     tree, torch = fixture_tree(tmp_path), environments.choose_torch(TorchChannel.PYPI)
-    environments.ensure(tmp_path / "env", PY, constraints, tree, torch)
+    environments.ensure(tmp_path, "env", PY, constraints, tree, torch)
     before = len(fake_uv())
 
-    assert environments.ensure(tmp_path / "env", PY, constraints, tree, torch).reused
+    assert environments.ensure(tmp_path, "env", PY, constraints, tree, torch).reused
     assert len(fake_uv()) == before
 
 
@@ -336,8 +338,8 @@ def test_a_path_tree_is_never_built_its_python_dir_goes_on_the_path(tmp_path, fa
     constraints.write_text("")
     tree, torch = trees.path_tree(fork), environments.choose_torch(TorchChannel.PYPI)
 
-    built = environments.ensure(tmp_path / "env", PY, constraints, tree, torch)
-    reused = environments.ensure(tmp_path / "env", PY, constraints, tree, torch)
+    built = environments.ensure(tmp_path, "env", PY, constraints, tree, torch)
+    reused = environments.ensure(tmp_path, "env", PY, constraints, tree, torch)
 
     assert reused.reused and [c["args"][:2] for c in fake_uv()] == [["venv", "--quiet"], ["pip", "sync"]]
     assert built.commands and not any("install" in command for command in built.commands)
@@ -351,7 +353,7 @@ def test_the_cpu_channel_syncs_its_compiled_closure_with_hashes_required(tmp_pat
     cpu.write_text("")
 
     choice = environments.choose_torch(TorchChannel.PYPI)
-    environments.ensure(tmp_path / "env", PY, environments.closure_for(choice, tmp_path / "cells.txt", cpu),
+    environments.ensure(tmp_path, "env", PY, environments.closure_for(choice, tmp_path / "cells.txt", cpu),
                         fixture_tree(tmp_path), choice)
 
     sync = fake_uv()[1]["args"]
@@ -363,7 +365,7 @@ def test_no_python_fails_before_uv_is_called(tmp_path, fake_uv, monkeypatch):
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
 
     with pytest.raises(HarnessError, match="no Python 3.99"):
-        environments.ensure(tmp_path / "env", "3.99", tmp_path / "cells.txt", fixture_tree(tmp_path),
+        environments.ensure(tmp_path, "env", "3.99", tmp_path / "cells.txt", fixture_tree(tmp_path),
                             environments.choose_torch(TorchChannel.PYPI))
 
     assert not (tmp_path / "uv-calls.jsonl").exists()
@@ -380,3 +382,103 @@ def test_compiling_the_cpu_closure_asks_uv_for_hashes_against_the_cpu_index(tmp_
     assert args[args.index("--torch-backend") + 1] == "cpu"
     assert args[args.index("--python-version") + 1] == "3.12"
     assert args[-2:] == ["-o", str(tmp_path / "out" / "cells-cpu.txt")]
+
+
+# --- environments shared by runs -------------------------------------------------------------
+
+
+def test_the_closure_environments_path_holds_the_torch_channel_and_how_bytecode_is_compiled(demo_project, monkeypatch):
+    reg = registry.load(demo_project)
+    pypi = environments.closure_environment_path(reg, reg.constraints)
+    monkeypatch.setenv("PDEVIDENCE_TORCH", "cpu")
+    cpu = environments.closure_environment_path(reg, reg.constraints)
+    monkeypatch.setattr(environments, "BYTECODE", "compiled some other way")
+    other_bytecode = environments.closure_environment_path(reg, reg.constraints)
+
+    assert len({pypi, cpu, other_bytecode}) == 3
+    assert pypi.parent == cpu.parent == other_bytecode.parent
+
+
+def test_each_key_has_its_own_environment_none_rebuilds_another(tmp_path, fake_uv):
+    constraints = tmp_path / "cells.txt"
+    constraints.write_text("")
+    tree = fixture_tree(tmp_path)
+    pypi = environments.ensure(tmp_path, "env", PY, constraints, tree, environments.choose_torch(TorchChannel.PYPI))
+    cpu = environments.ensure(tmp_path, "env", PY, constraints, tree, environments.TorchChoice("cpu", TorchChannel.CPU))
+
+    assert pypi.path != cpu.path
+    assert environments.ensure(tmp_path, "env", PY, constraints, tree,
+                               environments.choose_torch(TorchChannel.PYPI)).reused
+
+
+def holds_it(env: environments.CellEnvironment) -> bool:
+    """Whether a run holds the environment: no one can lock its in-use file exclusively."""
+    fd = os.open(env.path / debris.IN_USE, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+@pytest.mark.parametrize("built", [True, False], ids=["built", "reused"])
+def test_a_run_holds_the_environment_it_builds_or_reuses_until_it_ends(tmp_path, fake_uv, built):
+    constraints = tmp_path / "cells.txt"
+    constraints.write_text("")
+    tree, torch = fixture_tree(tmp_path), environments.choose_torch(TorchChannel.PYPI)
+    if not built:
+        with debris.run():
+            environments.ensure(tmp_path, "env", PY, constraints, tree, torch)
+
+    with debris.run():
+        env = environments.ensure(tmp_path, "env", PY, constraints, tree, torch)
+        assert env.reused is not built and holds_it(env)
+    assert not holds_it(env)
+
+
+def test_a_rebuild_never_deletes_an_environment_a_run_is_using_the_next_sweep_does_once_it_is_unused(
+        tmp_path, fake_uv):
+    constraints = tmp_path / "cells.txt"
+    constraints.write_text("")
+    tree, torch = fixture_tree(tmp_path), environments.choose_torch(TorchChannel.PYPI)
+    home = tmp_path / "envs"
+    reader = subprocess.Popen([sys.executable, "-c", USES_IT, str(home), str(constraints), str(tree.install_target)],
+                              stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    try:
+        used = Path(reader.stdout.readline().strip())  # the reader's environment, a module of it imported
+        (used / environments.ENV_INFO).write_text("{}")  # as a killed build leaves it: to be built again
+
+        rebuilt = environments.ensure(home, "env", PY, constraints, tree, torch)
+
+        assert rebuilt.path == used and not rebuilt.reused
+        asides = list(home.glob(f".{used.name}.aside-*"))
+        assert len(asides) == 1 and (asides[0] / "imported.py").read_text() == "in use\n"
+        with debris.run():  # a later run's sweep
+            debris.enter(home, [debris.Place(home)])
+        assert asides[0].exists()  # still in use
+    finally:
+        reader.kill()
+        reader.wait()
+    with debris.run():
+        debris.enter(home, [debris.Place(home)])
+    assert not asides[0].exists()
+
+
+# A run that uses an environment and goes on importing from it.
+USES_IT = f"""
+import sys, time
+from pathlib import Path
+from pdevidence import environments
+from pdevidence.registry import TorchChannel
+from pdevidence.sources import trees
+
+home, closure, wheel = map(Path, sys.argv[1:])
+tree = trees.Tree("release", "1.0", "1.0", wheel, "f" * 64, "pypi", wheel.name)
+env = environments.ensure(home, "env", "{PY}", closure, tree, environments.choose_torch(TorchChannel.PYPI))
+(env.path / "imported.py").write_text("in use\\n")
+print(env.path, flush=True)
+time.sleep(60)
+"""

@@ -108,6 +108,72 @@ def test_download_from_an_unreachable_url_names_it_and_passes_the_todo(unreachab
     assert leftovers(dest.parent) == []
 
 
+@pytest.fixture
+def waits(monkeypatch) -> list[float]:
+    """The waits between tries, recorded instead of slept."""
+    waited: list[float] = []
+    monkeypatch.setattr(fetch.children, "sleep", waited.append)
+    monkeypatch.setenv("PDEVIDENCE_DOWNLOAD_BACKOFF", "2")
+    return waited
+
+
+def test_a_download_that_fails_on_the_way_is_tried_again_each_wait_twice_the_last(http_server, tmp_path, waits,
+                                                                                  capsys):
+    url = http_server.serve("/a.tar.gz", PAYLOAD, fail_first=2)
+    dest = tmp_path / "dl" / "a.tar.gz"
+
+    assert fetch.download(url, dest, expected_sha256=PAYLOAD_SHA, what="the archive") == PAYLOAD_SHA
+
+    assert dest.read_bytes() == PAYLOAD and leftovers(dest.parent) == ["a.tar.gz"]
+    assert http_server.hits("/a.tar.gz") == 3 and waits == [2, 4]
+    said = capsys.readouterr().err
+    assert "the archive: cannot fetch the archive" in said and "trying again in 2 s (try 2 of 4)" in said
+
+
+def test_a_transfer_cut_short_is_tried_again(http_server, tmp_path, waits):
+    url = http_server.serve("/a.tar.gz", PAYLOAD, truncate_to=100)
+
+    with pytest.raises(HarnessError) as caught:
+        fetch.download(url, tmp_path / "a.tar.gz")
+
+    assert http_server.hits("/a.tar.gz") == 4 and waits == [2, 4, 8]
+    assert "is truncated" in caught.value.what and "(tried 4 times" in caught.value.what
+
+
+def test_a_download_that_keeps_failing_is_one_clear_error_after_its_last_try(http_server, tmp_path, waits,
+                                                                            monkeypatch):
+    monkeypatch.setenv("PDEVIDENCE_DOWNLOAD_TRIES", "3")
+    url = http_server.serve("/a.tar.gz", PAYLOAD, fail_first=10)
+    dest = tmp_path / "dl" / "a.tar.gz"
+
+    with pytest.raises(HarnessError) as caught:
+        fetch.download(url, dest, todo_unreachable="use the local clone")
+
+    assert http_server.hits("/a.tar.gz") == 3 and waits == [2, 4]
+    assert "Service Unavailable" in caught.value.what and "(tried 3 times: PDEVIDENCE_DOWNLOAD_TRIES)" in caught.value.what
+    assert caught.value.todo == "use the local clone" and caught.value.code == errors.ENVIRONMENT
+    assert leftovers(dest.parent) == []
+
+
+@pytest.mark.parametrize("answer", [{"status": 404}, {"status": 403}], ids=["404", "403"])
+def test_an_answer_is_not_tried_again(http_server, tmp_path, waits, answer):
+    url = http_server.serve("/a.tar.gz", b"no", **answer)
+
+    with pytest.raises(HarnessError):
+        fetch.download(url, tmp_path / "a.tar.gz")
+
+    assert http_server.hits("/a.tar.gz") == 1 and waits == []
+
+
+def test_a_download_whose_bytes_are_wrong_is_not_tried_again(http_server, tmp_path, waits):
+    url = http_server.serve("/a.tar.gz", PAYLOAD)
+
+    with pytest.raises(HarnessError) as caught:
+        fetch.download(url, tmp_path / "a.tar.gz", expected_sha256="0" * 64)
+
+    assert caught.value.code == errors.INTEGRITY and http_server.hits("/a.tar.gz") == 1 and waits == []
+
+
 # --- extract_tar ------------------------------------------------------------------------------
 
 

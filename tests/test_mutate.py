@@ -312,12 +312,12 @@ def test_table_score_survivors_and_exit_code(tmp_path):
         bad={"status": "error", "error": "edit text not found", "scenarios": {}},
         s=applied(under()),
     ))
-    assert result.score == {"killed": 1, "by_observation": 1, "only_raising": 0, "applicable": 3, "total": 4}
+    assert result.score == {"killed": 1, "by_observation": 1, "only_raising": 0, "applicable": 4, "total": 4}
     assert result.exit_code == errors.BEHAVIOUR_DIFFERS
     text = mutate.table(result)
-    assert text.splitlines()[-1] == "demo: 1 of 3 mutants killed (1 by observation, 0 only by raising)"
+    assert text.splitlines()[-1] == "demo: 1 of 4 mutants killed (1 by observation, 0 only by raising)"
     assert "survived: s" in text and "error: bad" in text and "edit text not found" in text
-    assert "survived: gone" not in text
+    assert "error: gone" in text
     row = next(line for line in text.splitlines() if line.startswith("a "))
     assert row.split()[2:5] == [".", "K", "killed"]
     path = tmp_path / "mutate.demo.json"
@@ -325,6 +325,33 @@ def test_table_score_survivors_and_exit_code(tmp_path):
     assert MutationTable.load(path) == result
     all_killed = judge(experiment({"a": "removes-fix"}), document(a=applied(under(D={"retired": False}))))
     assert all_killed.exit_code == errors.CONFIRMED
+
+
+def test_a_mutant_not_applicable_on_the_lanes_own_tree_is_an_error_and_the_lane_is_not_confirmed():
+    # Every other mutant killed: dropping the one whose target vanished would read confirmed.
+    exp = experiment({"a": "removes-fix", "b": "removes-fix", "gone": "removes-fix"})
+    result = judge(exp, document(
+        a=applied(under(D={"retired": False})), b=applied(under(D={"streamed": 0})),
+        gone={"status": "not applicable", "error": "synthmod:Door.gone: 'gone' is not on this tree",
+              "scenarios": {}}))
+    gone = next(m for m in result.mutants if m.id == "gone")
+    assert gone.status is MutantStatus.ERROR
+    assert gone.error.startswith("not applicable on release 9, the tree it was written for: synthmod:Door.gone")
+    assert result.score["applicable"] == 3 and result.exit_code == errors.BEHAVIOUR_DIFFERS
+    text = mutate.table(result)
+    assert "error: gone [removes-fix] gone (not applicable on release 9" in text
+    assert text.splitlines()[-1].startswith("demo: 2 of 3 mutants killed")
+
+
+def test_a_table_that_kept_a_not_applicable_mutant_is_not_confirmed(tmp_path):
+    exp = experiment({"a": "removes-fix", "gone": "removes-fix"})
+    doc = judge(exp, document(a=applied(under(D={"retired": False})), gone=applied(under(D={"retired": False})))
+                ).to_json()
+    doc["mutants"][1].update(status="not applicable", killed_by={}, error="no such function")
+    doc["score"].update(killed=1, by_observation=1, applicable=1)  # as a table of the old rule scored it
+    result = MutationTable.from_doc(doc, source="an older table")
+    assert result.exit_code == errors.BEHAVIOUR_DIFFERS and [m.id for m in result.unkilled] == ["gone"]
+    assert "not applicable: gone" in mutate.table(result)
 
 
 def test_kills_by_observation_and_kills_only_by_raising_are_counted_apart(tmp_path):
@@ -437,7 +464,7 @@ def test_real_lane_kills_every_mutant_and_every_scenario_kills(name, real_lanes)
                                                      f"{score['only_raising']} only by raising)")
     assert f"engine: {name} done in" in done.stdout  # a warm engine child ran the driver
     assert result.score["applicable"] == len(registry.load(PROJECT).experiment(name).mutants)  # all apply there
-    assert [m.id for m in result.survivors] == []
+    assert [m.id for m in result.unkilled] == []
     assert done.returncode == errors.CONFIRMED, done.stdout[-2000:] + done.stderr[-2000:]
     killers = {sid for m in result.mutants for sid in m.killed_by}
     idle = {sid for (exp, sid) in UNEXERCISED_CONTROLS if exp == name}
@@ -619,6 +646,17 @@ def test_lane_end_to_end_kills_by_observation(tmp_path, monkeypatch, cold):
     result = demo_lane(tmp_path, monkeypatch, DOOR_MUTANTS, cold=cold)
     assert {m.id: m.killed_by for m in result.mutants} == {"door": {"D": ["retired"]}, "wide": {"C": ["retired"]}}
     assert result.exit_code == errors.CONFIRMED and result.tree == {"kind": "release", "ref": "9.9", "resolved": "9.9"}
+
+
+def test_lane_with_a_mutant_whose_target_left_its_own_tree_is_not_confirmed(tmp_path, monkeypatch):
+    moved = dict(kind=registry.MutantKind.REMOVES_FIX, target="synthmod:Door.admit", operator=EDIT,
+                 old="if guard(req):", new="if False:")
+    result = demo_lane(tmp_path, monkeypatch, {**DOOR_MUTANTS, "moved": moved})
+    assert {m.id: m.status for m in result.mutants} == {
+        "door": MutantStatus.KILLED, "wide": MutantStatus.KILLED, "moved": MutantStatus.ERROR}
+    assert result.exit_code == errors.BEHAVIOUR_DIFFERS
+    assert "error: moved [removes-fix] moved (not applicable on release 9.9, the tree it was written for: " \
+           "synthmod:Door.admit: 'admit' is not on this tree" in mutate.table(result)
 
 
 ADAPTING_PROBE = DEMO_PROBE + '''

@@ -29,7 +29,7 @@ from pdevidence.core.paths import PROJECT
 from pdevidence.documents import integrity, provenance
 from pdevidence.documents.receipts import Receipt
 from pdevidence.documents.tables import MutationTable, SweepTable
-from pdevidence.judge import classify
+from pdevidence.documents.references import references
 from pdevidence.publish import publish
 
 # The demo registry with what a full publish declares besides cells and sweep: a mutant and an OpenVEX example.
@@ -255,7 +255,7 @@ def published(project):
 
 
 def test_the_published_references_are_verified_before_use(published):
-    refs = classify.references(published, published.experiment("demo"), published.root / "results")
+    refs = references(published, published.experiment("demo"), published.root / "results")
     assert refs.base["side"] == "base" and set(refs.digests) == {"demo.base.release-1.0.0.json",
                                                                  "demo.head.release-1.1.0.json"}
 
@@ -266,14 +266,14 @@ def test_a_tampered_reference_is_5_naming_it(published):
     doc["scenarios"]["D1"]["observed"]["retired"] = False
     path.write_text(json.dumps(doc))
     with pytest.raises(errors.HarnessError, match="results/demo.head.release-1.1.0.json") as caught:
-        classify.references(published, published.experiment("demo"), published.root / "results")
+        references(published, published.experiment("demo"), published.root / "results")
     assert caught.value.code == errors.INTEGRITY
 
 
 def test_a_stale_reference_is_8_naming_it(published):
     (published.root / "probes" / "probe_demo.py").write_text("print('changed')\n")
     with pytest.raises(errors.HarnessError, match="results/demo.base.release-1.0.0.receipt.json") as caught:
-        classify.references(published, published.experiment("demo"), published.root / "results")
+        references(published, published.experiment("demo"), published.root / "results")
     assert caught.value.code == errors.STALE
     assert "--references fresh" in caught.value.todo
 
@@ -295,12 +295,12 @@ def test_check_and_sweep_refuse_a_tampered_or_stale_reference_before_running_any
 
 def test_fresh_references_need_no_sums_but_must_be_current(project):
     reg = registry.load(project)
-    refs = classify.references(reg, reg.experiment("demo"), project / "runs", fresh=True)
+    refs = references(reg, reg.experiment("demo"), project / "runs", fresh=True)
     assert refs.head["side"] == "head"
     (project / "experiments.toml").write_text(FULL + "\n# a comment\n")
     reg = registry.load(project)
     with pytest.raises(errors.HarnessError, match="made by another registry") as caught:
-        classify.references(reg, reg.experiment("demo"), project / "runs", fresh=True)
+        references(reg, reg.experiment("demo"), project / "runs", fresh=True)
     assert caught.value.code == errors.STALE
 
 
@@ -359,6 +359,13 @@ def test_a_partial_sweep_is_refused(project, capsys):
     write_sweep(project / "runs" / "sweep-demo.json", explicit=True)
     assert run(project, "publish") == errors.INCOMPLETE
     assert "partial sweep" in capsys.readouterr().err
+
+
+def test_a_sweep_merged_without_an_era_part_is_refused(project, capsys):
+    write_sweep(project / "runs" / "sweep-demo.json", missing_eras=["torch2.7-tf4"])
+    assert run(project, "publish") == errors.INCOMPLETE
+    assert "a partial sweep (merged with --partial, no part for era torch2.7-tf4)" in capsys.readouterr().err
+    assert not any((project / "results").iterdir())
 
 
 def test_a_sweep_covering_fewer_releases_than_the_published_one_is_refused(project, capsys):

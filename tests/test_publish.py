@@ -69,6 +69,37 @@ def test_publish_refuses_an_unconfirmed_differential_unless_told(project, capsys
     integrity.verify(project)
 
 
+def test_a_publish_told_to_take_unconfirmed_references_says_so_in_what_it_publishes(project, capsys):
+    write_cell(project / "runs", "head", result_doc("head", "1.1.0", {
+        "D1": {"enqueued": True, "retired": False}, "D2": {"enqueued": True}}))
+    write_sweep(project / "runs" / "sweep-demo.json")
+
+    assert cli.main(["--root", str(project), "publish", "--allow-unconfirmed"]) == errors.CONFIRMED
+
+    (entry,) = reports.load_report(project / "results" / "report.json")["unconfirmed"]
+    assert (entry["experiment"], entry["kind"], entry["verdict"]) == ("demo", "release", "not reproduced")
+    assert entry["reasons"]
+    markdown = (project / "results" / "report.md").read_text()
+    assert "**Published unconfirmed** (`publish --allow-unconfirmed`)" in markdown
+    assert markdown.index("Published unconfirmed") < markdown.index("### demo")
+    assert "PUBLISHED UNCONFIRMED" in capsys.readouterr().out
+    integrity.verify(project)  # what says so is in the sums like the rest
+
+
+def test_a_confirmed_publish_records_that_nothing_was_taken_unconfirmed(project):
+    assert cli.main(["--root", str(project), "publish"]) == errors.CONFIRMED
+
+    assert reports.load_report(project / "results" / "report.json")["unconfirmed"] == []
+    assert "Published unconfirmed" not in (project / "results" / "report.md").read_text()
+
+
+def test_a_report_written_before_publish_recorded_unconfirmed_references_loads_as_unknown(tmp_path):
+    old = tmp_path / "report.json"
+    old.write_text(json.dumps({"schema": "pdevidence-report/1", "exit_code": 0, "pairs": [], "upstream": []}))
+
+    assert reports.load_report(old)["unconfirmed"] is None
+
+
 def test_publish_refuses_a_result_its_receipt_does_not_vouch_for(project, capsys):
     fresh = project / "runs" / "demo.base.release-1.0.0.json"
     doc = json.loads(fresh.read_text())

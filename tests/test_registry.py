@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from synthetic import REGISTRY, make_project
 
@@ -191,11 +193,26 @@ def test_eras_stand_ins_and_not_affected_rules_are_checked_strictly(tmp_path, br
     assert err.value.code == errors.USAGE
 
 
-def test_two_eras_that_hold_one_release_are_refused_when_it_is_asked_for(tmp_path):
-    reg = load_text(tmp_path, ERAS + '[eras.overlap]\nreleases = ">=0.9"\nconstraints = "constraints/o.txt"\n')
-    assert reg.era_of("0.5.0").name == "old"
-    with pytest.raises(errors.HarnessError, match="old, overlap all hold 0.9.1"):
-        reg.era_of("0.9.1")
+@pytest.mark.parametrize("releases, held", [
+    (">=0.9", "0.9"), ("<0.4.1", "0.4.0"), ("==0.5.3", "0.5.3"), (">0.9,<=1.2", "0.9.0.0.1"), (">=0.1", "0.4.0")])
+def test_two_eras_that_hold_one_release_are_refused_naming_both_and_the_release(tmp_path, releases, held):
+    overlap = ERAS + f'[eras.overlap]\nreleases = "{releases}"\nconstraints = "constraints/o.txt"\n'
+    with pytest.raises(errors.HarnessError, match=rf"eras\.overlap\.releases: .* overlaps eras\.old .*both hold "
+                       rf"{re.escape(held)}") as err:
+        load_text(tmp_path, overlap)
+    assert err.value.code == errors.USAGE
+
+
+def test_eras_that_touch_but_do_not_overlap_load():
+    reg = registry.load(PROJECT)  # the real eras: each bound of one is the other's edge, excluded there
+    assert len(reg.eras) > 1 and reg.era_of("0.5.13").name == "torch2.11-tf5"
+
+
+def test_a_not_affected_rule_on_a_scenario_the_experiment_does_not_expect_is_refused(tmp_path):
+    with pytest.raises(errors.HarnessError, match=r"experiments\.demo\.not_affected\.no_door\.scenario: 'D9' is "
+                       "not a scenario this experiment expects") as err:
+        load_text(tmp_path, ERAS.replace('scenario = "D1"', 'scenario = "D9"'))
+    assert err.value.code == errors.USAGE
 
 
 def test_a_not_affected_rule_holds_on_its_typed_observation_only(tmp_path):

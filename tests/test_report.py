@@ -20,7 +20,7 @@ import cairosvg
 import pytest
 from PIL import Image
 from report_data import (TITLES, full_document, many_experiments, mutations, notes, report_dict, sweep_v1, sweep_v3,
-                         sweep_v4)
+                         sweep_v4, sweep_v5)
 from synthetic import make_project, write_cell
 
 from pdevidence import cli, registry
@@ -71,9 +71,16 @@ def _deviating(doc: dict) -> dict:
     return doc
 
 
+def _partial(doc: dict) -> dict:
+    doc = copy.deepcopy(doc)
+    doc["sweeps"]["prefill"] = sweep_v5()
+    return doc
+
+
 DOCUMENTS = {
     "full": full_document(),
     "a release that deviates": _deviating(full_document()),
+    "a partial sweep": _partial(full_document()),
     "bare report dict": report_dict(),
     "not reproduced": _not_reproduced(full_document(), same_as_base=False),
     "head observes base": _not_reproduced({**report_dict(), "scenarios": notes()}, same_as_base=True),
@@ -320,7 +327,7 @@ def test_mutants_and_the_prs_tests_are_drawn_as_panels_in_their_legend_colours()
         ("base: 1 passed", pictures.TEST_COLOURS["passed"]), ("base: 2 failed", pictures.TEST_COLOURS["failed"]),
         ("base: 3 errors", pictures.TEST_COLOURS["errors"]), ("head: 6 passed", pictures.TEST_COLOURS["passed"])}
     words = " ".join(node.text for node in texts(root))
-    assert "the probe kills 2 of 3 applicable (4 declared)" in words
+    assert "the probe kills 2 of 3 applicable (4 declared); not killed: M3 (survived), M4 (not applicable)" in words
     assert "the PR's own tests on git (my-branch)" in words
 
 
@@ -341,7 +348,8 @@ def test_the_first_screen_holds_every_verdict_tree_and_narrative():
 def test_the_report_names_every_release_the_watch_flags_and_shows_an_erroring_scenario_as_raised():
     doc = full_document()
     doc["sweeps"]["prefill"] = sweep_v3()
-    assert SweepTable.from_doc(sweep_v3(), source="sweep_v3").flagged == ["0.5.21", "0.5.23"]
+    # Loaded, a failed release before the first fixed one is flagged too (/5); the report shows the table as written.
+    assert SweepTable.from_doc(sweep_v3(), source="sweep_v3").flagged == ["0.5.17", "0.5.21", "0.5.23"]
     md = report.markdown(doc)
     assert "release watch, not fixed after 0.5.20: 0.5.21 (partial), 0.5.23 (error)" in md
     prefill = next(t for t in timeline.timelines(doc) if t.experiment == "prefill")
@@ -349,9 +357,21 @@ def test_the_report_names_every_release_the_watch_flags_and_shows_an_erroring_sc
     assert swept.states["B2"] == Behaviour.ERROR
 
 
+def test_a_partial_sweep_says_partial_in_the_words_and_the_picture_and_names_a_failed_release_before_the_fix():
+    doc = DOCUMENTS["a partial sweep"]
+    assert SweepTable.from_doc(sweep_v5(), source="sweep_v5").partial == "no part for era torch2.7-tf4"
+    for words in (report.markdown(doc), report.terminal(doc)):
+        assert "PARTIAL release sweep (no part for era torch2.7-tf4; 8 releases): 0.5.17 failed" in words
+        assert "release watch, not probed (the first fixed release may be among them): 0.5.17" in words
+    captions = " ".join(node.text for node in texts(parse(report.svg(doc))))
+    assert "PARTIAL release sweep (no part for era torch2.7-tf4): 8 releases" in captions
+    whole = report.markdown(DOCUMENTS["a release that deviates"])
+    assert "PARTIAL" not in whole and "not probed" not in whole
+
+
 def test_a_release_that_deviates_is_flagged_and_its_control_is_a_row_marked_only_where_it_departs():
     doc = DOCUMENTS["a release that deviates"]
-    assert SweepTable.from_doc(sweep_v4(), source="sweep_v4").flagged == ["0.5.21", "0.5.23", "0.5.24"]
+    assert SweepTable.from_doc(sweep_v4(), source="sweep_v4").flagged == ["0.5.17", "0.5.21", "0.5.23", "0.5.24"]
     assert "release watch, not fixed after 0.5.20: 0.5.21 (partial), 0.5.23 (error), 0.5.24 (deviates)" \
         in report.markdown(doc)
     prefill = next(t for t in timeline.timelines(doc) if t.experiment == "prefill")

@@ -7,10 +7,11 @@ import json
 import pytest
 from synthetic import result_doc
 
-from pdevidence.core.errors import HarnessError
+from pdevidence.core.errors import RELEASE_WATCH, HarnessError
 from pdevidence.documents import provenance
 from pdevidence.documents.observations import Values
 from pdevidence.documents.tables import SweepParameters, SweepTable
+from pdevidence.judge import classify
 from pdevidence.lanes import drift, sweep
 
 C, B = sweep.Classification, sweep.Behaviour
@@ -28,7 +29,7 @@ def test_a_release_after_the_first_fixed_one_that_behaves_as_pre_fix_is_a_regres
     made = provenance.Provenance({"probes/probe_demo.py": "d" * 64}, "0" * 64)
     parameters = SweepParameters(explicit=False, pre=False, floor="0.1", references={})
     doc = sweep.document("demo", outcomes, "2026-10-01T00:00:00Z", made, parameters)
-    assert (doc["schema"], doc["first_fixed"], doc["regressions"]) == ("pdevidence-sweep/4", "0.2", ["0.3", "0.6"])
+    assert (doc["schema"], doc["first_fixed"], doc["regressions"]) == ("pdevidence-sweep/5", "0.2", ["0.3", "0.6"])
     assert SweepTable.from_doc(doc, source="test").doc is doc
     assert sweep.first_fixed(outcomes[:1]) is None and sweep.regressions(outcomes[:1]) == []
 
@@ -40,8 +41,8 @@ def test_every_release_after_the_first_fixed_one_that_is_not_fixed_is_flagged_wh
         ("0.5", C.PRE_FIX), ("0.6", C.PARTIAL), ("0.7", C.NEITHER), ("0.8", C.ERROR), ("0.9", C.FAILED)]]
     after.append(sweep.ReleaseOutcome("0.10", C.DEVIATES, {"D1": B.FIXED, "D2": B.DEVIATES}, ["D2"],
                                       deviations={"D2": {"enqueued": Values(False, True, True)}}))
-    assert sweep.flagged(before) == []  # what breaks before the fix landed is not the watch's business
-    assert sweep.flagged(before + after) == ["0.5", "0.6", "0.7", "0.8", "0.9", "0.10"]
+    assert sweep.flagged(before) == ["0.2"]  # an error before the fix landed is not the watch's business; see below
+    assert sweep.flagged(before + after) == ["0.2", "0.5", "0.6", "0.7", "0.8", "0.9", "0.10"]
     assert sweep.regressions(before + after) == ["0.5", "0.6"]  # an over-broad fix is not the fix gone
     text = sweep.table("demo", before + after, {"head": "0.3"})
     assert "0.8          error  WATCH: not fixed after a fixed release" in text
@@ -52,9 +53,42 @@ def test_every_release_after_the_first_fixed_one_that_is_not_fixed_is_flagged_wh
     made = provenance.Provenance({"probes/probe_demo.py": "d" * 64}, "0" * 64)
     parameters = SweepParameters(explicit=False, pre=False, floor="0.1", references={})
     doc = sweep.document("demo", before + after, None, made, parameters)
-    assert doc["flagged"] == ["0.5", "0.6", "0.7", "0.8", "0.9", "0.10"]
+    assert doc["flagged"] == ["0.2", "0.5", "0.6", "0.7", "0.8", "0.9", "0.10"]
     assert doc["releases"][-1]["deviations"] == {"D2": {"enqueued": {"tree": False, "base": True, "head": True}}}
     assert SweepTable.from_doc(doc, source="test").releases[-1] == after[-1]  # read back as written
+
+
+@pytest.mark.parametrize("fixed", [True, False], ids=["before-the-first-fixed", "none-fixed"])
+def test_a_release_that_failed_before_the_first_fixed_one_is_flagged_it_may_hide_the_real_bracket(fixed):
+    outcomes = [sweep.ReleaseOutcome("0.1", C.PRE_FIX), sweep.ReleaseOutcome("0.2", C.FAILED, error="no wheel"),
+                sweep.ReleaseOutcome("0.3", C.FIXED if fixed else C.PRE_FIX)]
+    assert sweep.flagged(outcomes) == ["0.2"] and sweep.regressions(outcomes) == []
+    assert classify.watch_exit(outcomes) == RELEASE_WATCH
+    text = sweep.table("demo", outcomes, {"head": "0.3"})
+    assert "0.2          failed (no wheel)  WATCH: not probed, it may be the first fixed release" in text
+    assert "release watch: not probed (the first fixed release may be among them): 0.2" in text
+    assert "not fixed after" not in text
+
+
+def test_a_table_of_schema_4_loads_whole_and_flags_its_failed_release_by_the_new_rule():
+    made = provenance.Provenance({"probes/probe_demo.py": "d" * 64}, "0" * 64)
+    parameters = SweepParameters(explicit=False, pre=False, floor="0.1", references={})
+    outcomes = [sweep.ReleaseOutcome("0.1", C.FAILED), sweep.ReleaseOutcome("0.2", C.FIXED)]
+    doc = sweep.document("demo", outcomes, None, made, parameters)
+    doc.update(schema="pdevidence-sweep/4", flagged=[])  # as /4 wrote it: no watch before the first fixed
+    del doc["parameters"]["missing_eras"]
+    table = SweepTable.from_doc(doc, source="v4.json")
+    assert (table.flagged, table.parameters.missing_eras, table.partial) == (["0.1"], (), None)
+    assert table.doc is doc and doc["flagged"] == []  # the document as written is left alone
+
+
+def test_a_partial_sweep_says_so_above_its_releases():
+    outcomes = [sweep.ReleaseOutcome("0.1", C.PRE_FIX), sweep.ReleaseOutcome("0.3", C.FIXED)]
+    parameters = SweepParameters(explicit=False, pre=False, floor="0.1", references={}, missing_eras=("old",))
+    assert sweep.table("demo", outcomes, {}, parameters).splitlines()[1] == \
+        "  PARTIAL SWEEP (no part for era old): not every release; publish refuses it"
+    whole = SweepParameters(explicit=False, pre=False, floor="0.1", references={})
+    assert "PARTIAL" not in sweep.table("demo", outcomes, {}, whole)
 
 
 def test_a_partial_release_names_what_raised_and_matched_neither_beside_its_pre_fix_scenarios():
@@ -83,7 +117,7 @@ def test_the_sweep_command_exits_9_naming_a_release_that_is_not_fixed_after_the_
     assert written["flagged"] == ["1.2.0"] and written["as_of"] == "2026-10-01T00:00:00Z"
     assert written["regressions"] == (["1.2.0"] if kind in (C.PRE_FIX, C.PARTIAL) else [])
     assert written["parameters"] == {"explicit": True, "pre": False, "floor": "1.0.0",
-                                     "references": {"demo.base.release-1.0.0.json": "a" * 64}}
+                                     "references": {"demo.base.release-1.0.0.json": "a" * 64}, "missing_eras": []}
     assert SweepTable.load(tmp_path / "runs" / "sweep-demo.json").stale(project, "probes/probe_demo.py") == []
     monkeypatch.setattr(sweep, "sweep", lambda reg, names, **kw: ({"demo": outcomes[:2]}, None, refs))
     assert cli.main(["--root", str(project), "sweep"]) == errors.CONFIRMED

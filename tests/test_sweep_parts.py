@@ -9,7 +9,7 @@ from synthetic import REGISTRY, make_project
 
 from pdevidence import cli, registry
 from pdevidence.core import errors
-from pdevidence.documents.tables import ReleaseOutcome, SweepParameters
+from pdevidence.documents.tables import ReleaseOutcome, SweepParameters, SweepTable
 from pdevidence.documents.vocabulary import Classification
 from pdevidence.lanes import sweep, sweep_parts
 
@@ -70,10 +70,54 @@ def test_a_release_that_lost_its_fix_in_any_part_fails_the_merge(reg, monkeypatc
     assert (table["regressions"], table["flagged"]) == (["1.0.0"], ["1.0.0", "1.1.0"])
 
 
+def test_a_missing_era_part_is_refused_naming_it(reg, monkeypatch, capsys):
+    monkeypatch.setenv("PDEVIDENCE_RUNS", str(reg.root / "runs"))
+    part(reg, "current", ("1.0.0", Classification.PRE_FIX), ("1.1.0", Classification.FIXED))
+    assert cli.main(["--root", str(reg.root), "sweep-merge"]) == errors.INCOMPLETE == 4
+    err = capsys.readouterr().err
+    assert "the sweep is missing era parts: old (runs/sweep-parts/old/sweep-demo.json)" in err
+    assert "--partial" in err
+    assert not (reg.root / "runs" / "sweep-demo.json").exists()
+
+
+def test_a_partial_merge_records_the_missing_era_and_says_partial(reg, monkeypatch, capsys):
+    monkeypatch.setenv("PDEVIDENCE_RUNS", str(reg.root / "runs"))
+    part(reg, "current", ("1.0.0", Classification.PRE_FIX), ("1.1.0", Classification.FIXED))
+    assert cli.main(["--root", str(reg.root), "sweep-merge", "--partial"]) == errors.CONFIRMED
+    assert "PARTIAL SWEEP (no part for era old)" in capsys.readouterr().out
+    table = SweepTable.load(reg.root / "runs" / "sweep-demo.json")
+    assert table.parameters.missing_eras == ("old",) and table.partial == "no part for era old"
+
+
+def test_an_era_with_no_release_writes_an_empty_part_the_merge_counts_as_there(reg, monkeypatch):
+    monkeypatch.setenv("PDEVIDENCE_RUNS", str(reg.root / "runs"))
+    monkeypatch.setattr(sweep, "default_releases", lambda reg, pre=False: ["1.0.0", "1.1.0"])
+    monkeypatch.setattr(sweep.trees, "index_files", lambda project: [])
+    monkeypatch.setattr(sweep, "references", lambda reg, exp, published, fresh=False: sweep.References(
+        {}, {"demo.base.release-1.0.0.json": "a" * 64}))
+    monkeypatch.setattr(sweep, "_warm", lambda *a, **kw: pytest.fail("no release to probe: no engine"))
+    assert cli.main(["--root", str(reg.root), "sweep", "--era", "old"]) == errors.CONFIRMED
+    empty = SweepTable.load(sweep_parts.part_file(reg.root / "runs" / sweep_parts.PARTS, "old", "demo"))
+    assert empty.releases == [] and empty.flagged == []
+    part(reg, "current", ("1.0.0", Classification.PRE_FIX), ("1.1.0", Classification.FIXED))
+    merged = sweep_parts.merge(reg, reg.root / "runs" / sweep_parts.PARTS, ["demo"])["demo"]
+    assert [o.version for o in merged.outcomes] == ["1.0.0", "1.1.0"] and merged.parameters.missing_eras == ()
+
+
+def test_a_part_under_no_era_of_the_registry_is_refused(reg):
+    part(reg, "current", ("1.0.0", Classification.PRE_FIX))
+    part(reg, "old", ("0.9.0", Classification.PRE_FIX))
+    part(reg, "sweep-part-sweep-era-old", ("0.9.5", Classification.PRE_FIX))
+    with pytest.raises(errors.HarnessError, match="sweep parts of no era of the registry.*sweep-part-sweep-era-old") \
+            as err:
+        sweep_parts.merge(reg, reg.root / "runs" / sweep_parts.PARTS, ["demo"])
+    assert err.value.code == errors.USAGE
+
+
 def test_a_release_in_two_parts_or_no_part_at_all_is_refused(reg):
     parts = reg.root / "runs" / sweep_parts.PARTS
     with pytest.raises(errors.HarnessError, match="no sweep part for demo") as err:
-        sweep_parts.merge(reg, parts, ["demo"])
+        sweep_parts.merge(reg, parts, ["demo"], partial=True)
     assert err.value.code == errors.INCOMPLETE
     part(reg, "old", ("0.9.0", Classification.PRE_FIX))
     part(reg, "current", ("0.9.0", Classification.PRE_FIX))

@@ -463,6 +463,57 @@ def test_path_tree_of_a_git_work_tree_is_labelled_by_head_and_dirtiness(clone):
     assert trees.commit_of(dirty.resolved) == clone.second
 
 
+def failing(command: str, monkeypatch) -> None:
+    """git fails ``command`` (as a damaged repository or a lock git left behind makes it), and only it."""
+    real = trees._git
+
+    def git_with_one_failure(clone, *args, **kw):
+        if args[0] == command:
+            return subprocess.CompletedProcess(["git", *args], 128, b"", b"fatal: index file corrupt")
+        return real(clone, *args, **kw)
+
+    monkeypatch.setattr(trees, "_git", git_with_one_failure)
+
+
+@pytest.mark.parametrize("command", ["diff", "ls-files"])
+def test_a_work_tree_git_cannot_read_is_an_error_never_a_clean_tree(clone, monkeypatch, command):
+    (clone.path / "python" / "sglang" / "__init__.py").write_text("# work in progress\n")
+    failing(command, monkeypatch)
+
+    with pytest.raises(HarnessError) as caught:
+        trees.path_tree(clone.path)
+
+    assert f"git -C {clone.path} {command}" in str(caught.value) and "index file corrupt" in str(caught.value)
+
+
+def test_a_clone_git_cannot_read_the_tree_of_is_an_error_and_leaves_no_tree(clone, cache, lock, monkeypatch):
+    real = trees._git
+    monkeypatch.setattr(trees, "_git", lambda clone_, *args, **kw: subprocess.CompletedProcess(
+        args, 128, "", "fatal: bad object") if args[-1].endswith("^{tree}") else real(clone_, *args, **kw))
+
+    with pytest.raises(HarnessError, match="bad object"):
+        trees.git_tree(clone.first, lock, clone=clone.path)
+
+    assert not (cache / "trees" / f"git-{clone.first}").exists()
+
+
+def test_files_are_hashed_a_chunk_at_a_time_never_read_whole(clone, tmp_path, monkeypatch):
+    big = b"x" * (3 * (1 << 20) + 5)
+    (clone.path / "python" / "sglang" / "untracked.bin").write_bytes(big)
+    outside = tmp_path / "outside" / "sglang"
+    outside.mkdir(parents=True)
+    (outside / "data.bin").write_bytes(big)
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail(f"{self} was read whole"))
+
+    dirty = trees.path_tree(clone.path)
+    digest = trees.content_digest(outside)
+
+    # The names the chunked hashing gives are those whole reads gave: cached names do not change.
+    expected = hashlib.sha256(clone.second.encode() + b"\0python/sglang/untracked.bin\0" + big).hexdigest()
+    assert dirty.digest == expected
+    assert digest == hashlib.sha256(b"data.bin\0" + hashlib.sha256(big).digest()).hexdigest()
+
+
 def test_a_tree_outside_git_is_named_by_every_file_the_probes_can_load_and_nothing_else(tmp_path, monkeypatch):
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
     root = tmp_path / "work"
@@ -723,3 +774,14 @@ def test_lock_trees_pins_every_wheel_of_the_brackets_with_the_index_hashes(tmp_p
         assert lock.pinned("release", f"sglang=={version}") == {"files": {
             name: sha256(data) for name, data in wheels.items() if name.startswith(f"sglang-{version}-")}}
     assert lock.path.stat().st_mode & 0o777 == 0o644
+
+
+def test_the_package_index_is_asked_again_after_a_server_error(http_server, monkeypatch):
+    monkeypatch.setattr(trees.fetch.children, "sleep", lambda seconds: None)
+    page = json.dumps({"files": [{"filename": "sglang-1.0-py3-none-any.whl", "url": "f.whl"}]}).encode()
+    http_server.serve("/simple/sglang/", page, content_type="application/vnd.pypi.simple.v1+json", fail_first=1)
+
+    files = trees.index_files("sglang", http_server.url("/simple"))
+
+    assert [f["url"] for f in files] == [http_server.url("/simple/sglang/f.whl")]
+    assert http_server.hits("/simple/sglang/") == 2

@@ -23,6 +23,7 @@ from pdevidence import registry
 from pdevidence.cells import cells
 from pdevidence.core.paths import PROJECT
 from pdevidence.documents import results
+from pdevidence.lanes import sweep_parts
 from pdevidence.sources import trees
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -253,7 +254,10 @@ def test_the_sweep_fans_out_one_job_per_era_then_merges_the_parts():
     include = json.loads(proc.stdout)["include"]
     reg = registry.load(PROJECT)
     assert [e["session"] for e in include] == [f"sweep_era({era})" for era in ["current", *reg.eras]]
-    assert include[1]["files"] == f"runs/sweep-parts/{next(iter(reg.eras))}/"
+    # Each job uploads the parts' directory, the artifact's root: its part keeps the era's directory, which the
+    # merge reads to tell which era's part is missing.
+    era_name = next(iter(reg.eras))
+    assert Path(include[1]["files"]) == sweep_parts.part_dir(Path("runs"), era_name).parent
     assert all(e["artifact"].startswith("sweep-part-") for e in include)
 
     yaml = pytest.importorskip("yaml")
@@ -265,11 +269,12 @@ def test_the_sweep_fans_out_one_job_per_era_then_merges_the_parts():
     assert era["strategy"]["fail-fast"] is False
     upload = next(s for s in era["steps"] if s.get("uses", "").startswith("actions/upload-artifact"))
     assert upload["with"]["name"] == "${{ matrix.artifact }}" and upload["with"]["path"] == "${{ matrix.files }}"
+    assert upload["with"]["if-no-files-found"] == "error"  # every era's job writes a part, empty or not
     merge = jobs["sweep"]
+    # It runs after a failed era job too: the merge then names the missing part and fails.
     assert "sweep-era" in merge["needs"] and "always()" in merge["if"]
     download = next(s for s in merge["steps"] if s.get("uses", "").startswith("actions/download-artifact"))
-    # One directory per part: every part holds files of the same names.
-    assert download["with"] == {"pattern": "sweep-part-*", "path": "runs/sweep-parts"}
+    assert download["with"] == {"pattern": "sweep-part-*", "path": "runs/sweep-parts", "merge-multiple": True}
     assert any(s.get("run") == "nox -s sweep_merge" for s in merge["steps"])
 
 

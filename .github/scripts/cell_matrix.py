@@ -80,8 +80,10 @@ def build_eras(listing: list[dict]) -> dict:
         if not era:
             raise MatrixError(f"session {entry.get('session')!r} has no era in its call_spec")
         s = slug(entry["session"])
+        # The parts' directory, not the era's: a directory uploaded is the artifact's root, and the merge
+        # needs each part under its era's name (runs/sweep-parts/<era>/) to tell which era's is missing.
         include.append({"session": entry["session"], "slug": s, "artifact": ERA_ARTIFACT_PREFIX + s,
-                        "files": f"runs/sweep-parts/{era}/"})
+                        "files": "runs/sweep-parts/"})
     if not include:
         raise MatrixError(f"nox lists no era session (sessions named {ERA_SESSION!r} tagged {ERA_TAG!r})")
     return {"include": include}

@@ -12,7 +12,12 @@ named with it and removed only once its run is dead). In a directory of that roo
 - a leftover of the shapes the caller names (the temporaries of code that names its own) carries no token: it
   goes only when no other run is in the root;
 - an unfinished build (a directory without its ``unfinished`` marker) goes when its build lock,
-  ``.<name>.lock`` beside it, is free: it is only ever built under that lock.
+  ``.<name>.lock`` beside it, is free: it is only ever built under that lock;
+- a directory set aside (``set_aside``: ``.<name>.aside-<random>``) goes once no run uses it.
+
+A directory that runs use in place while others may replace it (an environment) holds an ``IN_USE`` file: each run
+that uses it holds a shared ``flock`` on that file until it ends (``use``). Replacing it renames it aside first, so
+that no run loses what it is reading; it is removed once that lock can be taken exclusively.
 
 A run is a process, or a ``run()`` block in one (a command called in-process, as the tests do). It sweeps as it
 enters a root, before it makes anything there, holding the root's own flock exclusively while it looks and makes
@@ -29,18 +34,19 @@ import secrets
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
-from . import children, inuse
-from .locking import try_lock
+from . import inuse
+from .locking import try_lock, wait
 
 TOKEN_FILE = ".pdevidence-run-{}.lock"
+IN_USE = ".pdevidence-in-use.lock"
+_ASIDE = re.compile(r"^\..+\.aside-[0-9a-f]{8}$")
 _TOKEN_FILE = re.compile(r"^\.pdevidence-run-([0-9a-f]{16})\.lock$")
 _TOKENED = re.compile(r"run-([0-9a-f]{16})")
-POLL_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class _Run:
     pid: int
     token: str
     held: dict[str, int] = field(default_factory=dict)  # root -> this run's token file there, locked
+    used: dict[tuple[int, int], int] = field(default_factory=dict)  # IN_USE file (device, inode) -> held shared
 
 
 _run: _Run | None = None
@@ -81,6 +88,8 @@ def run():
             if _run is not None and _run.pid == os.getpid():
                 for root, fd in _run.held.items():
                     Path(root, TOKEN_FILE.format(_run.token)).unlink(missing_ok=True)
+                    os.close(fd)
+                for fd in _run.used.values():
                     os.close(fd)
             _run = None
         inuse.release()  # the cache entries it used: a prune may take them now
@@ -150,6 +159,85 @@ def run_dir(parent: Path, stem: str, *, keep: int) -> Path:
     return made
 
 
+def use(directory: Path, ready: Callable[[Path], bool]) -> bool:
+    """Count this run as using ``directory`` until it ends (a shared lock on its ``IN_USE`` file), when it is
+    ``ready``: False, holding nothing, when it has no such file, is being removed or set aside, or is not ready."""
+    try:
+        fd = os.open(directory / IN_USE, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        # Checked after ``ready``: still at its name then, it was there all along (a directory set aside never
+        # comes back), so what ``ready`` read is what this lock holds.
+        if ready(directory) and _same_file(fd, directory / IN_USE):
+            found = os.fstat(fd)
+            run = _this_run()
+            with _entering:
+                if (found.st_dev, found.st_ino) not in run.used:
+                    run.used[found.st_dev, found.st_ino] = fd
+                    with contextlib.suppress(OSError):  # its last use, as `cache info` and `cache prune` read it
+                        os.utime(fd)
+                    fd = -1
+            return True
+    except BlockingIOError:  # being removed
+        pass
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return False
+
+
+@contextlib.contextmanager
+def unused(directory: Path):
+    """Whether no run uses ``directory`` (``use``); while True, none can start to (its ``IN_USE`` lock is held
+    exclusively through the block). One without that file was never finished, so never used."""
+    try:
+        fd = os.open(directory / IN_USE, os.O_RDONLY)
+    except FileNotFoundError:
+        yield True
+        return
+    try:
+        yield try_lock(fd)
+    finally:
+        os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        named = path.stat()
+    except OSError:
+        return False
+    found = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (found.st_dev, found.st_ino)
+
+
+def set_aside(directory: Path) -> None:
+    """Take ``directory`` (with an ``IN_USE`` file once finished) out of its name, and remove it unless a run still
+    uses it; then the sweep of a later run removes it, once none does."""
+    aside = directory.with_name(f".{directory.name}.aside-{secrets.token_hex(4)}")
+    try:
+        os.rename(directory, aside)
+    except FileNotFoundError:
+        return
+    _remove_unused(aside)
+
+
+def _remove_unused(aside: Path) -> None:
+    try:
+        fd = os.open(aside / IN_USE, os.O_RDONLY)
+    except FileNotFoundError:  # never finished, so never used
+        _remove(aside)
+        return
+    except OSError:
+        return
+    try:
+        if try_lock(fd):  # held while it goes: a run that opened it before it was set aside cannot use it
+            _remove(aside)
+    finally:
+        os.close(fd)
+
+
 def _root_of(run: _Run, directory: Path) -> Path | None:
     """The innermost root this run is in that holds ``directory``; None: none does."""
     path = os.path.abspath(directory)
@@ -163,8 +251,8 @@ def _looking(root: Path):
     Polled: a thread blocked in flock would not see Ctrl-C."""
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        while not try_lock(fd):
-            children.sleep(POLL_SECONDS)
+        # A sweep takes moments: a long wait is a run stopped mid-sweep (^Z, a debugger).
+        wait(fd, f"{root} (a run sweeping what dead runs left there)", lambda: "", timeout=None)
         yield
     finally:
         os.close(fd)
@@ -240,6 +328,9 @@ def _runs(root: Path, own: str) -> _Tokens:
 def _sweep(place: Place, tokens: _Tokens) -> None:
     for entry in place.directory.iterdir():
         if not entry.name.startswith(".") or _TOKEN_FILE.match(entry.name):
+            continue
+        if _ASIDE.match(entry.name) and entry.is_dir():
+            _remove_unused(entry)
             continue
         found = _TOKENED.search(entry.name)
         if not tokens.alive(found.group(1), place.directory) if found else (

@@ -60,10 +60,15 @@ def write_atomic(path: Path, text: str | bytes) -> None:
 
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
+    hash_into(digest, path)
+    return digest.hexdigest()
+
+
+def hash_into(digest: Any, path: Path) -> None:
+    """Feed ``path``'s bytes to ``digest`` a chunk at a time: a file is never read whole (a wheel, an archive)."""
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(CHUNK), b""):
             digest.update(block)
-    return digest.hexdigest()
 
 
 def read_json(path: Path, what: str, *, todo: str) -> Any:

@@ -1,7 +1,8 @@
 """Inter-process locks, so two runs never share a half-built cache entry.
 
 A lock is an ``flock`` on a file that also says who holds it (pid, command, since), so a run
-that waits can say for whom, and one that gives up (``timeout``) names the holder. The
+that waits can say for whom, and one that gives up names the holder. Every wait is bounded
+(``PDEVIDENCE_LOCK_TIMEOUT``): a stuck holder is an error that says what to do, never a hang. The
 kernel drops the lock when its holder dies, even by ``kill -9``: a lock is never stale.
 """
 
@@ -13,6 +14,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import children, settings
@@ -50,29 +52,15 @@ def _record(fd: int) -> None:
 def exclusive(path: Path, what: str, *, timeout: float | None = None):
     """Hold an exclusive lock on ``path``; say so, and who has it, when another process has it.
 
-    ``timeout`` (default ``PDEVIDENCE_LOCK_TIMEOUT``, else none): give up after that many seconds with an
-    error naming the holder. The wait
-    polls rather than blocks in flock: a worker thread blocked there never sees Ctrl-C, and
+    ``timeout`` (default ``PDEVIDENCE_LOCK_TIMEOUT``): give up after that many seconds with an error naming the
+    holder. The wait polls rather than blocks in flock: a worker thread blocked there never sees Ctrl-C, and
     the run would hang until the other process let go.
     """
-    if timeout is None:
-        timeout = settings.get("PDEVIDENCE_LOCK_TIMEOUT")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     held = False
     try:
-        if not try_lock(fd):
-            who = holder(path)
-            print(f"waiting: another process is using {what} ({path})" + (f": {who}" if who else ""),
-                  file=sys.stderr)
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while not try_lock(fd):
-                if deadline is not None and time.monotonic() >= deadline:
-                    who = holder(path) or "a process that did not say who it is"
-                    raise HarnessError(f"gave up after {timeout:g} s waiting for {what} ({path}), held by {who}",
-                                       todo="let that run finish, or stop it if it is stuck; the lock is "
-                                       "released the moment it exits")
-                children.sleep(POLL_SECONDS)
+        wait(fd, f"{what} ({path})", lambda: holder(path), timeout=timeout)
         held = True
         _record(fd)
         yield
@@ -80,3 +68,22 @@ def exclusive(path: Path, what: str, *, timeout: float | None = None):
         if held:  # no one holds it now
             os.ftruncate(fd, 0)
         os.close(fd)
+
+
+def wait(fd: int, what: str, who: Callable[[], str], *, timeout: float | None = None) -> None:
+    """Lock ``fd`` exclusively, waiting for its holder (``who``: in words, "" when unknown) at most ``timeout``
+    seconds (default ``PDEVIDENCE_LOCK_TIMEOUT``), then an error naming the holder and what to do."""
+    if try_lock(fd):
+        return
+    timeout = settings.get("PDEVIDENCE_LOCK_TIMEOUT") if timeout is None else timeout
+    named = who()
+    print(f"waiting: another process is using {what}" + (f": {named}" if named else "")
+          + f" (giving up after {timeout:g} s)", file=sys.stderr)
+    deadline = time.monotonic() + timeout
+    while not try_lock(fd):
+        if time.monotonic() >= deadline:
+            named = who() or "a process that did not say who it is"
+            raise HarnessError(f"gave up after {timeout:g} s waiting for {what}, held by {named}",
+                               todo="let that run finish, or stop it if it is stuck (the lock is released the "
+                               "moment it exits); to wait longer, set PDEVIDENCE_LOCK_TIMEOUT=<seconds>")
+        children.sleep(POLL_SECONDS)

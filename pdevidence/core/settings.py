@@ -127,7 +127,11 @@ def _executable(text: str) -> str:
 SETTINGS = {s.name: s for s in (
     Setting("PDEVIDENCE_PROBE_TIMEOUT", "a positive number of seconds, e.g. 900 (the default)", _seconds, 900.0),
     Setting("PDEVIDENCE_LOCK_TIMEOUT", "a positive number of seconds a run waits for another one's lock before it "
-            "gives up, e.g. 3600; unset: it waits as long as the other run takes", _seconds),
+            "gives up, e.g. 7200 (the default)", _seconds, 7200.0),
+    Setting("PDEVIDENCE_DOWNLOAD_TRIES", "a positive number of tries of a download that fails on the way (no "
+            "connection, a server error, a cut transfer), e.g. 4 (the default)", _count, 4),
+    Setting("PDEVIDENCE_DOWNLOAD_BACKOFF", "a positive number of seconds before a download's second try, doubled "
+            "before each next one, e.g. 2 (the default)", _seconds, 2.0),
     Setting("PDEVIDENCE_FAULT", "a fault point's name (tests only: the run kills itself there)", _fault_point),
     Setting("PDEVIDENCE_SANDBOX", f"one of: {', '.join(SANDBOX_TOOLS)} (default auto: bubblewrap, else unshare)",
             _choice(*SANDBOX_TOOLS), "auto"),

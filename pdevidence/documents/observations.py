@@ -4,7 +4,7 @@ The judge explains an answer with these (``check``'s ``explain``, a sweep entry'
 ``deviations``): per scenario, per key, what the judged tree observed, what the
 published base observed and what the published head observed. A side that did not
 observe the key is left out of the JSON (in memory: ``NOT_OBSERVED``), so a missing
-key is never mistaken for an observed null.
+key is never mistaken for an observed null, nor for any value a side observed.
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ class Values:
         return cls(*(doc.get(side, NOT_OBSERVED) for side in SIDES))
 
     def neither(self) -> bool:
-        """The tree observes what neither side does, compared as the judge compares (a key not observed is null)."""
-        tree, base, head = (json.dumps(None if v is NOT_OBSERVED else v, sort_keys=True)
+        """The tree observes what neither side does, compared as the judge compares: a key not observed is no
+        value (never null), agreeing only with a side that did not observe it either."""
+        tree, base, head = (NOT_OBSERVED if v is NOT_OBSERVED else json.dumps(v, sort_keys=True)
                             for v in (self.tree, self.base, self.head))
         return tree not in (base, head)
 

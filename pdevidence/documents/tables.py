@@ -43,6 +43,7 @@ class ReleaseOutcome:
     not_deciding: list[str] = field(default_factory=list)  # the registry rules that set keys aside on this tree
     # The controls the release departs from both sides on: per scenario, each such key beside base's and head's.
     deviations: Explained = field(default_factory=dict)
+    unobserved: list[str] = field(default_factory=list)  # deciding keys the release never recorded: ``sid.key``
 
     def to_json(self) -> dict:
         found = {"version": self.version, "classification": self.classification.value,
@@ -55,6 +56,8 @@ class ReleaseOutcome:
             found["not_deciding"] = self.not_deciding
         if self.deviations:
             found["deviations"] = explained_json(self.deviations)
+        if self.unobserved:
+            found["unobserved"] = self.unobserved
         return found
 
 
@@ -74,12 +77,12 @@ def regressions(outcomes: list[ReleaseOutcome]) -> list[str]:
 
 def flagged(outcomes: list[ReleaseOutcome]) -> list[str]:
     """The release watch: releases after the first fixed one that are not fixed, whatever they are
-    instead (a regression, a probe that breaks or matches neither side, a release that failed)."""
+    instead (a regression, a probe that breaks or matches neither side, a release that failed), and a
+    release that failed anywhere: one not probed before the first fixed one may be the real first fixed."""
     fixed = first_fixed(outcomes)
-    if fixed is None:
-        return []
-    return [o.version for o in outcomes
-            if Version(o.version) > Version(fixed) and o.classification is not Classification.FIXED]
+    return [o.version for o in outcomes if o.classification is Classification.FAILED
+            or (fixed is not None and Version(o.version) > Version(fixed)
+                and o.classification is not Classification.FIXED)]
 
 
 def _outcomes(releases: list) -> list[ReleaseOutcome]:
@@ -122,7 +125,33 @@ def _sweep_3_to_4(doc: dict) -> dict:
     return doc
 
 
-SWEEP_SCHEMA = Schema("pdevidence-sweep/", 4, {1: _sweep_1_to_2, 2: _sweep_2_to_3, 3: _sweep_3_to_4})
+def _sweep_4_to_5(doc: dict) -> dict:
+    """/5 records the era parts a merge went without (``parameters.missing_eras``: a partial table) and
+    flags a release that failed anywhere, not only after the first fixed one. A /4 merge did not notice a
+    missing part, so it records none; its watch list is derived again by the /5 rule."""
+    if isinstance(doc.get("parameters"), dict):
+        doc["parameters"].setdefault("missing_eras", [])
+    try:
+        doc["flagged"] = flagged(_outcomes(doc["releases"]))
+    except (TypeError, KeyError, ValueError, InvalidVersion):
+        pass  # the check of the upgraded document names what is wrong
+    return doc
+
+
+SWEEP_SCHEMA = Schema("pdevidence-sweep/", 5, {1: _sweep_1_to_2, 2: _sweep_2_to_3, 3: _sweep_3_to_4,
+                                               4: _sweep_4_to_5})
+
+
+def partial_sweep(parameters: dict | None) -> str | None:
+    """Why a sweep table (its ``parameters`` as written) does not cover every release from the floor; None when
+    it does (or, on a table older than /3, is not known not to). The report reads tables as written: one rule
+    for it and for the typed table."""
+    if not isinstance(parameters, dict):
+        return None
+    why = ["releases named on the command line"] if parameters.get("explicit") else []
+    if parameters.get("missing_eras"):
+        why.append(f"no part for era {', '.join(parameters['missing_eras'])}")
+    return "; ".join(why) or None
 
 
 @dataclass(frozen=True)
@@ -133,20 +162,27 @@ class SweepParameters:
     pre: bool  # pre-, post- and dev releases included
     floor: str  # the registry's release floor it started from
     references: dict[str, str]  # the base and head result files (names) it judged against -> SHA-256
+    missing_eras: tuple[str, ...] = ()  # a merge asked for a partial table: the eras it had no part of
 
     def to_json(self) -> dict[str, Any]:
         return {"explicit": self.explicit, "pre": self.pre, "floor": self.floor,
-                "references": dict(sorted(self.references.items()))}
+                "references": dict(sorted(self.references.items())), "missing_eras": list(self.missing_eras)}
+
+    @property
+    def partial(self) -> str | None:
+        """Why the table does not cover every release from the floor (None: it does)."""
+        return partial_sweep(self.to_json())
 
     @classmethod
     def from_doc(cls, doc: Any) -> SweepParameters:
         ok = (isinstance(doc, dict) and isinstance(doc.get("explicit"), bool) and isinstance(doc.get("pre"), bool)
               and isinstance(doc.get("floor"), str) and isinstance(doc.get("references"), dict)
-              and all(isinstance(v, str) for v in doc["references"].values()))
+              and all(isinstance(v, str) for v in doc["references"].values())
+              and isinstance(doc.get("missing_eras"), list) and all(isinstance(e, str) for e in doc["missing_eras"]))
         if not ok:
-            raise ValueError("parameters must hold explicit and pre (booleans), floor (a version) and "
-                             "references (file -> SHA-256)")
-        return cls(doc["explicit"], doc["pre"], doc["floor"], dict(doc["references"]))
+            raise ValueError("parameters must hold explicit and pre (booleans), floor (a version), "
+                             "references (file -> SHA-256) and missing_eras (a list of era names)")
+        return cls(doc["explicit"], doc["pre"], doc["floor"], dict(doc["references"]), tuple(doc["missing_eras"]))
 
 
 @dataclass(frozen=True)
@@ -165,6 +201,11 @@ class SweepTable:
     def stale(self, root: Path, probe: str) -> list[str]:
         """How this checkout differs from what made the table (``probe``: the experiment's, in the checkout)."""
         return stale_why(self.provenance, root, [probe, KIT, *SWEEP_DRIVERS, REGISTRY_FILE], Shaped.TABLE)
+
+    @property
+    def partial(self) -> str | None:
+        """Why the table does not cover every release from the floor (None: it does, or is too old to say)."""
+        return self.parameters.partial if self.parameters else None
 
     @classmethod
     def from_doc(cls, doc: Any, *, source: str) -> SweepTable:
@@ -192,7 +233,8 @@ class SweepTable:
                     entry["version"], Classification(entry["classification"]),
                     {sid: Behaviour(b) for sid, b in entry.get("scenarios", {}).items()},
                     list(entry.get("differing", [])), entry.get("error"), list(entry.get("evidence", [])),
-                    list(entry.get("not_deciding", [])), explained_from_doc(entry.get("deviations", {}))))
+                    list(entry.get("not_deciding", [])), explained_from_doc(entry.get("deviations", {})),
+                    list(entry.get("unobserved", []))))
             except (TypeError, KeyError, ValueError, AttributeError):
                 raise bad(f"release entry {entry!r}") from None
             if not isinstance(entry["version"], str) or not isinstance(releases[-1].error, (str, type(None))):
@@ -311,12 +353,15 @@ class MutationTable:
                 "applicable": len(applicable), "total": len(self.mutants)}
 
     @property
-    def survivors(self) -> list[MutantOutcome]:
-        return [m for m in self.mutants if m.status in (MutantStatus.SURVIVED, MutantStatus.ERROR)]
+    def unkilled(self) -> list[MutantOutcome]:
+        """Every mutant the probe did not kill: survived, could not be run, or (a table older than the rule that
+        makes it an error on the lane's own tree) not applicable."""
+        return [m for m in self.mutants if m.status is not MutantStatus.KILLED]
 
     @property
     def exit_code(self) -> int:
-        return CONFIRMED if self.score["applicable"] and not self.survivors else BEHAVIOUR_DIFFERS
+        """Confirmed only when every declared mutant applied and was killed."""
+        return CONFIRMED if self.mutants and not self.unkilled else BEHAVIOUR_DIFFERS
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": self.schema, "experiment": self.experiment, "tree": self.tree, "score": self.score,

@@ -68,7 +68,7 @@ class MutantStatus(str, enum.Enum):
 
     KILLED = "killed"
     SURVIVED = "survived"
-    NOT_APPLICABLE = "not applicable"
+    NOT_APPLICABLE = "not applicable"  # older tables only: on the lane's own tree a missing target is an error
     ERROR = "error"
 
 

@@ -10,35 +10,58 @@ with the others' behaviour beside it), neither, pre-fix or fixed; and a tree
 fixed on every telling scenario whose control departs from both sides deviates
 (an over-broad fix: not the fixed code). Keys that kept a tree from fixed are
 shown beside base's and head's (``Judgement.explain``). The sweep and ``check``
-both judge through here; the release watch (``flagged``) names every release
-after the first fixed one that is not fixed.
+both judge through ``judge`` here; the release watch (``flagged``) names every
+release after the first fixed one that is not fixed, and every release that failed.
+
+An all-clear (not affected, fixed, keys set aside) stands only on observations
+that ran to their end without error and recorded the deciding keys: a key a tree
+never recorded is ``NOT_OBSERVED``, never null and never any side's value (the
+scenario matches neither side, and ``unobserved`` names the key), and a registry
+rule matched by a scenario that raised is refused (the answer is an error,
+naming the rule, the scenario and what it raised). The judge reads no file: its
+callers load the documents (``documents/references.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
-from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, INCOMPLETE, RELEASE_WATCH, HarnessError
-from ..core.errors import integrity as integrity_error
-from ..core.files import relative, sha256_file
-from ..documents import integrity, results
-from ..documents.provenance import stale_error
+from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, RELEASE_WATCH
 from ..documents.observations import NOT_OBSERVED, Explained, Values
-from ..documents.receipts import Receipt
 from ..documents.tables import ReleaseOutcome, first_fixed, flagged
 from ..documents.vocabulary import Behaviour, Classification
-from ..registry import SIDES, Experiment, NotAffected, NotDeciding, Registry
-from .compare import expected_file, same
+from ..registry import Experiment, Justification, NotAffected, NotDeciding
+from .compare import same
 
 
 def signature(doc: dict, telling: dict[str, list[str] | None]) -> dict[str, object]:
-    """The observations that decide: per scenario, the named keys (or all of them)."""
-    out = {}
+    """The observations that decide: per scenario, the named keys (or all of them). A key the scenario never
+    recorded is ``NOT_OBSERVED`` (never null), and so is a scenario the document does not have."""
+    out: dict[str, object] = {}
     for sid, keys in telling.items():
-        observed = doc["scenarios"].get(sid, {}).get("observed") or {}
-        out[sid] = observed if keys is None else {k: observed.get(k) for k in keys}
+        scenario = doc["scenarios"].get(sid)
+        observed = (scenario or {}).get("observed") or {}
+        if scenario is None:
+            out[sid] = NOT_OBSERVED
+        else:
+            out[sid] = observed if keys is None else {k: observed.get(k, NOT_OBSERVED) for k in keys}
     return out
+
+
+def _complete(found: object) -> bool:
+    return found is not NOT_OBSERVED and not (isinstance(found, dict) and NOT_OBSERVED in found.values())
+
+
+def matches(tree: object, side: object) -> bool:
+    """A tree's signature of one scenario is a side's: every deciding key recorded, each as that side's."""
+    return _complete(tree) and _complete(side) and same(tree, side)
+
+
+def agree(tree: object, side: object) -> bool:
+    """One key on two documents: the same value (typed, as JSON), or recorded by neither."""
+    if tree is NOT_OBSERVED or side is NOT_OBSERVED:
+        return tree is side
+    return same(tree, side)
 
 
 def telling_scenarios(base: dict, head: dict, exp: Experiment | None = None) -> dict[str, list[str] | None]:
@@ -60,7 +83,7 @@ def control_scenarios(base: dict, head: dict, exp: Experiment | None = None) -> 
 
 
 def not_deciding(doc: dict, exp: Experiment | None) -> list[NotDeciding]:
-    """The registry's rules that hold on ``doc``: keys that do not decide on this tree."""
+    """The registry's rules that hold on ``doc`` (on scenarios that ran clean): keys that do not decide here."""
     return [rule for rule in (exp.not_deciding.values() if exp else ()) if rule.holds(doc)]
 
 
@@ -86,9 +109,9 @@ def _behaviours(doc: dict, base: dict, head: dict, telling: dict[str, list[str] 
             out[sid] = Behaviour.ERROR
         elif telling[sid] == []:
             out[sid] = Behaviour.NOT_DECIDING
-        elif same(got[sid], was[sid]):
+        elif matches(got[sid], was[sid]):
             out[sid] = Behaviour.PRE_FIX
-        elif same(got[sid], now[sid]):
+        elif matches(got[sid], now[sid]):
             out[sid] = Behaviour.FIXED
         else:
             out[sid] = Behaviour.NEITHER
@@ -101,33 +124,50 @@ def behaviours(doc: dict, base: dict, head: dict, exp: Experiment | None = None)
     return _behaviours(doc, base, head, deciding_here(telling_scenarios(base, head, exp), not_deciding(doc, exp)))
 
 
+def unobserved(explain: Explained) -> list[str]:
+    """``sid.key`` for each key that kept a tree from fixed because the tree never recorded it."""
+    return [f"{sid}.{key}" for sid, keys in explain.items() for key, values in keys.items()
+            if values.tree is NOT_OBSERVED]
+
+
 def _observed(doc: dict, sid: str) -> dict:
     return (doc["scenarios"].get(sid) or {}).get("observed") or {}
 
 
 def keys_beside(doc: dict, base: dict, head: dict, sid: str, keys: list[str] | None, departs) -> dict[str, Values]:
-    """The keys of ``sid`` (all of them for None) where ``departs(tree, base, head)``: each with the tree's
-    value beside base's and head's (compared as the judge compares: a key not observed is null)."""
+    """The keys of ``sid`` (all of them for None) where ``departs(values)``: each with the tree's value beside
+    base's and head's (``NOT_OBSERVED`` where a side never recorded it: never null)."""
     got, was, now = _observed(doc, sid), _observed(base, sid), _observed(head, sid)
     names = sorted(set(got) | set(was) | set(now)) if keys is None else keys
-    return {k: Values(got.get(k, NOT_OBSERVED), was.get(k, NOT_OBSERVED), now.get(k, NOT_OBSERVED))
-            for k in names if departs(got.get(k), was.get(k), now.get(k))}
+    found = {k: Values(got.get(k, NOT_OBSERVED), was.get(k, NOT_OBSERVED), now.get(k, NOT_OBSERVED)) for k in names}
+    return {k: values for k, values in found.items() if departs(values)}
 
 
-def _not_head(tree: object, base: object, head: object) -> bool:
-    return not same(tree, head)
+def _not_head(values: Values) -> bool:
+    return not agree(values.tree, values.head)
 
 
-def _neither(tree: object, base: object, head: object) -> bool:
-    return not same(tree, base) and not same(tree, head)
+def _neither(values: Values) -> bool:
+    return not agree(values.tree, values.base) and not agree(values.tree, values.head)
 
 
 def departures(doc: dict, base: dict, head: dict, controls: dict[str, list[str] | None]) -> Explained:
     """Per control (of ``controls``: scenario -> keys), the keys on which ``doc`` observes what neither base nor
-    head observes, each beside their values; a control that raised or whose keys all are set aside ([]) has none."""
+    head observes (a key it never recorded too), each beside their values; a control that raised or whose keys
+    all are set aside ([]) has none."""
     found = {sid: keys_beside(doc, base, head, sid, keys, _neither) for sid, keys in controls.items()
              if keys != [] and not _raised(doc, sid)}
     return {sid: keys for sid, keys in found.items() if keys}
+
+
+def _control(doc: dict, sid: str, departed: Explained) -> Behaviour:
+    """A control that raised is an error; one that departs on a key it recorded deviates (an over-broad fix);
+    one that departs only where it recorded nothing matches neither side (nothing shows it over-broad)."""
+    if _raised(doc, sid):
+        return Behaviour.ERROR
+    if any(values.tree is not NOT_OBSERVED for values in departed[sid].values()):
+        return Behaviour.DEVIATES
+    return Behaviour.NEITHER
 
 
 def overall(found: dict[str, Behaviour]) -> Classification:
@@ -145,56 +185,39 @@ def overall(found: dict[str, Behaviour]) -> Classification:
 
 def with_controls(telling: Classification, controls: dict[str, Behaviour]) -> Classification:
     """A tree fixed on every telling scenario is the fixed code only if no control departs from both sides
-    (else: deviates, an over-broad fix) or raised (else: error). Other classifications already say the tree is
-    not the fixed code; their departing controls are named beside them."""
+    (else: deviates, an over-broad fix), raised (else: error) or went unrecorded (else: neither). Other
+    classifications already say the tree is not the fixed code; their departing controls are named beside them."""
     if telling is not Classification.FIXED:
         return telling
     if Behaviour.DEVIATES in controls.values():
         return Classification.DEVIATES
-    return Classification.ERROR if Behaviour.ERROR in controls.values() else telling
+    if Behaviour.ERROR in controls.values():
+        return Classification.ERROR
+    return Classification.NEITHER if Behaviour.NEITHER in controls.values() else telling
+
+
+def _error(doc: dict, sid: str) -> str:
+    error = doc["scenarios"][sid]["error"]
+    return f"{error['type']}: {error['message']}"
 
 
 def raised(doc: dict, found: dict[str, Behaviour]) -> str | None:
     """What the erroring scenarios raised, one ``sid: Type: message`` each."""
-    errors = [f"{sid}: {doc['scenarios'][sid]['error']['type']}: {doc['scenarios'][sid]['error']['message']}"
-              for sid, b in found.items() if b is Behaviour.ERROR]
+    errors = [f"{sid}: {_error(doc, sid)}" for sid, b in found.items() if b is Behaviour.ERROR]
     return "; ".join(errors) or None
 
 
-@dataclass(frozen=True)
-class Judgement:
-    """One tree against base and head: the classification, and what decided it."""
-
-    classification: Classification
-    scenarios: dict[str, Behaviour]  # each telling scenario, then each control the tree departs from or raised in
-    explain: Explained  # per scenario that kept the tree from fixed (pre-fix, neither, deviates): its keys
-    raised: str | None  # what the erroring scenarios (telling or control) raised
-
-    @property
-    def deviations(self) -> Explained:
-        """The departing controls' keys alone."""
-        return {sid: keys for sid, keys in self.explain.items() if self.scenarios[sid] is Behaviour.DEVIATES}
-
-
-def judge(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -> Judgement:
-    """The whole behaviour: the telling scenarios decide which side the tree is on, the controls whether a tree
-    fixed there is the fixed code. Keys a registry rule sets aside here decide neither (a raise still shows)."""
-    rules = not_deciding(doc, exp)
-    telling = deciding_here(telling_scenarios(base, head, exp), rules)
-    found = _behaviours(doc, base, head, telling)
-    explain = {sid: keys_beside(doc, base, head, sid, telling[sid], _not_head) for sid, b in found.items()
-               if b in (Behaviour.PRE_FIX, Behaviour.NEITHER)}
-    checked = deciding_here(control_scenarios(base, head, exp), rules)
-    departed = departures(doc, base, head, checked)
-    controls = {sid: Behaviour.ERROR if _raised(doc, sid) else Behaviour.DEVIATES for sid in checked
-                if _raised(doc, sid) or sid in departed}
-    explain.update(departed)
-    everything = {**found, **controls}
-    return Judgement(with_controls(overall(found), controls), everything, explain, raised(doc, everything))
+def refused(doc: dict, exp: Experiment | None) -> list[str]:
+    """The registry rules (not affected, not deciding) whose observation this tree matched only in scenarios
+    that raised: ``rule <id> not applied: <sid> raised <Type: message>`` each. No all-clear rests on them."""
+    rules: list[NotAffected | NotDeciding] = [*exp.not_affected.values(), *exp.not_deciding.values()] if exp else []
+    return [f"rule {rule.id} not applied: {sid} raised {_error(doc, sid)}"
+            for rule in rules if (reading := rule.read(doc)).refused for sid in reading.raised]
 
 
 def not_affected(doc: dict, exp: Experiment | None) -> list[NotAffected]:
-    """The registry's rules whose observation holds on ``doc``: the vulnerable path is not in this tree."""
+    """The registry's rules whose observation holds on ``doc`` (recorded by a scenario that ran clean): the
+    vulnerable path is not in this tree."""
     return [rule for rule in (exp.not_affected.values() if exp else ()) if rule.holds(doc)]
 
 
@@ -208,81 +231,76 @@ def set_aside(doc: dict, exp: Experiment | None) -> list[str]:
     return [f"{rule.id}: {rule.why}" for rule in not_deciding(doc, exp) if rule.when]
 
 
+@dataclass(frozen=True)
+class Judgement:
+    """One tree against base and head: the classification, and what decided it."""
+
+    classification: Classification
+    scenarios: dict[str, Behaviour]  # each telling scenario, then each control the tree departs from or raised in
+    explain: Explained  # per scenario that kept the tree from fixed (pre-fix, neither, deviates): its keys
+    raised: str | None  # what the erroring scenarios (telling or control) raised, and the rules refused for it
+    unobserved: list[str] = field(default_factory=list)  # deciding keys never recorded: ``sid.key``
+    not_deciding: list[str] = field(default_factory=list)  # the rules that set keys aside on this tree: ``id: why``
+    evidence: list[str] = field(default_factory=list)  # not affected: the observations that show it
+    justification: Justification | None = None  # not affected: OpenVEX's justification
+    shown_by: list[str] = field(default_factory=list)  # not affected: the scenarios whose observation shows it
+
+    @property
+    def deviations(self) -> Explained:
+        """The departing controls' keys alone."""
+        return {sid: keys for sid, keys in self.explain.items() if self.scenarios[sid] is Behaviour.DEVIATES}
+
+
+def judge(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -> Judgement:
+    """The whole behaviour, for the sweep and ``check`` alike. A registry rule whose observation a clean
+    scenario shows says the vulnerable path is not in the tree (not affected). Else the telling scenarios
+    decide which side the tree is on, the controls whether a tree fixed there is the fixed code. Keys a rule
+    sets aside here decide neither (a raise still shows); a rule matched only by a scenario that raised is
+    refused, and the answer is an error naming it."""
+    shown = not_affected(doc, exp)
+    if shown:  # the vulnerable path is not in this tree: which observation shows it decides
+        return Judgement(Classification.NOT_AFFECTED, behaviours(doc, base, head, exp), {}, None,
+                         evidence=evidence(shown), justification=shown[0].justification,
+                         shown_by=sorted({r.scenario for r in shown}))
+    rules = not_deciding(doc, exp)
+    telling = deciding_here(telling_scenarios(base, head, exp), rules)
+    found = _behaviours(doc, base, head, telling)
+    explain = {sid: keys_beside(doc, base, head, sid, telling[sid], _not_head) for sid, b in found.items()
+               if b in (Behaviour.PRE_FIX, Behaviour.NEITHER)}
+    checked = deciding_here(control_scenarios(base, head, exp), rules)
+    departed = departures(doc, base, head, checked)
+    controls = {sid: _control(doc, sid, departed) for sid in checked if _raised(doc, sid) or sid in departed}
+    explain.update(departed)
+    everything = {**found, **controls}
+    classification = with_controls(overall(found), controls)
+    refusals = refused(doc, exp)
+    if refusals:
+        classification = Classification.ERROR
+    why = "; ".join(filter(None, [raised(doc, everything), *refusals])) or None
+    return Judgement(classification, everything, explain, why, unobserved(explain), set_aside(doc, exp))
+
+
 DIFFERING = (Behaviour.NEITHER, Behaviour.ERROR, Behaviour.DEVIATES)
 
 
 def classify(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -> ReleaseOutcome:
-    rules = not_affected(doc, exp)
-    if rules:
-        found = behaviours(doc, base, head, exp)
-        return ReleaseOutcome(doc["tree"]["resolved"], Classification.NOT_AFFECTED, found, [], None, evidence(rules))
+    """One release of a sweep, as ``judge`` answers it."""
     judged = judge(doc, base, head, exp)
+    version = doc["tree"]["resolved"]
+    if judged.classification is Classification.NOT_AFFECTED:
+        return ReleaseOutcome(version, judged.classification, judged.scenarios, [], None, judged.evidence)
     differing = [sid for sid, b in judged.scenarios.items() if b in DIFFERING]
-    return ReleaseOutcome(doc["tree"]["resolved"], judged.classification, judged.scenarios, differing, judged.raised,
-                          not_deciding=set_aside(doc, exp), deviations=judged.deviations)
+    return ReleaseOutcome(version, judged.classification, judged.scenarios, differing, judged.raised,
+                          not_deciding=judged.not_deciding, deviations=judged.deviations,
+                          unobserved=judged.unobserved)
 
 
 def watch_exit(outcomes: list[ReleaseOutcome]) -> int:
-    """The sweep's exit code for one experiment: a flagged release outranks no fixed release at all."""
+    """The sweep's exit code for one experiment: a flagged release (a failed one anywhere: before the first fixed
+    one it may hide the real bracket) outranks no fixed release at all."""
     if flagged(outcomes):
         return RELEASE_WATCH
     return CONFIRMED if first_fixed(outcomes) else BEHAVIOUR_DIFFERS
 
 
 REFERENCES = ("published", "fresh")  # what the sweep and check judge against: results/, or runs/ (republishing)
-
-
-@dataclass(frozen=True)
-class References:
-    """The base and head result documents a build is judged against, and each file's SHA-256 (by name)."""
-
-    docs: dict[str, dict]  # side -> result document
-    digests: dict[str, str]
-
-    @property
-    def base(self) -> dict:
-        return self.docs["base"]
-
-    @property
-    def head(self) -> dict:
-        return self.docs["head"]
-
-
-def references(reg: Registry, exp: Experiment, directory: Path, *, fresh: bool = False,
-               sides: tuple[str, ...] = SIDES) -> References:
-    """The registry's release-backed base and head results (or only ``sides``), verified before anything is
-    judged by them.
-
-    Published (``results/``): each file and its receipt must match SHA256SUMS.txt and load (else exit 5,
-    naming it). Fresh (``runs/``, while republishing): each must load with its receipt. Either way the
-    receipt must record this checkout's probe, kit, registry, constraints and harness (else exit 8).
-    """
-    docs, digests, stale = {}, {}, {}
-    for side in sides:
-        path = directory / expected_file(exp, side, "release")
-        if not path.exists():
-            todo = ("run `nox -s matrix` first" if fresh else
-                    f"run `nox -s \"release({exp.name}, {side})\"` and `nox -s publish` first")
-            raise HarnessError(f"the {'fresh' if fresh else 'published'} {side} result {path.name} is missing",
-                               code=INCOMPLETE, todo=todo)
-        receipt = results.receipt_path(path)
-        if not fresh:
-            for file in (path, receipt):
-                why = integrity.problem(reg.root, relative(file, reg.root))
-                if why:
-                    raise integrity_error(f"the published reference {relative(file, reg.root)} fails verification: "
-                                          f"{why}", todo="restore it from git (`git checkout -- results/`) "
-                                          "or republish; nothing was judged")
-        try:
-            docs[side] = results.load(path, experiment=exp.name, side=side)
-            made = Receipt.load(receipt, experiment=exp.name, side=side)
-        except HarnessError as exc:
-            raise integrity_error(f"the {'fresh' if fresh else 'published'} reference {relative(path, reg.root)} "
-                                  f"is not valid: {exc.what}", todo=exc.todo) from None
-        digests[path.name] = sha256_file(path)
-        why = made.stale(reg.root)
-        if why:
-            stale[relative(receipt, reg.root)] = why
-    if stale:
-        raise stale_error(stale, reg, what="reference results")
-    return References(docs, digests)

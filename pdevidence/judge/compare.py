@@ -23,11 +23,11 @@ from ..core.files import relative
 from ..documents import integrity
 from ..documents.provenance import stale_error
 from ..documents.receipts import Receipt
+from ..documents.references import expected_file
 from ..documents.reports import REPORT_SCHEMA
-from ..documents.results import Result, receipt_path, result_name
+from ..documents.results import Result, receipt_path
 from ..documents.vocabulary import KeyStatus, PublishedStatus, Verdict
 from ..registry import SIDES, Experiment, Registry
-from ..sources.trees import tree_label
 
 COMPARED_KINDS = ("release", "git")
 MISSING = "<missing>"
@@ -59,6 +59,9 @@ class Summary:
     upstream: list[dict] = field(default_factory=list)  # the PRs' own tests; informational
     # Published files (results/...) that fail verification, with why: any of them fails the comparison.
     published_failures: dict[str, str] = field(default_factory=dict)
+    # The references a publish took in although the fresh comparison did not confirm them (--allow-unconfirmed):
+    # experiment, kind, verdict, reasons each.
+    unconfirmed: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -67,14 +70,8 @@ class Summary:
     def to_json(self) -> dict:
         doc = {"schema": REPORT_SCHEMA, "exit_code": self.exit_code,
                "pairs": [{**asdict(p), "exit_code": p.exit_code} for p in self.pairs], "upstream": self.upstream,
-               "published_failures": self.published_failures}
+               "published_failures": self.published_failures, "unconfirmed": self.unconfirmed}
         return json.loads(json.dumps(doc))  # enum members become their plain string values
-
-
-def expected_file(exp: Experiment, side: str, kind: str) -> str:
-    """The result file name a registry cell produces, known without fetching anything."""
-    pin = exp.release(side) if kind == "release" else exp.commit(side)
-    return result_name(exp.name, side, tree_label(kind, pin))
 
 
 def key_status(base: Any, head: Any) -> KeyStatus:

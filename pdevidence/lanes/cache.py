@@ -8,7 +8,8 @@ sightings, the directories themselves) is counted as ``other`` and never removed
 Sizes are disk usage, as ``du`` counts it: each inode once (a cell's environment is a hard-linked copy of its era's
 closure environment: those bytes count with the era's), the era environments counted first.
 
-Removal is safe beside running runs: an entry a run uses is held (``core/inuse.py``) and stays; one that is not
+Removal is safe beside running runs: an entry a run uses is held (an environment's ``IN_USE`` lock, core/debris.py;
+any other's marker, core/inuse.py) and stays; one that is not
 is renamed out of the way under its lock, then removed: a run sees it whole or not at all, and what a prune killed
 half-way leaves carries its run's token (``core/debris.py``), so the next run removes it. A kind no run marks
 (logs, the corpus's trees) goes only while no other run is in its root.
@@ -16,6 +17,7 @@ half-way leaves carries its run's token (``core/debris.py``), so the next run re
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import enum
 import os
@@ -29,6 +31,7 @@ from .. import environments
 from ..core import debris, faults, inuse, paths
 from ..core.errors import CONFIRMED
 from ..core.files import dumps
+from ..core.locking import try_lock
 from ..core.files import sha256_file
 from ..registry import Registry
 
@@ -77,9 +80,10 @@ PURPOSE = {
     Kind.OLD_BYTECODE: "bytecode an older pdevidence kept apart from its sources: nothing reads it",
     Kind.OTHER: "locks, first sightings of unpinned trees, the directories themselves: kept",
 }
-# Kinds a run marks as it uses them (core/inuse.py): removable beside running runs.
-MARKED = {Kind.ERA_ENVIRONMENT, Kind.TREE_ENVIRONMENT, Kind.WHEEL, Kind.ARCHIVE, Kind.UNPACKED, Kind.EXPORTED,
-          Kind.IMAGE, Kind.OUTCOME}
+# Kinds a run holds as it uses them: removable beside running runs. An environment holds its own lock (core/debris
+# ``use``, which also records its last use); the others a marker each (core/inuse.py).
+ENVIRONMENTS = {Kind.ERA_ENVIRONMENT, Kind.TREE_ENVIRONMENT}
+MARKED = {Kind.WHEEL, Kind.ARCHIVE, Kind.UNPACKED, Kind.EXPORTED, Kind.IMAGE, Kind.OUTCOME}
 
 
 @dataclass
@@ -153,9 +157,18 @@ def inventory(reg: Registry) -> Inventory:
     seen: set[tuple[int, int]] = set()
     for entry in found.entries:
         entry.bytes = sum(_usage(p, seen) for p in (entry.path, *entry.companions))
-        entry.last_used = inuse.last_used(entry.path)
+        entry.last_used = _last_used(entry)
     found.other = sum(_usage(root, seen) for root in found.roots)
     return found
+
+
+def _last_used(entry: Entry) -> float | None:
+    """When a run last used ``entry``: an environment's ``IN_USE`` file's time, any other's marker's."""
+    if entry.kind in ENVIRONMENTS:
+        for path in (entry.path / debris.IN_USE, entry.path):
+            with contextlib.suppress(OSError):
+                return path.stat().st_mtime
+    return inuse.last_used(entry.path)
 
 
 def _closures(reg: Registry) -> dict[str, str]:
@@ -289,7 +302,12 @@ def _forget_gone(root: Path) -> None:
 
 
 def _prune_one(entry: Entry, result: Pruned) -> bool:
-    if entry.kind in MARKED:
+    if entry.kind in ENVIRONMENTS:
+        with _not_building(entry.path) as idle, debris.unused(entry.path) as unused:
+            free = idle and unused
+            if free:
+                _remove(entry.path, entry.root, *entry.companions)
+    elif entry.kind in MARKED:
         with inuse.unused(entry.path) as free:
             if free:
                 _remove(entry.path, entry.root, *entry.companions)
@@ -299,6 +317,17 @@ def _prune_one(entry: Entry, result: Pruned) -> bool:
             _remove(entry.path, entry.root, *entry.companions)
     (result.removed if free else result.in_use).append(entry)
     return free
+
+
+@contextlib.contextmanager
+def _not_building(env: Path) -> Iterator[bool]:
+    """Whether no run is building ``env``; while True, none can start to (its build lock held, as ``ensure`` takes
+    it)."""
+    fd = os.open(env.parent / f".{env.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        yield try_lock(fd)
+    finally:
+        os.close(fd)
 
 
 def _remove(path: Path, root: Path, *companions: Path) -> None:

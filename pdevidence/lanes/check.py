@@ -9,7 +9,7 @@ process. Each is judged on the scenarios that tell the published base and head
 results apart and on the controls (scenarios they agree on): fixed, affected
 (pre-fix), partial (some scenarios fixed, others pre-fix), deviates (fixed where
 the scenarios tell, but a control departs from both sides: an over-broad fix, not
-the fixed code), unknown (matches neither, or raised), or cannot run (the probe
+the fixed code), unknown (matches neither, a deciding key never recorded, or raised), or cannot run (the probe
 could not import or set up). The table names, per answer, the scenarios that put
 it there; a scenario matching neither side or a departing control gets one key
 beside base's and head's, and ``verbose`` (as ``--json``) every key of every
@@ -37,6 +37,7 @@ from ..core.arguments import ServerArguments
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, HarnessError, usage, worst
 from ..core.paths import results_dir, run_logs, runs_dir, tree_lock_file, work_dir
 from ..documents.observations import Explained, explained_brief, explained_json, explained_text
+from ..documents.references import references
 from ..documents.vocabulary import Behaviour, Classification, RestsOn
 from ..documents.vocabulary import CheckStatus as Status
 from ..judge import classify
@@ -56,7 +57,8 @@ IMAGE_KIND = images.KIND
 
 STATUS_OF = {Classification.FIXED: Status.FIXED, Classification.PRE_FIX: Status.AFFECTED,
              Classification.PARTIAL: Status.PARTIAL, Classification.NEITHER: Status.UNKNOWN,
-             Classification.ERROR: Status.UNKNOWN, Classification.DEVIATES: Status.DEVIATES}
+             Classification.ERROR: Status.UNKNOWN, Classification.DEVIATES: Status.DEVIATES,
+             Classification.NOT_AFFECTED: Status.NOT_AFFECTED}
 EXIT_OF = {Status.FIXED: CONFIRMED, Status.AFFECTED: BEHAVIOUR_DIFFERS, Status.PARTIAL: BEHAVIOUR_DIFFERS,
            Status.UNKNOWN: BEHAVIOUR_DIFFERS, Status.CANNOT_RUN: ENVIRONMENT, Status.NOT_AFFECTED: CONFIRMED,
            Status.DEVIATES: BEHAVIOUR_DIFFERS}
@@ -161,6 +163,7 @@ class ExperimentCheck:
     # build's value beside base's and head's.
     explain: Explained = field(default_factory=dict)
     config: ConfigAnswer | None = None  # given server arguments: whether they enter this fix's code path
+    unobserved: list[str] = field(default_factory=list)  # deciding keys the build never recorded: ``sid.key``
 
     @property
     def rests_on_configuration(self) -> bool:
@@ -180,6 +183,8 @@ class ExperimentCheck:
             found.update(evidence=self.evidence, justification=self.justification)
         if self.not_deciding:
             found["not_deciding"] = self.not_deciding
+        if self.unobserved:
+            found["unobserved"] = self.unobserved
         if self.config is not None:
             found["configuration"] = self.config.to_json()
             found["rests_on"] = (RestsOn.CONFIGURATION if self.rests_on_configuration else RestsOn.CODE).value
@@ -231,20 +236,16 @@ def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict,
 
 
 def _judge_code(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict) -> ExperimentCheck:
-    """One experiment's status from its code alone."""
+    """One experiment's status from its code alone: the sweep's judge (``classify.judge``), in check's words."""
     if outcome.doc is None:
         return ExperimentCheck(exp.name, exp.pr, Status.CANNOT_RUN, error=outcome.error)
-    found = classify.behaviours(outcome.doc, base, head, exp)
-    rules = classify.not_affected(outcome.doc, exp)
-    if rules:  # the vulnerable path is not in this build: which observation shows it decides
-        return ExperimentCheck(exp.name, exp.pr, Status.NOT_AFFECTED, found, sorted({r.scenario for r in rules}),
-                               outcome.result_sha256, None, classify.evidence(rules), rules[0].justification.value)
     judged = classify.judge(outcome.doc, base, head, exp)
     status = STATUS_OF[judged.classification]
-    return ExperimentCheck(exp.name, exp.pr, status, judged.scenarios,
-                           [sid for sid, b in judged.scenarios.items() if b in DECIDING[status]],
-                           outcome.result_sha256, judged.raised, not_deciding=classify.set_aside(outcome.doc, exp),
-                           explain=judged.explain)
+    deciding = judged.shown_by if status is Status.NOT_AFFECTED else \
+        [sid for sid, b in judged.scenarios.items() if b in DECIDING[status]]
+    return ExperimentCheck(exp.name, exp.pr, status, judged.scenarios, deciding, outcome.result_sha256, judged.raised,
+                           judged.evidence, judged.justification.value if judged.justification else None,
+                           judged.not_deciding, judged.explain, unobserved=judged.unobserved)
 
 
 def interpreter_version(interpreter: Path) -> tuple[int, int]:
@@ -337,7 +338,7 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, f
         if tree is None:
             sandbox.admit(False, f"the interpreter {target.ref}")
     directory = runs_dir(reg.root) if fresh_references else results_dir(reg.root)
-    refs = {exp.name: classify.references(reg, exp, directory, fresh=fresh_references) for exp in exps}
+    refs = {exp.name: references(reg, exp, directory, fresh=fresh_references) for exp in exps}
     names = [exp.name for exp in exps]
     out = runs_dir(reg.root) / "check"
     # One probe per tree: an image's package may be named twice (two platforms, or the image passed twice).
@@ -466,7 +467,8 @@ def table(result: CheckResult, *, verbose: bool = False) -> str:
             parts = ["the vulnerable path is not in this build: " + "; ".join(e.evidence)]
         else:
             parts = [f"{LABEL[b]}: {', '.join(by[b])}" for b in dict.fromkeys([*SHOWN[e.status], Behaviour.DEVIATES])
-                     if by[b]] + ([f"raised: {e.error}"] if e.error else [])
+                     if by[b]] + ([f"raised: {e.error}"] if e.error else []) \
+                + ([f"not observed: {', '.join(e.unobserved)}"] if e.unobserved else [])
         lines.append(f"  {e.experiment:<{width}} {e.status.value:<12} PR #{e.pr}  {'; '.join(parts)}")
         if verbose:
             detail = explained_text(e.explain)

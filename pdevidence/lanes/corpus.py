@@ -19,9 +19,9 @@ from ..core.paths import results_dir, runs_dir, tree_lock_file, work_dir
 from ..documents import provenance
 from ..documents.corpus_table import CorpusAnswer, CorpusTable
 from ..documents.provenance import Provenance
+from ..documents.references import references
 from ..documents import tables
 from ..documents.vocabulary import CheckStatus, Classification
-from ..judge import classify
 from ..registry import Registry
 from ..sources import backports, era_choice, trees
 from ..sources.backports import Backport, Variant
@@ -128,7 +128,7 @@ def run(reg: Registry, releases: list[str] | None = None, *, fresh_references: b
             asked.append((backport, variant, choice.name))
     directory = runs_dir(reg.root) if fresh_references else results_dir(reg.root)
     digests = {name: sha for exp in reg.experiments.values()
-               for name, sha in classify.references(reg, exp, directory, fresh=fresh_references).digests.items()}
+               for name, sha in references(reg, exp, directory, fresh=fresh_references).digests.items()}
     unported = {name: as_released(directory, name, [b.release for b in declared if name not in b.ports])
                 for name in names if any(name not in b.ports for b in declared)}
     found = check.run_all(reg, targets, fresh_references=fresh_references, log=log)

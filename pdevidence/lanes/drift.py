@@ -15,10 +15,10 @@ from pathlib import Path
 from ..cells import cells
 from ..core import children
 from ..core.errors import HarnessError, usage
+from ..documents.references import references
 from ..documents.results import Result
 from ..documents.vocabulary import KeyStatus
 from ..environments import uv_executable
-from ..judge.classify import references
 from ..judge.compare import diff_observations
 from ..registry import Registry
 

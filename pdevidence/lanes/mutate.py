@@ -34,9 +34,11 @@ and only on the keys it expects that the mutated run observed (tree facts such a
   ``check`` answers "unknown"), so the probe still cannot pass the broken fix;
   but it is the weaker evidence, and the score line says how many there are.
 
-A mutant whose target is missing on the tree is "not applicable" and is not
-scored; one that cannot be built there (an edit whose text is not found) is an
-"error" and counts as not killed. Exit 0 only when every applicable mutant is
+The lane runs on the tree its mutants were written for, so a mutant that cannot be
+applied there is an "error" of the lane and counts as not killed: one whose target
+is missing (the driver says "not applicable", which on another tree, a backport or
+an older release, it may well be) as much as one that cannot be built (an edit
+whose text is not found). Exit 0 only when every declared mutant applied and was
 killed; survivors and errors are named.
 """
 
@@ -127,8 +129,11 @@ def judge(exp: registry.Experiment, doc: dict, made_by: provenance.Provenance,
         common = dict(id=mid, title=mutant.title, kind=mutant.kind, target=mutant.target,
                       operator=mutant.operator)
         if run["status"] != "applied":
-            status = MutantStatus.NOT_APPLICABLE if run["status"] == "not applicable" else MutantStatus.ERROR
-            outcomes.append(MutantOutcome(**common, status=status, error=run["error"]))
+            error = run["error"]
+            if run["status"] == "not applicable":  # a probe that lost its grip on the code: never dropped
+                error = (f"not applicable on {_label(doc['tree'])}, the tree it was written for: {error}; "
+                         "point the mutant at where the fix lives now")
+            outcomes.append(MutantOutcome(**common, status=MutantStatus.ERROR, error=error))
             continue
         killed_by = {}
         for sid in scenarios:
@@ -139,6 +144,10 @@ def judge(exp: registry.Experiment, doc: dict, made_by: provenance.Provenance,
                                       killed_by=killed_by))
     return MutationTable(experiment=exp.name, tree=dict(doc["tree"]), scenarios=scenarios, mutants=outcomes,
                          provenance=made_by, parameters=MutationParameters(chosen))
+
+
+def _label(tree: dict) -> str:
+    return f"{tree.get('kind', 'tree')} {tree.get('resolved') or tree.get('ref', '?')}"
 
 
 # ---------------------------------------------------------------- presentation
@@ -166,7 +175,7 @@ def table(result: MutationTable) -> str:
                   if k.startswith(RAISED)]
         if raised:
             lines.append(f"raised under {m.id}: {', '.join(raised)}")
-    for m in result.survivors:
+    for m in result.unkilled:
         why = f" ({m.error})" if m.error else ""
         lines.append(f"{m.status.value}: {m.id} [{m.kind.value}] {m.title}{why}")
     score = result.score

@@ -6,8 +6,9 @@ classify each release by the scenarios that tell the registry's base and head
 apart and by the controls: pre-fix, fixed, partial, neither, error (a telling
 scenario raised), deviates (fixed, but a control departs from both sides) or
 failed (not probed). The release watch flags every release after the first fixed
-one that is not fixed (exit 9); one that is pre-fix or partial again is also a
-regression.
+one that is not fixed, and a release that failed anywhere (one not probed before
+the first fixed one may be the real first fixed): exit 9. One that is pre-fix or
+partial again after the first fixed one is also a regression.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from ..core.paths import tree_lock_file, work_dir
 from ..documents import provenance
 from ..documents.observations import explained_text
 from ..documents.provenance import Provenance
+from ..documents.references import References, references
 from ..documents.tables import SWEEP_SCHEMA, ReleaseOutcome, SweepParameters, first_fixed, flagged, regressions
 from ..documents.vocabulary import Behaviour, Classification
-from ..judge.classify import References, classify, references
+from ..judge.classify import classify
 from ..registry import Registry
 from ..sources import trees
 
@@ -85,11 +87,15 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
         trees.parse_version(version)
     refs = {name: references(reg, reg.experiment(name), published, fresh=fresh_references) for name in experiments}
     files = trees.index_files("sglang")
-    versions = versions or releases(files, reg.python, reg.release_floor, pre=pre)
+    versions = releases(files, reg.python, reg.release_floor, pre=pre) if versions is None else versions
     environments.torch_choice(reg)
     lock = trees.LockFile(tree_lock_file(reg.root))
-    probed = _cold(reg, versions, experiments, lock, out_dir, jobs, log) if cold else \
-        _warm(reg, versions, experiments, lock, out_dir, jobs, force, log)
+    if not versions:  # an era with no release: its part says so, with no engine started
+        probed = {}
+    elif cold:
+        probed = _cold(reg, versions, experiments, lock, out_dir, jobs, log)
+    else:
+        probed = _warm(reg, versions, experiments, lock, out_dir, jobs, force, log)
 
     def judged(version: str) -> dict[str, ReleaseOutcome]:
         outcomes = probed[version]
@@ -170,21 +176,29 @@ def detail(o: ReleaseOutcome) -> str:
     return (f" ({'; '.join(parts)})" if parts else "") + aside
 
 
-def table(experiment: str, outcomes: list[ReleaseOutcome], bracket: dict[str, str | None]) -> str:
-    lines = [f"release sweep: {experiment}", f"  {'release':<12} classification"]
+def table(experiment: str, outcomes: list[ReleaseOutcome], bracket: dict[str, str | None],
+          parameters: SweepParameters | None = None) -> str:
+    lines = [f"release sweep: {experiment}"]
+    if parameters and parameters.partial:
+        lines.append(f"  PARTIAL SWEEP ({parameters.partial}): not every release; publish refuses it")
+    lines.append(f"  {'release':<12} classification")
+    fixed = first_fixed(outcomes)
     regressed, watched = set(regressions(outcomes)), flagged(outcomes)
+    after = [v for v in watched if fixed and Version(v) > Version(fixed)]
+    unprobed = [v for v in watched if v not in after]  # failed with no fixed release before it
     for o in outcomes:
         flag = ("  REGRESSION: the fix is gone again" if o.version in regressed
-                else "  WATCH: not fixed after a fixed release" if o.version in watched else "")
+                else "  WATCH: not fixed after a fixed release" if o.version in after
+                else "  WATCH: not probed, it may be the first fixed release" if o.version in unprobed else "")
         lines.append(f"  {o.version:<12} {o.classification.value}{detail(o)}{flag}")
-    fixed = first_fixed(outcomes)
     lines.append(f"  first fixed release: {fixed or 'none found'}")
     if regressed:
         lines.append(f"  regressions: {', '.join(sorted(regressed, key=Version))}")
-    if watched:
-        kinds = {o.version: o.classification.value for o in outcomes}
-        lines.append(f"  release watch: not fixed after {fixed}: "
-                     + ", ".join(f"{v} ({kinds[v]})" for v in watched))
+    kinds = {o.version: o.classification.value for o in outcomes}
+    if after:
+        lines.append(f"  release watch: not fixed after {fixed}: " + ", ".join(f"{v} ({kinds[v]})" for v in after))
+    if unprobed:
+        lines.append(f"  release watch: not probed (the first fixed release may be among them): {', '.join(unprobed)}")
     if fixed and bracket.get("head") and fixed != bracket["head"]:
         lines.append(f"  note: the registry's release head is {bracket['head']}, the sweep says {fixed}")
     return "\n".join(lines)

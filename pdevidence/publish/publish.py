@@ -122,6 +122,12 @@ def _check_sweep(reg: Registry, path: Path) -> None:
                            expected=f"every release from the registry floor {reg.release_floor} up",
                            todo="rerun `nox -s sweep -- --references fresh` without naming versions",
                            code=INCOMPLETE)
+    if table.parameters.missing_eras:
+        raise HarnessError(f"refusing to publish {path.name}: a partial sweep (merged with --partial, no part for "
+                           f"era {', '.join(table.parameters.missing_eras)})",
+                           expected="a part of every era of the registry",
+                           todo="run the missing era jobs (`nox -s \"sweep_era(<era>)\"`), then `sweep-merge` "
+                           "without --partial", code=INCOMPLETE)
     published = results_dir(reg.root) / path.name
     if published != path and published.exists() and not integrity.problem(reg.root, relative(published, reg.root)):
         had = {r.version for r in SweepTable.load(published).releases}
@@ -241,8 +247,9 @@ def _how_to_make(reg: Registry, name: str) -> str:
             f"--openvex runs/{name}`")
 
 
-def gate(reg: Registry, runs: Path, kind: str, allow_unconfirmed: bool) -> None:
-    """The fresh differential (base vs head vs the registry) must be confirmed, unless explicitly allowed."""
+def gate(reg: Registry, runs: Path, kind: str, allow_unconfirmed: bool) -> list[dict]:
+    """The fresh differential (base vs head vs the registry) must be confirmed, unless explicitly allowed: then
+    what was not confirmed, for the published report to say (empty when every pair was)."""
     fresh = compare.compare_all(reg, runs=runs, published=None, kinds=[kind])
     unconfirmed = [p for p in fresh.pairs if p.verdict is not compare.Verdict.CONFIRMED]
     if unconfirmed and not allow_unconfirmed:
@@ -252,6 +259,8 @@ def gate(reg: Registry, runs: Path, kind: str, allow_unconfirmed: bool) -> None:
                            + "\n".join(lines), code=fresh.exit_code,
                            todo="fix what it names and rerun the cells; to publish it anyway, on the record, "
                            "pass `--allow-unconfirmed`")
+    return [{"experiment": p.experiment, "kind": p.kind, "verdict": p.verdict.value, "reasons": list(p.reasons)}
+            for p in unconfirmed]
 
 
 def published_kinds(reg: Registry, published: Path) -> list[str]:
@@ -278,8 +287,10 @@ def recover(root: Path) -> None:
     shutil.rmtree(root / STAGING, ignore_errors=True)
 
 
-def _stage(reg: Registry, chosen: dict[str, Path], staged: Path) -> tuple[list[Path], compare.Summary]:
-    """The declared files, the OSV records and the report, in ``staged``; validated there."""
+def _stage(reg: Registry, chosen: dict[str, Path], staged: Path,
+           unconfirmed: list[dict]) -> tuple[list[Path], compare.Summary]:
+    """The declared files, the OSV records and the report (saying which references were ``unconfirmed``), in
+    ``staged``; validated there."""
     for name, source in chosen.items():
         write_atomic(staged / name, source.read_bytes())
     problems = integrity.document_problems(reg.root, staged)
@@ -293,6 +304,7 @@ def _stage(reg: Registry, chosen: dict[str, Path], staged: Path) -> tuple[list[P
         load_osv(record)
     # The published report compares the published files with themselves: the differential as published.
     summary = compare.compare_all(reg, runs=staged, published=staged, kinds=published_kinds(reg, staged))
+    summary.unconfirmed = unconfirmed
     written = report.write_summary(reg, summary, staged, runs=staged, published=staged,
                                    command="python -m pdevidence publish")
     return [*records, *written], summary
@@ -316,11 +328,11 @@ def publish(reg: Registry, runs: Path, kind: str, *, allow_unconfirmed: bool = F
     with exclusive(root / LOCK, "results/ (another publish)"):
         recover(root)
         chosen = _choose(reg, runs, kind)
-        gate(reg, runs, kind, allow_unconfirmed)
+        unconfirmed = gate(reg, runs, kind, allow_unconfirmed)
         staged = root / STAGING
         staged.mkdir()
         try:
-            extra, summary = _stage(reg, chosen, staged)
+            extra, summary = _stage(reg, chosen, staged, unconfirmed)
             _swap(root, staged)
         finally:
             shutil.rmtree(staged, ignore_errors=True)

@@ -12,6 +12,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from packaging.version import Version
+
+from ..documents.tables import partial_sweep
+from ..documents.vocabulary import MutantStatus
+
 SIDE_ROLE = {"base": "before the fix", "head": "after it"}
 
 
@@ -104,12 +109,19 @@ def ranges(items: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
 def sweep_text(sweep: dict, dash: str = "–") -> str:
     spans = ranges([(r["version"], r["classification"]) for r in sweep["releases"]])
     parts = [f"{a} {cls}" if a == b else f"{a}{dash}{b} {cls}" for a, b, cls in spans]
-    text = f"release sweep ({len(sweep['releases'])} releases): " + ", ".join(parts)
-    text += f"; first fixed {sweep['first_fixed']}" if sweep["first_fixed"] else "; no release behaves as fixed"
+    partial = partial_sweep(sweep.get("parameters"))
+    text = (f"PARTIAL release sweep ({partial}; {len(sweep['releases'])} releases): " if partial
+            else f"release sweep ({len(sweep['releases'])} releases): ") + ", ".join(parts)
+    fixed = sweep["first_fixed"]
+    text += f"; first fixed {fixed}" if fixed else "; no release behaves as fixed"
     kinds = {r["version"]: r["classification"] for r in sweep["releases"]}
     if sweep.get("flagged"):
-        text += f"; release watch, not fixed after {sweep['first_fixed']}: " \
-            + ", ".join(f"{v} ({kinds.get(v)})" for v in sweep["flagged"])
+        after = [v for v in sweep["flagged"] if fixed and Version(v) > Version(fixed)]
+        unprobed = [v for v in sweep["flagged"] if v not in after]
+        if after:
+            text += f"; release watch, not fixed after {fixed}: " + ", ".join(f"{v} ({kinds.get(v)})" for v in after)
+        if unprobed:
+            text += f"; release watch, not probed (the first fixed release may be among them): {', '.join(unprobed)}"
     elif sweep.get("regressions"):  # tables written before the release watch (schema 1 and 2)
         text += "; pre-fix again after a fixed release: " + ", ".join(sweep["regressions"])
     aside = set_aside(sweep, dash)
@@ -134,12 +146,12 @@ def set_aside(sweep: dict, dash: str) -> str:
 
 def mutation_text(table: dict) -> str:
     score = table["score"]
-    survived = [m["id"] for m in table["mutants"] if m["status"] == "survived"]
+    unkilled = [f"{m['id']} ({m['status']})" for m in table["mutants"] if m["status"] != MutantStatus.KILLED.value]
     text = (f"mutants: the probe kills {score['killed']} of {score['applicable']} applicable "
             f"({score['total']} declared)")
     if "only_raising" in score:  # tables since schema 2 count kills only by raising apart
         text += f", {score['by_observation']} by observation and {score['only_raising']} only by raising"
-    return text + (f"; survived: {', '.join(survived)}" if survived else "")
+    return text + (f"; not killed: {', '.join(unkilled)}" if unkilled else "")
 
 
 def totals(side: dict | None) -> str:

@@ -125,6 +125,19 @@ def _corpus_section(corpus: dict) -> list[str]:
     return out
 
 
+def _unconfirmed(doc: dict, *, bullet: str, strong) -> list[str]:
+    """What a publish with ``--allow-unconfirmed`` took in although the fresh comparison did not confirm it: said
+    first, before any verdict is read."""
+    if not doc.get("unconfirmed"):
+        return []
+    out = [strong("Published unconfirmed") + " (`publish --allow-unconfirmed`): the fresh comparison did not "
+           "confirm these references; what follows is published as it is, not as a confirmed differential."]
+    for entry in doc["unconfirmed"]:
+        out.append(f"{bullet}{entry['experiment']} ({entry['kind']}): {entry['verdict']}"
+                   + "".join(f"; {reason}" for reason in entry["reasons"]))
+    return [*out, ""]
+
+
 def markdown(report) -> str:
     doc = _data(report)
     made = doc.get("made_by")
@@ -132,6 +145,7 @@ def markdown(report) -> str:
     if made:
         out += [f"Made by `{made['command'] or 'report.write'}` from the {len(made['sources'])} files under "
                 "[Sources](#sources); it runs no probe.", ""]
+    out += _unconfirmed(doc, bullet="- ", strong=lambda text: f"**{text}**")
     out += markdown_summary(doc)
     out += ["![per experiment: each telling scenario on each tree, coloured by the side it behaves like]"
             "(report.svg)"]
@@ -161,7 +175,7 @@ def markdown(report) -> str:
 
 def terminal(report) -> str:
     doc = _data(report)
-    lines = terminal_summary(doc)
+    lines = _unconfirmed(doc, bullet="  ", strong=str.upper) + terminal_summary(doc)
     for pair in doc["pairs"]:
         for side, pub in pair["published"].items():
             if pub["status"] != "identical":

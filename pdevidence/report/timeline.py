@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from packaging.version import Version
 
+from ..documents.tables import partial_sweep
 from ..documents.vocabulary import Behaviour, Classification
 from .narrative import tree, trees_text
 
@@ -149,7 +150,9 @@ def sweep_strip(sweep: dict, rows: list[str], columns: dict[str, Column], cut: l
         out.append(Column(range_label(run), mine[0].note if mine else "", states, run, eras.get(run[0])))
     starts = [col.releases[0] for col in out]
     fixed = starts.index(sweep["first_fixed"]) if sweep["first_fixed"] in starts else None
-    return Strip(f"release sweep: {len(sweep['releases'])} releases in {len(out)} runs", out, fixed)
+    partial = partial_sweep(sweep.get("parameters"))
+    title = f"PARTIAL release sweep ({partial})" if partial else "release sweep"
+    return Strip(f"{title}: {len(sweep['releases'])} releases in {len(out)} runs", out, fixed)
 
 
 def pair_strip(pair: dict, rows: list[str]) -> Strip:

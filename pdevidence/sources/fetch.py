@@ -2,7 +2,9 @@
 
 A download streams to a temporary file beside its destination and is renamed
 into place only after its size and SHA-256 check out, so an interrupted or
-tampered transfer never leaves a file that looks complete.
+tampered transfer never leaves a file that looks complete. One that fails on the
+way (no connection, a server error, a cut transfer) is tried again, each wait
+twice the last, before it is an error that says how many tries it had.
 """
 
 from __future__ import annotations
@@ -18,11 +20,15 @@ import tarfile
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-from ..core import children, debris, faults
+from ..core import children, debris, faults, settings
 from ..core.errors import HarnessError, integrity
 from ..core.files import CHUNK, disk_error
+
+T = TypeVar("T")
 
 
 class Progress:
@@ -93,10 +99,52 @@ def open_url(url: str | urllib.request.Request, *, timeout: float):
             raise
 
 
+class Transient(Exception):
+    """A failure on the way (no connection, a server error, a cut transfer) that another try may not meet."""
+
+    def __init__(self, error: HarnessError):
+        super().__init__(error.what)
+        self.error = error
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a request's failure is the network's or the server's passing trouble, not an answer: a refused or
+    reset connection, a timeout, a 5xx, 408 or 429 (a 404 stays a 404)."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return exc.code >= 500 or exc.code in (408, 429)
+    return isinstance(exc, (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException, OSError))
+
+
+def retried(attempt: Callable[[], T], what: str) -> T:
+    """``attempt()``, tried again after each ``Transient`` failure: ``PDEVIDENCE_DOWNLOAD_TRIES`` tries in all, the
+    waits between them doubling from ``PDEVIDENCE_DOWNLOAD_BACKOFF``; after the last, its error, saying so."""
+    tries, wait = settings.get("PDEVIDENCE_DOWNLOAD_TRIES"), settings.get("PDEVIDENCE_DOWNLOAD_BACKOFF")
+    for tried in range(1, tries):
+        try:
+            return attempt()
+        except Transient as failed:
+            print(f"  {what}: {failed.error.what}; trying again in {wait:g} s (try {tried + 1} of {tries})",
+                  file=sys.stderr)
+            children.sleep(wait)  # Ctrl-C ends the wait at once
+            wait *= 2
+    try:
+        return attempt()
+    except Transient as failed:
+        error = failed.error
+        raise HarnessError(f"{error.what} (tried {tries} time{'s' if tries > 1 else ''}: PDEVIDENCE_DOWNLOAD_TRIES)",
+                           expected=error.expected, todo=error.todo, code=error.code) from None
+
+
 def download(url: str, dest: Path, *, expected_sha256: str | None = None, timeout: float = 30.0,
              what: str = "download", todo_unreachable: str = "") -> str:
-    """Fetch ``url`` to ``dest``; return its SHA-256. Nothing is left at ``dest`` on failure."""
+    """Fetch ``url`` to ``dest``, tried again after a failure on the way (``retried``); return its SHA-256.
+    Nothing is left at ``dest`` on failure."""
     dest.parent.mkdir(parents=True, exist_ok=True)
+    return retried(lambda: _download(url, dest, expected_sha256, timeout, what, todo_unreachable), what)
+
+
+def _download(url: str, dest: Path, expected_sha256: str | None, timeout: float, what: str,
+              todo_unreachable: str) -> str:
     # With this run's token where the run is in the directory (the cache's, from the command line): what a run
     # killed mid-transfer left goes as soon as a run sees it, whoever else is running.
     fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=debris.prefix(dest.parent, dest.name), suffix=".part")
@@ -124,16 +172,17 @@ def download(url: str, dest: Path, *, expected_sha256: str | None = None, timeou
             if full:
                 raise full from None
             reason = getattr(exc, "reason", exc)
-            raise HarnessError(
+            error = HarnessError(
                 f"cannot fetch {what} from {url}: {reason}",
                 expected="a reachable URL serving the file",
                 todo=todo_unreachable or "check the network or the URL",
-            ) from None
+            )
+            raise (Transient(error) if transient(exc) else error) from None
         if total is not None and progress.done != total:
-            raise HarnessError(
+            raise Transient(HarnessError(
                 f"{what} from {url} is truncated: got {progress.done} of {total} bytes",
                 todo="retry; if it persists the server or a proxy is cutting the transfer",
-            )
+            ))
         actual = digest.hexdigest()
         if expected_sha256 and actual != expected_sha256:
             raise integrity(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import http.client
 import json
 import os
 import platform
@@ -28,7 +29,7 @@ from packaging.version import InvalidVersion, Version
 
 from ..core import children, debris, inuse, settings
 from ..core.errors import HarnessError, integrity, usage
-from ..core.files import read_marker, sha256_file, write_atomic, write_marker
+from ..core.files import hash_into, read_marker, sha256_file, write_atomic, write_marker
 from ..core.locking import exclusive
 from ..core.paths import cache_dir
 from . import fetch
@@ -260,7 +261,21 @@ def _git_tree_from_github(sha: str, dest: Path, lock: LockFile) -> Tree:
 
 
 def _git(clone: Path, *args: str, **kw) -> subprocess.CompletedProcess:
+    """A git command whose exit code is an answer the caller reads (``rev-parse --verify``: is it there?)."""
     return children.run(["git", "-C", str(clone), *args], capture_output=True, **kw)
+
+
+def _git_output(clone: Path, *args: str, **kw) -> str | bytes:
+    """What a git command that must succeed prints; its failure is an error naming the command and git's words."""
+    done = _git(clone, *args, **kw)
+    if done.returncode != 0:
+        said = done.stderr.decode(errors="replace") if isinstance(done.stderr, bytes) else done.stderr
+        raise HarnessError(f"`git -C {clone} {' '.join(args)}` failed (exit {done.returncode}): "
+                           f"{(said or '').strip() or 'git said nothing'}",
+                           expected="a readable git checkout",
+                           todo=f"run that command yourself in {clone} to see what is wrong (a damaged "
+                           "repository, a lock file git left behind, permissions), fix it, then run again")
+    return done.stdout
 
 
 def _check_clone(clone: Path) -> None:
@@ -278,7 +293,7 @@ def _git_tree_from_clone(sha: str, clone: Path, dest: Path, lock: LockFile) -> T
             expected="the pinned commit to be present in SGLANG_REPO",
             todo=f"run `git -C {clone} fetch origin {sha}` (or a full `git fetch`), then retry",
         )
-    tree_id = _git(clone, "rev-parse", f"{sha}^{{tree}}", text=True).stdout.strip()
+    tree_id = _git_output(clone, "rev-parse", f"{sha}^{{tree}}", text=True).strip()
     info = {"source": "clone", "origin": str(clone), "sha256": None, "git_tree": tree_id}
 
     def export(target: Path) -> None:
@@ -369,14 +384,19 @@ def index_files(project: str, index_url: str | None = None) -> list[dict]:
     index_url = index_url or settings.get("PDEVIDENCE_INDEX_URL")
     req = urllib.request.Request(f"{index_url.rstrip('/')}/{project}/",
                                  headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    try:
-        with fetch.open_url(req, timeout=30) as resp:
-            # PEP 691 lets a file's url be relative to the project page.
-            return [{**f, "url": urllib.parse.urljoin(resp.geturl(), f["url"])}
-                    for f in json.load(resp)["files"]]
-    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
-        raise HarnessError(f"cannot read the package index {index_url} for {project}: {exc}",
-                           todo="check that the index is reachable (PDEVIDENCE_INDEX_URL overrides it)") from None
+
+    def ask() -> list[dict]:
+        try:
+            with fetch.open_url(req, timeout=30) as resp:
+                # PEP 691 lets a file's url be relative to the project page.
+                return [{**f, "url": urllib.parse.urljoin(resp.geturl(), f["url"])}
+                        for f in json.load(resp)["files"]]
+        except (urllib.error.URLError, OSError, ValueError, KeyError, http.client.HTTPException) as exc:
+            error = HarnessError(f"cannot read the package index {index_url} for {project}: {exc}",
+                                 todo="check that the index is reachable (PDEVIDENCE_INDEX_URL overrides it)")
+            raise (fetch.Transient(error) if fetch.transient(exc) else error) from None
+
+    return fetch.retried(ask, f"the package index for {project}")
 
 
 def parse_version(version: str) -> Version:
@@ -500,14 +520,16 @@ def _path_state(directory: Path, python_dir: Path) -> tuple[str, str]:
         return f"{LOCAL}-{digest[:SHORT_DIGEST]}", digest
     sha = head.stdout.strip()
     digest = hashlib.sha256(sha.encode())
-    diff = _git(directory, "diff", "HEAD", "--binary", "--no-color", "--no-ext-diff")
-    digest.update(diff.stdout)
-    untracked = _git(directory, "ls-files", "--others", "--exclude-standard", "-z").stdout.split(b"\0")
+    # A failed diff or listing would make a changed tree look clean: a wrong name, a stale cached result.
+    diff = _git_output(directory, "diff", "HEAD", "--binary", "--no-color", "--no-ext-diff")
+    digest.update(diff)
+    untracked = _git_output(directory, "ls-files", "--others", "--exclude-standard", "-z").split(b"\0")
     for name in sorted(n for n in untracked if n):  # relative to ``directory``, as git -C lists them
         digest.update(b"\0" + name + b"\0")
         path = directory / os.fsdecode(name)
-        digest.update(path.read_bytes() if path.is_file() and not path.is_symlink() else b"")
-    dirty = bool(diff.stdout) or any(untracked)
+        if path.is_file() and not path.is_symlink():
+            hash_into(digest, path)
+    dirty = bool(diff) or any(untracked)
     found = digest.hexdigest()
     return sha + (f"{DIRTY}-{found[:SHORT_DIGEST]}" if dirty else ""), found
 
@@ -532,7 +554,7 @@ def content_digest(directory: Path) -> str:
             if not path.is_file():  # a dangling link, a socket: nothing an import reads
                 continue
             digest.update(path.relative_to(directory).as_posix().encode() + b"\0")
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
+            digest.update(bytes.fromhex(sha256_file(path)))
     return digest.hexdigest()
 
 
