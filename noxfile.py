@@ -16,6 +16,8 @@ and exits 1. Ctrl-C or SIGTERM stops the run at once (130 or 143).
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -52,19 +54,35 @@ GIT_CELL_IDS = [f"{name}, {side}" for name, side in GIT_CELLS]
 ERAS = ["current", *REGISTRY.eras]  # lanes.sweep_parts.CURRENT: the releases of no declared era
 
 
-def _selected_sessions(session: nox.Session) -> int | None:
-    """How many sessions this nox run selected (its manifest), or None if this nox hides it."""
-    try:
-        return len(session._runner.manifest)
-    except (AttributeError, TypeError):
-        return None
+# The ids of each parametrized session: `-s release` selects them all, `-s "release(prefill, base)"` one.
+MUTATED = list(REGISTRY.experiments)
+PARAMETRIZED = {"probe": GIT_CELL_IDS, "release": CELL_IDS, "sweep_era": ERAS, "drift": CELL_IDS,
+                "upstream": CELL_IDS, "mutate": MUTATED}
+
+
+def _names_one_session(argv: list[str], environ: dict[str, str]) -> bool:
+    """Whether this nox run selects exactly one session, read from nox's documented selection (-s/-e/--session,
+    NOXSESSION, else nox.options.sessions; -k and -t select by rule, never "one"): nox tells a session no more.
+    Unsure means several: a failure then fails its session and nox runs the rest."""
+    selection = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # nox's parser takes no abbreviation
+    selection.add_argument("-s", "-e", "--sessions", "--session", nargs="*", action="extend", dest="sessions")
+    selection.add_argument("-k", "--keywords")
+    selection.add_argument("-t", "--tags", nargs="*")
+    given, _ = selection.parse_known_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if given.keywords or given.tags:
+        return False
+    names = given.sessions or (environ["NOXSESSION"].split(",") if environ.get("NOXSESSION") else nox.options.sessions)
+    if len(names) != 1:
+        return False
+    base, parametrized, rest = names[0].partition("(")
+    return rest.removesuffix(")") in PARAMETRIZED.get(base, ()) if parametrized else base not in PARAMETRIZED
 
 
 def _finish(session: nox.Session, code: int) -> None:
     """Pass the harness's exit code on: alone, as nox's exit code; among others, as a failed session."""
     if code == errors.CONFIRMED:
         return
-    if code > 128 or _selected_sessions(session) == 1:
+    if code > 128 or _names_one_session(sys.argv[1:], dict(os.environ)):
         # Interrupted (130/143) stops the whole run; a lone session keeps its documented code.
         raise SystemExit(code)
     session.error(f"exit {code}: {errors.EXIT_CODES.get(code, 'see the output above')}")
@@ -150,7 +168,7 @@ def sweep_merge(session: nox.Session) -> None:
 
 @nox.session
 def check(session: nox.Session) -> None:
-    """Is my SGLang affected? `-- --python /venv/bin/python`, `-- --version 0.5.20`, --wheel, --path, --git."""
+    """Is my SGLang affected? `-- --python /venv/bin/python`, `-- --release 0.5.20`, --wheel, --path, --git."""
     _run(session, "check", *session.posargs)
 
 
@@ -175,7 +193,7 @@ def lock_cpu(session: nox.Session) -> None:
 
 
 @nox.session(tags=["mutate"])
-@nox.parametrize("experiment", list(REGISTRY.experiments), ids=list(REGISTRY.experiments))
+@nox.parametrize("experiment", MUTATED, ids=MUTATED)
 def mutate(session: nox.Session, experiment: str) -> None:
     """The head release under each declared mutant of the fix: every one must be killed."""
     _run(session, "mutate", experiment, *session.posargs)

@@ -103,7 +103,9 @@ def parser() -> argparse.ArgumentParser:
     # Each option may repeat; every target named is checked, every tree in one engine per era, nothing built.
     ck.add_argument("--python", type=arguments.interpreter, action="append",
                     help="an existing environment's interpreter (left untouched)")
-    ck.add_argument("--version", type=arguments.version, action="append", help="an SGLang release from PyPI")
+    ck.add_argument("--release", type=arguments.version, action="append", help="an SGLang release from PyPI")
+    # `--version` alone is the tool's version; `check --version X` was --release's spelling and still works.
+    ck.add_argument("--version", dest="release", type=arguments.version, action="append", help=argparse.SUPPRESS)
     ck.add_argument("--wheel", type=arguments.wheel, action="append",
                     help="an SGLang wheel file (a backport, a fork's build)")
     ck.add_argument("--path", type=arguments.directory, action="append",

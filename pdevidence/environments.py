@@ -155,7 +155,7 @@ def find_python(version: str) -> Interpreter:
 @functools.lru_cache(maxsize=8)
 def _find_python(version: str, named: str | None, search_path: str, pyenv: str) -> Interpreter:
     def fits(found: Interpreter | None) -> bool:
-        return found is not None and ".".join(found.version.split(".")[:2]) == version
+        return found is not None and Version(found.version).release[:2] == Version(version).release[:2]
 
     todo = (f"install Python {version} (e.g. `pyenv install {version}`), then put its bin directory first "
             f"on PATH or set PDEVIDENCE_PYTHON=/path/to/python{version} (pyenv's versions/{version}.* are "

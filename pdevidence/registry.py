@@ -191,16 +191,17 @@ class NotDeciding:
 
 @dataclass(frozen=True)
 class Needs:
-    """The server configuration a fix's code path needs: the attributes of the tree's own ``ServerArgs`` (what its
-    command-line parser sets) and, per attribute, the values that enter the path. A configuration meets them when
-    every attribute holds one of its values; one that does not never runs the code the fix changes."""
+    """The server configuration a fix's code path needs: the attributes of the tree's own ``ServerArgs`` (as its
+    parser and then its own resolution set them) and, per attribute, the values that enter the path. A
+    configuration meets them when every attribute holds one of its values; one that does not never runs the code
+    the fix changes."""
 
     server_args: dict[str, tuple[Any, ...]]
     why: str
 
     def undefined(self, values: dict[str, Any]) -> list[str]:
-        """The attributes the tree's parser does not define (missing from ``values``): the configuration cannot be
-        read against them, so it cannot show the path is off."""
+        """The attributes missing from ``values`` (the tree's parser does not define them, or their effective value
+        is not established): the configuration cannot be read against them."""
         return [attr for attr in self.server_args if attr not in values]
 
     def unmet(self, values: dict[str, Any]) -> list[str]:

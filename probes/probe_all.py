@@ -7,11 +7,11 @@ experiment whose ``prepare()`` fails gets ``DIR/<experiment>.cannot-run.json``
 with the error instead; the others still run. SGLang is imported once, before any probe: when that
 import fails, every experiment's cannot-run record carries its error.
 
-With ``--server-args`` (a JSON array: an operator's server arguments) it then parses them with
-the tree's own parser (``ServerArgs.add_cli_args``, the options that tree defines; nothing of
-``ServerArgs.__post_init__`` runs) and writes ``DIR/config.json``: the ``--server-attrs`` attributes
-that tree's parser set (an attribute it does not define is left out), or the error naming the
-argument it refused.
+With ``--server-args`` (a JSON array: an operator's server arguments) it then reads them as the
+tree does (``_serverconfig``: its parser, then its own resolution of the arguments that follow from
+others) and writes ``DIR/config.json``: the effective values of the ``--server-attrs`` attributes
+it establishes (one its parser does not define is left out), why the others are not established,
+or the error naming the argument it refused.
 
     python probes/probe_all.py --out-dir /tmp/out --tree-kind release --tree-ref 0.5.21
 
@@ -36,7 +36,6 @@ from _probekit import (EXIT_CANNOT_RUN, EXIT_OK, EXIT_USAGE, add_tree_arguments,
 
 CANNOT_RUN_SCHEMA = "pd-probe-cannot-run/1"
 CANNOT_RUN_SUFFIX = ".cannot-run.json"
-CONFIG_SCHEMA = "pd-probe-config/1"
 CONFIG_FILE = "config.json"
 
 
@@ -50,73 +49,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="a JSON array: server arguments to parse with the tree's own ServerArgs parser")
     parser.add_argument("--server-attrs", default="", help="comma-separated ServerArgs attributes to report")
     return parser.parse_args(argv)
-
-
-class Refused(Exception):
-    """The tree's parser refused an argument; ``option`` names it."""
-
-    def __init__(self, message: str, option: str | None = None) -> None:
-        super().__init__(message)
-        self.option = option
-
-
-class _TreeParser(argparse.ArgumentParser):
-    """argparse as the tree's server uses it, but an error is raised, never printed and exited on."""
-
-    def error(self, message: str):
-        raise Refused(message)
-
-    def exit(self, status: int = 0, message: str | None = None):
-        raise Refused(message or "the parser asked to exit (--help or --version is not a server option)")
-
-
-def _option_of(message: str) -> str | None:
-    """The argument a parser's message names: ``argument --x: ...``."""
-    if message.startswith("argument "):
-        return message.removeprefix("argument ").split(":", 1)[0].split("/", 1)[0].strip()
-    return None
-
-
-def read_configuration(server_args: list[str], attrs: list[str]) -> dict:
-    """``server_args`` as the tree's own parser reads them: the attributes asked for, or why they were refused.
-
-    Only the parser runs (what ``prepare_server_args`` does before ``ServerArgs(...)``); its required options
-    (a model path) are not required here, since only the options given are read."""
-    doc: dict = {"schema": CONFIG_SCHEMA, "server_args": server_args, "values": None, "error": None}
-    if not isinstance(server_args, list) or not all(isinstance(a, str) for a in server_args):
-        doc["error"] = {"kind": "arguments", "option": None, "message": "--server-args is not a JSON array of strings"}
-        return doc
-    if "--config" in server_args or any(a.startswith("--config=") for a in server_args):
-        doc["error"] = {"kind": "arguments", "option": "--config",
-                        "message": "a config file is not read: give its options as arguments"}
-        return doc
-    try:
-        from sglang.srt.server_args import ServerArgs
-        parser = _TreeParser(prog="sglang serve")
-        ServerArgs.add_cli_args(parser)
-    except Exception as exc:  # the tree's parser cannot be built here: nothing to read the arguments with
-        error = describe_error(exc)
-        doc["error"] = {"kind": "parser", "option": None, "message": f"{error['type']}: {error['message']}"}
-        return doc
-    for action in parser._actions:
-        action.required = False
-    try:
-        namespace, extra = parser.parse_known_args(server_args)
-        if extra:
-            raise Refused(f"unrecognized arguments: {' '.join(extra)}", extra[0])
-    except Refused as exc:
-        doc["error"] = {"kind": "arguments", "option": exc.option or _option_of(str(exc)), "message": str(exc)}
-        return doc
-    except Exception as exc:  # an option's own type or action refused its value
-        error = describe_error(exc)
-        doc["error"] = {"kind": "arguments", "option": None, "message": f"{error['type']}: {error['message']}"}
-        return doc
-    doc["values"] = {attr: _plain(getattr(namespace, attr)) for attr in attrs if hasattr(namespace, attr)}
-    return doc
-
-
-def _plain(value):
-    return value if value is None or isinstance(value, (bool, int, float, str)) else repr(value)
 
 
 def import_sglang() -> Exception | None:
@@ -167,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ran = [run_one(path.resolve(), args, import_error) for path in probes]
     if args.server_args is not None:  # after the probes: their results are those of a run without it
         attrs = [a for a in args.server_attrs.split(",") if a]
+        from _serverconfig import read_configuration
         write_atomic(args.out_dir / CONFIG_FILE, dumps(read_configuration(args.server_args, attrs)))
     return EXIT_OK if any(ran) else EXIT_CANNOT_RUN
 

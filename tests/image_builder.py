@@ -12,6 +12,9 @@ import hashlib
 import io
 import json
 import tarfile
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -82,7 +85,44 @@ def installed(site: str, files: dict[str, bytes]) -> list[tuple]:
     return [file(f"{site}/{name}", data) for name, data in files.items()]
 
 
-def compress(data: bytes, compression: str) -> bytes:
+@dataclass(frozen=True)
+class Compressed:
+    """A gzip layer made a block at a time (``zeros_layer``): its blob, and the digest of the tar inside it."""
+    blob: bytes
+    diff_id: str
+
+
+def _tar_blocks(files: dict[str, bytes], zeros: tuple[str, int]) -> Iterator[bytes]:
+    """A layer tar of ``files``, then a file of ``zeros[1]`` zero bytes at ``zeros[0]``, a MiB at a time."""
+    for name, data in [*files.items(), zeros]:
+        info = tarfile.TarInfo(name)
+        info.size, info.mode, info.mtime = data if isinstance(data, int) else len(data), 0o644, 1767225600
+        yield info.tobuf(tarfile.PAX_FORMAT)
+        if isinstance(data, int):
+            block = bytes(1 << 20)
+            for start in range(0, data, len(block)):
+                yield block[:min(len(block), data - start)]
+        else:
+            yield data
+        yield bytes(-info.size % tarfile.BLOCKSIZE)
+    yield bytes(2 * tarfile.BLOCKSIZE)
+
+
+def zeros_layer(files: dict[str, bytes], zeros: tuple[str, int]) -> Compressed:
+    """A gzip layer whose file of zeros may be far larger than the test's disk or memory allow: it is never
+    held whole, only its (tiny) compressed blob."""
+    packer, tar_digest, blob = zlib.compressobj(1, zlib.DEFLATED, 31), hashlib.sha256(), []
+    for block in _tar_blocks(files, zeros):
+        tar_digest.update(block)
+        blob.append(packer.compress(block))
+    blob.append(packer.flush())
+    return Compressed(b"".join(blob), f"sha256:{tar_digest.hexdigest()}")
+
+
+def compress(data: bytes | Compressed, compression: str) -> bytes:
+    if isinstance(data, Compressed):
+        assert compression == "gzip", "a layer made compressed is gzip"
+        return data.blob
     if compression == "gzip":
         return gzip.compress(data, mtime=0)
     if compression == "zstd":
@@ -95,9 +135,11 @@ def sha256(data: bytes) -> str:
     return f"sha256:{hashlib.sha256(data).hexdigest()}"
 
 
-def config(layers: list[bytes], architecture: str = "amd64") -> bytes:
-    return json.dumps({"architecture": architecture, "os": "linux", "config": {},
-                       "rootfs": {"type": "layers", "diff_ids": [sha256(t) for t in layers]}}).encode()
+def config(layers: list[bytes | Compressed], architecture: str = "amd64", settings: dict | None = None) -> bytes:
+    """The image config; ``settings`` its ``config`` object (Env, WorkingDir, Entrypoint, Cmd)."""
+    diff_ids = [t.diff_id if isinstance(t, Compressed) else sha256(t) for t in layers]
+    return json.dumps({"architecture": architecture, "os": "linux", "config": settings or {},
+                       "rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode()
 
 
 def tar_of(path: Path, members: dict[str, bytes]) -> Path:
@@ -109,9 +151,10 @@ def tar_of(path: Path, members: dict[str, bytes]) -> Path:
     return path
 
 
-def docker_save(path: Path, layers: list[bytes], tags: list[str] | None = None) -> Path:
-    """A `docker save` tarball of the legacy format: <id>/layer.tar, <config digest>.json, manifest.json."""
-    cfg = config(layers)
+def docker_save(path: Path, layers: list[bytes], tags: list[str] | None = None, settings: dict | None = None) -> Path:
+    """A `docker save` tarball of the legacy format: <id>/layer.tar, <config digest>.json, manifest.json;
+    ``settings`` the config's Env, WorkingDir, Entrypoint and Cmd."""
+    cfg = config(layers, settings=settings)
     names = [f"{hashlib.sha256(str(i).encode() + t).hexdigest()}/layer.tar" for i, t in enumerate(layers)]
     config_name = f"{hashlib.sha256(cfg).hexdigest()}.json"
     manifest = [{"Config": config_name, "RepoTags": tags if tags is not None else ["example/sglang:test"],
@@ -120,13 +163,13 @@ def docker_save(path: Path, layers: list[bytes], tags: list[str] | None = None) 
 
 
 def oci_blobs(layers: list[bytes], compression: str = "gzip", tags: list[str] | None = None,
-              architecture: str = "amd64") -> dict[str, bytes]:
+              architecture: str = "amd64", settings: dict | None = None) -> dict[str, bytes]:
     """The files of an OCI image layout of one image."""
-    return _oci(layers, compression, tags, architecture)[0]
+    return _oci(layers, compression, tags, architecture, settings)[0]
 
 
-def _oci(layers: list[bytes], compression: str, tags: list[str] | None, architecture: str
-         ) -> tuple[dict[str, bytes], str, list[str]]:
+def _oci(layers: list[bytes], compression: str, tags: list[str] | None, architecture: str,
+         settings: dict | None = None) -> tuple[dict[str, bytes], str, list[str]]:
     """The layout's files, the config's blob name and the layers' blob names."""
     blobs = {}
 
@@ -135,7 +178,7 @@ def _oci(layers: list[bytes], compression: str, tags: list[str] | None, architec
         blobs[f"blobs/sha256/{digest.split(':')[1]}"] = data
         return digest
 
-    cfg = config(layers, architecture)
+    cfg = config(layers, architecture, settings)
     stored = [compress(t, compression) for t in layers]
     config_digest, layer_digests = blob(cfg), [blob(s) for s in stored]
     manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
@@ -168,9 +211,10 @@ def write_dir(path: Path, files: dict[str, bytes]) -> Path:
     return path
 
 
-def oci_layout(path: Path, layers: list[bytes], compression: str = "gzip", tags: list[str] | None = None) -> Path:
+def oci_layout(path: Path, layers: list[bytes | Compressed], compression: str = "gzip", tags: list[str] | None = None,
+               settings: dict | None = None) -> Path:
     """An OCI image layout: a directory, or a tar of one when ``path`` ends in .tar."""
-    files = oci_blobs(layers, compression, tags)
+    files = oci_blobs(layers, compression, tags, settings=settings)
     return tar_of(path, files) if path.suffix == ".tar" else write_dir(path, files)
 
 

@@ -29,7 +29,7 @@ from pdevidence.core.paths import PROJECT
 yaml = pytest.importorskip("yaml", reason="PyYAML is not installed: python -m pip install -r requirements-dev.txt")
 
 ACTION = PROJECT / "action.yml"
-TARGET_INPUTS = {"release": "--version", "wheel": "--wheel", "path": "--path", "image": "--image", "python": "--python"}
+TARGET_INPUTS = {"release": "--release", "wheel": "--wheel", "path": "--path", "image": "--image", "python": "--python"}
 EXPRESSION = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
 
 
@@ -95,7 +95,8 @@ def test_actionlint_catches_an_undefined_input(tmp_path):
 def test_the_action_declares_what_its_docs_promise():
     meta = action()
     assert meta["runs"]["using"] == "composite"
-    assert set(TARGET_INPUTS) | {"references", "fail-on-affected", "openvex"} == set(meta["inputs"])
+    assert set(TARGET_INPUTS) | {"server-args", "server-args-file", "references", "fail-on-affected", "openvex"} == \
+        set(meta["inputs"])
     assert meta["inputs"]["fail-on-affected"]["default"] == "true"  # affected fails the step unless told otherwise
     assert meta["inputs"]["references"]["default"] == "published"
     assert set(meta["outputs"]) == {"openvex", "exit-code"}
@@ -108,7 +109,7 @@ def step(name: str) -> dict:
 
 
 STUB = """#!/bin/sh
-printf '%s\\n' "$@" > "$STUB_ARGS"
+printf '%s\\0' "$@" > "$STUB_ARGS"
 env > "$STUB_ENV"
 while [ $# -gt 0 ]; do
     if [ "$1" = --openvex ] && [ "$STUB_WRITES" = yes ]; then echo '{}' > "$2"; fi
@@ -125,7 +126,7 @@ class Run:
         out = tmp / "github_output"
         self.outputs = dict(line.split("=", 1) for line in out.read_text().splitlines()) if out.exists() else {}
         args = tmp / "args"
-        self.argv = args.read_text().splitlines() if args.exists() else None
+        self.argv = args.read_text().split("\0")[:-1] if args.exists() else None  # an argument may hold lines
         env = tmp / "env"
         self.env = dict(line.split("=", 1) for line in env.read_text().splitlines() if "=" in line) \
             if env.exists() else {}
@@ -175,12 +176,12 @@ def test_each_target_input_line_is_one_option_and_the_cli_parses_them(tmp_path):
                                     "path": "src/sglang\n", "image": "sglang.tar", "python": "/opt/venv/bin/python"})
     assert run.code == 0, run.log
     vex = str(tmp_path / "runner-temp" / "pdevidence" / "openvex.json")
-    assert run.argv == ["check", "--version", "0.5.19", "--version", "0.5.20",
+    assert run.argv == ["check", "--release", "0.5.19", "--release", "0.5.20",
                         "--wheel", "./a b.whl", "--path", "src/sglang", "--image", "sglang.tar",
                         "--python", "/opt/venv/bin/python",
                         "--references", "published", "--openvex", vex, "--verbose"]
     args = docs_parser().parse_args(run.argv)  # the paths need not exist here
-    assert args.version == ["0.5.19", "0.5.20"] and args.openvex == Path(vex)
+    assert args.release == ["0.5.19", "0.5.20"] and args.openvex == Path(vex)
     assert run.outputs == {"exit-code": "0", "openvex": vex}
     # The installed tool keeps its state where it always does (the user's cache and state directories).
     assert run.env["PDEVIDENCE_PYTHON"] == "/opt/python3.12/bin/python"
@@ -196,6 +197,26 @@ def test_a_workflow_may_choose_the_openvex_file_references_and_runs(tmp_path):
     assert run.outputs["openvex"] == "out/vex.json"
     assert run.env["PDEVIDENCE_RUNS"] == str(tmp_path / "my-runs")
     docs_parser().parse_args(run.argv)
+
+
+def test_the_server_configuration_is_passed_whole_and_the_cli_splits_it(tmp_path):
+    given = "--model-path '/models/my model' \\\n  --disaggregation-mode decode\n"
+    run = run_check_step(tmp_path, {"release": "0.5.20", "server-args": given})
+    assert run.code == 0, run.log
+    assert run.argv[:5] == ["check", "--version", "0.5.20", "--server-args", given]
+    args = docs_parser().parse_args(run.argv)
+    assert args.server_args.args == ("--model-path", "/models/my model", "--disaggregation-mode", "decode")
+
+
+def test_the_server_launch_command_may_be_a_file(tmp_path):
+    launch = tmp_path / "decode.sh"
+    launch.write_text("python -m sglang.launch_server --model-path /m --disaggregation-mode decode\n")
+    run = run_check_step(tmp_path, {"release": "0.5.20", "server-args-file": str(launch), "server-args": " \n"})
+    assert run.code == 0, run.log
+    assert run.argv[3:5] == ["--server-args-file", str(launch)]
+    assert docs_parser().parse_args(run.argv).server_args == launch
+    run = run_check_step(tmp_path / "none", {"release": "0.5.20"})
+    assert not any(arg.startswith("--server-args") for arg in run.argv)  # no configuration: answers about the code
 
 
 @pytest.mark.parametrize(("fail_on_affected", "stub_exit", "step_code"), [
@@ -223,6 +244,8 @@ def test_no_openvex_output_when_check_wrote_none(tmp_path):
     ({}, "nothing to check: give at least one of the inputs release, wheel, path, image, python"),
     ({"release": " \n \n"}, "nothing to check"),
     ({"release": "0.5.20", "fail-on-affected": "yes"}, "fail-on-affected is 'yes': expected true or false"),
+    ({"release": "0.5.20", "server-args": "--disaggregation-mode decode", "server-args-file": "launch.sh"},
+     "give one of the inputs server-args and server-args-file, not both"),
 ])
 def test_bad_inputs_are_usage_errors_before_anything_runs(tmp_path, inputs, message):
     run = run_check_step(tmp_path, inputs)

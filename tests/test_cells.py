@@ -371,6 +371,28 @@ def test_every_document_and_marker_a_cell_writes_is_0644(demo_project):
         assert path.stat().st_mode & 0o777 == 0o644, path
 
 
+def test_a_cells_result_and_receipt_are_on_disk_before_they_have_their_names(demo_project, monkeypatch):
+    """The probe's output is written by another process: the rename that names it syncs it first, so a power cut
+    leaves no named result or receipt with nothing in it."""
+    synced, unsynced = set(), []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        synced.add(os.fstat(fd).st_ino)
+        real_fsync(fd)
+
+    def replace(src, dst):
+        if Path(src).is_file() and os.stat(src).st_ino not in synced:
+            unsynced.append(Path(dst).name)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    outcome = run_cell(demo_project)
+    assert outcome.result.is_file() and outcome.receipt.is_file()
+    assert unsynced == []
+
+
 def test_a_truncated_environment_marker_means_rebuild(demo_project):
     run_cell(demo_project)
     marker = cell_marker(demo_project)

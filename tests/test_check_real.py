@@ -215,18 +215,48 @@ def test_0_5_12_decode_without_offload_is_not_affected_by_the_offload_fix_and_wi
     assert answer["offload_slots"]["status"] == "not affected"
     assert answer["offload_slots"]["justification"] == "vulnerable_code_not_in_execute_path"
     assert answer["offload_slots"]["configuration"]["code_status"] == "affected"  # 0.5.12 is pre-fix
-    assert answer["prefill"]["rests_on"] == "configuration"  # a decode server runs no prefill result path
-    assert off["configuration"]["values"]["disaggregation_decode_enable_offload_kvcache"] is False
+    assert off["configuration"]["values"] == {"disaggregation_decode_enable_offload_kvcache": False}
+    # 0.5.12's resolution derives the PD mode (a diffusion model resets it) and, without the model's config here,
+    # stops before that step: the mode is not established, so the configuration does not decide the prefill fix.
+    resolution = off["configuration"]["resolution"]
+    assert (resolution["completed"], resolution["derived"]) == (False, ["disaggregation_mode"])
+    assert (answer["prefill"]["rests_on"], answer["prefill"]["configuration"]["enters_path"]) == ("code", None)
+    assert "derives it and stopped here" in answer["prefill"]["configuration"]["unestablished"]["disaggregation_mode"]
+    # The tree's own model-independent route (a dummy model) runs its resolution through, the cpu standing in
+    # for the accelerator: the mode is established, and a decode server runs no prefill result path.
+    code, dummy = run_check("--version", "0.5.12", "--references", "fresh", "--server-args",
+                            "--model-path dummy --disaggregation-mode decode")
+    assert dummy["configuration"]["resolution"]["completed"] is True
+    assert dummy["configuration"]["resolution"]["stand_ins"] == {"device": "cpu"}
+    prefill = next(e for e in dummy["experiments"] if e["experiment"] == "prefill")
+    assert (prefill["status"], prefill["rests_on"]) == ("not affected", "configuration")
     code, on = run_check("--version", "0.5.12", "--references", "fresh", "--server-args",
                          f"{decode} --disaggregation-decode-enable-offload-kvcache")
     answer = {e["experiment"]: e for e in on["experiments"]}
-    assert answer["offload_slots"]["status"] == "affected"
-    assert answer["offload_slots"]["configuration"]["enters_path"] is True
+    # Offload on, the mode not established here: the code's answer, the configuration not deciding.
+    assert (answer["offload_slots"]["status"], answer["offload_slots"]["configuration"]["enters_path"]) == \
+        ("affected", None)
     assert code == errors.BEHAVIOUR_DIFFERS
+    code, on = run_check("--version", "0.5.12", "--references", "fresh", "--server-args", "--model-path dummy "
+                         "--disaggregation-mode decode --disaggregation-decode-enable-offload-kvcache")
+    answer = {e["experiment"]: e for e in on["experiments"]}
+    assert (answer["offload_slots"]["status"], answer["offload_slots"]["configuration"]["enters_path"]) == \
+        ("affected", True)
     # An option 0.5.12's own parser does not define: refused by that parser, in the probe process.
     code, _ = run_check_code("--version", "0.5.12", "--references", "fresh", "--server-args",
                              f"{decode} --no-such-option")
     assert code == errors.USAGE
+    # A configuration 0.5.12's own resolution refuses whatever the model: a usage error naming the option.
+    code, _, err = run_check_err("--version", "0.5.12", "--references", "fresh", "--server-args",
+                                 f"{decode} --ssl-keyfile /etc/key.pem")
+    assert code == errors.USAGE and "--ssl-keyfile: this tree's ServerArgs refuses the configuration" in err
+
+
+def run_check_err(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(["--root", str(PROJECT), "check", *argv, "--json"])
+    return code, out.getvalue(), err.getvalue()
 
 
 def run_check_code(*argv: str) -> tuple[int, str]:
@@ -234,3 +264,18 @@ def run_check_code(*argv: str) -> tuple[int, str]:
     with contextlib.redirect_stdout(out):
         code = cli.main(["--root", str(PROJECT), "check", *argv, "--json"])
     return code, out.getvalue()
+
+
+def test_an_unpacked_setuptools_scm_wheel_given_as_a_path_runs_in_its_releases_era_and_answers(reg, tmp_path):
+    """Alone proves: a tree whose version only setuptools-scm wrote (sglang/_version.py, no version.py literal)
+    is read as that version, without importing it, and runs in its release's era, where every probe answers (in
+    today's closure, 0.5.12's scheduler could not import sgl_kernel: `cannot run`)."""
+    wheel = trees.release_tree("0.5.12", reg.python, trees.LockFile(tree_lock_file(reg.root))).install_target
+    unpacked = tmp_path / "sglang-0.5.12"
+    shutil.unpack_archive(wheel, unpacked, "zip")
+    code, doc = run_check("--path", str(unpacked))
+    assert doc["target"]["source_version"] == {"version": "0.5.12", "local": None, "source": "sglang/_version.py",
+                                               "told": "0.5.12"}
+    assert doc["target"]["era"] == reg.era_of("0.5.12").name
+    assert "cannot run" not in statuses(doc).values(), doc["experiments"]
+    assert code != errors.ENVIRONMENT

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from packaging.version import InvalidVersion, Version
 
-from pdevidence import cli, registry
+from pdevidence import cli, commands, registry
 from pdevidence.commands import argument_checks
 from pdevidence.core import arguments, children, errors, faults
 from pdevidence.core import settings as harness_settings
@@ -37,7 +37,7 @@ BASE = {
     "matrix": (["matrix"], {}), "compare": (["compare"], {}), "verify": (["verify"], {}),
     "checksums": (["checksums"], {}), "lock-cpu": (["lock-cpu"], {}), "lock-trees": (["lock-trees"], {}),
     "sweep": (["sweep"], {}), "sweep-merge": (["sweep-merge"], {}),
-    "check": (["check", "--version", "0.5.21"], {}),
+    "check": (["check", "--release", "0.5.21"], {}),
     "drift": (["drift"], {"experiment": "admission", "side": "base"}),
     "publish": (["publish"], {}),
     "mutate": (["mutate"], {"experiment": "admission"}),
@@ -126,7 +126,7 @@ def malformed(ground: Path) -> dict[str, st.SearchStrategy[str]]:
         "sweep --experiment": not_in(experiments), "sweep --jobs": not_positive_int(),
         "sweep --era": not_in(sweep_parts.era_names(REG)), "sweep-merge --experiment": not_in(experiments),
         "check --python": paths(ground, "a-directory", "a-file"),
-        "check --version": not_version(),
+        "check --release": not_version(), "check --version": not_version(),
         "check --wheel": paths(ground, "a-directory", "a-file", "sglang-0.5.21-py3-none-any.whl",
                                "sglang-0.5.21-py3-none-any.whl.d", "not-a-wheel.zip"),
         "check --path": paths(ground, "a-file", "an-executable"),
@@ -184,7 +184,9 @@ def _reached(*args, **kw):
 @pytest.fixture
 def tripwires():
     """Every command, child process and download, replaced by what fails the property when reached."""
-    trip = [mock.patch.object(cli, name, _reached) for name in dir(cli) if name.startswith("cmd_")]
+    verbs = [getattr(commands, name) for name in commands.__all__]
+    trip = [mock.patch.object(module, name, _reached) for module in verbs for name in dir(module)
+            if name.startswith("cmd_")]
     trip += [mock.patch.object(children, "popen", _reached), mock.patch.object(urllib.request, "urlopen", _reached)]
     with contextlib.ExitStack() as stack:
         for patch in trip:
@@ -267,6 +269,9 @@ def malformed_settings(ground: Path) -> dict[str, st.SearchStrategy[str]]:
         "PDEVIDENCE_SANDBOX": no(harness_settings.SANDBOX_TOOLS),
         "PDEVIDENCE_PROBE_MEMORY": ENV_TEXT.filter(lambda v: v and not _positive(re.fullmatch(r"([0-9]+)[KMGTkmgt]?", v))),
         "PDEVIDENCE_PROBE_PROCESSES": ENV_TEXT.filter(lambda v: v and not _positive(re.fullmatch(r"([0-9]+)", v))),
+        **{name: ENV_TEXT.filter(lambda v: v and not _positive(re.fullmatch(r"([0-9]+)[KMGTkmgt]?", v)))
+           for name in ("PDEVIDENCE_ARCHIVE_FILE_BYTES", "PDEVIDENCE_ARCHIVE_BYTES")},
+        "PDEVIDENCE_ARCHIVE_MEMBERS": ENV_TEXT.filter(lambda v: v and not _positive(re.fullmatch(r"([0-9]+)", v))),
         "PDEVIDENCE_PROBE_PASS_ENV": ENV_TEXT.filter(
             lambda v: v and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(,[A-Za-z_][A-Za-z0-9_]*)*", v)),
     }
@@ -297,6 +302,28 @@ def test_the_issues_version_is_a_usage_error_not_an_internal_one(tripwires):
     code, err = run(["check", "--version", "0.5.21; rm -rf /"], env={})
     assert code == errors.USAGE and "Traceback" not in err
     assert "argument --version: '0.5.21; rm -rf /' is not a release version (PEP 440)" in err
+
+
+def test_a_release_is_check_release_and_the_older_check_version_still_names_one():
+    for spelling in ("--release", "--version"):
+        assert cli.parser().parse_args(["check", spelling, "0.5.20"]).release == ["0.5.20"]
+
+
+def test_version_means_one_thing_in_the_help_the_tools_own_version():
+    """`pdevidence --version` is the tool's version; a release is `check --release`: only one is shown as --version."""
+    check_help = cli.parser()._subparsers._group_actions[0].choices["check"].format_help()
+    assert "--release" in check_help and "--version" not in check_help
+    code, out = 0, io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["--version"])
+    assert code == 0 and out.getvalue().startswith("pdevidence ")
+
+
+def test_the_tripwires_replace_every_commands_body(tripwires):
+    """The property below is only as good as this: every verb the parser dispatches to trips."""
+    for verb, sub in cli.parser()._subparsers._group_actions[0].choices.items():
+        with pytest.raises(AssertionError, match="got past the checks"):
+            sub.get_default("func")(None)
 
 
 @pytest.mark.parametrize("era", sweep_parts.era_names(REG))

@@ -273,6 +273,28 @@ def test_extract_tar_refuses_members_that_escape_the_tree(entries, make_tarball,
     assert not Path("/tmp/pdevidence-evil.txt").exists()
 
 
+@pytest.mark.parametrize("setting, value, said", [
+    ("PDEVIDENCE_ARCHIVE_FILE_BYTES", "4K", "member 'top/big.bin' holds 5000 bytes uncompressed, over the limit of 4096"),
+    ("PDEVIDENCE_ARCHIVE_BYTES", "6K", "member 'top/big.bin' takes what is extracted to 8000 bytes, over the limit "
+     "of 6144"),
+    ("PDEVIDENCE_ARCHIVE_MEMBERS", "1", "member 'top/big.bin' is its member number 2, over the limit of 1"),
+])
+def test_extract_tar_refuses_an_archive_over_a_limit_naming_the_member_and_the_setting(setting, value, said,
+                                                                                        make_tarball, tmp_path,
+                                                                                        monkeypatch):
+    monkeypatch.setenv(setting, value)
+    archive = write(tmp_path / "in" / "a.tar.gz", make_tarball({"top/small.bin": b"s" * 3000, "top/big.bin": b"b" * 5000}))
+    dest = tmp_path / "trees" / "out"
+    dest.parent.mkdir()
+
+    with pytest.raises(HarnessError) as caught:
+        fetch.extract_tar(archive, dest)
+
+    assert caught.value.code == errors.INTEGRITY
+    assert f"the archive a.tar.gz: {said} ({setting})" in str(caught.value)
+    assert not dest.exists() and leftovers(dest.parent) == []
+
+
 @pytest.mark.parametrize("content", [
     pytest.param(b"this is not a tar archive\n" * 20, id="not a tar"),
     pytest.param(b"", id="empty file"),

@@ -1,8 +1,10 @@
 """`check --image`: saved images read without a container runtime, on images the tests build.
 
 A tiny stand-in SGLang package (tests/image_builder.py) is enough for the reader: the
-formats, the whiteouts, several interpreters, editable installs, streaming, the cache, and
-every malformed archive ending in a clear error with its exit code. The real check of an
+formats, the whiteouts, several interpreters, editable installs, which copy the server imports
+(the config's interpreter, PYTHONPATH, working directory and command), streaming, the cache, the
+limits on what an image may make the harness write, and every malformed archive ending in a
+clear error with its exit code. The real check of an
 image built from release wheels is in test_images_real.py.
 """
 
@@ -20,7 +22,7 @@ import pytest
 from schemas import problems
 
 from pdevidence import cli, registry
-from pdevidence.core import errors
+from pdevidence.core import archives, errors, settings
 from pdevidence.core.paths import PROJECT
 from pdevidence.lanes import check
 from pdevidence.publish import openvex
@@ -180,6 +182,126 @@ def test_without_a_dist_info_the_version_py_tells_the_version(tmp_path):
                                                "source": f"/{DEBIAN}/sglang/version.py"}
 
 
+# Which copy the server imports: the image config's interpreter, PYTHONPATH, working directory and command
+
+PYTHON = [b.file("usr/bin/python3.12", b"\x7fELF"), b.symlink("usr/bin/python3", "python3.12")]
+DEBIAN_LOCAL = "usr/local/lib/python3.12/dist-packages"
+
+
+def package_only(version: str) -> dict[str, bytes]:
+    return {k: v for k, v in b.sglang_files(version).items() if k.startswith("sglang/")}
+
+
+def test_pythonpath_over_site_packages_is_what_the_server_imports_and_the_copy_answered(tmp_path):
+    """The measured case: PYTHONPATH=/opt/override holds 0.5.12, site-packages 0.5.13: the server imports 0.5.12."""
+    layer = b.layer(*PYTHON, *b.installed(DEBIAN_LOCAL, b.sglang_files("0.5.13")),
+                    *b.installed("opt/override", package_only("0.5.12")))
+    said = []
+    found = only(scan(b.docker_save(tmp_path / "image.tar", [layer], settings={
+        "Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "PYTHONPATH=/opt/override"],
+        "Cmd": ["python3", "-m", "sglang.launch_server"]}), said.append))
+    assert (found.install.package, found.install.version.version) == ("/opt/override/sglang", "0.5.12")
+    assert found.install.choice is images.Choice.IMPORTED
+    assert "the image's command runs python3: /usr/bin/python3 (/usr/bin/python3.12)" in found.install.why
+    assert f"sys.path /, /opt/override, /root/.local/lib/python3.12/site-packages, /{DEBIAN_LOCAL}" \
+        in found.install.why
+    assert any(f"/{DEBIAN_LOCAL}/sglang: not what the server imports (after /opt/override/sglang on its path)" in line
+               for line in said), said
+    # No interpreter in the image at all: PYTHONPATH comes before any site directory all the same.
+    bare = b.layer(*b.installed(SITE, b.sglang_files("0.5.13")), *b.installed("opt/override", package_only("0.5.12")))
+    found = only(scan(b.docker_save(tmp_path / "bare.tar", [bare], settings={"Env": ["PYTHONPATH=/opt/override"]})))
+    assert (found.install.package, found.install.choice) == ("/opt/override/sglang", images.Choice.IMPORTED)
+
+
+def venv_image(tmp_path: Path, name: str, settings: dict, *extra: tuple) -> Path:
+    """python3.12 with 0.5.13 in its dist-packages; a venv of it with 0.5.10; ``extra`` on top."""
+    layer = b.layer(*PYTHON, *b.installed(DEBIAN_LOCAL, b.sglang_files("0.5.13")),
+                    b.symlink("opt/venv/bin/python", "/usr/bin/python3"),
+                    b.file("opt/venv/pyvenv.cfg", "home = /usr/bin\ninclude-system-site-packages = false\n"
+                           "version = 3.12.3\n"),
+                    *b.installed(VENV, b.sglang_files("0.5.10")), *extra)
+    return b.docker_save(tmp_path / name, [layer], settings=settings)
+
+
+@pytest.mark.parametrize("settings, extra, package", [
+    ({"Cmd": ["python3", "-m", "sglang.launch_server"]}, (), f"/{DEBIAN_LOCAL}/sglang"),
+    ({"Entrypoint": ["/opt/venv/bin/python", "-m", "sglang.launch_server"]}, (), f"/{VENV}/sglang"),
+    ({"Env": ["PATH=/opt/venv/bin:/usr/bin"], "Cmd": ["python", "-m", "sglang.launch_server"]}, (), f"/{VENV}/sglang"),
+    ({"Entrypoint": ["serve"], "Env": ["PATH=/usr/local/bin:/usr/bin"]},
+     (b.file("usr/local/bin/serve", "#!/opt/venv/bin/python\nimport sglang\n", 0o755),), f"/{VENV}/sglang"),
+    ({"Entrypoint": ["/usr/bin/python3", "-I", "app.py"], "Env": ["PYTHONPATH=/opt/override"]},
+     tuple(b.installed("opt/override", package_only("0.5.12"))), f"/{DEBIAN_LOCAL}/sglang"),
+    ({"Entrypoint": ["/usr/bin/env", "PYTHONUNBUFFERED=1", "/opt/venv/bin/python", "-u", "-m", "sglang"]}, (),
+     f"/{VENV}/sglang"),
+    ({"Cmd": ["/bin/sh", "-c", "exec /opt/venv/bin/python -m sglang.launch_server --port 30000"]}, (),
+     f"/{VENV}/sglang"),
+    ({"Entrypoint": ["/opt/nvidia/nvidia_entrypoint.sh"], "Cmd": ["/opt/venv/bin/python", "-m", "sglang"]},
+     (b.file("opt/nvidia/nvidia_entrypoint.sh", "#!/bin/bash\nexec \"$@\"\n", 0o755),), f"/{VENV}/sglang"),
+], ids=["python3 on PATH", "the venv's python named", "python on the venv's PATH", "a script whose #! names the venv",
+        "-I: PYTHONPATH ignored", "env NAME=value python", "a Dockerfile's shell form", "a wrapper, then Python"])
+def test_the_interpreter_the_config_names_decides_between_two_site_directories(tmp_path, settings, extra, package):
+    found = only(scan(venv_image(tmp_path, "image.tar", settings, *extra)))
+    assert (found.install.package, found.install.choice) == (package, images.Choice.IMPORTED)
+
+
+def test_a_checkout_in_the_working_directory_does_not_shadow_the_editable_install_it_holds(tmp_path):
+    """SGLang's own images: WorkingDir /sgl-workspace, its checkout sglang/ (no __init__.py: a namespace portion,
+    which a regular package anywhere on the path wins over) holding python/sglang, installed editable."""
+    source = "sgl-workspace/sglang/python"
+    info = {k: v for k, v in b.sglang_files("0.5.21").items() if k.startswith("sglang-")}
+    info["sglang-0.5.21.dist-info/direct_url.json"] = json.dumps(
+        {"url": f"file:///{source}", "dir_info": {"editable": True}}).encode()
+    pth = f"{DEBIAN_LOCAL}/__editable__.sglang-0.5.21.pth"
+    layer = b.layer(*PYTHON, *b.installed(source, package_only("0.5.21")), b.file("sgl-workspace/sglang/README", "x"),
+                    *b.installed(DEBIAN_LOCAL, info),
+                    b.file(pth, "import __editable___sglang_0_5_21_finder; __editable___sglang_0_5_21_finder.install()\n"))
+    settings = {"WorkingDir": "/sgl-workspace", "Cmd": ["/bin/bash"]}
+    found = only(scan(b.docker_save(tmp_path / "image.tar", [layer], settings=settings)))
+    assert (found.install.package, found.install.editable) == (f"/{source}/sglang", True)
+    assert found.install.choice is images.Choice.IMPORTED
+    assert "names no Python: python3 on its PATH, run as `python3 -m` from its working directory" in found.install.why
+    assert found.install.why.startswith(f"the editable install's import hook in /{DEBIAN_LOCAL}, after the whole path")
+    assert f"sys.path /sgl-workspace, /root/.local/lib/python3.12/site-packages, /{DEBIAN_LOCAL}, " in found.install.why
+    # The install's import hook comes after the whole path: a copy in a later site directory wins over it ...
+    later = b.layer(*b.installed("usr/lib/python3/dist-packages", b.sglang_files("0.5.9")))
+    found = only(scan(b.docker_save(tmp_path / "hook.tar", [layer, later], settings=settings)))
+    assert found.install.package == "/usr/lib/python3/dist-packages/sglang"
+    # ... but not over a .pth naming the source, which site.py puts right after its own site directory.
+    path_pth = b.layer(b.file(pth, f"/{source}\n"))
+    said = []
+    found = only(scan(b.docker_save(tmp_path / "pth.tar", [layer, later, path_pth], settings=settings), said.append))
+    assert (found.install.package, found.install.editable) == (f"/{source}/sglang", True)  # one copy, not two
+    assert [line.split(": ", 1)[1] for line in said if "not what the server imports" in line] == [
+        "/usr/lib/python3/dist-packages/sglang: not what the server imports (after "
+        f"/{source}/sglang on its path)"]
+
+
+def test_when_the_copy_the_server_imports_cannot_be_told_every_copy_is_answered_and_none_is_an_all_clear(tmp_path):
+    other = b.layer(*b.installed(VENV, b.sglang_files("0.5.10")))
+    found = scan(b.docker_save(tmp_path / "image.tar", [base_layer(), other], settings={"Cmd": ["/start.sh"]}))
+    assert [(f.install.package, f.install.choice) for f in found] == [
+        (f"/{VENV}/sglang", images.Choice.UNDECIDED), (f"/{SITE}/sglang", images.Choice.UNDECIDED)]
+    assert "the image has no python3 there" in found[0].install.why
+    # Shell code the image runs decides nothing: it may activate a venv, set PYTHONPATH, run anything.
+    shell = {"Cmd": ["/bin/sh", "-c", ". /opt/venv/bin/activate; python -m sglang.launch_server"]}
+    found = scan(venv_image(tmp_path, "shell.tar", shell))
+    assert [(f.install.package, f.install.choice) for f in found] == [
+        (f"/{VENV}/sglang", images.Choice.UNDECIDED), (f"/{DEBIAN_LOCAL}/sglang", images.Choice.UNDECIDED)]
+    assert "the image's command is shell code ('. /opt/venv/bin/activate; python -m" in found[0].install.why
+    # An interpreter whose path reaches neither copy decides nothing either.
+    python = b.layer(*PYTHON)
+    found = scan(b.docker_save(tmp_path / "python.tar", [base_layer(), other, python]))
+    assert {f.install.choice for f in found} == {images.Choice.UNDECIDED} and len(found) == 2
+    assert "cannot be told: its interpreter imports none of them, the image names no command" in found[0].install.why
+    fixed = check.ExperimentCheck("admission", 38935, check.Status.FIXED, {}, ["A1"], "a" * 64)
+    reg = registry.load(PROJECT)
+    target = check.resolve_image(reg, found[0].image.archive, log=lambda msg: None)[0][0]
+    result = check.CheckResult(target, [check._undecided(fixed)], "0.5.10")
+    assert result.experiments[0].status is check.Status.UNKNOWN and result.exit_code == errors.BEHAVIOUR_DIFFERS
+    assert "the server may import another copy" in result.experiments[0].error
+    assert "not an all-clear: which of 2 copies" in check.table(result)
+
+
 # Streams and the cache
 
 class Unseekable(io.RawIOBase):
@@ -236,6 +358,57 @@ def test_a_zstd_layer_without_zstandard_says_what_to_install(tmp_path, monkeypat
     code, err = run_check(path, capsys)
     assert code == errors.ENVIRONMENT
     assert "zstd-compressed" in err and "pip install 'pdevidence[zstd]'" in err
+
+
+# Bounded reads: what an image may make the harness write
+
+def zeros_image(tmp_path: Path, size: int) -> Path:
+    """An image whose SGLang package holds one file of ``size`` zero bytes, in a gzip layer made a block at a
+    time: its blob is tiny whatever ``size`` is."""
+    package = {name: data for name, data in b.sglang_files("0.5.20").items()}
+    files_ = {f"{SITE}/{name}": data for name, data in package.items()}
+    return b.oci_layout(tmp_path / "oci", [b.zeros_layer(files_, (f"{SITE}/sglang/zeros.bin", size))])
+
+
+def left_in(cache: Path) -> list[str]:
+    """What the image cache holds but its locks."""
+    return sorted(p.name for p in (cache / "images").iterdir()) if (cache / "images").exists() else []
+
+
+def test_a_file_over_the_limit_is_refused_by_name_and_nothing_is_left_in_the_cache(tmp_path, cache, monkeypatch,
+                                                                                      capsys):
+    monkeypatch.setenv("PDEVIDENCE_ARCHIVE_FILE_BYTES", "1M")
+    code, err = run_check(zeros_image(tmp_path, (1 << 20) + 1), capsys)
+    assert code == errors.INTEGRITY
+    assert f"member '{SITE}/sglang/zeros.bin (layer 1)' holds 1048577 bytes uncompressed" in err
+    assert "over the limit of 1048576 (PDEVIDENCE_ARCHIVE_FILE_BYTES)" in err
+    assert left_in(cache) == []
+
+
+def test_what_an_image_s_packages_hold_in_all_is_bounded_too(tmp_path, cache, monkeypatch):
+    monkeypatch.setenv("PDEVIDENCE_ARCHIVE_BYTES", "64K")
+    with pytest.raises(errors.HarnessError, match=r"zeros.bin \(layer 1\)' takes what is extracted to [0-9]+ bytes, "
+                       r"over the limit of 65536 \(PDEVIDENCE_ARCHIVE_BYTES\)") as info:
+        scan(zeros_image(tmp_path, 100 << 10))
+    assert info.value.code == errors.INTEGRITY and left_in(cache) == []
+
+
+def test_a_layer_of_too_many_members_is_refused_while_its_names_are_read(tmp_path, cache, monkeypatch):
+    monkeypatch.setenv("PDEVIDENCE_ARCHIVE_MEMBERS", "5")
+    with pytest.raises(errors.HarnessError, match=r"layer 1 of 1 .*is its member number 6, over the limit of 5 "
+                       r"\(PDEVIDENCE_ARCHIVE_MEMBERS\)") as info:
+        scan(b.oci_layout(tmp_path / "oci", [base_layer()]))
+    assert info.value.code == errors.INTEGRITY and left_in(cache) == []
+
+
+def test_a_file_just_over_the_default_limit_is_refused_without_being_written(tmp_path, cache):
+    """The default (256 MiB), from a blob of about a MiB: the measured 6 GiB of zeros is refused alike."""
+    limit = settings.get("PDEVIDENCE_ARCHIVE_FILE_BYTES")
+    path = zeros_image(tmp_path, limit + 1)
+    assert sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) < limit // 100
+    with pytest.raises(errors.HarnessError, match=f"holds {limit + 1} bytes uncompressed, over the limit of {limit}"):
+        scan(path)
+    assert left_in(cache) == []
 
 
 # Malformed archives: a clear error naming what is wrong, never a traceback
@@ -321,11 +494,14 @@ def test_each_package_of_an_image_is_a_target_in_the_era_its_version_names(two_i
     assert tree.install_target == target.image.install.tree and (tree.install_target / "sglang").is_dir()
     assert tree.label() == f"image-{target.sha256[:12]}" and target.sha256 == target.image.install.digest
     doc = target.to_json()
+    why = doc["image"].pop("why")
     assert doc["image"] == {"archive": str(two_interpreters), "tags": ["lmsysorg/sglang:v0.5.21"],
                             "config_digest": target.image.image.config_digest,
                             "manifest_digest": b.manifest_digest(two_interpreters), "platform": "linux/amd64",
                             "site": f"/{VENV}", "package": f"/{VENV}/sglang",
-                            "dist_info": f"/{VENV}/sglang-0.5.10.dist-info", "editable": False}
+                            "dist_info": f"/{VENV}/sglang-0.5.10.dist-info", "editable": False,
+                            "imported": "undecided"}  # the image has no interpreter: either may be the server's
+    assert why.startswith(f"which of 2 copies (/{VENV}/sglang, /{SITE}/sglang) the server imports cannot be told")
     assert doc["source_version"]["source"] == f"/{VENV}/sglang-0.5.10.dist-info/METADATA"
     assert doc["era_chosen_by"]["basis"] == "version" and "0.5.10" in doc["era_chosen_by"]["evidence"]
 
@@ -405,7 +581,7 @@ def test_an_archive_that_changes_between_the_two_passes_is_refused(tmp_path):
     for after, message in [(shifted, "is no longer"), (b.layer(), "ends before member")]:
         with pytest.raises(errors.HarnessError, match=message) as info:
             layers.extract(plan, lambda i: layers.members(io.BytesIO(after), "layer 1", digest=None, diff_id=None),
-                           lambda i: "layer 1")
+                           lambda i: "layer 1", archives.Budget("the image"))
         assert info.value.code == errors.INTEGRITY
 
 

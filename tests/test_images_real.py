@@ -2,7 +2,9 @@
 
 The image (an OCI layout, gzip layers) is what an operator's would be: SGLang 0.5.20 installed,
 then upgraded to 0.5.21 in a later layer (its package directory opaque, the old dist-info whited
-out), a second interpreter (a venv) with 0.5.10, and a file of 0.5.21 deleted in the last layer.
+out), a second interpreter (a venv) with 0.5.10, and a file of 0.5.21 deleted in the last layer;
+no interpreter, so which copy the server imports cannot be told and both are answered. A second
+image puts 0.5.12 on its PYTHONPATH over 0.5.13 in site-packages: the 0.5.12 copy is the answer.
 Slow (each package is probed in its era's engine, in the user cache's environments): runs with ``--sglang``.
 """
 
@@ -23,7 +25,7 @@ import pytest
 from schemas import problems
 
 from pdevidence import cli
-from pdevidence.core import errors
+from pdevidence.core import archives, errors, settings
 from pdevidence.core.paths import PROJECT, cache_dir, results_dir, tree_lock_file
 from pdevidence.documents.vocabulary import Classification
 from pdevidence.lanes import check
@@ -34,7 +36,7 @@ pytestmark = pytest.mark.sglang
 SITE = "usr/local/lib/python3.12/site-packages"
 VENV = "opt/venv/lib/python3.12/site-packages"
 DELETED = "sglang/bench_serving.py"  # in 0.5.21's wheel; no probe imports it
-VERSIONS = ("0.5.10", "0.5.20", "0.5.21")
+VERSIONS = ("0.5.10", "0.5.12", "0.5.13", "0.5.20", "0.5.21")
 TAG = "example/sglang:upgraded"
 
 
@@ -77,8 +79,8 @@ def sha256_of(path: Path) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
-def oci_layout(root: Path, layer_tars: list[Path], tag: str) -> Path:
-    """An OCI image layout of the layer tars, each stored gzip-compressed."""
+def oci_layout(root: Path, layer_tars: list[Path], tag: str, settings: dict | None = None) -> Path:
+    """An OCI image layout of the layer tars, each stored gzip-compressed; ``settings`` the config's Env, Cmd…"""
     blobs = root / "blobs" / "sha256"
     blobs.mkdir(parents=True)
 
@@ -98,7 +100,7 @@ def oci_layout(root: Path, layer_tars: list[Path], tag: str) -> Path:
         with open(tar, "rb") as src, gzip.open(compressed, "wb", compresslevel=1) as out:
             shutil.copyfileobj(src, out, 1 << 20)
         layers.append(store(compressed))
-    config = store_bytes(json.dumps({"architecture": "amd64", "os": "linux", "config": {},
+    config = store_bytes(json.dumps({"architecture": "amd64", "os": "linux", "config": settings or {},
                                      "rootfs": {"type": "layers", "diff_ids": [sha256_of(t) for t in layer_tars]}
                                      }).encode())
     manifest = json.dumps({"schemaVersion": 2, "mediaType": b.OCI_MANIFEST,
@@ -171,12 +173,19 @@ def test_each_interpreter_of_the_image_is_checked_in_the_era_of_its_version(proj
 
 def test_each_answer_is_the_published_sweep_s_for_that_release(checked):
     """Alone proves: an image's SGLang is answered, scenario by scenario, as the published sweep answers its
-    release (0.5.10 and 0.5.21)."""
+    release (0.5.10 and 0.5.21); the image names no interpreter, so which of the two the server imports cannot be
+    told, and a fixed answer of either is not an all-clear (unknown, saying so)."""
     _, docs, _, _ = checked
     for doc in docs:
+        assert doc["target"]["image"]["imported"] == "undecided"
         for entry in doc["experiments"]:
             row = swept(entry["experiment"], doc["target"]["resolved"])
-            assert entry["status"] == check.STATUS_OF[Classification(row["classification"])].value, entry
+            status = check.STATUS_OF[Classification(row["classification"])]
+            if status in (check.Status.FIXED, check.Status.NOT_AFFECTED):
+                assert entry["status"] == check.Status.UNKNOWN.value, entry
+                assert entry["error"].startswith(f"this copy reads {status.value}, but the server may import another")
+            else:
+                assert entry["status"] == status.value, entry
             assert entry["scenarios"] == row["scenarios"]
 
 
@@ -203,3 +212,35 @@ def test_openvex_names_the_image_with_each_sglang_as_a_subcomponent(checked, ima
     assert {p[:2] for p in products} == {(image_purl, "pkg:pypi/sglang@0.5.10"), (image_purl, "pkg:pypi/sglang@0.5.21")}
     assert ("pkg:pypi/sglang@0.5.21", "affected") not in {p[1:] for p in products}
     assert len(vex["statements"]) == sum(len(d["experiments"]) for d in docs)
+
+
+def test_the_default_archive_limits_hold_every_real_wheel_member_with_room(wheels):
+    """Alone proves: the defaults of PDEVIDENCE_ARCHIVE_* take every member of the real wheels (0.5.20's largest,
+    a 15.9 MB extension module) with room to spare, so no genuine SGLang build is refused."""
+    limits = {name: settings.get(name) for name in (archives.MEMBER_BYTES, archives.ARCHIVE_BYTES, archives.MEMBERS)}
+    for version, wheel in wheels.items():
+        with zipfile.ZipFile(wheel) as zf:
+            members = zf.infolist()
+        assert max(m.file_size for m in members) * 8 < limits[archives.MEMBER_BYTES], version
+        assert sum(m.file_size for m in members) * 8 < limits[archives.ARCHIVE_BYTES], version
+        assert len(members) * 100 < limits[archives.MEMBERS], version
+
+
+def test_an_image_whose_pythonpath_holds_another_sglang_is_answered_for_that_one(tmp_path, wheels):
+    """Alone proves: the measured case of the issue. PYTHONPATH=/opt/override holds 0.5.12 (pre-fix for
+    offload_slots) over a site-packages holding 0.5.13 (fixed): the server imports 0.5.12, and that is the answer."""
+    debian = "usr/local/lib/python3.12/dist-packages"
+    layer_tars = [write_layer(tmp_path / "1.tar", debian, wheels["0.5.13"], b.file("usr/bin/python3.12", b"\x7fELF")),
+                  write_layer(tmp_path / "2.tar", "opt/override", wheels["0.5.12"])]
+    image = oci_layout(tmp_path / "oci", layer_tars, "example/sglang:override", {
+        "Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "PYTHONPATH=/opt/override"],
+        "Cmd": ["python3.12", "-m", "sglang.launch_server"]})
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["--root", str(PROJECT), "check", "--image", str(image), "--json"])
+    doc = json.loads(out.getvalue())
+    assert (doc["target"]["image"]["package"], doc["target"]["image"]["imported"]) == ("/opt/override/sglang",
+                                                                                        "imported")
+    assert doc["target"]["resolved"] == doc["target"]["sglang_version"] == "0.5.12"
+    statuses = {e["experiment"]: e["status"] for e in doc["experiments"]}
+    assert statuses["offload_slots"] == check.Status.AFFECTED.value and code == errors.BEHAVIOUR_DIFFERS

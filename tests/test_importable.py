@@ -73,3 +73,22 @@ def test_runs_unpacking_one_wheel_at_once_all_get_the_one_tree(tmp_path):
     assert len(set(found)) == 1
     assert sorted(p.name for p in (tmp_path / "cache" / "unpacked").iterdir() if not p.name.endswith(".lock")) == \
         [Path(found[0]).name]
+
+
+def test_only_the_package_and_its_metadata_are_unpacked_and_a_member_over_the_limit_is_refused(tmp_path, monkeypatch):
+    import zipfile
+    wheel = tmp_path / "sglang-1.0-py3-none-any.whl"
+    wheel.write_bytes(wheel_bytes("1.0", "VALUE = 1\n"))
+    with zipfile.ZipFile(wheel, "a") as zf:
+        zf.writestr("tools/huge.bin", b"\0" * (2 << 20), compress_type=zipfile.ZIP_DEFLATED)
+    tree = importable.importable_dir(tree_of(wheel), sys.executable)
+    assert (tree / "sglang" / "__init__.py").is_file() and not (tree / "tools").exists()
+
+    monkeypatch.setenv("PDEVIDENCE_ARCHIVE_FILE_BYTES", "1M")
+    with zipfile.ZipFile(wheel, "a") as zf:
+        zf.writestr("sglang/huge.bin", b"\0" * (2 << 20), compress_type=zipfile.ZIP_DEFLATED)
+    refused = trees.Tree("release", "1.0", "1.0", wheel, "b" * 64, "pypi", wheel.name)
+    with pytest.raises(HarnessError, match=r"the wheel sglang-1.0-py3-none-any.whl: member 'sglang/huge.bin' holds "
+                       r"2097152 bytes uncompressed, over the limit of 1048576 \(PDEVIDENCE_ARCHIVE_FILE_BYTES\)"):
+        importable.importable_dir(refused, sys.executable)
+    assert [p.name for p in (tmp_path / "cache" / "unpacked").iterdir() if "bbbbbb" in p.name and p.suffix != ".lock"] == []

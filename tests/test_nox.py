@@ -7,6 +7,8 @@ noxfile's handling of the harness's exit codes is exercised as users meet it.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -74,6 +76,50 @@ def test_several_sessions_with_a_usage_error_each_report_it(demo_project):
     assert done.returncode == 1, done.stdout + done.stderr
     for session in (BASE, HEAD):
         assert f"Session {session} aborted: exit {errors.USAGE}: usage error" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def project_noxfile():
+    """The noxfile, imported once as nox reads it, its sessions then forgotten (another test may import it too)."""
+    from nox import registry as nox_registry
+    before = nox_registry.get()
+    nox_registry.reset()
+    spec = importlib.util.spec_from_file_location("pdevidence_nox_selection", PROJECT / "noxfile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    nox_registry.reset()
+    nox_registry._REGISTRY.update(before)
+
+
+@pytest.mark.parametrize(("argv", "environ", "alone"), [
+    ([], {}, True),  # bare nox: the noxfile's default, matrix
+    (["-s", "release(admission, base)"], {}, True),
+    (["--session", "matrix", "--", "--kind", "git", "-s", "x"], {}, True),  # after --: the session's arguments
+    (["-f", "noxfile.py", "-e", "check"], {}, True),
+    ([], {"NOXSESSION": "verify"}, True),
+    (["-s", "release"], {}, False),  # every cell
+    (["-s", "matrix", "compare"], {}, False),
+    (["-s", "matrix", "-s", "compare"], {}, False),
+    ([], {"NOXSESSION": "matrix,compare"}, False),
+    (["-s", "release(admission, base)", "-k", "base"], {}, False),
+    (["-t", "cell"], {}, False),
+    (["-s", "mutate(admission)"], {}, True),
+])
+def test_the_noxfile_reads_from_noxs_own_command_line_whether_one_session_runs(project_noxfile, argv, environ,
+                                                                              alone):
+    assert project_noxfile._names_one_session(argv, environ) is alone
+
+
+def test_every_parametrized_session_is_known_to_the_selection(project_noxfile):
+    """A session the noxfile takes for one but nox runs many of would end the run at its first failure."""
+    noxfile = project_noxfile
+    listed = subprocess.run([sys.executable, "-m", "nox", "-f", str(PROJECT / "noxfile.py"), "--list", "--json",
+                             "-k", "matrix or not matrix"], cwd=PROJECT, capture_output=True, text=True, timeout=120)
+    sessions = json.loads(listed.stdout)
+    parametrized = {s["name"] for s in sessions if s["session"] != s["name"]}
+    assert parametrized == set(noxfile.PARAMETRIZED)
+    assert all(noxfile._names_one_session(["-s", s["session"]], {}) for s in sessions)
 
 
 def wait_for_probe(root: Path, timeout: float = 120) -> int:

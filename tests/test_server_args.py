@@ -24,29 +24,49 @@ NEEDS = """
 server_args = { disaggregation_mode = ["decode"], disaggregation_decode_enable_offload_kvcache = [true] }
 why = "the offload manager runs only on a decode server with offload on"
 """
-# As a release's: a dataclass whose add_cli_args declares each option; __post_init__ must never run.
+# As a release's: a dataclass whose add_cli_args declares each option, and whose __post_init__ refuses what the
+# release refuses before its model-independent short circuit (``dummy``), then needs an accelerator (a check
+# stands in the cpu) and the model's config (a directory here). ``# derived`` is where a test adds a derivation.
 SERVER_ARGS_PY = '''
 import argparse
 import dataclasses
+import os
 
 
 @dataclasses.dataclass
 class ServerArgs:
     model_path: str = None
+    device: str = None
     disaggregation_mode: str = "null"
     disaggregation_decode_enable_offload_kvcache: bool = False
+    decode_offload_preset: bool = False
     tp_size: int = 1
 
     def __post_init__(self):
-        raise RuntimeError("no accelerator: __post_init__ must not run in a check")
+        if self.disaggregation_decode_enable_offload_kvcache and self.disaggregation_mode != "decode":
+            raise ValueError("The argument disaggregation-decode-enable-offload-kvcache is only supported for "
+                             "decode side.")
+        if self.model_path.lower() == "dummy":
+            return
+        if self.device is None:
+            raise RuntimeError("No accelerator (CUDA, XPU, NPU) is available.")
+        if not os.path.isdir(self.model_path):
+            raise OSError(f"no model config at {self.model_path}")
+        # derived
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser):
         parser.add_argument("--model-path", type=str, required=True)
+        parser.add_argument("--device", type=str, default=None)
         parser.add_argument("--tp-size", type=int, default=ServerArgs.tp_size)
         parser.add_argument("--disaggregation-mode", type=str, default="null", choices=["null", "prefill", "decode"])
         parser.add_argument("--disaggregation-decode-enable-offload-kvcache", action="store_true")
+        parser.add_argument("--decode-offload-preset", action="store_true")
 '''
+# A preset only the resolution expands: on a decode server it turns the offload on (the parser leaves it off).
+PRESET = """        if self.decode_offload_preset and self.disaggregation_mode == "decode":
+            self.disaggregation_decode_enable_offload_kvcache = True
+"""
 DECODE = "--disaggregation-mode decode"
 OFFLOAD = f"{DECODE} --disaggregation-decode-enable-offload-kvcache"
 
@@ -85,19 +105,23 @@ def test_a_configuration_that_never_enters_the_path_is_not_affected_resting_on_i
     assert answer["configuration"]["code_status"] == "affected"  # the code alone still lacks the fix
     assert answer["configuration"]["unmet"] == {"disaggregation_decode_enable_offload_kvcache": False}
     assert "server configuration given (--server-args)" in answer["evidence"][0]
-    assert doc["configuration"] == {"args": DECODE.split(), "source": "--server-args", "values": {
-        "disaggregation_mode": "decode", "disaggregation_decode_enable_offload_kvcache": False}}
+    assert doc["configuration"]["values"] == {"disaggregation_mode": "decode",
+                                              "disaggregation_decode_enable_offload_kvcache": False}
+    assert (doc["configuration"]["args"], doc["configuration"]["unestablished"]) == (DECODE.split(), {})
+    # No model path given: the tree's resolution stops, and its code derives neither attribute.
+    assert doc["configuration"]["resolution"]["completed"] is False
+    assert doc["configuration"]["resolution"]["derived"] == []
     assert problems("check", doc) == []
     [statement] = json.loads(vex.read_text())["statements"]
     assert statement["status"] == "not_affected"
     assert statement["justification"] == "vulnerable_code_not_in_execute_path"
     assert "server configuration given" in statement["impact_statement"]
     assert "rests on the server configuration given (--server-args: --disaggregation-mode decode)" in \
-        statement["status_notes"] and "the code alone: affected" in statement["status_notes"]
+        statement["status_notes"] and "its code alone: affected" in statement["status_notes"]
     assert problems("openvex-0.2.0", json.loads(vex.read_text())) == []
     cli.main(["--root", str(world.root), "check", "--path", str(fork), "--server-args", DECODE])
     table = capsys.readouterr().out
-    assert "server configuration: --disaggregation-mode decode; this tree's parser reads" in table
+    assert "server configuration: --disaggregation-mode decode; this tree reads" in table
     assert "not in the execute path of the configuration given" in table and "its code alone: affected" in table
 
 
@@ -188,3 +212,120 @@ def test_the_server_arguments_are_part_of_what_an_outcome_is_kept_by(world, fork
     assert code == errors.CONFIRMED and "outcomes reused" in err
     kept = sorted(Path(p).name for p in (world.tmp / "work" / "outcomes").glob("*/config.json"))
     assert kept == ["config.json", "config.json"]
+
+
+# --- the tree's own resolution: what __post_init__ derives, refuses, and what cannot be established here --------
+
+
+def _edit_server_args(fork: Path, old: str, new: str) -> None:
+    path = fork / "python" / "sglang" / "srt" / "server_args.py"
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+
+
+def test_a_value_only_the_trees_resolution_turns_on_is_judged_as_the_server_runs_it(world, fork, capsys):
+    _edit_server_args(fork, "        # derived\n", PRESET)
+    model = fork / "python" / "model"  # beside the package: the probe process sees it
+    model.mkdir()  # the model's config is here: the resolution runs through (the cpu standing in for the device)
+    code, doc, _ = check(world, capsys, "--path", str(fork), "--server-args",
+                         f"--model-path {model} {DECODE} --decode-offload-preset")
+    [answer] = doc["experiments"]
+    # The parser leaves the offload off; the server the preset starts has it on, so it enters the path.
+    assert (answer["status"], answer["rests_on"], answer["configuration"]["enters_path"]) == ("affected", "code", True)
+    assert doc["configuration"]["values"]["disaggregation_decode_enable_offload_kvcache"] is True
+    assert doc["configuration"]["resolution"] == {"stand_ins": {"device": "cpu"}, "completed": True, "stopped": None}
+    assert code == errors.BEHAVIOUR_DIFFERS and problems("check", doc) == []
+
+
+def test_a_value_the_trees_resolution_may_derive_but_cannot_resolve_here_never_decides(world, fork, capsys):
+    _edit_server_args(fork, "        # derived\n", PRESET)
+    # No model config here: the resolution stops before the preset; its code derives the offload switch.
+    code, doc, _ = check(world, capsys, "--path", str(fork), "--server-args",
+                         f"--model-path /models/absent {DECODE} --decode-offload-preset")
+    [answer] = doc["experiments"]
+    assert (answer["status"], answer["rests_on"], answer["configuration"]["enters_path"]) == ("affected", "code", None)
+    why = answer["configuration"]["unestablished"]["disaggregation_decode_enable_offload_kvcache"]
+    assert "derives it and stopped here (OSError" in why and "no model config" in why
+    assert doc["configuration"]["resolution"]["derived"] == ["disaggregation_decode_enable_offload_kvcache"]
+    assert "disaggregation_decode_enable_offload_kvcache" not in doc["configuration"]["values"]
+    assert code == errors.BEHAVIOUR_DIFFERS and problems("check", doc) == []
+    cli.main(["--root", str(world.root), "check", "--path", str(fork), "--server-args", DECODE])
+    assert "the configuration given cannot tell: disaggregation_decode_enable_offload_kvcache has no established " \
+        "value" in capsys.readouterr().out
+
+
+def test_a_configuration_the_trees_resolution_refuses_is_a_usage_error_naming_it(world, fork, capsys):
+    # The parser takes the offload switch on a prefill server; the tree's own resolution refuses it.
+    code, _, err = check(world, capsys, "--path", str(fork), "--server-args",
+                         "--model-path /models/m --disaggregation-mode prefill "
+                         "--disaggregation-decode-enable-offload-kvcache")
+    assert code == errors.USAGE
+    assert "--disaggregation-decode-enable-offload-kvcache: this tree's ServerArgs refuses the configuration: " \
+        "ValueError: The argument disaggregation-decode-enable-offload-kvcache is only supported" in err
+
+
+ENUM_MODE = '''
+import enum
+
+
+class DisaggregationMode(enum.Enum):
+    NULL = "null"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class Opaque:  # an object the tree compares itself, not plain data
+    def __init__(self, text):
+        self.text = text
+
+    def __eq__(self, other):
+        return self.text == getattr(other, "text", other)
+'''
+
+
+def test_an_enum_value_is_compared_by_its_value(world, fork, capsys):
+    _edit_server_args(fork, "import os\n", "import os\n" + ENUM_MODE)
+    _edit_server_args(fork, 'type=str, default="null", choices=["null", "prefill", "decode"]',
+                      "type=DisaggregationMode, default=DisaggregationMode.NULL")
+    _edit_server_args(fork, 'self.disaggregation_mode != "decode"', 'self.disaggregation_mode.value != "decode"')
+    code, doc, _ = check(world, capsys, "--path", str(fork), "--server-args", OFFLOAD)
+    [answer] = doc["experiments"]
+    assert (answer["status"], answer["configuration"]["enters_path"]) == ("affected", True)
+    assert doc["configuration"]["values"]["disaggregation_mode"] == "decode"
+    assert code == errors.BEHAVIOUR_DIFFERS and problems("check", doc) == []
+
+
+def test_a_value_that_is_not_plain_data_never_decides(world, fork, capsys):
+    _edit_server_args(fork, "import os\n", "import os\n" + ENUM_MODE)
+    _edit_server_args(fork, 'type=str, default="null", choices=["null", "prefill", "decode"]', "type=Opaque")
+    code, doc, _ = check(world, capsys, "--path", str(fork), "--server-args", OFFLOAD)
+    [answer] = doc["experiments"]
+    assert (answer["status"], answer["rests_on"], answer["configuration"]["enters_path"]) == ("affected", "code", None)
+    assert "its value is a Opaque" in answer["configuration"]["unestablished"]["disaggregation_mode"]
+    # An established value off the path still decides: the offload switch is off.
+    code, doc, _ = check(world, capsys, "--path", str(fork), "--server-args", DECODE)
+    assert (doc["experiments"][0]["status"], code) == ("not affected", errors.CONFIRMED)
+
+
+def test_a_tree_that_cannot_run_is_not_affected_only_where_the_configuration_alone_decides(world, fork, capsys):
+    (fork / "python" / "sglang" / "__init__.py").write_text("GUARD = False\n")  # prepare() finds no __version__
+    code, doc, _ = check(world, capsys, "--path", str(fork), "--server-args", DECODE)
+    [answer] = doc["experiments"]
+    assert (answer["status"], answer["rests_on"], code) == ("not affected", "configuration", errors.CONFIRMED)
+    assert answer["configuration"]["code_status"] == "cannot run"
+    assert "its code was not observed (its probe could not run: AttributeError" in answer["evidence"][0]
+    assert problems("check", doc) == []
+    code, doc, _ = check(world, capsys, "--path", str(fork), "--server-args", OFFLOAD)  # it enters the path
+    assert (doc["experiments"][0]["status"], code) == ("cannot run", errors.ENVIRONMENT)
+
+
+def test_a_tree_whose_parser_cannot_be_built_establishes_nothing_and_its_answers_stay_cannot_run(world, fork, capsys):
+    (fork / "python" / "sglang" / "__init__.py").write_text("raise ImportError('a kernel this machine lacks')\n")
+    code, doc, _ = check(world, capsys, "--path", str(fork), "--server-args", DECODE)
+    [answer] = doc["experiments"]
+    assert (answer["status"], answer["rests_on"], code) == ("cannot run", "code", errors.ENVIRONMENT)
+    assert answer["configuration"]["enters_path"] is None
+    assert "this tree's parser cannot be built here (ImportError: a kernel this machine lacks)" in \
+        doc["configuration"]["unestablished"]["disaggregation_mode"]
+    assert doc["configuration"]["values"] == {} and problems("check", doc) == []

@@ -17,7 +17,7 @@ from pathlib import Path
 from .. import environments
 from ..core import clock, sandbox
 from ..core.errors import HarnessError, usage
-from ..core.files import dumps, sha256_file, write_atomic
+from ..core.files import dumps, move_atomic, sha256_file, write_atomic
 from ..core.locking import exclusive
 from ..core.paths import runs_dir, tree_lock_file, work_dir
 from ..documents import provenance, receipts, results
@@ -197,8 +197,8 @@ def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Pa
             write_atomic(staged_receipt, dumps(receipt))
             # Result first: a reader between the two renames sees a receipt that does not
             # match the result, which never counts as a stored run.
-            os.replace(staged_result, result)
-            os.replace(staged_receipt, receipt_file)
+            move_atomic(staged_result, result)
+            move_atomic(staged_receipt, receipt_file)
         finally:
             _clean_leftovers(result)
     log(f"{cell.name}: wrote {result}")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..core import children, sandbox, settings
 from ..core.errors import HarnessError
-from ..core.files import read_json
+from ..core.files import move_atomic, read_json
 from ..documents import results
 
 STDERR_TAIL_LINES = 25
@@ -123,7 +123,7 @@ def run_probe(interpreter: Path, probe: Path, args: list[str], dest: Path, log: 
             raise HarnessError(f"probe {probe.name}: MemoryError in scenario {short}: the probe process "
                                f"{sandbox.out_of_memory(ran.containment, killed=False)}; no result written",
                                todo=f"full log: {log}")
-        os.replace(partial, dest)
+        move_atomic(partial, dest)
         return ProbeRun(command, status, log, ran.containment)
     finally:
         partial.unlink(missing_ok=True)

@@ -21,11 +21,11 @@ def cmd_check(args) -> int:
     """Is my SGLang affected? Exit 0 all fixed, 1 any affected/partial/deviates/unknown, 3 any cannot run.
     Several targets share one warm engine; the exit code is the worst of theirs."""
     reg = registry.load(args.root)
-    asked = [(kind, value) for kind in ("python", "version", "wheel", "path", "git", "image")
+    asked = [(kind, value) for kind in ("python", "release", "wheel", "path", "git", "image")
              for value in getattr(args, kind) or []]
     if not asked:
         raise usage("check needs a target",
-                    expected="one or more of --python, --version, --wheel, --path, --git, --image")
+                    expected="one or more of --python, --release, --wheel, --path, --git, --image")
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
     started = time.monotonic()
     with phases.recording() as spent:

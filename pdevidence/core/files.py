@@ -2,7 +2,9 @@
 
 Every file the harness writes goes through ``write_atomic``: readers never see
 half a file, a failure leaves nothing behind, and the mode is 0644 whatever the
-umask gives a temporary file (published files are read by everyone).
+umask gives a temporary file (published files are read by everyone). A file made
+whole elsewhere (a probe's output, a download, a staged result) gets its name
+through ``move_atomic``, the rename ``write_atomic`` ends with: on disk, then named.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def disk_error(exc: OSError, path: Path) -> HarnessError | None:
 
 
 def write_atomic(path: Path, text: str | bytes) -> None:
-    """Write via a temporary file in the same directory, synced, renamed into place once complete."""
+    """Write via a temporary file in the same directory, renamed into place once complete (``move_atomic``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = text.encode("utf-8") if isinstance(text, str) else text
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=debris.prefix(path.parent, path.name), suffix=".tmp")
@@ -46,16 +48,30 @@ def write_atomic(path: Path, text: str | bytes) -> None:
         os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())  # on disk before it has the name: a power cut leaves the old file or this one
         faults.point("write")
-        os.replace(tmp, path)
+        move_atomic(Path(tmp), path)
     except BaseException as exc:
         os.unlink(tmp)
         found = disk_error(exc, path) if isinstance(exc, OSError) else None
         if found:
             raise found from None
         raise
+
+
+def move_atomic(source: Path, dest: Path) -> None:
+    """Give the complete file ``source`` the name ``dest`` (same file system), replacing what had it: its bytes
+    reach the disk first, so a power cut leaves the old file or this one, never a named empty one."""
+    fd = os.open(source, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        found = disk_error(exc, dest)
+        if found:
+            raise found from None
+        raise
+    finally:
+        os.close(fd)
+    os.replace(source, dest)
 
 
 def sha256_file(path: Path) -> str:

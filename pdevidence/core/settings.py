@@ -141,6 +141,12 @@ SETTINGS = {s.name: s for s in (
             _count, 1024),
     Setting("PDEVIDENCE_PROBE_PASS_ENV", "names of environment variables a probe process also gets, comma-separated "
             "without spaces, e.g. MY_VAR,OTHER_VAR", _names, ()),
+    Setting("PDEVIDENCE_ARCHIVE_FILE_BYTES", "a size in bytes with an optional K, M, G or T, e.g. 256M (the default): "
+            "the largest file extracted from a wheel, a source archive or an image", _bytes, 256 << 20),
+    Setting("PDEVIDENCE_ARCHIVE_BYTES", "a size in bytes with an optional K, M, G or T, e.g. 4G (the default): all "
+            "that is extracted from one wheel, source archive or image", _bytes, 4 << 30),
+    Setting("PDEVIDENCE_ARCHIVE_MEMBERS", "a positive number of members, e.g. 1000000 (the default): the most one "
+            "wheel, source archive or image layer may hold", _count, 1_000_000),
     Setting("PDEVIDENCE_TORCH", f"one of: {', '.join(TORCH_CHANNELS)}; unset for the registry's torch_channel",
             _choice(*TORCH_CHANNELS)),
     Setting("PDEVIDENCE_UPSTREAM_KIND", f"one of: {', '.join(TREE_KINDS)} (default git)", _choice(*TREE_KINDS), "git"),

@@ -15,14 +15,18 @@ it there; a scenario matching neither side or a departing control gets one key
 beside base's and head's, and ``verbose`` (as ``--json``) every key of every
 scenario that kept the build from fixed.
 
-Given the operator's server arguments (``--server-args``), each tree's own parser reads
-them in its probe process; a fix whose code path that configuration never enters (the
-registry's ``needs``) is not affected, resting on that configuration
-(``vulnerable_code_not_in_execute_path``), its code's own answer kept beside it.
+Given the operator's server arguments (``--server-args``), each tree reads them in its probe
+process, with its own parser and then its own resolution of the arguments that follow from
+others (probes/_serverconfig.py); a fix whose code path the effective configuration is known
+never to enter (the registry's ``needs``) is not affected, resting on that configuration
+(``vulnerable_code_not_in_execute_path``), its code's own answer kept beside it (or, where its
+probe could not run, that its code was not observed). An attribute whose effective value the
+tree does not establish here never decides.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -53,6 +57,8 @@ MIN_PYTHON = (3, 10)
 CHECK_SIDE = "check"
 SOURCE_KINDS = ("path", "git")
 IMAGE_KIND = images.KIND
+CHOICE = {images.Choice.IMPORTED: "what the server imports", images.Choice.ONLY: "the image's only sglang",
+          images.Choice.UNDECIDED: "not an all-clear"}
 
 
 STATUS_OF = {Classification.FIXED: Status.FIXED, Classification.PRE_FIX: Status.AFFECTED,
@@ -101,20 +107,31 @@ class Target:
 
 @dataclass
 class Configuration:
-    """The server arguments given, as one tree's own parser read them: the attributes the registry's ``needs``
-    name (one the tree's parser does not define is missing)."""
+    """The server arguments given, as one tree reads them (its parser, then its own resolution of the arguments
+    that follow from others): the effective values of the attributes the registry's ``needs`` name that it
+    establishes, and why the others are not established (one its parser does not define is in neither)."""
 
     given: ServerArguments
     values: dict[str, Any]
+    unestablished: dict[str, str] = field(default_factory=dict)  # attribute -> why its value is not known
+    resolution: dict | None = None  # how the tree's resolution ran (probes/_serverconfig.py); None: not run
 
     def describe(self) -> str:
         args = " ".join(self.given.args) or "(no arguments: every option at its default)"
         where = "" if self.given.source == "--server-args" else f" from {self.given.source}"
         read = ", ".join(f"{attr} = {_shown(value)}" for attr, value in sorted(self.values.items()))
-        return f"{args}{where}; this tree's parser reads {read or 'none of the options the fixes need'}"
+        found = f"{args}{where}; this tree reads {read or 'none of the options the fixes need'}"
+        resolution = self.resolution or {}
+        if resolution.get("completed"):
+            found += " (after its own resolution"
+            stand_ins = ", ".join(f"{k} {v}" for k, v in (resolution.get("stand_ins") or {}).items())
+            found += f", with {stand_ins} standing in)" if stand_ins else ")"
+        unknown = "; ".join(f"{attr}: {why}" for attr, why in sorted(self.unestablished.items()))
+        return found + (f"; not established: {unknown}" if unknown else "")
 
     def to_json(self) -> dict:
-        return {**self.given.to_json(), "values": self.values}
+        return {**self.given.to_json(), "values": self.values, "unestablished": self.unestablished,
+                "resolution": self.resolution}
 
 
 def _shown(value: Any) -> str:
@@ -123,28 +140,35 @@ def _shown(value: Any) -> str:
 
 @dataclass
 class ConfigAnswer:
-    """Whether the configuration given enters a fix's code path: True, False, or None (the tree's parser defines
-    an option the path needs under no such name: it cannot tell, and the answer is about the code)."""
+    """Whether the configuration given enters a fix's code path: True, False (an attribute whose effective value
+    is established holds none of the values the path needs), or None (an attribute the path needs has no
+    established value, or the tree's parser defines no such option: it cannot tell, and the answer is about the
+    code)."""
 
     enters_path: bool | None
     needs: dict[str, list]  # the registry's: attribute -> the values that enter the path
-    unmet: dict[str, Any]  # the attributes (and the values given) that keep it off the path
+    unmet: dict[str, Any]  # the attributes (and their effective values) that keep it off the path
     undefined: list[str]  # the attributes the tree's parser does not define
     code_status: Status  # the answer about the code alone
     why: str
+    unestablished: dict[str, str] = field(default_factory=dict)  # attributes whose effective value is not known
 
     def describe(self) -> str:
         if self.enters_path is None:
-            return (f"the configuration given cannot tell: this tree's parser defines no "
-                    f"{', '.join(self.undefined)}; answered about the code")
+            unknown = [f"this tree's parser defines no {', '.join(self.undefined)}"] if self.undefined else []
+            unknown += [f"{attr} has no established value: {why}" for attr, why in self.unestablished.items()]
+            return f"the configuration given cannot tell: {'; '.join(unknown)}; answered about the code"
         if self.enters_path:
             needs = "; ".join(f"{attr} in {_shown(values)}" for attr, values in self.needs.items())
             return f"the configuration given enters its path ({needs or 'every configuration does'})"
+        if self.code_status is Status.CANNOT_RUN:
+            return "its code was not observed: its probe could not run"
         return f"its code alone: {self.code_status.value}"
 
     def to_json(self) -> dict:
         return {"enters_path": self.enters_path, "needs": self.needs, "unmet": self.unmet,
-                "undefined": self.undefined, "code_status": self.code_status.value, "why": self.why}
+                "undefined": self.undefined, "unestablished": self.unestablished,
+                "code_status": self.code_status.value, "why": self.why}
 
 
 @dataclass
@@ -221,15 +245,20 @@ def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict,
         return found
     needs = exp.needs
     wanted = {attr: list(values) for attr, values in needs.server_args.items()} if needs else {}
-    undefined = needs.undefined(configuration.values) if needs else []
+    unknown = {attr: configuration.unestablished[attr] for attr in wanted if attr in configuration.unestablished}
+    undefined = [attr for attr in needs.undefined(configuration.values) if attr not in unknown] if needs else []
     unmet = {attr: configuration.values[attr] for attr in needs.unmet(configuration.values)} if needs else {}
-    enters = None if undefined else not unmet
-    found.config = ConfigAnswer(enters, wanted, unmet, undefined, found.status, needs.why if needs else "")
+    # One established value off the path keeps it off (the path needs every attribute); otherwise every one
+    # must be known.
+    enters = False if unmet else None if undefined or unknown else True
+    found.config = ConfigAnswer(enters, wanted, unmet, undefined, found.status, needs.why if needs else "", unknown)
     if enters is not False or found.status is Status.NOT_AFFECTED:  # the code's own absence says more
         return found
     off = "; ".join(f"{attr} = {_shown(value)} (the path needs {' or '.join(map(_shown, wanted[attr]))})"
                     for attr, value in unmet.items())
     evidence = f"the server configuration given ({configuration.given.source}) never enters it: {off}: {needs.why}"
+    if found.status is Status.CANNOT_RUN:  # the configuration alone decides: say what was not seen
+        evidence += f"; its code was not observed (its probe could not run: {found.error})"
     return ExperimentCheck(exp.name, exp.pr, Status.NOT_AFFECTED, found.scenarios, [], found.result_sha256,
                            found.error, [evidence], Justification.NOT_IN_EXECUTE_PATH.value,
                            found.not_deciding, {}, found.config)
@@ -279,7 +308,7 @@ def check_interpreter(interpreter: Path) -> None:
                     todo="check the environment SGLang runs in, or use --version/--wheel to check a build here")
 
 
-def resolve(reg: Registry, *, python: Path | None = None, version: str | None = None, wheel: Path | None = None,
+def resolve(reg: Registry, *, python: Path | None = None, release: str | None = None, wheel: Path | None = None,
             path: Path | None = None, git: str | None = None) -> tuple[Target, trees.Tree | None]:
     """The target asked for, and the tree to install for it (None for an existing interpreter)."""
     if python is not None:
@@ -287,8 +316,8 @@ def resolve(reg: Registry, *, python: Path | None = None, version: str | None = 
         check_interpreter(python)
         return Target("python", str(python)), None
     lock = trees.LockFile(tree_lock_file(reg.root))
-    if version is not None:
-        tree = trees.release_tree(version, reg.python, lock)
+    if release is not None:
+        tree = trees.release_tree(release, reg.python, lock)
     elif wheel is not None:
         tree = trees.wheel_tree(wheel, reg.python)
     elif path is not None:
@@ -297,7 +326,7 @@ def resolve(reg: Registry, *, python: Path | None = None, version: str | None = 
         clone = os.environ.get("SGLANG_REPO")
         tree = trees.git_tree(git, lock, clone=Path(clone) if clone else None)
     else:
-        raise usage("check needs a target", expected="one of --python, --version, --wheel, --path, --git")
+        raise usage("check needs a target", expected="one of --python, --release, --wheel, --path, --git")
     ref = tree.origin if tree.kind == "path" else tree.ref
     choice = era_choice.choose(reg, tree)
     return Target(tree.kind, ref, tree.resolved, tree.digest, tree.version, choice.name, choice, tree.pins), tree
@@ -345,6 +374,12 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, f
     warm_trees = list({tree.label(): tree for _, tree in targets if tree is not None}.values())
     engine_outcomes = warm.probe_trees(reg, warm_trees, names, {t.label(): {**_tree_args(t), **config_args} for t in warm_trees},
                                        out_dir=out, force=force, log=log) if warm_trees else {}
+    moved = _in_own_eras(reg, warm_trees, engine_outcomes, log)
+    if moved:
+        engine_outcomes.update(warm.probe_trees(reg, list(moved.values()), names, {
+            label: {**_tree_args(t), **config_args} for label, t in moved.items()}, out_dir=out, force=force, log=log))
+        targets = [(_in_era_of(reg, target, moved[tree.label()]), tree) if tree and tree.label() in moved
+                   else (target, tree) for target, tree in targets]
     own: dict[str, dict[str, allprobes.Outcome]] = {}  # interpreters, by label
     found = []
     for target, tree in targets:
@@ -359,10 +394,43 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, f
         version = versions.pop() if len(versions) == 1 else None
         if target.kind == "python":
             target.resolved = version
-        found.append(CheckResult(target, [judge(exp, outcomes[exp.name], refs[exp.name].base,
-                                                refs[exp.name].head, configuration) for exp in exps], version,
-                                 next(iter(outcomes.values())).containment, configuration))
+        judged = [judge(exp, outcomes[exp.name], refs[exp.name].base, refs[exp.name].head, configuration)
+                  for exp in exps]
+        if target.image is not None and target.image.install.choice is images.Choice.UNDECIDED:
+            judged = [_undecided(e) for e in judged]
+        found.append(CheckResult(target, judged, version, next(iter(outcomes.values())).containment, configuration))
     return found
+
+
+def _undecided(found: ExperimentCheck) -> ExperimentCheck:
+    """One of several copies in an image, when which one the server imports cannot be told: never an all-clear."""
+    if found.status not in (Status.FIXED, Status.NOT_AFFECTED):
+        return found
+    return dataclasses.replace(found, status=Status.UNKNOWN, justification=None,
+                               error=f"this copy reads {found.status.value}, but the server may import another copy "
+                               "in the image (see the image's why)")
+
+
+def _in_own_eras(reg: Registry, probed: list[trees.Tree], outcomes: dict[str, dict[str, allprobes.Outcome]],
+                 log) -> dict[str, trees.Tree]:
+    """By label, each source tree to probe again in the era its own ``sglang.__version__`` names: one whose
+    probes could not run (not for want of memory) in the era chosen (``era_choice.in_own_era``)."""
+    moved = {}
+    for tree in probed:
+        found = outcomes[tree.label()].values()
+        said = {o.doc.get("sglang_version") for o in found if o.doc} - {None}
+        if len(said) == 1 and any(o.doc is None and not o.out_of_memory for o in found):
+            again = era_choice.in_own_era(reg, tree, said.pop())
+            if again is not None:
+                moved[tree.label()] = again
+                log(f"check: {tree.label()}: {again.version.told} from {again.version.source}: probing it again "
+                    f"in {era_choice.choose(reg, again).describe()}")
+    return moved
+
+
+def _in_era_of(reg: Registry, target: Target, tree: trees.Tree) -> Target:
+    choice = era_choice.choose(reg, tree)
+    return dataclasses.replace(target, version=tree.version, era=choice.name, era_choice=choice)
 
 
 def _config_args(exps: list[Experiment], server_args: ServerArguments | None) -> dict[str, str]:
@@ -374,8 +442,8 @@ def _config_args(exps: list[Experiment], server_args: ServerArguments | None) ->
 
 
 def _configuration(server_args: ServerArguments | None, out: Path, target: Target) -> Configuration | None:
-    """The server arguments as the tree's own parser read them in its probe process; an argument it refused is a
-    usage error naming it."""
+    """The server arguments as the tree read them in its probe process; an argument its parser or its resolution
+    refused is a usage error naming it. A tree whose parser cannot be built here establishes no value."""
     if server_args is None:
         return None
     read = allprobes.read_config(out)
@@ -387,14 +455,12 @@ def _configuration(server_args: ServerArguments | None, out: Path, target: Targe
     if error and error.get("kind") == "arguments":
         named = f"{error['option']}: " if error.get("option") else ""
         raise usage(f"--server-args ({server_args.source}): {named}{error['message']}",
-                    expected=f"the options the server of {which} defines (its ServerArgs.add_cli_args)",
+                    expected=f"the options the server of {which} defines (its ServerArgs.add_cli_args), with values "
+                    "its ServerArgs accepts",
                     todo=f"fix or drop {error['option'] or 'that argument'}; the arguments as given: "
                     f"{' '.join(server_args.args)}")
-    if error:
-        raise HarnessError(f"the server arguments cannot be read with the parser of {which}: {error['message']}",
-                           todo="check that tree without --server-args (its answers are then about the code)",
-                           code=ENVIRONMENT)
-    return Configuration(server_args, dict(read.get("values") or {}))
+    return Configuration(server_args, dict(read.get("values") or {}), dict(read.get("unestablished") or {}),
+                         read.get("resolution"))
 
 
 def _tree_args(tree: trees.Tree | None, kind: str = "") -> dict[str, str]:
@@ -432,7 +498,7 @@ def describe(result: CheckResult) -> str:
         return f"{target.kind} {target.ref}{found}"
     # A source tree's own __version__ is often a build's fallback (0.0.0.dev0): the commit's version decides.
     told = f"version {target.version.describe()}" if target.version else \
-        "version not told (no version.py literal, static pyproject version or version tag)"
+        "version not told (no version.py or _version.py literal, static pyproject version or version tag)"
     era = f"era {target.era}" if target.era else "today's closure"
     same = target.version and result.sglang_version in (target.version.version, target.version.told)
     said = f"; sglang.__version__ says {result.sglang_version}" if result.sglang_version and not same else ""
@@ -454,6 +520,8 @@ def table(result: CheckResult, *, verbose: bool = False) -> str:
     lines = [f"sglang check: {describe(result)}"]
     if result.target.kind in SOURCE_KINDS and result.target.era_choice:
         lines.append(f"  era: {result.target.era_choice.describe()}")
+    if result.target.image is not None:
+        lines.append(f"  {CHOICE[result.target.image.install.choice]}: {result.target.image.install.why}")
     if result.configuration is not None:
         lines.append(f"  server configuration: {result.configuration.describe()}")
     width = max((len(e.experiment) for e in result.experiments), default=0)  # the fixes' column

@@ -52,7 +52,7 @@ from .. import environments, registry
 from ..cells import allprobes, cells, engine, probe_run
 from ..core import sandbox
 from ..core.errors import BEHAVIOUR_DIFFERS, ENVIRONMENT, HarnessError, usage
-from ..core.files import dumps, read_json, write_atomic
+from ..core.files import dumps, move_atomic, read_json, write_atomic
 from ..core.locking import exclusive
 from ..core.paths import run_logs, runs_dir, work_dir
 from ..documents import provenance, results
@@ -210,7 +210,7 @@ def run(reg: registry.Registry, experiment: str, *, cold: bool = False, mutants:
         try:
             (_run_cold if cold else _run_warm)(reg, cell, tree, argv, out.parent, log=log)
             doc = _driver_document(partial, exp)
-            os.replace(partial, out)
+            move_atomic(partial, out)
         finally:
             partial.unlink(missing_ok=True)
     return judge(exp, doc, made, chosen)

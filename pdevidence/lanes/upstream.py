@@ -26,7 +26,7 @@ from .. import environments
 from ..cells import cells
 from ..core import children, clock
 from ..core.errors import ENVIRONMENT, HarnessError, usage
-from ..core.files import dumps, sha256_file, write_atomic
+from ..core.files import dumps, move_atomic, sha256_file, write_atomic
 from ..core.locking import exclusive
 from ..core.paths import runs_dir, tree_lock_file, work_dir
 from ..documents import results
@@ -245,8 +245,8 @@ def _run_staged(registry: Registry, cell: cells.Cell, name: str, source: TestSou
     }
     write_atomic(receipt_file, dumps(receipt))
     # Result first: between the renames the receipt does not vouch for the result, never the reverse.
-    os.replace(result, dest)
-    os.replace(receipt_file, results.receipt_path(dest))
+    move_atomic(result, dest)
+    move_atomic(receipt_file, results.receipt_path(dest))
     return doc
 
 

@@ -99,7 +99,7 @@ def statement(reg: Registry, result: CheckResult, index: int) -> dict:
         args = " ".join(result.configuration.given.args) or "(no arguments)"
         if e.rests_on_configuration:
             notes += (f"; rests on the server configuration given ({result.configuration.given.source}: {args}), "
-                      f"which never enters the vulnerable code path; the code alone: {e.config.code_status.value}")
+                      f"which never enters the vulnerable code path; {e.config.describe()}")
         elif e.config.enters_path:
             notes += f"; the server configuration given ({result.configuration.given.source}: {args}) enters its path"
         else:

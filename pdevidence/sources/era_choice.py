@@ -17,10 +17,15 @@ aside, as is a tree that tells no version: its era is then chosen from what its
    them), then the one of the newest releases.
 
 A tree with neither a trusted version nor pins runs in today's closure.
+
+Once probed, a source tree whose probes could not run in the era chosen, while its running
+``sglang.__version__`` names a release of another era, runs again in that era (``in_own_era``):
+what its files told was missing or set aside, and the code itself says which release it is.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +36,7 @@ from ..core.paths import tree_lock_file
 from ..registry import Era, Registry
 from .pins import TORCH, TRANSFORMERS, TreePins, closure_pins, release
 from .trees import LockFile, Tree
-from .version import TreeVersion
+from .version import TreeVersion, lenient
 
 # A fork's own work on a release is rarely a hundred commits; SGLang's main gains several hundred
 # between releases, and its last tag on main (v0.5.6.post2) is thousands of commits behind it.
@@ -86,6 +91,22 @@ def choose(reg: Registry, tree: Tree) -> EraChoice:
         f"its pins ({tree.pins.describe()}) match no era's closure"
     told_none = "" if told else "no version told and "
     return EraChoice(None, Basis.NONE, f"{told_none}{missing}: {TODAY}", aside)
+
+
+def in_own_era(reg: Registry, tree: Tree, said: str | None) -> Tree | None:
+    """``tree`` as its own ``sglang.__version__`` (``said``) tells it, when that is a release (not a build's
+    ``0.0.0.dev0`` fallback) of another era than the one chosen for it; None otherwise. Only for a source tree
+    whose probes could not run in the era chosen (the caller's to know): the version then chooses."""
+    if tree.kind not in ("path", "git") or not said:
+        return None
+    found = lenient(said)
+    if found is None or Version(found[0]).is_devrelease or not _known_release(reg, found[0]):
+        return None
+    chosen = choose(reg, tree)
+    if _name(reg.era_of(found[0])) == chosen.name:
+        return None
+    source = f"sglang.__version__, as the probes could not run in {_where(chosen.era)}"
+    return dataclasses.replace(tree, version=TreeVersion(found[0], found[1], source, said))
 
 
 def set_aside(reg: Registry, told: TreeVersion) -> str | None:

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from ..core import children, debris, faults, settings
+from ..core import archives, children, debris, faults, settings
 from ..core.errors import HarnessError, integrity
-from ..core.files import CHUNK, disk_error
+from ..core.files import CHUNK, disk_error, move_atomic
 
 T = TypeVar("T")
 
@@ -163,8 +163,6 @@ def _download(url: str, dest: Path, expected_sha256: str | None, timeout: float,
                     digest.update(block)
                     progress.update(len(block))
                 children.check()  # a stopped transfer ends early: not a truncation
-                out.flush()
-                os.fsync(out.fileno())
                 progress.close()
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError,
                 http.client.HTTPException) as exc:
@@ -191,7 +189,7 @@ def _download(url: str, dest: Path, expected_sha256: str | None, timeout: float,
                 todo="do not trust this file; if the source legitimately changed, remove its entry "
                 "from the lock file and fetch again",
             )
-        os.replace(tmp, dest)
+        move_atomic(tmp, dest)
         return actual
     finally:
         if tmp.exists():
@@ -223,13 +221,17 @@ def extract_tar(archive: Path, dest: Path, *, strip_top: bool = True) -> None:
     """
     if dest.exists():
         raise FileExistsError(dest)
-    staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".extract"))
+    staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=debris.prefix(dest.parent, dest.name), suffix=".extract"))
     try:
         root = staging.resolve()
         try:
             with tarfile.open(archive) as tar:
-                members = tar.getmembers()
-                for member in members:
+                members, budget = [], archives.Budget(f"the archive {archive.name}")
+                for member in tar:  # counted as read: a hostile member count stops here, not in memory
+                    members.append(member)
+                    budget.member(member.name)
+                    if member.isreg():  # a tar member's size is what extracting it writes
+                        budget.extract(member.name, member.size)
                     reason = _unsafe_reason(member, root)
                     if reason:
                         raise integrity(

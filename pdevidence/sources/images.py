@@ -5,17 +5,20 @@ layout (``oci-layout``, ``index.json``, ``blobs/<algorithm>/<hex>``), a director
 read in place; an archive compressed whole (``docker save | gzip``) is first decompressed to a
 temporary file. Every image in it is read in two passes over its layers (``layers``): names
 only, each layer streamed once and checked against its digest and diff_id, which gives the
-image's final filesystem; then only the SGLang packages found in it are extracted, from the
-layers that hold their files. A package is ``sglang/`` with its ``sglang-<version>.dist-info``
-in any ``site-packages`` or ``dist-packages`` directory (each interpreter, each venv), or the
-source directory an editable install's ``direct_url.json`` names (SGLang's own images install
-it so). What one image holds is kept in the cache under its config digest: an image read once
-is not read again.
+image's final filesystem; then only the SGLang package the server imports is extracted, from the
+layers that hold its files (``image_python`` models its ``sys.path`` from the image config; every
+copy, undecided, when that cannot be told). A copy is ``sglang/`` with its
+``sglang-<version>.dist-info`` in any ``site-packages`` or ``dist-packages`` directory (each
+interpreter, each venv), the source directory an editable install's ``direct_url.json`` names
+(SGLang's own images install it so), or an ``sglang/`` package on the server's path. What is
+extracted is bounded (``core.archives.Budget``). What one image holds is kept in the cache under
+its config digest: an image read once is not read again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -31,18 +34,19 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import unquote, urlsplit
 
-from ..core import archives, inuse
+from ..core import archives, debris, inuse
 from ..core.errors import HarnessError, integrity, usage
 from ..core.files import write_atomic
 from ..core.locking import exclusive
 from ..core.paths import cache_dir
-from . import layers
+from . import image_python, layers
+from .image_python import Choice
 from .trees import Tree
-from .version import TreeVersion, lenient
+from .version import TreeVersion, lenient, metadata_version
 from .version import read as read_version
 
 KIND = "image"
-SCAN_SCHEMA = "pdevidence-image-scan/1"
+SCAN_SCHEMA = "pdevidence-image-scan/2"
 MANIFEST, INDEX = "manifest.json", "index.json"
 SITE_DIRS = ("site-packages", "dist-packages")
 PACKAGE = "sglang"
@@ -82,6 +86,7 @@ class Image:
     os: str | None
     architecture: str | None
     layers: tuple[Layer, ...]
+    runtime: image_python.Runtime = image_python.Runtime((), "/", ())  # what the config says the server runs with
 
     @property
     def platform(self) -> str | None:
@@ -118,6 +123,8 @@ class Install:
     version: TreeVersion | None  # what its dist-info (else its version.py) says; None: nothing tells it
     tree: Path  # the extracted directory holding sglang/ (and the dist-info)
     digest: str  # SHA-256 of that directory (``layers.tree_digest``)
+    choice: Choice  # whether it is the one the server imports, or which one that is cannot be told
+    why: str  # how that was told: the interpreter, its path, the other copies
 
 
 @dataclass(frozen=True)
@@ -139,7 +146,7 @@ class Found:
         return {"archive": str(image.archive), "tags": list(image.tags), "config_digest": image.config_digest,
                 "manifest_digest": image.manifest_digest, "platform": image.platform,
                 "site": self.install.site, "package": self.install.package, "dist_info": self.install.dist_info,
-                "editable": self.install.editable}
+                "editable": self.install.editable, "imported": self.install.choice.value, "why": self.install.why}
 
 
 # The archive: a directory or an (uncompressed) tar, read by member name.
@@ -229,7 +236,7 @@ def _opened(path: Path) -> Iterator[_Archive]:
                                "(an unpacked `docker save`)")
         yield _Directory(path)
         return
-    with tempfile.TemporaryDirectory(dir=_images_dir(), prefix=".incoming.") as tmp:
+    with tempfile.TemporaryDirectory(dir=_images_dir(), prefix=debris.prefix(_images_dir(), "incoming")) as tmp:
         archive = _Tar(_uncompressed(path, Path(tmp)), path)
         try:
             yield archive
@@ -318,7 +325,8 @@ def _image(archive: _Archive, tags: list[str], config_name: str, config_digest: 
     return Image(archive.path, tuple(dict.fromkeys(tags)), config_digest, manifest_digest,
                  config.get("os") if isinstance(config.get("os"), str) else None,
                  config.get("architecture") if isinstance(config.get("architecture"), str) else None,
-                 tuple(Layer(member, digest, diff_id) for (member, digest), diff_id in zip(layer_refs, diff_ids)))
+                 tuple(Layer(member, digest, diff_id) for (member, digest), diff_id in zip(layer_refs, diff_ids)),
+                 image_python.Runtime.from_config(config))
 
 
 def _docker_images(archive: _Archive) -> list[Image]:
@@ -397,8 +405,8 @@ def _saved_images(archive: _Archive) -> list[Image]:
     found = _oci_images(archive, _need(index, "manifests", list, INDEX, archive.path), [])
     if archive.has(MANIFEST):
         repo_tags = {image.config_digest: image.tags for image in _docker_images(archive)}
-        found = [Image(i.archive, tuple(dict.fromkeys((*repo_tags.get(i.config_digest, ()), *i.tags))),
-                       i.config_digest, i.manifest_digest, i.os, i.architecture, i.layers) for i in found]
+        found = [dataclasses.replace(i, tags=tuple(dict.fromkeys((*repo_tags.get(i.config_digest, ()), *i.tags))))
+                 for i in found]
     return found
 
 
@@ -437,7 +445,7 @@ def _installs(archive: _Archive, image: Image, log) -> list[Install]:
     with exclusive(cache_dir() / "locks" / f"image-{hex_[:16]}.lock", f"the scan of {image.describe()}"):
         cached = _cached(entry, image)
         if cached is None:
-            staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{entry.name}.", suffix=".scan"))
+            staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=debris.prefix(entry.parent, entry.name), suffix=".scan"))
             try:
                 _scan(archive, image, staging, log)
                 shutil.rmtree(entry, ignore_errors=True)
@@ -453,89 +461,107 @@ def _installs(archive: _Archive, image: Image, log) -> list[Install]:
     return installs
 
 
-@dataclass
+@dataclass(eq=False)  # one per copy: compared by identity
 class _Candidate:
-    """SGLang's dist-info or package in one site directory, while the image is scanned."""
-    site: str
-    infos: list[str]  # its sglang-*.dist-info directories
-    tree: Path  # where it is extracted
+    """A copy of SGLang in the image (in a site directory, an editable install's source, or a directory on the
+    server's path), while the image is scanned."""
+    site: str  # the directory it is found from
+    infos: list[str]  # its sglang-*.dist-info directories there
+    site_node: layers.Node
     package: str | None = None  # its sglang/ in the image, once known
+    node: layers.Node | None = None  # that sglang/
     editable: bool = False
 
 
 def _scan(archive: _Archive, image: Image, staging: Path, log) -> None:
-    """Names first (every layer, digests checked), then the SGLang packages, recorded in ``staging``."""
-    fs = layers.Filesystem()
+    """Names first (every layer, digests checked), then the SGLang package the server imports (every copy when
+    that cannot be told), recorded in ``staging``."""
+    fs = layers.Filesystem(keep=lambda path: image_python.keep(path, image.runtime))
     for index in range(len(image.layers)):
         fs.apply(index, _layer(archive, image, index), _what(image, index))
     log(f"image {image.describe()}: {len(image.layers)} layer(s) read, names only")
-
-    def extract(plan: layers.Plan) -> None:
-        layers.extract(plan, lambda i: _layer(archive, image, i, verify=False), lambda i: _what(image, i))
-
-    candidates, plan = _candidates(fs, staging)
-    extract(plan)
     notes: list[str] = []
-    extract(_editable_packages(fs, candidates, image, notes))
+    path = image_python.search_path(fs, image.runtime)
+    candidates = _candidates(fs)
+    _editable_packages(fs, candidates, image, notes)
+    candidates += _path_copies(fs, path, candidates)
+    answered, choice, why = _answered(fs, path, [c for c in candidates if c.package is not None], notes)
+    plan = layers.Plan()
+    trees_ = [staging / "trees" / str(n) for n in range(len(answered))]
+    for found, tree in zip(answered, trees_):
+        for name in found.infos:
+            plan.add(found.site_node.children[name], tree / name, f"{found.site}/{name}")
+        plan.add(found.node, tree / PACKAGE, found.package)
+    layers.extract(plan, lambda i: _layer(archive, image, i, verify=False), lambda i: _what(image, i),
+                   archives.Budget(f"the SGLang packages of {image.describe()} in {image.archive}"))
     recorded = []
-    for found in (c for c in candidates if c.package is not None):
-        version, dist_info, note = _version(found)
+    for found, tree in zip(answered, trees_):
+        version, dist_info, note = _version(found, tree)
         notes += [note] if note else []
         recorded.append({"site": found.site, "package": found.package, "dist_info": dist_info,
                          "editable": found.editable, "version": version.to_json() if version else None,
-                         "tree": found.tree.relative_to(staging).as_posix(), "digest": layers.tree_digest(found.tree)})
+                         "tree": tree.relative_to(staging).as_posix(), "digest": layers.tree_digest(tree),
+                         "choice": choice.value, "why": why})
     log(f"image {image.describe()}: {len(recorded)} SGLang package(s) extracted"
         + "".join(f"; {r['package']}" for r in recorded))
     write_atomic(staging / SCAN_FILE, json.dumps({"schema": SCAN_SCHEMA, "config_digest": image.config_digest,
                                                   "installs": recorded, "notes": notes}, sort_keys=True) + "\n")
 
 
-def _candidates(fs: layers.Filesystem, staging: Path) -> tuple[list[_Candidate], layers.Plan]:
-    """Each site directory's sglang/ and dist-info, and the plan that extracts them."""
-    found, plan = [], layers.Plan()
-    for path, site in fs.directories(SITE_DIRS):
-        site_path = "/" + "/".join(path)
+def _candidates(fs: layers.Filesystem) -> list[_Candidate]:
+    """Each site directory's sglang/ and dist-info."""
+    found = []
+    for parts, site in fs.directories(SITE_DIRS):
+        site_path = "/" + "/".join(parts)
         package = site.children.get(PACKAGE)
         package = package if package is not None and package.kind is layers.Kind.DIR else None
-        infos = sorted(name for name, child in site.children.items()
-                       if child.kind is layers.Kind.DIR and _DIST_INFO.match(name))
+        infos = _infos(site)
         if package is None and not infos:
             continue
-        candidate = _Candidate(site_path, infos, staging / "trees" / str(len(found)))
-        for name in infos:
-            plan.add(site.children[name], candidate.tree / name, f"{site_path}/{name}")
-        if package is not None:
-            candidate.package = f"{site_path}/{PACKAGE}"
-            plan.add(package, candidate.tree / PACKAGE, candidate.package)
-        found.append(candidate)
-    return found, plan
+        found.append(_Candidate(site_path, infos, site, f"{site_path}/{PACKAGE}" if package else None, package))
+    return found
 
 
-def _editable_packages(fs: layers.Filesystem, candidates: list[_Candidate], image: Image,
-                       notes: list[str]) -> layers.Plan:
-    """The plan that extracts each editable install's package from where its direct_url.json points; a
-    dist-info without a package anywhere is noted, and not checked."""
-    plan = layers.Plan()
+def _path_copies(fs: layers.Filesystem, path: image_python.SearchPath, known_copies: list[_Candidate]
+                 ) -> list[_Candidate]:
+    """Each sglang/ on the server's path that is no copy known already (PYTHONPATH, the working directory, a
+    .pth's directory that is no editable install's)."""
+    known, found = {id(c.node) for c in known_copies if c.node is not None}, []
+    for entry in path.entries:
+        node = image_python.regular_package(fs, entry)
+        if node is not None and id(node) not in known:
+            known.add(id(node))
+            site = fs.find(layers.parts(entry, entry), follow=True)
+            found.append(_Candidate(entry, _infos(site), site, f"{entry}/{PACKAGE}", node))
+    return found
+
+
+def _infos(site: layers.Node) -> list[str]:
+    return sorted(name for name, child in site.children.items()
+                  if child.kind is layers.Kind.DIR and _DIST_INFO.match(name))
+
+
+def _editable_packages(fs: layers.Filesystem, candidates: list[_Candidate], image: Image, notes: list[str]) -> None:
+    """Each editable install's package, where its direct_url.json points; a dist-info without a package anywhere
+    is noted, and not checked."""
     for candidate in (c for c in candidates if c.package is None):
-        sources = [s for s in (_editable_source(candidate.tree / info) for info in candidate.infos) if s]
+        sources = [s for s in (_editable_source(candidate.site_node.children[info]) for info in candidate.infos) if s]
         source = posixpath.normpath(sources[0]) if sources else None
         node = fs.find((*layers.parts(source, str(image.archive)), PACKAGE), follow=True) if source else None
         if node is None or node.kind is not layers.Kind.DIR:
             where = f"its editable source {source} holds no {PACKAGE}/" if source else f"no {PACKAGE}/ beside it"
             notes.append(f"{candidate.site}: {', '.join(candidate.infos)} without its package ({where}): "
                          "a broken or half-removed install, not checked")
-            shutil.rmtree(candidate.tree, ignore_errors=True)
             continue
-        candidate.package, candidate.editable = f"{source}/{PACKAGE}", True
-        plan.add(node, candidate.tree / PACKAGE, candidate.package)
-    return plan
+        candidate.package, candidate.node, candidate.editable = f"{source}/{PACKAGE}", node, True
 
 
-def _editable_source(info: Path) -> str | None:
+def _editable_source(info: layers.Node) -> str | None:
     """The directory an editable install's ``direct_url.json`` (PEP 610) names; None when not editable."""
+    found = info.children.get("direct_url.json") if info.kind is layers.Kind.DIR else None
     try:
-        doc = json.loads((info / "direct_url.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        doc = json.loads(found.data) if found is not None and found.data else None
+    except ValueError:
         return None
     dir_info = doc.get("dir_info") if isinstance(doc, dict) else None
     url = urlsplit(doc["url"]) if isinstance(dir_info, dict) and isinstance(doc.get("url"), str) else None
@@ -544,12 +570,33 @@ def _editable_source(info: Path) -> str | None:
     return unquote(url.path)
 
 
-def _metadata_version(metadata: Path) -> str | None:
-    """The ``Version:`` header of a dist-info's METADATA."""
-    try:
-        text = metadata.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
+def _answered(fs: layers.Filesystem, path: image_python.SearchPath, copies: list[_Candidate],
+              notes: list[str]) -> tuple[list[_Candidate], Choice, str]:
+    """The copy the server imports: the first regular package on its path (else an editable install's hook of
+    its interpreter); every copy, undecided, when that cannot be told (the only one: answered as that).
+    The copies not answered are named in ``notes``."""
+    by_node = {id(c.node): c for c in copies}
+    on_path = [by_node[id(n)] for e in path.entries if (n := image_python.regular_package(fs, e)) is not None]
+    hooks = [c for site in path.sites for c in copies if c.editable and c.site == site] if path.complete else []
+    server = list(dict.fromkeys([*on_path, *hooks]))
+    names = ", ".join(c.package for c in copies)
+    if server:
+        chosen, choice = server[0], Choice.IMPORTED
+        why = f"the first of the copies on the server's path ({path.describe()})" if chosen in on_path else \
+            f"the editable install's import hook in {chosen.site}, after the whole path ({path.describe()})"
+        for other in copies:
+            if other is not chosen:
+                notes.append(f"{other.package}: not what the server imports ("
+                             f"{'after ' + chosen.package + ' on its path' if other in server else 'not on its path'})")
+        return [chosen], choice, why
+    if len(copies) == 1:
+        return copies, Choice.ONLY, f"the image's only copy; the server's path: {path.describe()}"
+    if not copies:
+        return [], Choice.UNDECIDED, ""
+    none = "its interpreter imports none of them, " if path.complete else ""
+    return copies, Choice.UNDECIDED, (f"which of {len(copies)} copies ({names}) the server imports cannot be told: "
+                                      f"{none}{path.describe()}")
+
     for line in text.splitlines():
         if not line.strip():
             break
@@ -559,16 +606,16 @@ def _metadata_version(metadata: Path) -> str | None:
     return None
 
 
-def _version(found: _Candidate) -> tuple[TreeVersion | None, str | None, str | None]:
+def _version(found: _Candidate, tree: Path) -> tuple[TreeVersion | None, str | None, str | None]:
     """What the dist-info says (else the package's version.py), the dist-info it came from, and a note."""
-    told = {info: v for info in found.infos if (v := _metadata_version(found.tree / info / "METADATA"))}
+    told = {info: v for info in found.infos if (v := metadata_version(tree / info / "METADATA"))}
     if len(told) == 1:
         (info, text), = told.items()
         parsed = lenient(text)
         if parsed:
             where = f"{found.site}/{info}"
             return TreeVersion(parsed[0], parsed[1], f"{where}/METADATA", text), where, None
-    read = read_version(found.tree, found.tree, repo=None, rev="HEAD")
+    read = read_version(tree, tree, repo=None, rev="HEAD")
     version = TreeVersion(read.version, read.local, f"{found.package}/version.py", read.told) if read else None
     if len(found.infos) > 1:
         return version, None, (f"{found.site}: {len(found.infos)} sglang dist-info directories "
@@ -584,7 +631,8 @@ def _cached(entry: Path, image: Image) -> tuple[list[Install], list[str]] | None
         if doc["schema"] != SCAN_SCHEMA or doc["config_digest"] != image.config_digest:
             return None
         installs = [Install(r["site"], r["package"], r["dist_info"], r["editable"],
-                            TreeVersion(**r["version"]) if r["version"] else None, entry / r["tree"], r["digest"])
+                            TreeVersion(**r["version"]) if r["version"] else None, entry / r["tree"], r["digest"],
+                            Choice(r["choice"]), r["why"])
                     for r in doc["installs"]]
         notes = [str(note) for note in doc["notes"]]
     except (OSError, ValueError, KeyError, TypeError):

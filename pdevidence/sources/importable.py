@@ -12,13 +12,14 @@ or installed: the probes need SGLang's Python code only, and compiling runs none
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 import zipfile
 from pathlib import Path
 
-from ..core import children, debris, faults, inuse
+from ..core import archives, children, debris, faults, inuse
 from ..core.errors import HarnessError, integrity
 from ..core.files import read_marker, write_marker
 from ..core.locking import exclusive
@@ -26,6 +27,8 @@ from ..core.paths import cache_dir
 from .trees import Tree
 
 COMPILE_SECONDS = 600
+PACKAGE = "sglang"
+_DIST_INFO = re.compile(r"sglang-[^-/]+\.dist-info", re.IGNORECASE)
 COMPILED = ".pdevidence-bytecode.json"  # in a cached commit's tree: compiled for these interpreters
 # A module that does not compile (a template, a file for another Python) is left to fail where it is imported,
 # if it ever is: the compiler's verdict on the tree is not ours to give.
@@ -57,12 +60,8 @@ def _unpack(tree: Tree, dest: Path, python: Path | str) -> None:
     try:
         try:
             with zipfile.ZipFile(tree.install_target) as wheel:
-                for name in wheel.namelist():
-                    target = (staging / name).resolve()
-                    if not target.is_relative_to(staging.resolve()):
-                        raise integrity(f"refusing to unpack {tree.install_target.name}: member {name!r} escapes",
-                                        todo="the wheel is not a plain SGLang wheel; do not use it")
-                wheel.extractall(staging)
+                wanted = _loadable(wheel, tree.install_target.name, staging)
+                wheel.extractall(staging, members=wanted)
         except zipfile.BadZipFile as exc:
             raise integrity(f"{tree.install_target.name} is not a readable wheel: {exc}",
                             todo="delete it from the cache and fetch again") from None
@@ -71,6 +70,24 @@ def _unpack(tree: Tree, dest: Path, python: Path | str) -> None:
         os.replace(staging, dest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _loadable(wheel: zipfile.ZipFile, name: str, staging: Path) -> list[zipfile.ZipInfo]:
+    """What a probe can load of the wheel: the files of its ``sglang/`` package and its dist-info, each within
+    the archive limits (a zip member's size is what extracting it writes) and none escaping ``staging``."""
+    budget, wanted = archives.Budget(f"the wheel {name}"), []
+    for member in wheel.infolist():
+        budget.member(member.filename)
+        target = (staging / member.filename).resolve()
+        if not target.is_relative_to(staging.resolve()):
+            raise integrity(f"refusing to unpack {name}: member {member.filename!r} escapes",
+                            todo="the wheel is not a plain SGLang wheel; do not use it")
+        top = member.filename.split("/", 1)[0]
+        if member.is_dir() or not (top == PACKAGE or _DIST_INFO.fullmatch(top)):
+            continue
+        budget.extract(member.filename, member.file_size)
+        wanted.append(member)
+    return wanted
 
 
 def _compile_in_place(directory: Path, python: Path | str) -> None:

@@ -143,11 +143,13 @@ def members(raw: BinaryIO, what: str, *, digest: str | None, diff_id: str | None
         # An uncompressed layer is its own tar: one hash serves both digests.
         tar_bytes = blob if data is stored and algorithm == "sha256" else _Digesting(data)
         tar = tarfile.open(fileobj=stored if tar_bytes is blob else io.BufferedReader(tar_bytes, CHUNK), mode="r|")
+    budget = archives.Budget(what)  # a layer of hostile size is refused while its names are read
     while True:
         with reading(what):
             member = tar.next()
         if member is None:
             break
+        budget.member(member.name)
         yield tar, member
     with reading(what):
         found = {"diff_id": tar_bytes.drain(), "digest": blob.drain()}
@@ -163,22 +165,28 @@ class Node:
     source: Source | None = None  # a file: the member whose content it has (a hard link's target's)
     link: str | None = None  # a symbolic link: its target; a file whose hard link named no earlier file: that name
     children: dict[str, Node] | None = field(default=None)
+    data: bytes | None = None  # a small file the names pass was asked to keep (``Filesystem(keep=...)``)
 
     def __post_init__(self):
         if self.kind is Kind.DIR and self.children is None:
             self.children = {}
 
 
-class Filesystem:
-    """The names the layers applied so far leave, and where each file's content is."""
+KEEP_BYTES = 64 << 10  # a kept file larger than this is kept without its content
 
-    def __init__(self) -> None:
+
+class Filesystem:
+    """The names the layers applied so far leave, and where each file's content is; the content of the small
+    files ``keep`` names (a .pth, a pyvenv.cfg), read as the layer streams by."""
+
+    def __init__(self, keep: Callable[[Parts], bool] = lambda path: False) -> None:
         self.root = Node(Kind.DIR)
+        self.keep = keep
 
     def apply(self, index: int, layer: Iterator[tuple[tarfile.TarFile, tarfile.TarInfo]], what: str) -> int:
         """Layer ``index`` on top; the number of its entries."""
         whiteouts, entries = [], []
-        for ordinal, (_tar, member) in enumerate(layer):
+        for ordinal, (tar, member) in enumerate(layer):
             path = parts(member.name, what)
             if not path:
                 continue
@@ -188,7 +196,11 @@ class Filesystem:
                 elif not path[-1].startswith(WHITEOUT + WHITEOUT):  # .wh..wh.* other than opaque: aufs' own
                     whiteouts.append((path[:-1], path[-1][len(WHITEOUT):]))
                 continue
-            entries.append((path, ordinal, member.type, member.linkname))
+            data = None
+            if member.isreg() and member.size <= KEEP_BYTES and self.keep(path):
+                with reading(what), tar.extractfile(member) as fh:
+                    data = fh.read()
+            entries.append((path, ordinal, member.type, member.linkname, data))
         for directory, name in whiteouts:  # only what the layers below put there
             parent = self.find(directory)
             if parent is not None and parent.kind is Kind.DIR:
@@ -196,8 +208,10 @@ class Filesystem:
                     parent.children.clear()
                 else:
                     parent.children.pop(name, None)
-        for path, ordinal, kind, linkname in entries:
+        for path, ordinal, kind, linkname, data in entries:
             self._add((index, ordinal, "/".join(path)), path, kind, linkname, what)
+            if data is not None:
+                self.find(path).data = data
         return len(whiteouts) + len(entries)
 
     def _add(self, source: Source, path: Parts, kind: bytes, linkname: str, what: str) -> None:
@@ -224,6 +238,11 @@ class Filesystem:
 
     def find(self, path: Parts, *, follow: bool = False) -> Node | None:
         """The node at ``path``; with ``follow``, symbolic links on the way resolved inside the image."""
+        found = self.locate(path, follow=follow)
+        return found[1] if found else None
+
+    def locate(self, path: Parts, *, follow: bool = True) -> tuple[Parts, Node] | None:
+        """The path ``path`` names once its symbolic links are resolved (with ``follow``), and the node there."""
         node, todo, hops, where = self.root, list(path), 0, []
         while todo:
             name = todo.pop(0)
@@ -242,7 +261,7 @@ class Filesystem:
                 node, where = self.root, []
                 continue
             node, where = child, [*where, name]
-        return node
+        return tuple(where), node
 
     def directories(self, names: tuple[str, ...]) -> list[tuple[Parts, Node]]:
         """Every directory named one of ``names``, in path order (symbolic links not followed)."""
@@ -282,9 +301,10 @@ class Plan:
 
 
 def extract(plan: Plan, layer: Callable[[int], Iterator[tuple[tarfile.TarFile, tarfile.TarInfo]]],
-            what: Callable[[int], str]) -> None:
+            what: Callable[[int], str], budget: archives.Budget) -> None:
     """Write the plan, reading each layer that holds one of its files up to the last member it needs (the
-    names pass read each layer whole and checked its digests)."""
+    names pass read each layer whole and checked its digests); each file's size is taken from ``budget``
+    before it is written."""
     for directory in plan.directories:
         directory.mkdir(parents=True, exist_ok=True)
     for index in sorted(plan.files):
@@ -295,6 +315,8 @@ def extract(plan: Plan, layer: Callable[[int], Iterator[tuple[tarfile.TarFile, t
                 if not member.isreg() or "/".join(parts(member.name, what(index))) != name:
                     raise integrity(f"{what(index)} changed while it was read: member {ordinal} is no longer {name}",
                                     todo="run again on an archive nothing writes to")
+                for dest in (first, *others):
+                    budget.extract(f"{name} (layer {index + 1})", member.size)
                 with reading(what(index)):
                     with tar.extractfile(member) as source, open(first, "wb") as out:
                         shutil.copyfileobj(source, out, CHUNK)

@@ -29,7 +29,7 @@ from packaging.version import InvalidVersion, Version
 
 from ..core import children, debris, inuse, settings
 from ..core.errors import HarnessError, integrity, usage
-from ..core.files import hash_into, read_marker, sha256_file, write_atomic, write_marker
+from ..core.files import hash_into, move_atomic, read_marker, sha256_file, write_atomic, write_marker
 from ..core.locking import exclusive
 from ..core.paths import cache_dir
 from . import fetch
@@ -245,7 +245,7 @@ def _git_tree_from_github(sha: str, dest: Path, lock: LockFile) -> Tree:
         )
         archive = cache_dir() / "archives" / f"{digest}.tar.gz"
         inuse.use(archive)
-        os.replace(tmp, archive)
+        move_atomic(tmp, archive)
     digest = sha256_file(archive)
     _check_digest(entry and entry["sha256"], digest, f"the archive of {sha[:12]}", lock_path, archive.unlink)
     info = {"source": "github", "origin": url, "sha256": digest}
@@ -355,17 +355,11 @@ def supported_tags(python: str) -> list[tags.Tag]:
     The cell's interpreter may lack ``packaging``, so the tags are computed here for its
     version, with this machine's platforms (OS, libc and architecture): the cell runs here.
     """
-    version = tuple(int(part) for part in python.split(".")[:2])
+    version = Version(python).release[:2]
     interpreter = f"cp{version[0]}{version[1]}"
     platforms = list(tags.platform_tags())
     return [*tags.cpython_tags(version, abis=[interpreter], platforms=platforms),
             *tags.compatible_tags(version, interpreter, platforms)]
-
-
-def wheel_tag(python: str) -> tuple[str, str]:
-    """The interpreter tag and machine of the best wheel tag, e.g. ``('cp312', 'x86_64')``."""
-    best = supported_tags(python)[0]
-    return best.interpreter, platform.machine()
 
 
 def wheel_fits(filename: str, project: str, supported: list[tags.Tag]) -> Version | None:
@@ -452,7 +446,7 @@ def release_tree(version: str, python: str, lock: LockFile, project: str = "sgla
             wheel = cache_dir() / "wheels" / digest / name
             inuse.use(wheel.parent)
             wheel.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, wheel)
+            move_atomic(tmp, wheel)
             if name not in known:
                 lock.record_seen("release", key, {"files": {name: digest}})
                 known = {**known, name: digest}

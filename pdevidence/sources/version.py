@@ -3,8 +3,10 @@
 A fork's build may need setuptools-scm to parse its tags (``v0.5.10-npu.rc1`` it cannot),
 cargo and crates.io; the probes need none of it, so the version is read, in this order, from
 what the commit holds: a literal ``__version__`` in ``sglang/version.py`` (SGLang up to the
-switch to setuptools-scm), a static ``[project] version`` in ``pyproject.toml``, else the
-nearest version-like tag (``git describe --tags``) where the tree is a git checkout. A tag is
+switch to setuptools-scm), or in ``sglang/_version.py`` (the file setuptools-scm writes when a wheel or
+a source build is made: an unpacked wheel has it), a static ``[project] version`` in
+``pyproject.toml``, else the nearest version-like tag (``git describe --tags``) where the tree is a
+git checkout. Each file is read as text (``ast``), never imported. A tag is
 read leniently: its leading release (``0.5.10``) is the version, what follows it
 (``npu.rc1``) is kept as it is. The version chooses the era the tree runs in unless it is a tag far
 behind the tree or one naming no known release (``era_choice.py``: the tree's pins choose then).
@@ -13,6 +15,7 @@ behind the tree or one naming no known release (``era_choice.py``: the tree's pi
 from __future__ import annotations
 
 import ast
+import email.parser
 import re
 import tomllib
 from dataclasses import dataclass
@@ -31,7 +34,7 @@ _LEADING = re.compile(r"^[vV]?(?P<release>\d+(?:\.\d+)*)(?P<rest>.*)$")
 class TreeVersion:
     version: str  # what the era is chosen by: a PEP 440 version, e.g. "0.5.10"
     local: str | None  # what a lenient read set aside, as it was: "npu.rc1"
-    source: str  # where it was read: "python/sglang/version.py", "python/pyproject.toml", "git describe --tags"
+    source: str  # where it was read: "python/sglang/version.py", "sglang/_version.py", "git describe --tags", ...
     told: str  # as the tree says it: "0.5.10", "v0.5.10-npu.rc1-3-gabc1234"
 
     @property
@@ -79,7 +82,9 @@ def read(package_dir: Path, root: Path, *, repo: Path | None, rev: str) -> TreeV
     """The version of the tree whose ``package_dir`` holds ``sglang/``; ``repo`` is a git checkout
     holding commit ``rev`` (None: no tags to read). None when nothing tells it."""
     version_py, pyproject = package_dir / "sglang" / "version.py", package_dir / "pyproject.toml"
+    scm_version_py = package_dir / "sglang" / "_version.py"
     for where, tell in ((_relative(version_py, root), lambda: _literal(version_py)),
+                        (_relative(scm_version_py, root), lambda: _literal(scm_version_py)),
                         (_relative(pyproject, root), lambda: _static(pyproject)),
                         (GIT_DESCRIBE, lambda: _describe(repo, rev) if repo is not None else None)):
         told = tell()
@@ -105,6 +110,15 @@ def _literal(version_py: Path) -> str | None:
         if named and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
             return node.value.value
     return None
+
+
+def metadata_version(metadata: Path) -> str | None:
+    """The ``Version`` field of a dist-info's METADATA (its header, an email message's: core metadata)."""
+    try:
+        text = metadata.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    return (email.parser.HeaderParser().parsestr(text)["Version"] or "").strip() or None
 
 
 def _static(pyproject: Path) -> str | None:
