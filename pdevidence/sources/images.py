@@ -445,7 +445,8 @@ def _installs(archive: _Archive, image: Image, log) -> list[Install]:
     with exclusive(cache_dir() / "locks" / f"image-{hex_[:16]}.lock", f"the scan of {image.describe()}"):
         cached = _cached(entry, image)
         if cached is None:
-            staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=debris.prefix(entry.parent, entry.name), suffix=".scan"))
+            staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=debris.prefix(entry.parent, entry.name),
+                                            suffix=".scan"))
             try:
                 _scan(archive, image, staging, log)
                 shutil.rmtree(entry, ignore_errors=True)
