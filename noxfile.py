@@ -197,3 +197,10 @@ def lock_cpu(session: nox.Session) -> None:
 def mutate(session: nox.Session, experiment: str) -> None:
     """The head release under each declared mutant of the fix: every one must be killed."""
     _run(session, "mutate", experiment, *session.posargs)
+
+
+@nox.session
+def cache(session: nox.Session) -> None:
+    """What pdevidence's caches hold and how to shrink them: `-- info` (the default), `-- prune --older-than 30d`,
+    `-- prune --max-size 20G`, `-- clean`."""
+    _run(session, "cache", *(session.posargs or ["info"]))

@@ -180,6 +180,16 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--ref", type=arguments.ref, help="override the side's tree: a version, a commit SHA or a directory")
     _allow_uncontained(up)
     up.set_defaults(func=commands.lanes.cmd_upstream)
+
+    ca = sub.add_parser("cache", help="what pdevidence's caches hold and what each part is for; get the space back")
+    verbs = ca.add_subparsers(dest="verb", required=True)
+    verbs.add_parser("info", help="where each part lives, its size and last use").add_argument(
+        "--json", action="store_true", help="as JSON")
+    pr = verbs.add_parser("prune", help="remove what nothing the registry can use, and what is old or over a budget")
+    pr.add_argument("--older-than", type=arguments.duration, metavar="DURATION", help="not used for this long: 30d, 12h")
+    pr.add_argument("--max-size", type=arguments.size, metavar="SIZE", help="least recently used first until this fits: 20G")
+    verbs.add_parser("clean", help="remove every entry (what a running run uses stays)")
+    ca.set_defaults(func=commands.cache.cmd_cache)
     return p
 
 

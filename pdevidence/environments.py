@@ -41,7 +41,7 @@ from .core.files import sha256_file
 from .core.locking import exclusive
 from .core.paths import cache_dir, work_dir
 from .registry import Era, Registry, TorchChannel
-from .sources import era_choice
+from .sources import era_choice, importable
 from .sources.trees import Tree
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -53,6 +53,10 @@ UV_ENV = {"UV_PYTHON_DOWNLOADS": "never"}
 BYTECODE = "compiled beside the sources"
 # Where uv's compiler writes what the probes read: a prefix would send it where no contained probe looks.
 _NOT_PASSED = ("PYTHONPYCACHEPREFIX",)
+# Trees used as they are, on the probe's path (their python/ dir), never installed: a build runs the tree's own
+# build backend, and a build cannot be contained (the sandbox has no network; an isolated build environment comes
+# from the package index). A commit exported from git is such a tree too, compiled where it lies.
+UNBUILT = ("path", "git")
 _IDENTITY = ("import json, sys; print(json.dumps({'version': '%d.%d.%d' % sys.version_info[:3], "
              "'implementation': sys.implementation.name}))")
 
@@ -266,7 +270,7 @@ class CellEnvironment:
 def environment_key(interpreter: Interpreter, closure: Path, channel: TorchChannel, tree: Tree | None) -> str:
     if tree is None:  # a closure environment: the warm engine brings each tree itself
         identity = "no tree"
-    elif tree.kind == "path":  # never installed (``unbuilt``): its changing HEAD must not force a rebuild
+    elif tree.kind in UNBUILT:  # never installed (``unbuilt``): a work tree's changing HEAD must not force a rebuild
         identity = f"unbuilt {tree.install_target}"
     else:
         identity = f"{tree.resolved}:{tree.digest}"
@@ -324,7 +328,7 @@ def _build(env: CellEnvironment, interpreter: Interpreter, closure: Path, tree: 
         env.commands.append(["cp", "--archive", "--link", str(seed.path), str(path)])  # what it amounts to
     else:
         _sync(env, interpreter, closure, uv, say)
-    if tree is not None and tree.kind != "path":
+    if tree is not None and tree.kind not in UNBUILT:
         _install_tree(uv, env, tree, say)
     seconds = round(time.monotonic() - started, 1)
     faults.point("environment")
@@ -368,10 +372,9 @@ def _install_tree(uv: str, env: CellEnvironment, tree: Tree, say: Callable[[str]
 
 
 def unbuilt(tree: Tree | None) -> dict[str, str]:
-    """What puts a path tree on a process's path as it is (its ``python/``, as ``check --path`` does). A work
-    tree is never built: its build backend is the tree's own code, and a build cannot be contained (the
-    sandbox has no network, and a build's isolated environment comes from the package index)."""
-    return {"PYTHONPATH": str(tree.install_target)} if tree is not None and tree.kind == "path" else {}
+    """What puts a source tree (a work tree, an exported commit) on a process's path as it is (its ``python/``,
+    as ``check --path`` does): never built (``UNBUILT``)."""
+    return {"PYTHONPATH": str(tree.install_target)} if tree is not None and tree.kind in UNBUILT else {}
 
 
 # --- the environment for a tree, as the registry declares it -----------------------------------
@@ -399,20 +402,22 @@ def cell_environment(registry: Registry, tree: Tree, slug: str,
     declares an era for its version), or ``constraints`` (under ``.cells/envs/<slug>``).
 
     With its era's closure, the cell starts as a linked copy of the shared closure environment, and a
-    pinned tree's (a release's, a commit's: all it holds is named by its content) lives in the user's cache
-    beside it, for every cell, lane and checkout that installs that tree in that closure. A work tree is
+    release's (all it holds is named by its content) lives in the user's cache beside it, for every cell, lane
+    and checkout that installs that release in that closure. A source tree (a work tree, an exported commit) is
     never installed: its cell runs in the closure environment itself, the tree on its path."""
     torch = torch_choice(registry)
     era = era_of(registry, tree)
     installs = closure(registry, era, torch=torch, override=constraints)
     seed = closure_environment(registry, era, log=log) if constraints is None else None
-    if seed is not None and tree.kind == "path":  # never installed (``unbuilt``): the closure environment itself
+    if seed is not None and tree.kind in UNBUILT:  # never installed (``unbuilt``): the closure environment itself
         env = CellEnvironment(seed.path, seed.python, seed.torch, seed.commands, reused=seed.reused)
     elif seed is not None:
         env = ensure(seed.path.parent, f"tree.{tree.label()}.{seed.path.name}", registry.python, installs, tree,
                      torch, log=log, seed=seed)
     else:  # the drift lane's pins: this checkout's own
         env = ensure(work_dir(registry.root) / "envs", slug, registry.python, installs, tree, torch, log=log)
+    if tree.kind == "git":  # exported into the cache: compiled where it lies, once, as the warm engine's trees are
+        importable.importable_dir(tree, env.interpreter)
     env.probe_env = unbuilt(tree)
     if era is not None and constraints is None:  # the era's own closure: its stand-ins with it
         env.probe_env.update(stand_in_env(era))

@@ -25,6 +25,7 @@ from synthetic import REGISTRY as SYNTHETIC_REGISTRY
 from real_runs import bracket_releases, cli_run
 
 from pdevidence import registry
+from pdevidence.core import inuse
 from pdevidence.core.paths import PROJECT
 
 
@@ -253,6 +254,14 @@ def d2(obs):
 if __name__ == "__main__":
     raise SystemExit(main(demo, prepare))
 '''
+
+
+@pytest.fixture(autouse=True)
+def _cache_entries_let_go():
+    """A test is a run: what it used of a cache is let go when it ends (core/inuse.py), as a command's is, so no
+    test holds another's entries and the suite's open files stay few."""
+    yield
+    inuse.release()
 
 
 @pytest.fixture

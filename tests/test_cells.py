@@ -244,6 +244,21 @@ def test_git_cells_run_from_a_local_clone_at_the_pinned_commits(demo_project, tm
     assert receipt["tree"]["source"] == "clone" and receipt["tree"]["origin"] == str(repo)
 
 
+def test_a_git_cell_loads_the_exported_commit_as_it_is_never_building_it(demo_project, clone, monkeypatch):
+    repo, base, _ = clone
+    monkeypatch.setenv("SGLANG_REPO", str(repo))
+    outcome = cells.run_cell(registry.load(demo_project), cells.Cell("demo", "base", "git", base),
+                             log=lambda msg: None)
+    receipt = json.loads(outcome.receipt.read_text())
+    # No build ran outside the sandbox: the tree's build backend is its own code.
+    assert not [c for c in receipt["commands"] if "install" in c], receipt["commands"]
+    assert "sglang" not in receipt["packages"]
+    exported = next((Path(os.environ["PDEVIDENCE_CACHE"]) / "trees").glob(f"git-{base}"))
+    assert not list(exported.rglob("*.egg-info")) and not (exported / "python" / "build").exists()
+    assert list(exported.glob("python/sglang/__pycache__/__init__.*.pyc"))  # compiled once, where it lies
+    assert results.load(outcome.result)["scenarios"]["D1"]["observed"]["retired"] is False
+
+
 @pytest.fixture
 def clone(tmp_path):
     """A fixture SGLang repository: base (1.0.0, not fixed), then head (1.1.0, fixed)."""

@@ -43,6 +43,7 @@ BASE = {
     "mutate": (["mutate"], {"experiment": "admission"}),
     "upstream": (["upstream"], {"experiment": "admission", "side": "base"}),
     "corpus": (["corpus"], {}),
+    "cache": (["cache", "info"], {}),  # its verbs and their options: tests/test_cache.py
 }
 # Hostile values any option may meet in an operator's script.
 HOSTILE = ["0.5.21; rm -rf /", "", " ", "$(id)", "`id`", "a\nb", "../../etc/passwd", "-", "--", "\x00", "☃",
@@ -155,8 +156,8 @@ def options() -> dict[str, argparse.Action]:
              and a.dest not in ("help", "command")}
     for command, sub in parser._subparsers._group_actions[0].choices.items():
         for action in sub._actions:
-            if action.nargs == 0 or isinstance(action, argparse._HelpAction):
-                continue
+            if action.nargs == 0 or isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue  # a command's verbs (`cache info`) and their options: the command's own tests
             found[f"{command} {action.option_strings[0] if action.option_strings else action.dest}"] = action
     return found
 

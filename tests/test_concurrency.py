@@ -25,7 +25,7 @@ from synthetic import (REGISTRY, make_project, publishable_project, result_doc, 
 from test_sandbox import PROBE
 
 from pdevidence import environments
-from pdevidence.core import errors, faults, settings
+from pdevidence.core import errors, faults, inuse, settings
 from pdevidence.documents import integrity, receipts, results, tables
 
 HERE = Path(__file__).resolve().parent
@@ -123,7 +123,8 @@ def leftovers(world) -> list[str]:
     and environments never finished."""
     tmp = world[1]
     hidden = [p for top in ("cache", "work", "runs") for p in (tmp / top).rglob(".*")
-              if not p.name.endswith(".lock") and not p.name.startswith(".pdevidence-")]
+              if not p.name.endswith(".lock") and not p.name.startswith(".pdevidence-")
+              and inuse.MARKERS not in p.relative_to(tmp).parts]  # what a run used, and when: kept
     unfinished = [p for p in (tmp / "cache" / "envs").glob("[!.]*")
                   if p.is_dir() and not (p / environments.ENV_INFO).exists()]
     return sorted(str(p.relative_to(tmp)) for p in hidden + unfinished)
@@ -167,6 +168,21 @@ def test_a_run_killed_after_replacing_an_outcome_leaves_the_next_one_right(world
     assert run(world, "check", "--version", "1.0.0", "--force", fault="outcome").returncode == -9
     assert_right(check(world, "1.0.0"), "1.0.0")
     assert leftovers(world) == []  # the outcome moved aside, the one staged and the run's own copy: gone
+
+
+def test_a_prune_beside_a_running_check_frees_space_and_both_answer_right(world):
+    for version in ("1.0.0", "1.1.0"):  # both eras' environments, wheels, unpacked trees and outcomes
+        assert_right(check(world, version), version)
+    with ThreadPoolExecutor(1) as pool:
+        checking = pool.submit(run, world, "check", "--version", "1.0.0", "--json", "--force")
+        prunes = []
+        while not checking.done():  # a budget of nothing: all that the check does not hold right then goes
+            prunes.append(run(world, "cache", "prune", "--max-size", "0"))
+        assert_right(checking.result(), "1.0.0")
+    assert [p.returncode for p in prunes] == [errors.CONFIRMED] * len(prunes), [p.stderr for p in prunes]
+    assert any("freed" in p.stdout and not p.stdout.startswith("removed 0") for p in prunes)
+    assert leftovers(world) == []
+    assert_right(check(world, "1.1.0"), "1.1.0")  # what went is made again
 
 
 def _small_files() -> None:
@@ -344,7 +360,7 @@ except HarnessError as exc:
 
 
 def test_every_fault_point_is_tested():
-    tested = {"download", "unpack", "environment", "probe", "outcome", "write", "publish"}
+    tested = {"download", "unpack", "environment", "probe", "outcome", "write", "publish", "prune"}  # prune: test_cache.py
     assert tested == set(faults.POINTS)
 
 

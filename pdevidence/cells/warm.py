@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from .. import environments
-from ..core import children, debris, faults, phases, sandbox
+from ..core import children, debris, faults, inuse, phases, sandbox
 from ..core.errors import HarnessError
 from ..core.files import dumps, read_json, sha256_file, write_atomic
 from ..core.locking import exclusive
@@ -159,6 +159,7 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
     try:
         for tree in trees:
             label, entry = tree.label(), work / "outcomes" / keys[tree.label()]
+            inuse.use(entry)
             config = SERVER_ARGS in tree_args[label]
             kept = None if force else _reuse(entry, private / label, experiments, work / "locks", config)
             if kept is not None:

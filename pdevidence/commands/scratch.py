@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import environments
 from ..core import debris, paths
 from ..core.errors import HarnessError
 from ..core.paths import runs_dir, work_dir
-
-
-# cell's or a lane's staging. What core/debris names with a run's token goes without being listed here.
-LEFTOVERS = (".*.tmp", ".*.part", ".*.unpack", ".*.extract", ".*.partial", ".*.old", ".probing.*")
+from ..lanes import cache as caches
 
 
 def enter_scratch(root: Path) -> None:
@@ -19,13 +15,8 @@ def enter_scratch(root: Path) -> None:
     runs left there goes first (core/debris.py). Every command enters all three: a run writing in one it did not
     enter could have its temporaries taken for a dead run's."""
     cache, work, runs = paths.cache_dir(), work_dir(root), runs_dir(root)
-    places = {
-        cache: [*(debris.Place(d, LEFTOVERS) for d in (cache, cache / "wheels", cache / "archives", cache / "unpacked")),
-                debris.Place(cache / "envs", LEFTOVERS, environments.ENV_INFO)],  # an environment is built in place
-        work: [*(debris.Place(d, LEFTOVERS) for d in (work / "outcomes", work / "corpus")),
-               debris.Place(work / "envs", LEFTOVERS, environments.ENV_INFO)],
-        runs: [debris.Place(d, LEFTOVERS) for d in (runs, runs / "check", runs / "sweep", runs / "mutate")],
-    }
+    places = {**caches.places(cache, work), runs: [debris.Place(d, caches.LEFTOVERS)
+                                                  for d in (runs, runs / "check", runs / "sweep", runs / "mutate")]}
     for scratch, inside in places.items():
         try:
             debris.enter(scratch, inside)
@@ -34,3 +25,4 @@ def enter_scratch(root: Path) -> None:
                                expected="a cache, work and runs directory this user can write",
                                todo="fix its permissions, or point PDEVIDENCE_CACHE, PDEVIDENCE_WORK and "
                                "PDEVIDENCE_RUNS at directories you can write") from None
+    caches.remove_old_bytecode(cache)

@@ -250,3 +250,25 @@ def server_args_file(value: str) -> ServerArguments:
         return ServerArguments(tuple(words), str(path.absolute()))
     raise argparse.ArgumentTypeError(f"{value!r} holds no SGLang launch command (python -m sglang.launch_server ... "
                                      "or sglang serve ...) and does not start with an option")
+
+
+_DURATION = re.compile(r"([0-9]+)([smhdw])")
+_DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_SIZE = re.compile(r"([0-9]+)([KMGT]?)(i?B)?", re.IGNORECASE)
+_SIZE_BYTES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def duration(value: str) -> float:
+    """A positive age in seconds, written with its unit: ``30d``, ``12h``, ``90m``, ``2w``, ``45s``."""
+    found = _DURATION.fullmatch(value)
+    if not found or int(found[1]) == 0:
+        raise _bad(value, "a positive duration with its unit (s, m, h, d or w), e.g. 30d or 12h")
+    return int(found[1]) * _DURATION_SECONDS[found[2]]
+
+
+def size(value: str) -> int:
+    """A size in bytes, binary units: ``20G``, ``500M``, ``1T``, ``20GiB``; ``0`` (nothing may stay) too."""
+    found = _SIZE.fullmatch(value)
+    if not found:
+        raise _bad(value, "a size such as 20G, 500M or 1T (binary units), or a number of bytes")
+    return int(found[1]) * _SIZE_BYTES[found[2].upper()]

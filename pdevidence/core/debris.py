@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
+from . import inuse
 from .locking import try_lock, wait
 
 TOKEN_FILE = ".pdevidence-run-{}.lock"
@@ -91,6 +92,15 @@ def run():
                 for fd in _run.used.values():
                     os.close(fd)
             _run = None
+        inuse.release()  # the cache entries it used: a prune may take them now
+
+
+def alone(root: Path) -> bool:
+    """Whether no run but this one is in ``root``."""
+    with _looking(root):
+        tokens = _runs(root, _this_run().token)
+        tokens.release()
+    return tokens.alone
 
 
 def enter(root: Path, places: Iterable[Place] = ()) -> str:
@@ -166,6 +176,8 @@ def use(directory: Path, ready: Callable[[Path], bool]) -> bool:
             with _entering:
                 if (found.st_dev, found.st_ino) not in run.used:
                     run.used[found.st_dev, found.st_ino] = fd
+                    with contextlib.suppress(OSError):  # its last use, as `cache info` and `cache prune` read it
+                        os.utime(fd)
                     fd = -1
             return True
     except BlockingIOError:  # being removed
@@ -174,6 +186,21 @@ def use(directory: Path, ready: Callable[[Path], bool]) -> bool:
         if fd >= 0:
             os.close(fd)
     return False
+
+
+@contextlib.contextmanager
+def unused(directory: Path):
+    """Whether no run uses ``directory`` (``use``); while True, none can start to (its ``IN_USE`` lock is held
+    exclusively through the block). One without that file was never finished, so never used."""
+    try:
+        fd = os.open(directory / IN_USE, os.O_RDONLY)
+    except FileNotFoundError:
+        yield True
+        return
+    try:
+        yield try_lock(fd)
+    finally:
+        os.close(fd)
 
 
 def _same_file(fd: int, path: Path) -> bool:

@@ -23,6 +23,7 @@ POINTS = {
     "outcome": "an outcome staged, the entry it replaces moved aside",
     "write": "an atomic write's temporary file written, not yet renamed",
     "publish": "results/ moved aside, the staged directory not yet in its place",
+    "prune": "cache entries renamed out of the way by a prune, not yet removed",
 }
 
 

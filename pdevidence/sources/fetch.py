@@ -221,7 +221,7 @@ def extract_tar(archive: Path, dest: Path, *, strip_top: bool = True) -> None:
     """
     if dest.exists():
         raise FileExistsError(dest)
-    staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".extract"))
+    staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=debris.prefix(dest.parent, dest.name), suffix=".extract"))
     try:
         root = staging.resolve()
         try:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import unquote, urlsplit
 
-from ..core import archives
+from ..core import archives, debris, inuse
 from ..core.errors import HarnessError, integrity, usage
 from ..core.files import write_atomic
 from ..core.locking import exclusive
@@ -236,7 +236,7 @@ def _opened(path: Path) -> Iterator[_Archive]:
                                "(an unpacked `docker save`)")
         yield _Directory(path)
         return
-    with tempfile.TemporaryDirectory(dir=_images_dir(), prefix=".incoming.") as tmp:
+    with tempfile.TemporaryDirectory(dir=_images_dir(), prefix=debris.prefix(_images_dir(), "incoming")) as tmp:
         archive = _Tar(_uncompressed(path, Path(tmp)), path)
         try:
             yield archive
@@ -441,10 +441,12 @@ def _layer(archive: _Archive, image: Image, index: int, *, verify: bool = True) 
 def _installs(archive: _Archive, image: Image, log) -> list[Install]:
     algorithm, hex_ = image.config_digest.split(":", 1)
     entry = _images_dir() / f"{algorithm}-{hex_}"
+    inuse.use(entry)
     with exclusive(cache_dir() / "locks" / f"image-{hex_[:16]}.lock", f"the scan of {image.describe()}"):
         cached = _cached(entry, image)
         if cached is None:
-            staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{entry.name}.", suffix=".scan"))
+            staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=debris.prefix(entry.parent, entry.name),
+                                            suffix=".scan"))
             try:
                 _scan(archive, image, staging, log)
                 shutil.rmtree(entry, ignore_errors=True)

@@ -19,7 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from ..core import archives, children, debris, faults
+from ..core import archives, children, debris, faults, inuse
 from ..core.errors import HarnessError, integrity
 from ..core.files import read_marker, write_marker
 from ..core.locking import exclusive
@@ -42,6 +42,7 @@ def importable_dir(tree: Tree, python: Path | str) -> Path:
             _compile_in_place(tree.install_target, python)
         return tree.install_target
     dest = cache_dir() / "unpacked" / f"{tree.label()}.{(tree.digest or 'nodigest')[:12]}"
+    inuse.use(dest)
     if dest.is_dir():  # renamed into place only once complete
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)

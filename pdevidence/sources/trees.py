@@ -27,7 +27,7 @@ from packaging import tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from ..core import children, settings
+from ..core import children, debris, inuse, settings
 from ..core.errors import HarnessError, integrity, usage
 from ..core.files import hash_into, move_atomic, read_marker, sha256_file, write_atomic, write_marker
 from ..core.locking import exclusive
@@ -217,6 +217,7 @@ def git_tree(sha: str, lock: LockFile, *, clone: Path | None = None) -> Tree:
     sha = resolve_ref(sha, clone)
     trees = cache_dir() / "trees"
     dest = trees / f"git-{sha}"
+    inuse.use(dest)
     with exclusive(cache_dir() / "locks" / f"git-{sha}.lock", f"the cached tree {sha[:12]}"):
         # A tree exported from a clone is that commit (git checks its own object hashes): reuse it
         # even without the clone, and say where it came from. GitHub trees re-check their archive.
@@ -232,6 +233,8 @@ def _git_tree_from_github(sha: str, dest: Path, lock: LockFile) -> Tree:
     url = settings.get("PDEVIDENCE_GIT_ARCHIVE_URL").format(sha=sha)
     entry, lock_path = lock.expected("git", sha)
     archive = cache_dir() / "archives" / f"{entry['sha256']}.tar.gz" if entry else None
+    if archive is not None:
+        inuse.use(archive)
     if archive is None or not archive.exists():
         tmp = cache_dir() / "archives" / f"incoming-{sha}.tar.gz"
         digest = fetch.download(
@@ -241,6 +244,7 @@ def _git_tree_from_github(sha: str, dest: Path, lock: LockFile) -> Tree:
             "`nox -s \"release(<experiment>, <side>)\"`)",
         )
         archive = cache_dir() / "archives" / f"{digest}.tar.gz"
+        inuse.use(archive)
         move_atomic(tmp, archive)
     digest = sha256_file(archive)
     _check_digest(entry and entry["sha256"], digest, f"the archive of {sha[:12]}", lock_path, archive.unlink)
@@ -293,7 +297,8 @@ def _git_tree_from_clone(sha: str, clone: Path, dest: Path, lock: LockFile) -> T
     info = {"source": "clone", "origin": str(clone), "sha256": None, "git_tree": tree_id}
 
     def export(target: Path) -> None:
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=debris.prefix(target.parent, target.name),
+                                         suffix=".export") as tmp:  # a killed run's goes (core/debris)
             tar = Path(tmp) / "tree.tar"
             with open(tar, "wb") as out:
                 done = children.run(["git", "-C", str(clone), "archive", "--format=tar", sha],
@@ -439,6 +444,7 @@ def release_tree(version: str, python: str, lock: LockFile, project: str = "sgla
             tmp = cache_dir() / "wheels" / f"incoming-{name}"
             digest = fetch.download(chosen["url"], tmp, expected_sha256=known.get(name) or published, what=name)
             wheel = cache_dir() / "wheels" / digest / name
+            inuse.use(wheel.parent)
             wheel.parent.mkdir(parents=True, exist_ok=True)
             move_atomic(tmp, wheel)
             if name not in known:
@@ -456,6 +462,7 @@ def _cached_wheel(known: dict[str, str], project: str, version: str, python: str
     except HarnessError:  # none known fits here: ask the index
         return None
     wheel = cache_dir() / "wheels" / known[best["filename"]] / best["filename"]
+    inuse.use(wheel.parent)
     return wheel if wheel.exists() else None
 
 

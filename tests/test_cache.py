@@ -1,0 +1,288 @@
+"""`pdevidence cache info|prune|clean` on a synthetic cache; debris and the old bytecode gone after a run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from synthetic import make_project
+
+from pdevidence import cli, environments, registry
+from pdevidence.cells import cells
+from pdevidence.core import arguments, debris, errors, inuse, locking
+from pdevidence.core.files import sha256_file
+from pdevidence.lanes import cache
+
+HERE = Path(__file__).resolve().parent
+DAY = 86400
+IDENTITY = "cpython-3.12.1"
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    """A project, and its cache and work directory moved under ``tmp_path``."""
+    root = make_project(tmp_path / "project")
+    for name, where in (("PDEVIDENCE_CACHE", "cache"), ("PDEVIDENCE_WORK", "work"), ("PDEVIDENCE_RUNS", "runs")):
+        monkeypatch.setenv(name, str(tmp_path / where))
+    return root, tmp_path / "cache", tmp_path / "work"
+
+
+def closure_hash(root: Path) -> str:
+    return sha256_file(root / "constraints" / "cells.txt")[:12]
+
+
+def fill(directory: Path, size: int, *, name: str = "data", marker: bool = False) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / name).write_bytes(os.urandom(size))
+    if marker:  # a finished environment: a run's sweep removes one without it as an unfinished build
+        (directory / environments.ENV_INFO).write_text('{"key": "k"}')
+        (directory / debris.IN_USE).touch()
+    return directory
+
+
+def aged(entry: Path, days: float) -> Path:
+    """Last used ``days`` ago (the time of its use marker, as a run leaves it: an environment's is inside it)."""
+    marker = entry / debris.IN_USE if entry.parent.name == "envs" else inuse.marker(entry)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    when = time.time() - days * DAY
+    os.utime(marker, (when, when))
+    return entry
+
+
+def populated(root: Path, cache_dir: Path, work: Path) -> dict[str, Path]:
+    """One entry of each kind: an era environment, a cell's hard-linked copy of it, a wheel, a tree, an outcome,
+    a log; and the old bytecode directory."""
+    era = fill(cache_dir / "envs" / f"closure.{closure_hash(root)}.{IDENTITY}.{'1' * 12}", 300_000, marker=True)
+    tree_env = fill(cache_dir / "envs" / f"tree.release-1.0.0.{era.name}.{'2' * 12}", 20_000, marker=True)
+    os.link(era / "data", tree_env / "linked")
+    return {
+        "era": era, "tree_env": tree_env,
+        "wheel": fill(cache_dir / "wheels" / ("a" * 64), 50_000, name="sglang-1.0.0-py3-none-any.whl"),
+        "unpacked": fill(cache_dir / "unpacked" / "release-1.0.0.aaaaaaaaaaaa", 40_000),
+        "outcome": fill(work / "outcomes" / ("b" * 64), 5_000),
+        "log": fill(work / "logs" / "check" / "20261201-101010.000000-run-0123456789abcdef-x", 3_000),
+        "pycache": fill(cache_dir / "pycache" / "usr", 60_000),
+    }
+
+
+def du(*paths: Path) -> int:
+    done = subprocess.run(["du", "-s", "-B1", "-c", *map(str, paths)], capture_output=True, text=True, check=True)
+    return int(done.stdout.splitlines()[-1].split()[0])
+
+
+def run(root: Path, *argv: str) -> int:
+    return cli.main(["--root", str(root), *argv])
+
+
+def test_info_lists_every_part_with_sizes_that_add_up_to_du_counting_hard_links_once(world, capsys):
+    root, cache_dir, work = world
+    parts = populated(root, cache_dir, work)
+    found = cache.inventory(registry.load(root))
+    assert found.total == du(cache_dir, work)
+    by_path = {e.path: e for e in found.entries}
+    assert by_path[parts["era"]].bytes >= 300_000
+    # The cell's environment is a hard-linked copy: the linked bytes count once, with the era's environment.
+    assert 20_000 <= by_path[parts["tree_env"]].bytes < 300_000
+    assert {e.kind for e in found.entries} >= {cache.Kind.ERA_ENVIRONMENT, cache.Kind.TREE_ENVIRONMENT,
+                                                 cache.Kind.WHEEL, cache.Kind.UNPACKED, cache.Kind.OUTCOME,
+                                                 cache.Kind.LOG, cache.Kind.OLD_BYTECODE}
+    assert "today's (constraints/cells.txt)" in by_path[parts["era"]].note
+
+    assert run(root, "cache", "info", "--json") == errors.CONFIRMED
+    doc = json.loads(capsys.readouterr().out)
+    # The run itself removed the old bytecode as it entered the cache; what is left still adds up.
+    assert doc["total_bytes"] == du(cache_dir, work) and not parts["pycache"].exists()
+    assert doc["total_bytes"] == doc["other_bytes"] + sum(e["bytes"] for e in doc["entries"])
+    assert run(root, "cache", "info") == errors.CONFIRMED
+    text = capsys.readouterr().out
+    assert str(parts["era"]) in text and "era environment" in text and "cache prune" in text
+
+
+def test_prune_by_age_removes_only_what_no_run_used_for_that_long(world, capsys):
+    root, cache_dir, work = world
+    parts = populated(root, cache_dir, work)
+    for name in ("wheel", "outcome", "log"):
+        aged(parts[name], 40)
+    for name in ("era", "tree_env", "unpacked"):
+        aged(parts[name], 2)
+    assert run(root, "cache", "prune", "--older-than", "30d") == errors.CONFIRMED
+    assert "removed 3 entries" in capsys.readouterr().out
+    assert not any(parts[n].exists() for n in ("wheel", "outcome", "log"))
+    assert all(parts[n].exists() for n in ("era", "tree_env", "unpacked"))
+    assert not inuse.marker(parts["wheel"]).exists()  # its marker went with it
+
+
+def test_prune_forgets_the_use_of_an_entry_a_run_removed_itself(world):
+    root, cache_dir, work = world
+    parts = populated(root, cache_dir, work)
+    aged(parts["wheel"], 1)
+    shutil.rmtree(parts["wheel"])  # as a run does with a download that fails its check
+    cache.prune(registry.load(root))
+    assert not inuse.marker(parts["wheel"]).exists()
+    assert inuse.marker(parts["wheel"]).parent.is_dir()  # the directory of the markers stays
+
+
+def test_prune_to_a_budget_removes_the_least_recently_used_first(world):
+    root, cache_dir, work = world
+    parts = populated(root, cache_dir, work)
+    shutil.rmtree(parts.pop("pycache").parent)  # unusable: it would go first, whatever the budget
+    for days, name in enumerate(("unpacked", "wheel", "tree_env", "era", "outcome", "log"), start=1):
+        aged(parts[name], 10 - days)  # unpacked is the oldest, log the newest
+    reg = registry.load(root)
+    budget = cache.inventory(reg).total - 50_000  # the oldest (40 kB of data) is not enough, the next one is
+    result = cache.prune(reg, max_size=budget)
+    assert [e.path for e in result.removed] == [parts["unpacked"], parts["wheel"]]
+    assert result.after <= budget and cache.inventory(reg).total <= budget
+    assert parts["tree_env"].exists() and parts["era"].exists()
+
+
+def test_prune_removes_what_no_current_registry_or_era_can_use(world):
+    root, cache_dir, work = world
+    parts = populated(root, cache_dir, work)
+    old_era = fill(cache_dir / "envs" / f"closure.0123456789ab.{IDENTITY}.{'3' * 12}", 1_000, marker=True)
+    (cache_dir / "envs" / f"{old_era.name}.preload.json").write_text("{}")
+    git_env = fill(cache_dir / "envs" / f"tree.git-{'c' * 12}.{parts['era'].name}.{'4' * 12}", 1_000, marker=True)
+    result = cache.prune(registry.load(root))
+    assert {e.path for e in result.removed} == {old_era, git_env, parts["pycache"].parent}
+    assert not (cache_dir / "envs" / f"{old_era.name}.preload.json").exists()  # it went with its environment
+    assert all(parts[n].exists() for n in ("era", "tree_env", "wheel", "unpacked", "outcome", "log"))
+
+
+# A run using an entry as runs do: an environment through core/debris, anything else through core/inuse.
+HOLD = """
+import sys
+from pathlib import Path
+from pdevidence.core import debris, inuse
+entry = Path(sys.argv[1])
+assert debris.use(entry, lambda _: True) if entry.parent.name == "envs" else inuse.use(entry) is None
+print("using", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("held", ["era", "tree_env", "wheel", "unpacked", "outcome"])
+def test_an_entry_a_running_run_uses_stays_and_goes_once_that_run_has_ended(world, held):
+    root, cache_dir, work = world
+    parts = populated(root, cache_dir, work)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(parts[held])], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    try:
+        assert holder.stdout.readline().strip() == "using"
+        reg = registry.load(root)
+        result = cache.prune(reg, everything=True)
+        assert [e.path for e in result.in_use] == [parts[held]] and parts[held].exists()
+        assert len(list(parts[held].iterdir())) >= 1  # whole: nothing under it was touched
+        assert not any(parts[n].exists() for n in parts if n != held)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert [e.path for e in cache.prune(reg, everything=True).removed] == [parts[held]]
+    assert not parts[held].exists()
+
+
+def test_an_environment_being_built_stays(world):
+    root, cache_dir, work = world
+    parts = populated(root, cache_dir, work)
+    with locking.exclusive(parts["era"].parent / f".{parts['era'].name}.lock", "the build"):
+        assert parts["era"] in [e.path for e in cache.prune(registry.load(root), everything=True).in_use]
+    assert parts["era"] in [e.path for e in cache.prune(registry.load(root), everything=True).removed]
+
+
+def test_a_run_that_used_an_entry_lets_go_when_it_ends(world):
+    root, cache_dir, work = world
+    parts = populated(root, cache_dir, work)
+    with cli.debris.run():
+        inuse.use(parts["wheel"])
+        assert cache.prune(registry.load(root), everything=True).in_use[0].path == parts["wheel"]
+    assert not cache.prune(registry.load(root), everything=True).in_use
+
+
+def test_a_prune_killed_half_way_leaves_nothing_a_later_run_trusts(world):
+    root, cache_dir, work = world
+    parts = populated(root, cache_dir, work)
+    shutil.rmtree(parts.pop("pycache").parent)  # a run removes it as it starts, the same way: killed there too
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "PDEVIDENCE_FAULT": "prune"}
+    done = subprocess.run([sys.executable, "-m", "pdevidence", "--root", str(root), "cache", "clean"], env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    # Killed with the first entry renamed away: it is not where a run looks for it, and what is left carries
+    # the dead run's token.
+    assert not parts["era"].exists() and parts["wheel"].exists()
+    left = [p for p in cache_dir.iterdir() if p.name.endswith(".pruned")]
+    assert left and all(".run-" in p.name for p in left)
+    assert run(root, "cache", "info") == errors.CONFIRMED  # any later run
+    assert not [p for p in cache_dir.iterdir() if p.name.endswith(".pruned")]
+
+
+def test_clean_removes_every_entry_and_keeps_the_locks(world, capsys):
+    root, cache_dir, work = world
+    populated(root, cache_dir, work)
+    (cache_dir / "locks").mkdir()
+    (cache_dir / "locks" / "sglang==1.0.0.lock").touch()
+    assert run(root, "cache", "clean") == errors.CONFIRMED
+    assert "freed" in capsys.readouterr().out
+    assert cache.inventory(registry.load(root)).entries == []
+    assert (cache_dir / "locks" / "sglang==1.0.0.lock").exists()
+
+
+def test_a_run_removes_the_old_bytecode_directory_and_what_dead_runs_left(world):
+    root, cache_dir, work = world
+    parts = populated(root, cache_dir, work)
+    dead = "fedcba9876543210"  # no token file: its run is gone
+    leftovers = [cache_dir / "trees" / f".git-{'e' * 40}.run-{dead}.x1.export",
+                 cache_dir / "archives" / f".incoming-{'e' * 40}.tar.gz.run-{dead}.x2.part",
+                 cache_dir / "images" / ".incoming.abc",
+                 cache_dir / "images" / f".sha256-{'f' * 64}.x3.scan",
+                 work / f".probing.run-{dead}.x4",
+                 work.parent / "runs" / "check" / ".probing-x5"]  # as runs named it before tokens
+    for path in leftovers:
+        fill(path, 10)
+    assert run(root, "cache", "info") == errors.CONFIRMED
+    assert not parts["pycache"].exists()
+    assert [p for p in leftovers if p.exists()] == []
+
+
+def test_a_release_cell_after_clean_builds_again_and_answers_the_same(demo_project, capsys):
+    reg = registry.load(demo_project)
+    first = cells.run_cell(reg, cells.Cell("demo", "base", "release"), log=lambda msg: None)
+    assert run(demo_project, "cache", "info", "--json") == errors.CONFIRMED
+    kinds = {e["kind"] for e in json.loads(capsys.readouterr().out)["entries"]}
+    assert {"era environment", "tree environment", "wheel"} <= kinds
+    assert run(demo_project, "cache", "clean") == errors.CONFIRMED
+    again = cells.run_cell(reg, cells.Cell("demo", "base", "release"), log=lambda msg: None, force=True)
+    assert again.result.read_bytes() == first.result.read_bytes()
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("30d", 30 * DAY), ("12h", 12 * 3600), ("2w", 14 * DAY),
+                                                ("90m", 5400), ("45s", 45)])
+def test_a_duration_is_read_with_its_unit(value, seconds):
+    assert arguments.duration(value) == seconds
+
+
+@pytest.mark.parametrize(("value", "size"), [("20G", 20 << 30), ("500M", 500 << 20), ("1T", 1 << 40),
+                                             ("20GiB", 20 << 30), ("4096", 4096), ("0", 0)])
+def test_a_size_is_read_in_binary_units(value, size):
+    assert arguments.size(value) == size
+
+
+@pytest.mark.parametrize("argv", [["--older-than", "30"], ["--older-than", "0d"], ["--older-than", "1y"],
+                                  ["--max-size", "20X"], ["--max-size", "1.5G"]])
+def test_a_malformed_age_or_size_is_a_usage_error(world, argv, capsys):
+    root, _, _ = world
+    assert run(root, "cache", "prune", *argv) == errors.USAGE
+    assert argv[1] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("verb", ["list", "rm -rf", ""])
+def test_an_unknown_verb_is_a_usage_error_naming_the_verbs(world, verb, capsys):
+    root, _, _ = world
+    assert run(root, "cache", verb) == errors.USAGE
+    assert "info" in capsys.readouterr().err
