@@ -254,6 +254,19 @@ def test_over_broad_is_killed_by_a_control_only():
     assert crash == ["enqueued", "error:ValueError"]
 
 
+def test_leaks_is_killed_by_a_key_base_and_head_agree_on_wherever_it_sits():
+    """A fix right on the keys it changes and wrong where both sides agree (D.same, the control C)."""
+    exp = experiment({"telling": "leaks", "control": "leaks", "changing": "leaks", "fact": "leaks"})
+    result = judge(exp, document(telling=applied(under(D={"same": False})),
+                                 control=applied(under(C={"enqueued": False})),
+                                 changing=applied(under(D={"retired": False})),  # a key the fix changes: not a leak
+                                 fact=applied(under(D={"fact": "y"}))))  # a key the registry does not expect
+    outcome = {m.id: (m.status, m.killed_by) for m in result.mutants}
+    assert outcome == {"telling": (MutantStatus.KILLED, {"D": ["same"]}),
+                       "control": (MutantStatus.KILLED, {"C": ["enqueued"]}),
+                       "changing": (MutantStatus.SURVIVED, {}), "fact": (MutantStatus.SURVIVED, {})}
+
+
 def reference(side: str, exp: registry.Experiment) -> dict:
     """A published result of ``side``: what the registry expects there (the control as it expects it)."""
     observed = {sid: dict(getattr(e, side)) for sid, e in exp.expect.items()}
@@ -445,8 +458,12 @@ def real_lanes(tmp_path_factory):
 # Controls no declared mutant breaks yet, and why: the gap stays visible here until a mutant closes it.
 UNEXERCISED_CONTROLS = {
     ("offload_slots", "O7"): "a prompt shorter than a page: no over-broad mutant of #24226 touches the page alignment",
-    ("offload_rid", "R3"): "the rid reused once the old request drained: no over-broad mutant of #37026 keeps a "
-                           "drained request's state",
+}
+# Experiments no `leaks` mutant is declared for yet, and why (the gap stays visible here too).
+NO_LEAK_MUTANT = {
+    "admission": "its telling scenarios record no key base and head agree on but A1.finished_before_door (set aside "
+                 "by intake_finishes exactly where it moves), and in its controls neither side releases, streams or "
+                 "frees anything: no key records something both sides do that a retirement could leave undone",
 }
 MUTATED = [name for name, exp in registry.load(PROJECT).experiments.items() if exp.mutants]
 
@@ -469,7 +486,8 @@ def test_real_lane_kills_every_mutant_and_every_scenario_kills(name, real_lanes)
     killers = {sid for m in result.mutants for sid in m.killed_by}
     idle = {sid for (exp, sid) in UNEXERCISED_CONTROLS if exp == name}
     assert killers == set(result.scenarios) - idle, f"scenarios that kill nothing: {set(result.scenarios) - killers}"
-    assert {m.kind for m in result.mutants} == set(registry.MutantKind)
+    kinds = set(registry.MutantKind) - ({registry.MutantKind.LEAKS} if name in NO_LEAK_MUTANT else set())
+    assert {m.kind for m in result.mutants} == kinds
 
 
 def published(exp: registry.Experiment, side: str) -> dict:
