@@ -459,12 +459,6 @@ def real_lanes(tmp_path_factory):
 UNEXERCISED_CONTROLS = {
     ("offload_slots", "O7"): "a prompt shorter than a page: no over-broad mutant of #24226 touches the page alignment",
 }
-# Experiments no `leaks` mutant is declared for yet, and why (the gap stays visible here too).
-NO_LEAK_MUTANT = {
-    "admission": "its telling scenarios record no key base and head agree on but A1.finished_before_door (set aside "
-                 "by intake_finishes exactly where it moves), and in its controls neither side releases, streams or "
-                 "frees anything: no key records something both sides do that a retirement could leave undone",
-}
 MUTATED = [name for name, exp in registry.load(PROJECT).experiments.items() if exp.mutants]
 
 
@@ -486,8 +480,7 @@ def test_real_lane_kills_every_mutant_and_every_scenario_kills(name, real_lanes)
     killers = {sid for m in result.mutants for sid in m.killed_by}
     idle = {sid for (exp, sid) in UNEXERCISED_CONTROLS if exp == name}
     assert killers == set(result.scenarios) - idle, f"scenarios that kill nothing: {set(result.scenarios) - killers}"
-    kinds = set(registry.MutantKind) - ({registry.MutantKind.LEAKS} if name in NO_LEAK_MUTANT else set())
-    assert {m.kind for m in result.mutants} == kinds
+    assert {m.kind for m in result.mutants} == set(registry.MutantKind)
 
 
 def published(exp: registry.Experiment, side: str) -> dict:
