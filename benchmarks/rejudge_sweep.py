@@ -5,8 +5,8 @@
 
 For each release document the sweep kept (``<sweep>/release-<version>/<experiment>.json``) and each
 experiment: the classification this checkout's judge gives beside the one in the sweep table, and every
-control key (a scenario base and head agree on) on which the release observes what neither side observes,
-before any rule, with the ``not_deciding`` rule of experiments.toml that sets it aside there, or NOT SET
+control key (a key base and head agree on, in any scenario) on which the release observes what neither side
+observes, before any rule, with the ``not_deciding`` rule of experiments.toml that sets it aside there, or NOT SET
 ASIDE. That is how the control rules are derived, and re-derived after a probe changes its keys: a departure
 on a pristine release that no rule sets aside would make a backport of the fix into that release read
 "deviates".

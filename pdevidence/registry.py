@@ -41,6 +41,7 @@ class TorchChannel(str, enum.Enum):
 class MutantKind(str, enum.Enum):
     REMOVES_FIX = "removes-fix"  # the probe must then report pre-fix behaviour
     OVER_BROAD = "over-broad"  # a control must catch it
+    LEAKS = "leaks"  # right on the keys that change, wrong on one base and head agree on: that key must catch it
 
 
 class Operator(str, enum.Enum):

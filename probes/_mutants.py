@@ -3,7 +3,7 @@
 USAGE (engine ready; for probe authors):
 
   Declare a mutant in experiments.toml, ``[experiments.<exp>.mutants.<id>]``:
-      title = "one line"; kind = "removes-fix" | "over-broad"
+      title = "one line"; kind = "removes-fix" | "over-broad" | "leaks"
       target = "sglang.srt.module:Qualname.attr"        # a Python function or method
       operator = "constant"  value = true|1|"x"          # the target returns value
                | "noop"                                  # the target returns None
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 OPERATORS = ("constant", "noop", "swap", "edit")
-KINDS = ("removes-fix", "over-broad")
+KINDS = ("removes-fix", "over-broad", "leaks")
 # A swap's replacement is reached through one injected global of the target's module.
 _SWAP_GLOBAL = "__pdevidence_swap_{}__"
 _OUTER = "__pdevidence_outer__"

@@ -376,3 +376,90 @@ def test_the_judge_reads_no_file():
     calls = {node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call)
              and isinstance(node.func, ast.Attribute)}
     assert not calls & {"read_text", "read_bytes", "open", "load", "exists"}, calls
+
+
+# Keys both sides agree on are controls in every scenario (issue 36 item 5): D1 tells base from head on
+# `enqueued`/`retired`, and both sides free 16 slots and release one row there, as O2 of offload_slots does.
+LEAK_BASE = result_doc("base", "1.0.0", {"D1": {"enqueued": True, "retired": False, "freed": 16, "rows": 1},
+                                         "D2": {"enqueued": True}})
+LEAK_HEAD = result_doc("head", "1.1.0", {"D1": {"enqueued": False, "retired": True, "freed": 16, "rows": 1},
+                                         "D2": {"enqueued": True}})
+
+
+def leaking(d1):
+    return result_doc("sweep", "1.2.0", {"D1": {"enqueued": False, "retired": True, **d1}, "D2": {"enqueued": True}})
+
+
+@pytest.fixture
+def plain(tmp_path):
+    from synthetic import REGISTRY, make_project
+
+    from pdevidence import registry
+    return registry.load(make_project(tmp_path, REGISTRY)).experiment("demo")
+
+
+def test_a_fix_that_never_releases_deviates_on_the_keys_both_sides_agree_on_and_names_them(plain):
+    found = classify.judge(leaking({"freed": 0, "rows": 0}), LEAK_BASE, LEAK_HEAD, plain)
+    assert found.classification is C.DEVIATES
+    assert found.scenarios == {"D1": B.DEVIATES}
+    assert found.deviations == {"D1": {"freed": Values(0, 16, 16), "rows": Values(0, 1, 1)}}
+    assert classify.judge(leaking({"freed": 16, "rows": 1}), LEAK_BASE, LEAK_HEAD, plain).classification is C.FIXED
+
+
+def test_a_pre_fix_tree_is_not_made_to_deviate_by_an_agreed_key_of_a_telling_scenario(plain):
+    doc = leaking({"freed": 0, "rows": 1})
+    doc["scenarios"]["D1"]["observed"].update(enqueued=True, retired=False)
+    found = classify.judge(doc, LEAK_BASE, LEAK_HEAD, plain)
+    assert (found.classification, found.scenarios) == (C.PRE_FIX, {"D1": B.PRE_FIX})
+
+
+def test_an_agreed_key_the_tree_never_recorded_is_not_a_deviation_but_named_unobserved(plain):
+    found = classify.judge(leaking({"freed": 16}), LEAK_BASE, LEAK_HEAD, plain)
+    assert (found.classification, found.scenarios) == (C.NEITHER, {"D1": B.NEITHER})
+    assert found.unobserved == ["D1.rows"] and found.deviations == {}
+
+
+LEAK_ASIDE = """
+[experiments.demo.expect.D1]
+changes = true
+base = { enqueued = true, retired = false, rows = 1 }
+head = { enqueued = false, retired = true, rows = 1 }
+
+[experiments.demo.not_deciding.older_rows]
+when = { "D1.rows_layout" = "old" }
+keys = { D1 = ["rows"] }
+why = "the older pool releases rows elsewhere"
+"""
+
+
+def test_an_agreed_key_a_rule_sets_aside_is_not_judged_as_a_control(tmp_path):
+    from synthetic import REGISTRY, make_project
+
+    from pdevidence import registry
+    declared = "base = { enqueued = true, retired = false }\nhead = { enqueued = false, retired = true }\n"
+    text = REGISTRY.replace(f"[experiments.demo.expect.D1]\nchanges = true\n{declared}", "") + LEAK_ASIDE
+    exp = registry.load(make_project(tmp_path, text)).experiment("demo")
+    assert classify.telling_scenarios(LEAK_BASE, LEAK_HEAD, exp) == {"D1": ["enqueued", "retired"]}  # rows agrees
+    doc = leaking({"freed": 16, "rows": 0, "rows_layout": "old"})
+    found = classify.judge(doc, LEAK_BASE, LEAK_HEAD, exp)
+    assert (found.classification, found.scenarios) == (C.FIXED, {"D1": B.FIXED})
+    assert found.not_deciding == ["older_rows: the older pool releases rows elsewhere"]
+    doc["scenarios"]["D1"]["observed"]["rows_layout"] = "new"
+    assert classify.judge(doc, LEAK_BASE, LEAK_HEAD, exp).deviations == {"D1": {"rows": Values(0, 1, 1)}}
+
+
+def test_the_published_base_reads_pre_fix_and_head_fixed_for_every_experiment():
+    """The published sweep tables keep only behaviours, so this is what pins the new controls on real data:
+    each side judged against the pair reads as itself, no agreed key departing."""
+    from pathlib import Path
+
+    from pdevidence import registry
+    from pdevidence.documents import results
+    from pdevidence.documents.references import expected_file
+
+    root = Path(__file__).resolve().parent.parent
+    reg = registry.load(root)
+    for name, exp in reg.experiments.items():
+        base, head = (results.load(root / "results" / expected_file(exp, side, "release")) for side in registry.SIDES)
+        assert classify.judge(base, base, head, exp).classification is C.PRE_FIX, name
+        assert classify.judge(head, base, head, exp).classification is C.FIXED, name

@@ -254,6 +254,19 @@ def test_over_broad_is_killed_by_a_control_only():
     assert crash == ["enqueued", "error:ValueError"]
 
 
+def test_leaks_is_killed_by_a_key_base_and_head_agree_on_wherever_it_sits():
+    """A fix right on the keys it changes and wrong where both sides agree (D.same, the control C)."""
+    exp = experiment({"telling": "leaks", "control": "leaks", "changing": "leaks", "fact": "leaks"})
+    result = judge(exp, document(telling=applied(under(D={"same": False})),
+                                 control=applied(under(C={"enqueued": False})),
+                                 changing=applied(under(D={"retired": False})),  # a key the fix changes: not a leak
+                                 fact=applied(under(D={"fact": "y"}))))  # a key the registry does not expect
+    outcome = {m.id: (m.status, m.killed_by) for m in result.mutants}
+    assert outcome == {"telling": (MutantStatus.KILLED, {"D": ["same"]}),
+                       "control": (MutantStatus.KILLED, {"C": ["enqueued"]}),
+                       "changing": (MutantStatus.SURVIVED, {}), "fact": (MutantStatus.SURVIVED, {})}
+
+
 def reference(side: str, exp: registry.Experiment) -> dict:
     """A published result of ``side``: what the registry expects there (the control as it expects it)."""
     observed = {sid: dict(getattr(e, side)) for sid, e in exp.expect.items()}
@@ -445,8 +458,6 @@ def real_lanes(tmp_path_factory):
 # Controls no declared mutant breaks yet, and why: the gap stays visible here until a mutant closes it.
 UNEXERCISED_CONTROLS = {
     ("offload_slots", "O7"): "a prompt shorter than a page: no over-broad mutant of #24226 touches the page alignment",
-    ("offload_rid", "R3"): "the rid reused once the old request drained: no over-broad mutant of #37026 keeps a "
-                           "drained request's state",
 }
 MUTATED = [name for name, exp in registry.load(PROJECT).experiments.items() if exp.mutants]
 

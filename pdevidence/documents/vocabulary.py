@@ -35,8 +35,8 @@ class Classification(str, enum.Enum):
     ERROR = "error"  # a telling scenario raised: the probe broke on this release, named beside the others
     FAILED = "failed"  # the release could not be probed at all
     NOT_AFFECTED = "not affected"  # the vulnerable path is not in this tree: ``evidence`` names what shows it
-    # Fixed on every telling scenario, but a control departs from both sides (``deviations`` names them): an
-    # over-broad fix, not the fixed code.
+    # Fixed on every telling scenario, but a key base and head agree on departs from both sides (``deviations``
+    # names them): an over-broad fix or a leak, not the fixed code.
     DEVIATES = "deviates"
 
 

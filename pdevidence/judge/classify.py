@@ -1,14 +1,18 @@
 """Which side a tree behaves like: per telling scenario, per control, per release, and the release watch.
 
 A tree's result is judged against the published base and head results. On the
-scenarios that tell them apart, per scenario: pre-fix (observes what base
-observes), fixed (what head observes), neither, or error (it raised). On the
-controls (scenarios base and head agree on): deviates where the tree observes
-what neither side does. Per tree: partial (some telling scenarios fixed, some
-pre-fix, whatever the others did), else error (a telling scenario raised: named,
-with the others' behaviour beside it), neither, pre-fix or fixed; and a tree
+scenarios that tell them apart, on the keys that change, per scenario: pre-fix
+(observes what base observes), fixed (what head observes), neither, or error (it
+raised). Every key base and head agree on is a control, wherever it sits: a
+control scenario's keys, and a telling scenario's keys both sides record alike
+beside its changing ones. A control deviates where the tree records what neither
+side does, and so does a telling scenario fixed on its changing keys (a leak:
+right where the fix changes things, wrong where it should not). Per tree:
+partial (some telling scenarios fixed, some pre-fix, whatever the others did),
+else error (a telling scenario raised: named, with the others' behaviour beside
+it), neither, pre-fix or fixed; and a tree
 fixed on every telling scenario whose control departs from both sides deviates
-(an over-broad fix: not the fixed code). Keys that kept a tree from fixed are
+(an over-broad fix or a leak: not the fixed code). Keys that kept a tree from fixed are
 shown beside base's and head's (``Judgement.explain``). The sweep and ``check``
 both judge through ``judge`` here; the release watch (``flagged``) names every
 release after the first fixed one that is not fixed, and every release that failed.
@@ -30,7 +34,7 @@ from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, RELEASE_WATCH
 from ..documents.observations import NOT_OBSERVED, Explained, Values
 from ..documents.tables import ReleaseOutcome, first_fixed, flagged
 from ..documents.vocabulary import Behaviour, Classification
-from ..registry import Experiment, Justification, NotAffected, NotDeciding
+from ..registry import Expectation, Experiment, Justification, NotAffected, NotDeciding
 from .compare import same
 
 
@@ -64,20 +68,39 @@ def agree(tree: object, side: object) -> bool:
     return same(tree, side)
 
 
+def changing(e: Expectation) -> list[str]:
+    """The keys of a changing scenario whose base and head expectations differ (a key expected alike is a control)."""
+    return sorted(k for k in set(e.base) | set(e.head)
+                  if not same(e.base.get(k, NOT_OBSERVED), e.head.get(k, NOT_OBSERVED)))
+
+
 def telling_scenarios(base: dict, head: dict, exp: Experiment | None = None) -> dict[str, list[str] | None]:
-    """What tells base from head: the registry's changing scenarios on their declared keys,
+    """What tells base from head: the registry's changing scenarios on the declared keys that change,
     else every scenario whose observations differ. Tree facts and controls do not decide."""
     if exp is not None and any(e.changes for e in exp.expect.values()):
-        return {sid: sorted(set(e.base) | set(e.head)) for sid, e in sorted(exp.expect.items()) if e.changes}
+        return {sid: changing(e) for sid, e in sorted(exp.expect.items()) if e.changes}
     return {sid: None for sid in sorted(set(base["scenarios"]) | set(head["scenarios"]))
             if not same(base["scenarios"].get(sid, {}).get("observed"), head["scenarios"].get(sid, {}).get("observed"))}
 
 
+def agreed(base: dict, head: dict, sid: str) -> set[str]:
+    """The keys of ``sid`` base and head both record alike, where both ran it clean."""
+    if _raised(base, sid) or _raised(head, sid):
+        return set()
+    was, now = _observed(base, sid), _observed(head, sid)
+    return {k for k in set(was) & set(now) if same(was[k], now[k])}
+
+
 def control_scenarios(base: dict, head: dict, exp: Experiment | None = None) -> dict[str, list[str] | None]:
-    """What the fix must not change: the registry's controls on their declared keys, else every scenario
-    base and head observe alike."""
+    """What the fix must not change, in every scenario: the keys base and head agree on. With the registry:
+    each control's declared keys and each scenario's keys both sides record alike, outside the keys that tell
+    them apart (a leak a telling scenario's keys miss departs there); else every scenario base and head
+    observe alike, whole."""
     if exp is not None and exp.expect:
-        return {sid: sorted(e.head) for sid, e in sorted(exp.expect.items()) if not e.changes}
+        telling = telling_scenarios(base, head, exp)
+        found = {sid: sorted((set() if e.changes else set(e.head)) | agreed(base, head, sid)
+                             - set(telling.get(sid) or ())) for sid, e in sorted(exp.expect.items())}
+        return {sid: keys for sid, keys in found.items() if keys}
     return {sid: None for sid in sorted(set(base["scenarios"]) & set(head["scenarios"]))
             if same(base["scenarios"][sid].get("observed"), head["scenarios"][sid].get("observed"))}
 
@@ -161,8 +184,9 @@ def departures(doc: dict, base: dict, head: dict, controls: dict[str, list[str] 
 
 
 def _control(doc: dict, sid: str, departed: Explained) -> Behaviour:
-    """A control that raised is an error; one that departs on a key it recorded deviates (an over-broad fix);
-    one that departs only where it recorded nothing matches neither side (nothing shows it over-broad)."""
+    """A control that raised is an error; one that departs on a key it recorded deviates (an over-broad fix,
+    or a leak); one that departs only where it recorded nothing matches neither side (nothing shows it
+    over-broad)."""
     if _raised(doc, sid):
         return Behaviour.ERROR
     if any(values.tree is not NOT_OBSERVED for values in departed[sid].values()):
@@ -269,10 +293,14 @@ def judge(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -> J
                if b in (Behaviour.PRE_FIX, Behaviour.NEITHER)}
     checked = deciding_here(control_scenarios(base, head, exp), rules)
     departed = departures(doc, base, head, checked)
-    controls = {sid: _control(doc, sid, departed) for sid in checked if _raised(doc, sid) or sid in departed}
-    explain.update(departed)
-    everything = {**found, **controls}
-    classification = with_controls(overall(found), controls)
+    # A telling scenario fixed on its telling keys is judged on the keys both sides agree on as a control is;
+    # one already pre-fix or neither says the tree is not the fixed code there, whatever else it departs on.
+    leaks = {sid: _control(doc, sid, departed) for sid, b in found.items() if b is Behaviour.FIXED and sid in departed}
+    controls = {sid: _control(doc, sid, departed) for sid in checked
+                if sid not in found and (_raised(doc, sid) or sid in departed)}
+    explain.update({sid: keys for sid, keys in departed.items() if sid in leaks or sid not in found})
+    everything = {**found, **leaks, **controls}
+    classification = with_controls(overall(found), {**leaks, **controls})
     refusals = refused(doc, exp)
     if refusals:
         classification = Classification.ERROR

@@ -6,7 +6,7 @@ probe process's path as it is (``--version``, ``--wheel``: the wheel unpacked;
 ``--path``, ``--git``: the source tree's directory holding ``sglang/``, nothing
 built), in the closure of the tree's era. Every experiment runs in one probe
 process. Each is judged on the scenarios that tell the published base and head
-results apart and on the controls (scenarios they agree on): fixed, affected
+results apart and on the controls (every key they agree on): fixed, affected
 (pre-fix), partial (some scenarios fixed, others pre-fix), deviates (fixed where
 the scenarios tell, but a control departs from both sides: an over-broad fix, not
 the fixed code), unknown (matches neither, a deciding key never recorded, or raised), or cannot run (the probe

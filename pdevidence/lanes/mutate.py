@@ -23,6 +23,9 @@ and only on the keys it expects that the mutated run observed (tree facts such a
   either equals the base expectation or, both being integers, comes closer to it;
 - ``over-broad``: killed by a control (``changes = false``) when any expected key
   leaves its baseline value;
+- ``leaks`` (right where the fix changes things, wrong where base and head agree, e.g. a
+  request never released): killed by any scenario when a key whose base and head
+  expectations agree leaves its baseline value;
 - an exception raised inside a scenario under the mutant (the baseline ran clean)
   kills in the scenarios that count for the mutant's kind, recorded as the key
   ``error:<Type>`` beside whatever keys the scenario observed moving before it
@@ -80,10 +83,14 @@ def _moved_toward(base: Any, baseline: Any, mutated: Any) -> bool:
 
 def scenario_kills(kind: registry.MutantKind, expect: registry.Expectation, baseline: dict, mutated: dict) -> list[str]:
     """The keys by which one scenario kills one mutant (empty: it does not)."""
-    if expect.changes != (kind is registry.MutantKind.REMOVES_FIX):
+    leaks = kind is registry.MutantKind.LEAKS
+    if not leaks and expect.changes != (kind is registry.MutantKind.REMOVES_FIX):
         return []
     before, after = baseline.get("observed", {}), mutated.get("observed", {})
-    if expect.changes:
+    if leaks:  # in any scenario: a key base and head are expected to agree on
+        keys = [k for k in expect.head if k in after and same(expect.base.get(k, MISSING), expect.head[k])
+                and not same(after[k], before.get(k))]
+    elif expect.changes:
         keys = [k for k in expect.head if k in after and k in expect.base and not same(expect.base[k], expect.head[k])
                 and _moved_toward(expect.base[k], before.get(k), after[k])]
     else:
