@@ -16,7 +16,8 @@ PROBES = PROJECT / "probes"
 # What code running inside a cell's interpreter may import besides the standard library:
 # the probed tree and the torch it runs on, the probes' own kit and driver, and (for the upstream plugin)
 # the pytest that runs it.
-IN_CELL_ALLOWED = {"sglang", "torch", "triton", "_probekit", "_mutants", "_standins", "_offload", "probe_all", "pytest"}
+IN_CELL_ALLOWED = {"sglang", "torch", "triton", "_probekit", "_mutants", "_standins", "_offload", "_decode_step",
+                   "probe_all", "pytest"}
 
 
 def _top_level_imports(path: Path) -> set[str]:
