@@ -114,7 +114,7 @@ def output_processor() -> type:
 
 def processor_class(owner: type) -> type:
     """A stand-in for the scheduler (or its component) running ``owner``'s own methods: every state the
-    step reads that is not set answers as ``Anything``; streaming the outputs is the boundary (a recorder)."""
+    step reads that is not set answers as ``Anything``; streaming the outputs is the boundary (it does nothing)."""
 
     def __init__(self, **attrs: Any) -> None:
         for key, value in attrs.items():
@@ -153,8 +153,7 @@ def step(owner: type, sg: SimpleNamespace, make_manager: Callable[..., Any], *, 
     req.output_ids = []
     req.vocab_size = VOCAB  # a server sets it from the model; the finish check bounds the token by it
     processor = processor_class(owner)(
-        server_args=sg.server_args, decode_offload_manager=offload_manager(make_manager, calls),
-        enable_overlap=False, enable_overlap_mlx=False, num_generated_tokens=0, forward_ct_decode=0)
+        server_args=sg.server_args, decode_offload_manager=offload_manager(make_manager, calls), enable_overlap=False)
     batch = Anything("batch", reqs=[req], spec_algorithm=sg.SPEC_NONE, is_spec_v2=False, return_logprob=False,
                      batch_size=lambda: 1)
     result = Anything("result", next_token_ids=sg.torch.tensor([TOKEN]), copy_done=None)
