@@ -5,7 +5,8 @@ tree's own decode step (``probes/_decode_step.py``), so neither a comment line b
 call made through an alias of the manager may move 0.5.12 from affected to *not affected* (offloads at
 finish only), as a reading of its text did. Each variant is the 0.5.12 wheel laid out as a fork's
 checkout (``test_forks_real.lay_out_fork``) with one edit made at test time, checked as a ``--path``
-tree against this checkout's fresh release cells (the session's ``release_matrix``).
+tree against this checkout's fresh release cells (a matrix of its own: the session's ``release_matrix``
+stops at stale published evidence, as it is between a probe change and its republish).
 """
 
 from __future__ import annotations
@@ -44,18 +45,30 @@ def check(*argv: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def pristine(release_matrix):
+def fresh_cells(tmp_path_factory):
+    """This checkout's release cells (the matrix's), judged against as `--references fresh` does: whether the
+    published evidence is current or not (mid-republish), so its exit code is not this module's concern."""
+    runs = tmp_path_factory.mktemp("hostile-runs")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PDEVIDENCE_RUNS", str(release_matrix.runs))
+        mp.setenv("PDEVIDENCE_RUNS", str(runs))
+        with contextlib.redirect_stdout(io.StringIO()):
+            cli.main(["--root", str(PROJECT), "matrix", "--kind", "release"])
+    return runs
+
+
+@pytest.fixture(scope="module")
+def pristine(fresh_cells):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PDEVIDENCE_RUNS", str(fresh_cells))
         return check("--version", VERSION)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_0_5_12_with_its_decoding_offload_call_reworded_answers_as_0_5_12(release_matrix, pristine, tmp_path,
+def test_0_5_12_with_its_decoding_offload_call_reworded_answers_as_0_5_12(fresh_cells, pristine, tmp_path,
                                                                          monkeypatch, variant):
     """Alone proves: a comment before 0.5.12's decoding offload call, or the call through an alias of the
     manager, leaves both offload experiments as on 0.5.12 (affected), never not affected."""
-    monkeypatch.setenv("PDEVIDENCE_RUNS", str(release_matrix.runs))
+    monkeypatch.setenv("PDEVIDENCE_RUNS", str(fresh_cells))
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
     reg = registry.load(PROJECT)
     release = trees.release_tree(VERSION, reg.python, trees.LockFile(tree_lock_file(reg.root)))
