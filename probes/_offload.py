@@ -25,10 +25,13 @@ stand-in does not write is a recorder, so no name the tree's own idiom calls is 
 The scenarios call the manager as the tree's output processor does: a decode step offloads an
 unfinished request; at finish ``offload_kv_cache``, and where it wrote nothing
 ``finalize_release_on_finish`` (trees without it: the tree cache's ``cache_finished_req``); a copy
-landing is ``check_offload_progress``. Whether the tree offloads while decoding at all is read from
-its output processor (the call guarded by ``not req.finished()``): the finish-only trees (0.5.3 to
-0.5.9) record ``decode_offload: "absent"`` and their scenarios stop there; a tree without the
-manager records ``offload_manager: "absent"``.
+landing is ``check_offload_progress``. Whether the tree offloads while decoding at all is observed by
+running its own decode-step output processing with a recording manager (``_decode_step.py``): the
+finish-only trees (0.5.3 to 0.5.9) record ``decode_offload: "absent"`` and their scenarios stop there;
+where that cannot be observed, every scenario records why as its error. A tree whose server cannot
+be asked to offload decode KV at all (its ``ServerArgs`` has no
+``disaggregation_decode_enable_offload_kvcache``: 0.5.2 and older) records ``offload_manager:
+"absent"``; one that has the option but not the manager's module is an error too, never an absence.
 """
 
 from __future__ import annotations
@@ -38,19 +41,19 @@ import importlib
 import importlib.util
 import inspect
 import queue
-import re
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from _probekit import Collaborators, ScenarioSet, publish_server_args, server_args, swapped
+import _decode_step
+from _decode_step import CannotObserve, DecodeOffload
+from _probekit import Collaborators, ScenarioSet, publish_server_args, server_args, stand_in, swapped
 
 MANAGER_MODULE = "sglang.srt.disaggregation.decode_kvcache_offload_manager"
 PAGE = 4  # page size, and so the offload stride (SGLANG_HICACHE_DECODE_OFFLOAD_STRIDE unset)
 ROWS = 8
 ROW_LEN = 64
-# Where the output processor offloads an unfinished request (0.5.12 on), read from the tree's source.
-DECODE_CALL = re.compile(r"not req\.finished\(\)\s*\)?:?\s*\n\s*self\.decode_offload_manager\.offload_kv_cache\(req\)")
+# The server option that turns the decode worker's KV offload on (0.5.3 on): a tree without it cannot offload.
+OFFLOAD_OPTION = "disaggregation_decode_enable_offload_kvcache"
 HOST_POOL_NAMES = ("MHATokenToKVPoolHost", "MLATokenToKVPoolHost", "build_kv_host_pool")
 # The tree's classes each stand-in is built from, wherever a release keeps them: every method they
 # define answers as a recorder, so a fix written in any tree's idiom reaches its collaborators.
@@ -71,31 +74,40 @@ sg = SimpleNamespace(ready=False)
 
 
 def prepare(scenarios: ScenarioSet) -> str:
-    """Import what the scenarios use; a tree without the offload manager is left for them to record."""
+    """Import what the scenarios use, and observe whether the tree offloads while decoding; a tree without
+    the offload option, or one whose decode offload cannot be observed, is left for the scenarios to record."""
     import sglang
     import torch
+    from sglang.srt.server_args import ServerArgs
 
     sg.torch = torch
     sg.module = None
+    sg.option = OFFLOAD_OPTION in inspect.signature(ServerArgs).parameters  # a dataclass up to 0.5.19
+    sg.unobserved = None
+    if not sg.option:
+        return sglang.__version__
     try:
         spec = importlib.util.find_spec(MANAGER_MODULE)
     except ModuleNotFoundError:
         spec = None
     if spec is None:
+        sg.unobserved = (f"the tree's ServerArgs has {OFFLOAD_OPTION}, but {MANAGER_MODULE} is not found: "
+                         "whether it offloads decode KV cannot be observed")
         return sglang.__version__
     from sglang.srt.managers import schedule_batch
     from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
     from sglang.srt.sampling.sampling_params import SamplingParams
-    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     sg.server_args = server_args(ServerArgs, scenarios.adapted, model_path="dummy", disaggregation_mode="decode",
-                                 page_size=PAGE, disaggregation_decode_enable_offload_kvcache=True)
+                                 page_size=PAGE, **{OFFLOAD_OPTION: True})
     publish_server_args(sg.server_args, scenarios.adapted, role="test")
     sg.module = importlib.import_module(MANAGER_MODULE)
     sg.Manager = sg.module.DecodeKVCacheOffloadManager
     sg.Req, sg.SamplingParams = Req, SamplingParams
     sg.FINISH_ABORT, sg.FINISH_LENGTH = FINISH_ABORT, FINISH_LENGTH
+    sg.SPEC_NONE = SpeculativeAlgorithm.NONE
     ReqKvInfo = getattr(schedule_batch, "ReqKvInfo", None)
     sg.ReqKvInfo = ReqKvInfo
     sg.kv_on_record = ReqKvInfo is not None and hasattr(ReqKvInfo, "holds_kv")  # 0.5.19 on: req.kv.req_pool_idx
@@ -108,26 +120,27 @@ def prepare(scenarios: ScenarioSet) -> str:
 
     sg.KVPool = ProbeKVPool
     STANDINS.find()
-    sg.decode_offload = _offloads_while_decoding()
-    if not sg.decode_offload:
-        scenarios.adapted("offload-at-finish-only")
+    try:
+        sg.decode_offload = _decode_step.observe(sg, lambda **attrs: stand_in((sg.Manager,), "manager", **attrs))
+    except CannotObserve as exc:
+        sg.unobserved = f"whether the tree offloads while decoding cannot be observed: {exc}"
+    else:
+        if sg.decode_offload is DecodeOffload.ABSENT:
+            scenarios.adapted("offload-at-finish-only")
     sg.ready = True
     return sglang.__version__
 
 
-def _offloads_while_decoding() -> bool:
-    spec = importlib.util.find_spec("sglang.srt.managers")
-    root = Path(spec.submodule_search_locations[0])
-    return any(DECODE_CALL.search(path.read_text(encoding="utf-8")) for path in root.rglob("*.py"))
-
-
 def tree_facts(observed: dict) -> bool:
-    """Record what the tree lacks; True when the scenario can go on."""
-    if sg.module is None:
+    """Record what the tree lacks; True when the scenario can go on. Where that could not be observed, the
+    scenario is an error (``CannotObserve``), never an absence."""
+    if not sg.option:
         observed["offload_manager"] = "absent"
         return False
-    observed["decode_offload"] = "present" if sg.decode_offload else "absent"
-    return sg.decode_offload
+    if sg.unobserved is not None:
+        raise CannotObserve(sg.unobserved)
+    observed["decode_offload"] = sg.decode_offload.value
+    return sg.decode_offload is DecodeOffload.PRESENT
 
 
 class Ack(tuple):

@@ -329,8 +329,14 @@ def publish_server_args(args: Any, adapt: Callable[[str], None], *, role: str, r
     adapt("server-args-unpublished")
 
 
+class SourceUnreadable(RuntimeError):
+    """What a tree's code reads was asked of a source that cannot be read: no answer, never a no."""
+
+
 def reads(fn: Callable[..., Any], token: str) -> bool:
-    """Whether ``fn``'s source names ``token``: what a stand-in must carry depends on what the tree reads."""
+    """Whether ``fn``'s source names ``token``: what a stand-in must carry depends on what the tree reads.
+    A source that cannot be read raises ``SourceUnreadable``: an error of the scenario (or of the probe's
+    setup), never a False."""
     return token in _source(fn)
 
 
@@ -344,8 +350,10 @@ def _source(obj: Any) -> str:
     if key not in _SOURCES:
         try:
             _SOURCES[key] = inspect.getsource(obj)
-        except (OSError, TypeError):
-            _SOURCES[key] = ""
+        except (OSError, TypeError) as exc:
+            name = getattr(obj, "__qualname__", type(obj).__name__)
+            raise SourceUnreadable(f"the source of {name} cannot be read ({type(exc).__name__}: {exc}), "
+                                   "so what it reads is unknown") from exc
     return _SOURCES[key]
 
 

@@ -27,8 +27,9 @@ row: the reuse window), ``in_flight_freed`` (given back while a copy not yet ack
 reads them), ``row_released_in_flight`` (the request's row released with such a copy),
 ``freed_total``, ``double_freed``, ``rows_released``, ``radix_freed_while_decoding``,
 ``manager_error`` (``<call>:<exception type>`` where the tree's manager raised, else null). Tree
-facts: ``offload_manager: "absent"`` (no manager), ``decode_offload: "absent"`` (the tree offloads
-only finished requests, 0.5.3 to 0.5.9) or ``"present"``.
+facts: ``offload_manager: "absent"`` (the tree's server has no decode offload option, so no manager runs),
+``decode_offload: "absent"`` (observed: its decode step offloads only finished requests, 0.5.3 to 0.5.9)
+or ``"present"``; where that cannot be observed, every scenario's error says why.
 
     python probes/probe_offload_slots_differential.py --side head --tree-kind release --tree-ref 0.5.13
 """

@@ -42,6 +42,7 @@ then, from the repository root:
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import inspect
 import sys
@@ -52,8 +53,8 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _probekit import (Collaborators, Observed, Recorder, ScenarioSet, Spy, main, publish_server_args,  # noqa: E402
-                       reads, server_args, swapped)
+from _probekit import (Collaborators, Observed, Recorder, ScenarioSet, SourceUnreadable, Spy, main,  # noqa: E402
+                       publish_server_args, reads, server_args, swapped)
 
 SCENARIOS = ScenarioSet("prefill")
 
@@ -126,8 +127,8 @@ def prepare() -> str:
     if sg.real_release_kv_cache is None:  # up to 0.5.5 the tree cache's cache_finished_req releases
         SCENARIOS.adapted("tree-cache-release")
         sg.release_flag_of = _tree_cache_release_flag()
-    if not (_tree_names("sglang.srt.mem_cache.hiradix_cache", "def release_aborted_request")
-            or _tree_names("sglang.srt.mem_cache.base_prefix_cache", "def finish(")):
+    if not (_tree_defines("sglang.srt.mem_cache.hiradix_cache", "release_aborted_request")
+            or _tree_defines("sglang.srt.mem_cache.base_prefix_cache", "finish")):
         # Up to 0.5.1 no prefix cache can be told that a request ended in an abort.
         SCENARIOS.adapted("no-cache-abort-release")
     sg.cache_frees_kvless_mamba = False
@@ -139,25 +140,33 @@ def prepare() -> str:
         # and 0.5.8's mamba cache hands back the slot of a request that holds no KV row.
         from sglang.srt.mem_cache.mamba_radix_cache import MambaRadixCache
         sg.cache_frees_kvless_mamba = reads(MambaRadixCache.cache_finished_req, "req.req_pool_idx is None")
-    if not any("def abort(" in conn.read_text(encoding="utf-8")
-               for conn in Path(prefill.__file__).parent.glob("**/conn.py")):
+    if not any(_defines(conn, "abort") for conn in Path(prefill.__file__).parent.glob("**/conn.py")):
         # Up to 0.4.9 no KV sender of the tree can be aborted.
         SCENARIOS.adapted("no-sender-abort")
-    if not reads(prefill.SchedulerDisaggregationPrefillMixin.process_batch_result_disagg_prefill, "accept_token"):
-        # 0.4.5 and 0.4.6 never show the sampled token to the grammar in the result path.
-        SCENARIOS.adapted("no-grammar-in-result")
     sg.Scheduler = _scheduler_class(prefill.SchedulerDisaggregationPrefillMixin)
     STANDINS.find()
     return sglang.__version__
 
 
-def _tree_names(module: str, token: str) -> bool:
-    """Whether the tree's source of ``module`` names ``token``, read without importing the module."""
+def _tree_defines(module: str, name: str) -> bool:
+    """Whether the tree's ``module`` defines a function or method ``name``, read without importing it; a
+    module the tree lacks defines nothing, one whose file cannot be read or parsed raises (never a no)."""
     try:
         spec = importlib.util.find_spec(module)
     except ModuleNotFoundError:
         return False
-    return bool(spec and spec.origin) and token in Path(spec.origin).read_text(encoding="utf-8")
+    if spec is None:
+        return False
+    if not spec.origin:
+        raise SourceUnreadable(f"{module} has no source file: whether it defines {name} is unknown")
+    return _defines(Path(spec.origin), name)
+
+
+def _defines(path: Path, name: str) -> bool:
+    """Whether the module file defines a function or method ``name`` (parsed: comments and layout do not count)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name
+               for node in ast.walk(tree))
 
 
 def _tree_cache_release_flag() -> str | None:
@@ -687,6 +696,9 @@ def b6(observed: Observed) -> None:
         world.deliver(req)
     except GrammarRejects:  # up to 0.4.9 the result path does not catch it: what it did before stays observable
         observed["grammar_error_escaped"] = True
+    if not req.grammar.accept_token.count:
+        # The result path ran to its end and never showed the sampled token to the grammar (0.4.5, 0.4.6).
+        SCENARIOS.adapted("no-grammar-in-result")
     world.observe(req, observed, keys)
 
 

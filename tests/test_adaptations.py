@@ -149,5 +149,6 @@ def test_reads_and_accepts_look_at_the_tree_not_its_version(tmp_path):
 
     assert _probekit.reads(result_path, "batch.return_logprob")
     assert not _probekit.reads(result_path, "self.server_args")
-    assert not _probekit.reads(len, "anything")  # no source: reads nothing
+    with pytest.raises(_probekit.SourceUnreadable, match="the source of len cannot be read"):
+        _probekit.reads(len, "anything")  # no source: no answer, never a False
     assert _probekit.accepts(result_path, "batch") and not _probekit.accepts(result_path, "is_retracted")

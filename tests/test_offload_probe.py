@@ -172,7 +172,8 @@ def offload(fresh_probe, monkeypatch):
     module.sg.__dict__.update(
         torch=fake_torch(), module=MODULE, Manager=Manager, Req=Req, SamplingParams=lambda **kw: None,
         FINISH_ABORT=lambda: "abort", FINISH_LENGTH=lambda length: f"length {length}", ReqKvInfo=None,
-        kv_on_record=False, KVPool=lambda: "mha", server_args=None, decode_offload=True, ready=True)
+        kv_on_record=False, KVPool=lambda: "mha", server_args=None, option=True, unobserved=None,
+        decode_offload=module.DecodeOffload.PRESENT, ready=True)
     monkeypatch.setattr(MODULE, "HiCacheController", None)
     return module
 
@@ -261,23 +262,130 @@ def test_what_a_tree_lacks_is_recorded_as_absent(offload):
     observed = {}
     assert offload.tree_facts(observed)
     assert observed == {"decode_offload": "present"}
-    offload.sg.decode_offload = False
+    offload.sg.decode_offload = offload.DecodeOffload.ABSENT  # observed: offloads at finish only
     observed = {}
     assert not offload.tree_facts(observed)
     assert observed == {"decode_offload": "absent"}
-    offload.sg.module = None
+    offload.sg.option = False  # the tree's server cannot be asked to offload decode KV
     observed = {}
     assert not offload.tree_facts(observed)
     assert observed == {"offload_manager": "absent"}
 
 
-def test_offload_while_decoding_is_read_from_the_call_guarded_by_not_finished(offload):
-    decoding = ("            if not req.finished():\n"
-                "                self.decode_offload_manager.offload_kv_cache(req)\n")
-    at_finish = ("            if req.finished():\n"
-                 "                self.decode_offload_manager.offload_kv_cache(req)\n")
-    assert offload.DECODE_CALL.search(decoding)
-    assert not offload.DECODE_CALL.search(at_finish)
+def test_what_could_not_be_observed_is_the_scenario_s_error_never_an_absence(offload):
+    offload.sg.unobserved = "whether the tree offloads while decoding cannot be observed: it raised"
+    observed = {}
+    with pytest.raises(offload.CannotObserve, match="cannot be observed: it raised"):
+        offload.tree_facts(observed)
+    assert observed == {}
+
+
+# ---------------------------------------------------------------- whether a tree offloads while decoding
+
+
+class StepReq:
+    """Just what the decode steps written here ask of a request."""
+
+    def __init__(self, rid, text, ids, sampling_params):
+        self.limit, self.output_ids, self.finished_reason = sampling_params.max_new_tokens, [], None
+
+    def finished(self):
+        return self.finished_reason is not None
+
+    def check_finished(self):
+        if len(self.output_ids) >= self.limit:
+            self.finished_reason = "length"
+
+
+def is_finished(req):
+    return req.finished()
+
+
+class Step:
+    """A decode step's output processing in miniature, as trees write it: append the token, check the finish,
+    offload, stream; state it does not set (metrics here) is the stand-in's."""
+
+    while_decoding = True
+
+    def process_batch_result_decode(self, batch, result):
+        manager = self.decode_offload_manager  # an alias of the manager
+        for req, token in zip(batch.reqs, result.next_token_ids):
+            req.output_ids.append(token)
+            req.check_finished()
+            if (self.server_args.disaggregation_decode_enable_offload_kvcache
+                    # a comment between the guard and the call; a helper for finished()
+                    and not is_finished(req) and self.while_decoding):
+                manager.offload_kv_cache(req)
+            if req.finished() and not manager.offload_kv_cache(req):
+                manager.finalize_release_on_finish(req)
+        self.metrics.num_generated_tokens += len(batch.reqs)
+        self.stream_output(batch.reqs, batch.return_logprob)
+
+
+class AtFinishOnly(Step):
+    while_decoding = False
+
+
+class Raises(Step):
+    def process_batch_result_decode(self, batch, result):
+        raise KeyError("a collaborator the step needs")
+
+
+class NeverOffloads(Step):
+    def process_batch_result_decode(self, batch, result):
+        for req, token in zip(batch.reqs, result.next_token_ids):
+            req.output_ids.append(token)
+            req.check_finished()
+
+
+@pytest.fixture
+def decode_step(fresh_probe, monkeypatch):
+    """``_decode_step`` loaded as a cell loads it; ``observe(processor)`` runs it on ``processor`` as the tree's."""
+    module = fresh_probe("_decode_step.py")
+    tree = SimpleNamespace()
+    monkeypatch.setitem(sys.modules, "probe_tree_output", tree)
+    monkeypatch.setattr(module, "OUTPUT_PROCESSORS", ("probe_tree_output:Processor",))
+    sg = SimpleNamespace(Req=StepReq, SamplingParams=SimpleNamespace,
+                         server_args=SimpleNamespace(disaggregation_decode_enable_offload_kvcache=True),
+                         torch=SimpleNamespace(tensor=list), SPEC_NONE="none")
+
+    def observe(processor):
+        tree.Processor = processor
+        return module.observe(sg, lambda **attrs: SimpleNamespace(finalize_release_on_finish=lambda req: None,
+                                                                  **attrs))
+
+    observe.module = module
+    return observe
+
+
+def test_a_tree_that_asks_the_manager_to_offload_a_decoding_request_offloads_while_decoding(decode_step):
+    """However the call is written (an alias, a helper, a comment in the guard): what counts is the call made."""
+    assert decode_step(Step) is decode_step.module.DecodeOffload.PRESENT
+
+
+def test_a_tree_that_asks_only_at_finish_is_observed_to_offload_at_finish_only(decode_step):
+    assert decode_step(AtFinishOnly) is decode_step.module.DecodeOffload.ABSENT
+
+
+@pytest.mark.parametrize(("processor", "why"), [
+    (Raises, "step raised KeyError"),
+    (NeverOffloads, "never asked the offload manager to offload"),
+])
+def test_a_step_that_cannot_tell_is_no_answer_never_an_absence(decode_step, processor, why):
+    with pytest.raises(decode_step.module.CannotObserve, match=why):
+        decode_step(processor)
+
+
+def test_a_tree_without_any_output_processor_is_no_answer(decode_step, monkeypatch):
+    monkeypatch.setattr(decode_step.module, "OUTPUT_PROCESSORS", ("probe_no_such_module:Processor",))
+    with pytest.raises(decode_step.module.CannotObserve, match="no process_batch_result_decode"):
+        decode_step(Step)
+
+
+def test_anything_reads_as_false_empty_and_zero_and_answers_every_call(decode_step):
+    thing = decode_step.module.Anything("scheduler.metrics")
+    thing.count += 3
+    assert not thing.enabled and not thing() and list(thing.items()) == [] and thing.count == 3
 
 
 # ---------------------------------------------------------------- the scenarios on managers written here
@@ -342,8 +450,8 @@ def test_r2_control_a_new_rid_is_untouched_by_rid_keying(fresh_probe, offload):
     assert observed[Manager]["old_released_on_ack"] == 1 and observed[Manager]["new_first_write_start"] == 8
 
 
-def test_a_tree_without_the_manager_runs_no_scenario_past_the_fact(fresh_probe, offload):
-    offload.sg.module = None
+def test_a_tree_without_the_offload_option_runs_no_scenario_past_the_fact(fresh_probe, offload):
+    offload.sg.option = False
     for filename, sid in (("probe_offload_slots_differential.py", "O1"), ("probe_offload_rid_differential.py", "R1")):
         assert scenario(fresh_probe, filename, sid, Manager, offload) == {"offload_manager": "absent"}
 

@@ -88,3 +88,14 @@ def test_a_chunk_is_scheduled_as_the_tree_records_it(probe):
     today = SimpleNamespace(set_extend_range=lambda start, end: ranges.append((start, end)))
     probe.schedule_chunk(today, 8)
     assert ranges == [(0, 8)] and probe.SCENARIOS.adaptations == {"chunk-fill-ids"}
+
+
+def test_what_a_tree_s_module_defines_is_parsed_not_matched_as_text(fresh_probe, tmp_path):
+    """A sender's abort is found however it is laid out, and one only named in a comment is not there."""
+    probe = fresh_probe("probe_prefill_differential.py")
+    laid_out = tmp_path / "laid_out.py"
+    laid_out.write_text("class KVSender:\n    async def abort (\n        self,\n    ):\n        pass\n")
+    commented = tmp_path / "commented.py"
+    commented.write_text("class KVSender:\n    # def abort(self): not yet\n    def poll(self):\n        pass\n")
+    assert probe._defines(laid_out, "abort")
+    assert not probe._defines(commented, "abort")

@@ -232,3 +232,20 @@ def test_the_tree_s_classes_are_found_where_it_keeps_them_and_missing_ones_skipp
     assert roles.make("decoder", "decoder").decode("x") is None
     with pytest.raises(KeyError):
         roles.classes("decodr")
+
+
+def test_a_source_that_cannot_be_read_is_the_scenario_s_error_never_a_false(kit):
+    """What a tree's code reads, asked of code whose source cannot be read, is no answer: the scenario
+    that asked records the error, and no observation of it reads as the tree lacking the token."""
+    namespace: dict = {}
+    exec("def result_path(self, batch):\n    return batch.accept_token\n", namespace)  # no file behind it
+    demo = kit.ScenarioSet("demo")
+
+    @demo.scenario("S1", "asks what the tree's result path reads")
+    def _(obs):
+        obs["reads_grammar"] = kit.reads(namespace["result_path"], "accept_token")
+
+    result = kit.run_scenario(demo.scenarios[0])
+    assert result["observed"] == {}
+    assert result["error"]["type"] == "SourceUnreadable"
+    assert "the source of result_path cannot be read" in result["error"]["message"]
