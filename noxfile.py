@@ -179,3 +179,10 @@ def lock_cpu(session: nox.Session) -> None:
 def mutate(session: nox.Session, experiment: str) -> None:
     """The head release under each declared mutant of the fix: every one must be killed."""
     _run(session, "mutate", experiment, *session.posargs)
+
+
+@nox.session
+def bisect(session: nox.Session) -> None:
+    """The commit that fixed each bug and the one that brought it in, by behaviour, on the clone in SGLANG_REPO
+    (`-- offload_slots`, `-- --every`, `-- --good <ref> --bad <ref>`; default: every experiment)."""
+    _run(session, "bisect", *session.posargs)

@@ -182,6 +182,8 @@ class Experiment:
     not_affected: dict[str, NotAffected] = field(default_factory=dict)
     not_deciding: dict[str, NotDeciding] = field(default_factory=dict)
     needs: Needs | None = None  # the server configuration its code path needs; None: every configuration enters it
+    # The SGLang files (repository paths) its probe loads: `bisect --every` probes each commit changing one.
+    loads: tuple[str, ...] = ()
 
     def commit(self, side: str) -> str:
         sha = self.git.get(side)
@@ -422,7 +424,7 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
     # ``git`` may be left out where the PR's commits are not known yet: release-backed cells only.
     _table(table, where, required={"pr": int, "title": str, "probe": str},
            optional={"git": dict, "upstream_tests": list, "releases": dict, "expect": dict, "mutants": dict,
-                     "not_affected": dict, "not_deciding": dict, "needs": dict})
+                     "not_affected": dict, "not_deciding": dict, "needs": dict, "loads": list})
     git = _table(table.get("git", {}), f"{where}.git", required={side: str for side in SIDES} if "git" in table
                  else {}, optional={})
     for side in git:
@@ -451,6 +453,7 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
         not_affected=not_affected,
         not_deciding=not_deciding,
         needs=_parse_needs(f"{where}.needs", table["needs"]) if "needs" in table else None,
+        loads=_strings(table.get("loads", []), f"{where}.loads"),
     )
 
 

@@ -1,11 +1,11 @@
 """What each verb of ``python -m pdevidence`` runs, one module per group of verbs (cli.py only parses):
 matrix (cell, matrix, compare), sweep (sweep, sweep-merge), check (check, corpus), lanes (drift, upstream,
-mutate), evidence (verify, checksums, publish, lock-cpu, lock-trees; what --version names); and what every
+mutate), evidence (verify, checksums, publish, lock-cpu, lock-trees; what --version names), bisect; and what every
 command runs first: argument_checks (what argparse cannot check), scratch (the directories a run enters).
 
 A new verb is a module here with its ``cmd_<verb>(args) -> int``, and its parser lines in cli.py.
 """
 
-from . import argument_checks, check, evidence, lanes, matrix, scratch, sweep
+from . import argument_checks, bisect, check, evidence, lanes, matrix, scratch, sweep
 
-__all__ = ["argument_checks", "check", "evidence", "lanes", "matrix", "scratch", "sweep"]
+__all__ = ["argument_checks", "bisect", "check", "evidence", "lanes", "matrix", "scratch", "sweep"]

@@ -15,7 +15,7 @@ from ..sources import backports
 WRITES_PROJECT = ("publish", "checksums", "lock-cpu", "lock-trees")
 # Options (or positionals) whose value the registry must know, by the attribute argparse stores them in.
 EXPERIMENT_OPTIONS = {"cell": "experiment", "drift": "experiment", "mutate": "experiment", "upstream": "experiment",
-                      "sweep": "--experiment", "sweep-merge": "--experiment"}
+                      "sweep": "--experiment", "sweep-merge": "--experiment", "bisect": "experiment"}
 
 
 def _unknown(option: str, value: str, known: list[str], what: str) -> HarnessError:
