@@ -60,6 +60,21 @@ def test_a_skipped_commit_beside_the_boundary_does_not_hide_it():
     assert (answer.finding, answer.commit, answer.parent) == (Finding.FOUND, "c4", "c3")
 
 
+def test_a_run_of_skipped_commits_is_jumped_over_not_walked():
+    answer, probed = search([PRE] * 20 + [SKIP] * 40 + [PRE] * 10 + [FIXED] * 10)
+    assert (answer.finding, answer.commit) == (Finding.FOUND, "c70")
+    assert len(probed) <= 12  # the middle is skipped: the next tries are far from it, not beside it
+
+
+def test_a_commit_fixed_where_it_tells_but_departing_on_a_control_is_the_fixed_side_and_named():
+    deviates = Seen(Outcome.FIXED, deviates=("O7",))
+    answer, _ = search([PRE, PRE, deviates, deviates, FIXED])
+    assert (answer.finding, answer.commit) == (Finding.FOUND, "c2")
+    assert deviates.describe() == "fixed (deviates: O7)"
+    line = ["c0", "c1", "c2"]
+    assert watch(line, dict(zip(line, [FIXED, deviates, FIXED]))).flagged == ("c1",)  # the watch flags it
+
+
 def test_a_fix_reverted_and_reapplied_names_a_commit_whose_parent_is_pre_fix():
     # c1 fixes, c2 reverts, c5 reapplies: bisection lands on one change (here the reapply), as git bisect does.
     sides = [PRE, FIXED, PRE, PRE, PRE, FIXED, FIXED, FIXED]
@@ -247,7 +262,7 @@ def test_commits_that_cannot_run_are_skipped_and_the_range_left_is_reported(proj
     found = doc["experiments"][0]["fix"]
     assert found["finding"] == "not narrowed" and [c["sha"] for c in found["unnarrowed"]] == [*broken, fix]
     assert set(found["skipped"]) == set(broken)
-    assert all(why == "cannot run: no module named vendor" for why in found["skipped"].values())
+    assert all(why == "skipped (cannot run: no module named vendor)" for why in found["skipped"].values())
     assert code == errors.INCOMPLETE
 
 
@@ -345,3 +360,24 @@ def test_a_fork_is_bisected_through_the_warm_engine_like_check_git(world, capsys
     assert (found["commit"]["sha"], found["commit"]["pr"], found["parent"]["sha"]) == (shas[2], 12, shas[1])
     assert "engine (npu): probing git-" in captured.err and world.eras and set(world.eras) == {"npu"}
     assert code == errors.CONFIRMED
+
+
+def test_the_text_report_names_the_line_each_boundary_commit_its_parent_and_each_step(project, tmp_path, capsys):
+    root, _ = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")
+    parent = h.commit("work", demo="pre-fix", other="pre-fix")
+    fix = h.commit("Retire at the door (#1)", demo="fixed", other="pre-fix")
+    h.release("1.1.0")
+    code = cli.main(["--root", str(root), "bisect", "demo", "--repo", str(h.path)])
+    out = capsys.readouterr().out.splitlines()
+    start = git(h.path, "merge-base", "v1.0.0", "main")
+    assert f"    line: main first-parent, {start[:12]} (v1.0.0 meets it) .. {fix[:12]} (v1.1.0 meets it); " \
+        "3 commits" in out
+    date = git(h.path, "show", "-s", "--format=%cI", fix)[:10]
+    assert f"    commit: {fix[:12]} {date} 'Retire at the door (#1)' (PR #1): fixed [D1 fixed]" in out
+    assert f"    parent: {parent[:12]} {date} 'work': pre-fix [D1 pre-fix]" in out
+    steps = out[out.index("steps (3 commits probed):"):]  # both ends, then the one commit between
+    assert [line.split(" (")[0] for line in steps if line.startswith("  step ")] == ["  step 1", "  step 2"]
+    assert out[-1].startswith("time: ") and code == errors.CONFIRMED

@@ -51,6 +51,10 @@ def check_arguments(args) -> None:
             _resolvable("--ref", args.ref)
     for sha in getattr(args, "git", None) or []:
         _resolvable("--git", sha)
+    if args.command == "bisect" and args.repo is None:
+        for option in ("main", "good", "bad"):
+            if getattr(args, option):
+                _resolvable(f"--{option}", getattr(args, option))
     if args.command == "corpus":
         declared = sorted(path.name.removeprefix(backports.FILE_PREFIX).removesuffix(".toml")
                           for path in backports.files(args.root))

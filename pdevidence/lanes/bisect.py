@@ -3,12 +3,14 @@
 A boundary is where a line of commits (oldest first) passes from one behaviour to another: the fix, from
 pre-fix to fixed; the bug's introduction, from not affected to pre-fix. ``Search`` bisects as ``git
 bisect`` does: both ends first (the start must behave as the old side, the end as the new one), then the
-untried commit nearest the middle of the narrowest bracket; a commit that behaves as neither side (its
-probe cannot run, it matches neither, it is partial) is skipped, and a bracket left with only skipped
-commits inside is the range it could not narrow. It assumes one change of behaviour in the line, as git
-bisect does: where a fix was reverted and reapplied it names one commit whose behaviour differs from the
-commit before it, not necessarily the first; ``watch`` (every commit probed) names the first and flags
-every commit after it that is not fixed.
+middle of the narrowest bracket; a commit that behaves as neither side (its probe cannot run, it matches
+neither, it is partial) is skipped, the next commit tried is then the one farthest from every commit
+tried (a run of skipped commits is jumped over, not walked), and a bracket left with only skipped commits
+inside is the range it could not narrow. A commit that deviates (fixed on every deciding scenario, a
+control departing from both sides) is the fixed side, its controls named. It assumes one change of
+behaviour in the line, as git bisect does: where a fix was reverted and reapplied it names one commit
+whose behaviour differs from the commit before it, not necessarily the first; ``watch`` (every commit
+probed) names the first and flags every commit after it that is not fixed or deviates.
 """
 
 from __future__ import annotations
@@ -25,16 +27,21 @@ class Outcome(str, enum.Enum):
     FIXED = "fixed"
     PRE_FIX = "pre-fix"
     NOT_AFFECTED = "not affected"
-    SKIPPED = "skipped"  # neither side: its probe cannot run, or it is partial, neither, deviates or raised
+    SKIPPED = "skipped"  # neither side: its probe cannot run, or it is partial, neither or raised
 
 
 @dataclass(frozen=True)
 class Seen:
     outcome: Outcome
     reason: str | None = None  # skipped: why (the classification, or why the probe could not run)
+    # Fixed on every deciding scenario, but these controls depart from both sides (check's "deviates"): the
+    # fixed side for the search, flagged by the watch.
+    deviates: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        return f"skipped ({self.reason})" if self.reason else self.outcome.value
+        if self.deviates:
+            return f"{self.outcome.value} (deviates: {', '.join(self.deviates)})"
+        return f"{self.outcome.value} ({self.reason})" if self.reason else self.outcome.value
 
 
 class Boundary(str, enum.Enum):
@@ -108,8 +115,9 @@ class Search:
         untried = [i for i in range(lo + 1, hi) if self.line[i] not in self.seen]
         if not untried:
             return None
+        tried = [i for i in range(lo, hi + 1) if self.line[i] in self.seen]
         middle = (lo + hi) / 2
-        return self.line[min(untried, key=lambda i: (abs(i - middle), i))]
+        return self.line[max(untried, key=lambda i: (min(abs(i - t) for t in tried), -abs(i - middle), -i))]
 
     def answer(self) -> Answer:
         old, new = self.boundary.sides
@@ -136,7 +144,7 @@ class Search:
 
 @dataclass(frozen=True)
 class Watched:
-    """Every commit of a line probed: the first fixed one, and each after it that is not fixed."""
+    """Every commit of a line probed: the first fixed one, and each after it that is not fixed (or deviates)."""
 
     first_fixed: str | None
     flagged: tuple[str, ...]
@@ -146,4 +154,5 @@ def watch(line: list[str], seen: dict[str, Seen]) -> Watched:
     fixed = next((i for i, sha in enumerate(line) if seen[sha].outcome is Outcome.FIXED), None)
     if fixed is None:
         return Watched(None, ())
-    return Watched(line[fixed], tuple(sha for sha in line[fixed + 1:] if seen[sha].outcome is not Outcome.FIXED))
+    return Watched(line[fixed], tuple(sha for sha in line[fixed + 1:]
+                                      if seen[sha].outcome is not Outcome.FIXED or seen[sha].deviates))

@@ -73,7 +73,7 @@ class BoundaryReport:
         if self.commit:
             out += [f"    commit: {self.commit.describe()}", f"    parent: {self.parent.describe()}"]
         out += [f"    one of: {c.describe()}" for c in self.unnarrowed]
-        out += [f"    skipped {sha[:12]}: {why}" for sha, why in self.skipped.items()]
+        out += [f"    {sha[:12]} {why}" for sha, why in self.skipped.items()]
         if self.newest:
             out.append(f"    the history ends at {self.newest.describe()}")
         return out

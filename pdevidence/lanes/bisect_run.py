@@ -31,6 +31,7 @@ from . import check
 from .bisect import Answer, Boundary, Finding, Outcome, Search, Seen, watch
 from .bisect_report import BisectReport, BoundaryReport, ExperimentReport, Line, Probed, Step, WatchReport
 
+REASON_CHARS = 160
 OUTCOME_OF = {Status.FIXED: Outcome.FIXED, Status.AFFECTED: Outcome.PRE_FIX, Status.NOT_AFFECTED: Outcome.NOT_AFFECTED}
 
 
@@ -131,10 +132,14 @@ class Prober:
 
     def seen(self, sha: str, experiment: str) -> Seen:
         found = self.judged[sha][experiment]
+        if found.status is Status.DEVIATES:  # fixed on every deciding scenario: the fixed side, its controls named
+            return Seen(Outcome.FIXED, deviates=tuple(found.deviations))
         outcome = OUTCOME_OF.get(found.status)
         if outcome is not None:
             return Seen(outcome)
         detail = found.error or ", ".join(found.deciding)
+        if len(detail) > REASON_CHARS:  # every scenario raising alike says the same thing many times
+            detail = detail[:REASON_CHARS] + "..."
         return Seen(Outcome.SKIPPED, found.status.value + (f": {detail}" if detail else ""))
 
     def probed(self, sha: str, experiment: str) -> Probed:
@@ -228,7 +233,8 @@ def _experiment(exp: Experiment, brackets, searches, lines, watched, prober: Pro
             continue
         search = searches[key]
         answer = search.answer()
-        skipped = {sha: seen.reason for sha, seen in search.seen.items() if seen.outcome is Outcome.SKIPPED}
+        skipped = {sha: search.seen[sha].describe() for sha in search.line
+                   if sha in search.seen and search.seen[sha].outcome not in boundary.sides}
         found[boundary] = BoundaryReport(
             boundary, bracket.source, answer, lines[key],
             prober.probed(answer.commit, exp.name) if answer.commit else None,
