@@ -381,3 +381,10 @@ def test_the_text_report_names_the_line_each_boundary_commit_its_parent_and_each
     steps = out[out.index("steps (3 commits probed):"):]  # both ends, then the one commit between
     assert [line.split(" (")[0] for line in steps if line.startswith("  step ")] == ["  step 1", "  step 2"]
     assert out[-1].startswith("time: ") and code == errors.CONFIRMED
+
+
+def test_without_a_clone_bisect_says_where_to_name_one(project, monkeypatch, capsys):
+    root, probed = project
+    monkeypatch.delenv("SGLANG_REPO", raising=False)
+    assert cli.main(["--root", str(root), "bisect", "demo"]) == errors.USAGE
+    assert "pass --repo <clone> or set SGLANG_REPO=<clone>" in capsys.readouterr().err and probed == []

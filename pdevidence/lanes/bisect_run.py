@@ -81,7 +81,7 @@ def fix_bracket(reg: Registry, exp: Experiment, clone: Clone, good: str | None, 
     elif fixed and not has_fixed:
         said += f" (no tag {tag(fixed[0])} in the history: its newest commit stands in)"
     if start is None:
-        why = (f"no release before the first fixed one is pre-fix" if not before else
+        why = ("no release before the first fixed one is pre-fix" if not before else
                f"the history has no tag of any pre-fix release ({', '.join(before[-3:])}...)")
         return Bracket(Boundary.FIX, said, why_not=Answer(Finding.NOT_SOUGHT if not before
                                                           else Finding.OUTSIDE_HISTORY, why=why))
