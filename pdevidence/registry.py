@@ -348,6 +348,15 @@ def _strings(value: list, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _repository_paths(value: list, where: str) -> tuple[str, ...]:
+    """Paths inside a repository, as git names them (``python/sglang/...``)."""
+    paths = _strings(value, where)
+    for path in paths:
+        if not path or path.startswith("/") or ".." in path.split("/"):
+            raise RegistryError(f"{where}: {path!r} is not a path inside the repository (e.g. \"python/sglang/...\")")
+    return paths
+
+
 def _version(value: str, where: str) -> str:
     try:
         Version(value)
@@ -453,7 +462,7 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
         not_affected=not_affected,
         not_deciding=not_deciding,
         needs=_parse_needs(f"{where}.needs", table["needs"]) if "needs" in table else None,
-        loads=_strings(table.get("loads", []), f"{where}.loads"),
+        loads=_repository_paths(table.get("loads", []), f"{where}.loads"),
     )
 
 

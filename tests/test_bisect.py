@@ -388,3 +388,16 @@ def test_without_a_clone_bisect_says_where_to_name_one(project, monkeypatch, cap
     monkeypatch.delenv("SGLANG_REPO", raising=False)
     assert cli.main(["--root", str(root), "bisect", "demo"]) == errors.USAGE
     assert "pass --repo <clone> or set SGLANG_REPO=<clone>" in capsys.readouterr().err and probed == []
+
+
+@pytest.mark.parametrize(("loads", "said"), [
+    ('"python/sglang/a.py"', "expected array"),
+    ('["/etc/passwd"]', "'/etc/passwd' is not a path inside the repository"),
+    ('["python/../../x.py"]', "is not a path inside the repository"),
+])
+def test_the_files_a_probe_loads_are_paths_inside_the_repository(tmp_path, loads, said, capsys):
+    root = make_project(tmp_path / "project", REGISTRY.replace("[experiments.demo.git]",
+                                                               f"loads = {loads}\n\n[experiments.demo.git]"))
+    assert cli.main(["--root", str(root), "bisect", "demo", "--repo", str(tmp_path)]) == errors.USAGE
+    err = capsys.readouterr().err
+    assert "experiments.demo.loads" in err and said in err
