@@ -93,6 +93,11 @@ def test_an_end_not_yet_fixed_is_outside_the_history_when_it_is_its_newest_commi
     assert "is pre-fix, not fixed" in answer.why
 
 
+def test_a_release_cut_from_the_newest_commit_leaves_a_line_of_one_commit_and_the_fix_outside_the_history():
+    answer, probed = search([PRE], history_ends=True)
+    assert (answer.finding, probed) == (Finding.OUTSIDE_HISTORY, ["c0"])
+
+
 def test_a_start_already_fixed_or_unjudged_says_the_range_does_not_hold_the_fix():
     for start, said in ((FIXED, "is fixed, not pre-fix"), (SKIP, "skipped (cannot run")):
         answer, _ = search([start, PRE, FIXED])
@@ -278,6 +283,18 @@ def test_a_fixed_release_after_the_history_ends_is_reported_with_its_newest_comm
     assert found["line"]["end_ref"] == "main" and "no tag v1.1.0 in the history" in found["bracket"]
     assert len(probed) == 2  # its two ends: nothing between is guessed at
     assert code == errors.INCOMPLETE
+
+
+def test_a_last_pre_fix_release_cut_from_the_newest_commit_leaves_the_fix_after_the_history(project, tmp_path):
+    root, probed = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix", other="pre-fix")
+    newest = h.commit("newest", demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")  # from the newest commit of the main line; no v1.1.0
+    code, doc = bisect(root, h.path, "demo")
+    found = doc["experiments"][0]["fix"]
+    assert (found["finding"], found["line"]["commits"], found["newest"]["sha"]) == ("outside the history", 1, newest)
+    assert probed == [newest] and code == errors.INCOMPLETE
 
 
 def test_the_introducing_commit_is_sought_from_the_last_release_the_sweep_calls_not_affected(project, tmp_path):

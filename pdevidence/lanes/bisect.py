@@ -81,8 +81,8 @@ class Search:
     """One boundary on one line. ``next()`` names the commit to probe (None: done); ``record`` what it did."""
 
     def __init__(self, boundary: Boundary, line: list[str], history_ends: bool = False):
-        if len(line) < 2:
-            raise ValueError("a line to search needs a start and an end")
+        if not line:  # one commit may be both ends: a release cut from the newest commit of the history
+            raise ValueError("a line to search needs a commit")
         self.boundary = boundary
         self.line = line
         self.history_ends = history_ends  # the line's end is the newest commit the history has
