@@ -204,3 +204,10 @@ def cache(session: nox.Session) -> None:
     """What pdevidence's caches hold and how to shrink them: `-- info` (the default), `-- prune --older-than 30d`,
     `-- prune --max-size 20G`, `-- clean`."""
     _run(session, "cache", *(session.posargs or ["info"]))
+
+
+@nox.session
+def bisect(session: nox.Session) -> None:
+    """The commit that fixed each bug and the one that brought it in, by behaviour, on the clone in SGLANG_REPO
+    (`-- offload_slots`, `-- --every`, `-- --good <ref> --bad <ref>`; default: every experiment)."""
+    _run(session, "bisect", *session.posargs)

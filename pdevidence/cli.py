@@ -133,6 +133,21 @@ def parser() -> argparse.ArgumentParser:
     _allow_uncontained(ck)
     ck.set_defaults(func=commands.check.cmd_check)
 
+    bi = sub.add_parser("bisect", help="by behaviour, the commit that fixed each bug and the one that brought it in")
+    bi.add_argument("experiment", nargs="*", metavar="EXPERIMENT", type=arguments.name,
+                    help="the experiments to bisect together (default: all)")
+    bi.add_argument("--repo", type=arguments.directory, help="a clone of SGLang (default: SGLANG_REPO)")
+    bi.add_argument("--main", type=arguments.commit, help="the main line's ref (default: origin/main, else main)")
+    bi.add_argument("--good", type=arguments.commit, help="a pre-fix commit or tag: the fix's range starts there")
+    bi.add_argument("--bad", type=arguments.commit, help="a fixed commit or tag: the fix's range ends there")
+    bi.add_argument("--every", action="store_true", help="also probe every commit from the fix's start that changes "
+                    "the files the probe loads (the registry's loads), and flag each after the fix not fixed")
+    bi.add_argument("--json", action="store_true", help="print the report as JSON")
+    bi.add_argument("--references", choices=classify.REFERENCES, default="published")
+    bi.add_argument("--force", action="store_true", help="probe every commit again, ignoring kept outcomes")
+    _allow_uncontained(bi)
+    bi.set_defaults(func=commands.bisect.cmd_bisect)
+
     co = sub.add_parser("corpus", help="check every declared backport (backports/): each release as published, "
                         "with each fix ported, and with each port partial")
     co.add_argument("--release", action="append", type=arguments.version,

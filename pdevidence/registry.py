@@ -225,6 +225,8 @@ class Experiment:
     not_affected: dict[str, NotAffected] = field(default_factory=dict)
     not_deciding: dict[str, NotDeciding] = field(default_factory=dict)
     needs: Needs | None = None  # the server configuration its code path needs; None: every configuration enters it
+    # The SGLang files (repository paths) its probe loads: `bisect --every` probes each commit changing one.
+    loads: tuple[str, ...] = ()
 
     def pin(self, kind: str, side: str) -> str:
         """What a registry cell of tree ``kind`` probes on ``side``: the pinned commit (``git``) or release."""
@@ -397,6 +399,15 @@ def _strings(value: list, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _repository_paths(value: list, where: str) -> tuple[str, ...]:
+    """Paths inside a repository, as git names them (``python/sglang/...``)."""
+    paths = _strings(value, where)
+    for path in paths:
+        if not path or path.startswith("/") or ".." in path.split("/"):
+            raise RegistryError(f"{where}: {path!r} is not a path inside the repository (e.g. \"python/sglang/...\")")
+    return paths
+
+
 def _version(value: str, where: str) -> str:
     try:
         Version(value)
@@ -488,7 +499,7 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
     # ``git`` may be left out where the PR's commits are not known yet: release-backed cells only.
     _table(table, where, required={"pr": int, "title": str, "probe": str},
            optional={"git": dict, "upstream_tests": list, "releases": dict, "expect": dict, "mutants": dict,
-                     "not_affected": dict, "not_deciding": dict, "needs": dict})
+                     "not_affected": dict, "not_deciding": dict, "needs": dict, "loads": list})
     git = _table(table.get("git", {}), f"{where}.git", required={side: str for side in SIDES} if "git" in table
                  else {}, optional={})
     for side in git:
@@ -517,6 +528,7 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
         not_affected=not_affected,
         not_deciding=not_deciding,
         needs=_parse_needs(f"{where}.needs", table["needs"]) if "needs" in table else None,
+        loads=_repository_paths(table.get("loads", []), f"{where}.loads"),
     )
 
 

@@ -44,6 +44,7 @@ BASE = {
     "upstream": (["upstream"], {"experiment": "admission", "side": "base"}),
     "corpus": (["corpus"], {}),
     "cache": (["cache", "info"], {}),  # its verbs and their options: tests/test_cache.py
+    "bisect": (["bisect"], {"experiment": "offload_slots"}),
 }
 # Hostile values any option may meet in an operator's script.
 HOSTILE = ["0.5.21; rm -rf /", "", " ", "$(id)", "`id`", "a\nb", "../../etc/passwd", "-", "--", "\x00", "☃",
@@ -144,6 +145,8 @@ def malformed(ground: Path) -> dict[str, st.SearchStrategy[str]]:
         "mutate experiment": not_in(experiments), "mutate --mutant": not_in(list(REG.experiment("admission").mutants)),
         "upstream experiment": not_in(experiments), "upstream --tests": paths(ground, "a-file"),
         "upstream --ref": not_commit(),
+        "bisect experiment": not_in(experiments), "bisect --repo": paths(ground, "a-file"),
+        "bisect --main": not_commit(), "bisect --good": not_commit(), "bisect --bad": not_commit(),
         "corpus --release": not_in(sorted(p.name.removeprefix("sglang-").removesuffix(".toml")
                                           for p in (PROJECT / "backports").glob("sglang-*.toml"))),
     }

@@ -15,7 +15,7 @@ from ..sources import backports
 WRITES_PROJECT = ("publish", "checksums", "lock-cpu", "lock-trees")
 # Options (or positionals) whose value the registry must know, by the attribute argparse stores them in.
 EXPERIMENT_OPTIONS = {"cell": "experiment", "drift": "experiment", "mutate": "experiment", "upstream": "experiment",
-                      "sweep": "--experiment", "sweep-merge": "--experiment"}
+                      "sweep": "--experiment", "sweep-merge": "--experiment", "bisect": "experiment"}
 
 
 def _unknown(option: str, value: str, known: list[str], what: str) -> HarnessError:
@@ -51,6 +51,10 @@ def check_arguments(args) -> None:
             _resolvable("--ref", args.ref)
     for sha in getattr(args, "git", None) or []:
         _resolvable("--git", sha)
+    if args.command == "bisect" and args.repo is None:
+        for option in ("main", "good", "bad"):
+            if getattr(args, option):
+                _resolvable(f"--{option}", getattr(args, option))
     if args.command == "corpus":
         declared = sorted(path.name.removeprefix(backports.FILE_PREFIX).removesuffix(".toml")
                           for path in backports.files(args.root))

@@ -327,9 +327,14 @@ def resolve(reg: Registry, *, python: Path | None = None, release: str | None = 
         tree = trees.git_tree(git, lock, clone=Path(clone) if clone else None)
     else:
         raise usage("check needs a target", expected="one of --python, --release, --wheel, --path, --git")
+    return target_of(reg, tree), tree
+
+
+def target_of(reg: Registry, tree: trees.Tree) -> Target:
+    """A tree's target: run in the era its version, else its pins, choose."""
     ref = tree.origin if tree.kind == "path" else tree.ref
     choice = era_choice.choose(reg, tree)
-    return Target(tree.kind, ref, tree.resolved, tree.digest, tree.version, choice.name, choice, tree.pins), tree
+    return Target(tree.kind, ref, tree.resolved, tree.digest, tree.version, choice.name, choice, tree.pins)
 
 
 def resolve_image(reg: Registry, path: Path, *, log=print) -> list[tuple[Target, trees.Tree]]:

@@ -1,0 +1,253 @@
+"""``bisect``: find by behaviour the commit that fixed each bug, and the one that brought it in.
+
+Each experiment's brackets come from its published sweep table (the last release it calls pre-fix and
+the first fixed one; the last not affected and the first pre-fix), else the registry's releases;
+``--good``/``--bad`` override the fix's. A release's tag may sit on a release branch off the main line,
+so each end is where its tag meets the main line (their merge base), and the search walks the main
+line's first-parent chain between them; a release the history has no tag of is left out (the newest
+commit of the main line stands in for a fixed release after the history's end). Each commit probed is
+exported from the clone and run like ``check --git`` (the warm engine, in the era its own version or pins
+choose, nothing built, every experiment in one probe process, outcomes cached by what made them) and judged
+by check's judge; every search asks its next commit each round, so one probe serves all of them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from packaging.version import Version
+
+from ..core import phases
+from ..core.errors import usage
+from ..core.paths import results_dir, tree_lock_file
+from ..documents import tables
+from ..documents.vocabulary import Classification
+from ..documents.vocabulary import CheckStatus as Status
+from ..registry import Experiment, Registry
+from ..sources import trees
+from ..sources.history import Clone, Commit
+from . import check
+from .bisect import Answer, Boundary, Finding, Outcome, Search, Seen, watch
+from .bisect_report import BisectReport, BoundaryReport, ExperimentReport, Line, Probed, Step, WatchReport
+
+REASON_CHARS = 160
+OUTCOME_OF = {Status.FIXED: Outcome.FIXED, Status.AFFECTED: Outcome.PRE_FIX, Status.NOT_AFFECTED: Outcome.NOT_AFFECTED}
+
+
+@dataclass(frozen=True)
+class Bracket:
+    boundary: Boundary
+    source: str  # where it comes from, said in the report
+    start: str | None = None  # a ref of the clone (a release tag, --good); None: not sought
+    end: str | None = None  # None: the newest commit of the main line
+    why_not: Answer | None = None  # not sought, or outside the history: why
+
+
+def tag(version: str) -> str:
+    return f"v{version}"
+
+
+def _sweep(reg: Registry, exp: Experiment) -> list[tables.ReleaseOutcome] | None:
+    path = results_dir(reg.root) / f"sweep-{exp.name}.json"
+    if not path.is_file():
+        return None
+    return sorted(tables.SweepTable.load(path).releases, key=lambda o: Version(o.version))
+
+
+def _tagged(clone: Clone, versions: list[str]) -> list[str]:
+    return [v for v in versions if clone.resolve(tag(v))]
+
+
+def fix_bracket(reg: Registry, exp: Experiment, clone: Clone, good: str | None, bad: str | None) -> Bracket:
+    """From the last pre-fix release the history has a tag of, to the first fixed release (or the main line's
+    newest commit, when the history has no tag of it); ``good``/``bad`` override either end."""
+    releases = _sweep(reg, exp)
+    if releases is not None:
+        first_fixed = tables.first_fixed(releases)
+        before = [o.version for o in releases if o.classification is Classification.PRE_FIX
+                  and (first_fixed is None or Version(o.version) < Version(first_fixed))]
+        fixed = [first_fixed] if first_fixed else []
+        source = f"sweep-{exp.name}.json"
+    else:
+        before, fixed = [v for v in [exp.releases["base"]] if v], [v for v in [exp.releases["head"]] if v]
+        source = f"the registry's releases of {exp.name}"
+    pre_fix, has_fixed = _tagged(clone, before), _tagged(clone, fixed)
+    start = good or (tag(pre_fix[-1]) if pre_fix else None)
+    end = bad or (tag(has_fixed[0]) if has_fixed else None)
+    said = f"{source}: last pre-fix {before[-1] if before else 'none'}, first fixed {fixed[0] if fixed else 'none'}"
+    if good or bad:
+        said = f"--good {start}, --bad {end or 'the main line'} (over {said})"
+    elif fixed and not has_fixed:
+        said += f" (no tag {tag(fixed[0])} in the history: its newest commit stands in)"
+    if start is None:
+        why = ("no release before the first fixed one is pre-fix" if not before else
+               f"the history has no tag of any pre-fix release ({', '.join(before[-3:])}...)")
+        return Bracket(Boundary.FIX, said, why_not=Answer(Finding.NOT_SOUGHT if not before
+                                                          else Finding.OUTSIDE_HISTORY, why=why))
+    return Bracket(Boundary.FIX, said, start, end)
+
+
+def introduced_bracket(reg: Registry, exp: Experiment, clone: Clone) -> Bracket:
+    """From the last release the sweep calls not affected to the first it calls pre-fix (both tagged here)."""
+    releases = _sweep(reg, exp)
+    if releases is None:
+        return Bracket(Boundary.INTRODUCED, "no sweep table", why_not=Answer(
+            Finding.NOT_SOUGHT, why=f"only the sweep says which releases are not affected (sweep-{exp.name}.json)"))
+    first = next((i for i, o in enumerate(releases) if o.classification is Classification.PRE_FIX), None)
+    if first is None:
+        return Bracket(Boundary.INTRODUCED, f"sweep-{exp.name}.json", why_not=Answer(
+            Finding.NOT_SOUGHT, why="the sweep calls no release pre-fix"))
+    clean = [o.version for o in releases[:first] if o.classification is Classification.NOT_AFFECTED]
+    said = f"sweep-{exp.name}.json: last not affected {clean[-1] if clean else 'none'}, " \
+        f"first pre-fix {releases[first].version}"
+    if not clean:
+        return Bracket(Boundary.INTRODUCED, said, why_not=Answer(Finding.NOT_SOUGHT, why=(
+            f"the sweep calls no release before {releases[first].version} not affected: the bug is as old as the "
+            f"sweep's floor")))
+    tagged_clean = _tagged(clone, clean)
+    tagged_bug = _tagged(clone, [o.version for o in releases[first:] if o.classification is Classification.PRE_FIX])
+    if not tagged_clean or not tagged_bug:
+        return Bracket(Boundary.INTRODUCED, said, why_not=Answer(Finding.OUTSIDE_HISTORY, why=(
+            f"the history has no tag of {'a not affected' if not tagged_clean else 'a pre-fix'} release: it does "
+            "not reach that far")))
+    return Bracket(Boundary.INTRODUCED, said, tag(tagged_clean[-1]), tag(tagged_bug[0]))
+
+
+class Prober:
+    """Commits through check's warm path, each probed once (every experiment in its one probe process)."""
+
+    def __init__(self, reg: Registry, clone: Clone, *, fresh_references: bool, force: bool, log):
+        self.reg, self.clone, self.log = reg, clone, log
+        self.fresh, self.force = fresh_references, force
+        self.lock = trees.LockFile(tree_lock_file(reg.root))
+        self.judged: dict[str, dict[str, check.ExperimentCheck]] = {}  # commit -> experiment -> check's answer
+        self.commits: dict[str, Commit] = {}
+        self.steps: list[Step] = []
+
+    def commit(self, sha: str) -> Commit:
+        if sha not in self.commits:
+            self.commits[sha] = self.clone.commit(sha)
+        return self.commits[sha]
+
+    def seen(self, sha: str, experiment: str) -> Seen:
+        found = self.judged[sha][experiment]
+        if found.status is Status.DEVIATES:  # fixed on every deciding scenario: the fixed side, its controls named
+            return Seen(Outcome.FIXED, deviates=tuple(found.deviations))
+        outcome = OUTCOME_OF.get(found.status)
+        if outcome is not None:
+            return Seen(outcome)
+        detail = found.error or ", ".join(found.deciding)
+        if len(detail) > REASON_CHARS:  # every scenario raising alike says the same thing many times
+            detail = detail[:REASON_CHARS] + "..."
+        return Seen(Outcome.SKIPPED, found.status.value + (f": {detail}" if detail else ""))
+
+    def probed(self, sha: str, experiment: str) -> Probed:
+        return Probed(self.commit(sha), self.seen(sha, experiment), dict(self.judged[sha][experiment].scenarios))
+
+    def probe(self, shas: list[str]) -> None:
+        started = time.monotonic()
+        with phases.measure(phases.TREES):
+            targets = [(check.target_of(self.reg, tree), tree)
+                       for tree in (trees.git_tree(sha, self.lock, clone=self.clone.path) for sha in shas)]
+        found = check.run_all(self.reg, targets, fresh_references=self.fresh, force=self.force, log=self.log)
+        for sha, result in zip(shas, found):
+            self.judged[sha] = {e.experiment: e for e in result.experiments}
+        self.steps.append(Step(len(self.steps) + 1, tuple(self.commit(sha) for sha in shas),
+                               time.monotonic() - started,
+                               {sha: {name: self.seen(sha, name) for name in self.judged[sha]} for sha in shas}))
+        for line in self.steps[-1].lines():
+            self.log(line)
+
+
+def _line(clone: Clone, main: str, start_ref: str, end_ref: str | None, tip: str,
+          paths: tuple[str, ...] = ()) -> tuple[Line, list[str]]:
+    start = clone.on_main(start_ref, main)
+    end = clone.on_main(end_ref, main) if end_ref else tip
+    commits = clone.line(start, end, paths)
+    return Line(main, start_ref, start, end_ref or main, end, len(commits), paths), commits
+
+
+def run(reg: Registry, clone: Clone, experiments: list[str], *, main: str | None = None, good: str | None = None,
+        bad: str | None = None, every: bool = False, fresh_references: bool = False, force: bool = False,
+        log=print) -> BisectReport:
+    started = time.monotonic()
+    main = clone.main(main)
+    tip = clone.tip(main)
+    exps = [reg.experiment(name) for name in experiments]
+    for ref, option in ((good, "--good"), (bad, "--bad")):
+        if ref and clone.resolve(ref) is None:
+            raise usage(f"{option} {ref!r} names no commit in {clone.path}",
+                        todo=f"check it with `git -C {clone.path} rev-parse {ref}`")
+    if every:
+        undeclared = [exp.name for exp in exps if not exp.loads]
+        if undeclared:
+            raise usage(f"--every needs the files each probe loads; {', '.join(undeclared)} declares none",
+                        expected="[experiments.<name>] loads = [\"python/sglang/...\"] in experiments.toml")
+    prober = Prober(reg, clone, fresh_references=fresh_references, force=force, log=log)
+    brackets = {(exp.name, b.boundary): b for exp in exps
+                for b in (fix_bracket(reg, exp, clone, good, bad), introduced_bracket(reg, exp, clone))}
+    searches, lines = {}, {}
+    for key, bracket in brackets.items():
+        if bracket.why_not is None:
+            lines[key], commits = _line(clone, main, bracket.start, bracket.end, tip)
+            searches[key] = Search(bracket.boundary, commits, history_ends=commits[-1] == tip)
+    watched = {}
+    if every:  # from the fix's start to the newest commit (or --bad): every commit changing what the probe loads
+        for exp in exps:
+            start = brackets[(exp.name, Boundary.FIX)].start
+            if start is not None:
+                watched[exp.name] = _line(clone, main, start, bad, tip, exp.loads)
+    with phases.recording() as spent:
+        # The first round: every watched commit and both ends of every line; then each search's next commit.
+        pending = [*(sha for _, commits in watched.values() for sha in commits),
+                   *(sha for search in searches.values() for sha in (search.line[-1], search.line[0]))]
+        while pending := list(dict.fromkeys(pending)):
+            log(f"bisect: probing {len(pending)} commit(s): {', '.join(s[:12] for s in pending)}")
+            prober.probe(pending)
+            pending = _wanted(searches, prober)
+    reports = [_experiment(exp, brackets, searches, lines, watched.get(exp.name), prober, clone, tip) for exp in exps]
+    total = time.monotonic() - started
+    return BisectReport(str(clone.path), main, reports, prober.steps, total, phases.describe(spent, total))
+
+
+def _wanted(searches: dict[tuple[str, Boundary], Search], prober: Prober) -> list[str]:
+    """Each search's next commit not yet probed, every commit already probed recorded on the way."""
+    wanted = []
+    for (name, _), search in searches.items():
+        while (sha := search.next()) in prober.judged:
+            search.record(sha, prober.seen(sha, name))
+        if sha is not None:
+            wanted.append(sha)
+    return wanted
+
+
+def _experiment(exp: Experiment, brackets, searches, lines, watched, prober: Prober, clone: Clone,
+                tip: str) -> ExperimentReport:
+    found = {}
+    for boundary in Boundary:
+        key, bracket = (exp.name, boundary), brackets[(exp.name, boundary)]
+        if bracket.why_not is not None:
+            newest = clone.commit(tip) if bracket.why_not.finding is Finding.OUTSIDE_HISTORY else None
+            found[boundary] = BoundaryReport(boundary, bracket.source, bracket.why_not, newest=newest)
+            continue
+        search = searches[key]
+        answer = search.answer()
+        skipped = {sha: search.seen[sha].describe() for sha in search.line
+                   if sha in search.seen and search.seen[sha].outcome not in boundary.sides}
+        found[boundary] = BoundaryReport(
+            boundary, bracket.source, answer, lines[key],
+            prober.probed(answer.commit, exp.name) if answer.commit else None,
+            prober.probed(answer.parent, exp.name) if answer.parent else None,
+            tuple(prober.commit(sha) for sha in answer.unnarrowed), skipped,
+            clone.commit(tip) if answer.finding is Finding.OUTSIDE_HISTORY else None)
+    report = None
+    if watched is not None:
+        line, commits = watched
+        seen = {sha: prober.seen(sha, exp.name) for sha in commits}
+        result = watch(commits, seen)
+        walked = tuple(prober.probed(sha, exp.name) for sha in commits)
+        report = WatchReport(line, walked, prober.commit(result.first_fixed) if result.first_fixed else None,
+                             tuple(p for p in walked if p.commit.sha in result.flagged))
+    return ExperimentReport(exp.name, exp.pr, found[Boundary.FIX], found[Boundary.INTRODUCED], exp.git.get("head"),
+                            report)

@@ -1,0 +1,420 @@
+"""bisect: the fix commit and the introducing one, found by behaviour on a line of commits.
+
+The search is tested alone (a function from commit to side); the command on git histories the tests
+build, where each commit's ``python/sglang/state.json`` says how each experiment behaves there and a
+stand-in for check's judge reads it (every commit still exported from the clone as ``check --git`` does);
+and once end to end, through the warm engine with this interpreter and the door probe.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from synthetic import REGISTRY, make_project, write_table
+from test_forks import git, make_fork, quiet_git, world  # noqa: F401 (fixtures)
+
+from pdevidence import cli
+from pdevidence.core import errors
+from pdevidence.documents.vocabulary import Behaviour
+from pdevidence.documents.vocabulary import CheckStatus as Status
+from pdevidence.lanes import check
+from pdevidence.lanes.bisect import Boundary, Finding, Outcome, Search, Seen, watch
+from pdevidence.sources.history import pr_of
+
+FIXED, PRE, CLEAN, SKIP = Seen(Outcome.FIXED), Seen(Outcome.PRE_FIX), Seen(Outcome.NOT_AFFECTED), \
+    Seen(Outcome.SKIPPED, "cannot run: no module named vendor")
+
+
+# --- the search alone ------------------------------------------------------------------------------
+
+
+def search(sides: list[Seen], boundary: Boundary = Boundary.FIX, history_ends: bool = False):
+    """Bisect a line whose commit ``c<i>`` behaves as ``sides[i]``; the answer, and the commits probed in order."""
+    line = [f"c{i}" for i in range(len(sides))]
+    found = Search(boundary, line, history_ends)
+    probed = []
+    while (sha := found.next()) is not None:
+        probed.append(sha)
+        found.record(sha, sides[int(sha[1:])])
+    return found.answer(), probed
+
+
+def test_a_clean_bracket_is_narrowed_to_the_first_fixed_commit_in_log_steps():
+    answer, probed = search([PRE] * 37 + [FIXED] * 27)
+    assert (answer.finding, answer.commit, answer.parent) == (Finding.FOUND, "c37", "c36")
+    assert probed[:2] == ["c63", "c0"] and len(probed) <= 2 + 6  # both ends, then log2(64) steps
+
+
+def test_a_commit_that_cannot_run_is_skipped_and_the_range_it_leaves_is_named():
+    answer, probed = search([PRE, PRE, SKIP, SKIP, FIXED, FIXED])
+    assert answer.finding is Finding.NOT_NARROWED
+    assert answer.unnarrowed == ("c2", "c3", "c4")  # the fix is one of them
+    assert "2 commit(s) between c1 (pre-fix) and c4 (fixed) were skipped" in answer.why
+
+
+def test_a_skipped_commit_beside_the_boundary_does_not_hide_it():
+    answer, probed = search([PRE, SKIP, PRE, PRE, FIXED, FIXED, SKIP, FIXED])
+    assert (answer.finding, answer.commit, answer.parent) == (Finding.FOUND, "c4", "c3")
+
+
+def test_a_run_of_skipped_commits_is_jumped_over_not_walked():
+    answer, probed = search([PRE] * 20 + [SKIP] * 40 + [PRE] * 10 + [FIXED] * 10)
+    assert (answer.finding, answer.commit) == (Finding.FOUND, "c70")
+    assert len(probed) <= 12  # the middle is skipped: the next tries are far from it, not beside it
+
+
+def test_a_commit_fixed_where_it_tells_but_departing_on_a_control_is_the_fixed_side_and_named():
+    deviates = Seen(Outcome.FIXED, deviates=("O7",))
+    answer, _ = search([PRE, PRE, deviates, deviates, FIXED])
+    assert (answer.finding, answer.commit) == (Finding.FOUND, "c2")
+    assert deviates.describe() == "fixed (deviates: O7)"
+    line = ["c0", "c1", "c2"]
+    assert watch(line, dict(zip(line, [FIXED, deviates, FIXED]))).flagged == ("c1",)  # the watch flags it
+
+
+def test_a_fix_reverted_and_reapplied_names_a_commit_whose_parent_is_pre_fix():
+    # c1 fixes, c2 reverts, c5 reapplies: bisection lands on one change (here the reapply), as git bisect does.
+    sides = [PRE, FIXED, PRE, PRE, PRE, FIXED, FIXED, FIXED]
+    answer, _ = search(sides)
+    assert (answer.finding, answer.commit, answer.parent) == (Finding.FOUND, "c5", "c4")
+    # Every commit probed (the watch): the first fix, and every commit after it that is not fixed.
+    line = [f"c{i}" for i in range(len(sides))]
+    watched = watch(line, dict(zip(line, sides)))
+    assert (watched.first_fixed, watched.flagged) == ("c1", ("c2", "c3", "c4"))
+
+
+@pytest.mark.parametrize(("history_ends", "finding"), [(True, Finding.OUTSIDE_HISTORY), (False, Finding.ENDS_DIFFER)])
+def test_an_end_not_yet_fixed_is_outside_the_history_when_it_is_its_newest_commit(history_ends, finding):
+    answer, probed = search([PRE, PRE, PRE, PRE], history_ends=history_ends)
+    assert answer.finding is finding and probed == ["c3", "c0"]  # nothing between is probed
+    assert "is pre-fix, not fixed" in answer.why
+
+
+def test_a_release_cut_from_the_newest_commit_leaves_a_line_of_one_commit_and_the_fix_outside_the_history():
+    answer, probed = search([PRE], history_ends=True)
+    assert (answer.finding, probed) == (Finding.OUTSIDE_HISTORY, ["c0"])
+
+
+def test_a_start_already_fixed_or_unjudged_says_the_range_does_not_hold_the_fix():
+    for start, said in ((FIXED, "is fixed, not pre-fix"), (SKIP, "skipped (cannot run")):
+        answer, _ = search([start, PRE, FIXED])
+        assert answer.finding is Finding.ENDS_DIFFER and said in answer.why
+
+
+def test_the_introducing_commit_is_the_first_pre_fix_one_after_not_affected_ones():
+    answer, _ = search([CLEAN, CLEAN, CLEAN, PRE, PRE], Boundary.INTRODUCED)
+    assert (answer.finding, answer.commit, answer.parent) == (Finding.FOUND, "c3", "c2")
+
+
+@pytest.mark.parametrize(("subject", "pr"), [
+    ("[BugFix] fix(hicache): fix two slot-reuse races (#24226)", 24226),
+    ("Revert \"x (#100)\" (#101)", 101),
+    ("Merge pull request #55 from a/b", 55),
+    ("a commit naming no PR", None),
+])
+def test_the_pr_a_subject_names(subject, pr):
+    assert pr_of(subject) == pr
+
+
+# --- on git histories, check's judge stood in for ---------------------------------------------------
+
+TWO = REGISTRY.replace("[experiments.demo.git]", 'loads = ["python/sglang/state.json"]\n\n[experiments.demo.git]') + """
+[experiments.other]
+pr = 2
+title = "Another fix"
+probe = "probes/probe_demo.py"
+loads = ["python/sglang/state.json"]
+
+[experiments.other.releases]
+base = "1.0.0"
+head = "1.1.0"
+"""
+STATUS = {"fixed": Status.FIXED, "pre-fix": Status.AFFECTED, "not affected": Status.NOT_AFFECTED,
+          "cannot run": Status.CANNOT_RUN, "neither": Status.UNKNOWN}
+
+
+class History:
+    """A clone whose main line the test writes commit by commit; each commit says how each experiment behaves."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        (path / "python" / "sglang").mkdir(parents=True)
+        (path / "python" / "sglang" / "__init__.py").write_text("")
+        git(path, "init", "-q", "-b", "main")
+
+    def commit(self, subject: str, **states: str) -> str:
+        state = self.path / "python" / "sglang" / "state.json"
+        state.write_text(json.dumps(states, sort_keys=True))
+        (self.path / "log").write_text(subject)  # every commit changes something
+        git(self.path, "add", "-A")
+        git(self.path, "commit", "-qm", subject)
+        return git(self.path, "rev-parse", "HEAD")
+
+    def release(self, version: str) -> str:
+        """A release cut on a branch off the main line (its tag is no ancestor of the next release's)."""
+        git(self.path, "checkout", "-qb", f"release/v{version}")
+        (self.path / "VERSION").write_text(version)
+        git(self.path, "add", "-A")
+        git(self.path, "commit", "-qm", f"release {version}")
+        git(self.path, "tag", f"v{version}")
+        git(self.path, "checkout", "-q", "main")
+        return git(self.path, "rev-parse", f"v{version}")
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    root = make_project(tmp_path / "project", TWO)
+    for name, value in {"PDEVIDENCE_WORK": tmp_path / "work", "PDEVIDENCE_RUNS": tmp_path / "runs",
+                        "PDEVIDENCE_CACHE": tmp_path / "cache"}.items():
+        monkeypatch.setenv(name, str(value))
+    probed: list[str] = []
+
+    def run_all(reg, targets, *, fresh_references=False, force=False, log=print, server_args=None):
+        """check's answers, as each commit's state.json writes them: one probe per commit, every experiment."""
+        found = []
+        for target, tree in targets:
+            probed.append(tree.resolved)
+            states = json.loads((tree.install_target / "sglang" / "state.json").read_text())
+            found.append(check.CheckResult(target, [
+                check.ExperimentCheck(name, exp.pr, STATUS[states[name]],
+                                      {"D1": Behaviour.FIXED if states[name] == "fixed" else Behaviour.PRE_FIX},
+                                      error="no module named vendor" if states[name] == "cannot run" else None)
+                for name, exp in reg.experiments.items()]))
+        return found
+
+    monkeypatch.setattr(check, "run_all", run_all)
+    return root, probed
+
+
+def sweep_table(root: Path, experiment: str, releases: dict[str, str]) -> None:
+    """A sweep table (/2, the smallest the loader reads) classifying each release."""
+    fixed = next((v for v, c in releases.items() if c == "fixed"), None)
+    write_table(root / "results" / f"sweep-{experiment}.json", {
+        "schema": "pdevidence-sweep/2", "experiment": experiment, "first_fixed": fixed, "regressions": [],
+        "as_of": None, "releases": [{"version": v, "classification": c, "scenarios": {}, "differing": [],
+                                     "error": None} for v, c in releases.items()]})
+
+
+def bisect(root: Path, repo: Path, *argv: str) -> tuple[int, dict]:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["--root", str(root), "bisect", *argv, "--repo", str(repo), "--json"])
+    return code, json.loads(out.getvalue())
+
+
+def lines_of(history: History, n: int, **states: str) -> list[str]:
+    return [history.commit(f"work {i}", **states) for i in range(n)]
+
+
+def test_the_fix_is_found_between_release_branches_on_the_main_line_and_the_line_is_named(project, tmp_path):
+    root, probed = project
+    h = History(tmp_path / "sglang")
+    lines_of(h, 3, demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")
+    before = lines_of(h, 5, demo="pre-fix", other="pre-fix")
+    fix = h.commit("Retire rejected requests at the door (#1)", demo="fixed", other="pre-fix")
+    lines_of(h, 6, demo="fixed", other="pre-fix")
+    h.release("1.1.0")
+    assert subprocess.run(["git", "-C", str(h.path), "merge-base", "--is-ancestor", "v1.0.0", "v1.1.0"]).returncode
+    code, doc = bisect(root, h.path, "demo")
+    found = doc["experiments"][0]["fix"]
+    assert (found["finding"], found["commit"]["sha"], found["parent"]["sha"]) == ("found", fix, before[-1])
+    assert (found["commit"]["pr"], found["commit"]["subject"]) == (1, "Retire rejected requests at the door (#1)")
+    assert (found["commit"]["scenarios"], found["parent"]["scenarios"]) == ({"D1": "fixed"}, {"D1": "pre-fix"})
+    line = found["line"]
+    assert (line["main"], line["start_ref"], line["end_ref"]) == ("main", "v1.0.0", "v1.1.0")
+    # Each end is where its release branch leaves the main line, not the tagged commit on the branch.
+    assert line["start"] == git(h.path, "merge-base", "v1.0.0", "main") != git(h.path, "rev-parse", "v1.0.0")
+    assert line["commits"] == 13 and len(probed) == len(set(probed)) <= 2 + 4
+    assert doc["experiments"][0]["introduced"]["finding"] == "not sought"  # no sweep table says where it came in
+    # A finding, not an error: the registry pins another commit for the fix.
+    assert any("not the registry's git pin bbbbbbbbbbbb" in n for n in doc["experiments"][0]["notes"])
+    assert code == errors.CONFIRMED and doc["exit_code"] == 0
+
+
+def test_several_experiments_bisect_together_and_each_commit_is_probed_once(project, tmp_path):
+    root, probed = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")
+    commits = [h.commit(f"c{i}", demo="fixed" if i >= 9 else "pre-fix", other="fixed" if i >= 4 else "pre-fix")
+               for i in range(16)]
+    h.release("1.1.0")
+    code, doc = bisect(root, h.path, "demo", "other")
+    assert [e["fix"]["commit"]["sha"] for e in doc["experiments"]] == [commits[9], commits[4]]
+    assert len(probed) == len(set(probed))  # a commit one search probed served the other
+    assert sum(len(step["commits"]) for step in doc["steps"]) == len(probed)
+    assert all(set(c["outcomes"]) == {"demo", "other"} for step in doc["steps"] for c in step["commits"])
+    assert code == errors.CONFIRMED
+
+
+def test_commits_that_cannot_run_are_skipped_and_the_range_left_is_reported(project, tmp_path):
+    root, _ = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")
+    lines_of(h, 3, demo="pre-fix", other="pre-fix")
+    broken = lines_of(h, 3, demo="cannot run", other="pre-fix")
+    fix = h.commit("fix", demo="fixed", other="pre-fix")
+    h.release("1.1.0")
+    code, doc = bisect(root, h.path, "demo")
+    found = doc["experiments"][0]["fix"]
+    assert found["finding"] == "not narrowed" and [c["sha"] for c in found["unnarrowed"]] == [*broken, fix]
+    assert set(found["skipped"]) == set(broken)
+    assert all(why == "skipped (cannot run: no module named vendor)" for why in found["skipped"].values())
+    assert code == errors.INCOMPLETE
+
+
+def test_a_fixed_release_after_the_history_ends_is_reported_with_its_newest_commit(project, tmp_path):
+    root, probed = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")
+    newest = lines_of(h, 5, demo="pre-fix", other="pre-fix")[-1]  # no v1.1.0: the history ends before it
+    code, doc = bisect(root, h.path, "demo")
+    found = doc["experiments"][0]["fix"]
+    assert found["finding"] == "outside the history" and found["newest"]["sha"] == newest
+    assert found["line"]["end_ref"] == "main" and "no tag v1.1.0 in the history" in found["bracket"]
+    assert len(probed) == 2  # its two ends: nothing between is guessed at
+    assert code == errors.INCOMPLETE
+
+
+def test_a_last_pre_fix_release_cut_from_the_newest_commit_leaves_the_fix_after_the_history(project, tmp_path):
+    root, probed = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix", other="pre-fix")
+    newest = h.commit("newest", demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")  # from the newest commit of the main line; no v1.1.0
+    code, doc = bisect(root, h.path, "demo")
+    found = doc["experiments"][0]["fix"]
+    assert (found["finding"], found["line"]["commits"], found["newest"]["sha"]) == ("outside the history", 1, newest)
+    assert probed == [newest] and code == errors.INCOMPLETE
+
+
+def test_the_introducing_commit_is_sought_from_the_last_release_the_sweep_calls_not_affected(project, tmp_path):
+    root, _ = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="not affected", other="pre-fix")
+    h.release("0.9.0")
+    lines_of(h, 4, demo="not affected", other="pre-fix")
+    bug = h.commit("Add the door (#7)", demo="pre-fix", other="pre-fix")
+    lines_of(h, 2, demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")
+    fix = h.commit("fix", demo="fixed", other="pre-fix")
+    h.release("1.1.0")
+    sweep_table(root, "demo", {"0.9.0": "not affected", "1.0.0": "pre-fix", "1.1.0": "fixed"})
+    code, doc = bisect(root, h.path, "demo")
+    found = doc["experiments"][0]
+    assert (found["fix"]["commit"]["sha"], found["introduced"]["commit"]["sha"]) == (fix, bug)
+    assert found["introduced"]["commit"]["pr"] == 7 and found["introduced"]["parent"]["outcome"] == "not affected"
+    assert found["introduced"]["bracket"].startswith("sweep-demo.json: last not affected 0.9.0, first pre-fix 1.0.0")
+    assert code == errors.CONFIRMED
+
+
+def test_good_and_bad_override_the_bracket(project, tmp_path):
+    root, _ = project
+    h = History(tmp_path / "sglang")
+    commits = [h.commit(f"c{i}", demo="fixed" if i >= 5 else "pre-fix", other="pre-fix") for i in range(10)]
+    code, doc = bisect(root, h.path, "demo", "--good", commits[2], "--bad", commits[7])
+    found = doc["experiments"][0]["fix"]
+    assert found["commit"]["sha"] == commits[5] and found["line"]["commits"] == 6
+    assert found["bracket"].startswith(f"--good {commits[2]}, --bad {commits[7]}")
+
+
+def test_the_watch_probes_every_commit_changing_what_the_probe_loads_and_flags_a_revert(project, tmp_path):
+    root, probed = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")
+    fix = h.commit("fix (#1)", demo="fixed", other="pre-fix")
+    (h.path / "README").write_text("docs only")
+    git(h.path, "add", "-A")
+    git(h.path, "commit", "-qm", "docs: nothing the probe loads")
+    quiet = git(h.path, "rev-parse", "HEAD")
+    revert = h.commit("Revert fix (#2)", demo="pre-fix", other="pre-fix")
+    h.commit("Reapply fix (#3)", demo="fixed", other="pre-fix")
+    h.release("1.1.0")
+    h.commit("later", demo="fixed", other="pre-fix")
+    code, doc = bisect(root, h.path, "demo", "--every")
+    watched = doc["experiments"][0]["watch"]
+    assert watched["first_fixed"]["sha"] == fix and watched["flagged"] == [revert]
+    assert quiet not in [p["sha"] for p in watched["walked"]]  # (the bisection may still probe it)
+    assert watched["line"]["end_ref"] == "main"  # the watch runs on to the newest commit
+    assert code == errors.RELEASE_WATCH
+
+
+def test_every_needs_the_files_each_probe_loads(project, tmp_path):
+    root, _ = project
+    (root / "experiments.toml").write_text(REGISTRY)
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix")
+    assert cli.main(["--root", str(root), "bisect", "demo", "--every", "--repo", str(h.path)]) == errors.USAGE
+
+
+# --- end to end: the warm engine, the door probe, nothing built ---------------------------------------
+
+
+def test_a_fork_is_bisected_through_the_warm_engine_like_check_git(world, capsys):
+    fork = make_fork(world.tmp / "fork", guard=False)  # tagged v0.5.10-npu.rc1: its era is npu
+    git(fork, "branch", "-m", "main")
+    init = fork / "python" / "sglang" / "__init__.py"
+    shas = []
+    for i, guard in enumerate((False, False, True, True)):
+        init.write_text(init.read_text().replace(f"GUARD = {not guard}", f"GUARD = {guard}") + f"# {i}\n")
+        git(fork, "commit", "-qam", f"step {i} (#{10 + i})")
+        shas.append(git(fork, "rev-parse", "HEAD"))
+    code = cli.main(["--root", str(world.root), "bisect", "demo", "--repo", str(fork), "--good", "v0.5.10-npu.rc1",
+                     "--bad", "main", "--json"])
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    found = doc["experiments"][0]["fix"]
+    assert (found["commit"]["sha"], found["commit"]["pr"], found["parent"]["sha"]) == (shas[2], 12, shas[1])
+    assert "engine (npu): probing git-" in captured.err and world.eras and set(world.eras) == {"npu"}
+    assert code == errors.CONFIRMED
+
+
+def test_the_text_report_names_the_line_each_boundary_commit_its_parent_and_each_step(project, tmp_path, capsys):
+    root, _ = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")
+    parent = h.commit("work", demo="pre-fix", other="pre-fix")
+    fix = h.commit("Retire at the door (#1)", demo="fixed", other="pre-fix")
+    h.release("1.1.0")
+    code = cli.main(["--root", str(root), "bisect", "demo", "--repo", str(h.path)])
+    out = capsys.readouterr().out.splitlines()
+    start = git(h.path, "merge-base", "v1.0.0", "main")
+    assert f"    line: main first-parent, {start[:12]} (v1.0.0 meets it) .. {fix[:12]} (v1.1.0 meets it); " \
+        "3 commits" in out
+    date = git(h.path, "show", "-s", "--format=%cI", fix)[:10]
+    assert f"    commit: {fix[:12]} {date} 'Retire at the door (#1)' (PR #1): fixed [D1 fixed]" in out
+    assert f"    parent: {parent[:12]} {date} 'work': pre-fix [D1 pre-fix]" in out
+    steps = out[out.index("steps (3 commits probed):"):]  # both ends, then the one commit between
+    assert [line.split(" (")[0] for line in steps if line.startswith("  step ")] == ["  step 1", "  step 2"]
+    assert out[-1].startswith("time: ") and code == errors.CONFIRMED
+
+
+def test_without_a_clone_bisect_says_where_to_name_one(project, monkeypatch, capsys):
+    root, probed = project
+    monkeypatch.delenv("SGLANG_REPO", raising=False)
+    assert cli.main(["--root", str(root), "bisect", "demo"]) == errors.USAGE
+    assert "pass --repo <clone> or set SGLANG_REPO=<clone>" in capsys.readouterr().err and probed == []
+
+
+@pytest.mark.parametrize(("loads", "said"), [
+    ('"python/sglang/a.py"', "expected array"),
+    ('["/etc/passwd"]', "'/etc/passwd' is not a path inside the repository"),
+    ('["python/../../x.py"]', "is not a path inside the repository"),
+])
+def test_the_files_a_probe_loads_are_paths_inside_the_repository(tmp_path, loads, said, capsys):
+    root = make_project(tmp_path / "project", REGISTRY.replace("[experiments.demo.git]",
+                                                               f"loads = {loads}\n\n[experiments.demo.git]"))
+    assert cli.main(["--root", str(root), "bisect", "demo", "--repo", str(tmp_path)]) == errors.USAGE
+    err = capsys.readouterr().err
+    assert "experiments.demo.loads" in err and said in err
