@@ -203,7 +203,7 @@ def test_the_server_configuration_is_passed_whole_and_the_cli_splits_it(tmp_path
     given = "--model-path '/models/my model' \\\n  --disaggregation-mode decode\n"
     run = run_check_step(tmp_path, {"release": "0.5.20", "server-args": given})
     assert run.code == 0, run.log
-    assert run.argv[:5] == ["check", "--version", "0.5.20", "--server-args", given]
+    assert run.argv[:5] == ["check", "--release", "0.5.20", "--server-args", given]
     args = docs_parser().parse_args(run.argv)
     assert args.server_args.args == ("--model-path", "/models/my model", "--disaggregation-mode", "decode")
 
