@@ -423,7 +423,7 @@ def test_a_path_trees_tests_import_its_python_dir_unbuilt(tmp_path, monkeypatch)
         'probe = "probes/probe_demo.py"\n', f'probe = "probes/probe_demo.py"\nupstream_tests = ["{UNBUILT_TEST}"]\n', 1)))
     env_dir = this_interpreter_as_an_environment(tmp_path / "env")
     # The environment is the closure alone (uv is not run here); what the lane does with the tree is real.
-    monkeypatch.setattr(environments, "ensure", lambda path, python, closure, tree, torch, log=None:
+    monkeypatch.setattr(environments, "ensure", lambda home, stem, python, closure, tree, torch, **kw:
                         environments.CellEnvironment(env_dir, python, torch, reused=True))
     monkeypatch.setattr(environments.CellEnvironment, "packages", lambda self: {"pytest": "9"})
     argv = ["--root", str(reg.root), "upstream", "demo", "base", "--kind", "path", "--ref", str(fork),
