@@ -381,3 +381,19 @@ def bracket_sweep(tmp_path_factory) -> BracketSweep:
     # 0: every experiment's first fixed release is among them and nothing after it lost the fix.
     assert done.returncode == 0, done.stdout + done.stderr
     return BracketSweep(versions, runs, done.stdout)
+
+
+@pytest.fixture(scope="module")
+def noxfile():
+    """The noxfile, imported once, its sessions registered with nox as when nox reads it (and then forgotten:
+    another test may import it too)."""
+    nox_registry = pytest.importorskip("nox.registry", reason="nox is not installed: "
+                                       "python -m pip install -r requirements-dev.txt")
+    before = nox_registry.get()
+    nox_registry.reset()
+    spec = importlib.util.spec_from_file_location("pdevidence_tests_noxfile", PROJECT / "noxfile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    nox_registry.reset()
+    nox_registry._REGISTRY.update(before)

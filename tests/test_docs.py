@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -201,22 +200,6 @@ def test_the_parsers_refuse_what_does_not_work():
 def test_every_pdevidence_command_shown_parses(command):
     said = parse_harness(harness_argv(list(command.argv)))
     assert said is None, f"{command.page} shows `{command.line}`, which pdevidence refuses: {said}"
-
-
-@pytest.fixture(scope="module")
-def noxfile():
-    """The noxfile, imported once, its sessions registered with nox as when nox reads it (and then forgotten:
-    another test may import it too)."""
-    nox_registry = pytest.importorskip("nox.registry", reason="nox is not installed: "
-                                       "python -m pip install -r requirements-dev.txt")
-    before = nox_registry.get()
-    nox_registry.reset()
-    spec = importlib.util.spec_from_file_location("pdevidence_docs_noxfile", PROJECT / "noxfile.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    nox_registry.reset()
-    nox_registry._REGISTRY.update(before)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ noxfile's handling of the harness's exit codes is exercised as users meet it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -78,20 +77,6 @@ def test_several_sessions_with_a_usage_error_each_report_it(demo_project):
         assert f"Session {session} aborted: exit {errors.USAGE}: usage error" in done.stderr
 
 
-@pytest.fixture(scope="module")
-def project_noxfile():
-    """The noxfile, imported once as nox reads it, its sessions then forgotten (another test may import it too)."""
-    from nox import registry as nox_registry
-    before = nox_registry.get()
-    nox_registry.reset()
-    spec = importlib.util.spec_from_file_location("pdevidence_nox_selection", PROJECT / "noxfile.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    nox_registry.reset()
-    nox_registry._REGISTRY.update(before)
-
-
 @pytest.mark.parametrize(("argv", "environ", "alone"), [
     ([], {}, True),  # bare nox: the noxfile's default, matrix
     (["-s", "release(admission, base)"], {}, True),
@@ -106,14 +91,14 @@ def project_noxfile():
     (["-t", "cell"], {}, False),
     (["-s", "mutate(admission)"], {}, True),
 ])
-def test_the_noxfile_reads_from_noxs_own_command_line_whether_one_session_runs(project_noxfile, argv, environ,
+def test_the_noxfile_reads_from_noxs_own_command_line_whether_one_session_runs(noxfile, argv, environ,
                                                                               alone):
-    assert project_noxfile._names_one_session(argv, environ) is alone
+    assert noxfile._names_one_session(argv, environ) is alone
 
 
-def test_every_parametrized_session_is_known_to_the_selection(project_noxfile):
+def test_every_parametrized_session_is_known_to_the_selection(noxfile):
     """A session the noxfile takes for one but nox runs many of would end the run at its first failure."""
-    noxfile = project_noxfile
+    noxfile = noxfile
     listed = subprocess.run([sys.executable, "-m", "nox", "-f", str(PROJECT / "noxfile.py"), "--list", "--json",
                              "-k", "matrix or not matrix"], cwd=PROJECT, capture_output=True, text=True, timeout=120)
     sessions = json.loads(listed.stdout)
