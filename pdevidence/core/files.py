@@ -9,11 +9,13 @@ through ``move_atomic``, the rename ``write_atomic`` ends with: on disk, then na
 
 from __future__ import annotations
 
+import ast
 import errno
 import hashlib
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,9 @@ from .errors import INCOMPLETE, HarnessError
 
 FILE_MODE = 0o644  # mkstemp alone gives 0600
 CHUNK = 1 << 20
+# CPython before 3.13 keeps ast.parse's recursion depth in state that threads share: two parses at once (the
+# matrix's cells, a check's trees) can fail with "SystemError: AST constructor recursion depth mismatch".
+_PARSING = threading.Lock()
 
 
 def dumps(doc: Any) -> str:
@@ -85,6 +90,13 @@ def hash_into(digest: Any, path: Path) -> None:
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(CHUNK), b""):
             digest.update(block)
+
+
+def parse_python(path: Path) -> ast.Module:
+    """``path``'s syntax tree, one parse at a time in this process (``_PARSING``)."""
+    text = path.read_text(encoding="utf-8")
+    with _PARSING:
+        return ast.parse(text)
 
 
 def read_json(path: Path, what: str, *, todo: str) -> Any:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import STALE, HarnessError
-from ..core.files import relative, sha256_file
+from ..core.files import parse_python, relative, sha256_file
 from ..registry import REGISTRY_FILE, Registry
 
 HARNESS = Path(__file__).resolve().parents[1]  # the pdevidence package that is running
@@ -193,7 +193,7 @@ def probe_files(probe: Path) -> list[Path]:
     kit and the stand-ins, which every document records anyway."""
     found, todo = [probe], [probe]
     while todo:
-        tree = ast.parse(todo.pop().read_text(encoding="utf-8"))
+        tree = parse_python(todo.pop())
         names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
         names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
         for name in sorted(names):

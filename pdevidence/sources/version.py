@@ -24,6 +24,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from ..core import children
+from ..core.files import parse_python
 
 GIT_DESCRIBE = "git describe --tags"
 _DISTANCE = re.compile(r"^(?P<tag>.+)-(?P<commits>\d+)-g[0-9a-f]+$")  # what describe appends past the tag
@@ -101,7 +102,7 @@ def _relative(path: Path, root: Path) -> str:
 def _literal(version_py: Path) -> str | None:
     """A module-level ``__version__ = "..."``; one assigned under try/except (a build's fallback) is not."""
     try:
-        module = ast.parse(version_py.read_text(encoding="utf-8"))
+        module = parse_python(version_py)
     except (OSError, SyntaxError, UnicodeDecodeError):
         return None
     for node in module.body:
