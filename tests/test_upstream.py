@@ -562,3 +562,27 @@ def test_a_corrupt_or_mislabelled_result_is_an_environment_error_not_a_traceback
         assert err.value.code == ENVIRONMENT and "rerun its upstream session" in str(err.value)
     assert cli.main(["--root", str(project.root), "compare", "--kind", "release"]) == ENVIRONMENT
     assert "is not a usable upstream result" in capsys.readouterr().err
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+def test_local_tests_record_their_checkout_and_whether_they_differ_from_its_head(tmp_path):
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "test_a.py").write_text("def test_a():\n    pass\n")
+    _git(tmp_path, "add", "test_a.py")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
+    clean = upstream.local_source(tmp_path, ["test_a.py"]).details
+    (tmp_path / "test_a.py").write_text("def test_a():\n    assert False\n")
+    edited = upstream.local_source(tmp_path, ["test_a.py"]).details
+    assert clean["git_head"] == edited["git_head"] and len(clean["git_head"]) == 40
+    assert (clean["files_differ_from_head"], edited["files_differ_from_head"]) == (False, True)
+
+
+def test_a_checkout_git_cannot_read_says_unknown_not_unchanged(tmp_path):
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "test_a.py").write_text("def test_a():\n    pass\n")
+    (tmp_path / ".git" / "index").write_bytes(b"not an index")  # `git status` fails on a corrupt index
+    origin = upstream.local_source(tmp_path, ["test_a.py"]).details
+    assert origin["files_differ_from_head"] is None

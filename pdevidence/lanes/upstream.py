@@ -118,10 +118,15 @@ def _git_state(directory: Path, files: list[Path]) -> dict:
 
     if not shutil.which("git") or git("rev-parse", "--is-inside-work-tree").returncode != 0:
         return {"git_head": None}
-    status = git("status", "--porcelain", "--untracked-files=all", "--", *map(str, files))
-    return {"git_toplevel": git("rev-parse", "--show-toplevel").stdout.strip(),
-            "git_head": git("rev-parse", "HEAD").stdout.strip() or None,
-            "files_differ_from_head": bool(status.stdout.strip())}
+    def answer(*args: str) -> str | None:
+        """git's output, or None where git failed: a receipt says unknown rather than "unchanged"."""
+        done = git(*args)
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    status = answer("status", "--porcelain", "--untracked-files=all", "--", *map(str, files))
+    return {"git_toplevel": answer("rev-parse", "--show-toplevel"),
+            "git_head": answer("rev-parse", "HEAD") or None,
+            "files_differ_from_head": None if status is None else bool(status)}
 
 
 def head_tree_source(registry: Registry, exp: Experiment) -> TestSource:
