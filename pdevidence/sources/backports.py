@@ -21,6 +21,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from ..core import debris
 from ..core.errors import usage
 from ..core.files import read_marker, write_atomic, write_marker
 from ..registry import RegistryError, _strings, _table, _version
@@ -194,7 +195,7 @@ def materialize(release_tree: Tree, pristine_dir: Path, variant: Variant, backpo
     dest = work / "corpus" / f"{backport.release}-{variant.value}.{key[:12]}"
     if read_marker(dest / TREE_INFO) is None:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp"))
+        staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=debris.prefix(dest.parent, dest.name), suffix=".tmp"))
         try:
             shutil.copytree(pristine_dir, staging, dirs_exist_ok=True, copy_function=os.link)
             apply(staging, edits)
