@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from test_docs import docs_parser
 
-from pdevidence import commands, environments
+from pdevidence import cli, commands, environments
 from pdevidence.core import errors
 from pdevidence.core.paths import PROJECT
 
@@ -228,7 +228,7 @@ def test_the_server_environment_is_passed_a_variable_a_line_after_its_files(tmp_
     assert run.argv[3:9] == ["--server-env-file", str(env_file),
                              "--server-env", "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=true",
                              "--server-env", "A=b c"]
-    args = docs_parser().parse_args(run.argv)
+    args = cli.parser().parse_args(run.argv)  # the real parser: it reads the file
     assert commands.check.server_environment(args).values() == {
         "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE": "true", "A": "b c"}  # the line given wins over the file
     run = run_check_step(tmp_path / "none", {"release": "0.5.20"})
