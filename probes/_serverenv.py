@@ -36,9 +36,12 @@ ON, OFF, UNDEFINED, UNREAD = "on", "off", "undefined", "unread"
 
 
 @contextlib.contextmanager
-def environment(given: dict[str, str]) -> Iterator[None]:
-    """``given`` in ``os.environ`` for the block, the previous values (or their absence) restored after."""
-    saved = {name: os.environ.get(name) for name in given}
+def environment(given: dict[str, str], unset: tuple[str, ...] = ()) -> Iterator[None]:
+    """``given`` in ``os.environ`` for the block and ``unset`` out of it, the previous values (or their absence)
+    restored after."""
+    saved = {name: os.environ.get(name) for name in (*given, *unset)}
+    for name in unset:
+        os.environ.pop(name, None)
     os.environ.update(given)
     try:
         yield
@@ -104,7 +107,8 @@ def _field(envs: Any, name: str) -> Any:
 def _read(field: Any, name: str, given: dict[str, str]) -> dict:
     """The value ``field`` takes under ``given``; a value its own ``parse`` refuses is an error naming ``name``."""
     try:
-        with environment(given), warnings.catch_warnings():
+        # Not given, it is at the tree's default on the server, whatever this process inherited.
+        with environment(given, () if name in given else (name,)), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a refused value warns and falls back: ``parse`` below says why
             value = field.get()
             if name in given and callable(getattr(field, "parse", None)):

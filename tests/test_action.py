@@ -222,8 +222,8 @@ def test_the_server_launch_command_may_be_a_file(tmp_path):
 def test_the_server_environment_is_passed_a_variable_a_line_after_its_files(tmp_path):
     env_file = tmp_path / "decode.env"
     env_file.write_text("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=false\n")
-    run = run_check_step(tmp_path, {"release": "0.5.20", "server-env-file": f"{env_file}\n",
-                                    "server-env": "  SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=true \n\nA=b c\n"})
+    lines = "  SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=true \n\nA=b c\n"  # blanks and padding dropped
+    run = run_check_step(tmp_path, {"release": "0.5.20", "server-env-file": f"{env_file}\n", "server-env": lines})
     assert run.code == 0, run.log
     assert run.argv[3:9] == ["--server-env-file", str(env_file),
                              "--server-env", "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=true",

@@ -113,7 +113,8 @@ def check(world, capsys, *argv: str) -> tuple[int, dict, str]:
 
 
 def test_a_fix_the_default_environment_leaves_off_is_affected_and_says_what_turns_it_on(gated, fork, capsys,
-                                                                                         tmp_path):
+                                                                                         tmp_path, monkeypatch):
+    monkeypatch.setenv(GATE, "true")  # the checking shell's own environment is not the server's
     vex = tmp_path / "vex.json"
     code, doc, _ = check(gated, capsys, "--path", str(fork), "--openvex", str(vex))
     assert code == errors.BEHAVIOUR_DIFFERS

@@ -111,8 +111,8 @@ def record(exp: Experiment, table: SweepTable, hashes: dict[str, str], pd_first:
         versions = sorted({*seen, *carrying}, key=Version)
         ranges = ranges[:1]  # opened once, never closed: with the defaults, no release is fixed
         details.insert(2, f"The fix runs only where the server's environment sets {exp.gate.variable}="
-                       f"{exp.gate.on} ({exp.gate.why}). The releases that carry it ({', '.join(carrying) or 'none yet'}"
-                       ") behave as fixed only with it on, so the range is left open (no fixed event) and they are "
+                       f"{exp.gate.on} ({exp.gate.why}). The releases that carry it "
+                       f"({', '.join(carrying) or 'none yet'}) behave as fixed only with it on, so the range is left open (no fixed event) and they are "
                        f"listed as affected: with the defaults they are. `python -m pdevidence check --server-env "
                        f"{exp.gate.variable}={exp.gate.on}` answers fixed for them.")
         found_db["gate"] = {"variable": exp.gate.variable, "on": exp.gate.on, "why": exp.gate.why,
