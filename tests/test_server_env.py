@@ -129,13 +129,13 @@ def test_a_fix_the_default_environment_leaves_off_is_affected_and_says_what_turn
     [statement] = json.loads(vex.read_text())["statements"]
     assert statement["status"] == "affected"
     assert statement["action_statement"].startswith(f"Set {GATE}=true in the server's environment")
-    assert "assumed the defaults" in statement["status_notes"]
+    assert "no --server-env given: the defaults assumed" in statement["status_notes"]
     assert problems("openvex-0.2.0", json.loads(vex.read_text())) == []
     cli.main(["--root", str(gated.root), "check", "--path", str(fork)])
     table = capsys.readouterr().out
     assert "server environment: none given: every variable at this tree's default" in table
-    assert (f"affected     PR #1  gate {GATE} = false (assumed the defaults (no --server-env given)): off; the fix is "
-            f"present but off: set {GATE}=true in the server's environment to turn it on") in table
+    assert (f"affected     PR #1  gate {GATE} = false, its default (no --server-env given: the defaults assumed): "
+            f"off; the fix is present but off: set {GATE}=true in the server's environment to turn it on") in table
 
 
 def test_the_variable_given_on_turns_the_answer_fixed(gated, fork, capsys):
@@ -254,7 +254,7 @@ def test_a_malformed_variable_is_a_usage_error_before_anything_runs(value, messa
 def test_an_env_file_names_the_line_of_a_malformed_variable(tmp_path):
     env_file = tmp_path / "bad.env"
     env_file.write_text("A=1\nexport B=2\n")
-    with pytest.raises(argparse.ArgumentTypeError, match=r"bad.env, line 2: 'export B' is not"):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"bad.env', line 2: 'export B' is not"):
         arguments.server_env_file(str(env_file))
     env_file.write_text('A="quoted"\nB=x=y\nC=\n')  # the value after the first = taken literally, as docker does
     assert arguments.server_env_file(str(env_file)).values() == {"A": '"quoted"', "B": "x=y", "C": ""}

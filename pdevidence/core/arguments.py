@@ -308,7 +308,7 @@ def server_env_file(value: str) -> ServerEnvironment:
     for number, line in enumerate(text.splitlines(), 1):
         line = line.lstrip()
         if line and not line.startswith("#"):
-            found += _variable(line, f"{value}, line {number}")
+            found += _variable(line, f"{value!r}, line {number}")
     return ServerEnvironment(tuple(found), str(path.absolute()))
 
 

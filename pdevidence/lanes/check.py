@@ -191,15 +191,15 @@ class GateAnswer:
         return f"{self.gate.variable}={self.gate.on}"
 
     def describe(self) -> str:
-        where = "assumed the defaults (no --server-env given)" if self.assumed_defaults else \
-            "given" if self.given else "not given: its default"
+        where = "its default (no --server-env given: the defaults assumed)" if self.assumed_defaults else \
+            "as given" if self.given else "its default (not given)"
         if self.state is GateState.UNDEFINED:
             return f"gate {self.gate.variable}: not defined by this tree: answered by its code alone"
         if self.state is GateState.UNREAD:
             found = f"gate {self.gate.variable}: how this tree reads it is not established here ({self.why})"
             return found + (f"; the fix is present, but whether the server runs it is not known: set "
                             f"{self.turns_on} and check again" if self.code_status in GATED else "")
-        found = f"gate {self.gate.variable} = {_shown(self.value)} ({where}): {self.state.value}"
+        found = f"gate {self.gate.variable} = {_shown(self.value)}, {where}: {self.state.value}"
         if self.state is GateState.OFF and self.code_status in GATED:
             found += f"; the fix is present but off: set {self.turns_on} in the server's environment to turn it on"
         return found
