@@ -21,6 +21,7 @@ Standard library and the kit only; ``plain`` is the server arguments' (one way t
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import warnings
 from pathlib import Path
@@ -73,7 +74,9 @@ def read_environment(given: dict[str, str], gates: dict[str, str]) -> dict:
                 doc["error"] = read["error"]
                 return doc
             doc["values"][name] = read["value"]
-        elif name in named or failed is not None:  # an Envs that does not import leaves its names unknown
+        elif failed is not None:  # an Envs that does not import here reads nothing: ``envs_error`` says why
+            continue
+        elif name in named:
             doc["named"].append(name)
         else:
             doc["undefined"].append(name)
@@ -85,7 +88,7 @@ def read_environment(given: dict[str, str], gates: dict[str, str]) -> dict:
 def _envs() -> tuple[Any, dict | None]:
     """The tree's ``Envs`` record, or None with why (None, None: the tree has no such module)."""
     try:
-        module = __import__(ENVIRON_MODULE, fromlist=["envs"])
+        module = importlib.import_module(ENVIRON_MODULE)
     except ModuleNotFoundError as exc:
         if exc.name is not None and ENVIRON_MODULE.startswith(exc.name):
             return None, None

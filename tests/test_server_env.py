@@ -124,7 +124,8 @@ def test_a_fix_the_default_environment_leaves_off_is_affected_and_says_what_turn
     assert answer["gate"] == {"variable": GATE, "on": "true", "state": "off", "given": False,
                               "assumed_defaults": True, "value": False, "code_status": "fixed",
                               "why": "its default: not given", "gate_why": answer["gate"]["gate_why"]}
-    assert doc["environment"] == {"variables": {}, "source": None, "values": {}, "named": [], "undefined": []}
+    assert doc["environment"] == {"variables": {}, "source": None, "values": {}, "named": [], "undefined": [],
+                                  "envs_error": None}
     assert problems("check", doc) == []
     [statement] = json.loads(vex.read_text())["statements"]
     assert statement["status"] == "affected"
@@ -205,6 +206,17 @@ def test_a_tree_that_names_the_variable_outside_its_envs_is_never_an_all_clear(g
     code, doc, _ = check(gated, capsys, "--path", str(found), "--server-env", f"{GATE}=true")
     assert code == errors.BEHAVIOUR_DIFFERS
     assert (doc["experiments"][0]["status"], doc["experiments"][0]["gate"]["state"]) == ("unknown", "unread")
+
+
+def test_a_tree_whose_envs_does_not_import_here_reads_nothing_and_is_never_an_all_clear(gated, capsys):
+    found = _fork(gated, "broken", guard=True)
+    (found / "python" / "sglang" / "srt" / "environ.py").write_text("raise ImportError('libcuda.so.1')\n")
+    code, doc, _ = check(gated, capsys, "--path", str(found), "--server-env", f"{GATE}=true")
+    assert code == errors.BEHAVIOUR_DIFFERS
+    assert (doc["experiments"][0]["status"], doc["experiments"][0]["gate"]["state"]) == ("unknown", "unread")
+    assert doc["environment"]["envs_error"] == "ImportError: libcuda.so.1"
+    assert (doc["environment"]["values"], doc["environment"]["named"], doc["environment"]["undefined"]) == ({}, [], [])
+    assert problems("check", doc) == []
 
 
 def test_the_environment_is_part_of_what_an_outcome_is_kept_by(gated, fork, capsys):

@@ -156,6 +156,7 @@ class Environment:
     named: list[str] = field(default_factory=list)  # not its Envs' fields, but read elsewhere in the tree
     undefined: list[str] = field(default_factory=list)  # named nowhere in the tree: a typo, or not this tree's
     gates: dict[str, dict] = field(default_factory=dict)  # variable -> the record's reading of it
+    envs_error: str | None = None  # why the tree's Envs does not import here (nothing given is read); None: it does
 
     def warnings(self) -> list[str]:
         return [f"WARNING: --server-env {name}: this tree defines no such variable (not in its Envs, named in none "
@@ -165,13 +166,17 @@ class Environment:
         if self.given is None:
             return "none given: every variable at this tree's default"
         read = ", ".join(f"{name} = {_shown(value)}" for name, value in sorted(self.values.items()))
+        if self.envs_error:
+            return f"{len(self.given.variables)} variable(s) from {self.given.source}; none read: this tree's Envs " \
+                f"does not import here ({self.envs_error})"
         found = f"{len(self.given.variables)} variable(s) from {self.given.source}; this tree's Envs reads " \
                 f"{read or 'none of them'}"
         return found + (f"; read outside its Envs: {', '.join(self.named)}" if self.named else "")
 
     def to_json(self) -> dict:
         given = self.given.to_json() if self.given else {"variables": {}, "source": None}
-        return {**given, "values": self.values, "named": self.named, "undefined": self.undefined}
+        return {**given, "values": self.values, "named": self.named, "undefined": self.undefined,
+                "envs_error": self.envs_error}
 
 
 @dataclass
@@ -608,8 +613,10 @@ def _environment(exps: list[Experiment], server_env: ServerEnvironment | None, o
         raise usage(f"--server-env ({server_env.source if server_env else 'the defaults'}): {error['message']}",
                     expected=f"values the server of {which} accepts for its variables (its sglang.srt.environ Envs)",
                     todo=f"fix or drop {named or 'that variable'} in the server's environment")
+    failed = read.get("envs_error")
     return Environment(server_env, dict(read.get("values") or {}), list(read.get("named") or []),
-                       list(read.get("undefined") or []), dict(read.get("gates") or {}))
+                       list(read.get("undefined") or []), dict(read.get("gates") or {}),
+                       f"{failed['type']}: {failed['message']}" if failed else None)
 
 
 def _tree_args(tree: trees.Tree | None, kind: str = "") -> dict[str, str]:
