@@ -165,10 +165,10 @@ class Environment:
     def describe(self) -> str:
         if self.given is None:
             return "none given: every variable at this tree's default"
-        read = ", ".join(f"{name} = {_shown(value)}" for name, value in sorted(self.values.items()))
         if self.envs_error:
             return f"{len(self.given.variables)} variable(s) from {self.given.source}; none read: this tree's Envs " \
                 f"does not import here ({self.envs_error})"
+        read = ", ".join(f"{name} = {_shown(value)}" for name, value in sorted(self.values.items()))
         found = f"{len(self.given.variables)} variable(s) from {self.given.source}; this tree's Envs reads " \
                 f"{read or 'none of them'}"
         return found + (f"; read outside its Envs: {', '.join(self.named)}" if self.named else "")
@@ -608,9 +608,9 @@ def _environment(exps: list[Experiment], server_env: ServerEnvironment | None, o
                                f"({server_env.source})", todo="see the log under .cells/logs/; rerun with --force")
         return Environment(None)  # each gate unread: never an all-clear
     error = read.get("error")
-    if error and error.get("kind") == "environment":
+    if error and error.get("kind") == "environment":  # only a variable given is refused: a gate's default never is
         named = error.get("variable")
-        raise usage(f"--server-env ({server_env.source if server_env else 'the defaults'}): {error['message']}",
+        raise usage(f"--server-env ({server_env.source if server_env else 'none given'}): {error['message']}",
                     expected=f"values the server of {which} accepts for its variables (its sglang.srt.environ Envs)",
                     todo=f"fix or drop {named or 'that variable'} in the server's environment")
     failed = read.get("envs_error")
