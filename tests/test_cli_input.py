@@ -136,6 +136,10 @@ def malformed(ground: Path) -> dict[str, st.SearchStrategy[str]]:
         "check --server-args": st.one_of(st.sampled_from(['"', "'x", "decode", "a b", "x --y", '--a "b']),
                                          TEXT).filter(lambda v: not arguments._accepts(arguments.server_args, v)),
         "check --server-args-file": paths(ground, "a-directory", "a-file"),
+        # A name no shell takes (a bare NAME is docker's: its value from here); a file holding one, or none.
+        "check --server-env": st.one_of(st.sampled_from(["1X=y", "=v", "A B=c", "export X=1", "X-Y"]),
+                                        TEXT).filter(lambda v: not arguments._accepts(arguments.server_env, v)),
+        "check --server-env-file": paths(ground, "a-directory", "a-file"),
         "check --image": paths(ground, "a-directory", "a-file", "an-executable", "not-a-wheel.zip"),
         "check --openvex": st.one_of(st.sampled_from(["", str(ground / "a-directory"), str(ground / "a-file" / "x.json"),
                                                       str(ground / "x") + os.sep, "x" * 300]),

@@ -135,7 +135,7 @@ NOX = [c for c in COMMANDS if nox_argv(list(c.argv)) is not None]
 
 # The argparse types that look at the filesystem: a page's example path is any path.
 PATH_TYPES = {arguments.directory, arguments.interpreter, arguments.wheel, arguments.output_file, arguments.project,
-              arguments.image, arguments.server_args_file}
+              arguments.image, arguments.server_args_file, arguments.server_env_file}
 
 
 def docs_parser() -> argparse.ArgumentParser:

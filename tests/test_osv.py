@@ -82,6 +82,21 @@ def test_with_no_fixed_release_the_range_stays_open(reg):
     assert rec["affected"][0]["ranges"][0]["events"] == [{"introduced": "0"}]
 
 
+def test_a_gated_fix_closes_no_range_and_names_the_release_carrying_it_and_its_variable(reg):
+    gate = registry.Gate("SGLANG_DEMO_GATE", "true", "off by default")
+    exp = dataclasses.replace(reg.experiment("demo"), gate=gate)
+    doc = table([row("1.0.0", "pre-fix"), row("1.1.0", "fixed"), row("1.2.0", "pre-fix"), row("1.3.0", "fixed")])
+    rec = osv.record(exp, doc, {})
+    assert osv_problems(rec) == []
+    (affected,) = rec["affected"]
+    # With the defaults no release is fixed: a scanner must not read an upgrade as one.
+    assert affected["ranges"][0]["events"] == [{"introduced": "0"}]
+    assert affected["versions"] == ["1.0.0", "1.1.0", "1.2.0", "1.3.0"]
+    assert rec["database_specific"]["gate"] == {"variable": "SGLANG_DEMO_GATE", "on": "true", "why": "off by default",
+                                                "first_carrying": "1.1.0"}
+    assert "sets SGLANG_DEMO_GATE=true" in rec["details"] and "(1.1.0, 1.3.0)" in rec["details"]
+
+
 def test_the_range_opens_where_the_sweep_saw_the_flaw_arrive_else_at_0(reg):
     doc = table([row("0.8.0", "failed"), row("0.9.0", "not affected"), row("1.0.0", "pre-fix"), row("1.1.0", "fixed")])
     rec = osv.record(reg.experiment("demo"), doc, {})
