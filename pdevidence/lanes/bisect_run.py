@@ -172,7 +172,7 @@ class Prober:
             self.log(line)
 
 
-def _line(clone: Clone, main: str, start_ref: str, end_ref: str | None, tip: str,
+def line_between(clone: Clone, main: str, start_ref: str, end_ref: str | None, tip: str,
           paths: tuple[str, ...] = ()) -> tuple[Line, list[str]]:
     start = clone.on_main(start_ref, main)
     end = clone.on_main(end_ref, main) if end_ref else tip
@@ -223,16 +223,17 @@ def run(reg: Registry, clone: Clone, experiments: list[str], *, main: str | None
     searches, lines = {}, {}
     for key, bracket in brackets.items():
         if bracket.why_not is None:
-            lines[key], commits = _line(clone, main, bracket.start, bracket.end, tip)
+            lines[key], commits = line_between(clone, main, bracket.start, bracket.end, tip)
             searches[key] = Search(bracket.boundary, commits, history_ends=commits[-1] == tip)
     watched, unwatched = {}, {}
     if every:  # from the fix's start to the newest commit (or --bad): every commit changing what the probe loads
         for exp in exps:
             fix = brackets[(exp.name, Boundary.FIX)]
             if fix.start is not None:
-                watched[exp.name] = _line(clone, main, fix.start, bad, tip, exp.loads)
+                watched[exp.name] = line_between(clone, main, fix.start, bad, tip, exp.loads)
             else:
-                unwatched[exp.name] = f"the watch starts where the fix's bracket does, and it has none ({fix.why_not.why})"
+                unwatched[exp.name] = (f"the watch starts where the fix's bracket does, and it has none "
+                                       f"({fix.why_not.why})")
     with phases.recording() as spent:
         # The first round: every watched commit and both ends of every line; then each search's next commit.
         pending = [*(sha for _, commits in watched.values() for sha in commits),
@@ -240,14 +241,14 @@ def run(reg: Registry, clone: Clone, experiments: list[str], *, main: str | None
         while pending := list(dict.fromkeys(pending)):
             log(f"bisect: probing {len(pending)} commit(s): {', '.join(s[:12] for s in pending)}")
             prober.probe(pending)
-            pending = _wanted(searches, prober)
+            pending = next_commits(searches, prober)
     reports = [ExperimentReport(_document(exp, brackets, searches, lines, watched.get(exp.name), prober, clone, tip,
                                           parameters[exp.name], made), unwatched.get(exp.name)) for exp in exps]
     total = time.monotonic() - started
     return BisectReport(str(clone.path), main, reports, prober.steps, total, phases.describe(spent, total))
 
 
-def _wanted(searches: dict[tuple[str, Boundary], Search], prober: Prober) -> list[str]:
+def next_commits(searches: dict[tuple[str, Boundary], Search], prober: Prober) -> list[str]:
     """Each search's next commit not yet probed, every commit already probed recorded on the way."""
     wanted = []
     for (name, _), search in searches.items():

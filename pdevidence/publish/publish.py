@@ -3,8 +3,9 @@
 Every other command writes under runs/. ``manifest`` declares what results/
 holds: per experiment its release-bracket cells (and its git cells, once
 published), its full sweep table, its mutation table, its bisect document (when
-a bisection was run: kept, never required), and the registry's OpenVEX example. A publish takes the cells of one tree kind fresh from runs/, each other
-declared file fresh from runs/ when there is one, else as already published
+a bisection was run: kept, never required), and the registry's OpenVEX example.
+A publish takes the cells of one tree kind fresh from runs/, each other declared
+file fresh from runs/ when there is one, else as already published
 (verified), and nothing else. It stages them beside results/, writes the OSV
 records, the report and the sums there, validates the lot (loaders, provenance,
 the sweep's references), and then swaps the staged directory in. A crash at any
