@@ -124,7 +124,8 @@ def test_the_declared_modules_exist_and_a_table_is_shaped_by_what_shapes_a_resul
              if p.name != "__init__.py"}
     assert judge <= set(provenance.TABLE_MODULES) - set(provenance.RESULT_MODULES)
     # A bisect document is shaped by what shapes a result, check's judge, and the search and its lines.
-    bisecting = {p.relative_to(provenance.HARNESS).as_posix() for p in (provenance.HARNESS / "lanes").glob("bisect*.py")}
+    bisecting = {p.relative_to(provenance.HARNESS).as_posix()
+                 for p in (provenance.HARNESS / "lanes").glob("bisect*.py")}
     assert set(provenance.RESULT_MODULES) | bisecting | {"lanes/check.py", "judge/classify.py"} <= \
         set(provenance.BISECT_MODULES)
 
