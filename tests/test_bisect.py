@@ -454,6 +454,7 @@ def test_each_experiment_s_document_is_written_to_runs_the_same_bytes_on_a_rerun
     assert str(tmp_path) not in written[0].decode() and b"seconds" not in written[0]
     # The times and the clone are the run's receipt's.
     receipt = json.loads((runs / "bisect.run.json").read_text())
+    assert problems("bisect-run", receipt) == []
     assert receipt["schema"] == "pdevidence-bisect-run/1" and receipt["repo"] == str(h.path)
     assert all("seconds" in step for step in receipt["steps"]) and "seconds" in receipt
 
