@@ -9,6 +9,7 @@ and once end to end, through the warm engine with this interpreter and the door 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -551,3 +552,19 @@ def test_a_bisect_document_that_is_not_one_is_refused_by_its_loader(publishable)
     with pytest.raises(errors.HarnessError, match="is not a bisect document: ValueError: the fix is found, so it "
                        "names its commit and parent"):
         BisectDocument.load(path)
+
+
+@pytest.mark.parametrize(("breaks", "said"), [
+    (lambda d: d["fix"]["line"].update(commits="many"), "TypeError: line"),
+    (lambda d: d["fix"]["steps"][0].update(reason=7), "reason must be a string or null"),
+    (lambda d: d["fix"].update(finding="probably"), "ValueError: 'probably' is not a valid Finding"),
+    (lambda d: d.update(schema="pdevidence-bisect/2"), "schema 'pdevidence-bisect/2', expected pdevidence-bisect/<1>"),
+])
+def test_the_loader_names_what_is_wrong_with_a_bisect_document(publishable, breaks, said):
+    root, h, _ = publishable
+    bisect(root, h.path, "demo", "--references", "fresh")
+    path = root / "runs" / "bisect-demo.json"
+    doc = json.loads(path.read_text())
+    breaks(doc)
+    with pytest.raises(errors.HarnessError, match=re.escape(said)):
+        BisectDocument.from_doc(doc, source=str(path))

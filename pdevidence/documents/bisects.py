@@ -75,8 +75,13 @@ class Line:
 
     @classmethod
     def from_doc(cls, doc: dict) -> Line:
-        return cls(doc["main"], doc["start_ref"], doc["start"], doc["end_ref"], doc["end"], doc["commits"],
-                   tuple(doc["paths"]), doc["left_out"])
+        found = cls(doc["main"], doc["start_ref"], doc["start"], doc["end_ref"], doc["end"], doc["commits"],
+                    tuple(doc["paths"]), doc["left_out"])
+        if not (all(isinstance(v, str) for v in (found.main, found.start_ref, found.start, found.end_ref, found.end,
+                                                 *found.paths))
+                and isinstance(found.commits, int) and found.commits >= 1 and isinstance(found.left_out, int)):
+            raise TypeError(f"line {doc!r}")
+        return found
 
 
 def _commit(doc: dict) -> Commit:
@@ -105,8 +110,12 @@ class Probed:
 
     @classmethod
     def from_doc(cls, doc: dict) -> Probed:
-        return cls(_commit(doc), Seen(CommitOutcome(doc["outcome"]), doc["reason"], tuple(doc["deviates"])),
-                   {sid: Behaviour(b) for sid, b in doc["scenarios"].items()})
+        found = cls(_commit(doc), Seen(CommitOutcome(doc["outcome"]), doc["reason"], tuple(doc["deviates"])),
+                    {sid: Behaviour(b) for sid, b in doc["scenarios"].items()})
+        seen = found.seen
+        if not isinstance(seen.reason, (str, type(None))) or not all(isinstance(d, str) for d in seen.deviates):
+            raise TypeError(f"commit {found.commit.sha!r}: reason must be a string or null, deviates scenario ids")
+        return found
 
 
 @dataclass(frozen=True)
