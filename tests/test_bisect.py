@@ -9,15 +9,19 @@ and once end to end, through the warm engine with this interpreter and the door 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
-from synthetic import REGISTRY, make_project, write_table
+from schemas import problems
+from synthetic import REGISTRY, make_project, write_cell, write_sweep, write_table
 from test_forks import git, make_fork, quiet_git, world  # noqa: F401 (fixtures)
 
 from pdevidence import cli
 from pdevidence.core import errors
+from pdevidence.documents import integrity
+from pdevidence.documents.bisects import BisectDocument
 from pdevidence.documents.vocabulary import Behaviour
 from pdevidence.documents.vocabulary import CheckStatus as Status
 from pdevidence.lanes import check
@@ -164,12 +168,8 @@ class History:
         return git(self.path, "rev-parse", f"v{version}")
 
 
-@pytest.fixture
-def project(tmp_path, monkeypatch):
-    root = make_project(tmp_path / "project", TWO)
-    for name, value in {"PDEVIDENCE_WORK": tmp_path / "work", "PDEVIDENCE_RUNS": tmp_path / "runs",
-                        "PDEVIDENCE_CACHE": tmp_path / "cache"}.items():
-        monkeypatch.setenv(name, str(value))
+def stand_in_for_check(monkeypatch) -> list[str]:
+    """check's judge stood in for by each commit's state.json; the commits it probed, in order."""
     probed: list[str] = []
 
     def run_all(reg, targets, *, fresh_references=False, force=False, log=print, server_args=None):
@@ -186,7 +186,16 @@ def project(tmp_path, monkeypatch):
         return found
 
     monkeypatch.setattr(check, "run_all", run_all)
-    return root, probed
+    return probed
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    root = make_project(tmp_path / "project", TWO)
+    for name, value in {"PDEVIDENCE_WORK": tmp_path / "work", "PDEVIDENCE_RUNS": tmp_path / "runs",
+                        "PDEVIDENCE_CACHE": tmp_path / "cache"}.items():
+        monkeypatch.setenv(name, str(value))
+    return root, stand_in_for_check(monkeypatch)
 
 
 def sweep_table(root: Path, experiment: str, releases: dict[str, str]) -> None:
@@ -418,3 +427,144 @@ def test_the_files_a_probe_loads_are_paths_inside_the_repository(tmp_path, loads
     assert cli.main(["--root", str(root), "bisect", "demo", "--repo", str(tmp_path)]) == errors.USAGE
     err = capsys.readouterr().err
     assert "experiments.demo.loads" in err and said in err
+
+
+# --- the document: written to runs/, published, in the OSV records ------------------------------------
+
+
+def test_each_experiment_s_document_is_written_to_runs_the_same_bytes_on_a_rerun_and_alone_or_together(
+        project, tmp_path):
+    root, _ = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")
+    commits = [h.commit(f"c{i} (#{i})", demo="fixed" if i >= 9 else "pre-fix",
+                        other="fixed" if i >= 4 else "pre-fix") for i in range(16)]
+    h.release("1.1.0")
+    runs = tmp_path / "runs"
+    written = []
+    for argv in (["demo", "other"], ["demo", "other"], ["demo"]):
+        assert bisect(root, h.path, *argv)[0] == errors.CONFIRMED
+        written.append((runs / "bisect-demo.json").read_bytes())
+    assert written[0] == written[1] == written[2]  # no time, no path, nor what was bisected beside it
+    doc = BisectDocument.load(runs / "bisect-demo.json")
+    assert problems("bisect", json.loads(written[0])) == []
+    assert (doc.fix.finding, doc.fix.commit.commit.sha, doc.fix.commit.commit.pr) == (Finding.FOUND, commits[9], 9)
+    assert [p.commit.sha for p in doc.fix.steps][:2] == [doc.fix.line.end, doc.fix.line.start]  # ends first
+    assert doc.fix.commit in doc.fix.steps and doc.fix.parent in doc.fix.steps
+    assert str(tmp_path) not in written[0].decode() and b"seconds" not in written[0]
+    # The times and the clone are the run's receipt's.
+    receipt = json.loads((runs / "bisect.run.json").read_text())
+    assert problems("bisect-run", receipt) == []
+    assert receipt["schema"] == "pdevidence-bisect-run/1" and receipt["repo"] == str(h.path)
+    assert all("seconds" in step for step in receipt["steps"]) and "seconds" in receipt
+
+
+def test_the_watch_says_what_it_leaves_out_and_when_it_cannot_run(project, tmp_path, capsys):
+    root, _ = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")
+    h.commit("fix (#1)", demo="fixed", other="pre-fix")
+    (h.path / "README").write_text("docs only")
+    git(h.path, "add", "-A")
+    git(h.path, "commit", "-qm", "docs: nothing the probe loads")
+    h.commit("later", demo="fixed", other="fixed")
+    h.release("1.1.0")
+    # other's sweep calls no release pre-fix before its first fixed one: no fix bracket, so no watch.
+    sweep_table(root, "other", {"1.0.0": "fixed", "1.1.0": "fixed"})
+    code = cli.main(["--root", str(root), "bisect", "demo", "other", "--every", "--repo", str(h.path)])
+    out = capsys.readouterr().out
+    assert "(1 other commits of the line change none of them: not probed)" in out
+    assert "  watch: not run: the watch starts where the fix's bracket does, and it has none (no release before " \
+        "the first fixed one is pre-fix)" in out
+    assert code == errors.INCOMPLETE  # asked for, and not done
+
+
+ONE = REGISTRY.replace("[experiments.demo.git]", 'loads = ["python/sglang/state.json"]\n\n[experiments.demo.git]')
+
+
+@pytest.fixture
+def publishable(tmp_path, monkeypatch):
+    """One experiment with fresh cells and a sweep table in runs/ (the smallest declared set), and a history whose
+    v1.0.0 is pre-fix and v1.1.0 fixed; check's judge stood in for."""
+    root = make_project(tmp_path / "project", ONE)
+    for side in ("base", "head"):
+        write_cell(root / "runs", side)
+    write_sweep(root / "runs" / "sweep-demo.json")
+    for name, value in {"PDEVIDENCE_WORK": tmp_path / "work", "PDEVIDENCE_CACHE": tmp_path / "cache"}.items():
+        monkeypatch.setenv(name, str(value))
+    monkeypatch.delenv("PDEVIDENCE_RUNS", raising=False)
+    stand_in_for_check(monkeypatch)
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix")
+    h.release("1.0.0")
+    lines_of(h, 4, demo="pre-fix")
+    fix = h.commit("Retire at the door (#1)", demo="fixed")
+    h.release("1.1.0")
+    return root, h, fix
+
+
+def test_publish_takes_the_bisect_document_and_the_osv_record_gains_the_git_range_found(publishable):
+    root, h, fix = publishable
+    code, _ = bisect(root, h.path, "demo", "--references", "fresh")  # republishing: the sweep in runs/ brackets
+    assert code == errors.CONFIRMED
+    assert cli.main(["--root", str(root), "publish"]) == errors.CONFIRMED
+    published = root / "results" / "bisect-demo.json"
+    assert published.read_bytes() == (root / "runs" / "bisect-demo.json").read_bytes()
+    assert "results/bisect-demo.json" in integrity.listed(root) and not (root / "results" / "bisect.run.json").exists()
+    integrity.verify(root)
+    record = json.loads((root / "results" / "osv" / "PDEVIDENCE-2026-1.json").read_text())
+    assert problems("osv-1.6", record) == []
+    ranges = record["affected"][0]["ranges"]
+    assert ranges[1] == {"type": "GIT", "repo": "https://github.com/sgl-project/sglang",
+                         "events": [{"introduced": "0"}, {"fixed": fix}]}  # the introduction was not sought
+    said = record["database_specific"]["bisect"]
+    assert said["fix"] == {"finding": "found", "commit": fix, "pr": 1}
+    assert said["introduced"]["finding"] == "not sought"
+    assert "results/bisect-demo.json" in record["database_specific"]["evidence_sha256"]
+    assert f"fixed by {fix[:12]}" in record["details"]
+    # The report names the commit.
+    assert f"fixed by commit {fix[:12]} (PR #1)" in (root / "results" / "report.md").read_text()
+    # A changed probe makes it stale.
+    (root / "probes" / "probe_demo.py").write_text("print('another probe')\n")
+    assert any("probes/probe_demo.py: made by another probe" in why
+               for why in BisectDocument.load(published).stale(root, "probes/probe_demo.py"))
+
+
+def test_publish_refuses_a_bisect_document_bracketed_by_another_sweep_than_the_one_published(publishable, capsys):
+    root, h, _ = publishable
+    assert bisect(root, h.path, "demo", "--references", "fresh")[0] == errors.CONFIRMED
+    write_sweep(root / "runs" / "sweep-demo.json", pre=True)  # the sweep rerun after the bisection
+    assert cli.main(["--root", str(root), "publish"]) == errors.STALE
+    err = capsys.readouterr().err
+    assert "bisect-demo.json: bracketed and judged by another sweep-demo.json" in err
+    assert not (root / "results" / "bisect-demo.json").exists()
+
+
+def test_a_bisect_document_that_is_not_one_is_refused_by_its_loader(publishable):
+    root, h, _ = publishable
+    bisect(root, h.path, "demo", "--references", "fresh")
+    path = root / "runs" / "bisect-demo.json"
+    doc = json.loads(path.read_text())
+    doc["fix"]["commit"] = None  # found, yet no commit named
+    path.write_text(json.dumps(doc))
+    with pytest.raises(errors.HarnessError, match="is not a bisect document: ValueError: the fix is found, so it "
+                       "names its commit and parent"):
+        BisectDocument.load(path)
+
+
+@pytest.mark.parametrize(("breaks", "said"), [
+    (lambda d: d["fix"]["line"].update(commits="many"), "TypeError: line"),
+    (lambda d: d["fix"]["steps"][0].update(reason=7), "reason must be a string or null"),
+    (lambda d: d["fix"].update(finding="probably"), "ValueError: 'probably' is not a valid Finding"),
+    (lambda d: d.update(schema="pdevidence-bisect/2"), "schema 'pdevidence-bisect/2', expected pdevidence-bisect/<1>"),
+])
+def test_the_loader_names_what_is_wrong_with_a_bisect_document(publishable, breaks, said):
+    root, h, _ = publishable
+    bisect(root, h.path, "demo", "--references", "fresh")
+    path = root / "runs" / "bisect-demo.json"
+    doc = json.loads(path.read_text())
+    breaks(doc)
+    with pytest.raises(errors.HarnessError, match=re.escape(said)):
+        BisectDocument.from_doc(doc, source=str(path))

@@ -21,9 +21,12 @@ from pdevidence import cli, registry
 from pdevidence.core import errors
 from pdevidence.core.errors import HarnessError
 from pdevidence.documents import integrity, provenance
+from pdevidence.documents.bisects import BisectDocument, BisectParameters, BoundaryReport, Probed, Seen
 from pdevidence.documents.tables import SweepParameters, SweepTable
+from pdevidence.documents.vocabulary import Boundary, Finding
 from pdevidence.lanes import sweep
 from pdevidence.publish import osv
+from pdevidence.sources.history import Commit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -172,3 +175,50 @@ def test_published_osv_records_meet_the_schema():
     assert {p.name for p in published} == {f"{osv.vuln_id(exp)}.json" for exp in reg.experiments.values()}
     for path in published:
         assert osv_problems(json.loads(path.read_text())) == [], path.name
+
+
+def bisected(fix: Finding, introduced: Finding) -> BisectDocument:
+    """A bisect document whose fix and introduction are ``found`` (commits f... and i...) or not, and why."""
+    def boundary(which: Boundary, finding: Finding, sha: str) -> BoundaryReport:
+        if finding is not Finding.FOUND:
+            return BoundaryReport(which, "sweep-demo.json", finding, f"why {which.value} is {finding.value}",
+                                  newest=Commit("e" * 40, "newest", "2026-08-18T09:10:54+08:00", None))
+        probed = [Probed(Commit(s * 40, f"{s} (#{n})", "2026-05-20T10:00:00+08:00", n), Seen(outcome), {})
+                  for s, n, outcome in ((sha, 1, which.sides[1]), ("a", 2, which.sides[0]))]
+        return BoundaryReport(which, "sweep-demo.json", finding, commit=probed[0], parent=probed[1])
+
+    return BisectDocument("demo", 1, None, boundary(Boundary.FIX, fix, "f"),
+                          boundary(Boundary.INTRODUCED, introduced, "b"), (), None,
+                          BisectParameters("origin/main", None, None, False, {}),
+                          provenance.Provenance({"probes/probe_demo.py": "d" * 64}, "0" * 64))
+
+
+GIT = {"type": "GIT", "repo": "https://github.com/sgl-project/sglang"}
+
+
+@pytest.mark.parametrize(("fix", "introduced", "ranged"), [
+    (Finding.FOUND, Finding.FOUND, {**GIT, "events": [{"introduced": "b" * 40}, {"fixed": "f" * 40}]}),
+    (Finding.FOUND, Finding.OUTSIDE_HISTORY, {**GIT, "events": [{"introduced": "0"}, {"fixed": "f" * 40}]}),
+    (Finding.OUTSIDE_HISTORY, Finding.FOUND, {**GIT, "events": [{"introduced": "b" * 40}]}),
+    (Finding.OUTSIDE_HISTORY, Finding.NOT_NARROWED, None),
+])
+def test_a_record_gains_a_git_range_of_the_commits_the_bisection_found_and_says_why_the_others_are_not(
+        reg, fix, introduced, ranged):
+    doc = table([row("1.0.0", "pre-fix"), row("1.1.0", "fixed")])
+    rec = osv.record(reg.experiment("demo"), doc, {}, None, bisected(fix, introduced))
+    assert osv_problems(rec) == []
+    ranges = rec["affected"][0]["ranges"]
+    assert ranges[0]["type"] == "ECOSYSTEM" and ranges[1:] == ([ranged] if ranged else [])
+    said = rec["database_specific"]["bisect"]
+    for key, finding in (("fix", fix), ("introduced", introduced)):
+        if finding is Finding.FOUND:
+            assert said[key]["commit"] == (("f" if key == "fix" else "b") * 40)
+            assert f"{key if key == 'introduced' else 'fixed'} by {said[key]['commit'][:12]}" in rec["details"]
+        else:
+            assert said[key] == {"finding": finding.value, "why": f"why {key} is {finding.value}"}
+
+
+def test_without_a_bisection_a_record_has_the_pypi_range_alone(reg):
+    rec = osv.record(reg.experiment("demo"), table([row("1.0.0", "pre-fix"), row("1.1.0", "fixed")]), {})
+    assert [r["type"] for r in rec["affected"][0]["ranges"]] == ["ECOSYSTEM"] and "bisect" not in \
+        rec["database_specific"]

@@ -123,6 +123,11 @@ def test_the_declared_modules_exist_and_a_table_is_shaped_by_what_shapes_a_resul
     judge = {p.relative_to(provenance.HARNESS).as_posix() for p in (provenance.HARNESS / "judge").glob("*.py")
              if p.name != "__init__.py"}
     assert judge <= set(provenance.TABLE_MODULES) - set(provenance.RESULT_MODULES)
+    # A bisect document is shaped by what shapes a result, check's judge, and the search and its lines.
+    bisecting = {p.relative_to(provenance.HARNESS).as_posix()
+                 for p in (provenance.HARNESS / "lanes").glob("bisect*.py")}
+    assert set(provenance.RESULT_MODULES) | bisecting | {"lanes/check.py", "judge/classify.py"} <= \
+        set(provenance.BISECT_MODULES)
 
 
 def edit(package: Path, rel: str) -> None:
@@ -167,7 +172,7 @@ def test_editing_a_module_that_shapes_a_document_makes_it_stale(project, harness
         "made by another harness: the harness modules that shape a table")
 
 
-@pytest.mark.parametrize("rel", provenance.CORPUS_MODULES)
+@pytest.mark.parametrize("rel", sorted(set(provenance.CORPUS_MODULES) | set(provenance.BISECT_MODULES)))
 def test_a_module_changes_the_harness_digest_of_exactly_the_kinds_of_document_it_shapes(harness_copy, rel):
     before = {shaped: provenance.harness_digest(shaped) for shaped in provenance.Shaped}
     edit(harness_copy, rel)

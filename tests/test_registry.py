@@ -25,8 +25,10 @@ def test_the_project_registry_declares_both_experiments_with_full_pins():
     assert admission.git == {"base": "17ba2c2e7c7b81f31a8a9e693e7435ab262c16b4",
                              "head": "8f3d6944b76c428d884582cb6c82a39db1465360"}
     assert reg.experiment("prefill").git["head"] == "2ee5742af92db2727236460473554c2ee8c4ddaa"
-    # The offload experiments are release-backed only: their PRs' commits are not pinned yet.
-    assert reg.experiment("offload_slots").git == {} and reg.experiment("offload_rid").git == {}
+    # offload_slots pins PR #24226's merge commit and its parent; offload_rid's merge commit is not known here.
+    assert reg.experiment("offload_slots").git == {"base": "c4a7d1209231e662c4447fe3d3326d8c3d1087b7",
+                                                   "head": "643d44d699285fe21e6cd347864277b72a358dba"}
+    assert reg.experiment("offload_rid").git == {}
     assert reg.experiment("offload_slots").releases == {"base": "0.5.12", "head": "0.5.13"}
     assert reg.experiment("offload_rid").releases == {"base": "0.5.18", "head": "0.5.19"}
     for exp in reg.experiments.values():

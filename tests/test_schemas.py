@@ -12,12 +12,15 @@ import synthetic
 from schemas import problems
 
 from pdevidence.core.paths import PROJECT
+from pdevidence.documents.bisects import (BisectDocument, BisectParameters, BoundaryReport, Line, Probed, Seen,
+                                          WatchReport)
 from pdevidence.documents.observations import NOT_OBSERVED, Values
 from pdevidence.documents.provenance import Provenance
 from pdevidence.documents.tables import MutationParameters, MutationTable, ReleaseOutcome, SweepParameters
 from pdevidence.documents.upstream_model import Outcome, Subtest, TestEntry, UpstreamResult
-from pdevidence.documents.vocabulary import Behaviour, Classification
+from pdevidence.documents.vocabulary import Behaviour, Boundary, Classification, CommitOutcome, Finding
 from pdevidence.lanes import check, sweep
+from pdevidence.sources.history import Commit
 
 RESULTS = PROJECT / "results"
 
@@ -29,7 +32,8 @@ def kind_of(path: Path) -> str:
         return "osv-1.6"
     if name.startswith("openvex-"):
         return "openvex-0.2.0"
-    for prefix, kind in (("sweep-", "sweep"), ("mutate.", "mutation"), ("report.", "report"), ("corpus.", "corpus")):
+    for prefix, kind in (("sweep-", "sweep"), ("mutate.", "mutation"), ("report.", "report"), ("corpus.", "corpus"),
+                         ("bisect-", "bisect")):
         if name.startswith(prefix):
             return kind
     return "receipt" if name.endswith(".receipt.json") else "result"
@@ -69,6 +73,24 @@ def _check() -> dict:
 
 
 MADE = Provenance({"probes/probe_demo.py": "d" * 64}, "0" * 64)
+
+
+def _bisect() -> dict:
+    def probed(sha: str, outcome: CommitOutcome, subject: str = "work") -> Probed:
+        return Probed(Commit(sha * 40, subject, "2026-05-20T10:00:00+08:00", None), Seen(outcome),
+                      {"D1": Behaviour.FIXED if outcome is CommitOutcome.FIXED else Behaviour.PRE_FIX})
+
+    fix, parent = probed("b", CommitOutcome.FIXED, "fix (#1)"), probed("a", CommitOutcome.PRE_FIX)
+    line = Line("origin/main", "v1.0.0", "0" * 40, "v1.1.0", "c" * 40, 12)
+    found = BoundaryReport(Boundary.FIX, "sweep-demo.json: last pre-fix 1.0.0, first fixed 1.1.0", Finding.FOUND,
+                           line=line, commit=fix, parent=parent, steps=(fix, parent))
+    outside = BoundaryReport(Boundary.INTRODUCED, "sweep-demo.json", Finding.OUTSIDE_HISTORY, "no tag of 0.9.0",
+                             newest=Commit("d" * 40, "newest", "2026-08-18T09:10:54+08:00", 2))
+    walked = (parent, probed("e", CommitOutcome.SKIPPED))
+    watch = WatchReport(dataclasses.replace(line, paths=("python/sglang/a.py",), left_out=3), walked, None, walked[1:])
+    return BisectDocument("demo", 1, "b" * 40, found, outside, ("a note",), watch,
+                          BisectParameters("origin/main", None, None, True, {"sweep-demo.json": "1" * 64}),
+                          MADE).to_json()
 FIXTURES = {
     "result": lambda: synthetic.result_doc("base", "1.0.0", {"D1": {"enqueued": True}}),
     "sweep v1": lambda: report_data.sweep_v1(),
@@ -90,6 +112,7 @@ FIXTURES = {
     "report": lambda: report_data.full_document(),
     "check": _check,
     "upstream": _upstream,
+    "bisect as the lane writes it": _bisect,
 }
 
 
@@ -113,11 +136,14 @@ def test_the_test_fixtures_and_what_the_code_writes_meet_the_schemas(name):
     ("check", lambda d: d.update(schema="pdevidence-check/1")),
     ("sweep", lambda d: d["releases"][0].update(deviations={"D2": {"enqueued": {"tree": 1, "mutant": 0}}})),
     ("upstream", lambda d: d["tests"][0].pop("nodeid")),
+    ("bisect", lambda d: d["fix"].update(finding="probably")),
+    ("bisect", lambda d: d["fix"]["steps"][0].update(sha="abc")),
+    ("bisect", lambda d: d.update(seconds=361.7)),  # no time in the published bytes
 ])
 def test_a_broken_document_is_rejected(kind, breaks):
     doc = {"result": FIXTURES["result"], "sweep": lambda: json.loads(json.dumps(synthetic.SWEEP)),
            "mutation": lambda: json.loads(json.dumps(synthetic.MUTATIONS)), "report": FIXTURES["report"],
-           "check": _check, "upstream": _upstream}[kind]()
+           "check": _check, "upstream": _upstream, "bisect": _bisect}[kind]()
     breaks(doc)
     assert problems(kind, doc)
 

@@ -22,10 +22,13 @@ from .receipts import Receipt
 from .results import RECEIPT_SUFFIX, RESULT_SCHEMA_PREFIX, Result, receipt_path, result_beside
 from .corpus_table import FILE as CORPUS_FILE
 from .corpus_table import CorpusTable
+from .bisects import BisectDocument
 from .tables import MutationTable, SweepTable
 
 SUMS_FILE = "SHA256SUMS.txt"
-TABLES = (("sweep-*.json", SweepTable.load), ("mutate.*.json", MutationTable.load))  # published tables, by loader
+# Published tables and bisect documents, by loader: each names its experiment and is stale against its probe.
+TABLES = (("sweep-*.json", SweepTable.load), ("mutate.*.json", MutationTable.load),
+          ("bisect-*.json", BisectDocument.load))
 _TODO = ("if you changed a probe, the registry or the constraints on purpose (`nox -s checksums` refuses while "
          "published evidence was made by other inputs), " + republish_steps() + "; otherwise restore the file from git")
 

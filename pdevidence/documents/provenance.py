@@ -38,6 +38,7 @@ class Shaped(str, enum.Enum):
     RESULT = "result"  # a cell's result and its receipt; an outcome the warm engine keeps
     TABLE = "table"  # a sweep or mutation table
     CORPUS = "corpus table"  # the backport corpus's table
+    BISECT = "bisect document"  # the commits a bisection found
 
 
 # The harness modules that decide what each kind of document records, by path in the package. A result is made by
@@ -72,7 +73,22 @@ CORPUS_MODULES = (
     "lanes/corpus.py",  # the corpus: its trees, the answer expected of each
     "documents/corpus_table.py",  # what a corpus table records
 )
-SHAPING = {Shaped.RESULT: RESULT_MODULES, Shaped.TABLE: TABLE_MODULES, Shaped.CORPUS: CORPUS_MODULES}
+# A bisect document: a result's modules, check's judge run on each commit's tree, and the search.
+BISECT_MODULES = (
+    *RESULT_MODULES,
+    "registry.py",  # how experiments.toml is read: expectations, not-affected and not-deciding rules, loads
+    "judge/classify.py",  # the judge: each scenario's behaviour
+    "documents/vocabulary.py",  # the words the document records
+    "documents/bisects.py",  # what the document records
+    "sources/history.py",  # the main line, its first-parent commits, their subjects and PR numbers
+    "sources/era_choice.py",  # the era a commit's tree runs in
+    "lanes/check.py",  # check's judge: each commit's status
+    "lanes/bisect.py",  # the search: which commits it probes, what it concludes
+    "lanes/bisect_run.py",  # the brackets, the lines, a commit's side
+    "lanes/bisect_report.py",  # the notes
+)
+SHAPING = {Shaped.RESULT: RESULT_MODULES, Shaped.TABLE: TABLE_MODULES, Shaped.CORPUS: CORPUS_MODULES,
+           Shaped.BISECT: BISECT_MODULES}
 KIT = "probes/_probekit.py"
 STAND_INS = "probes/_standins.py"  # the era stand-ins the kit loads in every cell, where the checkout has them
 # The in-cell drivers of each kind of document, beside the experiment's own probe.
@@ -132,6 +148,8 @@ def republish_steps(reg: Registry | None = None) -> str:
                      f"--openvex runs/openvex-sglang-{example}.json`")
     if reg is None or (reg.root / "backports").is_dir():
         steps.append("`nox -s corpus -- --references fresh`")
+    if reg is None or any((reg.root / "results").glob("bisect-*.json")):  # a bisection, once published
+        steps.append("`SGLANG_REPO=<clone> nox -s bisect -- --references fresh`")
     return f"republish: {', '.join(steps)}, then `nox -s publish`"
 
 

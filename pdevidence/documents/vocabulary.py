@@ -69,6 +69,37 @@ class GateState(str, enum.Enum):
     UNREAD = "unread"  # how the tree reads it is not established here: never an all-clear
 
 
+class CommitOutcome(str, enum.Enum):
+    """How one commit behaved for one experiment in a bisection (check's answer, reduced to a side)."""
+
+    FIXED = "fixed"
+    PRE_FIX = "pre-fix"
+    NOT_AFFECTED = "not affected"
+    SKIPPED = "skipped"  # neither side: its probe cannot run, or it is partial, neither or raised
+
+
+class Boundary(str, enum.Enum):
+    """Which change a bisection looks for: its old side, and its new side."""
+
+    FIX = "fix"
+    INTRODUCED = "introduced"
+
+    @property
+    def sides(self) -> tuple[CommitOutcome, CommitOutcome]:
+        return {Boundary.FIX: (CommitOutcome.PRE_FIX, CommitOutcome.FIXED),
+                Boundary.INTRODUCED: (CommitOutcome.NOT_AFFECTED, CommitOutcome.PRE_FIX)}[self]
+
+
+class Finding(str, enum.Enum):
+    """What a bisection found of one boundary."""
+
+    FOUND = "found"  # the first commit of the new side, its predecessor of the old
+    NOT_NARROWED = "not narrowed"  # skipped commits leave a range holding the boundary
+    ENDS_DIFFER = "ends differ"  # the start is not the old side, or the end not the new one
+    OUTSIDE_HISTORY = "outside the history"  # the end is the newest commit the history has, and not the new side
+    NOT_SOUGHT = "not sought"  # no bracket of releases to look between (said why)
+
+
 # A release classified so lacks the fix, wholly or in part (after a fixed one: a regression).
 LACKS_FIX = (Classification.PRE_FIX, Classification.PARTIAL)
 

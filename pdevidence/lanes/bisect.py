@@ -15,53 +15,12 @@ probed) names the first and flags every commit after it that is not fixed or dev
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, INCOMPLETE
-
-
-class Outcome(str, enum.Enum):
-    """How one commit behaved for one experiment (the existing classifier's answer, reduced to a side)."""
-
-    FIXED = "fixed"
-    PRE_FIX = "pre-fix"
-    NOT_AFFECTED = "not affected"
-    SKIPPED = "skipped"  # neither side: its probe cannot run, or it is partial, neither or raised
-
-
-@dataclass(frozen=True)
-class Seen:
-    outcome: Outcome
-    reason: str | None = None  # skipped: why (the classification, or why the probe could not run)
-    # Fixed on every deciding scenario, but these controls depart from both sides (check's "deviates"): the
-    # fixed side for the search, flagged by the watch.
-    deviates: tuple[str, ...] = ()
-
-    def describe(self) -> str:
-        if self.deviates:
-            return f"{self.outcome.value} (deviates: {', '.join(self.deviates)})"
-        return f"{self.outcome.value} ({self.reason})" if self.reason else self.outcome.value
-
-
-class Boundary(str, enum.Enum):
-    """Which change a search looks for: its old side, and its new side."""
-
-    FIX = "fix"
-    INTRODUCED = "introduced"
-
-    @property
-    def sides(self) -> tuple[Outcome, Outcome]:
-        return {Boundary.FIX: (Outcome.PRE_FIX, Outcome.FIXED),
-                Boundary.INTRODUCED: (Outcome.NOT_AFFECTED, Outcome.PRE_FIX)}[self]
-
-
-class Finding(str, enum.Enum):
-    FOUND = "found"  # the first commit of the new side, its predecessor of the old
-    NOT_NARROWED = "not narrowed"  # skipped commits leave a range holding the boundary
-    ENDS_DIFFER = "ends differ"  # the start is not the old side, or the end not the new one
-    OUTSIDE_HISTORY = "outside the history"  # the end is the newest commit the history has, and not the new side
-    NOT_SOUGHT = "not sought"  # no bracket of releases to look between (said why)
+from ..documents.bisects import Seen
+from ..documents.vocabulary import Boundary, Finding
+from ..documents.vocabulary import CommitOutcome as Outcome
 
 
 EXIT_OF = {Finding.FOUND: CONFIRMED, Finding.NOT_NARROWED: INCOMPLETE, Finding.ENDS_DIFFER: BEHAVIOUR_DIFFERS,

@@ -15,21 +15,27 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from packaging.version import Version
 
+from .. import environments
 from ..core import phases
 from ..core.errors import usage
-from ..core.paths import results_dir, tree_lock_file
-from ..documents import tables
+from ..core.files import sha256_file
+from ..core.paths import results_dir, runs_dir, tree_lock_file
+from ..documents import provenance, tables
+from ..documents.bisects import (BisectDocument, BisectParameters, BoundaryReport, Line, Probed, Seen,
+                                 WatchReport)
+from ..documents.references import expected_file
 from ..documents.vocabulary import Classification
 from ..documents.vocabulary import CheckStatus as Status
-from ..registry import Experiment, Registry
+from ..registry import SIDES, Experiment, Registry
 from ..sources import trees
 from ..sources.history import Clone, Commit
 from . import check
-from .bisect import Answer, Boundary, Finding, Outcome, Search, Seen, watch
-from .bisect_report import BisectReport, BoundaryReport, ExperimentReport, Line, Probed, Step, WatchReport
+from .bisect import Answer, Boundary, Finding, Outcome, Search, watch
+from .bisect_report import BisectReport, ExperimentReport, Step, notes
 
 REASON_CHARS = 160
 OUTCOME_OF = {Status.FIXED: Outcome.FIXED, Status.AFFECTED: Outcome.PRE_FIX, Status.NOT_AFFECTED: Outcome.NOT_AFFECTED}
@@ -48,8 +54,13 @@ def tag(version: str) -> str:
     return f"v{version}"
 
 
-def _sweep(reg: Registry, exp: Experiment) -> list[tables.ReleaseOutcome] | None:
-    path = results_dir(reg.root) / f"sweep-{exp.name}.json"
+def _sweep_file(reg: Registry, exp: Experiment, fresh: bool) -> Path:
+    """The sweep table the brackets come from: published, or (republishing) fresh in runs/."""
+    return (runs_dir(reg.root) if fresh else results_dir(reg.root)) / f"sweep-{exp.name}.json"
+
+
+def _sweep(reg: Registry, exp: Experiment, fresh: bool) -> list[tables.ReleaseOutcome] | None:
+    path = _sweep_file(reg, exp, fresh)
     if not path.is_file():
         return None
     return sorted(tables.SweepTable.load(path).releases, key=lambda o: Version(o.version))
@@ -59,10 +70,11 @@ def _tagged(clone: Clone, versions: list[str]) -> list[str]:
     return [v for v in versions if clone.resolve(tag(v))]
 
 
-def fix_bracket(reg: Registry, exp: Experiment, clone: Clone, good: str | None, bad: str | None) -> Bracket:
+def fix_bracket(reg: Registry, exp: Experiment, clone: Clone, good: str | None, bad: str | None,
+                fresh: bool = False) -> Bracket:
     """From the last pre-fix release the history has a tag of, to the first fixed release (or the main line's
     newest commit, when the history has no tag of it); ``good``/``bad`` override either end."""
-    releases = _sweep(reg, exp)
+    releases = _sweep(reg, exp, fresh)
     if releases is not None:
         first_fixed = tables.first_fixed(releases)
         before = [o.version for o in releases if o.classification is Classification.PRE_FIX
@@ -88,9 +100,9 @@ def fix_bracket(reg: Registry, exp: Experiment, clone: Clone, good: str | None, 
     return Bracket(Boundary.FIX, said, start, end)
 
 
-def introduced_bracket(reg: Registry, exp: Experiment, clone: Clone) -> Bracket:
+def introduced_bracket(reg: Registry, exp: Experiment, clone: Clone, fresh: bool = False) -> Bracket:
     """From the last release the sweep calls not affected to the first it calls pre-fix (both tagged here)."""
-    releases = _sweep(reg, exp)
+    releases = _sweep(reg, exp, fresh)
     if releases is None:
         return Bracket(Boundary.INTRODUCED, "no sweep table", why_not=Answer(
             Finding.NOT_SOUGHT, why=f"only the sweep says which releases are not affected (sweep-{exp.name}.json)"))
@@ -160,18 +172,36 @@ class Prober:
             self.log(line)
 
 
-def _line(clone: Clone, main: str, start_ref: str, end_ref: str | None, tip: str,
+def line_between(clone: Clone, main: str, start_ref: str, end_ref: str | None, tip: str,
           paths: tuple[str, ...] = ()) -> tuple[Line, list[str]]:
     start = clone.on_main(start_ref, main)
     end = clone.on_main(end_ref, main) if end_ref else tip
     commits = clone.line(start, end, paths)
-    return Line(main, start_ref, start, end_ref or main, end, len(commits), paths), commits
+    left_out = len(clone.line(start, end)) - len(commits) if paths else 0  # the watch says what it leaves out
+    return Line(main, start_ref, start, end_ref or main, end, len(commits), paths, left_out), commits
+
+
+def made_by(reg: Registry) -> provenance.Provenance:
+    """What makes a bisect document: every probe (each commit runs them all in one process), the kit, the engine
+    and driver, the registry, every era's closure, and the harness."""
+    closures = [environments.closure(reg), *(era.constraints for era in reg.eras.values())]
+    return provenance.record(reg.root, provenance.inputs(reg, list(reg.experiments), provenance.SWEEP_DRIVERS,
+                                                         closures), provenance.Shaped.BISECT)
+
+
+def judged_by(reg: Registry, exp: Experiment, fresh: bool) -> dict[str, str]:
+    """The files an experiment's bisection rests on, by name: its base and head results (check's judge) and the
+    sweep table its brackets come from (when there is one)."""
+    directory = runs_dir(reg.root) if fresh else results_dir(reg.root)
+    files = [directory / expected_file(exp, side, "release") for side in SIDES] + [_sweep_file(reg, exp, fresh)]
+    return {path.name: sha256_file(path) for path in files if path.is_file()}  # check verifies the results
 
 
 def run(reg: Registry, clone: Clone, experiments: list[str], *, main: str | None = None, good: str | None = None,
         bad: str | None = None, every: bool = False, fresh_references: bool = False, force: bool = False,
         log=print) -> BisectReport:
     started = time.monotonic()
+    made = made_by(reg)  # before anything runs: what a change during the run must not pass for
     main = clone.main(main)
     tip = clone.tip(main)
     exps = [reg.experiment(name) for name in experiments]
@@ -184,20 +214,26 @@ def run(reg: Registry, clone: Clone, experiments: list[str], *, main: str | None
         if undeclared:
             raise usage(f"--every needs the files each probe loads; {', '.join(undeclared)} declares none",
                         expected="[experiments.<name>] loads = [\"python/sglang/...\"] in experiments.toml")
+    parameters = {exp.name: BisectParameters(main, good, bad, every, judged_by(reg, exp, fresh_references))
+                  for exp in exps}
     prober = Prober(reg, clone, fresh_references=fresh_references, force=force, log=log)
     brackets = {(exp.name, b.boundary): b for exp in exps
-                for b in (fix_bracket(reg, exp, clone, good, bad), introduced_bracket(reg, exp, clone))}
+                for b in (fix_bracket(reg, exp, clone, good, bad, fresh_references),
+                          introduced_bracket(reg, exp, clone, fresh_references))}
     searches, lines = {}, {}
     for key, bracket in brackets.items():
         if bracket.why_not is None:
-            lines[key], commits = _line(clone, main, bracket.start, bracket.end, tip)
+            lines[key], commits = line_between(clone, main, bracket.start, bracket.end, tip)
             searches[key] = Search(bracket.boundary, commits, history_ends=commits[-1] == tip)
-    watched = {}
+    watched, unwatched = {}, {}
     if every:  # from the fix's start to the newest commit (or --bad): every commit changing what the probe loads
         for exp in exps:
-            start = brackets[(exp.name, Boundary.FIX)].start
-            if start is not None:
-                watched[exp.name] = _line(clone, main, start, bad, tip, exp.loads)
+            fix = brackets[(exp.name, Boundary.FIX)]
+            if fix.start is not None:
+                watched[exp.name] = line_between(clone, main, fix.start, bad, tip, exp.loads)
+            else:
+                unwatched[exp.name] = (f"the watch starts where the fix's bracket does, and it has none "
+                                       f"({fix.why_not.why})")
     with phases.recording() as spent:
         # The first round: every watched commit and both ends of every line; then each search's next commit.
         pending = [*(sha for _, commits in watched.values() for sha in commits),
@@ -205,13 +241,14 @@ def run(reg: Registry, clone: Clone, experiments: list[str], *, main: str | None
         while pending := list(dict.fromkeys(pending)):
             log(f"bisect: probing {len(pending)} commit(s): {', '.join(s[:12] for s in pending)}")
             prober.probe(pending)
-            pending = _wanted(searches, prober)
-    reports = [_experiment(exp, brackets, searches, lines, watched.get(exp.name), prober, clone, tip) for exp in exps]
+            pending = next_commits(searches, prober)
+    reports = [ExperimentReport(_document(exp, brackets, searches, lines, watched.get(exp.name), prober, clone, tip,
+                                          parameters[exp.name], made), unwatched.get(exp.name)) for exp in exps]
     total = time.monotonic() - started
     return BisectReport(str(clone.path), main, reports, prober.steps, total, phases.describe(spent, total))
 
 
-def _wanted(searches: dict[tuple[str, Boundary], Search], prober: Prober) -> list[str]:
+def next_commits(searches: dict[tuple[str, Boundary], Search], prober: Prober) -> list[str]:
     """Each search's next commit not yet probed, every commit already probed recorded on the way."""
     wanted = []
     for (name, _), search in searches.items():
@@ -222,25 +259,28 @@ def _wanted(searches: dict[tuple[str, Boundary], Search], prober: Prober) -> lis
     return wanted
 
 
-def _experiment(exp: Experiment, brackets, searches, lines, watched, prober: Prober, clone: Clone,
-                tip: str) -> ExperimentReport:
+def _document(exp: Experiment, brackets, searches, lines, watched, prober: Prober, clone: Clone, tip: str,
+              parameters: BisectParameters, made: provenance.Provenance) -> BisectDocument:
     found = {}
     for boundary in Boundary:
         key, bracket = (exp.name, boundary), brackets[(exp.name, boundary)]
         if bracket.why_not is not None:
             newest = clone.commit(tip) if bracket.why_not.finding is Finding.OUTSIDE_HISTORY else None
-            found[boundary] = BoundaryReport(boundary, bracket.source, bracket.why_not, newest=newest)
+            found[boundary] = BoundaryReport(boundary, bracket.source, bracket.why_not.finding, bracket.why_not.why,
+                                             newest=newest)
             continue
         search = searches[key]
         answer = search.answer()
         skipped = {sha: search.seen[sha].describe() for sha in search.line
                    if sha in search.seen and search.seen[sha].outcome not in boundary.sides}
         found[boundary] = BoundaryReport(
-            boundary, bracket.source, answer, lines[key],
+            boundary, bracket.source, answer.finding, answer.why, lines[key],
             prober.probed(answer.commit, exp.name) if answer.commit else None,
             prober.probed(answer.parent, exp.name) if answer.parent else None,
             tuple(prober.commit(sha) for sha in answer.unnarrowed), skipped,
-            clone.commit(tip) if answer.finding is Finding.OUTSIDE_HISTORY else None)
+            clone.commit(tip) if answer.finding is Finding.OUTSIDE_HISTORY else None,
+            # In the order the search asked for them: the same whichever experiments were bisected beside it.
+            tuple(prober.probed(sha, exp.name) for sha in search.seen))
     report = None
     if watched is not None:
         line, commits = watched
@@ -249,5 +289,6 @@ def _experiment(exp: Experiment, brackets, searches, lines, watched, prober: Pro
         walked = tuple(prober.probed(sha, exp.name) for sha in commits)
         report = WatchReport(line, walked, prober.commit(result.first_fixed) if result.first_fixed else None,
                              tuple(p for p in walked if p.commit.sha in result.flagged))
-    return ExperimentReport(exp.name, exp.pr, found[Boundary.FIX], found[Boundary.INTRODUCED], exp.git.get("head"),
-                            report)
+    pinned = exp.git.get("head")
+    return BisectDocument(exp.name, exp.pr, pinned, found[Boundary.FIX], found[Boundary.INTRODUCED],
+                          notes(exp.name, exp.pr, found[Boundary.FIX], pinned), report, parameters, made)

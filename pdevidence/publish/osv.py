@@ -1,12 +1,12 @@
 """OSV records (schema 1.6) from the published sweep tables: one per experiment.
 
-Pure functions from (registry experiment, sweep table, evidence hashes) to an
-OSV dict; ``publish`` writes them to ``results/osv/``. A gated fix (the registry's
-``gate``: it runs only where the server's environment turns it on, off by default) closes
-no range: a scanner reads a ``fixed`` event as "upgrade and you are safe", which the
-default environment does not make true. Its range stays open, the releases that carry the
-fix are listed as affected, and ``details`` and ``database_specific.gate`` name the first
-of them and the variable. Everything in a record
+Pure functions from (registry experiment, sweep table, evidence hashes, bisect
+document) to an OSV dict: the PyPI range from the sweep, a GIT range from the
+bisection (the commits it found); ``publish`` writes them to ``results/osv/``. A gated fix (the registry's ``gate``: it runs
+only where the server's environment turns it on, off by default) closes no range, PyPI or GIT:
+a scanner reads a ``fixed`` event as "upgrade and you are safe", which the default environment
+does not make true. Its ranges stay open, the releases that carry the fix are listed as affected,
+and ``details`` and ``database_specific.gate`` name the first of them and the variable. Everything in a record
 comes from its inputs, except that ``publish`` sets ``modified`` to when the
 record's content last changed: the previous record's when nothing else did.
 """
@@ -22,8 +22,10 @@ from ..core import clock
 from ..core.errors import HarnessError
 from ..core.files import dumps, relative, sha256_file, write_atomic
 from ..core.paths import results_dir
+from ..documents.bisects import BisectDocument
+from ..documents.bisects import file_name as bisect_file
 from ..documents.tables import ReleaseOutcome, SweepTable
-from ..documents.vocabulary import LACKS_FIX, Classification
+from ..documents.vocabulary import LACKS_FIX, Boundary, Classification, Finding
 from ..registry import Experiment, Registry
 
 SCHEMA_VERSION = "1.6.0"
@@ -33,6 +35,7 @@ SCHEMA_VERSION = "1.6.0"
 ID_PREFIX = "PDEVIDENCE-2026-"
 PR_URL = "https://github.com/sgl-project/sglang/pull/{pr}"
 PACKAGE = {"ecosystem": "PyPI", "name": "sglang", "purl": "pkg:pypi/sglang"}
+REPO = "https://github.com/sgl-project/sglang"  # the commits a bisection finds are upstream's
 OSV_DIR = "osv"
 
 
@@ -66,6 +69,41 @@ def events(releases: list[ReleaseOutcome], pd_first: str | None = None) -> list[
     return found
 
 
+def git_range(bisected: BisectDocument, *, gated: bool = False) -> dict | None:
+    """The GIT range of the boundaries the bisection found (an introduction not found opens it at 0, as OSV
+    allows); None when it found neither. A boundary not found is left out: ``git_said`` says why. A gated fix's
+    commit closes nothing (the module's docstring says why)."""
+    fix, introduced = bisected.fix, bisected.introduced
+    if Finding.FOUND not in (fix.finding, introduced.finding):
+        return None
+    opened = introduced.commit.commit.sha if introduced.finding is Finding.FOUND else "0"
+    found = [{"introduced": opened}]
+    if fix.finding is Finding.FOUND and not gated:
+        found.append({"fixed": fix.commit.commit.sha})
+    return {"type": "GIT", "repo": REPO, "events": found}
+
+
+def git_said(bisected: BisectDocument) -> dict:
+    """Per boundary, what the bisection found: the commit, or why it is not in the GIT range."""
+    said = {}
+    for boundary in Boundary:
+        found = bisected.boundary(boundary)
+        said[boundary.value] = ({"finding": found.finding.value, "commit": found.commit.commit.sha,
+                                 "pr": found.commit.commit.pr} if found.finding is Finding.FOUND else
+                                {"finding": found.finding.value, "why": found.why})
+    return said
+
+
+def _git_details(bisected: BisectDocument) -> str:
+    parts = []
+    for boundary, name in ((Boundary.FIX, "fixed by"), (Boundary.INTRODUCED, "introduced by")):
+        found = bisected.boundary(boundary)
+        parts.append(f"{name} {found.commit.commit.describe()}" if found.finding is Finding.FOUND else
+                     f"{name}: {found.finding.value} ({found.why})")
+    return (f"Bisected by behaviour on upstream's history (`python -m pdevidence bisect {bisected.experiment}`): "
+            f"{'; '.join(parts)}. The GIT range holds only the commits found.")
+
+
 def modified(table: SweepTable) -> str:
     """The sweep's as-of date (the newest release's upload time), to the second, in UTC."""
     as_of = table.as_of
@@ -75,7 +113,8 @@ def modified(table: SweepTable) -> str:
     return as_of.split(".")[0].removesuffix("Z") + "Z"
 
 
-def record(exp: Experiment, table: SweepTable, hashes: dict[str, str], pd_first: str | None = None) -> dict:
+def record(exp: Experiment, table: SweepTable, hashes: dict[str, str], pd_first: str | None = None,
+           bisected: BisectDocument | None = None) -> dict:
     releases = table.releases
     seen = [r.version for r in releases if r.classification in LACKS_FIX]
     if not seen:
@@ -104,12 +143,12 @@ def record(exp: Experiment, table: SweepTable, hashes: dict[str, str], pd_first:
         + "Backports, forks and source builds can differ from their version number: "
         "`python -m pdevidence check` runs the probes on the build you have.",
     ]
-    versions, ranges = seen, events(releases, pd_first)
+    versions, opened = seen, events(releases, pd_first)
     found_db: dict = {}
     if exp.gate is not None:
         carrying = [r.version for r in releases if r.classification is Classification.FIXED]
         versions = sorted({*seen, *carrying}, key=Version)
-        ranges = ranges[:1]  # opened once, never closed: with the defaults, no release is fixed
+        opened = opened[:1]  # opened once, never closed: with the defaults, no release is fixed
         details.insert(2, f"The fix runs only where the server's environment sets {exp.gate.variable}="
                        f"{exp.gate.on} ({exp.gate.why}). The releases that carry it "
                        f"({', '.join(carrying) or 'none yet'}) behave as fixed only with it on, so the range is left open (no fixed event) and they are "
@@ -117,6 +156,12 @@ def record(exp: Experiment, table: SweepTable, hashes: dict[str, str], pd_first:
                        f"{exp.gate.variable}={exp.gate.on}` answers fixed for them.")
         found_db["gate"] = {"variable": exp.gate.variable, "on": exp.gate.on, "why": exp.gate.why,
                             "first_carrying": fixed}
+    ranges = [{"type": "ECOSYSTEM", "events": opened}]
+    if bisected is not None:
+        details.append(_git_details(bisected))
+        found_db["bisect"] = git_said(bisected)
+        if (found := git_range(bisected, gated=exp.gate is not None)) is not None:
+            ranges.append(found)
     return {
         "schema_version": SCHEMA_VERSION,
         "id": vuln_id(exp),
@@ -125,7 +170,7 @@ def record(exp: Experiment, table: SweepTable, hashes: dict[str, str], pd_first:
         "details": "\n\n".join(details),
         "affected": [{
             "package": dict(PACKAGE),
-            "ranges": [{"type": "ECOSYSTEM", "events": ranges}],
+            "ranges": ranges,
             "versions": versions,
             "database_specific": {"classification": {r.version: r.classification.value for r in releases}},
         }],
@@ -142,15 +187,17 @@ def record(exp: Experiment, table: SweepTable, hashes: dict[str, str], pd_first:
 
 
 def evidence_of(name: str, hashes: dict[str, str]) -> dict[str, str]:
-    """The hashes of one experiment's files: its sweep table, results and receipts."""
+    """The hashes of one experiment's files: its sweep table, bisect document, results and receipts."""
     return {path: digest for path, digest in hashes.items()
-            if Path(path).name.startswith(f"{name}.") or Path(path).name == f"sweep-{name}.json"}
+            if Path(path).name.startswith(f"{name}.") or Path(path).name in (f"sweep-{name}.json", bisect_file(name))}
 
 
-def records(registry: Registry, sweep_docs: dict[str, SweepTable], hashes: dict[str, str]) -> dict[str, dict]:
-    """File name -> OSV record, for every experiment with a sweep table."""
+def records(registry: Registry, sweep_docs: dict[str, SweepTable], hashes: dict[str, str],
+            bisected: dict[str, BisectDocument] | None = None) -> dict[str, dict]:
+    """File name -> OSV record, for every experiment with a sweep table (and its bisection's GIT range, if any)."""
+    bisected = bisected or {}
     return {f"{vuln_id(exp)}.json": record(exp, sweep_docs[name], evidence_of(name, hashes),
-                                           registry.pd_first_release)
+                                           registry.pd_first_release, bisected.get(name))
             for name, exp in registry.experiments.items() if name in sweep_docs}
 
 
@@ -174,16 +221,18 @@ def write_records(reg: Registry, published: Path, previous: Path | None = None) 
     replaced), a record whose content equals the one there keeps its ``modified``; any other is
     modified now.
     """
-    tables = {}
+    tables, bisected = {}, {}
     for name in reg.experiments:
         path = published / f"sweep-{name}.json"
         if path.exists():
             tables[name] = SweepTable.load(path)
+        if (path := published / bisect_file(name)).exists():
+            bisected[name] = BisectDocument.load(path)
     shown = results_dir(reg.root)
     hashes = {relative(shown / p.name, reg.root): sha256_file(p) for p in sorted(published.glob("*.json"))
               if not p.name.startswith("report.")}
     written, now = [], clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
-    for filename, rec in records(reg, tables, hashes).items():
+    for filename, rec in records(reg, tables, hashes, bisected).items():
         if previous is not None:
             rec = keep_modified(rec, previous / OSV_DIR / filename, now)
         write_atomic(published / OSV_DIR / filename, dumps(rec))

@@ -2,9 +2,10 @@
 
 Every other command writes under runs/. ``manifest`` declares what results/
 holds: per experiment its release-bracket cells (and its git cells, once
-published), its full sweep table, its mutation table, and the registry's OpenVEX
-example. A publish takes the cells of one tree kind fresh from runs/, each other
-declared file fresh from runs/ when there is one, else as already published
+published), its full sweep table, its mutation table, its bisect document (when
+a bisection was run: kept, never required), and the registry's OpenVEX example.
+A publish takes the cells of one tree kind fresh from runs/, each other declared
+file fresh from runs/ when there is one, else as already published
 (verified), and nothing else. It stages them beside results/, writes the OSV
 records, the report and the sums there, validates the lot (loaders, provenance,
 the sweep's references), and then swaps the staged directory in. A crash at any
@@ -30,6 +31,8 @@ from ..core.files import relative, sha256_file, write_atomic
 from ..core.locking import exclusive
 from ..core.paths import results_dir
 from ..documents import integrity
+from ..documents.bisects import BisectDocument
+from ..documents.bisects import file_name as bisect_file
 from ..documents.provenance import republish_steps, stale_error
 from ..documents.receipts import Receipt
 from ..documents.results import Result, receipt_path
@@ -85,6 +88,8 @@ def manifest(reg: Registry, kind: str) -> list[Declared]:
         declared.append(Declared(f"sweep-{exp.name}.json", _check_sweep))
         if exp.mutants:
             declared.append(Declared(f"mutate.{exp.name}.json", _check_mutations))
+        # A bisection needs a clone of SGLang's history, which not every publisher has: kept, never required.
+        declared.append(Declared(bisect_file(exp.name), _check_bisect, optional=True))
     if reg.openvex_example:
         declared.append(Declared(openvex_example_name(reg), _check_openvex))
     if backports.files(reg.root):
@@ -147,6 +152,17 @@ def _check_mutations(reg: Registry, path: Path) -> None:
         raise stale_error({path.name: ["ran other mutants than the registry declares"]}, reg)
 
 
+def _check_bisect(reg: Registry, path: Path) -> None:
+    doc = BisectDocument.load(path)
+    exp = reg.experiments.get(doc.experiment)
+    if exp is None or path.name != bisect_file(doc.experiment):
+        raise integrity_error(f"refusing to publish {path.name}: it is the bisect document of "
+                              f"{doc.experiment!r}", expected=f"{bisect_file('<experiment>')} of an experiment of "
+                              "the registry, under its own name", todo="rerun `python -m pdevidence bisect`")
+    if why := doc.stale(reg.root, relative(exp.probe, reg.root)):
+        raise stale_error({path.name: why}, reg)
+
+
 def _check_corpus(reg: Registry, path: Path) -> None:
     """Current, and whole: every declared backport's three trees, each fix it ports, all answered."""
     table = CorpusTable.load(path)
@@ -187,6 +203,13 @@ def _check_references(reg: Registry, staged: Path) -> None:
                 stale.setdefault(path.name, []).append(
                     f"judged against another {name} ({(judged or 'none')[:12]}, published {now[:12]}): "
                     "rerun `nox -s sweep -- --references fresh`")
+    for path in sorted(staged.glob(bisect_file("*"))):  # bracketed by the sweep, judged by the results, published
+        for name, judged in BisectDocument.load(path).parameters.references.items():
+            now = sha256_file(staged / name) if (staged / name).is_file() else "none"
+            if judged != now:
+                stale.setdefault(path.name, []).append(
+                    f"bracketed and judged by another {name} ({judged[:12]}, published {now[:12]}): rerun "
+                    "`python -m pdevidence bisect` (with `--references fresh` when republishing)")
     corpus = staged / CORPUS_FILE
     if corpus.is_file():
         judged = CorpusTable.load(corpus).references
@@ -197,7 +220,7 @@ def _check_references(reg: Registry, staged: Path) -> None:
                     stale.setdefault(corpus.name, []).append(
                         f"judged against another {name}: rerun `python -m pdevidence corpus --references fresh`")
     if stale:
-        raise stale_error(stale, reg, what="sweep and corpus tables")
+        raise stale_error(stale, reg, what="sweep and corpus tables and bisect documents")
 
 
 # ---------------------------------------------------------------- choosing, staging, swapping

@@ -15,7 +15,7 @@ from typing import Any
 from packaging.version import Version
 
 from ..documents.tables import partial_sweep
-from ..documents.vocabulary import MutantStatus
+from ..documents.vocabulary import Finding, MutantStatus
 
 SIDE_ROLE = {"base": "before the fix", "head": "after it"}
 
@@ -154,6 +154,21 @@ def mutation_text(table: dict) -> str:
     return text + (f"; not killed: {', '.join(unkilled)}" if unkilled else "")
 
 
+def bisect_text(doc: dict) -> str:
+    """The commits a bisection found: the fix and the introduction, each its commit and PR, or why not."""
+    parts = []
+    for key, name in (("fix", "fixed by"), ("introduced", "introduced by")):
+        found = doc[key]
+        commit = found["commit"]
+        if found["finding"] == Finding.FOUND.value:
+            pr = f" (PR #{commit['pr']})" if commit["pr"] else ""
+            parts.append(f"{name} commit {commit['sha'][:12]}{pr}, {commit['date'][:10]}, its parent "
+                         f"{found['parent']['sha'][:12]} {found['parent']['outcome']}")
+        else:
+            parts.append(f"{name}: {found['finding']}")
+    return "bisected on upstream's history: " + "; ".join(parts)
+
+
 def totals(side: dict | None) -> str:
     if side is None:
         return "not run"
@@ -219,12 +234,14 @@ def _lines(pair: dict, doc: dict, *, arrow: str, bullet: str, strong) -> list[st
 
 
 def evidence(doc: dict, name: str, *, dash: str, bullet: str) -> list[str]:
-    """Per experiment, what the sweep, the mutants and the PR's own tests add."""
+    """Per experiment, what the sweep, the mutants, the bisection and the PR's own tests add."""
     lines = []
     if name in doc.get("sweeps", {}):
         lines.append(bullet + sweep_text(doc["sweeps"][name], dash))
     if name in doc.get("mutations", {}):
         lines.append(bullet + mutation_text(doc["mutations"][name]))
+    if name in doc.get("bisects", {}):
+        lines.append(bullet + bisect_text(doc["bisects"][name]))
     lines += [bullet + upstream_text(e) for e in doc.get("upstream", []) if e["experiment"] == name]
     return lines
 

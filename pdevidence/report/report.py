@@ -37,6 +37,8 @@ def document(report, inputs: ReportInputs | None = None, *, command: str | None 
         data.update(scenarios=inputs.scenarios, sweeps=inputs.sweeps, mutations=inputs.mutations, eras=inputs.eras)
         if inputs.corpus is not None:
             data["corpus"] = inputs.corpus
+        if inputs.bisects:
+            data["bisects"] = inputs.bisects
     if command is not None or inputs is not None:
         data["made_by"] = {"command": command, "sources": inputs.sources if inputs else []}
     return data

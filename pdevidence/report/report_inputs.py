@@ -1,4 +1,4 @@
-"""What the report reads besides the comparison: scenario notes, sweep and mutation tables.
+"""What the report reads besides the comparison: scenario notes, sweep and mutation tables, bisect documents.
 
 Everything here only reads files; the report renders what it is handed. Tables
 are looked up in ``runs/`` first (fresh), else in ``results/`` (published).
@@ -16,6 +16,8 @@ from ..core.errors import integrity as integrity_error
 from ..core.files import relative
 from ..core.paths import results_dir
 from ..documents import integrity
+from ..documents.bisects import BisectDocument
+from ..documents.bisects import file_name as bisect_file
 from ..documents.corpus_table import FILE as CORPUS_FILE
 from ..documents.corpus_table import CorpusTable
 from ..documents.results import Result
@@ -27,8 +29,8 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class ReportInputs:
-    """Per experiment: scenario notes ({sid: {"title", "changes", "keys"}}), sweep and mutation tables; the
-    backport corpus table; the era each swept release runs in."""
+    """Per experiment: scenario notes ({sid: {"title", "changes", "keys"}}), sweep and mutation tables, bisect
+    documents; the backport corpus table; the era each swept release runs in."""
 
     scenarios: dict[str, dict[str, dict]] = field(default_factory=dict)
     sweeps: dict[str, dict] = field(default_factory=dict)
@@ -36,6 +38,7 @@ class ReportInputs:
     sources: list[str] = field(default_factory=list)
     corpus: dict | None = None
     eras: dict[str, str] = field(default_factory=dict)
+    bisects: dict[str, dict] = field(default_factory=dict)  # per experiment, its bisect document
 
 
 def find_table(name: str, runs: Path, published: Path) -> Path | None:
@@ -100,13 +103,16 @@ def eras(reg: Registry, sweeps: dict[str, dict]) -> dict[str, str]:
 
 def gather(reg: Registry, report: dict, *, runs: Path, published: Path) -> ReportInputs:
     """Everything the report shows besides ``report``, and the files it came from."""
-    sweeps, mutations, sources = {}, {}, [reg.root / "experiments.toml"]
+    sweeps, mutations, bisects, sources = {}, {}, {}, [reg.root / "experiments.toml"]
     for name in sorted({p["experiment"] for p in report["pairs"]}):
         if (path := find_table(f"sweep-{name}.json", runs, published)) is not None:
             sweeps[name] = load_table(reg, path, SweepTable.load).doc
             sources.append(path)
         if (path := find_table(f"mutate.{name}.json", runs, published)) is not None:
             mutations[name] = load_table(reg, path, MutationTable.load).doc
+            sources.append(path)
+        if (path := find_table(bisect_file(name), runs, published)) is not None:
+            bisects[name] = load_table(reg, path, BisectDocument.load).to_json()
             sources.append(path)
     corpus = None
     if (path := find_table(CORPUS_FILE, runs, published)) is not None:
@@ -120,4 +126,4 @@ def gather(reg: Registry, report: dict, *, runs: Path, published: Path) -> Repor
     shown = [results_dir(reg.root) / p.relative_to(published) if p.is_relative_to(published) else p
              for p in sources]
     return ReportInputs(scenario_notes(reg, report, runs), sweeps, mutations,
-                        sorted({relative(p, reg.root) for p in shown}), corpus, eras(reg, sweeps))
+                        sorted({relative(p, reg.root) for p in shown}), corpus, eras(reg, sweeps), bisects)

@@ -1,0 +1,91 @@
+"""A bisection over one release bracket against one forced release cell, in one run (issue 37: at most 3x).
+
+    SGLANG_REPO=~/src/sglang python benchmarks/bench_bisect.py                  # offload_slots, v0.5.12 .. v0.5.13
+    SGLANG_REPO=~/src/sglang python benchmarks/bench_bisect.py prefill --good v0.5.19 --bad v0.5.20
+
+The bisection is the fix's search alone over the bracket's line of the main line (no introduction, no watch),
+every commit probed again (``--force``), through the warm engine as ``bisect`` probes; the cell is
+``cell release <experiment> head --force``, a fresh probe process. Each is a child process; environments are
+built beforehand (a warm-up, not measured), so the ratio compares probing, not downloads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET = 3.0
+
+
+def seconds(argv: list[str]) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+    return time.perf_counter() - start
+
+
+def cli(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "pdevidence", "--root", str(ROOT), *argv]
+
+
+def search(experiment: str, good: str, bad: str, force: bool) -> None:
+    """The fix's search over ``good`` .. ``bad``, as ``bisect`` runs it (in this process: the measured child)."""
+    sys.path.insert(0, str(ROOT))
+    from pdevidence import registry
+    from pdevidence.documents.vocabulary import Boundary
+    from pdevidence.lanes import bisect_run
+    from pdevidence.lanes.bisect import Search
+    from pdevidence.sources.history import Clone
+
+    reg = registry.load(ROOT)
+    clone = Clone(Path(os.environ["SGLANG_REPO"]))
+    main = clone.main()
+    line, commits = bisect_run.line_between(clone, main, good, bad, clone.tip(main))
+    found = Search(Boundary.FIX, commits)
+    prober = bisect_run.Prober(reg, clone, fresh_references=False, force=force, log=lambda _: None)
+    pending = [commits[-1], commits[0]]
+    while pending:
+        prober.probe(pending)
+        pending = bisect_run.next_commits({(experiment, Boundary.FIX): found}, prober)
+    answer = found.answer()
+    print(f"{line.commits} commits, {len(prober.judged)} probed in {len(prober.steps)} rounds: {answer.finding.value}"
+          f" {answer.commit or answer.why}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("experiment", nargs="?", default="offload_slots")
+    parser.add_argument("--good", default="v0.5.12")
+    parser.add_argument("--bad", default="v0.5.13")
+    parser.add_argument("--search", action="store_true", help=argparse.SUPPRESS)  # the measured child
+    parser.add_argument("--force", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.search:
+        search(args.experiment, args.good, args.bad, args.force)
+        return 0
+    if "SGLANG_REPO" not in os.environ:
+        sys.exit("set SGLANG_REPO to a clone of SGLang's history")
+    child = [sys.executable, __file__, args.experiment, "--good", args.good, "--bad", args.bad, "--search"]
+    # Warm-up, not measured: the cell's environment, every era the line's commits run in, their exports.
+    seconds(cli("cell", "release", args.experiment, "head"))
+    seconds(child)
+    cell = seconds(cli("cell", "release", args.experiment, "head", "--force"))
+    start = time.perf_counter()
+    done = subprocess.run([*child, "--force"], cwd=ROOT, capture_output=True, text=True, check=True)
+    bisected = time.perf_counter() - start
+    ratio = bisected / cell
+    print(f"forced release cell {args.experiment},head: {cell:.1f} s")
+    print(f"bisect {args.experiment} {args.good} .. {args.bad}, every commit probed again: {bisected:.1f} s "
+          f"({done.stdout.strip()})")
+    print(f"bisect / cell: {ratio:.2f}x (target <= {TARGET}x): {'ok' if ratio <= TARGET else 'OVER'}")
+    return 0 if ratio <= TARGET else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
