@@ -222,3 +222,12 @@ def test_without_a_bisection_a_record_has_the_pypi_range_alone(reg):
     rec = osv.record(reg.experiment("demo"), table([row("1.0.0", "pre-fix"), row("1.1.0", "fixed")]), {})
     assert [r["type"] for r in rec["affected"][0]["ranges"]] == ["ECOSYSTEM"] and "bisect" not in \
         rec["database_specific"]
+
+
+def test_a_gated_fixs_commit_closes_no_git_range_either(reg):
+    exp = dataclasses.replace(reg.experiment("demo"), gate=registry.Gate("SGLANG_DEMO_GATE", "true", "off by default"))
+    doc = table([row("1.0.0", "pre-fix"), row("1.1.0", "fixed")])
+    rec = osv.record(exp, doc, {}, None, bisected(Finding.FOUND, Finding.FOUND))
+    assert osv_problems(rec) == []
+    assert rec["affected"][0]["ranges"][1] == {"type": "GIT", "repo": osv.REPO, "events": [{"introduced": "b" * 40}]}
+    assert rec["database_specific"]["bisect"]["fix"]["commit"] == "f" * 40  # found, and said: only the range stays open
