@@ -56,7 +56,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _kvtransfer as kvt  # noqa: E402
-from _probekit import Collaborators, Observed, ScenarioSet, main, stand_in  # noqa: E402
+from _probekit import Collaborators, Observed, ScenarioSet, main  # noqa: E402
 
 SCENARIOS = ScenarioSet("abort_notify")
 MOONCAKE = "sglang.srt.disaggregation.mooncake.conn"
@@ -100,9 +100,9 @@ def prepare() -> str:
     sg.Receiver = getattr(sg.mooncake, "MooncakeKVReceiver", None)
     if sg.Manager is None or sg.Receiver is None:
         sg.missing = f"{MOONCAKE} has no MooncakeKVManager or MooncakeKVReceiver"
-    import numpy
-
-    sg.np = numpy
+    sg.np = getattr(sg.mooncake, "np", None)  # the index arrays the tree's own numpy makes
+    if sg.np is None:
+        sg.missing = f"{MOONCAKE} imports no numpy as np: the probe cannot make the index arrays it takes"
     STANDINS.find()
     sg.ready = True
     return sglang.__version__
