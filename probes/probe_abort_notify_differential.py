@@ -269,8 +269,8 @@ class World:
         self.call("abort", self.receivers[room].abort)
 
     # --- observations -----------------------------------------------------------------------
-    def kv_writes(self, *, since: str | None = None, rank: int | None = None) -> list[kvt.Write]:
-        engines = [m.engine for i, m in enumerate(self.prefills) if rank is None or i == rank]
+    def kv_writes(self, *, since: str | None = None) -> list[kvt.Write]:
+        engines = [m.engine for m in self.prefills]
         return [w for e in engines for w in e.writes
                 if DECODE_BASE <= w.dst < DECODE_BASE + 2 * LAYERS * REGION
                 and (since is None or self.timeline.after(since, w.at))]
