@@ -63,6 +63,7 @@ MOONCAKE = "sglang.srt.disaggregation.mooncake.conn"
 COMMON = "sglang.srt.disaggregation.common.conn"
 STANDINS = Collaborators(
     kv_args=("sglang.srt.disaggregation.base.conn:KVArgs",),
+    pp_group=("sglang.srt.distributed.parallel_state:GroupCoordinator",),
 )
 
 DECODE_IP, DECODE_PORT = "10.0.0.9", 17000
@@ -144,6 +145,8 @@ class World:
                                 kv_args(layers=layers, base=PREFILL_BASE, start_layer=rank * layers),
                                 kvt.TransferEngine(self.timeline, session_id=f"{PREFILL_IP}:{PREFILL_PORT + rank}"))
             mgr.pp_size, mgr.pp_rank = ranks, rank
+            mgr.pp_group = STANDINS.make("pp_group", "pp_group", rank_in_group=rank, world_size=ranks,
+                                         is_first_rank=rank == 0, is_last_rank=rank == ranks - 1)
             self.prefills.append(mgr)
         self.receivers: dict[int, Any] = {}
 
@@ -154,7 +157,7 @@ class World:
             kv_args=args, disaggregation_mode=mode, is_mla_backend=False, engine=engine, local_ip=ip, rank_port=port,
             server_socket=self.bus.inbox(kvt.endpoint(ip, port)), request_status={}, failure_records={},
             failure_lock=threading.Lock(), attn_tp_size=1, attn_tp_rank=0, attn_cp_size=1, attn_cp_rank=0,
-            attn_dp_size=1, attn_dp_rank=0, pp_size=1, pp_rank=0, system_dp_size=1, system_dp_rank=0,
+            attn_dp_size=1, attn_dp_rank=0, enable_dp_attention=False, pp_size=1, pp_rank=0, system_dp_size=1, system_dp_rank=0,
             enable_staging=False, _staging_ctx=None, enable_trace=False, enable_custom_mem_pool=False,
             custom_mem_pool_type=None, kv_item_lens_sum=ITEM * len(args.kv_item_lens), state_item_lens_sum=0,
             bootstrap_host=ip, bootstrap_port=8998, dist_init_addr=None, enable_all_cp_ranks_for_transfer=False,
@@ -170,7 +173,8 @@ class World:
                           prefill_info_table={}, heartbeat_failures={}, session_pool={},
                           session_pool_lock=threading.Lock(), addr_to_rooms_tracker=defaultdict(set),
                           prefill_response_tracker=defaultdict(set), heartbeat_interval=2.0, max_failures=1,
-                          waiting_timeout=WAITING_TIMEOUT)
+                          waiting_timeout=WAITING_TIMEOUT, prefill_attn_tp_size_table={}, prefill_tp_size_table={},
+                          prefill_dp_size_table={}, prefill_pp_size_table={}, prefill_page_size_table={})
         for name, value in common.items():
             setattr(mgr, name, value)
         return mgr
@@ -180,12 +184,16 @@ class World:
         """ZeroMQ is the bus, and the tree's threads run on this thread, for one block of calls."""
         modules = [m for m in (sg.mooncake, sg.common) if m is not None]
         saved_zmq = {m: m.zmq for m in modules if hasattr(m, "zmq")}
+        server = kvt.BootstrapServer(self.route)
+        saved_requests = {m: m.requests for m in modules if hasattr(m, "requests")}
         owners = [klass for klass in sg.Receiver.__mro__ if "_ctx" in vars(klass) or "_socket_cache" in vars(klass)]
         saved_cls = {klass: dict(vars(klass)) for klass in owners}
         cached = getattr(sg.Manager, "_connect", None)
         with contextlib.ExitStack() as stack:
             for m in saved_zmq:
                 m.zmq = self.bus.zmq
+            for m in saved_requests:
+                m.requests = server.requests
             for klass in owners:
                 for name, value in (("_ctx", self.bus.context()), ("_socket_cache", {}), ("_socket_locks", {})):
                     if name in vars(klass):
@@ -199,6 +207,8 @@ class World:
             finally:
                 for m, value in saved_zmq.items():
                     m.zmq = value
+                for m, value in saved_requests.items():
+                    m.requests = value
                 for klass, before in saved_cls.items():
                     for name in ("_ctx", "_socket_cache", "_socket_locks"):
                         if name in before:
@@ -218,19 +228,30 @@ class World:
             return None
 
     # --- a request's life, step by step ------------------------------------------------------
+    def route(self, path: str, query: dict[str, str]) -> dict | None:
+        """The bootstrap server: the prefill side's parallel layout (``engine_rank=-1``), else the rank serving a
+        pipeline stage (one rank per stage, tensor and data parallel size 1)."""
+        if query.get("engine_rank") == "-1" or query.get("target_tp_rank") == "-1":
+            ranks = len(self.prefills)
+            return {"prefill_attn_tp_size": 1, "prefill_dp_size": 1, "prefill_pp_size": ranks, "prefill_page_size": 1,
+                    "attn_tp_size": 1, "dp_size": 1, "pp_size": ranks, "page_size": 1}
+        stage = int(query.get("target_pp_rank", 0))
+        return {"rank_ip": PREFILL_IP, "rank_port": PREFILL_PORT + stage} if stage < len(self.prefills) else None
+
     def receiver(self, room: int = ROOM) -> Any:
-        """The decode receiver of ``room``, bootstrapped with every prefill rank (the bootstrap server's answer set
-        as ``init`` sets it), its KV buffers registered with each rank."""
+        """The decode receiver of ``room``, bootstrapped with every prefill rank, its KV buffers registered with each.
+        Up to 0.5.9 its constructor does that, asking the bootstrap server; from 0.5.10 ``init(prefill_dp_rank)``
+        does, from layouts the decode manager learnt earlier: the probe sets the answer as ``init`` sets it."""
         recv = sg.Receiver(self.decode, BOOTSTRAP_ADDR, room)
-        infos = [{"rank_ip": PREFILL_IP, "rank_port": PREFILL_PORT + r, "is_dummy": False}
-                 for r in range(len(self.prefills))]
-        recv.bootstrap_infos = infos
-        recv.required_dst_info_num = 1
-        recv.required_prefill_response_num = len(self.prefills)
-        recv.prefill_dp_rank = 0
-        self.decode.required_prefill_response_num_table[room] = len(self.prefills)
-        self.call("register", recv._register_kv_args)
-        self.decode.update_status(room, sg.KVPoll.WaitingForInput)
+        if "bootstrap_infos" not in vars(recv):
+            recv.bootstrap_infos = [{"rank_ip": PREFILL_IP, "rank_port": PREFILL_PORT + r, "is_dummy": False}
+                                    for r in range(len(self.prefills))]
+            recv.required_dst_info_num = 1
+            recv.required_prefill_response_num = len(self.prefills)
+            recv.prefill_dp_rank = 0
+            self.decode.required_prefill_response_num_table[room] = len(self.prefills)
+            self.call("register", recv._register_kv_args)
+            self.decode.update_status(room, sg.KVPoll.WaitingForInput)
         self.receivers[room] = recv
         return recv
 
@@ -240,7 +261,8 @@ class World:
 
     def metadata(self, room: int = ROOM) -> None:
         recv = self.receivers[room]
-        self.call("send_metadata", recv.send_metadata, sg.np.array(PAGES[room], dtype=sg.np.int32), 3)
+        send = getattr(recv, "send_metadata", None) or recv.init  # init(kv_indices, aux_index) up to 0.5.9
+        self.call("send_metadata", send, sg.np.array(PAGES[room], dtype=sg.np.int32), 3)
 
     def prefill_reads(self) -> None:
         """Each prefill rank's bootstrap loop reads what decode sent it."""
