@@ -20,8 +20,9 @@ ask what happened *after* what: a page written after it was freed, a chunk writt
 - ``InlineExecutor``: a thread pool that runs each task at once, on the caller's thread.
 - ``threads(module, run=...)``: swaps a module's ``threading`` for one whose ``Thread.start()`` runs
   the target at once, on the probe's thread, when its function's name is in ``run`` (a ``ScriptEnded``
-  ends it quietly; any other exception is recorded in ``Threads.errors`` as ``name:Type``, the tree's
-  own failure), and records every other thread as never started (a heartbeat loop must not run).
+  ends it quietly; any other exception is recorded in ``Threads.errors`` as ``name:Type`` and kept in
+  ``Threads.raised``, for the probe to tell the tree's own failure from a stand-in it under-built), and
+  records every other thread as never started (a heartbeat loop must not run).
 - ``BootstrapServer``: the HTTP bootstrap server a decode receiver asks which prefill ranks serve a
   room (``requests`` as its module imports it): each ``get``/``post`` is recorded as its path and query,
   and answered with what ``answer(path, query)`` returns (a status 200 JSON body; None: a 404).
@@ -284,6 +285,7 @@ class Threads:
     started: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    raised: list[BaseException] = field(default_factory=list)  # the exceptions themselves, in order
 
     def thread_class(self) -> type:
         threads = self
@@ -305,6 +307,7 @@ class Threads:
                     pass
                 except Exception as exc:
                     threads.errors.append(f"{self.name}:{type(exc).__name__}")
+                    threads.raised.append(exc)
 
             def join(self, timeout=None) -> None:
                 pass

@@ -35,8 +35,10 @@ ranks whose room is failed), ``room_status`` (the room on the prefill rank(s), a
 ``"unknown"``), ``chunks_written`` / ``chunks_after_abort`` (KV transfers by the engine, all / after the
 abort), ``pages_after_abort`` (decode pages written after it, per layer), ``decode_poll`` (what the
 receiver's ``poll`` answers at the end), ``other_room_chunks`` (N10), ``failure_raised`` (N5: the type
-``failure_exception`` raised), ``tree_error`` (``<loop or call>:<exception type>`` where the tree's own
-code raised, else null).
+``failure_exception`` raised), ``tree_error`` (``<loop>:<exception type>`` where one of the tree's loops
+failed on what the scenario sent it, e.g. a frame it cannot parse, else null). A loop that fails on a
+stand-in (an attribute or call it lacks), or any of the probe's own calls into the tree that raises, is
+the scenario's error: never an observation.
 
     python probes/probe_abort_notify_differential.py --side head --tree-kind release --tree-ref 0.5.13
 """
@@ -81,6 +83,16 @@ PAGES = {ROOM: DECODE_PAGES, OTHER_ROOM: OTHER_PAGES}
 WAITING_TIMEOUT = 300.0
 
 sg = SimpleNamespace(ready=False, missing=None)
+
+
+class CannotDrive(RuntimeError):
+    """The tree's loop asked a stand-in for something it does not carry: no observation, the scenario's error."""
+
+
+def under_built(exc: BaseException) -> bool:
+    """Whether a loop of the tree failed on the probe's stand-ins (an attribute or a call they lack; a transfer
+    worker wraps its error in a RuntimeError naming it), not on what the scenario sent it."""
+    return isinstance(exc, (AttributeError, TypeError)) or "has no attribute" in str(exc)
 
 
 def prepare() -> str:
@@ -215,16 +227,19 @@ class World:
                             setattr(klass, name, before[name])
                 if hasattr(cached, "cache_clear"):
                     cached.cache_clear()
-                self.errors += [e for t in self.threads for e in t.errors]
+                for seen in self.threads:
+                    for name, exc in zip(seen.errors, seen.raised):
+                        if under_built(exc):
+                            raise CannotDrive(f"the tree's {name.split(':')[0]} asked for what the probe's stand-ins "
+                                              f"lack: {exc}") from exc
+                        self.errors.append(name)
 
     def call(self, what: str, fn: Callable[..., Any], *args, **kwargs) -> Any:
-        """A call into the tree; what it raises is what the tree did (recorded by type), not a probe error."""
+        """A call into the tree, run until its scripted input ends; anything it raises is the scenario's error
+        (these are the probe's steps, which a tree it drives right never refuses)."""
         try:
             return fn(*args, **kwargs)
         except kvt.ScriptEnded:
-            return None
-        except Exception as exc:
-            self.errors.append(f"{what}:{type(exc).__name__}")
             return None
 
     # --- a request's life, step by step ------------------------------------------------------
