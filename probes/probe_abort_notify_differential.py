@@ -169,7 +169,7 @@ class World:
             kv_args=args, disaggregation_mode=mode, is_mla_backend=False, engine=engine, local_ip=ip, rank_port=port,
             server_socket=self.bus.inbox(kvt.endpoint(ip, port)), request_status={}, failure_records={},
             failure_lock=threading.Lock(), attn_tp_size=1, attn_tp_rank=0, attn_cp_size=1, attn_cp_rank=0,
-            attn_dp_size=1, attn_dp_rank=0, enable_dp_attention=False, pp_size=1, pp_rank=0, system_dp_size=1, system_dp_rank=0,
+            attn_dp_size=1, attn_dp_rank=0, enable_dp_attention=False, tp_size=1, dp_size=1, pp_size=1, pp_rank=0, system_dp_size=1, system_dp_rank=0,
             enable_staging=False, _staging_ctx=None, enable_trace=False, enable_custom_mem_pool=False,
             custom_mem_pool_type=None, kv_item_lens_sum=ITEM * len(args.kv_item_lens), state_item_lens_sum=0,
             bootstrap_host=ip, bootstrap_port=8998, dist_init_addr=None, enable_all_cp_ranks_for_transfer=False,
@@ -196,7 +196,7 @@ class World:
         """ZeroMQ is the bus, and the tree's threads run on this thread, for one block of calls."""
         modules = [m for m in (sg.mooncake, sg.common) if m is not None]
         saved_zmq = {m: m.zmq for m in modules if hasattr(m, "zmq")}
-        server = kvt.BootstrapServer(self.route)
+        server = self.server = kvt.BootstrapServer(self.route)
         saved_requests = {m: m.requests for m in modules if hasattr(m, "requests")}
         owners = [klass for klass in sg.Receiver.__mro__ if "_ctx" in vars(klass) or "_socket_cache" in vars(klass)]
         saved_cls = {klass: dict(vars(klass)) for klass in owners}
@@ -248,7 +248,7 @@ class World:
         pipeline stage (one rank per stage, tensor and data parallel size 1)."""
         if query.get("engine_rank") == "-1" or query.get("target_tp_rank") == "-1":
             ranks = len(self.prefills)
-            return {"prefill_attn_tp_size": 1, "prefill_dp_size": 1, "prefill_pp_size": ranks, "prefill_page_size": 1,
+            return {"prefill_attn_tp_size": 1, "prefill_tp_size": 1, "prefill_dp_size": 1, "prefill_pp_size": ranks, "prefill_page_size": 1,
                     "attn_tp_size": 1, "dp_size": 1, "pp_size": ranks, "page_size": 1}
         stage = int(query.get("target_pp_rank", 0))
         return {"rank_ip": PREFILL_IP, "rank_port": PREFILL_PORT + stage} if stage < len(self.prefills) else None
@@ -269,6 +269,21 @@ class World:
             self.decode.update_status(room, sg.KVPoll.WaitingForInput)
         self.receivers[room] = recv
         return recv
+
+    def started(self, room: int = ROOM) -> None:
+        """The transfer can begin: decode and every prefill rank wait for input. Else no scenario step after this
+        means anything (nothing written because nothing was asked would read as a fix): the scenario's error."""
+        decode = poll_name(self.decode.request_status.get(room))
+        prefill = [poll_name(m.request_status.get(room)) for m in self.prefills]
+        if decode != "WaitingForInput" or any(p != "WaitingForInput" for p in prefill):
+            raise CannotDrive(f"the transfer never started: the decode side is {decode}, the prefill rank(s) {prefill}; "
+                              f"the bootstrap server was asked {[path for path, _ in self.server.asked]}")
+
+    def registered(self) -> None:
+        """Every prefill rank holds the decode rank's registration (its KV buffers); else as ``started``."""
+        if not all(getattr(m, "decode_kv_args_table", None) for m in self.prefills):
+            raise CannotDrive("the decode rank's registration never reached every prefill rank; the bootstrap server "
+                              f"was asked {[path for path, _ in self.server.asked]}")
 
     def prefill_knows(self, room: int = ROOM) -> None:
         for mgr in self.prefills:
@@ -357,6 +372,7 @@ def transfer(world: World, *, chunks_before: int, queued_after: int = 0) -> None
     world.receiver()
     world.metadata()
     world.prefill_reads()
+    world.started()
     for chunk in range(chunks_before):
         world.queue(chunk)
         world.work()
@@ -463,6 +479,7 @@ def n8(observed: Observed) -> None:
     with world.transport():
         world.receiver()
         world.prefill_reads()
+        world.registered()
         world.abort()
         world.prefill_reads()
     world.finish(observed)
@@ -486,6 +503,8 @@ def n10(observed: Observed) -> None:
             world.receiver(room)
             world.metadata(room)
         world.prefill_reads()
+        for room in (ROOM, OTHER_ROOM):
+            world.started(room)
         world.queue(0)
         world.work()
         for chunk in range(len(CHUNKS)):
