@@ -48,9 +48,9 @@ OFFLOAD_KNOWN_FROM = {"offload_slots": "0.5.12",  # its base release
 MANAGER_FIRST = "0.5.3"
 
 
-# abort_notify's probe drives the receiver as 0.5.10 on build it (the bootstrap server's answer set as init() sets
-# it); up to 0.5.9 the receiver bootstraps itself in its constructor and every scenario records an error, and
-# 0.5.10/0.5.11 were not probed: from the first PD release up to its base release its answer is not pinned.
+# abort_notify's probe was run on 0.4.6 and 0.4.10 (every scenario an error: their bootstrap differs), 0.5.3 and
+# 0.5.10 (base's behaviour) and its bracket; the releases between were not probed: from the first PD release up to
+# its base release its answer is not pinned.
 TRANSFER_UNKNOWN = {"abort_notify": ("0.4.4.post2", "0.5.12")}
 
 
