@@ -18,9 +18,10 @@ status loop (``start_decode_thread``), and the receiver's ``abort``, ``poll`` an
 ``failure_exception``. Stand-ins (``_kvtransfer.py``): ZeroMQ (every message on one bus), the
 transfer engine (each write's destination pages), the transfer queue and thread pool, the threads
 (the loops run on the probe's thread until their scripted input ends; the heartbeat never starts).
-The bootstrap server's answer (which prefill ranks serve the room) is set on the receiver as its
-``init`` sets it, and each prefill rank learns of the room as the prefill sender's constructor tells
-it (status Bootstrapping). A request of 6 pages goes in 3 chunks of 2.
+The bootstrap server is a stand-in too: up to 0.5.9 the receiver's constructor asks it which prefill
+ranks serve the room; from 0.5.10 ``init(prefill_dp_rank)`` reads what the decode manager learnt
+earlier, and the probe sets that answer on the receiver as ``init`` sets it. Each prefill rank learns
+of the room as the prefill sender's constructor tells it (status Bootstrapping). A request of 6 pages goes in 3 chunks of 2.
 
 Scenarios: N1 abort before any chunk; N2 mid-transfer (1 chunk written, 2 queued); N3 abort after the
 last chunk (the room succeeded); N4 the wait times out mid-transfer (``poll``); N5 the prefill side
@@ -82,7 +83,7 @@ OTHER_PAGES = list(range(30, 36))  # and another room's (N10)
 PAGES = {ROOM: DECODE_PAGES, OTHER_ROOM: OTHER_PAGES}
 WAITING_TIMEOUT = 300.0
 
-sg = SimpleNamespace(ready=False, missing=None)
+sg = SimpleNamespace(missing=None)
 
 
 class CannotDrive(RuntimeError):
@@ -117,7 +118,6 @@ def prepare() -> str:
     if sg.np is None:
         sg.missing = f"{MOONCAKE} imports no numpy as np: the probe cannot make the index arrays it takes"
     STANDINS.find()
-    sg.ready = True
     return sglang.__version__
 
 
