@@ -47,7 +47,8 @@ BACKEND_MODULES = {"mooncake": "sglang.srt.disaggregation.mooncake.conn"}
 RECEIVER_CLASSES = {"mooncake": ("MooncakeKVReceiver", "MooncakeKVManager")}
 SLOTS = 64  # the token pool: slots 1..SLOTS (0 is the padding slot)
 META_SLOTS = 8
-DECODE_IP, DECODE_PORT = "127.0.0.1", 17000
+DECODE_IP, DECODE_PORT = "192.0.2.2", 17000  # TEST-NET-1: never routed; no socket dials it anyway
+PREFILL_IP, PREFILL_PORT = "192.0.2.1", 18000  # prefill rank r listens on PREFILL_PORT + r
 STANDINS = Collaborators(
     tree_cache=("sglang.srt.mem_cache.radix_cache:RadixCache",
                 "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache"),
@@ -163,12 +164,17 @@ class ScriptedSocket:
 
 
 class InlineThread:
-    """``threading.Thread`` for the manager's decode thread: runs the target on the probe's thread at ``start``."""
+    """``threading.Thread`` in the backend's module: the manager's receive loop (``decode_thread``) runs on the
+    probe's thread at ``start``; any other thread it starts (a heartbeat checker) never runs."""
+
+    RUNS = "decode_thread"
 
     def __init__(self, target: Callable[[], None], *args, **kwargs):
         self.target = target
 
     def start(self) -> None:
+        if getattr(self.target, "__name__", "") != self.RUNS:
+            return
         try:
             self.target()
         except ScriptEnded:
@@ -186,7 +192,7 @@ class Request:
     receiver: Any
     decode_req: Any
     meta: int
-    sent: list[list[bytes]] = field(default_factory=list)  # what its receiver sent to the prefill ranks
+    sent: list[tuple[int, list[bytes]]] = field(default_factory=list)  # (prefill rank, frames) its receiver sent
 
 
 class World:
@@ -249,7 +255,6 @@ class World:
             "enable_staging": False, "_staging_handler": None, "addr_to_rooms_tracker": _defaultdict_set(),
         }.items():
             object.__setattr__(manager, name, value)
-        manager._start_heartbeat_checker_thread = lambda *a, **k: None  # a thread that only watches liveness
         return manager
 
     @contextlib.contextmanager
@@ -272,10 +277,11 @@ class World:
         entry = Request(rid, room, slots, req, receiver, None, self._alloc_meta())
 
         def connect(bootstrap_info, *a, **k):
-            socket = SimpleNamespace(send_multipart=lambda frames: entry.sent.append(list(frames)))
+            rank = bootstrap_info["rank_port"] - PREFILL_PORT
+            socket = SimpleNamespace(send_multipart=lambda frames: entry.sent.append((rank, list(frames))))
             return socket, threading.Lock()
 
-        infos = [{"rank_ip": "10.0.0.1", "rank_port": 18000 + rank} for rank in range(self.ranks)]
+        infos = [{"rank_ip": PREFILL_IP, "rank_port": PREFILL_PORT + rank} for rank in range(self.ranks)]
         for name, value in {"kv_mgr": self.manager, "bootstrap_room": room, "conclude_state": None,
                             "abort_notified": False, "bootstrap_infos": infos, "require_staging": False,
                             "_connect_to_bootstrap_server": connect}.items():
@@ -312,8 +318,10 @@ class World:
             self.call("receive", self.manager.start_decode_thread)
 
     def ack(self, rid: str, rank: int) -> None:
-        """A prefill rank's drain ack for the request's room (the 3-frame ``ABORT_ACK``)."""
-        self.receive([b"ABORT_ACK", str(self.requests[rid].room).encode(), str(rank).encode()])
+        """A prefill rank's drain ack for the request's room (the 3-frame ``ABORT_ACK``): it answers an ``ABORT``,
+        so a rank the tree never told (a tree without the notification, up to 0.5.12) sends none."""
+        if any(to == rank and frames[:1] == [b"ABORT"] for to, frames in self.requests[rid].sent):
+            self.receive([b"ABORT_ACK", str(self.requests[rid].room).encode(), str(rank).encode()])
 
     def status(self, rid: str, poll: Any, rank: int = 0) -> None:
         """A prefill rank's transfer status for the request's room (``Success`` / ``Failed``)."""
@@ -367,7 +375,7 @@ class World:
         return self.meta_frees.count(self.requests[rid].meta)
 
     def aborts_sent(self, rid: str) -> int:
-        return sum(1 for frames in self.requests[rid].sent if frames and frames[0] == b"ABORT")
+        return sum(1 for _, frames in self.requests[rid].sent if frames[:1] == [b"ABORT"])
 
     def held(self) -> int:
         """Requests the queue holds for a deferred release (0 where the tree has no such hold)."""
