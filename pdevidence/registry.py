@@ -212,6 +212,16 @@ class Needs:
 
 
 @dataclass(frozen=True)
+class Gate:
+    """An environment variable of the server that turns a fix's code on (it is off by default): the probe
+    observes the code with it set to ``on``."""
+
+    variable: str
+    on: str
+    why: str
+
+
+@dataclass(frozen=True)
 class Experiment:
     name: str
     pr: int
@@ -227,6 +237,7 @@ class Experiment:
     needs: Needs | None = None  # the server configuration its code path needs; None: every configuration enters it
     # The SGLang files (repository paths) its probe loads: `bisect --every` probes each commit changing one.
     loads: tuple[str, ...] = ()
+    gate: Gate | None = None  # the server environment variable the fix's code runs under; None: always on
 
     def pin(self, kind: str, side: str) -> str:
         """What a registry cell of tree ``kind`` probes on ``side``: the pinned commit (``git``) or release."""
@@ -499,7 +510,8 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
     # ``git`` may be left out where the PR's commits are not known yet: release-backed cells only.
     _table(table, where, required={"pr": int, "title": str, "probe": str},
            optional={"git": dict, "upstream_tests": list, "releases": dict, "expect": dict, "mutants": dict,
-                     "not_affected": dict, "not_deciding": dict, "needs": dict, "loads": list})
+                     "not_affected": dict, "not_deciding": dict, "needs": dict, "loads": list,
+                     "gate": dict})
     git = _table(table.get("git", {}), f"{where}.git", required={side: str for side in SIDES} if "git" in table
                  else {}, optional={})
     for side in git:
@@ -529,7 +541,19 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
         not_deciding=not_deciding,
         needs=_parse_needs(f"{where}.needs", table["needs"]) if "needs" in table else None,
         loads=_repository_paths(table.get("loads", []), f"{where}.loads"),
+        gate=_parse_gate(f"{where}.gate", table["gate"]) if "gate" in table else None,
     )
+
+
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+
+
+def _parse_gate(where: str, spec: Any) -> Gate:
+    _table(spec, where, required={"variable": str, "on": str, "why": str}, optional={})
+    if not _ENV_NAME.match(spec["variable"]):
+        raise RegistryError(f"{where}.variable: {spec['variable']!r} is not an environment variable name "
+                            "(uppercase letters, digits, _)")
+    return Gate(spec["variable"], spec["on"], spec["why"])
 
 
 _ATTRIBUTE = re.compile(r"^[a-z_][a-z0-9_]*$")
