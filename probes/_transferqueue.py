@@ -34,11 +34,12 @@ import importlib
 import inspect
 import os
 import threading
+from collections import defaultdict
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from _probekit import Collaborators, Recorder, publish_server_args, server_args, stand_in, swapped
+from _probekit import Collaborators, Recorder, publish_server_args, server_args, swapped
 
 DECODE_MODULE = "sglang.srt.disaggregation.decode"
 GATE = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
@@ -249,10 +250,10 @@ class World:
             gate = _tree_gate()
         for name, value in {
             "request_status": {}, "failure_records": {}, "failure_lock": threading.Lock(),
-            "required_prefill_response_num_table": {}, "prefill_response_tracker": _defaultdict_set(),
+            "required_prefill_response_num_table": {}, "prefill_response_tracker": defaultdict(set),
             "_deferred_abort_ack_tracker": {}, "enable_deferred_decode_kv_release": gate,
             "local_ip": DECODE_IP, "rank_port": DECODE_PORT, "disaggregation_mode": sg.DECODE,
-            "enable_staging": False, "_staging_handler": None, "addr_to_rooms_tracker": _defaultdict_set(),
+            "enable_staging": False, "_staging_handler": None, "addr_to_rooms_tracker": defaultdict(set),
         }.items():
             object.__setattr__(manager, name, value)
         return manager
@@ -386,11 +387,6 @@ class World:
 
     def error(self) -> str | None:
         return ",".join(self.errors) or None
-
-
-def _defaultdict_set():
-    from collections import defaultdict
-    return defaultdict(set)
 
 
 def _hold_kv(req, *, row: int, length: int) -> None:
