@@ -34,6 +34,7 @@ import importlib
 import inspect
 import os
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -107,6 +108,11 @@ def prepare(adapt: Callable[[str], None], backend: str = "mooncake") -> None:
             sg.missing = f"{owner.__name__} has no {name}"
             return
     sg.Queue, sg.DecodeRequest = sg.decode.DecodeTransferQueue, sg.decode.DecodeRequest
+    # What the scheduler takes from the prealloc queue each iteration: (ready, failed) from 0.5.x's later
+    # releases, one list before; nothing is ready in a probe either way.
+    pop = getattr(getattr(sg.decode, "DecodePreallocQueue", None), "pop_preallocated", None)
+    returns = str(inspect.signature(pop).return_annotation) if pop is not None else ""
+    sg.nothing_preallocated = ([], []) if "tuple" in returns.lower() else []
     sg.Receiver, sg.Manager = getattr(sg.conn, receiver_name), getattr(sg.conn, manager_name)
     from sglang.srt.disaggregation.base import KVPoll
     from sglang.srt.disaggregation.utils import DisaggregationMode
@@ -120,7 +126,10 @@ def prepare(adapt: Callable[[str], None], backend: str = "mooncake") -> None:
     sg.Req, sg.SamplingParams, sg.Scheduler = Req, SamplingParams, Scheduler
     sg.ReqKvInfo = getattr(schedule_batch, "ReqKvInfo", None)
     sg.kv_on_record = sg.ReqKvInfo is not None and hasattr(sg.ReqKvInfo, "holds_kv")  # 0.5.19 on
-    sg.envs = getattr(importlib.import_module("sglang.srt.environ"), "envs", None)
+    try:  # the tree's environment variables (0.5.x); older trees read os.environ where they read any
+        sg.envs = getattr(importlib.import_module("sglang.srt.environ"), "envs", None)
+    except ImportError:
+        sg.envs = None
     sg.server_args = server_args(ServerArgs, adapt, model_path="dummy", disaggregation_mode="decode",
                                  disaggregation_transfer_backend=backend)
     publish_server_args(sg.server_args, adapt, role="test")
@@ -157,6 +166,9 @@ class ScriptedSocket:
 
     def __init__(self, messages: list[list[bytes]]):
         self.messages = list(messages)
+
+    def bind(self, *args) -> None:  # older managers bind their socket as the receive loop starts
+        pass
 
     def recv_multipart(self) -> list[bytes]:
         if not self.messages:
@@ -211,7 +223,7 @@ class World:
         self.requests: dict[str, Request] = {}
         self.writes: list[dict[str, Any]] = []
         self.errors: list[str] = []
-        self.clock = Clock(sg.decode.time)
+        self.clock = Clock(time)
         torch = sg.torch
         self.metadata_buffers = SimpleNamespace(bootstrap_room=torch.zeros((META_SLOTS, 1), dtype=torch.int64))
         self.meta_allocator = STANDINS.make("metadata_allocator", "metadata_allocator", free=self._free_meta,
@@ -219,7 +231,7 @@ class World:
         self.tree_cache = STANDINS.make("tree_cache", "tree_cache", cache_finished_req=self._cache_finished_req,
                                         supports_mamba=lambda: False, page_size=1)
         self.prealloc = STANDINS.make("prealloc_queue", "prealloc_queue", queue=[], retracted_queue=[],
-                                      pop_preallocated=lambda *a, **k: ([], []),
+                                      pop_preallocated=lambda *a, **k: sg.nothing_preallocated,
                                       resume_retracted_reqs=lambda *a, **k: [],
                                       note_destinations_queued=lambda *a, **k: None)
         self.scheduler = STANDINS.make(
@@ -254,6 +266,7 @@ class World:
             "_deferred_abort_ack_tracker": {}, "enable_deferred_decode_kv_release": gate,
             "local_ip": DECODE_IP, "rank_port": DECODE_PORT, "disaggregation_mode": sg.DECODE,
             "enable_staging": False, "_staging_handler": None, "addr_to_rooms_tracker": defaultdict(set),
+            "is_mla_backend": False,  # 0.4.x's receive loop counts the responses it awaits by it
         }.items():
             object.__setattr__(manager, name, value)
         return manager
@@ -262,8 +275,8 @@ class World:
     def driving(self):
         """The gate as this world's server sets it, the probe's clock, and a one-rank all-reduce."""
         dist = sg.torch.distributed
-        with gated(self.gate), swapped(sg.decode, time=self.clock), \
-                swapped(dist, all_reduce=lambda tensor, *a, **k: None):
+        clock = {"time": self.clock} if hasattr(sg.decode, "time") else {}  # a tree with no deadline has none
+        with gated(self.gate), swapped(sg.decode, **clock), swapped(dist, all_reduce=lambda tensor, *a, **k: None):
             yield
 
     def admit(self, rid: str, room: int, *, tokens: int = 8) -> Request:

@@ -185,7 +185,8 @@ def tq(fresh_probe, monkeypatch):
         torch=fake_torch(), backend="mooncake", missing=None, decode=DECODE, conn=CONN, Queue=Queue,
         DecodeRequest=DecodeRequest, Receiver=Receiver, Manager=Manager, KVPoll=KVPoll, DECODE="decode",
         AbortReq=lambda rid: SimpleNamespace(rid=rid), Req=Req, SamplingParams=lambda **kw: None,
-        Scheduler=Scheduler, ReqKvInfo=None, kv_on_record=False, envs=Envs(), server_args=None, ready=True)
+        Scheduler=Scheduler, ReqKvInfo=None, kv_on_record=False, envs=Envs(), server_args=None, nothing_preallocated=[],
+        ready=True)
     return module
 
 
