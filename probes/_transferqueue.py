@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from _probekit import Collaborators, Recorder, publish_server_args, server_args, swapped
+from _probekit import Collaborators, Recorder, publish_server_args, reads, server_args, swapped
 
 DECODE_MODULE = "sglang.srt.disaggregation.decode"
 GATE = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
@@ -123,6 +123,7 @@ def prepare(adapt: Callable[[str], None], backend: str = "mooncake") -> None:
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     sg.KVPoll, sg.DECODE, sg.AbortReq = KVPoll, DisaggregationMode.DECODE, AbortReq
+    sg.PREFILL = DisaggregationMode.PREFILL
     sg.Req, sg.SamplingParams, sg.Scheduler = Req, SamplingParams, Scheduler
     sg.ReqKvInfo = getattr(schedule_batch, "ReqKvInfo", None)
     sg.kv_on_record = sg.ReqKvInfo is not None and hasattr(sg.ReqKvInfo, "holds_kv")  # 0.5.19 on
@@ -177,16 +178,16 @@ class ScriptedSocket:
 
 
 class InlineThread:
-    """``threading.Thread`` in the backend's module: the manager's receive loop (``decode_thread``) runs on the
-    probe's thread at ``start``; any other thread it starts (a heartbeat checker) never runs."""
+    """``threading.Thread`` in the backend's module: the manager's receive loop runs on the probe's thread at
+    ``start``; any other thread it starts (a heartbeat checker) never runs."""
 
-    RUNS = "decode_thread"
+    RUNS = ("decode_thread", "bootstrap_thread")  # the decode and the prefill manager's receive loops
 
     def __init__(self, target: Callable[[], None], *args, **kwargs):
         self.target = target
 
     def start(self) -> None:
-        if getattr(self.target, "__name__", "") != self.RUNS:
+        if getattr(self.target, "__name__", "") not in self.RUNS:
             return
         try:
             self.target()
@@ -427,3 +428,55 @@ def _release_kv(req) -> None:
     req.req_pool_idx = None
     if sg.ReqKvInfo is not None:
         req.kv = None
+
+
+class Prefill:
+    """One prefill rank's manager (the backend's real class, ``object.__new__`` and the attributes its receive
+    loop reads), told of a decode abort through its own loop (``start_prefill_thread``): what it answers, when.
+    A chunk in flight is the room's outstanding count, as the tree's transfer worker keeps it."""
+
+    def __init__(self, *, gate: bool = True):
+        if not sg.ready:
+            raise CannotDrive(sg.missing or "the tree's transfer queue was not prepared")
+        self.gate = gate
+        self.sent: list[list[bytes]] = []
+        self.errors: list[str] = []
+        manager = object.__new__(sg.Manager)
+        with gated(gate):
+            on = _tree_gate()
+        for name, value in {
+            "request_status": {}, "failure_records": {}, "failure_lock": threading.Lock(),
+            "enable_deferred_decode_kv_release": on, "_deferred_ack_targets": {},
+            "_staging_outstanding": defaultdict(int), "_socket_send_locks": defaultdict(threading.Lock),
+            "attn_tp_rank": 0, "attn_cp_rank": 0, "attn_cp_size": 1, "pp_rank": 0, "pp_size": 1,
+            "disaggregation_mode": sg.PREFILL, "local_ip": PREFILL_IP, "rank_port": PREFILL_PORT,
+            "transfer_infos": {}, "enable_staging": False,
+            "_connect": lambda endpoint, is_ipv6=False: SimpleNamespace(send_multipart=self.sent.append),
+        }.items():
+            object.__setattr__(manager, name, value)
+        self.manager = manager
+
+    def handles_abort(self) -> bool:
+        """Whether the tree's prefill loop handles an ``ABORT`` at all (PR #27372, 0.5.13)."""
+        return reads(sg.Manager.start_prefill_thread, '"ABORT"')
+
+    def room(self, room: int, status: Any, *, in_flight: int = 0) -> None:
+        self.manager.request_status[room] = status
+        self.manager._staging_outstanding[room] = in_flight
+
+    def told(self, room: int) -> None:
+        """Decode's ``ABORT`` for the room reaches this rank's receive loop."""
+        self.manager.server_socket = ScriptedSocket([[b"ABORT", str(room).encode(), DECODE_IP.encode(),
+                                                      str(DECODE_PORT).encode()]])
+        with gated(self.gate), swapped(sg.conn, threading=SimpleNamespace(Thread=InlineThread, Lock=threading.Lock)):
+            try:
+                self.manager.start_prefill_thread()
+            except Exception as exc:
+                self.errors.append(f"told:{type(exc).__name__}")
+
+    def acks(self, *, drained: bool = False) -> int:
+        """``ABORT_ACK`` messages sent to decode; ``drained``: only the three-frame ones (a rank's drain ack)."""
+        return sum(1 for parts in self.sent if parts[:1] == [b"ABORT_ACK"] and (not drained or len(parts) >= 3))
+
+    def error(self) -> str | None:
+        return ",".join(self.errors) or None
