@@ -19,6 +19,9 @@ objects on the decode side:
 - messages from the prefill side (a status, an ``ABORT_ACK``) reach the manager through its own decode
   thread (``start_decode_thread``), run on the probe's thread over a scripted socket that ends the loop.
 
+``Prefill`` is one prefill rank's manager, made the same way, told of an abort through its own receive loop
+(``start_prefill_thread``); a chunk still writing is the room's outstanding count.
+
 Stand-ins, at the boundary only: the ZeroMQ sockets (a recorder of ``send_multipart``; a scripted
 ``recv_multipart``), the gloo all-reduce of polls (one rank: the identity), the token allocator (a free
 list that hands the most recently freed slots out first, as a reuse would), the tree cache
