@@ -69,8 +69,9 @@ class CannotDrive(RuntimeError):
     """The tree lacks a part the driver needs: the scenario records this as its error, never as an answer."""
 
 
-class ScriptEnded(Exception):
-    """The scripted socket has no more messages: ends the manager's ``while True`` receive loop."""
+class ScriptEnded(BaseException):
+    """The scripted socket has no more messages: ends the manager's ``while True`` receive loop. A BaseException,
+    so a loop's own ``except Exception`` cannot swallow it and spin."""
 
 
 @contextlib.contextmanager
