@@ -20,12 +20,13 @@ Room 7, chunks of 2 pages. Scenarios:
 - X5 abort while the last chunk is in flight, then its KV write fails while the aux write still runs
   (the error path);
 - X6 two prefill ranks, each aborted mid-chunk, and the decode listener reading their acks (rank 0's twice);
-- X7 control: X1 with the variable unset (the default);
+- X7 control: X2 with the variable unset (the default: off up to 0.5.20);
 - X8 control: a transfer that completes, no abort.
 
 Keys: ``acks_sent`` (``ABORT_ACK`` messages), ``acks_at_abort`` (sent by the abort handler itself),
 ``acks_while_writing`` (sent while a posted write had not completed), ``writes`` (transfers posted),
-``writes_after_ack``, ``worker_error`` (the exception type the transfer worker recorded, else null),
+``writes_after_ack``, ``targets_held`` (rooms whose ack target the prefill manager still holds at the
+end), ``worker_error`` (the exception type the transfer worker recorded, else null),
 ``decode_ranks_acked`` (ranks the decode side counts as drained; ``_after_first`` after one ack),
 ``deferred_enabled`` (X7: the tree's flag with the variable unset; null before #35049), ``room_succeeded``.
 
@@ -54,7 +55,8 @@ def prepare() -> str:
 def prefill_keys(world: World, manager, observed: Observed, *, at_abort: int | None = None) -> None:
     observed.update(acks_sent=len(world.acks), acks_while_writing=sum(a["in_flight"] for a in world.acks),
                     writes=len(world.writes), writes_after_ack=sum(w.after_ack for w in world.writes),
-                    worker_error=worker_error(manager, ROOM))
+                    worker_error=worker_error(manager, ROOM),
+                    targets_held=len(getattr(manager, "_deferred_ack_targets", {})))
     if at_abort is not None:
         observed["acks_at_abort"] = at_abort
 
@@ -156,12 +158,15 @@ def x6(observed: Observed) -> None:
                     decode_ranks_acked=_nixl.ranks_acked(decode, ROOM))
 
 
-@SCENARIOS.scenario("X7", "control: X1 with the deferred-release variable unset (the default)")
+@SCENARIOS.scenario("X7", "control: X2 with the deferred-release variable unset (the default)")
 def x7(observed: Observed) -> None:
     require()
     world = World(gate=False)
     manager = world.prefill()
-    at_abort = abort_mid_chunk(world, manager)
+    bootstrap(manager, ROOM, pages=2)
+    abort(manager, ROOM)
+    at_abort = len(world.acks)
+    work(manager, chunk(ROOM, 0, last=True))
     prefill_keys(world, manager, observed, at_abort=at_abort)
     observed["deferred_enabled"] = _nixl.deferred_enabled(manager)
 
