@@ -54,17 +54,28 @@ def prepare() -> str:
 
     sg.conn = None
     sg.unobserved = None
+    sg.absent = {}
+    try:
+        spec = importlib.util.find_spec(CONN)
+    except ModuleNotFoundError:
+        spec = None
+    if spec is None:  # a PD tree before the NIXL backend
+        sg.absent = {"nixl_manager": "absent"}
+        return sglang.__version__
     try:
         sg.conn = importlib.import_module(CONN)
     except ImportError as exc:
         sg.unobserved = f"{CONN} does not import: {type(exc).__name__}: {exc}"
         return sglang.__version__
     sg.Manager = getattr(sg.conn, "NixlKVManager", None)
-    missing = [name for name in ("_handle_abort_notification", "transfer_worker")
-               if not hasattr(sg.Manager, name)]
-    if sg.Manager is None or missing:
-        sg.unobserved = (f"the tree's NIXL manager lacks {', '.join(missing) or 'NixlKVManager'}: "
-                         "what it does on a decode-side abort cannot be observed")
+    if sg.Manager is None:
+        sg.unobserved = f"{CONN} has no NixlKVManager: what the NIXL backend does on an abort cannot be observed"
+        return sglang.__version__
+    if not hasattr(sg.Manager, "_handle_abort_notification"):  # up to 0.5.15: NIXL ABORT handling is #30352
+        sg.absent = {"nixl_abort_handler": "absent"}
+        return sglang.__version__
+    if not hasattr(sg.Manager, "transfer_worker"):
+        sg.unobserved = "the tree's NIXL manager has no transfer_worker: when its writes drain cannot be observed"
         return sglang.__version__
     from sglang.srt.disaggregation.base.conn import KVPoll
     from sglang.srt.disaggregation.utils import DisaggregationMode
@@ -84,10 +95,14 @@ def _has_environ() -> bool:
     return importlib.util.find_spec("sglang.srt.environ") is not None
 
 
-def require() -> None:
-    """A scenario's precondition: where the tree cannot be driven, the scenario's error says why."""
+def require(observed: dict) -> bool:
+    """A scenario's precondition: True when it can go on. What the tree lacks is recorded (no NIXL backend; no
+    NIXL ABORT handler, so the prefill side is never told of an abort); where the tree cannot be driven, the
+    scenario's error says why, never an absence."""
     if sg.unobserved is not None:
         raise CannotObserve(sg.unobserved)
+    observed.update(sg.absent)
+    return not sg.absent
 
 
 @contextlib.contextmanager

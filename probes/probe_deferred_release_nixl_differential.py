@@ -28,7 +28,10 @@ Keys: ``acks_sent`` (``ABORT_ACK`` messages), ``acks_at_abort`` (sent by the abo
 ``writes_after_ack``, ``targets_held`` (rooms whose ack target the prefill manager still holds at the
 end), ``worker_error`` (the exception type the transfer worker recorded, else null),
 ``decode_ranks_acked`` (ranks the decode side counts as drained; ``_after_first`` after one ack),
-``deferred_enabled`` (X7: the tree's flag with the variable unset; null before #35049), ``room_succeeded``.
+``deferred_enabled`` (X7: the tree's flag with the variable unset; null before #35049), ``room_succeeded``,
+``siblings_settled`` (X4, X5: every posted write completed by the end: 0.5.21's error path waits for them).
+Tree facts, the scenario stopping there: ``nixl_manager: "absent"`` (no NIXL backend) and
+``nixl_abort_handler: "absent"`` (its prefill manager handles no ``ABORT``: up to 0.5.15).
 
     python probes/probe_deferred_release_nixl_differential.py --side head --tree-kind release --tree-ref 0.5.19
 """
@@ -79,7 +82,8 @@ def abort_mid_chunk(world: World, manager) -> int:
 
 @SCENARIOS.scenario("X1", "abort while the first of two chunks is in flight; the second is dequeued after")
 def x1(observed: Observed) -> None:
-    require()
+    if not require(observed):
+        return
     world = World()
     manager = world.prefill()
     at_abort = abort_mid_chunk(world, manager)
@@ -88,7 +92,8 @@ def x1(observed: Observed) -> None:
 
 @SCENARIOS.scenario("X2", "abort of a quiescent room (before its first chunk), then its chunk is dequeued")
 def x2(observed: Observed) -> None:
-    require()
+    if not require(observed):
+        return
     world = World()
     manager = world.prefill()
     bootstrap(manager, ROOM, pages=2)
@@ -100,7 +105,8 @@ def x2(observed: Observed) -> None:
 
 @SCENARIOS.scenario("X3", "abort after the last chunk completed (the room concluded)")
 def x3(observed: Observed) -> None:
-    require()
+    if not require(observed):
+        return
     world = World()
     manager = world.prefill()
     bootstrap(manager, ROOM, pages=2)
@@ -117,7 +123,8 @@ def error_with_sibling(world: World, on_poll=None) -> None:
 
 @SCENARIOS.scenario("X4", "abort of a room cleared after a transfer error, its sibling write still running")
 def x4(observed: Observed) -> None:
-    require()
+    if not require(observed):
+        return
     world = World()
     manager = world.prefill()
     error_with_sibling(world)
@@ -126,22 +133,26 @@ def x4(observed: Observed) -> None:
     clear(manager, ROOM)
     abort(manager, ROOM)
     prefill_keys(world, manager, observed)
+    observed["siblings_settled"] = not world.in_flight()
 
 
 @SCENARIOS.scenario("X5", "abort while the last chunk is in flight, then its KV write fails while its sibling runs")
 def x5(observed: Observed) -> None:
-    require()
+    if not require(observed):
+        return
     world = World()
     manager = world.prefill()
     error_with_sibling(world, on_poll=lambda: abort(manager, ROOM))
     bootstrap(manager, ROOM, pages=2)
     work(manager, chunk(ROOM, 0, last=True))
     prefill_keys(world, manager, observed)
+    observed["siblings_settled"] = not world.in_flight()
 
 
 @SCENARIOS.scenario("X6", "two prefill ranks aborted mid-chunk; the decode listener reads their acks (the first one twice)")
 def x6(observed: Observed) -> None:
-    require()
+    if not require(observed):
+        return
     worlds = [World(), World()]  # one per prefill rank: its own transfers and acks
     ranks = [world.prefill(rank=rank) for rank, world in enumerate(worlds)]
     decode = worlds[0].decode()
@@ -160,7 +171,8 @@ def x6(observed: Observed) -> None:
 
 @SCENARIOS.scenario("X7", "control: X2 with the deferred-release variable unset (the default)")
 def x7(observed: Observed) -> None:
-    require()
+    if not require(observed):
+        return
     world = World(gate=False)
     manager = world.prefill()
     bootstrap(manager, ROOM, pages=2)
@@ -173,7 +185,8 @@ def x7(observed: Observed) -> None:
 
 @SCENARIOS.scenario("X8", "control: a two-chunk transfer that completes, no abort")
 def x8(observed: Observed) -> None:
-    require()
+    if not require(observed):
+        return
     world = World()
     manager = world.prefill()
     bootstrap(manager, ROOM, pages=4)
