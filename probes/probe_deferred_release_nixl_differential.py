@@ -1,4 +1,4 @@
-"""Differential probe for experiment deferred_release_nixl: the NIXL prefill side acks an abort once drained (PR #35360).
+"""Differential probe for experiment deferred_release_nixl: a NIXL prefill rank acks an abort once drained (#35360).
 
 When a decode request aborts mid-transfer, the decode side tells each prefill rank (``ABORT``) and
 gives the request's KV pages back; with the NIXL backend, a prefill rank could still have a write
@@ -149,7 +149,7 @@ def x5(observed: Observed) -> None:
     observed["siblings_settled"] = not world.in_flight()
 
 
-@SCENARIOS.scenario("X6", "two prefill ranks aborted mid-chunk; the decode listener reads their acks (the first one twice)")
+@SCENARIOS.scenario("X6", "two prefill ranks aborted mid-chunk; the decode listener reads their acks (rank 0's twice)")
 def x6(observed: Observed) -> None:
     if not require(observed):
         return

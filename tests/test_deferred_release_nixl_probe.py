@@ -169,15 +169,14 @@ class Sender:
 @pytest.fixture
 def nixl(fresh_probe, monkeypatch):
     """``_nixl`` loaded as a cell loads it, its ``sg`` filled as ``prepare`` fills it on a tree with #35049's
-    flag; the probe loaded after it imports this copy. numpy's two calls answer with lists."""
-    fake_numpy = SimpleNamespace(int32="int32", arange=lambda start, stop, dtype=None: list(range(start, stop)))
-    monkeypatch.setitem(sys.modules, "numpy", fake_numpy)
+    flag; the probe loaded after it imports this copy. The module's numpy answers its two calls with lists."""
     module = fresh_probe("_nixl.py")
     monkeypatch.setitem(sys.modules, "_nixl", module)
     monkeypatch.delenv(GATE, raising=False)
     module.sg.__dict__.update(conn=CONN, Manager=Drained, KVPoll=KVPoll,
                               Mode=SimpleNamespace(PREFILL="prefill", DECODE="decode"), Chunk=Chunk,
                               TransferInfo=TransferInfo, RegisterInfo=None, Sender=Sender, gate=Gate(),
+                              np=SimpleNamespace(int32="int32", arange=lambda a, b, dtype=None: list(range(a, b))),
                               unobserved=None, absent={}, ready=True)
     return module
 
