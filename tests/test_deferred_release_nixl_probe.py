@@ -337,7 +337,9 @@ def test_the_registry_names_every_key_the_probe_observes_on_head():
 def test_real_base_never_acks_and_head_acks_each_abort_once_drained(tmp_path):
     """Alone proves, on the real bracket (0.5.18, 0.5.19): the base never answers an abort; the head acks a
     room once its chunk in flight completes (never while a write runs, none posted after), a quiescent or
-    concluded room at once, each prefill rank once, and nothing with the variable unset or without an abort."""
+    concluded room at once, each prefill rank once, and nothing with the variable unset or without an abort;
+    through the tree's decode queue, the base frees the aborted request's slots under the prefill's last write
+    and the head only after that rank's ack."""
     import json
 
     from real_runs import cli_run
@@ -358,3 +360,7 @@ def test_real_base_never_acks_and_head_acks_each_abort_once_drained(tmp_path):
     assert all(head[sid]["acks_while_writing"] == 0 for sid in head)
     assert head["X4"]["acks_sent"] == head["X5"]["acks_sent"] == head["X7"]["acks_sent"] == head["X8"]["acks_sent"] == 0
     assert head["X7"]["deferred_enabled"] is False and base["X7"]["deferred_enabled"] is None
+    # the whole loop through the tree's decode queue: the base frees the 4 slots under the last write
+    assert (base["X9"]["freed_before_last_write"], base["X9"]["written_into_other"]) == (4, 4)
+    assert (head["X9"]["freed_before_last_write"], head["X9"]["written_after_free"]) == (0, 0)
+    assert head["X9"]["freed_total"] == 4 and head["X9"]["acks_sent"] == 1
