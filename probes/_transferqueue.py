@@ -48,8 +48,13 @@ from _probekit import Collaborators, Recorder, publish_server_args, reads, serve
 DECODE_MODULE = "sglang.srt.disaggregation.decode"
 GATE = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
 GATE_ON = "true"
-BACKEND_MODULES = {"mooncake": "sglang.srt.disaggregation.mooncake.conn"}
-RECEIVER_CLASSES = {"mooncake": ("MooncakeKVReceiver", "MooncakeKVManager")}
+BACKEND_MODULES = {"mooncake": "sglang.srt.disaggregation.mooncake.conn",
+                   "nixl": "sglang.srt.disaggregation.nixl.conn"}
+RECEIVER_CLASSES = {"mooncake": ("MooncakeKVReceiver", "MooncakeKVManager"),
+                    "nixl": ("NixlKVReceiver", "NixlKVManager")}
+# The manager's method starting its decode-side receive loop: Mooncake's status thread; NIXL's listener
+# (statuses come as NIXL notifications; from 0.5.19 it also reads ABORT_ACK).
+RECEIVE_LOOPS = {"mooncake": "start_decode_thread", "nixl": "_start_decode_listener_thread"}
 SLOTS = 64  # the token pool: slots 1..SLOTS (0 is the padding slot)
 META_SLOTS = 8
 DECODE_IP, DECODE_PORT = "192.0.2.2", 17000  # TEST-NET-1: never routed; no socket dials it anyway
@@ -185,7 +190,8 @@ class InlineThread:
     """``threading.Thread`` in the backend's module: the manager's receive loop runs on the probe's thread at
     ``start``; any other thread it starts (a heartbeat checker) never runs."""
 
-    RUNS = ("decode_thread", "bootstrap_thread")  # the decode and the prefill manager's receive loops
+    # the decode and the prefill manager's receive loops (Mooncake), NIXL's decode listener
+    RUNS = ("decode_thread", "bootstrap_thread", "decode_listener_thread")
 
     def __init__(self, target: Callable[[], None], *args, **kwargs):
         self.target = target
@@ -303,6 +309,7 @@ class World:
         infos = [{"rank_ip": PREFILL_IP, "rank_port": PREFILL_PORT + rank} for rank in range(self.ranks)]
         for name, value in {"kv_mgr": self.manager, "bootstrap_room": room, "conclude_state": None,
                             "abort_notified": False, "bootstrap_infos": infos, "require_staging": False,
+                            "started_transfer": False,  # NIXL's poll: no notification to drain before one
                             "_connect_to_bootstrap_server": connect}.items():
             object.__setattr__(receiver, name, value)
         self.manager.request_status[room] = sg.KVPoll.Transferring
@@ -334,7 +341,10 @@ class World:
         """Messages from the prefill ranks, through the manager's own decode thread."""
         self.manager.server_socket = ScriptedSocket(list(messages))
         with self.driving(), swapped(sg.conn, threading=SimpleNamespace(Thread=InlineThread, Lock=threading.Lock)):
-            self.call("receive", self.manager.start_decode_thread)
+            start = getattr(self.manager, RECEIVE_LOOPS[sg.backend], None)
+            if start is None:  # NIXL before 0.5.19: no listener reads ABORT_ACK, so none is received
+                return
+            self.call("receive", start)
 
     def ack(self, rid: str, rank: int) -> None:
         """A prefill rank's drain ack for the request's room (the 3-frame ``ABORT_ACK``): it answers an ``ABORT``,
