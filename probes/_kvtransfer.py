@@ -1,0 +1,352 @@
+"""Stand-ins at the KV transfer's boundary: the ZeroMQ transport, the transfer engine, the queues and
+threads the tree starts, and the allocators a decode request's pages go back to.
+
+The transfer probes (``abort_notify``, ``deferred_release``, ``deferred_release_nixl``) drive the tree's
+real receivers, managers and ``DecodeTransferQueue``; what those talk to is built here, and every
+stand-in writes what it saw into one ``Timeline`` (a counter shared by all of them), so a probe can
+ask what happened *after* what: a page written after it was freed, a chunk written after the abort.
+
+- ``Bus``: ZeroMQ. ``bus.zmq`` is a drop-in for the ``zmq`` module (its constants are the real
+  module's; ``Context()`` gives sockets of this bus); ``bus.context()`` one context, for a class that
+  keeps one (``CommonKVReceiver._ctx``). A socket's ``send_multipart`` records a ``Message``
+  (destination endpoint, frames, time) and queues it for that endpoint; ``bus.inbox(endpoint)`` is the
+  socket a manager receives on (``server_socket``): its ``recv_multipart`` hands over that endpoint's
+  queued frames in order, then raises ``ScriptEnded``, which ends the tree's ``while True`` loop.
+- ``TransferEngine``: the Mooncake (or NIXL) engine. Each ``transfer_sync`` / ``batch_transfer_sync``
+  block is a ``Write`` (session, source and destination address, length, time); ``pages(base,
+  item_len)`` turns the destination addresses back into the decode pages written. ``status`` is what
+  every transfer returns (0 success; set it non-zero for a transfer that fails).
+- ``ScriptedQueue``: a transfer worker's queue; ``get`` raises ``ScriptEnded`` once it is empty.
+- ``InlineExecutor``: a thread pool that runs each task at once, on the caller's thread.
+- ``threads(module, run=...)``: swaps a module's ``threading`` for one whose ``Thread.start()`` runs
+  the target at once, on the probe's thread, when its function's name is in ``run`` (a ``ScriptEnded``
+  ends it quietly; any other exception is recorded in ``Threads.errors`` as ``name:Type``, the tree's
+  own failure), and records every other thread as never started (a heartbeat loop must not run).
+- ``FreeRecorder``: an allocator's (or metadata-slot allocator's) ``free``: each call's indices, at
+  what time; ``freed()`` lists them.
+
+Nothing here imports SGLang or ZeroMQ at import time.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import importlib
+import itertools
+import threading as _threading
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Callable, Iterator
+
+
+class ScriptEnded(BaseException):
+    """The scripted input is used up: ends a ``while True`` loop of the tree. A BaseException, so the tree's
+    own ``except Exception`` (a transfer worker wraps every error into RuntimeError) lets it through."""
+
+
+class Timeline:
+    """One clock for every stand-in of a scenario: each event takes the next tick."""
+
+    def __init__(self):
+        self._ticks = itertools.count(1)
+        self.marks: dict[str, int] = {}
+
+    def tick(self) -> int:
+        return next(self._ticks)
+
+    def mark(self, name: str) -> int:
+        """Name this moment (``"abort"``): events after it have larger ticks."""
+        self.marks[name] = self.tick()
+        return self.marks[name]
+
+    def after(self, name: str, tick: int) -> bool:
+        return name in self.marks and tick > self.marks[name]
+
+
+# ---------------------------------------------------------------- ZeroMQ
+
+
+@dataclass
+class Message:
+    to: str  # the endpoint as the tree connected it: "tcp://ip:port"
+    frames: list[bytes]
+    at: int
+
+    @property
+    def head(self) -> bytes:
+        return self.frames[0] if self.frames else b""
+
+
+class Socket:
+    """A ZeroMQ socket of the bus: connect / bind / setsockopt are noted; sends go to the bus."""
+
+    def __init__(self, bus: "Bus", kind: Any):
+        self.bus, self.kind = bus, kind
+        self.endpoint: str | None = None
+        self.options: dict[Any, Any] = {}
+
+    def setsockopt(self, option, value) -> None:
+        self.options[option] = value
+
+    def connect(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+
+    def bind(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+
+    def send_multipart(self, frames, *args, **kwargs) -> None:
+        if self.endpoint is None:
+            raise RuntimeError("send_multipart on a socket that was never connected")
+        self.bus.deliver(self.endpoint, frames)
+
+    def recv_multipart(self, *args, **kwargs) -> list[bytes]:
+        return self.bus.receive(self.endpoint)
+
+    def close(self, *args, **kwargs) -> None:
+        pass
+
+
+class Context:
+    def __init__(self, bus: "Bus"):
+        self.bus = bus
+
+    def socket(self, kind) -> Socket:
+        return Socket(self.bus, kind)
+
+    def term(self) -> None:
+        pass
+
+
+class _Zmq:
+    """The ``zmq`` module as the bus answers it: constants from the real module, contexts of the bus."""
+
+    def __init__(self, bus: "Bus"):
+        self._bus = bus
+
+    def Context(self, *args, **kwargs) -> Context:  # noqa: N802 - the module's own name
+        return Context(self._bus)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(importlib.import_module("zmq"), name)
+
+
+class Bus:
+    """Every message of one scenario, in order, and each endpoint's queue of frames not yet received."""
+
+    def __init__(self, timeline: Timeline):
+        self.timeline = timeline
+        self.sent: list[Message] = []
+        self.queues: dict[str, list[list[bytes]]] = {}
+        self.zmq = _Zmq(self)
+
+    def context(self) -> Context:
+        return Context(self)
+
+    def deliver(self, endpoint: str, frames) -> None:
+        frames = [bytes(f) if not isinstance(f, bytes) else f for f in frames]
+        self.sent.append(Message(endpoint, frames, self.timeline.tick()))
+        self.queues.setdefault(endpoint, []).append(frames)
+
+    def receive(self, endpoint: str | None) -> list[bytes]:
+        queue = self.queues.get(endpoint or "", [])
+        if not queue:
+            raise ScriptEnded(endpoint)
+        return queue.pop(0)
+
+    def inbox(self, endpoint: str) -> Socket:
+        socket = Socket(self, None)
+        socket.bind(endpoint)
+        return socket
+
+    def messages(self, head: bytes | None = None, to: str | None = None) -> list[Message]:
+        return [m for m in self.sent if (head is None or m.head == head) and (to is None or m.to == to)]
+
+
+def endpoint(ip: str, port: int) -> str:
+    return f"tcp://{ip}:{port}"
+
+
+# ---------------------------------------------------------------- the transfer engine
+
+
+@dataclass
+class Write:
+    session: str
+    src: int
+    dst: int
+    length: int
+    at: int
+
+
+@dataclass
+class TransferEngine:
+    """What a manager's ``engine`` does: records each block written; ``status`` is every transfer's return."""
+
+    timeline: Timeline
+    session_id: str = "probe-session"
+    status: int = 0
+    writes: list[Write] = field(default_factory=list)
+
+    def transfer_sync(self, session_id, src, dst, length, *args, **kwargs) -> int:
+        self.writes.append(Write(str(session_id), int(src), int(dst), int(length), self.timeline.tick()))
+        return self.status
+
+    def batch_transfer_sync(self, session_id, srcs, dsts, lengths, *args, **kwargs) -> int:
+        at = self.timeline.tick()  # one batch, one moment
+        for src, dst, length in zip(srcs, dsts, lengths):
+            self.writes.append(Write(str(session_id), int(src), int(dst), int(length), at))
+        return self.status
+
+    def get_session_id(self) -> str:
+        return self.session_id
+
+    def get_localhost(self) -> str:
+        return self.session_id.rsplit(":", 1)[0]
+
+    def register(self, *args, **kwargs) -> int:
+        return 0
+
+    def deregister(self, *args, **kwargs) -> int:
+        return 0
+
+    def batch_register(self, *args, **kwargs) -> int:
+        return 0
+
+    def batch_deregister(self, *args, **kwargs) -> int:
+        return 0
+
+    def pages(self, base: int, item_len: int, *, region: int, since: str | None = None) -> list[int]:
+        """The pages written in ``[base, base + region)`` (one layer's buffer), each block split per page;
+        with ``since``, only the writes after that mark."""
+        pages = []
+        for w in self.writes:
+            if base <= w.dst < base + region and (since is None or self.timeline.after(since, w.at)):
+                first = (w.dst - base) // item_len
+                pages.extend(range(first, first + max(w.length // item_len, 1)))
+        return pages
+
+
+# ---------------------------------------------------------------- queues, executors, threads
+
+
+class ScriptedQueue:
+    """A transfer queue: ``put`` keeps order; ``get`` hands items over, then raises ``ScriptEnded``."""
+
+    def __init__(self):
+        self.items: list[Any] = []
+
+    def put(self, item, *args, **kwargs) -> None:
+        self.items.append(item)
+
+    def put_nowait(self, item) -> None:
+        self.items.append(item)
+
+    def get(self, *args, **kwargs) -> Any:
+        if not self.items:
+            raise ScriptEnded("queue")
+        return self.items.pop(0)
+
+    get_nowait = get
+
+    def qsize(self) -> int:
+        return len(self.items)
+
+    def empty(self) -> bool:
+        return not self.items
+
+
+class InlineExecutor:
+    """A thread pool that runs each task at once on the caller's thread (deterministic order)."""
+
+    def submit(self, fn: Callable[..., Any], *args, **kwargs) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+    def shutdown(self, *args, **kwargs) -> None:
+        pass
+
+
+@dataclass
+class Threads:
+    """What the tree asked to start, and how the loops the probe ran ended."""
+
+    run: frozenset[str]
+    started: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def thread_class(self) -> type:
+        threads = self
+
+        class Thread:
+            def __init__(self, group=None, target=None, name=None, args=(), kwargs=None, daemon=None):
+                self.target, self.args, self.kwargs = target, tuple(args), dict(kwargs or {})
+                self.name = getattr(target, "__name__", name or "thread")
+                self.daemon = daemon
+
+            def start(self) -> None:
+                if self.name not in threads.run:
+                    threads.skipped.append(self.name)
+                    return
+                threads.started.append(self.name)
+                try:
+                    self.target(*self.args, **self.kwargs)
+                except ScriptEnded:
+                    pass
+                except Exception as exc:
+                    threads.errors.append(f"{self.name}:{type(exc).__name__}")
+
+            def join(self, timeout=None) -> None:
+                pass
+
+            def is_alive(self) -> bool:
+                return False
+
+        return Thread
+
+
+@contextlib.contextmanager
+def threads(module: Any, *, run: tuple[str, ...]) -> Iterator[Threads]:
+    """Within the block, ``module.threading.Thread`` runs the loops named in ``run`` at once on this thread and
+    starts no other; everything else of ``threading`` (locks, events) is the real one."""
+    seen = Threads(frozenset(run))
+    fake = SimpleNamespace(**{name: getattr(_threading, name) for name in dir(_threading) if not name.startswith("__")})
+    fake.Thread = seen.thread_class()
+    saved = module.threading
+    module.threading = fake
+    try:
+        yield seen
+    finally:
+        module.threading = saved
+
+
+# ---------------------------------------------------------------- allocators
+
+
+@dataclass
+class Freed:
+    indices: list[int]
+    at: int
+    label: str
+
+
+class FreeRecorder:
+    """An allocator's ``free``: each call's indices (a tensor, array or list), at what time, with a label."""
+
+    def __init__(self, timeline: Timeline, label: str = "free"):
+        self.timeline, self.label = timeline, label
+        self.calls: list[Freed] = []
+
+    def __call__(self, indices, *args, **kwargs) -> None:
+        if hasattr(indices, "tolist"):
+            indices = indices.tolist()
+        flat = [int(i) for i in (indices if isinstance(indices, (list, tuple)) else [indices])]
+        self.calls.append(Freed(flat, self.timeline.tick(), self.label))
+
+    def freed(self, *, before: int | None = None) -> list[int]:
+        return [i for call in self.calls if before is None or call.at < before for i in call.indices]

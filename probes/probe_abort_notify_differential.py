@@ -1,0 +1,480 @@
+"""Differential probe for experiment abort_notify: the prefill side told of a decode abort stops writing (PR #27372).
+
+In PD disaggregation with Mooncake, the prefill server writes a request's KV straight into pages the
+decode server allocated for it. Before the fix, a decode-side abort (or a wait that timed out) only
+marked the room failed on the decode side: the prefill side never heard of it and kept writing the
+chunks it had queued into pages decode had given back. The fix: the decode receiver sends ``ABORT``
+for the room to every prefill rank it bootstrapped with, once (``abort_notified``), from ``abort()``
+and from the waiting timeout; Mooncake's prefill manager marks the room failed (not one that already
+succeeded, nor one it does not know) and answers ``ABORT_ACK``; its transfer worker skips the chunks
+of rooms failed or unknown.
+
+Real classes probed: ``MooncakeKVReceiver`` (and ``CommonKVReceiver`` under it), ``MooncakeKVManager``
+on both sides (built by ``object.__new__`` with the attributes its methods read: its constructor
+binds sockets and starts an engine), driven through their own methods: ``_register_kv_args`` and
+``send_metadata`` (decode to prefill, through the bus), the prefill manager's bootstrap loop
+(``start_prefill_thread``) and ``add_transfer_request`` and ``transfer_worker``, the decode manager's
+status loop (``start_decode_thread``), and the receiver's ``abort``, ``poll`` and
+``failure_exception``. Stand-ins (``_kvtransfer.py``): ZeroMQ (every message on one bus), the
+transfer engine (each write's destination pages), the transfer queue and thread pool, the threads
+(the loops run on the probe's thread until their scripted input ends; the heartbeat never starts).
+The bootstrap server's answer (which prefill ranks serve the room) is set on the receiver as its
+``init`` sets it, and each prefill rank learns of the room as the prefill sender's constructor tells
+it (status Bootstrapping). A request of 6 pages goes in 3 chunks of 2.
+
+Scenarios: N1 abort before any chunk; N2 mid-transfer (1 chunk written, 2 queued); N3 abort after the
+last chunk (the room succeeded); N4 the wait times out mid-transfer (``poll``); N5 the prefill side
+fails the transfer (control: decode's failure path sends nothing, by design); N6 two prefill ranks,
+mid-transfer; N7 aborted twice; N8 a room the prefill rank never heard of; N9 control: a transfer
+that completes; N10 control: a room never aborted beside one aborted mid-transfer; N11 control: an
+``ABORT`` (as a fixed decode sends it) for a room that already succeeded.
+
+Keys: ``abort_sent`` (ABORT messages), ``abort_ranks`` (prefill ranks that got one),
+``abort_max_per_rank``, ``abort_acks`` (ABORT_ACK messages to decode), ``prefill_failed`` (prefill
+ranks whose room is failed), ``room_status`` (the room on the prefill rank(s), a KVPoll name, or
+``"unknown"``), ``chunks_written`` / ``chunks_after_abort`` (KV transfers by the engine, all / after the
+abort), ``pages_after_abort`` (decode pages written after it, per layer), ``decode_poll`` (what the
+receiver's ``poll`` answers at the end), ``other_room_chunks`` (N10), ``failure_raised`` (N5: the type
+``failure_exception`` raised), ``tree_error`` (``<loop or call>:<exception type>`` where the tree's own
+code raised, else null).
+
+    python probes/probe_abort_notify_differential.py --side head --tree-kind release --tree-ref 0.5.13
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _kvtransfer as kvt  # noqa: E402
+from _probekit import Collaborators, Observed, ScenarioSet, main  # noqa: E402
+
+SCENARIOS = ScenarioSet("abort_notify")
+MOONCAKE = "sglang.srt.disaggregation.mooncake.conn"
+COMMON = "sglang.srt.disaggregation.common.conn"
+STANDINS = Collaborators(
+    kv_args=("sglang.srt.disaggregation.base.conn:KVArgs",),
+)
+
+DECODE_IP, DECODE_PORT = "10.0.0.9", 17000
+PREFILL_IP, PREFILL_PORT = "10.0.1.1", 16000
+BOOTSTRAP_ADDR = "10.0.1.1:8998"
+ROOM, OTHER_ROOM = 4242, 4343
+ITEM = 64  # bytes per page and layer
+LAYERS = 2
+REGION = 1 << 20  # one layer's buffer
+DECODE_BASE, PREFILL_BASE, AUX_BASE = 1 << 32, 1 << 36, 1 << 40
+CHUNKS = ((0, 2), (2, 4), (4, 6))  # page ranges of a 6-page request
+DECODE_PAGES = list(range(20, 26))  # where decode receives the request's KV
+OTHER_PAGES = list(range(30, 36))  # and another room's (N10)
+PAGES = {ROOM: DECODE_PAGES, OTHER_ROOM: OTHER_PAGES}
+WAITING_TIMEOUT = 300.0
+
+sg = SimpleNamespace(ready=False, missing=None)
+
+
+def prepare() -> str:
+    """Import the tree's Mooncake connection; a tree where it does not import leaves each scenario to say why."""
+    import sglang
+
+    try:
+        sg.mooncake = importlib.import_module(MOONCAKE)
+    except Exception as exc:  # the scenarios record it: no answer, never an absence
+        sg.missing = f"{MOONCAKE} does not import here ({type(exc).__name__}: {exc})"
+        return sglang.__version__
+    from sglang.srt.disaggregation.base.conn import KVPoll
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+
+    sg.common = sys.modules.get(COMMON)
+    sg.KVPoll, sg.Mode = KVPoll, DisaggregationMode
+    sg.Manager = getattr(sg.mooncake, "MooncakeKVManager", None)
+    sg.Receiver = getattr(sg.mooncake, "MooncakeKVReceiver", None)
+    if sg.Manager is None or sg.Receiver is None:
+        sg.missing = f"{MOONCAKE} has no MooncakeKVManager or MooncakeKVReceiver"
+    sg.np = getattr(sg.mooncake, "np", None)  # the index arrays the tree's own numpy makes
+    if sg.np is None:
+        sg.missing = f"{MOONCAKE} imports no numpy as np: the probe cannot make the index arrays it takes"
+    STANDINS.find()
+    sg.ready = True
+    return sglang.__version__
+
+
+def poll_name(value: Any) -> str:
+    names = {getattr(sg.KVPoll, n): n for n in ("Failed", "Bootstrapping", "WaitingForInput", "Transferring",
+                                                "Success")}
+    return names.get(value, repr(value))
+
+
+def kv_args(*, layers: int, base: int, start_layer: int = 0) -> Any:
+    ptrs = [base + i * REGION for i in range(2 * layers)]  # K of each layer, then V of each layer
+    return STANDINS.make("kv_args", "kv_args", engine_rank=0, kv_data_ptrs=ptrs, kv_data_lens=[REGION] * len(ptrs),
+                         kv_item_lens=[ITEM] * len(ptrs), aux_data_ptrs=[AUX_BASE + base], aux_data_lens=[4096],
+                         aux_item_lens=[16], state_types=[], state_data_ptrs=[], state_data_lens=[],
+                         state_item_lens=[], state_dim_per_tensor=[], ib_device=None, ib_traffic_class=None,
+                         gpu_id=0, kv_head_num=1, total_kv_head_num=1, page_size=1, system_dp_rank=0, pp_rank=0,
+                         prefill_start_layer=start_layer, prefill_end_layer=start_layer + layers,
+                         prefill_pp_size=1, decode_tp_size=1)
+
+
+class World:
+    """One decode rank and ``ranks`` prefill ranks (pipeline stages, one layer each where there are two)."""
+
+    def __init__(self, ranks: int = 1):
+        if sg.missing:
+            raise RuntimeError(sg.missing)
+        self.timeline = kvt.Timeline()
+        self.bus = kvt.Bus(self.timeline)
+        self.errors: list[str] = []
+        self.decode_endpoint = kvt.endpoint(DECODE_IP, DECODE_PORT)
+        self.decode = self._manager(sg.Mode.DECODE, DECODE_IP, DECODE_PORT, kv_args(layers=LAYERS, base=DECODE_BASE),
+                                    kvt.TransferEngine(self.timeline, session_id=f"{DECODE_IP}:{DECODE_PORT}"))
+        self.prefills = []
+        for rank in range(ranks):
+            layers = LAYERS // ranks
+            mgr = self._manager(sg.Mode.PREFILL, PREFILL_IP, PREFILL_PORT + rank,
+                                kv_args(layers=layers, base=PREFILL_BASE, start_layer=rank * layers),
+                                kvt.TransferEngine(self.timeline, session_id=f"{PREFILL_IP}:{PREFILL_PORT + rank}"))
+            mgr.pp_size, mgr.pp_rank = ranks, rank
+            self.prefills.append(mgr)
+        self.receivers: dict[int, Any] = {}
+
+    # --- the tree's managers, as their constructors leave them (no sockets bound, no threads) -----
+    def _manager(self, mode, ip: str, port: int, args: Any, engine: kvt.TransferEngine) -> Any:
+        mgr = object.__new__(sg.Manager)
+        common = dict(
+            kv_args=args, disaggregation_mode=mode, is_mla_backend=False, engine=engine, local_ip=ip, rank_port=port,
+            server_socket=self.bus.inbox(kvt.endpoint(ip, port)), request_status={}, failure_records={},
+            failure_lock=threading.Lock(), attn_tp_size=1, attn_tp_rank=0, attn_cp_size=1, attn_cp_rank=0,
+            attn_dp_size=1, attn_dp_rank=0, pp_size=1, pp_rank=0, system_dp_size=1, system_dp_rank=0,
+            enable_staging=False, _staging_ctx=None, enable_trace=False, enable_custom_mem_pool=False,
+            custom_mem_pool_type=None, kv_item_lens_sum=ITEM * len(args.kv_item_lens), state_item_lens_sum=0,
+            bootstrap_host=ip, bootstrap_port=8998, dist_init_addr=None, enable_all_cp_ranks_for_transfer=False,
+            server_args=SimpleNamespace(enable_trace=False, enable_hisparse=False, disaggregation_mode=mode.value),
+        )
+        if mode is sg.Mode.PREFILL:
+            common.update(transfer_infos={}, req_to_decode_prefix_len={}, decode_kv_args_table={},
+                          is_dummy_cp_rank=False, bootstrap_timeout=WAITING_TIMEOUT, session_failures=defaultdict(int),
+                          failed_sessions=set(), session_lock=threading.Lock(), transfer_queues=[kvt.ScriptedQueue()],
+                          executors=[kvt.InlineExecutor()], enable_failed_session_probe=False)
+        else:
+            common.update(connection_pool={}, connection_lock=threading.Lock(), required_prefill_response_num_table={},
+                          prefill_info_table={}, heartbeat_failures={}, session_pool={},
+                          session_pool_lock=threading.Lock(), addr_to_rooms_tracker=defaultdict(set),
+                          prefill_response_tracker=defaultdict(set), heartbeat_interval=2.0, max_failures=1,
+                          waiting_timeout=WAITING_TIMEOUT)
+        for name, value in common.items():
+            setattr(mgr, name, value)
+        return mgr
+
+    @contextlib.contextmanager
+    def transport(self):
+        """ZeroMQ is the bus, and the tree's threads run on this thread, for one block of calls."""
+        modules = [m for m in (sg.mooncake, sg.common) if m is not None]
+        saved_zmq = {m: m.zmq for m in modules if hasattr(m, "zmq")}
+        owners = [klass for klass in sg.Receiver.__mro__ if "_ctx" in vars(klass) or "_socket_cache" in vars(klass)]
+        saved_cls = {klass: dict(vars(klass)) for klass in owners}
+        cached = getattr(sg.Manager, "_connect", None)
+        with contextlib.ExitStack() as stack:
+            for m in saved_zmq:
+                m.zmq = self.bus.zmq
+            for klass in owners:
+                for name, value in (("_ctx", self.bus.context()), ("_socket_cache", {}), ("_socket_locks", {})):
+                    if name in vars(klass):
+                        setattr(klass, name, value)
+            if hasattr(cached, "cache_clear"):
+                cached.cache_clear()  # the manager caches its sockets; none may outlive this bus
+            self.threads = [stack.enter_context(kvt.threads(m, run=("bootstrap_thread", "decode_thread")))
+                            for m in modules if hasattr(m, "threading")]
+            try:
+                yield
+            finally:
+                for m, value in saved_zmq.items():
+                    m.zmq = value
+                for klass, before in saved_cls.items():
+                    for name in ("_ctx", "_socket_cache", "_socket_locks"):
+                        if name in before:
+                            setattr(klass, name, before[name])
+                if hasattr(cached, "cache_clear"):
+                    cached.cache_clear()
+                self.errors += [e for t in self.threads for e in t.errors]
+
+    def call(self, what: str, fn: Callable[..., Any], *args, **kwargs) -> Any:
+        """A call into the tree; what it raises is what the tree did (recorded by type), not a probe error."""
+        try:
+            return fn(*args, **kwargs)
+        except kvt.ScriptEnded:
+            return None
+        except Exception as exc:
+            self.errors.append(f"{what}:{type(exc).__name__}")
+            return None
+
+    # --- a request's life, step by step ------------------------------------------------------
+    def receiver(self, room: int = ROOM) -> Any:
+        """The decode receiver of ``room``, bootstrapped with every prefill rank (the bootstrap server's answer set
+        as ``init`` sets it), its KV buffers registered with each rank."""
+        recv = sg.Receiver(self.decode, BOOTSTRAP_ADDR, room)
+        infos = [{"rank_ip": PREFILL_IP, "rank_port": PREFILL_PORT + r, "is_dummy": False}
+                 for r in range(len(self.prefills))]
+        recv.bootstrap_infos = infos
+        recv.required_dst_info_num = 1
+        recv.required_prefill_response_num = len(self.prefills)
+        recv.prefill_dp_rank = 0
+        self.decode.required_prefill_response_num_table[room] = len(self.prefills)
+        self.call("register", recv._register_kv_args)
+        self.decode.update_status(room, sg.KVPoll.WaitingForInput)
+        self.receivers[room] = recv
+        return recv
+
+    def prefill_knows(self, room: int = ROOM) -> None:
+        for mgr in self.prefills:
+            mgr.update_status(room, sg.KVPoll.Bootstrapping)
+
+    def metadata(self, room: int = ROOM) -> None:
+        recv = self.receivers[room]
+        self.call("send_metadata", recv.send_metadata, sg.np.array(PAGES[room], dtype=sg.np.int32), 3)
+
+    def prefill_reads(self) -> None:
+        """Each prefill rank's bootstrap loop reads what decode sent it."""
+        for mgr in self.prefills:
+            self.call("bootstrap", mgr.start_prefill_thread)
+
+    def queue(self, chunk: int, room: int = ROOM) -> None:
+        start, end = CHUNKS[chunk]
+        last = chunk == len(CHUNKS) - 1
+        for mgr in self.prefills:
+            self.call("add_transfer_request", mgr.add_transfer_request, room,
+                      sg.np.arange(start, end, dtype=sg.np.int32), slice(start, end), last,
+                      aux_index=7 if last else None)
+
+    def work(self) -> None:
+        """Each prefill rank's transfer worker takes every queued chunk."""
+        for mgr in self.prefills:
+            for queue, executor in zip(mgr.transfer_queues, mgr.executors):
+                self.call("transfer_worker", mgr.transfer_worker, queue, executor)
+
+    def decode_reads(self) -> None:
+        self.call("decode_thread", self.decode.start_decode_thread)
+
+    def abort(self, room: int = ROOM) -> None:
+        self.timeline.mark("abort")
+        self.call("abort", self.receivers[room].abort)
+
+    # --- observations -----------------------------------------------------------------------
+    def kv_writes(self, *, since: str | None = None, rank: int | None = None) -> list[kvt.Write]:
+        engines = [m.engine for i, m in enumerate(self.prefills) if rank is None or i == rank]
+        return [w for e in engines for w in e.writes
+                if DECODE_BASE <= w.dst < DECODE_BASE + 2 * LAYERS * REGION
+                and (since is None or self.timeline.after(since, w.at))]
+
+    def chunks(self, *, since: str | None = None) -> int:
+        """KV transfers by the engines (one batch, one chunk of one rank)."""
+        return len({(w.session, w.at) for w in self.kv_writes(since=since)})
+
+    def pages(self, *, since: str | None = None) -> set[int]:
+        """The decode pages written (in any layer's K or V buffer)."""
+        return {page for w in self.kv_writes(since=since)
+                for page in range((w.dst - DECODE_BASE) % REGION // ITEM,
+                                  (w.dst - DECODE_BASE) % REGION // ITEM + max(w.length // ITEM, 1))}
+
+    def pages_written(self, pages: list[int]) -> int:
+        return len(self.pages() & set(pages))
+
+    def aborts(self, observed: Observed) -> None:
+        sent = self.bus.messages(b"ABORT")
+        per_rank = defaultdict(int)
+        for m in sent:
+            per_rank[m.to] += 1
+        observed.update(abort_sent=len(sent), abort_ranks=len(per_rank), abort_max_per_rank=max(per_rank.values(),
+                                                                                                 default=0),
+                        abort_acks=len(self.bus.messages(b"ABORT_ACK", to=self.decode_endpoint)))
+
+    def prefill_state(self, observed: Observed, room: int = ROOM) -> None:
+        statuses = [m.request_status.get(room) for m in self.prefills]
+        names = {"unknown" if s is None else poll_name(s) for s in statuses}
+        observed.update(prefill_failed=sum(1 for s in statuses if s == sg.KVPoll.Failed),
+                        room_status=",".join(sorted(names)))
+
+    def finish(self, observed: Observed, room: int = ROOM) -> None:
+        self.aborts(observed)
+        self.prefill_state(observed, room)
+        observed.update(chunks_written=self.chunks(), chunks_after_abort=self.chunks(since="abort"),
+                        pages_after_abort=len(self.pages(since="abort")))
+        recv = self.receivers.get(room)
+        if recv is not None:
+            observed["decode_poll"] = poll_name(self.call("poll", recv.poll))
+        observed["tree_error"] = ",".join(self.errors) or None
+
+
+def transfer(world: World, *, chunks_before: int, queued_after: int = 0) -> None:
+    """Bootstrap, then ``chunks_before`` chunks written and ``queued_after`` more queued, not yet taken."""
+    world.prefill_knows()
+    world.receiver()
+    world.metadata()
+    world.prefill_reads()
+    for chunk in range(chunks_before):
+        world.queue(chunk)
+        world.work()
+    for chunk in range(chunks_before, chunks_before + queued_after):
+        world.queue(chunk)
+
+
+@SCENARIOS.scenario("N1", "decode aborts after bootstrap, before the prefill side queues any chunk")
+def n1(observed: Observed) -> None:
+    world = World()
+    with world.transport():
+        transfer(world, chunks_before=0)
+        world.abort()
+        world.prefill_reads()
+        for chunk in range(len(CHUNKS)):
+            world.queue(chunk)
+        world.work()
+    world.finish(observed)
+
+
+@SCENARIOS.scenario("N2", "decode aborts mid-transfer: one chunk written, two queued")
+def n2(observed: Observed) -> None:
+    world = World()
+    with world.transport():
+        transfer(world, chunks_before=1, queued_after=2)
+        world.abort()
+        world.prefill_reads()
+        world.work()
+    world.finish(observed)
+
+
+@SCENARIOS.scenario("N3", "decode aborts after the last chunk: the room already succeeded on the prefill side")
+def n3(observed: Observed) -> None:
+    world = World()
+    with world.transport():
+        transfer(world, chunks_before=len(CHUNKS))
+        world.abort()
+        world.prefill_reads()
+        world.work()
+    world.finish(observed)
+
+
+@SCENARIOS.scenario("N4", "the decode wait times out mid-transfer (poll), with two chunks still queued")
+def n4(observed: Observed) -> None:
+    world = World()
+    with world.transport():
+        transfer(world, chunks_before=1, queued_after=2)
+        recv = world.receivers[ROOM]
+        recv.init_time = time.time() - WAITING_TIMEOUT - 1  # sent its metadata longer ago than the wait allows
+        world.timeline.mark("abort")
+        observed["timeout_poll"] = poll_name(world.call("poll", recv.poll))
+        world.prefill_reads()
+        world.work()
+    world.finish(observed)
+
+
+@SCENARIOS.scenario("N5", "control: the prefill side fails the transfer; decode's failure path runs")
+def n5(observed: Observed) -> None:
+    world = World()
+    with world.transport():
+        world.prefills[0].engine.status = -1  # the first write fails
+        transfer(world, chunks_before=1, queued_after=2)
+        world.work()
+        world.decode_reads()
+        recv = world.receivers[ROOM]
+        world.timeline.mark("abort")
+        observed["decode_poll_failed"] = poll_name(world.call("poll", recv.poll))
+        try:
+            recv.failure_exception()
+            observed["failure_raised"] = None
+        except Exception as exc:
+            observed["failure_raised"] = type(exc).__name__
+        world.prefill_reads()
+    world.finish(observed)
+    del observed["decode_poll"]  # the receiver was cleared by failure_exception: decode_poll_failed says it
+
+
+@SCENARIOS.scenario("N6", "two prefill ranks (pipeline stages): decode aborts mid-transfer")
+def n6(observed: Observed) -> None:
+    world = World(ranks=2)
+    with world.transport():
+        transfer(world, chunks_before=1, queued_after=2)
+        world.abort()
+        world.prefill_reads()
+        world.work()
+    world.finish(observed)
+
+
+@SCENARIOS.scenario("N7", "decode aborts the same request twice, mid-transfer")
+def n7(observed: Observed) -> None:
+    world = World()
+    with world.transport():
+        transfer(world, chunks_before=1, queued_after=2)
+        world.abort()
+        world.call("abort", world.receivers[ROOM].abort)
+        world.prefill_reads()
+        world.work()
+    world.finish(observed)
+
+
+@SCENARIOS.scenario("N8", "decode aborts a room the prefill rank never heard of")
+def n8(observed: Observed) -> None:
+    world = World()
+    with world.transport():
+        world.receiver()
+        world.prefill_reads()
+        world.abort()
+        world.prefill_reads()
+    world.finish(observed)
+
+
+@SCENARIOS.scenario("N9", "control: a transfer that completes, never aborted")
+def n9(observed: Observed) -> None:
+    world = World()
+    with world.transport():
+        transfer(world, chunks_before=len(CHUNKS))
+        world.decode_reads()
+    world.finish(observed)
+
+
+@SCENARIOS.scenario("N10", "control: a room never aborted, its chunks queued beside one aborted mid-transfer")
+def n10(observed: Observed) -> None:
+    world = World()
+    with world.transport():
+        for room in (ROOM, OTHER_ROOM):
+            world.prefill_knows(room)
+            world.receiver(room)
+            world.metadata(room)
+        world.prefill_reads()
+        world.queue(0)
+        world.work()
+        for chunk in range(len(CHUNKS)):
+            if chunk:
+                world.queue(chunk)
+            world.queue(chunk, room=OTHER_ROOM)
+        world.abort()
+        world.prefill_reads()
+        world.work()
+    world.finish(observed)
+    observed.update(other_room_pages=world.pages_written(OTHER_PAGES),
+                    other_room_status=poll_name(world.prefills[0].request_status.get(OTHER_ROOM)))
+
+
+@SCENARIOS.scenario("N11", "control: an ABORT (as a fixed decode sends it) for a room that already succeeded")
+def n11(observed: Observed) -> None:
+    world = World()
+    with world.transport():
+        transfer(world, chunks_before=len(CHUNKS))
+        world.timeline.mark("abort")
+        world.bus.deliver(kvt.endpoint(PREFILL_IP, PREFILL_PORT),
+                          [b"ABORT", str(ROOM).encode(), DECODE_IP.encode(), str(DECODE_PORT).encode()])
+        world.prefill_reads()
+    world.prefill_state(observed)
+    observed.update(chunks_written=world.chunks(), tree_error=",".join(world.errors) or None)
+
+
+if __name__ == "__main__":
+    sys.exit(main(SCENARIOS, prepare))

@@ -1,0 +1,346 @@
+"""The transfer stand-ins record every message and write on one clock; the abort_notify probe reads them.
+
+No SGLang: ``probes/_kvtransfer.py`` is tested on its own, and the probe is run on a miniature of
+SGLang's Mooncake connection written here, in two builds: one that tells the prefill side of a decode
+abort and skips the chunks of a failed room (as PR #27372 does), and one that does neither (as the
+trees before it). What is tested is the probe's own reading: which messages went where, which
+chunks were written after the abort, and that a connection module that does not import is an error
+of every scenario, never an absence.
+"""
+
+from __future__ import annotations
+
+import importlib
+import struct
+import sys
+import threading
+from enum import Enum
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import pytest
+
+PROBES = Path(__file__).resolve().parents[1] / "probes"
+sys.path.insert(0, str(PROBES))
+
+import _kvtransfer as kvt  # noqa: E402
+
+# ---------------------------------------------------------------- the stand-ins on their own
+
+
+def test_bus_delivers_in_order_then_ends_the_loop():
+    bus = kvt.Bus(kvt.Timeline())
+    sock = bus.zmq.Context().socket(1)  # the kind is only noted
+    sock.connect("tcp://h:1")
+    sock.send_multipart([b"A", b"1"])
+    sock.send_multipart([b"B"])
+    inbox = bus.inbox("tcp://h:1")
+    assert inbox.recv_multipart() == [b"A", b"1"]
+    assert inbox.recv_multipart() == [b"B"]
+    with pytest.raises(kvt.ScriptEnded):
+        inbox.recv_multipart()
+    assert [m.head for m in bus.messages(to="tcp://h:1")] == [b"A", b"B"]
+    assert bus.messages(b"B")[0].at > bus.messages(b"A")[0].at
+
+
+def test_script_ended_passes_an_except_exception():
+    """A tree's loop wraps every Exception; the end of the script must still end it."""
+    def loop():
+        try:
+            kvt.ScriptedQueue().get()
+        except Exception:  # what a transfer worker does
+            raise RuntimeError("wrapped")
+
+    with pytest.raises(kvt.ScriptEnded):
+        loop()
+
+
+def test_engine_records_writes_and_the_pages_after_a_mark():
+    timeline = kvt.Timeline()
+    engine = kvt.TransferEngine(timeline)
+    engine.batch_transfer_sync("s", [0], [1000 + 2 * 64], [2 * 64])
+    timeline.mark("abort")
+    engine.transfer_sync("s", 0, 1000 + 5 * 64, 64)
+    assert engine.pages(1000, 64, region=4096) == [2, 3, 5]
+    assert engine.pages(1000, 64, region=4096, since="abort") == [5]
+
+
+def test_threads_run_named_loops_record_errors_and_restore_threading():
+    module = SimpleNamespace(threading=threading)
+    ran = []
+
+    def bootstrap_thread():
+        ran.append("bootstrap")
+        raise kvt.ScriptEnded()
+
+    def heartbeat_checker():
+        ran.append("heartbeat")
+
+    def decode_thread():
+        raise IndexError("frame")
+
+    with kvt.threads(module, run=("bootstrap_thread", "decode_thread")) as seen:
+        for target in (bootstrap_thread, heartbeat_checker, decode_thread):
+            module.threading.Thread(target=target, daemon=True).start()
+        assert module.threading.Lock is threading.Lock
+    assert ran == ["bootstrap"]
+    assert seen.skipped == ["heartbeat_checker"]
+    assert seen.errors == ["decode_thread:IndexError"]
+    assert module.threading is threading
+
+
+def test_free_recorder_orders_frees_on_the_clock():
+    timeline = kvt.Timeline()
+    free = kvt.FreeRecorder(timeline, "kv")
+    free([1, 2])
+    cut = timeline.mark("last_write")
+    free(SimpleNamespace(tolist=lambda: [3]))
+    assert free.freed() == [1, 2, 3]
+    assert free.freed(before=cut) == [1, 2]
+
+
+# ---------------------------------------------------------------- a miniature Mooncake connection
+
+
+class KVPoll:
+    Failed, Bootstrapping, WaitingForInput, Transferring, Success = range(5)
+
+
+class Mode(Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class KVArgs:
+    pass
+
+
+def mooncake_module(*, fixed: bool) -> ModuleType:
+    """A connection module in miniature, the probe's interface only. ``fixed``: the receiver sends ABORT to
+    each prefill rank once, the prefill loop fails a room it knows that has not succeeded and answers
+    ABORT_ACK, the worker skips failed or unknown rooms. Unfixed: none of it (an ABORT frame is unparseable)."""
+    mod = ModuleType("sglang.srt.disaggregation.mooncake.conn")
+    mod.zmq = SimpleNamespace(Context=lambda: None, PUSH=1)
+    mod.threading = threading
+    mod.np = SimpleNamespace(int32="int32", array=lambda values, dtype=None: list(values),
+                             arange=lambda start, stop, dtype=None: list(range(start, stop)))  # lists for arrays
+
+    class Manager:
+        def update_status(self, room, status):
+            if room not in self.request_status:
+                if status != KVPoll.Failed:
+                    self.request_status[room] = status
+            else:
+                old = self.request_status[room]
+                self.request_status[room] = status if status == KVPoll.Failed else max(old, status)
+
+        def check_status(self, room):
+            return self.request_status[room]
+
+        def record_failure(self, room, reason):
+            self.failure_records[room] = reason
+
+        def get_session_id(self):
+            return self.engine.get_session_id()
+
+        def _connect(self, endpoint):
+            sock = mod.zmq.Context().socket(1)  # PUSH
+            sock.connect(endpoint)
+            return sock
+
+        def start_prefill_thread(self):
+            def bootstrap_thread():
+                while True:
+                    msg = self.server_socket.recv_multipart()
+                    if fixed and msg[0] == b"ABORT":
+                        room = int(msg[1])
+                        if room in self.request_status and self.check_status(room) != KVPoll.Success:
+                            self.update_status(room, KVPoll.Failed)
+                        self._connect(f"tcp://{msg[2].decode()}:{msg[3].decode()}").send_multipart(
+                            [b"ABORT_ACK", msg[1]])
+                        continue
+                    if msg[0] == b"None":
+                        self.decode_kv_args_table[msg[3].decode()] = struct.unpack(f"{len(msg[4]) // 8}Q", msg[4])
+                        continue
+                    room = int(msg[0])
+                    pages = [int(p) for p in msg[4].decode().split(",")]
+                    self.transfer_infos.setdefault(room, {})[msg[3].decode()] = (msg[1].decode(), msg[2].decode(),
+                                                                                 pages)
+                    self.update_status(room, KVPoll.WaitingForInput)
+
+            mod.threading.Thread(target=bootstrap_thread).start()
+
+        def start_decode_thread(self):
+            def decode_thread():
+                while True:
+                    room, status, rank = (int(x) for x in self.server_socket.recv_multipart())
+                    self.update_status(room, status)
+
+            def heartbeat_checker():
+                raise AssertionError("the heartbeat must not run")
+
+            mod.threading.Thread(target=decode_thread).start()
+            mod.threading.Thread(target=heartbeat_checker).start()
+
+        def add_transfer_request(self, room, kv_indices, index_slice, is_last_chunk, aux_index=None):
+            if room not in self.request_status or self.check_status(room) == KVPoll.Failed:
+                return
+            self.transfer_queues[0].put((room, list(kv_indices), index_slice, is_last_chunk))
+
+        def transfer_worker(self, queue, executor):
+            while True:
+                room, src, index_slice, last = queue.get()
+                if fixed and (room not in self.request_status or self.check_status(room) == KVPoll.Failed):
+                    continue
+                for session, (ip, port, pages) in self.transfer_infos.get(room, {}).items():
+                    ptrs = self.decode_kv_args_table[session]
+                    layers = len(self.kv_args.kv_data_ptrs) // 2
+                    start = self.kv_args.prefill_start_layer
+                    dsts = [ptrs[layer] + pages[index_slice][0] * 64 for layer in range(start, start + layers)]
+                    self.engine.batch_transfer_sync(session, [0] * layers, dsts, [64 * len(src)] * layers)
+                    if last:
+                        self.update_status(room, KVPoll.Success)
+                        self._connect(f"tcp://{ip}:{port}").send_multipart(
+                            [str(room).encode(), str(KVPoll.Success).encode(), str(self.pp_rank).encode()])
+
+    class Receiver:
+        _ctx = None
+        _socket_cache: dict = {}
+
+        def __init__(self, mgr, bootstrap_addr, bootstrap_room):
+            self.kv_mgr, self.bootstrap_room = mgr, bootstrap_room
+            self.session_id = mgr.get_session_id()
+            self.conclude_state = None
+            self.init_time = None
+            self.abort_notified = False
+            mgr.update_status(bootstrap_room, KVPoll.Bootstrapping)
+
+        @classmethod
+        def _connect_to_bootstrap_server(cls, info):
+            sock = cls._ctx.socket(1)
+            sock.connect(f"tcp://{info['rank_ip']}:{info['rank_port']}")
+            return sock
+
+        def _register_kv_args(self):
+            for info in self.bootstrap_infos:
+                self._connect_to_bootstrap_server(info).send_multipart(
+                    [b"None", self.kv_mgr.local_ip.encode(), str(self.kv_mgr.rank_port).encode(),
+                     self.session_id.encode(), struct.pack(f"{len(self.kv_mgr.kv_args.kv_data_ptrs)}Q",
+                                                           *self.kv_mgr.kv_args.kv_data_ptrs)])
+
+        def send_metadata(self, kv_indices, aux_index=None):
+            for info in self.bootstrap_infos:
+                self._connect_to_bootstrap_server(info).send_multipart(
+                    [str(self.bootstrap_room).encode(), self.kv_mgr.local_ip.encode(),
+                     str(self.kv_mgr.rank_port).encode(), self.session_id.encode(),
+                     ",".join(str(int(p)) for p in kv_indices).encode()])
+            self.init_time = 0.0
+
+        def _notify(self):
+            if fixed and not self.abort_notified:
+                for info in self.bootstrap_infos:
+                    self._connect_to_bootstrap_server(info).send_multipart(
+                        [b"ABORT", str(self.bootstrap_room).encode(), self.kv_mgr.local_ip.encode(),
+                         str(self.kv_mgr.rank_port).encode()])
+                self.abort_notified = True
+
+        def abort(self):
+            self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)
+            self.conclude_state = KVPoll.Failed
+            self._notify()
+
+        def poll(self):
+            if self.conclude_state is not None:
+                return self.conclude_state
+            status = self.kv_mgr.check_status(self.bootstrap_room)
+            if status == KVPoll.WaitingForInput and self.init_time is not None and self.init_time < 1e9:
+                self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)
+                self._notify()
+                return KVPoll.Failed
+            return status
+
+        def failure_exception(self):
+            raise RuntimeError("transfer failed")
+
+    mod.MooncakeKVManager, mod.MooncakeKVReceiver = Manager, Receiver
+    return mod
+
+
+@pytest.fixture
+def probe(monkeypatch):
+    """The probe module loaded fresh, on a fake ``sglang`` whose connection module each test installs."""
+    def install(mooncake: ModuleType | None):
+        base = ModuleType("sglang.srt.disaggregation.base.conn")
+        base.KVArgs, base.KVPoll = KVArgs, KVPoll
+        utils = ModuleType("sglang.srt.disaggregation.utils")
+        utils.DisaggregationMode = Mode
+        modules = {"sglang": ModuleType("sglang"), "sglang.srt.disaggregation.base.conn": base,
+                   "sglang.srt.disaggregation.utils": utils}
+        modules["sglang"].__version__ = "0.0.test"
+        if mooncake is not None:
+            modules[mooncake.__name__] = mooncake
+        for name, module in modules.items():
+            monkeypatch.setitem(sys.modules, name, module)
+        if mooncake is None:
+            monkeypatch.setitem(sys.modules, "sglang.srt.disaggregation.mooncake.conn", None)  # import fails
+        module = importlib.import_module("probe_abort_notify_differential")
+        module = importlib.reload(module)
+        assert module.prepare() == "0.0.test"
+        return module
+
+    return install
+
+
+def run(module, sid: str) -> dict:
+    from _probekit import run_scenario
+    sc = next(s for s in module.SCENARIOS.scenarios if s.id == sid)
+    return run_scenario(sc)
+
+
+def test_a_fixed_tree_tells_the_prefill_rank_and_nothing_is_written_after_the_abort(probe):
+    result = run(probe(mooncake_module(fixed=True)), "N2")
+    assert result["error"] is None
+    observed = result["observed"]
+    assert (observed["abort_sent"], observed["abort_acks"], observed["prefill_failed"]) == (1, 1, 1)
+    assert (observed["chunks_written"], observed["chunks_after_abort"], observed["pages_after_abort"]) == (1, 0, 0)
+    assert observed["decode_poll"] == "Failed"
+    assert observed["room_status"] == "Failed"
+
+
+def test_an_unfixed_tree_writes_the_queued_chunks_into_the_aborted_pages(probe):
+    observed = run(probe(mooncake_module(fixed=False)), "N2")["observed"]
+    assert observed["abort_sent"] == 0
+    assert observed["chunks_after_abort"] == 2
+    assert observed["pages_after_abort"] == 4  # pages 22-25 of the request, written after decode gave up
+    assert observed["room_status"] == "Success"
+
+
+def test_every_prefill_rank_is_told_once_even_when_aborted_twice(probe):
+    module = probe(mooncake_module(fixed=True))
+    two_ranks = run(module, "N6")["observed"]
+    assert (two_ranks["abort_sent"], two_ranks["abort_ranks"], two_ranks["prefill_failed"]) == (2, 2, 2)
+    twice = run(module, "N7")["observed"]
+    assert twice["abort_max_per_rank"] == 1
+
+
+def test_controls_see_the_whole_transfer(probe):
+    module = probe(mooncake_module(fixed=True))
+    complete = run(module, "N9")["observed"]
+    assert (complete["chunks_written"], complete["abort_sent"], complete["decode_poll"]) == (3, 0, "Success")
+    beside = run(module, "N10")["observed"]
+    assert (beside["other_room_pages"], beside["other_room_status"]) == (6, "Success")
+
+
+def test_the_tree_s_own_loop_failing_is_recorded_as_the_tree_s_error(probe):
+    """An unfixed prefill loop cannot read an ABORT frame: the tree's error, named, not the probe's."""
+    result = run(probe(mooncake_module(fixed=False)), "N11")
+    assert result["error"] is None
+    assert result["observed"]["tree_error"] == "bootstrap_thread:ValueError"
+
+
+def test_a_connection_that_does_not_import_is_every_scenario_s_error(probe):
+    module = probe(None)
+    for sc in module.SCENARIOS.scenarios:
+        result = run(module, sc.id)
+        assert result["observed"] == {}
+        assert "does not import here" in result["error"]["message"]
