@@ -130,6 +130,7 @@ def parser() -> argparse.ArgumentParser:
                        "that configuration never enters is not affected (read with each tree's own parser)")
     given.add_argument("--server-args-file", dest="server_args", type=arguments.server_args_file, metavar="FILE",
                        help="a file holding the server's launch command (python -m sglang.launch_server ...)")
+    commands.check.add_server_env_arguments(ck)
     _allow_uncontained(ck)
     ck.set_defaults(func=commands.check.cmd_check)
 

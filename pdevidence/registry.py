@@ -212,6 +212,17 @@ class Needs:
 
 
 @dataclass(frozen=True)
+class Gate:
+    """A runtime switch the fix's code runs behind: an environment variable of the server (read by the tree's own
+    ``Envs``) that must hold ``on``. The probe observes the code with it on; a server whose environment leaves
+    it off runs the code as before the fix."""
+
+    variable: str
+    on: str  # the value that turns the fix on, as an operator writes it in the server's environment
+    why: str
+
+
+@dataclass(frozen=True)
 class Experiment:
     name: str
     pr: int
@@ -225,6 +236,7 @@ class Experiment:
     not_affected: dict[str, NotAffected] = field(default_factory=dict)
     not_deciding: dict[str, NotDeciding] = field(default_factory=dict)
     needs: Needs | None = None  # the server configuration its code path needs; None: every configuration enters it
+    gate: Gate | None = None  # the environment variable the fix runs behind; None: it always runs
     # The SGLang files (repository paths) its probe loads: `bisect --every` probes each commit changing one.
     loads: tuple[str, ...] = ()
 
@@ -499,7 +511,8 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
     # ``git`` may be left out where the PR's commits are not known yet: release-backed cells only.
     _table(table, where, required={"pr": int, "title": str, "probe": str},
            optional={"git": dict, "upstream_tests": list, "releases": dict, "expect": dict, "mutants": dict,
-                     "not_affected": dict, "not_deciding": dict, "needs": dict, "loads": list})
+                     "not_affected": dict, "not_deciding": dict, "needs": dict, "gate": dict,
+                     "loads": list})
     git = _table(table.get("git", {}), f"{where}.git", required={side: str for side in SIDES} if "git" in table
                  else {}, optional={})
     for side in git:
@@ -528,6 +541,7 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
         not_affected=not_affected,
         not_deciding=not_deciding,
         needs=_parse_needs(f"{where}.needs", table["needs"]) if "needs" in table else None,
+        gate=_parse_gate(f"{where}.gate", table["gate"]) if "gate" in table else None,
         loads=_repository_paths(table.get("loads", []), f"{where}.loads"),
     )
 
@@ -548,6 +562,20 @@ def _parse_needs(where: str, spec: Any) -> Needs:
                                 "the path (booleans, integers or strings)")
         found[attr] = tuple(values)
     return Needs(found, spec["why"])
+
+
+# An environment variable's name as a shell (and `docker run --env-file`) accepts it.
+_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _parse_gate(where: str, spec: Any) -> Gate:
+    _table(spec, where, required={"variable": str, "on": str, "why": str}, optional={})
+    if not _VARIABLE.match(spec["variable"]):
+        raise RegistryError(f"{where}.variable: {spec['variable']!r} is not an environment variable name "
+                            "(letters, digits, _; not starting with a digit)")
+    if not spec["on"]:
+        raise RegistryError(f"{where}.on: empty: give the value that turns the fix on (e.g. \"true\")")
+    return Gate(spec["variable"], spec["on"], spec["why"])
 
 
 def _parse_not_affected(where: str, rid: str, spec: Any, expect: dict[str, Expectation]) -> NotAffected:

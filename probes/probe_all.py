@@ -11,7 +11,9 @@ With ``--server-args`` (a JSON array: an operator's server arguments) it then re
 tree does (``_serverconfig``: its parser, then its own resolution of the arguments that follow from
 others) and writes ``DIR/config.json``: the effective values of the ``--server-attrs`` attributes
 it establishes (one its parser does not define is left out), why the others are not established,
-or the error naming the argument it refused.
+or the error naming the argument it refused. With ``--server-env`` (a JSON object: an operator's server
+environment) and ``--server-gates`` (a JSON object: each gate's variable and the value that turns its
+fix on) it reads them as the tree does (``_serverenv``: its own ``Envs``) and writes ``DIR/environment.json``.
 
     python probes/probe_all.py --out-dir /tmp/out --tree-kind release --tree-ref 0.5.21
 
@@ -37,6 +39,7 @@ from _probekit import (EXIT_CANNOT_RUN, EXIT_OK, EXIT_USAGE, add_tree_arguments,
 CANNOT_RUN_SCHEMA = "pd-probe-cannot-run/1"
 CANNOT_RUN_SUFFIX = ".cannot-run.json"
 CONFIG_FILE = "config.json"
+ENVIRONMENT_FILE = "environment.json"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -48,6 +51,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--server-args", type=json.loads, default=None,
                         help="a JSON array: server arguments to parse with the tree's own ServerArgs parser")
     parser.add_argument("--server-attrs", default="", help="comma-separated ServerArgs attributes to report")
+    parser.add_argument("--server-env", type=json.loads, default=None,
+                        help="a JSON object: the server's environment variables, read with the tree's own Envs")
+    parser.add_argument("--server-gates", type=json.loads, default=None,
+                        help="a JSON object: each gate's variable -> the value that turns its fix on")
     return parser.parse_args(argv)
 
 
@@ -101,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         attrs = [a for a in args.server_attrs.split(",") if a]
         from _serverconfig import read_configuration
         write_atomic(args.out_dir / CONFIG_FILE, dumps(read_configuration(args.server_args, attrs)))
+    if args.server_env is not None or args.server_gates is not None:
+        from _serverenv import read_environment
+        write_atomic(args.out_dir / ENVIRONMENT_FILE,
+                     dumps(read_environment(args.server_env or {}, args.server_gates or {})))
     return EXIT_OK if any(ran) else EXIT_CANNOT_RUN
 
 

@@ -79,8 +79,8 @@ def make_project(root: Path, registry: str = REGISTRY) -> Path:
 
 
 # The real in-cell files: the probe kit, the era stand-ins and the drivers a cell, the engine and the mutation lane run.
-REAL_IN_CELL = ("engine.py", "probe_all.py", "_probekit.py", "_serverconfig.py", "_standins.py", "probe_mutants.py",
-                "_mutants.py")
+REAL_IN_CELL = ("engine.py", "probe_all.py", "_probekit.py", "_serverconfig.py", "_serverenv.py", "_standins.py",
+                "probe_mutants.py", "_mutants.py")
 
 
 def with_real_probes(root: Path, probe: str) -> Path:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from test_docs import docs_parser
 
-from pdevidence import environments
+from pdevidence import commands, environments
 from pdevidence.core import errors
 from pdevidence.core.paths import PROJECT
 
@@ -95,8 +95,8 @@ def test_actionlint_catches_an_undefined_input(tmp_path):
 def test_the_action_declares_what_its_docs_promise():
     meta = action()
     assert meta["runs"]["using"] == "composite"
-    assert set(TARGET_INPUTS) | {"server-args", "server-args-file", "references", "fail-on-affected", "openvex"} == \
-        set(meta["inputs"])
+    assert set(TARGET_INPUTS) | {"server-args", "server-args-file", "server-env", "server-env-file", "references",
+                                 "fail-on-affected", "openvex"} == set(meta["inputs"])
     assert meta["inputs"]["fail-on-affected"]["default"] == "true"  # affected fails the step unless told otherwise
     assert meta["inputs"]["references"]["default"] == "published"
     assert set(meta["outputs"]) == {"openvex", "exit-code"}
@@ -217,6 +217,22 @@ def test_the_server_launch_command_may_be_a_file(tmp_path):
     assert docs_parser().parse_args(run.argv).server_args == launch
     run = run_check_step(tmp_path / "none", {"release": "0.5.20"})
     assert not any(arg.startswith("--server-args") for arg in run.argv)  # no configuration: answers about the code
+
+
+def test_the_server_environment_is_passed_a_variable_a_line_after_its_files(tmp_path):
+    env_file = tmp_path / "decode.env"
+    env_file.write_text("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=false\n")
+    run = run_check_step(tmp_path, {"release": "0.5.20", "server-env-file": f"{env_file}\n",
+                                    "server-env": "  SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=true \n\nA=b c\n"})
+    assert run.code == 0, run.log
+    assert run.argv[3:9] == ["--server-env-file", str(env_file),
+                             "--server-env", "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=true",
+                             "--server-env", "A=b c"]
+    args = docs_parser().parse_args(run.argv)
+    assert commands.check.server_environment(args).values() == {
+        "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE": "true", "A": "b c"}  # the line given wins over the file
+    run = run_check_step(tmp_path / "none", {"release": "0.5.20"})
+    assert not any(arg.startswith("--server-env") for arg in run.argv)  # none given: every default
 
 
 @pytest.mark.parametrize(("fail_on_affected", "stub_exit", "step_code"), [

@@ -19,7 +19,7 @@ def load_text(tmp_path, text):
 
 def test_the_project_registry_declares_both_experiments_with_full_pins():
     reg = registry.load(PROJECT)
-    assert set(reg.experiments) == {"admission", "prefill", "offload_slots", "offload_rid"}
+    assert set(reg.experiments) == {"admission", "prefill", "offload_slots", "offload_rid", "deferred_release"}
     admission = reg.experiment("admission")
     assert admission.pr == 38935
     assert admission.git == {"base": "17ba2c2e7c7b81f31a8a9e693e7435ab262c16b4",
@@ -29,9 +29,34 @@ def test_the_project_registry_declares_both_experiments_with_full_pins():
     assert reg.experiment("offload_slots").git == {} and reg.experiment("offload_rid").git == {}
     assert reg.experiment("offload_slots").releases == {"base": "0.5.12", "head": "0.5.13"}
     assert reg.experiment("offload_rid").releases == {"base": "0.5.18", "head": "0.5.19"}
+    assert reg.experiment("deferred_release").git == {"base": "c60952d9330091b0db5b11b2cdbc00fd3063a935",
+                                                      "head": "97dedd1ce9b161c476e0a91106857f210b5bfa41"}
     for exp in reg.experiments.values():
         assert exp.probe.exists(), exp.probe
         assert exp.expect, f"{exp.name} declares no expected differential"
+
+
+GATE = """
+[experiments.demo.gate]
+variable = "DEMO_FIX_ON"
+on = "true"
+why = "off by default"
+"""
+
+
+def test_a_gate_names_the_server_variable_that_turns_the_fix_on(tmp_path):
+    assert load_text(tmp_path, REGISTRY + GATE).experiment("demo").gate == registry.Gate("DEMO_FIX_ON", "true",
+                                                                                         "off by default")
+    assert registry.load(PROJECT).experiment("admission").gate is None  # no table: the fix's code always runs
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (GATE.replace('"DEMO_FIX_ON"', '"demo fix"'), "not an environment variable name"),
+    (GATE.replace('on = "true"', ""), "missing key 'on'"),
+])
+def test_a_malformed_gate_is_refused_by_name(tmp_path, text, message):
+    with pytest.raises(errors.HarnessError, match=message):
+        load_text(tmp_path, REGISTRY + text)
 
 
 def test_an_experiment_without_git_pins_names_the_missing_commit(tmp_path):

@@ -25,6 +25,7 @@ from .probe_run import MEMORY_ERROR, memory_error_scenario, raised_memory_error,
 DRIVER = "probe_all.py"
 CANNOT_RUN_SUFFIX = ".cannot-run.json"  # what the driver writes for an experiment whose setup failed
 CONFIG_FILE = "config.json"  # what the driver writes of the server arguments it was given (probe_all.CONFIG_FILE)
+ENVIRONMENT_FILE = "environment.json"  # of the server environment and the gates (probe_all.ENVIRONMENT_FILE)
 
 
 @dataclass
@@ -50,7 +51,8 @@ def clear(out_dir: Path, experiments: list[str]) -> None:
     for name in experiments:
         for suffix in (".json", CANNOT_RUN_SUFFIX):
             (out_dir / f"{name}{suffix}").unlink(missing_ok=True)
-    (out_dir / CONFIG_FILE).unlink(missing_ok=True)
+    for record in (CONFIG_FILE, ENVIRONMENT_FILE):
+        (out_dir / record).unlink(missing_ok=True)
 
 
 def read_config(out_dir: Path) -> dict | None:
@@ -62,6 +64,19 @@ def read_config(out_dir: Path) -> dict | None:
     found = read_json(path, "configuration record", todo=f"run the check again; it is rewritten: {path}")
     if not isinstance(found, dict) or not ({"values", "error"} <= set(found)):
         raise HarnessError(f"{path} is not a configuration record (values, error)",
+                           todo="run the check again with --force")
+    return found
+
+
+def read_environment(out_dir: Path) -> dict | None:
+    """What the driver read of the server environment and the gates it was given (``_serverenv``); None: it
+    wrote nothing (it was given neither, or did not get that far)."""
+    path = out_dir / ENVIRONMENT_FILE
+    if not path.exists():
+        return None
+    found = read_json(path, "environment record", todo=f"run the check again; it is rewritten: {path}")
+    if not isinstance(found, dict) or not ({"values", "undefined", "gates", "error"} <= set(found)):
+        raise HarnessError(f"{path} is not an environment record (values, undefined, gates, error)",
                            todo="run the check again with --force")
     return found
 

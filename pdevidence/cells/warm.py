@@ -53,16 +53,24 @@ def outcome_key(reg: Registry, tree: Tree, closure: Path, interpreter: str, chan
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def _complete(directory: Path, experiments: list[str], config: bool = False) -> bool:
-    """Every experiment left a result or a cannot-run record (and, given server arguments, what they read as):
-    an outcome worth keeping (or reusing)."""
-    if config and not (directory / allprobes.CONFIG_FILE).exists():
+def _complete(directory: Path, experiments: list[str], records: tuple[str, ...] = ()) -> bool:
+    """Every experiment left a result or a cannot-run record (and each of ``records``: what the server arguments
+    and environment given read as): an outcome worth keeping (or reusing)."""
+    if not all((directory / record).exists() for record in records):
         return False
     return all((directory / f"{name}.json").exists() or (directory / f"{name}{allprobes.CANNOT_RUN_SUFFIX}").exists()
                for name in experiments)
 
 
 SERVER_ARGS = "server_args"  # the tree argument carrying an operator's server arguments (check --server-args)
+# The tree arguments carrying an operator's server environment (check --server-env) and the registry's gates.
+SERVER_ENV, SERVER_GATES = "server_env", "server_gates"
+
+
+def records_of(tree_args: dict[str, str]) -> tuple[str, ...]:
+    """The records the probe driver writes beside the results for these arguments."""
+    found = (allprobes.CONFIG_FILE,) if SERVER_ARGS in tree_args else ()
+    return found + ((allprobes.ENVIRONMENT_FILE,) if {SERVER_ENV, SERVER_GATES} & set(tree_args) else ())
 CONTAINMENT = "containment.json"  # how the outcome's process ran, kept beside it
 
 
@@ -72,8 +80,9 @@ def _copy(source: Path, dest: Path, experiments: list[str]) -> None:
         for suffix in (".json", allprobes.CANNOT_RUN_SUFFIX):
             if (source / f"{name}{suffix}").exists():
                 shutil.copy2(source / f"{name}{suffix}", dest / f"{name}{suffix}")
-    if (source / allprobes.CONFIG_FILE).exists():
-        shutil.copy2(source / allprobes.CONFIG_FILE, dest / allprobes.CONFIG_FILE)
+    for record in (allprobes.CONFIG_FILE, allprobes.ENVIRONMENT_FILE):
+        if (source / record).exists():
+            shutil.copy2(source / record, dest / record)
 
 
 def _keep(entry: Path, produced: Path, experiments: list[str], containment: dict | None, locks: Path) -> None:
@@ -160,8 +169,8 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
         for tree in trees:
             label, entry = tree.label(), work / "outcomes" / keys[tree.label()]
             inuse.use(entry)
-            config = SERVER_ARGS in tree_args[label]
-            kept = None if force else _reuse(entry, private / label, experiments, work / "locks", config)
+            kept = None if force else _reuse(entry, private / label, experiments, work / "locks",
+                                             records_of(tree_args[label]))
             if kept is not None:
                 found[label] = allprobes.collect(exps, private / label, entry / "none.log", "left no outcome",
                                                  kept["containment"])
@@ -185,7 +194,7 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
             for label, outcomes in ran.items():
                 found[label] = outcomes
                 short = any(o.out_of_memory for o in outcomes.values())  # a higher limit may run it: not kept
-                if _complete(private / label, experiments, SERVER_ARGS in tree_args[label]) and not short:
+                if _complete(private / label, experiments, records_of(tree_args[label])) and not short:
                     _keep(work / "outcomes" / keys[label], private / label, experiments,
                           next(iter(outcomes.values())).containment, work / "locks")
         for label in found:
@@ -196,10 +205,10 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
     return found
 
 
-def _reuse(entry: Path, dest: Path, experiments: list[str], locks: Path, config: bool) -> dict | None:
+def _reuse(entry: Path, dest: Path, experiments: list[str], locks: Path, records: tuple[str, ...]) -> dict | None:
     """Copy a complete kept outcome to ``dest`` and say how it ran (``{"containment": ...}``); None: there is none."""
     with _held(entry, locks):
-        if not _complete(entry, experiments, config):
+        if not _complete(entry, experiments, records):
             return None
         _copy(entry, dest, experiments)
         return {"containment": _kept_containment(entry)}

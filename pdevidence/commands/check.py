@@ -7,7 +7,7 @@ import sys
 import time
 
 from .. import registry
-from ..core import clock, phases
+from ..core import arguments, clock, phases
 from ..core.errors import USAGE, HarnessError, usage, worst
 from ..core.files import dumps, write_atomic
 from ..core.locking import exclusive
@@ -33,7 +33,10 @@ def cmd_check(args) -> int:
             targets = [target for kind, value in asked for target in _resolved(reg, kind, value, log)]
         with _taking_turns(reg, targets):
             found = check.run_all(reg, targets, fresh_references=args.references == "fresh", force=args.force,
-                                  log=log, server_args=args.server_args)
+                                  log=log, server_args=args.server_args, server_env=server_environment(args))
+    for result in found:  # on stderr whatever the output: a typo in the environment must not pass silently
+        for warning in result.environment.warnings() if result.environment else ():
+            print(f"check: {check.describe(result)}: {warning}", file=sys.stderr)
     log(f"time: {phases.describe(spent, time.monotonic() - started)}")
     if args.openvex:
         stamp = clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -44,6 +47,21 @@ def cmd_check(args) -> int:
     else:
         print("\n".join(check.table(result, verbose=args.verbose) for result in found))
     return worst(result.exit_code for result in found)
+
+
+def add_server_env_arguments(parser) -> None:
+    """``check``'s server environment options (beside ``--server-args``)."""
+    parser.add_argument("--server-env", type=arguments.server_env, action="append", metavar="NAME=VALUE",
+                        help="a variable of the server's environment (repeatable; a bare NAME takes its value here, "
+                        "as docker run -e does): a gated fix the environment leaves off is affected (read with each "
+                        "tree's own Envs; none given: every variable at its default)")
+    parser.add_argument("--server-env-file", type=arguments.server_env_file, action="append", metavar="FILE",
+                        help="the server's environment in docker run --env-file format (NAME=VALUE lines, # comments)")
+
+
+def server_environment(args) -> arguments.ServerEnvironment | None:
+    """Every variable given, the files first and then ``--server-env`` (a later one wins, as with docker)."""
+    return arguments.ServerEnvironment.joined([*(args.server_env_file or []), *(args.server_env or [])])
 
 
 @contextlib.contextmanager

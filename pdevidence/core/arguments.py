@@ -252,6 +252,66 @@ def server_args_file(value: str) -> ServerArguments:
                                      "or sglang serve ...) and does not start with an option")
 
 
+@dataclass(frozen=True)
+class ServerEnvironment:
+    """An operator's SGLang server environment (``check --server-env``, ``--server-env-file``): the variables in
+    the order given (a later one wins, as ``docker run -e`` after ``--env-file``), and where they were given."""
+
+    variables: tuple[tuple[str, str], ...]
+    source: str
+
+    def values(self) -> dict[str, str]:
+        return dict(self.variables)
+
+    def to_json(self) -> dict:
+        return {"variables": self.values(), "source": self.source}
+
+    @classmethod
+    def joined(cls, parts: list[ServerEnvironment]) -> ServerEnvironment | None:
+        """The environment of every option given, in order (files first, as docker reads them); None: none."""
+        if not parts:
+            return None
+        sources = " and ".join(dict.fromkeys(part.source for part in parts))
+        return cls(tuple(pair for part in parts for pair in part.variables), sources)
+
+
+# An environment variable's name as a shell accepts it (registry._VARIABLE).
+_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _variable(text: str, where: str) -> tuple[tuple[str, str], ...]:
+    """``NAME=VALUE`` (the value taken literally, as docker does), or a bare ``NAME``: its value in the caller's
+    environment, or nothing where the caller has none (docker leaves it unset in the container too)."""
+    name, equals, value = text.partition("=")
+    if not _VARIABLE.match(name):
+        raise argparse.ArgumentTypeError(f"{where}: {name!r} is not an environment variable name (letters, digits "
+                                         "and _, not starting with a digit): give NAME=VALUE")
+    if equals:
+        return ((name, value),)
+    return ((name, os.environ[name]),) if name in os.environ else ()
+
+
+def server_env(value: str) -> ServerEnvironment:
+    """One variable of the server's environment: ``NAME=VALUE``, or ``NAME`` (its value here, as ``docker -e``)."""
+    return ServerEnvironment(_variable(value, repr(value)), "--server-env")
+
+
+def server_env_file(value: str) -> ServerEnvironment:
+    """A ``docker run --env-file`` file: ``NAME=VALUE`` lines (the value literal, quotes kept), ``#`` comments,
+    blank lines, a bare ``NAME`` taking its value from the caller's environment."""
+    path = Path(value)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: a NUL in the name
+        raise argparse.ArgumentTypeError(f"cannot read {value!r}: {exc}") from None
+    found: list[tuple[str, str]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.lstrip()
+        if line and not line.startswith("#"):
+            found += _variable(line, f"{value}, line {number}")
+    return ServerEnvironment(tuple(found), str(path.absolute()))
+
+
 _DURATION = re.compile(r"([0-9]+)([smhdw])")
 _DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _SIZE = re.compile(r"([0-9]+)([KMGT]?)(i?B)?", re.IGNORECASE)

@@ -59,6 +59,16 @@ class RestsOn(str, enum.Enum):
     CONFIGURATION = "configuration"  # not affected: the configuration given never enters the fix's code path
 
 
+class GateState(str, enum.Enum):
+    """Whether the server's environment turns a gated fix on, as the tree reads its variable (check documents;
+    the probe driver's environment record, probes/_serverenv.py, writes these values)."""
+
+    ON = "on"  # the variable holds the value that turns the fix on
+    OFF = "off"  # it does not (given so, or its default): the fix's code is present but never runs
+    UNDEFINED = "undefined"  # the tree does not define it: its code alone answers
+    UNREAD = "unread"  # how the tree reads it is not established here: never an all-clear
+
+
 # A release classified so lacks the fix, wholly or in part (after a fixed one: a regression).
 LACKS_FIX = (Classification.PRE_FIX, Classification.PARTIAL)
 

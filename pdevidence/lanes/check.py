@@ -22,6 +22,13 @@ never to enter (the registry's ``needs``) is not affected, resting on that confi
 (``vulnerable_code_not_in_execute_path``), its code's own answer kept beside it (or, where its
 probe could not run, that its code was not observed). An attribute whose effective value the
 tree does not establish here never decides.
+
+A fix that runs only behind an environment variable (the registry's ``gate``) is probed with it on. Each tree
+reads the server environment given (``--server-env``, ``--server-env-file``; none: every variable at its
+default) with its own ``Envs`` in its probe process (probes/_serverenv.py): a value it refuses is a usage error
+naming it, a name it defines nowhere a warning. Where the code answers fixed (or partial) but the environment
+leaves the gate off, the answer is affected: the fix is present but off, and the table, the document and
+OpenVEX name the variable that turns it on.
 """
 
 from __future__ import annotations
@@ -37,21 +44,21 @@ from typing import Any
 
 from ..cells import allprobes, warm
 from ..core import children, sandbox
-from ..core.arguments import ServerArguments
+from ..core.arguments import ServerArguments, ServerEnvironment
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, HarnessError, usage, worst
 from ..core.paths import results_dir, run_logs, runs_dir, tree_lock_file, work_dir
 from ..documents.observations import Explained, explained_brief, explained_json, explained_text
 from ..documents.references import references
-from ..documents.vocabulary import Behaviour, Classification, RestsOn
+from ..documents.vocabulary import Behaviour, Classification, GateState, RestsOn
 from ..documents.vocabulary import CheckStatus as Status
 from ..judge import classify
-from ..registry import Experiment, Justification, Registry
+from ..registry import Experiment, Gate, Justification, Registry
 from ..sources import era_choice, images, trees
 from ..sources.era_choice import EraChoice
 from ..sources.pins import TreePins
 from ..sources.version import TreeVersion
 
-SCHEMA = "pdevidence-check/2"
+SCHEMA = "pdevidence-check/3"
 # SGLang itself requires Python >= 3.10; the tests parse the probes with that grammar.
 MIN_PYTHON = (3, 10)
 CHECK_SIDE = "check"
@@ -139,6 +146,75 @@ def _shown(value: Any) -> str:
 
 
 @dataclass
+class Environment:
+    """The server environment given (None: none, every variable at the tree's default), as one tree reads it
+    with its own ``Envs``: the values it takes, the names it reads elsewhere, those it defines nowhere, and each
+    gate's state (probes/_serverenv.py's record)."""
+
+    given: ServerEnvironment | None
+    values: dict[str, Any] = field(default_factory=dict)  # variable -> the value the tree's Envs field takes
+    named: list[str] = field(default_factory=list)  # not its Envs' fields, but read elsewhere in the tree
+    undefined: list[str] = field(default_factory=list)  # named nowhere in the tree: a typo, or not this tree's
+    gates: dict[str, dict] = field(default_factory=dict)  # variable -> the record's reading of it
+
+    def warnings(self) -> list[str]:
+        return [f"WARNING: --server-env {name}: this tree defines no such variable (not in its Envs, named in none "
+                "of its source files): a typo, or a variable of another version" for name in self.undefined]
+
+    def describe(self) -> str:
+        if self.given is None:
+            return "none given: every variable at this tree's default"
+        read = ", ".join(f"{name} = {_shown(value)}" for name, value in sorted(self.values.items()))
+        found = f"{len(self.given.variables)} variable(s) from {self.given.source}; this tree's Envs reads " \
+                f"{read or 'none of them'}"
+        return found + (f"; read outside its Envs: {', '.join(self.named)}" if self.named else "")
+
+    def to_json(self) -> dict:
+        given = self.given.to_json() if self.given else {"variables": {}, "source": None}
+        return {**given, "values": self.values, "named": self.named, "undefined": self.undefined}
+
+
+@dataclass
+class GateAnswer:
+    """Whether the server environment turns an experiment's gated fix on, as the tree reads its variable."""
+
+    gate: Gate
+    state: GateState
+    given: bool  # the variable was given (False: the tree's default, or none given at all)
+    assumed_defaults: bool  # no environment was given: the answer rests on every default
+    value: Any  # the value the tree takes (None where it is not established)
+    code_status: Status  # the answer about the code alone (the probe runs it with the gate on)
+    why: str  # how the value was read, or why it was not
+
+    @property
+    def turns_on(self) -> str:
+        return f"{self.gate.variable}={self.gate.on}"
+
+    def describe(self) -> str:
+        where = "assumed the defaults (no --server-env given)" if self.assumed_defaults else \
+            "given" if self.given else "not given: its default"
+        if self.state is GateState.UNDEFINED:
+            return f"gate {self.gate.variable}: not defined by this tree: answered by its code alone"
+        if self.state is GateState.UNREAD:
+            found = f"gate {self.gate.variable}: how this tree reads it is not established here ({self.why})"
+            return found + (f"; the fix is present, but whether the server runs it is not known: set "
+                            f"{self.turns_on} and check again" if self.code_status in GATED else "")
+        found = f"gate {self.gate.variable} = {_shown(self.value)} ({where}): {self.state.value}"
+        if self.state is GateState.OFF and self.code_status in GATED:
+            found += f"; the fix is present but off: set {self.turns_on} in the server's environment to turn it on"
+        return found
+
+    def to_json(self) -> dict:
+        return {"variable": self.gate.variable, "on": self.gate.on, "state": self.state.value, "given": self.given,
+                "assumed_defaults": self.assumed_defaults, "value": self.value,
+                "code_status": self.code_status.value, "why": self.why, "gate_why": self.gate.why}
+
+
+# The code's answers that rest on the gated code running: with the gate off it does not.
+GATED = (Status.FIXED, Status.PARTIAL)
+
+
+@dataclass
 class ConfigAnswer:
     """Whether the configuration given enters a fix's code path: True, False (an attribute whose effective value
     is established holds none of the values the path needs), or None (an attribute the path needs has no
@@ -187,12 +263,19 @@ class ExperimentCheck:
     # build's value beside base's and head's.
     explain: Explained = field(default_factory=dict)
     config: ConfigAnswer | None = None  # given server arguments: whether they enter this fix's code path
+    gate: GateAnswer | None = None  # a gated fix: whether the server environment turns it on
     unobserved: list[str] = field(default_factory=list)  # deciding keys the build never recorded: ``sid.key``
 
     @property
     def rests_on_configuration(self) -> bool:
         """Not affected because the configuration given never enters the code path (not because of the code)."""
         return self.config is not None and self.config.enters_path is False
+
+    @property
+    def gated_off(self) -> bool:
+        """The code answers fixed (or partial) with its gate on, but the server environment does not turn it on."""
+        return self.gate is not None and self.gate.code_status in GATED and \
+            self.gate.state in (GateState.OFF, GateState.UNREAD)
 
     @property
     def deviations(self) -> Explained:
@@ -212,6 +295,8 @@ class ExperimentCheck:
         if self.config is not None:
             found["configuration"] = self.config.to_json()
             found["rests_on"] = (RestsOn.CONFIGURATION if self.rests_on_configuration else RestsOn.CODE).value
+        if self.gate is not None:
+            found["gate"] = self.gate.to_json()
         return found
 
 
@@ -222,6 +307,7 @@ class CheckResult:
     sglang_version: str | None = None  # what the build says it is: `sglang.__version__`
     containment: dict | None = None  # how its probe process ran (sandbox.Containment.record); None: unknown
     configuration: Configuration | None = None  # the server arguments given, as this tree's parser read them
+    environment: Environment | None = None  # the server environment (given or default), as this tree read it
 
     @property
     def exit_code(self) -> int:
@@ -233,14 +319,19 @@ class CheckResult:
                  "experiments": [e.to_json() for e in self.experiments]}
         if self.configuration is not None:
             found["configuration"] = self.configuration.to_json()
+        if self.environment is not None:
+            found["environment"] = self.environment.to_json()
         return found
 
 
 def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict,
-          configuration: Configuration | None = None) -> ExperimentCheck:
-    """One experiment's status from its result and the published base and head results; given the server
-    configuration, not affected where it never enters the fix's code path (the code's own answer kept beside)."""
+          configuration: Configuration | None = None, environment: Environment | None = None) -> ExperimentCheck:
+    """One experiment's status from its result and the published base and head results; a gated fix the server
+    environment leaves off is affected; given the server configuration, not affected where it never enters the
+    fix's code path (the code's own answer kept beside)."""
     found = _judge_code(exp, outcome, base, head)
+    if exp.gate is not None and environment is not None:
+        found = _gated(exp.gate, found, environment)
     if configuration is None:
         return found
     needs = exp.needs
@@ -262,6 +353,23 @@ def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict,
     return ExperimentCheck(exp.name, exp.pr, Status.NOT_AFFECTED, found.scenarios, [], found.result_sha256,
                            found.error, [evidence], Justification.NOT_IN_EXECUTE_PATH.value,
                            found.not_deciding, {}, found.config)
+
+
+def _gated(gate: Gate, found: ExperimentCheck, environment: Environment) -> ExperimentCheck:
+    """The code's answer under the server environment: the probe ran the fix with its gate on, so where the
+    environment leaves it off the fix never runs (affected); where the tree's reading is not established, it is
+    not an all-clear (unknown); a tree that does not define the variable answers by its code alone."""
+    read = environment.gates.get(gate.variable) or {"state": GateState.UNREAD.value,
+                                                     "why": "the probe process did not read it"}
+    state = GateState(read["state"])
+    answer = GateAnswer(gate, state, bool(read.get("given")), environment.given is None, read.get("value"),
+                        found.status, read.get("why") or "")
+    found.gate = answer
+    if found.status not in GATED or state in (GateState.ON, GateState.UNDEFINED):
+        return found
+    # The scenarios say what the code does with the gate on: none decides what the server runs.
+    return dataclasses.replace(found, status=Status.AFFECTED if state is GateState.OFF else Status.UNKNOWN,
+                               deciding=[])
 
 
 def _judge_code(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict) -> ExperimentCheck:
@@ -360,14 +468,17 @@ def run(reg: Registry, target: Target, tree: trees.Tree | None, *, fresh_referen
 
 
 def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, fresh_references: bool = False,
-            force: bool = False, log=print, server_args: ServerArguments | None = None) -> list[CheckResult]:
+            force: bool = False, log=print, server_args: ServerArguments | None = None,
+            server_env: ServerEnvironment | None = None) -> list[CheckResult]:
     """Every target, each judged on its own against the published base and head results (verified first), or
     with ``fresh_references`` against the fresh ones in runs/ (while republishing); every tree shares one warm
     engine per era (an unpacked wheel is what installing it gives; a source tree's Python code is all the probes
     load, so nothing is built), with their outcomes cached by what made them. Given ``server_args``, each tree's
-    own parser reads them in its probe process, and they are part of what its outcome is cached by."""
+    own parser reads them in its probe process, and they are part of what its outcome is cached by; so is the
+    server environment (``server_env``) and, where a fix is gated, its variable, each read by the tree's own
+    ``Envs``."""
     exps = list(reg.experiments.values())
-    config_args = _config_args(exps, server_args)
+    config_args = {**_config_args(exps, server_args), **_environment_args(exps, server_env)}
     for target, tree in targets:  # refused before anything is fetched, built or run
         if tree is None:
             sandbox.admit(False, f"the interpreter {target.ref}")
@@ -395,15 +506,17 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, f
                 own[target.label()] = _in_own_process(reg, names, target, out / target.label(), log, config_args)
             outcomes = own[target.label()]
         configuration = _configuration(server_args, out / (tree.label() if tree else target.label()), target)
+        environment = _environment(exps, server_env, out / (tree.label() if tree else target.label()), target)
         versions = {o.doc.get("sglang_version") for o in outcomes.values() if o.doc}
         version = versions.pop() if len(versions) == 1 else None
         if target.kind == "python":
             target.resolved = version
-        judged = [judge(exp, outcomes[exp.name], refs[exp.name].base, refs[exp.name].head, configuration)
-                  for exp in exps]
+        judged = [judge(exp, outcomes[exp.name], refs[exp.name].base, refs[exp.name].head, configuration,
+                        environment) for exp in exps]
         if target.image is not None and target.image.install.choice is images.Choice.UNDECIDED:
             judged = [_undecided(e) for e in judged]
-        found.append(CheckResult(target, judged, version, next(iter(outcomes.values())).containment, configuration))
+        found.append(CheckResult(target, judged, version, next(iter(outcomes.values())).containment, configuration,
+                                 environment))
     return found
 
 
@@ -468,6 +581,37 @@ def _configuration(server_args: ServerArguments | None, out: Path, target: Targe
                          read.get("resolution"))
 
 
+def _environment_args(exps: list[Experiment], server_env: ServerEnvironment | None) -> dict[str, str]:
+    """The probe driver's arguments for the server environment given and the gates' variables: none where
+    neither is (an ungated registry's outcomes are kept by what they always were)."""
+    gates = {exp.gate.variable: exp.gate.on for exp in exps if exp.gate}
+    found = {warm.SERVER_ENV: json.dumps(server_env.values(), sort_keys=True)} if server_env is not None else {}
+    return found | ({warm.SERVER_GATES: json.dumps(gates, sort_keys=True)} if gates else {})
+
+
+def _environment(exps: list[Experiment], server_env: ServerEnvironment | None, out: Path,
+                 target: Target) -> Environment | None:
+    """The server environment as the tree read it (its own Envs); a value it refuses is a usage error naming the
+    variable, a name it defines nowhere a warning. None: neither an environment nor a gate to read."""
+    if server_env is None and not any(exp.gate for exp in exps):
+        return None
+    read = allprobes.read_environment(out)
+    which = f"{target.kind} {target.resolved or target.ref}"
+    if read is None:
+        if server_env is not None:
+            raise HarnessError(f"the probe process of {which} did not read the server environment "
+                               f"({server_env.source})", todo="see the log under .cells/logs/; rerun with --force")
+        return Environment(None)  # each gate unread: never an all-clear
+    error = read.get("error")
+    if error and error.get("kind") == "environment":
+        named = error.get("variable")
+        raise usage(f"--server-env ({server_env.source if server_env else 'the defaults'}): {error['message']}",
+                    expected=f"values the server of {which} accepts for its variables (its sglang.srt.environ Envs)",
+                    todo=f"fix or drop {named or 'that variable'} in the server's environment")
+    return Environment(server_env, dict(read.get("values") or {}), list(read.get("named") or []),
+                       list(read.get("undefined") or []), dict(read.get("gates") or {}))
+
+
 def _tree_args(tree: trees.Tree | None, kind: str = "") -> dict[str, str]:
     return {"side": CHECK_SIDE, "tree_kind": tree.kind if tree else kind, "tree_ref": tree.ref if tree else "",
             "tree_resolved": tree.resolved if tree else ""}
@@ -529,6 +673,9 @@ def table(result: CheckResult, *, verbose: bool = False) -> str:
         lines.append(f"  {CHOICE[result.target.image.install.choice]}: {result.target.image.install.why}")
     if result.configuration is not None:
         lines.append(f"  server configuration: {result.configuration.describe()}")
+    if result.environment is not None:
+        lines.append(f"  server environment: {result.environment.describe()}")
+        lines += [f"  {warning}" for warning in result.environment.warnings()]
     width = max((len(e.experiment) for e in result.experiments), default=0)  # the fixes' column
     for e in result.experiments:
         by = {b: [sid for sid, got in e.scenarios.items() if got is b] for b in Behaviour}
@@ -538,6 +685,8 @@ def table(result: CheckResult, *, verbose: bool = False) -> str:
             parts = ["not in the execute path of the configuration given: " + "; ".join(e.evidence)]
         elif e.status is Status.NOT_AFFECTED:
             parts = ["the vulnerable path is not in this build: " + "; ".join(e.evidence)]
+        elif e.gated_off:
+            parts = [e.gate.describe()]
         else:
             parts = [f"{LABEL[b]}: {', '.join(by[b])}" for b in dict.fromkeys([*SHOWN[e.status], Behaviour.DEVIATES])
                      if by[b]] + ([f"raised: {e.error}"] if e.error else []) \
@@ -552,5 +701,7 @@ def table(result: CheckResult, *, verbose: bool = False) -> str:
         lines += [f"  {'':<{width}} judged without {rule}" for rule in e.not_deciding]
         if e.config is not None:
             lines.append(f"  {'':<{width}} {e.config.describe()}")
+        if e.gate is not None and not e.gated_off:
+            lines.append(f"  {'':<{width}} {e.gate.describe()}")
     lines.append(f"  ran {sandbox.describe(result.containment)}")  # how the tree's code ran on this machine
     return "\n".join(lines)

@@ -104,6 +104,8 @@ def statement(reg: Registry, result: CheckResult, index: int) -> dict:
             notes += f"; the server configuration given ({result.configuration.given.source}: {args}) enters its path"
         else:
             notes += f"; {e.config.describe()}"
+    if e.gate is not None:
+        notes += f"; {e.gate.describe()}"
     notes += f"; result sha256: {e.result_sha256 or 'none (no result)'}"
     found = {
         "vulnerability": {"@id": PR_URL.format(pr=exp.pr), "name": vuln_id(exp), "description": exp.title},
@@ -114,7 +116,11 @@ def statement(reg: Registry, result: CheckResult, index: int) -> dict:
     if e.status is Status.NOT_AFFECTED:  # OpenVEX requires a justification or an impact statement
         found["justification"] = e.justification
         found["impact_statement"] = "; ".join(e.evidence)
-    if e.status is Status.AFFECTED:
+    if e.status is Status.AFFECTED and e.gated_off:  # the fix is there: the server's environment turns it on
+        found["action_statement"] = (f"Set {e.gate.turns_on} in the server's environment (this build carries PR "
+                                     f"#{exp.pr}, off by default: {e.gate.gate.why}), then rerun `python -m "
+                                     f"pdevidence check` with --server-env {e.gate.turns_on}.")
+    elif e.status is Status.AFFECTED:
         found["action_statement"] = (f"Upgrade to an SGLang release with PR #{exp.pr} (see the OSV record "
                                      f"{vuln_id(exp)}) or apply the PR, then rerun `python -m pdevidence check`.")
     return found

@@ -1,7 +1,12 @@
 """OSV records (schema 1.6) from the published sweep tables: one per experiment.
 
 Pure functions from (registry experiment, sweep table, evidence hashes) to an
-OSV dict; ``publish`` writes them to ``results/osv/``. Everything in a record
+OSV dict; ``publish`` writes them to ``results/osv/``. A gated fix (the registry's
+``gate``: it runs only where the server's environment turns it on, off by default) closes
+no range: a scanner reads a ``fixed`` event as "upgrade and you are safe", which the
+default environment does not make true. Its range stays open, the releases that carry the
+fix are listed as affected, and ``details`` and ``database_specific.gate`` name the first
+of them and the variable. Everything in a record
 comes from its inputs, except that ``publish`` sets ``modified`` to when the
 record's content last changed: the previous record's when nothing else did.
 """
@@ -99,6 +104,19 @@ def record(exp: Experiment, table: SweepTable, hashes: dict[str, str], pd_first:
         + "Backports, forks and source builds can differ from their version number: "
         "`python -m pdevidence check` runs the probes on the build you have.",
     ]
+    versions, ranges = seen, events(releases, pd_first)
+    found_db: dict = {}
+    if exp.gate is not None:
+        carrying = [r.version for r in releases if r.classification is Classification.FIXED]
+        versions = sorted({*seen, *carrying}, key=Version)
+        ranges = ranges[:1]  # opened once, never closed: with the defaults, no release is fixed
+        details.insert(2, f"The fix runs only where the server's environment sets {exp.gate.variable}="
+                       f"{exp.gate.on} ({exp.gate.why}). The releases that carry it ({', '.join(carrying) or 'none yet'}"
+                       ") behave as fixed only with it on, so the range is left open (no fixed event) and they are "
+                       f"listed as affected: with the defaults they are. `python -m pdevidence check --server-env "
+                       f"{exp.gate.variable}={exp.gate.on}` answers fixed for them.")
+        found_db["gate"] = {"variable": exp.gate.variable, "on": exp.gate.on, "why": exp.gate.why,
+                            "first_carrying": fixed}
     return {
         "schema_version": SCHEMA_VERSION,
         "id": vuln_id(exp),
@@ -107,8 +125,8 @@ def record(exp: Experiment, table: SweepTable, hashes: dict[str, str], pd_first:
         "details": "\n\n".join(details),
         "affected": [{
             "package": dict(PACKAGE),
-            "ranges": [{"type": "ECOSYSTEM", "events": events(releases, pd_first)}],
-            "versions": seen,
+            "ranges": [{"type": "ECOSYSTEM", "events": ranges}],
+            "versions": versions,
             "database_specific": {"classification": {r.version: r.classification.value for r in releases}},
         }],
         "references": [{"type": "FIX", "url": PR_URL.format(pr=exp.pr)},
@@ -118,6 +136,7 @@ def record(exp: Experiment, table: SweepTable, hashes: dict[str, str], pd_first:
             "first_fixed": fixed,
             "regressions": list(table.regressions),
             "evidence_sha256": dict(sorted(hashes.items())),
+            **found_db,
         },
     }
 

@@ -1,0 +1,416 @@
+"""The decode side of a PD transfer, driven as a decode scheduler does: the real ``DecodeTransferQueue``.
+
+What the transfer experiments share (``deferred_release``, PR #35049; ``deferred_release_nixl``, PR #35360):
+a decode worker pre-allocates a request's KV slots, the prefill side writes into them, and an abort
+mid-transfer decides when those slots go back to the allocator. A ``World`` holds the tree's real
+objects on the decode side:
+
+- the real ``DecodeTransferQueue`` (``sglang.srt.disaggregation.decode``), built by its own
+  constructor (which reads the gate, ``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE``, through
+  the tree's ``envs``: ``gated`` sets it in ``os.environ`` only while the world is built and driven);
+- the real receiver class of the backend (``MooncakeKVReceiver`` unless told otherwise), made with
+  ``object.__new__`` and the attributes its ``abort``/``poll``/``failure_exception``/``clear`` read; its
+  manager is the backend's real manager class made the same way (its ack tracker and status table are
+  the tree's own methods). The manager's gate is set from the tree's own ``envs`` read under ``gated``,
+  as its constructor does;
+- the scheduler's own methods on a stand-in ``self``: an abort is ``Scheduler.abort_request`` (which,
+  from 0.5.19, also arms the ack tracker), an iteration is ``process_decode_queue`` (which, from 0.5.19,
+  resolves held releases, then polls);
+- messages from the prefill side (a status, an ``ABORT_ACK``) reach the manager through its own decode
+  thread (``start_decode_thread``), run on the probe's thread over a scripted socket that ends the loop.
+
+Stand-ins, at the boundary only: the ZeroMQ sockets (a recorder of ``send_multipart``; a scripted
+``recv_multipart``), the gloo all-reduce of polls (one rank: the identity), the token allocator (a free
+list that hands the most recently freed slots out first, as a reuse would), the tree cache
+(``cache_finished_req`` gives the request's slots back and marks its KV released as the tree's pool
+does), the metadata-slot allocator and buffers, the prefill-side writes (the probe says when the last
+one lands) and the clock (the queue module's ``time.monotonic``, which the deadline reads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import os
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Callable
+
+from _probekit import Collaborators, Recorder, publish_server_args, server_args, swapped
+
+DECODE_MODULE = "sglang.srt.disaggregation.decode"
+GATE = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
+GATE_ON = "true"
+BACKEND_MODULES = {"mooncake": "sglang.srt.disaggregation.mooncake.conn"}
+RECEIVER_CLASSES = {"mooncake": ("MooncakeKVReceiver", "MooncakeKVManager")}
+SLOTS = 64  # the token pool: slots 1..SLOTS (0 is the padding slot)
+META_SLOTS = 8
+DECODE_IP, DECODE_PORT = "192.0.2.2", 17000  # TEST-NET-1: never routed; no socket dials it anyway
+PREFILL_IP, PREFILL_PORT = "192.0.2.1", 18000  # prefill rank r listens on PREFILL_PORT + r
+STANDINS = Collaborators(
+    tree_cache=("sglang.srt.mem_cache.radix_cache:RadixCache",
+                "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache"),
+    metadata_allocator=("sglang.srt.disaggregation.utils:ReqToMetadataIdxAllocator",),
+    prealloc_queue=(f"{DECODE_MODULE}:DecodePreallocQueue",),
+    scheduler=("sglang.srt.managers.scheduler:Scheduler",),
+)
+
+sg = SimpleNamespace(ready=False)
+
+
+class CannotDrive(RuntimeError):
+    """The tree lacks a part the driver needs: the scenario records this as its error, never as an answer."""
+
+
+class ScriptEnded(Exception):
+    """The scripted socket has no more messages: ends the manager's ``while True`` receive loop."""
+
+
+@contextlib.contextmanager
+def gated(on: bool):
+    """The gate as a server's environment sets it, for one block; the previous value comes back after."""
+    saved = os.environ.get(GATE)
+    if on:
+        os.environ[GATE] = GATE_ON
+    else:
+        os.environ.pop(GATE, None)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(GATE, None)
+        else:
+            os.environ[GATE] = saved
+
+
+def prepare(adapt: Callable[[str], None], backend: str = "mooncake") -> None:
+    """Import what a world uses, once; a part the tree lacks is left for the scenarios to record."""
+    import torch
+    from sglang.srt.server_args import ServerArgs
+
+    sg.torch = torch
+    sg.backend = backend
+    sg.missing = None
+    try:
+        sg.decode = importlib.import_module(DECODE_MODULE)
+        sg.conn = importlib.import_module(BACKEND_MODULES[backend])
+    except ImportError as exc:
+        sg.missing = f"{exc.name or exc} does not import: {exc}"
+        return
+    receiver_name, manager_name = RECEIVER_CLASSES[backend]
+    for owner, name in ((sg.decode, "DecodeTransferQueue"), (sg.decode, "DecodeRequest"),
+                        (sg.conn, receiver_name), (sg.conn, manager_name)):
+        if not hasattr(owner, name):
+            sg.missing = f"{owner.__name__} has no {name}"
+            return
+    sg.Queue, sg.DecodeRequest = sg.decode.DecodeTransferQueue, sg.decode.DecodeRequest
+    sg.Receiver, sg.Manager = getattr(sg.conn, receiver_name), getattr(sg.conn, manager_name)
+    from sglang.srt.disaggregation.base import KVPoll
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.managers import schedule_batch
+    from sglang.srt.managers.io_struct import AbortReq
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    sg.KVPoll, sg.DECODE, sg.AbortReq = KVPoll, DisaggregationMode.DECODE, AbortReq
+    sg.Req, sg.SamplingParams, sg.Scheduler = Req, SamplingParams, Scheduler
+    sg.ReqKvInfo = getattr(schedule_batch, "ReqKvInfo", None)
+    sg.kv_on_record = sg.ReqKvInfo is not None and hasattr(sg.ReqKvInfo, "holds_kv")  # 0.5.19 on
+    sg.envs = getattr(importlib.import_module("sglang.srt.environ"), "envs", None)
+    sg.server_args = server_args(ServerArgs, adapt, model_path="dummy", disaggregation_mode="decode",
+                                 disaggregation_transfer_backend=backend)
+    publish_server_args(sg.server_args, adapt, role="test")
+    STANDINS.find()
+    sg.ready = True
+
+
+def gate_in_tree() -> bool:
+    """Whether the tree's ``envs`` defines the gate (0.5.19 on)."""
+    return sg.envs is not None and hasattr(type(sg.envs), GATE)
+
+
+def _tree_gate() -> bool:
+    """The gate as the tree's own ``envs`` reads it now (False where the tree has no such variable)."""
+    return bool(getattr(sg.envs, GATE).get()) if gate_in_tree() else False
+
+
+class Clock:
+    """The queue module's ``time``: ``monotonic`` is the probe's; everything else is the real module's."""
+
+    def __init__(self, real: Any):
+        self._real = real
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+class ScriptedSocket:
+    """The manager's server socket: hands out the scripted messages, then ends the receive loop."""
+
+    def __init__(self, messages: list[list[bytes]]):
+        self.messages = list(messages)
+
+    def recv_multipart(self) -> list[bytes]:
+        if not self.messages:
+            raise ScriptEnded()
+        return self.messages.pop(0)
+
+
+class InlineThread:
+    """``threading.Thread`` in the backend's module: the manager's receive loop (``decode_thread``) runs on the
+    probe's thread at ``start``; any other thread it starts (a heartbeat checker) never runs."""
+
+    RUNS = "decode_thread"
+
+    def __init__(self, target: Callable[[], None], *args, **kwargs):
+        self.target = target
+
+    def start(self) -> None:
+        if getattr(self.target, "__name__", "") != self.RUNS:
+            return
+        try:
+            self.target()
+        except ScriptEnded:
+            pass
+
+
+@dataclass
+class Request:
+    """One request on the decode side: its real ``Req``, receiver and ``DecodeRequest``, and its slots."""
+
+    rid: str
+    room: int
+    slots: list[int]
+    req: Any
+    receiver: Any
+    decode_req: Any
+    meta: int
+    sent: list[tuple[int, list[bytes]]] = field(default_factory=list)  # (prefill rank, frames) its receiver sent
+
+
+class World:
+    """The stand-ins of one scenario and what they saw."""
+
+    def __init__(self, *, gate: bool = True, ranks: int = 1):
+        if not sg.ready:
+            raise CannotDrive(sg.missing or "the tree's transfer queue was not prepared")
+        self.gate, self.ranks = gate, ranks
+        self.free_list = list(range(1, SLOTS + 1))
+        self.holders: dict[int, str] = {}  # slot -> rid of the live request holding it
+        self.frees: list[dict[str, Any]] = []
+        self.meta_free = list(range(META_SLOTS))
+        self.meta_frees: list[int] = []
+        self.requests: dict[str, Request] = {}
+        self.writes: list[dict[str, Any]] = []
+        self.errors: list[str] = []
+        self.clock = Clock(sg.decode.time)
+        torch = sg.torch
+        self.metadata_buffers = SimpleNamespace(bootstrap_room=torch.zeros((META_SLOTS, 1), dtype=torch.int64))
+        self.meta_allocator = STANDINS.make("metadata_allocator", "metadata_allocator", free=self._free_meta,
+                                            alloc=self._alloc_meta, available_size=lambda: len(self.meta_free))
+        self.tree_cache = STANDINS.make("tree_cache", "tree_cache", cache_finished_req=self._cache_finished_req,
+                                        supports_mamba=lambda: False, page_size=1)
+        self.prealloc = STANDINS.make("prealloc_queue", "prealloc_queue", queue=[], retracted_queue=[],
+                                      pop_preallocated=lambda *a, **k: ([], []),
+                                      resume_retracted_reqs=lambda *a, **k: [],
+                                      note_destinations_queued=lambda *a, **k: None)
+        self.scheduler = STANDINS.make(
+            "scheduler", "scheduler", spec_algorithm=None, enable_decode_hicache=False, enable_hisparse=False,
+            enable_hicache_storage=False, enable_metrics=False, metrics_reporter=SimpleNamespace(enable_metrics=False),
+            output_streamer=SimpleNamespace(stream_output=Recorder("stream_output")),
+            disaggregation_mode=sg.DECODE, disagg_decode_prealloc_queue=self.prealloc, waiting_queue=[],
+            chunked_req=None, mm_receiver=None, dllm_config=None, running_batch=SimpleNamespace(reqs=[]),
+            last_batch=None, cur_batch=None, collect_inflight_reqs=lambda: set(),
+            grammar_manager=SimpleNamespace(abort_requests=Recorder("abort_requests")),
+            grammar_queue=[], polling_count=0, polling_interval=1,
+            decode_offload_manager=None, tree_cache=self.tree_cache, server_args=sg.server_args,
+            ps=SimpleNamespace(pp_size=1), pp_size=1)
+        self.manager = self._manager()
+        with self.driving():
+            params = inspect.signature(sg.Queue.__init__).parameters
+            kwargs = {"gloo_group": None, "req_to_metadata_buffer_idx_allocator": self.meta_allocator,
+                      "tp_rank": 0, "metadata_buffers": self.metadata_buffers, "scheduler": self.scheduler,
+                      "tree_cache": self.tree_cache}
+            self.queue = sg.Queue(**{k: v for k, v in kwargs.items() if k in params})
+        self.scheduler.disagg_decode_transfer_queue = self.queue
+
+    # --- the tree's objects ------------------------------------------------------------------
+    def _manager(self) -> Any:
+        """The backend's real manager class, with the decode side's state its methods read."""
+        manager = object.__new__(sg.Manager)
+        with gated(self.gate):
+            gate = _tree_gate()
+        for name, value in {
+            "request_status": {}, "failure_records": {}, "failure_lock": threading.Lock(),
+            "required_prefill_response_num_table": {}, "prefill_response_tracker": defaultdict(set),
+            "_deferred_abort_ack_tracker": {}, "enable_deferred_decode_kv_release": gate,
+            "local_ip": DECODE_IP, "rank_port": DECODE_PORT, "disaggregation_mode": sg.DECODE,
+            "enable_staging": False, "_staging_handler": None, "addr_to_rooms_tracker": defaultdict(set),
+        }.items():
+            object.__setattr__(manager, name, value)
+        return manager
+
+    @contextlib.contextmanager
+    def driving(self):
+        """The gate as this world's server sets it, the probe's clock, and a one-rank all-reduce."""
+        dist = sg.torch.distributed
+        with gated(self.gate), swapped(sg.decode, time=self.clock), \
+                swapped(dist, all_reduce=lambda tensor, *a, **k: None):
+            yield
+
+    def admit(self, rid: str, room: int, *, tokens: int = 8) -> Request:
+        """A request whose KV the prefill side is transferring: slots allocated, receiver bootstrapped."""
+        slots = [self.free_list.pop(0) for _ in range(tokens)]
+        for slot in slots:
+            self.holders[slot] = rid
+        req = sg.Req(rid, "", list(range(tokens)), sg.SamplingParams(max_new_tokens=16))
+        req.bootstrap_room = room
+        _hold_kv(req, row=len(self.requests), length=tokens)
+        receiver = object.__new__(sg.Receiver)
+        entry = Request(rid, room, slots, req, receiver, None, self._alloc_meta())
+
+        def connect(bootstrap_info, *a, **k):
+            rank = bootstrap_info["rank_port"] - PREFILL_PORT
+            socket = SimpleNamespace(send_multipart=lambda frames: entry.sent.append((rank, list(frames))))
+            return socket, threading.Lock()
+
+        infos = [{"rank_ip": PREFILL_IP, "rank_port": PREFILL_PORT + rank} for rank in range(self.ranks)]
+        for name, value in {"kv_mgr": self.manager, "bootstrap_room": room, "conclude_state": None,
+                            "abort_notified": False, "bootstrap_infos": infos, "require_staging": False,
+                            "_connect_to_bootstrap_server": connect}.items():
+            object.__setattr__(receiver, name, value)
+        self.manager.request_status[room] = sg.KVPoll.Transferring
+        self.manager.required_prefill_response_num_table[room] = self.ranks
+        entry.decode_req = sg.DecodeRequest(req=req, kv_receiver=receiver, metadata_buffer_index=entry.meta)
+        self.requests[rid] = entry
+        self.queue.queue.append(entry.decode_req)
+        return entry
+
+    def bystander(self, rid: str, *, tokens: int = 8) -> list[int]:
+        """Another request admitted now: it takes the most recently freed slots first."""
+        slots = [self.free_list.pop(0) for _ in range(tokens)]
+        for slot in slots:
+            self.holders[slot] = rid
+        return slots
+
+    # --- what the scheduler and the prefill side do --------------------------------------------
+    def abort(self, rid: str) -> None:
+        """The client aborts: the scheduler's own ``abort_request``."""
+        with self.driving():
+            self.call("abort", sg.Scheduler.abort_request, self.scheduler, sg.AbortReq(rid=rid))
+
+    def iterate(self) -> None:
+        """One decode scheduler iteration over the transfer queue: the scheduler's own ``process_decode_queue``."""
+        with self.driving():
+            self.call("iterate", sg.decode.SchedulerDisaggregationDecodeMixin.process_decode_queue, self.scheduler)
+
+    def receive(self, *messages: list[bytes]) -> None:
+        """Messages from the prefill ranks, through the manager's own decode thread."""
+        self.manager.server_socket = ScriptedSocket(list(messages))
+        with self.driving(), swapped(sg.conn, threading=SimpleNamespace(Thread=InlineThread, Lock=threading.Lock)):
+            self.call("receive", self.manager.start_decode_thread)
+
+    def ack(self, rid: str, rank: int) -> None:
+        """A prefill rank's drain ack for the request's room (the 3-frame ``ABORT_ACK``): it answers an ``ABORT``,
+        so a rank the tree never told (a tree without the notification, up to 0.5.12) sends none."""
+        if any(to == rank and frames[:1] == [b"ABORT"] for to, frames in self.requests[rid].sent):
+            self.receive([b"ABORT_ACK", str(self.requests[rid].room).encode(), str(rank).encode()])
+
+    def status(self, rid: str, poll: Any, rank: int = 0) -> None:
+        """A prefill rank's transfer status for the request's room (``Success`` / ``Failed``)."""
+        self.receive([str(self.requests[rid].room).encode(), str(int(poll)).encode(), str(rank).encode()])
+
+    def last_write(self, rid: str) -> dict[str, int]:
+        """The prefill side's last write into the request's slots lands now: what it hit."""
+        entry = self.requests[rid]
+        freed = {f["slot"] for f in self.frees if f["rid"] == rid}
+        hit = {"written_after_free": sum(1 for s in entry.slots if s in freed),
+               "written_into_other": sum(1 for s in entry.slots if self.holders.get(s) not in (None, rid))}
+        self.writes.append(hit)
+        return hit
+
+    def call(self, what: str, fn: Callable[..., Any], *args) -> Any:
+        """A tree call; an exception it raises is what the tree did (recorded by type), not a probe error."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self.errors.append(f"{what}:{type(exc).__name__}")
+            return None
+
+    # --- the stand-ins' recording ----------------------------------------------------------------
+    def _cache_finished_req(self, req, *args, **kwargs) -> None:
+        entry = self.requests[req.rid]
+        for slot in entry.slots:
+            self.frees.append({"slot": slot, "rid": req.rid})
+            if self.holders.get(slot) == req.rid:
+                del self.holders[slot]
+        self.free_list[:0] = entry.slots  # the next allocation takes these first
+        _release_kv(req)
+
+    def _alloc_meta(self) -> int:
+        return self.meta_free.pop(0)
+
+    def _free_meta(self, idx: int) -> None:
+        self.meta_frees.append(int(idx))
+        self.meta_free.append(int(idx))
+
+    # --- observations ------------------------------------------------------------------------
+    def freed(self, rid: str) -> int:
+        return sum(1 for f in self.frees if f["rid"] == rid)
+
+    def double_freed(self) -> int:
+        seen: dict[int, int] = {}
+        for f in self.frees:
+            seen[f["slot"]] = seen.get(f["slot"], 0) + 1
+        return sum(n - 1 for n in seen.values() if n > 1)
+
+    def meta_freed(self, rid: str) -> int:
+        return self.meta_frees.count(self.requests[rid].meta)
+
+    def aborts_sent(self, rid: str) -> int:
+        return sum(1 for _, frames in self.requests[rid].sent if frames[:1] == [b"ABORT"])
+
+    def held(self) -> int:
+        """Requests the queue holds for a deferred release (0 where the tree has no such hold)."""
+        return len(getattr(self.queue, "_deferred_releases", ()))
+
+    def timeout(self) -> float:
+        return float(getattr(self.queue, "deferred_kv_release_timeout", 30.0))
+
+    def error(self) -> str | None:
+        return ",".join(self.errors) or None
+
+
+def _hold_kv(req, *, row: int, length: int) -> None:
+    """The request holds ``length`` committed slots in row ``row``, in the tree's layout."""
+    if sg.kv_on_record:  # 0.5.19 on: the row and lengths are on req.kv
+        req.kv.req_pool_idx = row
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = length
+        return
+    req.req_pool_idx = row
+    for name in ("kv_committed_len", "kv_allocated_len"):
+        if hasattr(req, name):
+            setattr(req, name, length)
+    if sg.ReqKvInfo is not None:  # 0.5.17/0.5.18: the allocation is on req.kv
+        req.kv = sg.ReqKvInfo(kv_allocated_len=length, swa_evicted_seqlen=0)
+        if hasattr(req.kv, "kv_committed_len"):
+            req.kv.kv_committed_len = length
+
+
+def _release_kv(req) -> None:
+    """What the tree's pool does when the tree cache gives a finished request's row back."""
+    if sg.kv_on_record:
+        req.kv.req_pool_idx = None
+        req.kv.mark_kv_released()
+        return
+    req.req_pool_idx = None
+    if sg.ReqKvInfo is not None:
+        req.kv = None

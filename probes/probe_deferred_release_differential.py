@@ -1,0 +1,181 @@
+"""Differential probe for experiment deferred_release: decode KV pages given back under a prefill write (PR #35049).
+
+In PD disaggregation the prefill server writes a request's KV straight into slots the decode server
+pre-allocated. When decode aborts the request mid-transfer, its ``DecodeTransferQueue`` gave the slots
+(and the metadata slot) back at the next poll, while a prefill write could still land in them: the
+next request admitted received those slots, and the late write went into its KV. The fix holds a
+request aborted by decode (its receiver notified the prefill ranks, ``abort_notified``) until every
+notified prefill rank acknowledges that its transfer drained (``ABORT_ACK`` with its rank), or a
+timeout fires (``resolve_deferred_releases``, each scheduler iteration); a failure the prefill side
+reported still releases at once, by design. Only with ``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE``
+true (off by default): the scenarios run with it set, as a decode server's environment would, except
+D8, run with it unset. How the queue is built and driven, and the stand-ins: ``_transferqueue.py``.
+
+A request holds 8 token slots; two scheduler iterations after the abort another request is
+admitted (it takes the most recently freed slots first), then the prefill side's last write into the aborted
+request's slots lands, then its ranks ack. Scenarios:
+
+- D1 decode aborts mid-transfer (one prefill rank);
+- D2 decode aborts after the prefill finished writing (the room succeeded): its ack comes at once;
+- D3 two prefill ranks: one acks, the other writes last and acks later;
+- D4 acks that never come: held until the timeout, then released;
+- D5 a stale ack of the room's previous request arrives before the abort: it must not count;
+- D6 control: the prefill side reports a failure (it stopped writing): released at once, by design;
+- D7 control: a transfer still running, no abort: nothing is given back;
+- D8 control: D1 with the gate unset (the default): today's server releases at once, as before the fix.
+
+Keys (counts of the aborted request's 8 slots unless named otherwise): ``abort_sent`` (``ABORT``
+messages its receiver sent to the prefill ranks), ``freed_before_last_write`` /
+``meta_freed_before_last_write`` (slots / the metadata slot given back before the prefill's last
+write), ``written_after_free`` and ``written_into_other`` (slots of that write already given back /
+held by another request: the corruption), ``freed_after_first_ack``, ``freed_before_timeout``,
+``freed_after_timeout``, ``freed_total``, ``meta_freed`` (times its metadata slot went back),
+``double_freed``. A call of the tree that raised ends the scenario as an error (never an answer).
+
+    python probes/probe_deferred_release_differential.py --side head --tree-kind release --tree-ref 0.5.19
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _transferqueue  # noqa: E402
+from _probekit import Observed, ScenarioSet, main  # noqa: E402
+from _transferqueue import World  # noqa: E402
+
+SCENARIOS = ScenarioSet("deferred_release")
+ROOM = 4242
+
+
+class TreeRaised(RuntimeError):
+    """A call of the tree raised: what the scenario observed is incomplete, so it is no answer."""
+
+
+def prepare() -> str:
+    import sglang
+
+    _transferqueue.prepare(SCENARIOS.adapted)
+    return sglang.__version__
+
+
+def finish(w: World, observed: Observed, rid: str = "aborted") -> None:
+    """The totals every scenario records; a tree call that raised makes the scenario an error."""
+    if w.error() is not None:
+        raise TreeRaised(f"the tree raised in {w.error()}")
+    observed.update(freed_total=w.freed(rid), meta_freed=w.meta_freed(rid), double_freed=w.double_freed())
+
+
+def abort_mid_transfer(observed: Observed, w: World) -> None:
+    """Decode aborts while the prefill still writes; another request comes in; the last write lands; acks."""
+    w.admit("aborted", ROOM)
+    w.abort("aborted")
+    observed["abort_sent"] = w.aborts_sent("aborted")
+    w.iterate()
+    w.iterate()  # the prefill's write is still in flight a second iteration later
+    w.bystander("next")
+    observed.update(freed_before_last_write=w.freed("aborted"),
+                    meta_freed_before_last_write=w.meta_freed("aborted"))
+    observed.update(w.last_write("aborted"))
+    for rank in range(w.ranks):
+        w.ack("aborted", rank)
+    w.iterate()
+    finish(w, observed)
+
+
+@SCENARIOS.scenario("D1", "decode aborts mid-transfer: another request comes in, the prefill's last write lands, then its ack")
+def d1(observed: Observed) -> None:
+    abort_mid_transfer(observed, World())
+
+
+@SCENARIOS.scenario("D2", "decode aborts after the prefill finished writing: its ack comes at once")
+def d2(observed: Observed) -> None:
+    w = World()
+    w.admit("aborted", ROOM)
+    w.status("aborted", _transferqueue.sg.KVPoll.Success)
+    w.abort("aborted")
+    observed["abort_sent"] = w.aborts_sent("aborted")
+    w.ack("aborted", 0)
+    w.iterate()
+    observed["freed_after_first_iteration"] = w.freed("aborted")
+    w.iterate()
+    finish(w, observed)
+
+
+@SCENARIOS.scenario("D3", "two prefill ranks: one acks, the other writes last and acks later")
+def d3(observed: Observed) -> None:
+    w = World(ranks=2)
+    w.admit("aborted", ROOM)
+    w.abort("aborted")
+    observed["abort_sent"] = w.aborts_sent("aborted")
+    w.iterate()
+    w.ack("aborted", 0)
+    w.iterate()
+    w.bystander("next")
+    observed["freed_after_first_ack"] = w.freed("aborted")
+    observed.update(w.last_write("aborted"))
+    w.ack("aborted", 1)
+    w.iterate()
+    finish(w, observed)
+
+
+@SCENARIOS.scenario("D4", "acks that never come: held until the timeout, then released")
+def d4(observed: Observed) -> None:
+    w = World()
+    w.admit("aborted", ROOM)
+    w.abort("aborted")
+    w.iterate()
+    w.clock.now += w.timeout() - 1
+    w.iterate()
+    observed["freed_before_timeout"] = w.freed("aborted")
+    w.clock.now += 2
+    w.iterate()
+    observed["freed_after_timeout"] = w.freed("aborted")
+    finish(w, observed)
+
+
+@SCENARIOS.scenario("D5", "a stale ack of the room's previous request arrives before the abort: it must not count")
+def d5(observed: Observed) -> None:
+    w = World()
+    w.admit("aborted", ROOM)
+    w.ack("aborted", 0)  # a late duplicate of the ack a previous request on this room drew
+    w.abort("aborted")
+    w.iterate()
+    w.iterate()
+    w.bystander("next")
+    observed.update(freed_before_last_write=w.freed("aborted"))
+    observed.update(w.last_write("aborted"))
+    w.ack("aborted", 0)
+    w.iterate()
+    finish(w, observed)
+
+
+@SCENARIOS.scenario("D6", "control: the prefill side reports a failure (it stopped writing): released at once")
+def d6(observed: Observed) -> None:
+    w = World()
+    w.admit("aborted", ROOM)
+    w.status("aborted", _transferqueue.sg.KVPoll.Failed)
+    w.iterate()
+    observed.update(abort_sent=w.aborts_sent("aborted"), freed_at_failure=w.freed("aborted"))
+    finish(w, observed)
+
+
+@SCENARIOS.scenario("D7", "control: a transfer still running, no abort: nothing is given back")
+def d7(observed: Observed) -> None:
+    w = World()
+    w.admit("aborted", ROOM)
+    w.iterate()
+    w.iterate()
+    observed["abort_sent"] = w.aborts_sent("aborted")
+    finish(w, observed)
+
+
+@SCENARIOS.scenario("D8", "control: D1 with the gate unset (the default): released at once")
+def d8(observed: Observed) -> None:
+    abort_mid_transfer(observed, World(gate=False))
+
+
+if __name__ == "__main__":
+    sys.exit(main(SCENARIOS, prepare))

@@ -1,0 +1,199 @@
+"""Differential probe for experiment deferred_release_nixl: the NIXL prefill side acks an abort once drained (PR #35360).
+
+When a decode request aborts mid-transfer, the decode side tells each prefill rank (``ABORT``) and
+gives the request's KV pages back; with the NIXL backend, a prefill rank could still have a write
+in flight into those pages, or post one after. With deferred release on
+(``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE``), #35360 makes the NIXL prefill rank answer
+``ABORT_ACK`` only when nothing is outstanding for the room: at once when it is quiescent, else when
+the transfer worker completes the last outstanding chunk (counted at dequeue, so a chunk being
+processed counts); never on a transfer error (sibling writes may still land: the decode side falls
+back to its timeout); and for an unknown or concluded room only when nothing is still counted. The
+decode listener records each rank's ack. How the managers are built and driven: ``_nixl.py``.
+
+Room 7, chunks of 2 pages. Scenarios:
+
+- X1 abort while the first of two chunks is in flight (the second is queued after);
+- X2 abort of a quiescent room (before its first chunk), then its chunk is dequeued;
+- X3 abort after the last chunk completed (the room concluded);
+- X4 abort of a room the sender cleared after its last chunk's KV write failed, the sibling aux write
+  still running (the chunk is still counted);
+- X5 abort while the last chunk is in flight, then its KV write fails while the aux write still runs
+  (the error path);
+- X6 two prefill ranks, each aborted mid-chunk, and the decode listener reading their acks (rank 0's twice);
+- X7 control: X2 with the variable unset (the default: off up to 0.5.20);
+- X8 control: a transfer that completes, no abort.
+
+Keys: ``acks_sent`` (``ABORT_ACK`` messages), ``acks_at_abort`` (sent by the abort handler itself),
+``acks_while_writing`` (sent while a posted write had not completed), ``writes`` (transfers posted),
+``writes_after_ack``, ``targets_held`` (rooms whose ack target the prefill manager still holds at the
+end), ``worker_error`` (the exception type the transfer worker recorded, else null),
+``decode_ranks_acked`` (ranks the decode side counts as drained; ``_after_first`` after one ack),
+``deferred_enabled`` (X7: the tree's flag with the variable unset; null before #35049), ``room_succeeded``,
+``siblings_settled`` (X4, X5: every posted write completed by the end: 0.5.21's error path waits for them).
+Tree facts, the scenario stopping there: ``nixl_manager: "absent"`` (no NIXL backend) and
+``nixl_abort_handler: "absent"`` (its prefill manager handles no ``ABORT``: up to 0.5.15).
+
+    python probes/probe_deferred_release_nixl_differential.py --side head --tree-kind release --tree-ref 0.5.19
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _nixl  # noqa: E402
+from _nixl import World, abort, bootstrap, chunk, clear, require, work, worker_error  # noqa: E402
+from _probekit import Observed, ScenarioSet, main  # noqa: E402
+
+SCENARIOS = ScenarioSet("deferred_release_nixl")
+ROOM = 7
+
+
+def prepare() -> str:
+    return _nixl.prepare()
+
+
+def prefill_keys(world: World, manager, observed: Observed, *, at_abort: int | None = None) -> None:
+    observed.update(acks_sent=len(world.acks), acks_while_writing=sum(a["in_flight"] for a in world.acks),
+                    writes=len(world.writes), writes_after_ack=sum(w.after_ack for w in world.writes),
+                    worker_error=worker_error(manager, ROOM),
+                    targets_held=len(getattr(manager, "_deferred_ack_targets", {})))
+    if at_abort is not None:
+        observed["acks_at_abort"] = at_abort
+
+
+def abort_mid_chunk(world: World, manager) -> int:
+    """The first of two chunks is posted; the decode's ABORT arrives while it is in flight; the
+    second chunk is dequeued after. Returns the acks the abort handler sent."""
+    seen = {}
+
+    def arrives():
+        before = len(world.acks)
+        abort(manager, ROOM)
+        seen["at_abort"] = len(world.acks) - before
+
+    world.script("PROC", "PROC", "DONE", on_poll=arrives)
+    bootstrap(manager, ROOM, pages=4)
+    work(manager, chunk(ROOM, 0, last=False), chunk(ROOM, 1, last=True))
+    return seen.get("at_abort", 0)
+
+
+@SCENARIOS.scenario("X1", "abort while the first of two chunks is in flight; the second is dequeued after")
+def x1(observed: Observed) -> None:
+    if not require(observed):
+        return
+    world = World()
+    manager = world.prefill()
+    at_abort = abort_mid_chunk(world, manager)
+    prefill_keys(world, manager, observed, at_abort=at_abort)
+
+
+@SCENARIOS.scenario("X2", "abort of a quiescent room (before its first chunk), then its chunk is dequeued")
+def x2(observed: Observed) -> None:
+    if not require(observed):
+        return
+    world = World()
+    manager = world.prefill()
+    bootstrap(manager, ROOM, pages=2)
+    abort(manager, ROOM)
+    at_abort = len(world.acks)
+    work(manager, chunk(ROOM, 0, last=True))
+    prefill_keys(world, manager, observed, at_abort=at_abort)
+
+
+@SCENARIOS.scenario("X3", "abort after the last chunk completed (the room concluded)")
+def x3(observed: Observed) -> None:
+    if not require(observed):
+        return
+    world = World()
+    manager = world.prefill()
+    bootstrap(manager, ROOM, pages=2)
+    work(manager, chunk(ROOM, 0, last=True))
+    abort(manager, ROOM)
+    prefill_keys(world, manager, observed, at_abort=len(world.acks))
+
+
+def error_with_sibling(world: World, on_poll=None) -> None:
+    """The last chunk's KV write fails (``ERR`` at its second poll) while its sibling aux write still runs."""
+    world.script("PROC", "ERR", on_poll=on_poll)
+    world.script("PROC", "PROC", "PROC", "DONE")
+
+
+@SCENARIOS.scenario("X4", "abort of a room cleared after a transfer error, its sibling write still running")
+def x4(observed: Observed) -> None:
+    if not require(observed):
+        return
+    world = World()
+    manager = world.prefill()
+    error_with_sibling(world)
+    bootstrap(manager, ROOM, pages=2)
+    work(manager, chunk(ROOM, 0, last=True))
+    clear(manager, ROOM)
+    abort(manager, ROOM)
+    prefill_keys(world, manager, observed)
+    observed["siblings_settled"] = not world.in_flight()
+
+
+@SCENARIOS.scenario("X5", "abort while the last chunk is in flight, then its KV write fails while its sibling runs")
+def x5(observed: Observed) -> None:
+    if not require(observed):
+        return
+    world = World()
+    manager = world.prefill()
+    error_with_sibling(world, on_poll=lambda: abort(manager, ROOM))
+    bootstrap(manager, ROOM, pages=2)
+    work(manager, chunk(ROOM, 0, last=True))
+    prefill_keys(world, manager, observed)
+    observed["siblings_settled"] = not world.in_flight()
+
+
+@SCENARIOS.scenario("X6", "two prefill ranks aborted mid-chunk; the decode listener reads their acks (the first one twice)")
+def x6(observed: Observed) -> None:
+    if not require(observed):
+        return
+    worlds = [World(), World()]  # one per prefill rank: its own transfers and acks
+    ranks = [world.prefill(rank=rank) for rank, world in enumerate(worlds)]
+    decode = worlds[0].decode()
+    _nixl.hold(decode, ROOM)
+    for world, manager in zip(worlds, ranks):
+        abort_mid_chunk(world, manager)
+    acks = [a["parts"] for world in worlds for a in world.acks]
+    _nixl.listen(decode, acks[:1] * 2)
+    observed["decode_ranks_acked_after_first"] = _nixl.ranks_acked(decode, ROOM)
+    _nixl.listen(decode, acks[1:])
+    observed.update(acks_sent=len(acks),
+                    acks_while_writing=sum(a["in_flight"] for world in worlds for a in world.acks),
+                    writes_after_ack=sum(w.after_ack for world in worlds for w in world.writes),
+                    decode_ranks_acked=_nixl.ranks_acked(decode, ROOM))
+
+
+@SCENARIOS.scenario("X7", "control: X2 with the deferred-release variable unset (the default)")
+def x7(observed: Observed) -> None:
+    if not require(observed):
+        return
+    world = World(gate=False)
+    manager = world.prefill()
+    bootstrap(manager, ROOM, pages=2)
+    abort(manager, ROOM)
+    at_abort = len(world.acks)
+    work(manager, chunk(ROOM, 0, last=True))
+    prefill_keys(world, manager, observed, at_abort=at_abort)
+    observed["deferred_enabled"] = _nixl.deferred_enabled(manager)
+
+
+@SCENARIOS.scenario("X8", "control: a two-chunk transfer that completes, no abort")
+def x8(observed: Observed) -> None:
+    if not require(observed):
+        return
+    world = World()
+    manager = world.prefill()
+    bootstrap(manager, ROOM, pages=4)
+    work(manager, chunk(ROOM, 0, last=False), chunk(ROOM, 1, last=True))
+    prefill_keys(world, manager, observed)
+    observed["room_succeeded"] = manager.check_status(ROOM) == _nixl.sg.KVPoll.Success
+
+
+if __name__ == "__main__":
+    sys.exit(main(SCENARIOS, prepare))

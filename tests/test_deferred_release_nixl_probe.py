@@ -1,0 +1,361 @@
+"""The NIXL deferred-release probe's stand-ins record each ack against the writes still landing; the scenarios read it.
+
+No SGLang, no numpy: ``probes/_nixl.py`` is loaded as a cell loads it, with small managers written here in place
+of SGLang's ``NixlKVManager`` (one that never acks an abort, as the trees before PR #35360; one that acks once its
+room has drained, as the fixed ones; one that acks at once, whatever is in flight). What is tested is the
+probe's own recording: an ack sent while a posted write has not completed is ``in_flight``, a write posted after
+an ack is ``after_ack``, scripted transfer states answer in order, the server's variable is set only while a
+manager reads it, and what a tree lacks is recorded (or is the scenario's error, never an absence).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import sys
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import PROJECT
+
+GATE = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
+
+
+# ---------------------------------------------------------------- the tree's types, in miniature
+
+
+class KVPoll(enum.IntEnum):
+    Failed = 0
+    WaitingForInput = 2
+    Transferring = 3
+    Success = 4
+
+
+@dataclasses.dataclass
+class Chunk:
+    room: int
+    prefill_kv_indices: list
+    index_slice: slice
+    is_last_chunk: bool
+    prefill_aux_index: int | None
+    state_indices: list | None
+    staging_counted: bool = False
+
+
+@dataclasses.dataclass
+class TransferInfo:
+    room: int
+    endpoint: str
+    dst_port: int
+    agent_name: str
+    dst_kv_indices: list
+    dst_aux_index: int
+
+
+class Gate:
+    """The tree's ``envs`` entry: read from the environment at each ``get``."""
+
+    def get(self):
+        return os.environ.get(GATE, "false") == "true"
+
+
+CONN = SimpleNamespace(threading=None)
+
+
+class Manager:
+    """A NIXL KV manager in miniature, answering an abort as the trees before #35360 do: never acked."""
+
+    def check_status(self, room):
+        return self.request_status.get(room, KVPoll.WaitingForInput)
+
+    def update_status(self, room, status):
+        if self.request_status.get(room) != KVPoll.Failed:
+            self.request_status[room] = status
+
+    def record_failure(self, room, reason):
+        self.failure_records[room] = reason
+
+    def _handle_abort_notification(self, msg):
+        room, ip, port = int(msg[1]), msg[2].decode(), int(msg[3])
+        active = room in self.request_status and self.check_status(room) != KVPoll.Success
+        if active:
+            self.update_status(room, KVPoll.Failed)
+        self.on_abort(room, ip, port, active)
+        return True
+
+    def on_abort(self, room, ip, port, active):
+        pass
+
+    def _ack(self, room):
+        self._send_multipart_locked("tcp://x", [b"ABORT_ACK", str(room).encode(), str(self.attn_tp_rank).encode()])
+
+    def transfer_worker(self, queue):
+        while True:
+            chunk = queue.get()
+            room = chunk.room
+            try:
+                self._staging_outstanding[room] += 1
+                if self.check_status(room) == KVPoll.Failed:
+                    self._staging_outstanding.pop(room, None)
+                    self.on_drained(room)
+                    continue
+                info = self.transfer_infos[room][next(iter(self.transfer_infos[room]))]
+                handles = [self.send_kvcache(info.agent_name, chunk.prefill_kv_indices, [], info.dst_kv_indices, 0, "")]
+                if chunk.is_last_chunk:
+                    handles.append(self.send_aux())
+                while not all(self.agent.check_xfer_state(h) == "DONE" for h in handles):
+                    if any(h.states[0] == "ERR" for h in handles):
+                        raise RuntimeError("ERR")
+                self._staging_outstanding[room] -= 1
+                self.on_drained(room)
+                if chunk.is_last_chunk:
+                    self.update_status(room, KVPoll.Success)
+            except Exception as exc:
+                self.exceptions[room] = exc
+                self.update_status(room, KVPoll.Failed)
+
+    def on_drained(self, room):
+        pass
+
+    def _start_decode_listener_thread(self):
+        def listener():
+            while True:
+                msg = self.server_socket.recv_multipart()
+                if msg[0] == b"ABORT_ACK":
+                    self.note_abort_ack(int(msg[1]), int(msg[2]))
+
+        CONN.threading.Thread(target=listener, daemon=True).start()
+
+    def note_abort_ack(self, room, rank):
+        pass
+
+
+class Drained(Manager):
+    """Acks an aborted room once nothing is outstanding for it, once (#35360)."""
+
+    def on_abort(self, room, ip, port, active):
+        if self.enable_deferred_decode_kv_release and active:
+            self._deferred_ack_targets[room] = (ip, port)
+            self.on_drained(room)
+
+    def on_drained(self, room):
+        if self._staging_outstanding.get(room, 0) == 0 and self._deferred_ack_targets.pop(room, None):
+            self._ack(room)
+
+    def register_deferred_abort_room(self, room):
+        self._deferred_abort_ack_tracker[room] = set()
+
+    def note_abort_ack(self, room, rank):
+        if room in self._deferred_abort_ack_tracker:
+            self._deferred_abort_ack_tracker[room].add(rank)
+
+
+class Eager(Drained):
+    """Acks at the abort, whatever is still in flight."""
+
+    def on_abort(self, room, ip, port, active):
+        if active:
+            self._ack(room)
+
+
+class Sender:
+    def clear(self):
+        self.kv_mgr.request_status.pop(self.bootstrap_room, None)
+
+
+@pytest.fixture
+def nixl(fresh_probe, monkeypatch):
+    """``_nixl`` loaded as a cell loads it, its ``sg`` filled as ``prepare`` fills it on a tree with #35049's
+    flag; the probe loaded after it imports this copy. numpy's two calls answer with lists."""
+    fake_numpy = SimpleNamespace(int32="int32", arange=lambda start, stop, dtype=None: list(range(start, stop)))
+    monkeypatch.setitem(sys.modules, "numpy", fake_numpy)
+    module = fresh_probe("_nixl.py")
+    monkeypatch.setitem(sys.modules, "_nixl", module)
+    monkeypatch.delenv(GATE, raising=False)
+    module.sg.__dict__.update(conn=CONN, Manager=Drained, KVPoll=KVPoll,
+                              Mode=SimpleNamespace(PREFILL="prefill", DECODE="decode"), Chunk=Chunk,
+                              TransferInfo=TransferInfo, RegisterInfo=None, Sender=Sender, gate=Gate(),
+                              unobserved=None, absent={}, ready=True)
+    return module
+
+
+def scenario(fresh_probe, sid, manager, nixl):
+    """One scenario of the probe, as the kit runs it, on ``manager``; what it observed."""
+    probe = fresh_probe("probe_deferred_release_nixl_differential.py")
+    nixl.sg.Manager = manager
+    (found,) = [s for s in probe.SCENARIOS.scenarios if s.id == sid]
+    observed = {}
+    found.run(observed)
+    return observed
+
+
+# ---------------------------------------------------------------- the stand-ins' recording
+
+
+def test_an_ack_sent_while_a_posted_write_runs_is_in_flight_and_a_write_after_it_is_after_ack(nixl):
+    world = nixl.World()
+    running = world._post("kv", [1, 2])
+    world._send("tcp://x", [b"ABORT_ACK", b"7", b"0"])
+    later = world._post("aux", [])
+    assert world.acks[0]["in_flight"] is True
+    assert (running.after_ack, later.after_ack) == (False, True)
+    assert running.pages == [1, 2]
+
+
+def test_a_posted_write_answers_its_scripted_states_in_order_the_last_one_repeating(nixl):
+    world = nixl.World()
+    polled = []
+    world.script("PROC", "DONE", on_poll=lambda: polled.append(world.in_flight()))
+    handle = world._post("kv", [])
+    states = [world._check_xfer_state(handle) for _ in range(3)]
+    assert states == ["PROC", "DONE", "DONE"]
+    assert polled == [True]  # the hook ran once, at the first poll, while the write still ran
+    assert handle.finished and not world.in_flight()
+
+
+def test_an_unscripted_write_is_done_at_its_first_poll_and_an_error_settles_it(nixl):
+    world = nixl.World()
+    world.script("ERR")
+    failed, plain = world._post("kv", []), world._post("aux", [])
+    assert world._check_xfer_state(failed) == "ERR" and failed.finished
+    assert world._check_xfer_state(plain) == "DONE"
+
+
+def test_the_variable_is_set_only_while_the_manager_reads_its_flag(nixl, monkeypatch):
+    monkeypatch.setenv(GATE, "operator's")
+    assert nixl.World(gate=True).prefill().enable_deferred_decode_kv_release is True
+    assert nixl.World(gate=False).prefill().enable_deferred_decode_kv_release is False
+    assert os.environ[GATE] == "operator's"  # restored
+    monkeypatch.delenv(GATE)
+    with nixl.gated(True):
+        assert os.environ[GATE] == "true"
+    assert GATE not in os.environ
+
+
+def test_a_tree_without_the_flag_gets_none_and_reads_as_such(nixl):
+    nixl.sg.gate = None
+    manager = nixl.World().prefill()
+    assert not hasattr(manager, "enable_deferred_decode_kv_release")
+    assert nixl.deferred_enabled(manager) is None
+
+
+def test_the_listener_runs_on_the_probe_s_thread_until_its_script_ends(nixl):
+    decode = nixl.World().decode()
+    nixl.hold(decode, 7)
+    nixl.listen(decode, [[b"ABORT_ACK", b"7", b"0"], [b"ABORT_ACK", b"7", b"1"], [b"ABORT_ACK", b"8", b"0"]])
+    assert nixl.ranks_acked(decode, 7) == 2 and nixl.ranks_acked(decode, 8) == 0
+    assert CONN.threading is None  # the module's threading is put back
+
+
+def test_a_decode_manager_without_a_listener_cannot_be_observed(nixl):
+    class NoListener(Manager):
+        _start_decode_listener_thread = None
+
+    nixl.sg.Manager = NoListener
+    with pytest.raises(nixl.CannotObserve, match="no listener thread"):
+        nixl.listen(nixl.World().decode(), [])
+
+
+# ---------------------------------------------------------------- the scenarios on managers written here
+
+
+@pytest.mark.parametrize("manager, expected", [
+    (Manager, {"acks_sent": 0, "acks_at_abort": 0, "acks_while_writing": 0}),
+    (Drained, {"acks_sent": 1, "acks_at_abort": 0, "acks_while_writing": 0}),
+    (Eager, {"acks_sent": 1, "acks_at_abort": 1, "acks_while_writing": 1}),
+])
+def test_x1_an_abort_mid_chunk_is_acked_only_once_the_chunk_in_flight_completes(fresh_probe, nixl, manager,
+                                                                                 expected):
+    observed = scenario(fresh_probe, "X1", manager, nixl)
+    assert {k: observed[k] for k in expected} == expected
+    assert observed["writes"] == 1 and observed["writes_after_ack"] == 0  # the chunk after the abort is skipped
+    assert observed["worker_error"] is None and observed["targets_held"] == 0
+
+
+@pytest.mark.parametrize("manager, acks", [(Manager, 0), (Drained, 1)])
+def test_x2_a_quiescent_room_is_acked_by_the_abort_itself(fresh_probe, nixl, manager, acks):
+    observed = scenario(fresh_probe, "X2", manager, nixl)
+    assert (observed["acks_at_abort"], observed["acks_sent"], observed["writes"]) == (acks, acks, 0)
+
+
+def test_x5_the_error_path_leaves_the_sibling_write_running_and_unacked(fresh_probe, nixl):
+    observed = scenario(fresh_probe, "X5", Drained, nixl)
+    assert observed["worker_error"] == "RuntimeError"
+    assert observed["siblings_settled"] is False and observed["acks_sent"] == 0
+    assert observed["targets_held"] == 1  # registered at the abort, never drained
+
+
+@pytest.mark.parametrize("manager, ranks", [(Manager, (0, 0)), (Drained, (1, 2))])
+def test_x6_the_decode_counts_each_prefill_rank_once(fresh_probe, nixl, manager, ranks):
+    observed = scenario(fresh_probe, "X6", manager, nixl)
+    assert (observed["decode_ranks_acked_after_first"], observed["decode_ranks_acked"]) == ranks
+    assert observed["acks_while_writing"] == 0 and observed["writes_after_ack"] == 0
+
+
+def test_x7_reads_the_tree_s_flag_with_the_variable_unset(fresh_probe, nixl):
+    observed = scenario(fresh_probe, "X7", Drained, nixl)
+    assert observed["deferred_enabled"] is False and observed["acks_sent"] == 0
+
+
+def test_x8_a_completed_transfer_succeeds_unacked(fresh_probe, nixl):
+    observed = scenario(fresh_probe, "X8", Drained, nixl)
+    assert observed["room_succeeded"] is True
+    assert (observed["writes"], observed["acks_sent"]) == (3, 0)
+
+
+# ---------------------------------------------------------------- what a tree lacks
+
+
+@pytest.mark.parametrize("fact", [{"nixl_manager": "absent"}, {"nixl_abort_handler": "absent"}])
+def test_what_a_tree_lacks_is_recorded_and_the_scenario_stops_there(fresh_probe, nixl, fact):
+    nixl.sg.absent = fact
+    assert scenario(fresh_probe, "X1", Drained, nixl) == fact
+
+
+def test_what_could_not_be_observed_is_the_scenario_s_error_never_an_absence(fresh_probe, nixl):
+    nixl.sg.unobserved = "the tree's NIXL manager has no transfer_worker"
+    with pytest.raises(nixl.CannotObserve, match="no transfer_worker"):
+        scenario(fresh_probe, "X8", Drained, nixl)
+
+
+def test_the_registry_names_every_key_the_probe_observes_on_head():
+    """Every key the expectations name is one the probe writes (a renamed key would never be compared)."""
+    source = (PROJECT / "probes" / "probe_deferred_release_nixl_differential.py").read_text()
+    from pdevidence import registry
+
+    exp = registry.load(PROJECT).experiment("deferred_release_nixl")
+    keys = {k for e in exp.expect.values() for k in {**e.base, **e.head}}
+    assert keys and all(k in source for k in keys)
+
+
+# ---------------------------------------------------------------- the real thing
+
+
+@pytest.mark.sglang
+def test_real_base_never_acks_and_head_acks_each_abort_once_drained(tmp_path):
+    """Alone proves, on the real bracket (0.5.18, 0.5.19): the base never answers an abort; the head acks a
+    room once its chunk in flight completes (never while a write runs, none posted after), a quiescent or
+    concluded room at once, each prefill rank once, and nothing with the variable unset or without an abort."""
+    import json
+
+    from real_runs import cli_run
+
+    observed = {}
+    for side in ("base", "head"):
+        done = cli_run(tmp_path, "cell", "release", "deferred_release_nixl", side, timeout=1800)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        release = {"base": "0.5.18", "head": "0.5.19"}[side]
+        doc = json.loads((tmp_path / f"deferred_release_nixl.{side}.release-{release}.json").read_text())
+        assert all(sc["error"] is None for sc in doc["scenarios"].values()), doc["scenarios"]
+        observed[side] = {sid: sc["observed"] for sid, sc in doc["scenarios"].items()}
+    base, head = observed["base"], observed["head"]
+    assert all(base[sid]["acks_sent"] == 0 for sid in base)
+    assert (head["X1"]["acks_sent"], head["X1"]["acks_at_abort"], head["X1"]["writes_after_ack"]) == (1, 0, 0)
+    assert head["X2"]["acks_at_abort"] == head["X3"]["acks_at_abort"] == 1
+    assert (head["X6"]["decode_ranks_acked_after_first"], head["X6"]["decode_ranks_acked"]) == (1, 2)
+    assert all(head[sid]["acks_while_writing"] == 0 for sid in head)
+    assert head["X4"]["acks_sent"] == head["X5"]["acks_sent"] == head["X7"]["acks_sent"] == head["X8"]["acks_sent"] == 0
+    assert head["X7"]["deferred_enabled"] is False and base["X7"]["deferred_enabled"] is None

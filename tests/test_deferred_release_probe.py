@@ -1,0 +1,319 @@
+"""The transfer-queue driver records which slots go back, and when against the prefill's last write; the
+deferred_release scenarios read it.
+
+No SGLang, no torch: ``probes/_transferqueue.py`` is loaded as a cell loads it, its ``sg`` filled with
+miniatures written here in place of SGLang's: a transfer queue that releases an aborted request at its
+poll (as the trees before PR #35049 do, and today's with the gate unset), one that holds it until every
+notified prefill rank acks or its deadline passes (as the fixed ones do with the gate set), a receiver
+that tells each prefill rank of an abort once, and a manager whose receive loop notes the acks.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import sys
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pytest
+
+GATE = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
+TIMEOUT = 30.0
+
+
+class KVPoll(enum.IntEnum):
+    Failed = 0
+    Bootstrapping = 1
+    WaitingForInput = 2
+    Transferring = 3
+    Success = 4
+
+
+class EnvBool:
+    def get(self) -> bool:
+        return os.environ.get(GATE, "false").lower() == "true"
+
+
+class Envs:
+    SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE = EnvBool()
+
+
+CONN = SimpleNamespace(threading=None)  # the backend module: the driver swaps its threading
+DECODE = SimpleNamespace(time=time)  # the queue's module: the driver swaps its time
+
+
+class Manager:
+    """The decode side of a backend manager: status table, ack tracker, and a receive loop noting acks."""
+
+    def update_status(self, room, status):
+        self.request_status[room] = status
+
+    def register_deferred_abort_room(self, room):
+        self._deferred_abort_ack_tracker[room] = set()
+
+    def note_abort_ack(self, room, rank):
+        acks = self._deferred_abort_ack_tracker.get(room)
+        if acks is not None:
+            acks.add(rank)
+
+    def is_abort_release_safe(self, room, required):
+        return len(self._deferred_abort_ack_tracker.get(room, ())) >= required
+
+    def clear_deferred_abort_state(self, room):
+        self._deferred_abort_ack_tracker.pop(room, None)
+
+    def start_decode_thread(self):
+        def decode_thread():
+            while True:
+                msg = self.server_socket.recv_multipart()
+                if msg[0] == b"ABORT_ACK":
+                    if self.enable_deferred_decode_kv_release:
+                        self.note_abort_ack(int(msg[1]), int(msg[2]))
+                    continue
+                room, status, _rank = (int(frame) for frame in msg)
+                self.update_status(room, KVPoll(status))
+
+        def heartbeat_checker():
+            raise AssertionError("a heartbeat checker must never run in a probe")
+
+        CONN.threading.Thread(target=decode_thread).start()
+        CONN.threading.Thread(target=heartbeat_checker).start()
+
+
+class Receiver:
+    """Tells every prefill rank of an abort, once; polls the manager's status."""
+
+    def abort(self):
+        self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)
+        self.conclude_state = KVPoll.Failed
+        if not self.abort_notified:
+            for info in self.bootstrap_infos:
+                sock, _lock = self._connect_to_bootstrap_server(info)
+                sock.send_multipart([b"ABORT", str(self.bootstrap_room).encode()])
+            self.abort_notified = True
+
+    def poll(self):
+        return self.conclude_state or self.kv_mgr.request_status[self.bootstrap_room]
+
+
+@dataclass
+class DecodeRequest:
+    req: object
+    kv_receiver: object
+    metadata_buffer_index: int = -1
+
+
+class Queue:
+    """A transfer queue in miniature. ``holds``: an aborted request waits for its acks or its deadline."""
+
+    holds = True
+
+    def __init__(self, gloo_group, req_to_metadata_buffer_idx_allocator, tp_rank, metadata_buffers, scheduler,
+                 tree_cache):
+        self.queue, self._deferred_releases = [], []
+        self.meta, self.tree_cache = req_to_metadata_buffer_idx_allocator, tree_cache
+        self.hold = self.holds and Envs.SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE.get()
+        self.deferred_kv_release_timeout = TIMEOUT
+
+    def pop_transferred(self):
+        for decode_req in [d for d in self.queue if d.kv_receiver.poll() == KVPoll.Failed]:
+            self.queue.remove(decode_req)
+            if self.hold and decode_req.kv_receiver.abort_notified:
+                deadline = DECODE.time.monotonic() + TIMEOUT
+                self._deferred_releases.append((decode_req, deadline, len(decode_req.kv_receiver.bootstrap_infos)))
+            else:
+                self._release(decode_req)
+        return []
+
+    def resolve_deferred_releases(self):
+        now, held = DECODE.time.monotonic(), []
+        for decode_req, deadline, required in self._deferred_releases:
+            mgr = decode_req.kv_receiver.kv_mgr
+            if mgr.is_abort_release_safe(decode_req.req.bootstrap_room, required) or now >= deadline:
+                self._release(decode_req)
+            else:
+                held.append((decode_req, deadline, required))
+        self._deferred_releases = held
+
+    def _release(self, decode_req):
+        self.tree_cache.cache_finished_req(decode_req.req)
+        self.meta.free(decode_req.metadata_buffer_index)
+
+
+class EarlyQueue(Queue):
+    holds = False
+
+
+def process_decode_queue(scheduler):
+    scheduler.disagg_decode_transfer_queue.resolve_deferred_releases()
+    scheduler.disagg_decode_transfer_queue.pop_transferred()
+
+
+class Scheduler:
+    def abort_request(self, recv_req):
+        for decode_req in self.disagg_decode_transfer_queue.queue:
+            if decode_req.req.rid.startswith(recv_req.rid):
+                receiver = decode_req.kv_receiver
+                receiver.abort()
+                if receiver.kv_mgr.enable_deferred_decode_kv_release and receiver.abort_notified:
+                    receiver.kv_mgr.register_deferred_abort_room(decode_req.req.bootstrap_room)
+
+
+class Req:
+    def __init__(self, rid, text, ids, sampling_params):
+        self.rid, self.origin_input_ids = rid, ids
+
+
+def fake_torch():
+    return SimpleNamespace(zeros=lambda shape, dtype=None: [[0] * shape[1] for _ in range(shape[0])],
+                           int64="int64", distributed=SimpleNamespace(all_reduce=None))
+
+
+@pytest.fixture
+def tq(fresh_probe, monkeypatch):
+    """``_transferqueue`` loaded as a cell loads it, its ``sg`` filled as ``prepare`` fills it; the probe loaded
+    after it imports this copy."""
+    module = fresh_probe("_transferqueue.py")
+    monkeypatch.setitem(sys.modules, "_transferqueue", module)
+    monkeypatch.delenv(GATE, raising=False)
+    monkeypatch.setattr(DECODE, "DecodeTransferQueue", Queue, raising=False)
+    monkeypatch.setattr(DECODE, "SchedulerDisaggregationDecodeMixin",
+                        SimpleNamespace(process_decode_queue=process_decode_queue), raising=False)
+    module.sg.__dict__.update(
+        torch=fake_torch(), backend="mooncake", missing=None, decode=DECODE, conn=CONN, Queue=Queue,
+        DecodeRequest=DecodeRequest, Receiver=Receiver, Manager=Manager, KVPoll=KVPoll, DECODE="decode",
+        AbortReq=lambda rid: SimpleNamespace(rid=rid), Req=Req, SamplingParams=lambda **kw: None,
+        Scheduler=Scheduler, ReqKvInfo=None, kv_on_record=False, envs=Envs(), server_args=None, ready=True)
+    return module
+
+
+def run(fresh_probe, sid: str) -> dict:
+    """One scenario of the probe, as the kit runs it: what it observed, or its error."""
+    probe = fresh_probe("probe_deferred_release_differential.py")
+    (found,) = [s for s in probe.SCENARIOS.scenarios if s.id == sid]
+    return sys.modules["_probekit"].run_scenario(found)
+
+
+# ---------------------------------------------------------------- the driver's recording
+
+
+def test_slots_given_back_go_to_the_next_request_and_a_late_write_then_lands_in_its_kv(tq):
+    world = tq.World(gate=False)
+    world.admit("aborted", 7)
+    world.abort("aborted")
+    world.iterate()
+    assert world.freed("aborted") == 8 and world.meta_freed("aborted") == 1
+    assert world.bystander("next") == world.requests["aborted"].slots
+    assert world.last_write("aborted") == {"written_after_free": 8, "written_into_other": 8}
+
+
+def test_held_slots_are_not_handed_out_and_a_late_write_hits_only_them(tq):
+    world = tq.World(gate=True)
+    world.admit("aborted", 7)
+    world.abort("aborted")
+    world.iterate()
+    assert world.held() == 1 and world.freed("aborted") == 0
+    assert not set(world.bystander("next")) & set(world.requests["aborted"].slots)
+    assert world.last_write("aborted") == {"written_after_free": 0, "written_into_other": 0}
+
+
+def test_an_ack_reaches_the_manager_only_from_a_rank_that_was_sent_an_abort(tq):
+    world = tq.World(gate=True, ranks=2)
+    world.admit("aborted", 7)
+    delivered = []
+    world.receive = lambda *messages: delivered.extend(messages)
+    world.ack("aborted", 0)  # nothing was sent yet: a rank acks only an ABORT it received
+    assert delivered == []
+    world.abort("aborted")
+    assert world.aborts_sent("aborted") == 2
+    world.ack("aborted", 1)
+    assert delivered == [[b"ABORT_ACK", b"7", b"1"]]
+
+
+def test_the_gate_is_set_only_while_the_world_is_driven_and_the_old_value_comes_back(tq, monkeypatch):
+    monkeypatch.setenv(GATE, "0")
+    with tq.gated(True):
+        assert os.environ[GATE] == "true"
+    with tq.gated(False):
+        assert GATE not in os.environ
+    assert os.environ[GATE] == "0"
+    monkeypatch.delenv(GATE)
+    tq.World(gate=True)
+    assert GATE not in os.environ
+
+
+def test_the_queue_reads_the_probe_s_clock_only_while_driven(tq):
+    world = tq.World()
+    world.clock.now = 5.0
+    with world.driving():
+        assert DECODE.time.monotonic() == 5.0
+        assert DECODE.time.sleep is time.sleep  # everything else is the real module's
+    assert DECODE.time is time
+
+
+def test_only_the_manager_s_receive_loop_runs_and_its_script_ends_it(tq):
+    world = tq.World()
+    world.admit("r", 7)
+    world.status("r", KVPoll.Success)  # the heartbeat checker, had it run, would raise
+    assert world.manager.request_status[7] == KVPoll.Success and world.error() is None
+
+
+def test_an_exception_of_the_tree_is_recorded_by_call_and_type(tq):
+    world = tq.World()
+
+    def broken(*args):
+        raise KeyError("room")
+
+    assert world.call("iterate", broken) is None
+    assert world.error() == "iterate:KeyError"
+
+
+def test_a_tree_whose_transfer_queue_could_not_be_prepared_cannot_be_driven(tq):
+    tq.sg.ready, tq.sg.missing = False, "sglang.srt.disaggregation.decode has no DecodeTransferQueue"
+    with pytest.raises(tq.CannotDrive, match="has no DecodeTransferQueue"):
+        tq.World()
+
+
+# ---------------------------------------------------------------- the scenarios on queues written here
+
+
+@pytest.mark.parametrize("queue, expected", [
+    (EarlyQueue, {"freed_before_last_write": 8, "meta_freed_before_last_write": 1, "written_into_other": 8}),
+    (Queue, {"freed_before_last_write": 0, "meta_freed_before_last_write": 0, "written_into_other": 0}),
+])
+def test_d1_counts_the_slots_given_back_before_the_prefill_s_last_write(fresh_probe, tq, queue, expected):
+    tq.sg.Queue = queue
+    found = run(fresh_probe, "D1")
+    assert found["error"] is None
+    assert {k: found["observed"][k] for k in expected} == expected
+    assert found["observed"]["freed_total"] == 8  # given back in the end, either way
+
+
+def test_d3_holds_until_the_last_of_two_ranks_acks(fresh_probe, tq):
+    observed = run(fresh_probe, "D3")["observed"]
+    assert observed["abort_sent"] == 2 and observed["freed_after_first_ack"] == 0
+    assert observed["written_into_other"] == 0 and observed["freed_total"] == 8
+
+
+def test_d4_acks_that_never_come_release_at_the_deadline(fresh_probe, tq):
+    observed = run(fresh_probe, "D4")["observed"]
+    assert (observed["freed_before_timeout"], observed["freed_after_timeout"]) == (0, 8)
+
+
+def test_d8_the_gate_unset_releases_at_once_on_a_holding_queue(fresh_probe, tq):
+    observed = run(fresh_probe, "D8")["observed"]
+    assert observed["freed_before_last_write"] == 8 and observed["written_into_other"] == 8
+
+
+def test_d6_a_failure_the_prefill_reported_is_released_at_once(fresh_probe, tq):
+    observed = run(fresh_probe, "D6")["observed"]
+    assert observed == {"abort_sent": 0, "freed_at_failure": 8, "freed_total": 8, "meta_freed": 1,
+                        "double_freed": 0}
+
+
+def test_a_scenario_in_which_the_tree_raised_is_an_error_never_an_answer(fresh_probe, tq, monkeypatch):
+    monkeypatch.setattr(Receiver, "abort", lambda self: (_ for _ in ()).throw(RuntimeError("socket")))
+    found = run(fresh_probe, "D1")
+    assert found["error"]["type"] == "TreeRaised" and "abort:RuntimeError" in found["error"]["message"]

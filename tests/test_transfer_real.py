@@ -1,0 +1,47 @@
+"""The transfer experiments on SGLang from PyPI: each bracket release's cell, run afresh, then what it wrote.
+
+Slow (a cell per side, each probe alone in its own process, in the user cache's environments): runs with
+``--sglang``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pdevidence.core import errors
+from real_runs import cli_run
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture(scope="module")
+def deferred(tmp_path_factory):
+    """deferred_release's base (0.5.18) and head (0.5.19) cells: each side's scenarios, as its result holds them."""
+    runs = tmp_path_factory.mktemp("runs")
+    found = {}
+    for side, release in (("base", "0.5.18"), ("head", "0.5.19")):
+        done = cli_run(runs, "cell", "release", "deferred_release", side)
+        assert done.returncode == errors.CONFIRMED, done.stdout + done.stderr
+        doc = json.loads((runs / f"deferred_release.{side}.release-{release}.json").read_text())
+        found[side] = doc["scenarios"]
+    return found
+
+
+def test_0_5_18_hands_an_aborted_request_s_slots_to_the_next_one_before_the_prefill_s_last_write(deferred):
+    d1 = deferred["base"]["D1"]
+    assert d1["error"] is None
+    assert (d1["observed"]["freed_before_last_write"], d1["observed"]["written_into_other"]) == (8, 8)
+
+
+def test_0_5_19_with_the_gate_holds_them_until_every_rank_acks_or_the_deadline(deferred):
+    head = {sid: sc["observed"] for sid, sc in deferred["head"].items()}
+    assert not [sid for sid, sc in deferred["head"].items() if sc["error"]]
+    assert (head["D1"]["written_into_other"], head["D1"]["freed_total"]) == (0, 8)
+    assert head["D3"]["freed_after_first_ack"] == 0
+    assert (head["D4"]["freed_before_timeout"], head["D4"]["freed_after_timeout"]) == (0, 8)
+
+
+def test_0_5_19_with_the_gate_unset_releases_at_once_as_0_5_18_does(deferred):
+    assert deferred["head"]["D8"]["observed"] == deferred["base"]["D1"]["observed"]
