@@ -20,8 +20,12 @@ ask what happened *after* what: a page written after it was freed, a chunk writt
 - ``InlineExecutor``: a thread pool that runs each task at once, on the caller's thread.
 - ``threads(module, run=...)``: swaps a module's ``threading`` for one whose ``Thread.start()`` runs
   the target at once, on the probe's thread, when its function's name is in ``run`` (a ``ScriptEnded``
-  ends it quietly; any other exception is recorded in ``Threads.errors`` as ``name:Type``, the tree's
-  own failure), and records every other thread as never started (a heartbeat loop must not run).
+  ends it quietly; any other exception is recorded in ``Threads.errors`` as ``name:Type`` and kept in
+  ``Threads.raised``, for the probe to tell the tree's own failure from a stand-in it under-built), and
+  records every other thread as never started (a heartbeat loop must not run).
+- ``BootstrapServer``: the HTTP bootstrap server a decode receiver asks which prefill ranks serve a
+  room (``requests`` as its module imports it): each ``get``/``post`` is recorded as its path and query,
+  and answered with what ``answer(path, query)`` returns (a status 200 JSON body; None: a 404).
 - ``FreeRecorder``: an allocator's (or metadata-slot allocator's) ``free``: each call's indices, at
   what time; ``freed()`` lists them.
 
@@ -33,7 +37,9 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import importlib
+import importlib.util
 import itertools
+import urllib.parse
 import threading as _threading
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -279,6 +285,7 @@ class Threads:
     started: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    raised: list[BaseException] = field(default_factory=list)  # the exceptions themselves, in order
 
     def thread_class(self) -> type:
         threads = self
@@ -300,6 +307,7 @@ class Threads:
                     pass
                 except Exception as exc:
                     threads.errors.append(f"{self.name}:{type(exc).__name__}")
+                    threads.raised.append(exc)
 
             def join(self, timeout=None) -> None:
                 pass
@@ -323,6 +331,40 @@ def threads(module: Any, *, run: tuple[str, ...]) -> Iterator[Threads]:
         yield seen
     finally:
         module.threading = saved
+
+
+# ---------------------------------------------------------------- the bootstrap server
+
+
+class Response:
+    def __init__(self, body: Any):
+        self.body = body
+        self.status_code = 200 if body is not None else 404
+        self.text = "" if body is not None else "not found"
+
+    def json(self) -> Any:
+        return self.body
+
+
+class BootstrapServer:
+    """``requests`` as a receiver's module uses it, answered by ``answer(path, query)``; every call recorded."""
+
+    def __init__(self, answer: Callable[[str, dict[str, str]], Any]):
+        self.answer = answer
+        self.asked: list[tuple[str, dict[str, str]]] = []
+        self.requests = SimpleNamespace(get=self.get, post=self.post, put=self.post, Session=lambda: self,
+                                        exceptions=importlib.import_module("requests").exceptions
+                                        if importlib.util.find_spec("requests") else None)
+
+    def get(self, url: str, *args, **kwargs) -> Response:
+        parsed = urllib.parse.urlsplit(url)
+        query = dict(urllib.parse.parse_qsl(parsed.query))
+        if isinstance(kwargs.get("json"), dict):
+            query.update({k: str(v) for k, v in kwargs["json"].items()})
+        self.asked.append((parsed.path, query))
+        return Response(self.answer(parsed.path, query))
+
+    post = get
 
 
 # ---------------------------------------------------------------- allocators

@@ -18,9 +18,10 @@ status loop (``start_decode_thread``), and the receiver's ``abort``, ``poll`` an
 ``failure_exception``. Stand-ins (``_kvtransfer.py``): ZeroMQ (every message on one bus), the
 transfer engine (each write's destination pages), the transfer queue and thread pool, the threads
 (the loops run on the probe's thread until their scripted input ends; the heartbeat never starts).
-The bootstrap server's answer (which prefill ranks serve the room) is set on the receiver as its
-``init`` sets it, and each prefill rank learns of the room as the prefill sender's constructor tells
-it (status Bootstrapping). A request of 6 pages goes in 3 chunks of 2.
+The bootstrap server is a stand-in too: up to 0.5.9 the receiver's constructor asks it which prefill
+ranks serve the room; from 0.5.10 ``init(prefill_dp_rank)`` reads what the decode manager learnt
+earlier, and the probe sets that answer on the receiver as ``init`` sets it. Each prefill rank learns
+of the room as the prefill sender's constructor tells it (status Bootstrapping). A request of 6 pages goes in 3 chunks of 2.
 
 Scenarios: N1 abort before any chunk; N2 mid-transfer (1 chunk written, 2 queued); N3 abort after the
 last chunk (the room succeeded); N4 the wait times out mid-transfer (``poll``); N5 the prefill side
@@ -35,8 +36,10 @@ ranks whose room is failed), ``room_status`` (the room on the prefill rank(s), a
 ``"unknown"``), ``chunks_written`` / ``chunks_after_abort`` (KV transfers by the engine, all / after the
 abort), ``pages_after_abort`` (decode pages written after it, per layer), ``decode_poll`` (what the
 receiver's ``poll`` answers at the end), ``other_room_chunks`` (N10), ``failure_raised`` (N5: the type
-``failure_exception`` raised), ``tree_error`` (``<loop or call>:<exception type>`` where the tree's own
-code raised, else null).
+``failure_exception`` raised), ``tree_error`` (``<loop>:<exception type>`` where one of the tree's loops
+failed on what the scenario sent it, e.g. a frame it cannot parse, else null). A loop that fails on a
+stand-in (an attribute or call it lacks), or any of the probe's own calls into the tree that raises, is
+the scenario's error: never an observation.
 
     python probes/probe_abort_notify_differential.py --side head --tree-kind release --tree-ref 0.5.13
 """
@@ -63,6 +66,7 @@ MOONCAKE = "sglang.srt.disaggregation.mooncake.conn"
 COMMON = "sglang.srt.disaggregation.common.conn"
 STANDINS = Collaborators(
     kv_args=("sglang.srt.disaggregation.base.conn:KVArgs",),
+    pp_group=("sglang.srt.distributed.parallel_state:GroupCoordinator",),
 )
 
 DECODE_IP, DECODE_PORT = "10.0.0.9", 17000
@@ -79,7 +83,17 @@ OTHER_PAGES = list(range(30, 36))  # and another room's (N10)
 PAGES = {ROOM: DECODE_PAGES, OTHER_ROOM: OTHER_PAGES}
 WAITING_TIMEOUT = 300.0
 
-sg = SimpleNamespace(ready=False, missing=None)
+sg = SimpleNamespace(missing=None)
+
+
+class CannotDrive(RuntimeError):
+    """The tree's loop asked a stand-in for something it does not carry: no observation, the scenario's error."""
+
+
+def under_built(exc: BaseException) -> bool:
+    """Whether a loop of the tree failed on the probe's stand-ins (an attribute or a call they lack; a transfer
+    worker wraps its error in a RuntimeError naming it), not on what the scenario sent it."""
+    return isinstance(exc, (AttributeError, TypeError)) or "has no attribute" in str(exc)
 
 
 def prepare() -> str:
@@ -104,7 +118,6 @@ def prepare() -> str:
     if sg.np is None:
         sg.missing = f"{MOONCAKE} imports no numpy as np: the probe cannot make the index arrays it takes"
     STANDINS.find()
-    sg.ready = True
     return sglang.__version__
 
 
@@ -144,6 +157,8 @@ class World:
                                 kv_args(layers=layers, base=PREFILL_BASE, start_layer=rank * layers),
                                 kvt.TransferEngine(self.timeline, session_id=f"{PREFILL_IP}:{PREFILL_PORT + rank}"))
             mgr.pp_size, mgr.pp_rank = ranks, rank
+            mgr.pp_group = STANDINS.make("pp_group", "pp_group", rank_in_group=rank, world_size=ranks,
+                                         is_first_rank=rank == 0, is_last_rank=rank == ranks - 1)
             self.prefills.append(mgr)
         self.receivers: dict[int, Any] = {}
 
@@ -154,7 +169,7 @@ class World:
             kv_args=args, disaggregation_mode=mode, is_mla_backend=False, engine=engine, local_ip=ip, rank_port=port,
             server_socket=self.bus.inbox(kvt.endpoint(ip, port)), request_status={}, failure_records={},
             failure_lock=threading.Lock(), attn_tp_size=1, attn_tp_rank=0, attn_cp_size=1, attn_cp_rank=0,
-            attn_dp_size=1, attn_dp_rank=0, pp_size=1, pp_rank=0, system_dp_size=1, system_dp_rank=0,
+            attn_dp_size=1, attn_dp_rank=0, enable_dp_attention=False, tp_size=1, dp_size=1, pp_size=1, pp_rank=0, system_dp_size=1, system_dp_rank=0,
             enable_staging=False, _staging_ctx=None, enable_trace=False, enable_custom_mem_pool=False,
             custom_mem_pool_type=None, kv_item_lens_sum=ITEM * len(args.kv_item_lens), state_item_lens_sum=0,
             bootstrap_host=ip, bootstrap_port=8998, dist_init_addr=None, enable_all_cp_ranks_for_transfer=False,
@@ -170,7 +185,8 @@ class World:
                           prefill_info_table={}, heartbeat_failures={}, session_pool={},
                           session_pool_lock=threading.Lock(), addr_to_rooms_tracker=defaultdict(set),
                           prefill_response_tracker=defaultdict(set), heartbeat_interval=2.0, max_failures=1,
-                          waiting_timeout=WAITING_TIMEOUT)
+                          waiting_timeout=WAITING_TIMEOUT, prefill_attn_tp_size_table={}, prefill_tp_size_table={},
+                          prefill_dp_size_table={}, prefill_pp_size_table={}, prefill_page_size_table={})
         for name, value in common.items():
             setattr(mgr, name, value)
         return mgr
@@ -180,12 +196,16 @@ class World:
         """ZeroMQ is the bus, and the tree's threads run on this thread, for one block of calls."""
         modules = [m for m in (sg.mooncake, sg.common) if m is not None]
         saved_zmq = {m: m.zmq for m in modules if hasattr(m, "zmq")}
+        server = self.server = kvt.BootstrapServer(self.route)
+        saved_requests = {m: m.requests for m in modules if hasattr(m, "requests")}
         owners = [klass for klass in sg.Receiver.__mro__ if "_ctx" in vars(klass) or "_socket_cache" in vars(klass)]
         saved_cls = {klass: dict(vars(klass)) for klass in owners}
         cached = getattr(sg.Manager, "_connect", None)
         with contextlib.ExitStack() as stack:
             for m in saved_zmq:
                 m.zmq = self.bus.zmq
+            for m in saved_requests:
+                m.requests = server.requests
             for klass in owners:
                 for name, value in (("_ctx", self.bus.context()), ("_socket_cache", {}), ("_socket_locks", {})):
                     if name in vars(klass):
@@ -199,40 +219,71 @@ class World:
             finally:
                 for m, value in saved_zmq.items():
                     m.zmq = value
+                for m, value in saved_requests.items():
+                    m.requests = value
                 for klass, before in saved_cls.items():
                     for name in ("_ctx", "_socket_cache", "_socket_locks"):
                         if name in before:
                             setattr(klass, name, before[name])
                 if hasattr(cached, "cache_clear"):
                     cached.cache_clear()
-                self.errors += [e for t in self.threads for e in t.errors]
+                for seen in self.threads:
+                    for name, exc in zip(seen.errors, seen.raised):
+                        if under_built(exc):
+                            raise CannotDrive(f"the tree's {name.split(':')[0]} asked for what the probe's stand-ins "
+                                              f"lack: {exc}") from exc
+                        self.errors.append(name)
 
     def call(self, what: str, fn: Callable[..., Any], *args, **kwargs) -> Any:
-        """A call into the tree; what it raises is what the tree did (recorded by type), not a probe error."""
+        """A call into the tree, run until its scripted input ends; anything it raises is the scenario's error
+        (these are the probe's steps, which a tree it drives right never refuses)."""
         try:
             return fn(*args, **kwargs)
         except kvt.ScriptEnded:
             return None
-        except Exception as exc:
-            self.errors.append(f"{what}:{type(exc).__name__}")
-            return None
 
     # --- a request's life, step by step ------------------------------------------------------
+    def route(self, path: str, query: dict[str, str]) -> dict | None:
+        """The bootstrap server: the prefill side's parallel layout (``engine_rank=-1``), else the rank serving a
+        pipeline stage (one rank per stage, tensor and data parallel size 1)."""
+        if query.get("engine_rank") == "-1" or query.get("target_tp_rank") == "-1":
+            ranks = len(self.prefills)
+            return {"prefill_attn_tp_size": 1, "prefill_tp_size": 1, "prefill_dp_size": 1, "prefill_pp_size": ranks, "prefill_page_size": 1,
+                    "attn_tp_size": 1, "dp_size": 1, "pp_size": ranks, "page_size": 1}
+        stage = int(query.get("target_pp_rank", 0))
+        return {"rank_ip": PREFILL_IP, "rank_port": PREFILL_PORT + stage} if stage < len(self.prefills) else None
+
     def receiver(self, room: int = ROOM) -> Any:
-        """The decode receiver of ``room``, bootstrapped with every prefill rank (the bootstrap server's answer set
-        as ``init`` sets it), its KV buffers registered with each rank."""
+        """The decode receiver of ``room``, bootstrapped with every prefill rank, its KV buffers registered with each.
+        Up to 0.5.9 its constructor does that, asking the bootstrap server; from 0.5.10 ``init(prefill_dp_rank)``
+        does, from layouts the decode manager learnt earlier: the probe sets the answer as ``init`` sets it."""
         recv = sg.Receiver(self.decode, BOOTSTRAP_ADDR, room)
-        infos = [{"rank_ip": PREFILL_IP, "rank_port": PREFILL_PORT + r, "is_dummy": False}
-                 for r in range(len(self.prefills))]
-        recv.bootstrap_infos = infos
-        recv.required_dst_info_num = 1
-        recv.required_prefill_response_num = len(self.prefills)
-        recv.prefill_dp_rank = 0
-        self.decode.required_prefill_response_num_table[room] = len(self.prefills)
-        self.call("register", recv._register_kv_args)
-        self.decode.update_status(room, sg.KVPoll.WaitingForInput)
+        if "bootstrap_infos" not in vars(recv):
+            recv.bootstrap_infos = [{"rank_ip": PREFILL_IP, "rank_port": PREFILL_PORT + r, "is_dummy": False}
+                                    for r in range(len(self.prefills))]
+            recv.required_dst_info_num = 1
+            recv.required_prefill_response_num = len(self.prefills)
+            recv.prefill_dp_rank = 0
+            self.decode.required_prefill_response_num_table[room] = len(self.prefills)
+            self.call("register", recv._register_kv_args)
+            self.decode.update_status(room, sg.KVPoll.WaitingForInput)
         self.receivers[room] = recv
         return recv
+
+    def started(self, room: int = ROOM) -> None:
+        """The transfer can begin: decode and every prefill rank wait for input. Else no scenario step after this
+        means anything (nothing written because nothing was asked would read as a fix): the scenario's error."""
+        decode = poll_name(self.decode.request_status.get(room))
+        prefill = [poll_name(m.request_status.get(room)) for m in self.prefills]
+        if decode != "WaitingForInput" or any(p != "WaitingForInput" for p in prefill):
+            raise CannotDrive(f"the transfer never started: the decode side is {decode}, the prefill rank(s) {prefill}; "
+                              f"the bootstrap server was asked {[path for path, _ in self.server.asked]}")
+
+    def registered(self) -> None:
+        """Every prefill rank holds the decode rank's registration (its KV buffers); else as ``started``."""
+        if not all(getattr(m, "decode_kv_args_table", None) for m in self.prefills):
+            raise CannotDrive("the decode rank's registration never reached every prefill rank; the bootstrap server "
+                              f"was asked {[path for path, _ in self.server.asked]}")
 
     def prefill_knows(self, room: int = ROOM) -> None:
         for mgr in self.prefills:
@@ -240,7 +291,8 @@ class World:
 
     def metadata(self, room: int = ROOM) -> None:
         recv = self.receivers[room]
-        self.call("send_metadata", recv.send_metadata, sg.np.array(PAGES[room], dtype=sg.np.int32), 3)
+        send = getattr(recv, "send_metadata", None) or recv.init  # init(kv_indices, aux_index) up to 0.5.9
+        self.call("send_metadata", send, sg.np.array(PAGES[room], dtype=sg.np.int32), 3)
 
     def prefill_reads(self) -> None:
         """Each prefill rank's bootstrap loop reads what decode sent it."""
@@ -269,8 +321,8 @@ class World:
         self.call("abort", self.receivers[room].abort)
 
     # --- observations -----------------------------------------------------------------------
-    def kv_writes(self, *, since: str | None = None, rank: int | None = None) -> list[kvt.Write]:
-        engines = [m.engine for i, m in enumerate(self.prefills) if rank is None or i == rank]
+    def kv_writes(self, *, since: str | None = None) -> list[kvt.Write]:
+        engines = [m.engine for m in self.prefills]
         return [w for e in engines for w in e.writes
                 if DECODE_BASE <= w.dst < DECODE_BASE + 2 * LAYERS * REGION
                 and (since is None or self.timeline.after(since, w.at))]
@@ -320,6 +372,7 @@ def transfer(world: World, *, chunks_before: int, queued_after: int = 0) -> None
     world.receiver()
     world.metadata()
     world.prefill_reads()
+    world.started()
     for chunk in range(chunks_before):
         world.queue(chunk)
         world.work()
@@ -426,6 +479,7 @@ def n8(observed: Observed) -> None:
     with world.transport():
         world.receiver()
         world.prefill_reads()
+        world.registered()
         world.abort()
         world.prefill_reads()
     world.finish(observed)
@@ -449,6 +503,8 @@ def n10(observed: Observed) -> None:
             world.receiver(room)
             world.metadata(room)
         world.prefill_reads()
+        for room in (ROOM, OTHER_ROOM):
+            world.started(room)
         world.queue(0)
         world.work()
         for chunk in range(len(CHUNKS)):

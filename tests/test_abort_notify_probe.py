@@ -89,6 +89,16 @@ def test_threads_run_named_loops_record_errors_and_restore_threading():
     assert module.threading is threading
 
 
+def test_bootstrap_server_answers_route_queries_and_records_them():
+    server = kvt.BootstrapServer(lambda path, query: {"rank_port": 6000 + int(query["target_pp_rank"])}
+                                 if path == "/route" else None)
+    found = server.requests.get("http://h:8998/route?engine_rank=0&target_pp_rank=1", timeout=5)
+    missing = server.requests.get("http://h:8998/elsewhere")
+    assert (found.status_code, found.json()) == (200, {"rank_port": 6001})
+    assert missing.status_code == 404
+    assert server.asked == [("/route", {"engine_rank": "0", "target_pp_rank": "1"}), ("/elsewhere", {})]
+
+
 def test_free_recorder_orders_frees_on_the_clock():
     timeline = kvt.Timeline()
     free = kvt.FreeRecorder(timeline, "kv")
@@ -336,6 +346,24 @@ def test_the_tree_s_own_loop_failing_is_recorded_as_the_tree_s_error(probe):
     result = run(probe(mooncake_module(fixed=False)), "N11")
     assert result["error"] is None
     assert result["observed"]["tree_error"] == "bootstrap_thread:ValueError"
+
+
+def test_a_loop_failing_on_what_the_stand_ins_lack_is_the_scenario_s_error(probe):
+    """Nothing written because a loop died on an attribute the stand-ins lack must not read as a fixed tree."""
+    mooncake = mooncake_module(fixed=True)
+
+    def start_prefill_thread(self):
+        def bootstrap_thread():
+            self.server_socket.recv_multipart()
+            return self.not_carried  # what an older tree's loop reads and the probe's manager lacks
+
+        mooncake.threading.Thread(target=bootstrap_thread).start()
+
+    mooncake.MooncakeKVManager.start_prefill_thread = start_prefill_thread
+    result = run(probe(mooncake), "N2")
+    assert result["observed"] == {}
+    assert result["error"]["type"] == "CannotDrive"
+    assert "not_carried" in result["error"]["message"]
 
 
 def test_a_connection_that_does_not_import_is_every_scenario_s_error(probe):

@@ -19,7 +19,8 @@ def load_text(tmp_path, text):
 
 def test_the_project_registry_declares_both_experiments_with_full_pins():
     reg = registry.load(PROJECT)
-    assert set(reg.experiments) == {"admission", "prefill", "offload_slots", "offload_rid", "deferred_release"}
+    assert set(reg.experiments) == {"admission", "prefill", "offload_slots", "offload_rid", "abort_notify",
+                                    "deferred_release", "deferred_release_nixl"}
     admission = reg.experiment("admission")
     assert admission.pr == 38935
     assert admission.git == {"base": "17ba2c2e7c7b81f31a8a9e693e7435ab262c16b4",
@@ -31,6 +32,12 @@ def test_the_project_registry_declares_both_experiments_with_full_pins():
     assert reg.experiment("offload_rid").releases == {"base": "0.5.18", "head": "0.5.19"}
     assert reg.experiment("deferred_release").git == {"base": "c60952d9330091b0db5b11b2cdbc00fd3063a935",
                                                       "head": "97dedd1ce9b161c476e0a91106857f210b5bfa41"}
+    assert reg.experiment("abort_notify").git == {"base": "86b9bf5812b72968013a3bb1618ee83183ff35d5",
+                                                  "head": "57909f731b0fb325f0313946cf358a23fbe0fd00"}
+    assert reg.experiment("abort_notify").releases == {"base": "0.5.12", "head": "0.5.13"}
+    assert reg.experiment("deferred_release_nixl").git == {"base": "aa215e55230bc9b0eb503b5a3886c015c2e5f526",
+                                                           "head": "adca19c4970933fa1990fecf3541b527d3153594"}
+    assert reg.experiment("deferred_release_nixl").releases == {"base": "0.5.18", "head": "0.5.19"}
     for exp in reg.experiments.values():
         assert exp.probe.exists(), exp.probe
         assert exp.expect, f"{exp.name} declares no expected differential"
