@@ -11,7 +11,8 @@ ask what happened *after* what: a page written after it was freed, a chunk writt
   keeps one (``CommonKVReceiver._ctx``). A socket's ``send_multipart`` records a ``Message``
   (destination endpoint, frames, time) and queues it for that endpoint; ``bus.inbox(endpoint)`` is the
   socket a manager receives on (``server_socket``): its ``recv_multipart`` hands over that endpoint's
-  queued frames in order, then raises ``ScriptEnded``, which ends the tree's ``while True`` loop.
+  queued frames in order, then raises ``ScriptEnded``, which ends the tree's ``while True`` loop. A
+  socket's monitor (``get_monitor_socket``, 0.5.18 on) never reports a disconnection.
 - ``TransferEngine``: the Mooncake (or NIXL) engine. Each ``transfer_sync`` / ``batch_transfer_sync``
   block is a ``Write`` (session, source and destination address, length, time); ``pages(base,
   item_len)`` turns the destination addresses back into the decode pages written. ``status`` is what
@@ -108,6 +109,19 @@ class Socket:
 
     def recv_multipart(self, *args, **kwargs) -> list[bytes]:
         return self.bus.receive(self.endpoint)
+
+    def close(self, *args, **kwargs) -> None:
+        pass
+
+    def get_monitor_socket(self, *args, **kwargs) -> "Monitor":
+        return Monitor()
+
+
+class Monitor:
+    """A socket's connection monitor: the bus never disconnects, so it has no event (ZeroMQ's ``Again``)."""
+
+    def recv_multipart(self, *args, **kwargs) -> list[bytes]:
+        raise importlib.import_module("zmq").Again()
 
     def close(self, *args, **kwargs) -> None:
         pass

@@ -59,7 +59,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _kvtransfer as kvt  # noqa: E402
-from _probekit import Collaborators, Observed, ScenarioSet, main  # noqa: E402
+from _probekit import Collaborators, Observed, ScenarioSet, main, publish_server_args, server_args  # noqa: E402
 
 SCENARIOS = ScenarioSet("abort_notify")
 MOONCAKE = "sglang.srt.disaggregation.mooncake.conn"
@@ -118,7 +118,19 @@ def prepare() -> str:
     if sg.np is None:
         sg.missing = f"{MOONCAKE} imports no numpy as np: the probe cannot make the index arrays it takes"
     STANDINS.find()
+    from sglang.srt.server_args import ServerArgs
+
+    # The server's arguments, as a scheduler publishes them (later trees read the page size and parallel layout
+    # from the runtime context): a decode server's defaults.
+    sg.server_args = server_args(ServerArgs, SCENARIOS.adapted, model_path="dummy", disaggregation_mode="decode")
+    publish_server_args(sg.server_args, SCENARIOS.adapted, role="test")
     return sglang.__version__
+
+
+def tree_env(name: str, default: Any) -> Any:
+    """A setting as the tree reads it (its ``envs`` registry, where it has one), else ``default``."""
+    envs = getattr(sg.mooncake, "envs", None)
+    return getattr(envs, name).get() if hasattr(envs, name) else default
 
 
 def poll_name(value: Any) -> str:
@@ -128,11 +140,14 @@ def poll_name(value: Any) -> str:
 
 
 def kv_args(*, layers: int, base: int, start_layer: int = 0) -> Any:
+    """A plain MHA pool's transfer arguments (no layer ids: the pool has no get_kv_layer_ids; no state buffers)."""
     ptrs = [base + i * REGION for i in range(2 * layers)]  # K of each layer, then V of each layer
     return STANDINS.make("kv_args", "kv_args", engine_rank=0, kv_data_ptrs=ptrs, kv_data_lens=[REGION] * len(ptrs),
                          kv_item_lens=[ITEM] * len(ptrs), aux_data_ptrs=[AUX_BASE + base], aux_data_lens=[4096],
                          aux_item_lens=[16], state_types=[], state_data_ptrs=[], state_data_lens=[],
-                         state_item_lens=[], state_dim_per_tensor=[], ib_device=None, ib_traffic_class=None,
+                         state_item_lens=[], state_dim_per_tensor=[], state_layer_ids=[], state_slice_outer_counts=[],
+                         state_conv_shard_groups=[], kv_layer_ids=[], kv_cache_dtype_str="auto",
+                         is_hybrid_mla_backend=False, mla_compression_ratios=None, ib_device=None, ib_traffic_class=None,
                          gpu_id=0, kv_head_num=1, total_kv_head_num=1, page_size=1, system_dp_rank=0, pp_rank=0,
                          prefill_start_layer=start_layer, prefill_end_layer=start_layer + layers,
                          prefill_pp_size=1, decode_tp_size=1)
@@ -166,14 +181,28 @@ class World:
     def _manager(self, mode, ip: str, port: int, args: Any, engine: kvt.TransferEngine) -> Any:
         mgr = object.__new__(sg.Manager)
         common = dict(
-            kv_args=args, disaggregation_mode=mode, is_mla_backend=False, engine=engine, local_ip=ip, rank_port=port,
+            kv_args=args, disaggregation_mode=mode, is_mla_backend=False, is_hybrid_mla_backend=False, engine=engine, local_ip=ip, rank_port=port,
             server_socket=self.bus.inbox(kvt.endpoint(ip, port)), request_status={}, failure_records={},
             failure_lock=threading.Lock(), attn_tp_size=1, attn_tp_rank=0, attn_cp_size=1, attn_cp_rank=0,
             attn_dp_size=1, attn_dp_rank=0, enable_dp_attention=False, tp_size=1, dp_size=1, pp_size=1, pp_rank=0, system_dp_size=1, system_dp_rank=0,
             enable_staging=False, _staging_ctx=None, enable_trace=False, enable_custom_mem_pool=False,
             custom_mem_pool_type=None, kv_item_lens_sum=ITEM * len(args.kv_item_lens), state_item_lens_sum=0,
             bootstrap_host=ip, bootstrap_port=8998, dist_init_addr=None, enable_all_cp_ranks_for_transfer=False,
-            server_args=SimpleNamespace(enable_trace=False, enable_hisparse=False, disaggregation_mode=mode.value),
+            server_args=sg.server_args,  # each manager's own side is its disaggregation_mode
+        )
+        # What later trees' constructors also set (0.5.18 on): pipeline-context parallelism 1, the deferred release
+        # as the tree's environment leaves it (off unless set), their socket caches on the bus.
+        common.update(
+            kv_cache_dtype_str="auto", dsv41_spec_layout=None, _kv_replica_factor=1, dcp_size=1, dcp_rank=0,
+            _dcp_pack_buffers=None, _dcp_pack_max_tokens=None, _zmq_ctx=self.bus.context(), _socket_cache={},
+            _monitor_cache={}, _socket_send_locks={}, _socket_lock=threading.Lock(), _deferred_ack_targets={},
+            _deferred_ack_fanout_snapshots={}, _staging_handler=None, _deferred_abort_ack_tracker={},
+            _heartbeat_shutdown=threading.Event(), _prefill_recompute_executor_lock=threading.Lock(),
+            _prefill_recompute_sessions=threading.local(), _stopped=False, _worker_threads=[],
+            _staging_outstanding=defaultdict(int),
+            max_transfer_batch_indices=tree_env("SGLANG_MOONCAKE_MAX_TRANSFER_BATCH_INDICES", None),
+            enable_deferred_decode_kv_release=bool(tree_env("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", False))
+            and bool(getattr(sg.Manager, "supports_deferred_decode_kv_release", False)),
         )
         if mode is sg.Mode.PREFILL:
             common.update(transfer_infos={}, req_to_decode_prefix_len={}, decode_kv_args_table={},

@@ -49,8 +49,8 @@ MANAGER_FIRST = "0.5.3"
 
 
 # abort_notify's probe was run on 0.4.6 and 0.4.10 (every scenario an error: their bootstrap differs), 0.5.3 and
-# 0.5.10 (base's behaviour) and its bracket; the releases between were not probed: from the first PD release up to
-# its base release its answer is not pinned.
+# 0.5.10 (base's behaviour), its bracket, 0.5.18 and 0.5.21 (head's); the releases between were not probed: from
+# the first PD release up to its base release its answer is not pinned.
 TRANSFER_UNKNOWN = {"abort_notify": ("0.4.4.post2", "0.5.12")}
 
 

@@ -14,6 +14,7 @@ import importlib
 import struct
 import sys
 import threading
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -123,6 +124,12 @@ class Mode(Enum):
 
 class KVArgs:
     pass
+
+
+@dataclass
+class ServerArgs:
+    model_path: str = ""
+    disaggregation_mode: str = "null"
 
 
 def mooncake_module(*, fixed: bool) -> ModuleType:
@@ -284,8 +291,12 @@ def probe(monkeypatch):
         base.KVArgs, base.KVPoll = KVArgs, KVPoll
         utils = ModuleType("sglang.srt.disaggregation.utils")
         utils.DisaggregationMode = Mode
-        modules = {"sglang": ModuleType("sglang"), "sglang.srt.disaggregation.base.conn": base,
-                   "sglang.srt.disaggregation.utils": utils}
+        server_args = ModuleType("sglang.srt.server_args")
+        server_args.ServerArgs = ServerArgs
+        srt = ModuleType("sglang.srt")
+        srt.server_args = server_args
+        modules = {"sglang": ModuleType("sglang"), "sglang.srt": srt, "sglang.srt.server_args": server_args,
+                   "sglang.srt.disaggregation.base.conn": base, "sglang.srt.disaggregation.utils": utils}
         modules["sglang"].__version__ = "0.0.test"
         if mooncake is not None:
             modules[mooncake.__name__] = mooncake
