@@ -74,8 +74,9 @@ def prepare() -> str:
     if not hasattr(sg.Manager, "_handle_abort_notification"):  # up to 0.5.15: NIXL ABORT handling is #30352
         sg.absent = {"nixl_abort_handler": "absent"}
         return sglang.__version__
-    if not hasattr(sg.Manager, "transfer_worker"):
-        sg.unobserved = "the tree's NIXL manager has no transfer_worker: when its writes drain cannot be observed"
+    if not hasattr(sg.Manager, "transfer_worker") or not hasattr(sg.conn, "np"):
+        sg.unobserved = ("the tree's NIXL manager has no transfer_worker (or its module no numpy): when its "
+                         "writes drain cannot be observed")
         return sglang.__version__
     from sglang.srt.disaggregation.base.conn import KVPoll
     from sglang.srt.disaggregation.utils import DisaggregationMode
@@ -85,6 +86,7 @@ def prepare() -> str:
     sg.TransferInfo = sg.conn.TransferInfo
     sg.RegisterInfo = getattr(sg.conn, "KVArgsRegisterInfo", None)
     sg.Sender = getattr(sg.conn, SENDER_OF)
+    sg.np = sg.conn.np  # the module's own numpy (in-cell code imports only the tree): page indices as it builds them
     envs = getattr(importlib.import_module("sglang.srt.environ"), "envs", None) if _has_environ() else None
     sg.gate = getattr(envs, GATE, None)  # absent before #35049 (0.5.18 and older): nothing reads the flag
     sg.ready = True
@@ -216,8 +218,7 @@ class World:
 def bootstrap(manager, room: int, pages: int) -> None:
     """The room as the prefill bootstrap thread leaves it: the decode's transfer info arrived."""
     names = {f.name for f in dataclasses.fields(sg.TransferInfo)}
-    import numpy as np
-
+    np = sg.np
     fields = dict(room=room, endpoint=DECODE_IP, dst_port=DECODE_PORT, agent_name=AGENT,
                   dst_kv_indices=np.arange(1000 + room * 10, 1000 + room * 10 + pages, dtype=np.int32),
                   dst_aux_index=0, required_dst_info_num=1, dst_state_indices=[])
@@ -227,9 +228,9 @@ def bootstrap(manager, room: int, pages: int) -> None:
 
 
 def chunk(room: int, index: int, *, last: bool) -> Any:
-    """The ``index``-th chunk of a room's transfer (``PAGES_PER_CHUNK`` pages), as ``add_transfer_request`` queues it."""
-    import numpy as np
-
+    """The ``index``-th chunk of a room's transfer (``PAGES_PER_CHUNK`` pages), as ``add_transfer_request``
+    queues it."""
+    np = sg.np
     start = index * PAGES_PER_CHUNK
     fields = dict(room=room, prefill_kv_indices=np.arange(start, start + PAGES_PER_CHUNK, dtype=np.int32),
                   index_slice=slice(start, start + PAGES_PER_CHUNK), is_last_chunk=last,
@@ -301,7 +302,8 @@ def listen(manager, messages: list[list[bytes]]) -> None:
 
 
 def hold(manager, room: int) -> None:
-    """The decode queue holding an aborted room's pages (0.5.19 on): ``register_deferred_abort_room``."""
+    """The decode queue holding an aborted room's pages (0.5.19 on): ``register_deferred_abort_room``
+    arms the room's ack tracker."""
     register = getattr(manager, "register_deferred_abort_room", None)
     if register is not None:
         register(room)

@@ -19,6 +19,9 @@ objects on the decode side:
 - messages from the prefill side (a status, an ``ABORT_ACK``) reach the manager through its own decode
   thread (``start_decode_thread``), run on the probe's thread over a scripted socket that ends the loop.
 
+``Prefill`` is one prefill rank's manager, made the same way, told of an abort through its own receive loop
+(``start_prefill_thread``); a chunk still writing is the room's outstanding count.
+
 Stand-ins, at the boundary only: the ZeroMQ sockets (a recorder of ``send_multipart``; a scripted
 ``recv_multipart``), the gloo all-reduce of polls (one rank: the identity), the token allocator (a free
 list that hands the most recently freed slots out first, as a reuse would), the tree cache
@@ -34,18 +37,24 @@ import importlib
 import inspect
 import os
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from _probekit import Collaborators, Recorder, publish_server_args, server_args, swapped
+from _probekit import Collaborators, Recorder, publish_server_args, reads, server_args, swapped
 
 DECODE_MODULE = "sglang.srt.disaggregation.decode"
 GATE = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
 GATE_ON = "true"
-BACKEND_MODULES = {"mooncake": "sglang.srt.disaggregation.mooncake.conn"}
-RECEIVER_CLASSES = {"mooncake": ("MooncakeKVReceiver", "MooncakeKVManager")}
+BACKEND_MODULES = {"mooncake": "sglang.srt.disaggregation.mooncake.conn",
+                   "nixl": "sglang.srt.disaggregation.nixl.conn"}
+RECEIVER_CLASSES = {"mooncake": ("MooncakeKVReceiver", "MooncakeKVManager"),
+                    "nixl": ("NixlKVReceiver", "NixlKVManager")}
+# The manager's method starting its decode-side receive loop: Mooncake's status thread; NIXL's listener
+# (statuses come as NIXL notifications; from 0.5.19 it also reads ABORT_ACK).
+RECEIVE_LOOPS = {"mooncake": "start_decode_thread", "nixl": "_start_decode_listener_thread"}
 SLOTS = 64  # the token pool: slots 1..SLOTS (0 is the padding slot)
 META_SLOTS = 8
 DECODE_IP, DECODE_PORT = "192.0.2.2", 17000  # TEST-NET-1: never routed; no socket dials it anyway
@@ -65,8 +74,9 @@ class CannotDrive(RuntimeError):
     """The tree lacks a part the driver needs: the scenario records this as its error, never as an answer."""
 
 
-class ScriptEnded(Exception):
-    """The scripted socket has no more messages: ends the manager's ``while True`` receive loop."""
+class ScriptEnded(BaseException):
+    """The scripted socket has no more messages: ends the manager's ``while True`` receive loop. A BaseException,
+    so a loop's own ``except Exception`` cannot swallow it and spin."""
 
 
 @contextlib.contextmanager
@@ -107,6 +117,11 @@ def prepare(adapt: Callable[[str], None], backend: str = "mooncake") -> None:
             sg.missing = f"{owner.__name__} has no {name}"
             return
     sg.Queue, sg.DecodeRequest = sg.decode.DecodeTransferQueue, sg.decode.DecodeRequest
+    # What the scheduler takes from the prealloc queue each iteration: (ready, failed) from 0.5.x's later
+    # releases, one list before; nothing is ready in a probe either way.
+    pop = getattr(getattr(sg.decode, "DecodePreallocQueue", None), "pop_preallocated", None)
+    returns = str(inspect.signature(pop).return_annotation) if pop is not None else ""
+    sg.nothing_preallocated = ([], []) if "tuple" in returns.lower() else []
     sg.Receiver, sg.Manager = getattr(sg.conn, receiver_name), getattr(sg.conn, manager_name)
     from sglang.srt.disaggregation.base import KVPoll
     from sglang.srt.disaggregation.utils import DisaggregationMode
@@ -117,10 +132,14 @@ def prepare(adapt: Callable[[str], None], backend: str = "mooncake") -> None:
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     sg.KVPoll, sg.DECODE, sg.AbortReq = KVPoll, DisaggregationMode.DECODE, AbortReq
+    sg.PREFILL = DisaggregationMode.PREFILL
     sg.Req, sg.SamplingParams, sg.Scheduler = Req, SamplingParams, Scheduler
     sg.ReqKvInfo = getattr(schedule_batch, "ReqKvInfo", None)
     sg.kv_on_record = sg.ReqKvInfo is not None and hasattr(sg.ReqKvInfo, "holds_kv")  # 0.5.19 on
-    sg.envs = getattr(importlib.import_module("sglang.srt.environ"), "envs", None)
+    try:  # the tree's environment variables (0.5.x); older trees read os.environ where they read any
+        sg.envs = getattr(importlib.import_module("sglang.srt.environ"), "envs", None)
+    except ImportError:
+        sg.envs = None
     sg.server_args = server_args(ServerArgs, adapt, model_path="dummy", disaggregation_mode="decode",
                                  disaggregation_transfer_backend=backend)
     publish_server_args(sg.server_args, adapt, role="test")
@@ -158,6 +177,9 @@ class ScriptedSocket:
     def __init__(self, messages: list[list[bytes]]):
         self.messages = list(messages)
 
+    def bind(self, *args) -> None:  # older managers bind their socket as the receive loop starts
+        pass
+
     def recv_multipart(self) -> list[bytes]:
         if not self.messages:
             raise ScriptEnded()
@@ -165,16 +187,17 @@ class ScriptedSocket:
 
 
 class InlineThread:
-    """``threading.Thread`` in the backend's module: the manager's receive loop (``decode_thread``) runs on the
-    probe's thread at ``start``; any other thread it starts (a heartbeat checker) never runs."""
+    """``threading.Thread`` in the backend's module: the manager's receive loop runs on the probe's thread at
+    ``start``; any other thread it starts (a heartbeat checker) never runs."""
 
-    RUNS = "decode_thread"
+    # the decode and the prefill manager's receive loops (Mooncake), NIXL's decode listener
+    RUNS = ("decode_thread", "bootstrap_thread", "decode_listener_thread")
 
     def __init__(self, target: Callable[[], None], *args, **kwargs):
         self.target = target
 
     def start(self) -> None:
-        if getattr(self.target, "__name__", "") != self.RUNS:
+        if getattr(self.target, "__name__", "") not in self.RUNS:
             return
         try:
             self.target()
@@ -211,7 +234,7 @@ class World:
         self.requests: dict[str, Request] = {}
         self.writes: list[dict[str, Any]] = []
         self.errors: list[str] = []
-        self.clock = Clock(sg.decode.time)
+        self.clock = Clock(time)
         torch = sg.torch
         self.metadata_buffers = SimpleNamespace(bootstrap_room=torch.zeros((META_SLOTS, 1), dtype=torch.int64))
         self.meta_allocator = STANDINS.make("metadata_allocator", "metadata_allocator", free=self._free_meta,
@@ -219,7 +242,7 @@ class World:
         self.tree_cache = STANDINS.make("tree_cache", "tree_cache", cache_finished_req=self._cache_finished_req,
                                         supports_mamba=lambda: False, page_size=1)
         self.prealloc = STANDINS.make("prealloc_queue", "prealloc_queue", queue=[], retracted_queue=[],
-                                      pop_preallocated=lambda *a, **k: ([], []),
+                                      pop_preallocated=lambda *a, **k: sg.nothing_preallocated,
                                       resume_retracted_reqs=lambda *a, **k: [],
                                       note_destinations_queued=lambda *a, **k: None)
         self.scheduler = STANDINS.make(
@@ -254,6 +277,7 @@ class World:
             "_deferred_abort_ack_tracker": {}, "enable_deferred_decode_kv_release": gate,
             "local_ip": DECODE_IP, "rank_port": DECODE_PORT, "disaggregation_mode": sg.DECODE,
             "enable_staging": False, "_staging_handler": None, "addr_to_rooms_tracker": defaultdict(set),
+            "is_mla_backend": False,  # 0.4.x's receive loop counts the responses it awaits by it
         }.items():
             object.__setattr__(manager, name, value)
         return manager
@@ -262,8 +286,8 @@ class World:
     def driving(self):
         """The gate as this world's server sets it, the probe's clock, and a one-rank all-reduce."""
         dist = sg.torch.distributed
-        with gated(self.gate), swapped(sg.decode, time=self.clock), \
-                swapped(dist, all_reduce=lambda tensor, *a, **k: None):
+        clock = {"time": self.clock} if hasattr(sg.decode, "time") else {}  # a tree with no deadline has none
+        with gated(self.gate), swapped(sg.decode, **clock), swapped(dist, all_reduce=lambda tensor, *a, **k: None):
             yield
 
     def admit(self, rid: str, room: int, *, tokens: int = 8) -> Request:
@@ -285,6 +309,7 @@ class World:
         infos = [{"rank_ip": PREFILL_IP, "rank_port": PREFILL_PORT + rank} for rank in range(self.ranks)]
         for name, value in {"kv_mgr": self.manager, "bootstrap_room": room, "conclude_state": None,
                             "abort_notified": False, "bootstrap_infos": infos, "require_staging": False,
+                            "started_transfer": False,  # NIXL's poll: no notification to drain before one
                             "_connect_to_bootstrap_server": connect}.items():
             object.__setattr__(receiver, name, value)
         self.manager.request_status[room] = sg.KVPoll.Transferring
@@ -316,7 +341,10 @@ class World:
         """Messages from the prefill ranks, through the manager's own decode thread."""
         self.manager.server_socket = ScriptedSocket(list(messages))
         with self.driving(), swapped(sg.conn, threading=SimpleNamespace(Thread=InlineThread, Lock=threading.Lock)):
-            self.call("receive", self.manager.start_decode_thread)
+            start = getattr(self.manager, RECEIVE_LOOPS[sg.backend], None)
+            if start is None:  # NIXL before 0.5.19: no listener reads ABORT_ACK, so none is received
+                return
+            self.call("receive", start)
 
     def ack(self, rid: str, rank: int) -> None:
         """A prefill rank's drain ack for the request's room (the 3-frame ``ABORT_ACK``): it answers an ``ABORT``,
@@ -414,3 +442,55 @@ def _release_kv(req) -> None:
     req.req_pool_idx = None
     if sg.ReqKvInfo is not None:
         req.kv = None
+
+
+class Prefill:
+    """One prefill rank's manager (the backend's real class, ``object.__new__`` and the attributes its receive
+    loop reads), told of a decode abort through its own loop (``start_prefill_thread``): what it answers, when.
+    A chunk in flight is the room's outstanding count, as the tree's transfer worker keeps it."""
+
+    def __init__(self, *, gate: bool = True):
+        if not sg.ready:
+            raise CannotDrive(sg.missing or "the tree's transfer queue was not prepared")
+        self.gate = gate
+        self.sent: list[list[bytes]] = []
+        self.errors: list[str] = []
+        manager = object.__new__(sg.Manager)
+        with gated(gate):
+            on = _tree_gate()
+        for name, value in {
+            "request_status": {}, "failure_records": {}, "failure_lock": threading.Lock(),
+            "enable_deferred_decode_kv_release": on, "_deferred_ack_targets": {},
+            "_staging_outstanding": defaultdict(int), "_socket_send_locks": defaultdict(threading.Lock),
+            "attn_tp_rank": 0, "attn_cp_rank": 0, "attn_cp_size": 1, "pp_rank": 0, "pp_size": 1,
+            "disaggregation_mode": sg.PREFILL, "local_ip": PREFILL_IP, "rank_port": PREFILL_PORT,
+            "transfer_infos": {}, "enable_staging": False,
+            "_connect": lambda endpoint, is_ipv6=False: SimpleNamespace(send_multipart=self.sent.append),
+        }.items():
+            object.__setattr__(manager, name, value)
+        self.manager = manager
+
+    def handles_abort(self) -> bool:
+        """Whether the tree's prefill loop handles an ``ABORT`` at all (PR #27372, 0.5.13)."""
+        return reads(sg.Manager.start_prefill_thread, '"ABORT"')
+
+    def room(self, room: int, status: Any, *, in_flight: int = 0) -> None:
+        self.manager.request_status[room] = status
+        self.manager._staging_outstanding[room] = in_flight
+
+    def told(self, room: int) -> None:
+        """Decode's ``ABORT`` for the room reaches this rank's receive loop."""
+        self.manager.server_socket = ScriptedSocket([[b"ABORT", str(room).encode(), DECODE_IP.encode(),
+                                                      str(DECODE_PORT).encode()]])
+        with gated(self.gate), swapped(sg.conn, threading=SimpleNamespace(Thread=InlineThread, Lock=threading.Lock)):
+            try:
+                self.manager.start_prefill_thread()
+            except Exception as exc:
+                self.errors.append(f"told:{type(exc).__name__}")
+
+    def acks(self, *, drained: bool = False) -> int:
+        """``ABORT_ACK`` messages sent to decode; ``drained``: only the three-frame ones (a rank's drain ack)."""
+        return sum(1 for parts in self.sent if parts[:1] == [b"ABORT_ACK"] and (not drained or len(parts) >= 3))
+
+    def error(self) -> str | None:
+        return ",".join(self.errors) or None

@@ -22,7 +22,9 @@ request's slots lands, then its ranks ack. Scenarios:
 - D5 a stale ack of the room's previous request arrives before the abort: it must not count;
 - D6 control: the prefill side reports a failure (it stopped writing): released at once, by design;
 - D7 control: a transfer still running, no abort: nothing is given back;
-- D8 control: D1 with the gate unset (the default): today's server releases at once, as before the fix.
+- D8 control: D1 with the gate unset (the default): today's server releases at once, as before the fix;
+- P1 a prefill rank (its real manager's receive loop, the gate set) told of the abort while a chunk of the
+  room still writes; P2 told after the room succeeded (nothing writes).
 
 Keys (counts of the aborted request's 8 slots unless named otherwise): ``abort_sent`` (``ABORT``
 messages its receiver sent to the prefill ranks), ``freed_before_last_write`` /
@@ -30,7 +32,10 @@ messages its receiver sent to the prefill ranks), ``freed_before_last_write`` /
 write), ``written_after_free`` and ``written_into_other`` (slots of that write already given back /
 held by another request: the corruption), ``freed_after_first_ack``, ``freed_before_timeout``,
 ``freed_after_timeout``, ``freed_total``, ``meta_freed`` (times its metadata slot went back),
-``double_freed``. A call of the tree that raised ends the scenario as an error (never an answer).
+``double_freed``; P1/P2: ``acks_at_abort`` (``ABORT_ACK`` messages the rank sent at once) and
+``drain_acks_at_abort`` (those carrying its rank: a drain ack), or ``abort_handled: "absent"`` where the
+rank's loop handles no ``ABORT`` (before 0.5.13). A call of the tree that raised ends the scenario as an
+error (never an answer).
 
     python probes/probe_deferred_release_differential.py --side head --tree-kind release --tree-ref 0.5.19
 """
@@ -44,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _transferqueue  # noqa: E402
 from _probekit import Observed, ScenarioSet, main  # noqa: E402
-from _transferqueue import World  # noqa: E402
+from _transferqueue import Prefill, World  # noqa: E402
 
 SCENARIOS = ScenarioSet("deferred_release")
 ROOM = 4242
@@ -175,6 +180,29 @@ def d7(observed: Observed) -> None:
 @SCENARIOS.scenario("D8", "control: D1 with the gate unset (the default): released at once")
 def d8(observed: Observed) -> None:
     abort_mid_transfer(observed, World(gate=False))
+
+
+def prefill_told(observed: Observed, status_name: str, in_flight: int) -> None:
+    """A prefill rank is told of the abort while the room is in ``status_name``, ``in_flight`` chunks writing."""
+    prefill = Prefill()
+    if not prefill.handles_abort():
+        observed["abort_handled"] = "absent"
+        return
+    prefill.room(ROOM, getattr(_transferqueue.sg.KVPoll, status_name), in_flight=in_flight)
+    prefill.told(ROOM)
+    if prefill.error() is not None:
+        raise TreeRaised(f"the tree raised in {prefill.error()}")
+    observed.update(acks_at_abort=prefill.acks(), drain_acks_at_abort=prefill.acks(drained=True))
+
+
+@SCENARIOS.scenario("P1", "a prefill rank told of the abort while a chunk of the room still writes: no ack yet")
+def p1(observed: Observed) -> None:
+    prefill_told(observed, "Transferring", 1)
+
+
+@SCENARIOS.scenario("P2", "a prefill rank told of the abort after the room succeeded (nothing writes): a drain ack at once")
+def p2(observed: Observed) -> None:
+    prefill_told(observed, "Success", 0)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Differential probe for experiment deferred_release_nixl: the NIXL prefill side acks an abort once drained (PR #35360).
+"""Differential probe for experiment deferred_release_nixl: a NIXL prefill rank acks an abort once drained (#35360).
 
 When a decode request aborts mid-transfer, the decode side tells each prefill rank (``ABORT``) and
 gives the request's KV pages back; with the NIXL backend, a prefill rank could still have a write
@@ -21,13 +21,19 @@ Room 7, chunks of 2 pages. Scenarios:
   (the error path);
 - X6 two prefill ranks, each aborted mid-chunk, and the decode listener reading their acks (rank 0's twice);
 - X7 control: X2 with the variable unset (the default: off up to 0.5.20);
-- X8 control: a transfer that completes, no abort.
+- X8 control: a transfer that completes, no abort;
+- X9 the whole loop: the tree's ``DecodeTransferQueue`` with a NIXL receiver aborts mid-transfer (two
+  iterations, another request admitted), the prefill rank gets the receiver's own ``ABORT`` frames
+  mid-chunk, the chunk lands, its ``ABORT_ACK`` frames reach the decode listener, one iteration
+  (``_transferqueue.py``, shared with ``deferred_release``).
 
 Keys: ``acks_sent`` (``ABORT_ACK`` messages), ``acks_at_abort`` (sent by the abort handler itself),
 ``acks_while_writing`` (sent while a posted write had not completed), ``writes`` (transfers posted),
 ``writes_after_ack``, ``targets_held`` (rooms whose ack target the prefill manager still holds at the
 end), ``worker_error`` (the exception type the transfer worker recorded, else null),
 ``decode_ranks_acked`` (ranks the decode side counts as drained; ``_after_first`` after one ack),
+X9 (counts of the aborted request's 4 slots): ``abort_sent``, ``freed_before_last_write``,
+``written_after_free``, ``written_into_other``, ``freed_total``, ``double_freed``;
 ``deferred_enabled`` (X7: the tree's flag with the variable unset; null before #35049), ``room_succeeded``,
 ``siblings_settled`` (X4, X5: every posted write completed by the end: 0.5.21's error path waits for them).
 Tree facts, the scenario stopping there: ``nixl_manager: "absent"`` (no NIXL backend) and
@@ -44,6 +50,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _nixl  # noqa: E402
+import _transferqueue  # noqa: E402
 from _nixl import World, abort, bootstrap, chunk, clear, require, work, worker_error  # noqa: E402
 from _probekit import Observed, ScenarioSet, main  # noqa: E402
 
@@ -52,7 +59,10 @@ ROOM = 7
 
 
 def prepare() -> str:
-    return _nixl.prepare()
+    version = _nixl.prepare()
+    if _nixl.sg.ready:
+        _transferqueue.prepare(SCENARIOS.adapted, backend="nixl")
+    return version
 
 
 def prefill_keys(world: World, manager, observed: Observed, *, at_abort: int | None = None) -> None:
@@ -149,7 +159,7 @@ def x5(observed: Observed) -> None:
     observed["siblings_settled"] = not world.in_flight()
 
 
-@SCENARIOS.scenario("X6", "two prefill ranks aborted mid-chunk; the decode listener reads their acks (the first one twice)")
+@SCENARIOS.scenario("X6", "two prefill ranks aborted mid-chunk; the decode listener reads their acks (rank 0's twice)")
 def x6(observed: Observed) -> None:
     if not require(observed):
         return
@@ -193,6 +203,33 @@ def x8(observed: Observed) -> None:
     work(manager, chunk(ROOM, 0, last=False), chunk(ROOM, 1, last=True))
     prefill_keys(world, manager, observed)
     observed["room_succeeded"] = manager.check_status(ROOM) == _nixl.sg.KVPoll.Success
+
+
+@SCENARIOS.scenario("X9", "the whole loop: a NIXL receiver in the decode queue aborts mid-transfer; the prefill rank "
+                          "gets its ABORT mid-chunk; the write lands; its ack reaches the decode listener")
+def x9(observed: Observed) -> None:
+    if not require(observed):
+        return
+    decode = _transferqueue.World()  # the tree's DecodeTransferQueue, NIXL receiver and manager, gate on
+    entry = decode.admit("aborted", ROOM, tokens=4)
+    decode.abort("aborted")
+    aborts = [frames for _, frames in entry.sent if frames[:1] == [b"ABORT"]]
+    decode.iterate()
+    decode.iterate()  # the prefill's write is still in flight a second iteration later
+    decode.bystander("next", tokens=4)
+    observed.update(abort_sent=len(aborts), freed_before_last_write=decode.freed("aborted"))
+    world = World()
+    prefill = world.prefill()
+    world.script("PROC", "DONE", on_poll=lambda: [prefill._handle_abort_notification(f) for f in aborts])
+    bootstrap(prefill, ROOM, pages=4)
+    work(prefill, chunk(ROOM, 0, last=False), chunk(ROOM, 1, last=True))
+    observed.update(decode.last_write("aborted"))  # the chunk in flight has landed
+    decode.receive(*[a["parts"] for a in world.acks])
+    decode.iterate()
+    if decode.error() is not None:
+        raise RuntimeError(f"the tree raised in {decode.error()}")  # incomplete: no answer
+    observed.update(acks_sent=len(world.acks), freed_total=decode.freed("aborted"),
+                    double_freed=decode.double_freed())
 
 
 if __name__ == "__main__":

@@ -169,15 +169,14 @@ class Sender:
 @pytest.fixture
 def nixl(fresh_probe, monkeypatch):
     """``_nixl`` loaded as a cell loads it, its ``sg`` filled as ``prepare`` fills it on a tree with #35049's
-    flag; the probe loaded after it imports this copy. numpy's two calls answer with lists."""
-    fake_numpy = SimpleNamespace(int32="int32", arange=lambda start, stop, dtype=None: list(range(start, stop)))
-    monkeypatch.setitem(sys.modules, "numpy", fake_numpy)
+    flag; the probe loaded after it imports this copy. The module's numpy answers its two calls with lists."""
     module = fresh_probe("_nixl.py")
     monkeypatch.setitem(sys.modules, "_nixl", module)
     monkeypatch.delenv(GATE, raising=False)
     module.sg.__dict__.update(conn=CONN, Manager=Drained, KVPoll=KVPoll,
                               Mode=SimpleNamespace(PREFILL="prefill", DECODE="decode"), Chunk=Chunk,
                               TransferInfo=TransferInfo, RegisterInfo=None, Sender=Sender, gate=Gate(),
+                              np=SimpleNamespace(int32="int32", arange=lambda a, b, dtype=None: list(range(a, b))),
                               unobserved=None, absent={}, ready=True)
     return module
 
@@ -338,7 +337,9 @@ def test_the_registry_names_every_key_the_probe_observes_on_head():
 def test_real_base_never_acks_and_head_acks_each_abort_once_drained(tmp_path):
     """Alone proves, on the real bracket (0.5.18, 0.5.19): the base never answers an abort; the head acks a
     room once its chunk in flight completes (never while a write runs, none posted after), a quiescent or
-    concluded room at once, each prefill rank once, and nothing with the variable unset or without an abort."""
+    concluded room at once, each prefill rank once, and nothing with the variable unset or without an abort;
+    through the tree's decode queue, the base frees the aborted request's slots under the prefill's last write
+    and the head only after that rank's ack."""
     import json
 
     from real_runs import cli_run
@@ -356,6 +357,10 @@ def test_real_base_never_acks_and_head_acks_each_abort_once_drained(tmp_path):
     assert (head["X1"]["acks_sent"], head["X1"]["acks_at_abort"], head["X1"]["writes_after_ack"]) == (1, 0, 0)
     assert head["X2"]["acks_at_abort"] == head["X3"]["acks_at_abort"] == 1
     assert (head["X6"]["decode_ranks_acked_after_first"], head["X6"]["decode_ranks_acked"]) == (1, 2)
-    assert all(head[sid]["acks_while_writing"] == 0 for sid in head)
+    assert all(head[sid]["acks_while_writing"] == 0 for sid in head if sid != "X9")  # X9 counts slots
     assert head["X4"]["acks_sent"] == head["X5"]["acks_sent"] == head["X7"]["acks_sent"] == head["X8"]["acks_sent"] == 0
     assert head["X7"]["deferred_enabled"] is False and base["X7"]["deferred_enabled"] is None
+    # the whole loop through the tree's decode queue: the base frees the 4 slots under the last write
+    assert (base["X9"]["freed_before_last_write"], base["X9"]["written_into_other"]) == (4, 4)
+    assert (head["X9"]["freed_before_last_write"], head["X9"]["written_after_free"]) == (0, 0)
+    assert head["X9"]["freed_total"] == 4 and head["X9"]["acks_sent"] == 1

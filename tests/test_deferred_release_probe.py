@@ -5,7 +5,8 @@ No SGLang, no torch: ``probes/_transferqueue.py`` is loaded as a cell loads it, 
 miniatures written here in place of SGLang's: a transfer queue that releases an aborted request at its
 poll (as the trees before PR #35049 do, and today's with the gate unset), one that holds it until every
 notified prefill rank acks or its deadline passes (as the fixed ones do with the gate set), a receiver
-that tells each prefill rank of an abort once, and a manager whose receive loop notes the acks.
+that tells each prefill rank of an abort once, a manager whose receive loop notes the acks, and prefill
+loops that ack an abort at once (before the fix) or only once nothing of the room writes.
 """
 
 from __future__ import annotations
@@ -80,6 +81,37 @@ class Manager:
 
         CONN.threading.Thread(target=decode_thread).start()
         CONN.threading.Thread(target=heartbeat_checker).start()
+
+
+class PrefillManager(Manager):
+    """The prefill side's loop: told of an abort, it acks at once (``early``, two frames, as before PR #35049), or,
+    with the gate, sends a three-frame drain ack only once nothing of the room writes."""
+
+    early = False
+
+    def start_prefill_thread(self):
+        def bootstrap_thread():
+            while True:
+                msg = self.server_socket.recv_multipart()
+                if msg[0].decode() == "ABORT":
+                    room, endpoint = int(msg[1]), f"tcp://{msg[2].decode()}:{int(msg[3])}"
+                    if self.early or not self.enable_deferred_decode_kv_release:
+                        self._connect(endpoint).send_multipart([b"ABORT_ACK", msg[1]])
+                    elif self._staging_outstanding.get(room, 0) == 0:
+                        self._connect(endpoint).send_multipart([b"ABORT_ACK", msg[1], b"0"])
+
+        CONN.threading.Thread(target=bootstrap_thread).start()
+
+
+class EarlyPrefill(PrefillManager):
+    early = True
+
+
+class PrefillBlind(Manager):
+    """A prefill loop that knows no abort (before PR #27372)."""
+
+    def start_prefill_thread(self):
+        pass
 
 
 class Receiver:
@@ -183,9 +215,10 @@ def tq(fresh_probe, monkeypatch):
                         SimpleNamespace(process_decode_queue=process_decode_queue), raising=False)
     module.sg.__dict__.update(
         torch=fake_torch(), backend="mooncake", missing=None, decode=DECODE, conn=CONN, Queue=Queue,
-        DecodeRequest=DecodeRequest, Receiver=Receiver, Manager=Manager, KVPoll=KVPoll, DECODE="decode",
+        DecodeRequest=DecodeRequest, Receiver=Receiver, Manager=Manager, KVPoll=KVPoll, DECODE="decode", PREFILL="prefill",
         AbortReq=lambda rid: SimpleNamespace(rid=rid), Req=Req, SamplingParams=lambda **kw: None,
-        Scheduler=Scheduler, ReqKvInfo=None, kv_on_record=False, envs=Envs(), server_args=None, ready=True)
+        Scheduler=Scheduler, ReqKvInfo=None, kv_on_record=False, envs=Envs(), server_args=None, nothing_preallocated=[],
+        ready=True)
     return module
 
 
@@ -317,3 +350,21 @@ def test_a_scenario_in_which_the_tree_raised_is_an_error_never_an_answer(fresh_p
     monkeypatch.setattr(Receiver, "abort", lambda self: (_ for _ in ()).throw(RuntimeError("socket")))
     found = run(fresh_probe, "D1")
     assert found["error"]["type"] == "TreeRaised" and "abort:RuntimeError" in found["error"]["message"]
+
+
+@pytest.mark.parametrize("manager, expected", [
+    (EarlyPrefill, {"P1": {"acks_at_abort": 1, "drain_acks_at_abort": 0},
+                    "P2": {"acks_at_abort": 1, "drain_acks_at_abort": 0}}),
+    (PrefillManager, {"P1": {"acks_at_abort": 0, "drain_acks_at_abort": 0},
+                      "P2": {"acks_at_abort": 1, "drain_acks_at_abort": 1}}),
+])
+def test_p1_p2_count_the_acks_a_prefill_rank_sends_when_told_while_writing_and_after(fresh_probe, tq, manager,
+                                                                                      expected):
+    tq.sg.Manager = manager
+    assert {sid: run(fresh_probe, sid)["observed"] for sid in ("P1", "P2")} == expected
+
+
+def test_a_prefill_loop_that_handles_no_abort_is_recorded_as_such(fresh_probe, tq):
+    tq.sg.Manager = PrefillBlind
+    found = run(fresh_probe, "P1")
+    assert (found["observed"], found["error"]) == ({"abort_handled": "absent"}, None)

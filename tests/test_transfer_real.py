@@ -41,6 +41,7 @@ def test_0_5_19_with_the_gate_holds_them_until_every_rank_acks_or_the_deadline(d
     assert (head["D1"]["written_into_other"], head["D1"]["freed_total"]) == (0, 8)
     assert head["D3"]["freed_after_first_ack"] == 0
     assert (head["D4"]["freed_before_timeout"], head["D4"]["freed_after_timeout"]) == (0, 8)
+    assert (head["P1"]["acks_at_abort"], head["P2"]["drain_acks_at_abort"]) == (0, 1)
 
 
 def test_0_5_19_with_the_gate_unset_releases_at_once_as_0_5_18_does(deferred):
