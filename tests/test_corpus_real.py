@@ -26,6 +26,10 @@ NOT_PORTED = {
     ("offload_rid", "torch2.9-tf5"): "0.5.10's #37026 port would sit on the #24226 port; their two partial ports "
                                      "together leave the R2 control departing (corpus.md)",
     ("offload_rid", "torch2.11-tf5-sgl-kernel"): "as 0.5.10: 0.5.12's manager is the same file",
+    ("deferred_release", "torch2.9-tf5"): "not yet: 0.5.10's port would sit on its #27372 port (the hold keys on "
+                                          "abort_notified), as 0.5.12's does",
+    ("deferred_release_nixl", "torch2.11-tf5"): "0.5.16's NIXL worker keeps no per-room count of outstanding chunks, "
+                                                "the count #35360's drain ack is built on (0.5.18 has it)",
 }
 
 
