@@ -28,13 +28,14 @@ callers load the documents (``documents/references.py``).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, RELEASE_WATCH
 from ..documents.observations import NOT_OBSERVED, Explained, Values
-from ..documents.tables import ReleaseOutcome, first_fixed, flagged
-from ..documents.vocabulary import Behaviour, Classification
-from ..registry import Expectation, Experiment, Justification, NotAffected, NotDeciding
+from ..documents.tables import GateDefault, ReleaseOutcome, first_fixed, flagged
+from ..documents.vocabulary import Behaviour, Classification, GateState
+from ..registry import Expectation, Experiment, Gate, Justification, NotAffected, NotDeciding
 from .compare import same
 
 
@@ -321,6 +322,23 @@ def classify(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -
     return ReleaseOutcome(version, judged.classification, judged.scenarios, differing, judged.raised,
                           not_deciding=judged.not_deciding, deviations=judged.deviations,
                           unobserved=judged.unobserved)
+
+
+def as_shipped(outcome: ReleaseOutcome, gate: Gate, read: dict | None) -> ReleaseOutcome:
+    """A gated fix's release as it ships: the probe ran the fix with its gate on, and ``read`` is the gate's
+    record from the release's probe process with no environment given (probes/_serverenv.py; None: none
+    written). Fixed code whose default leaves the gate off is present but off; a default that turns it on, or a
+    tree that does not define the variable, keeps the code's answer. Fixed code whose default is not read here
+    is no all-clear: an error naming the gate."""
+    state = GateState((read or {}).get("state", GateState.UNREAD.value))
+    found = dataclasses.replace(outcome, gate=GateDefault(gate.variable, gate.on, state))
+    if outcome.classification is not Classification.FIXED or state in (GateState.ON, GateState.UNDEFINED):
+        return found
+    if state is GateState.OFF:
+        return dataclasses.replace(found, classification=Classification.PRESENT_OFF)
+    why = (read or {}).get("why") or "the probe process wrote no environment record"
+    return dataclasses.replace(found, classification=Classification.ERROR,
+                               error=f"the fix is present, but the default of {gate.variable} is not read here: {why}")
 
 
 def watch_exit(outcomes: list[ReleaseOutcome]) -> int:
