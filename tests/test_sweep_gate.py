@@ -8,10 +8,11 @@ from synthetic import REGISTRY, make_project, result_doc
 
 from pdevidence import registry
 from pdevidence.cells import allprobes, warm
+from pdevidence.core.errors import BEHAVIOUR_DIFFERS, CONFIRMED
 from pdevidence.documents import provenance
 from pdevidence.documents.tables import GateDefault, SweepParameters, SweepTable, first_carrying
 from pdevidence.documents.vocabulary import Classification, GateState
-from pdevidence.judge.classify import as_shipped
+from pdevidence.judge.classify import as_shipped, watch_exit
 from pdevidence.lanes import sweep
 from pdevidence.report import narrative, timeline
 
@@ -138,3 +139,8 @@ def test_the_sweep_reads_each_releases_gate_default_in_its_probe_process_and_cla
 def test_an_ungated_sweep_asks_its_probe_processes_for_no_gate(tmp_path):
     ungated = registry.load(make_project(tmp_path / "ungated"))
     assert sweep.gate_args(ungated, ["demo"]) == {}
+
+
+def test_a_sweep_whose_releases_carry_the_fix_only_off_by_default_confirms_where_it_is():
+    assert watch_exit(RELEASES[:3]) == CONFIRMED and sweep.first_fixed(RELEASES[:3]) is None
+    assert watch_exit(RELEASES[:1]) == BEHAVIOUR_DIFFERS

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, RELEASE_WATCH
 from ..documents.observations import NOT_OBSERVED, Explained, Values
-from ..documents.tables import GateDefault, ReleaseOutcome, first_fixed, flagged
+from ..documents.tables import GateDefault, ReleaseOutcome, first_carrying, flagged
 from ..documents.vocabulary import Behaviour, Classification, GateState
 from ..registry import Expectation, Experiment, Gate, Justification, NotAffected, NotDeciding
 from .compare import same
@@ -343,10 +343,11 @@ def as_shipped(outcome: ReleaseOutcome, gate: Gate, read: dict | None) -> Releas
 
 def watch_exit(outcomes: list[ReleaseOutcome]) -> int:
     """The sweep's exit code for one experiment: a flagged release (a failed one anywhere: before the first fixed
-    one it may hide the real bracket) outranks no fixed release at all."""
+    one it may hide the real bracket) outranks no release carrying the fix at all. A gated fix present but off in
+    every release that carries it is found all the same: the sweep says where it is and that it is off."""
     if flagged(outcomes):
         return RELEASE_WATCH
-    return CONFIRMED if first_fixed(outcomes) else BEHAVIOUR_DIFFERS
+    return CONFIRMED if first_carrying(outcomes) else BEHAVIOUR_DIFFERS
 
 
 REFERENCES = ("published", "fresh")  # what the sweep and check judge against: results/, or runs/ (republishing)

@@ -9,6 +9,12 @@ failed (not probed). The release watch flags every release after the first fixed
 one that is not fixed, and a release that failed anywhere (one not probed before
 the first fixed one may be the real first fixed): exit 9. One that is pre-fix or
 partial again after the first fixed one is also a regression.
+
+A gated fix (the registry's ``gate``) is probed with its gate on; each release's
+probe process also reads the gate's variable with no environment given (the
+release's own default, as ``check`` does). Fixed code whose default leaves the
+gate off is "present but off": as shipped the server is exposed, so it lacks
+the fix (a default that turns it on is the first fixed release).
 """
 
 from __future__ import annotations

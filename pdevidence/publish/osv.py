@@ -2,14 +2,16 @@
 
 Pure functions from (registry experiment, sweep table, evidence hashes, bisect
 document) to an OSV dict: the PyPI range from the sweep, a GIT range from the
-bisection (the commits it found); ``publish`` writes them to ``results/osv/``. A gated fix (the registry's ``gate``: it runs
-only where the server's environment turns it on) is judged as each release ships: a scanner reads a ``fixed``
-event as "upgrade and you are safe", so a release that carries the fix off by default (the sweep's "present but
-off") is affected and closes nothing, and the first release whose own default turns it on is the fixed event.
-``details`` and ``database_specific.gate`` name the variable and the releases that carry the fix off. The fix's
-commit closes no GIT range: it brought the fix in off, and no bisection finds where a default turned it on.
-Everything in a record
-comes from its inputs, except that ``publish`` sets ``modified`` to when the
+bisection (the commits it found); ``publish`` writes them to ``results/osv/``.
+
+A gated fix (the registry's ``gate``: it runs only where the server's environment turns it on) is
+judged as each release ships: a scanner reads a ``fixed`` event as "upgrade and you are safe", so a
+release that carries the fix off by default (the sweep's "present but off") is affected and closes
+nothing, and the first release whose own default turns it on is the fixed event. ``details`` and
+``database_specific.gate`` name the variable and the releases that carry the fix off. The fix's commit
+closes no GIT range: it brought the fix in off, and no bisection finds where a default turned it on.
+
+Everything in a record comes from its inputs, except that ``publish`` sets ``modified`` to when the
 record's content last changed: the previous record's when nothing else did.
 """
 
@@ -53,8 +55,8 @@ def events(releases: list[ReleaseOutcome], pd_first: str | None = None) -> list[
     probed ``pd_first`` (the first release with PD disaggregation: none before it has a PD handoff)
     at the first pre-fix release from there. Without either the sweep cannot say when the flaw
     arrived, and the range opens at 0. A release that is pre-fix (or partly so, or carries a gated fix
-    off by default) lacks the fix: after a fixed one it re-opens the range, a regression. Releases that matched neither side, raised or failed say
-    nothing and change nothing.
+    off by default) lacks the fix: after a fixed one it re-opens the range, a regression. Releases
+    that matched neither side, raised or failed say nothing and change nothing.
     """
     ordered = sorted(releases, key=lambda r: Version(r.version))
     found, affected = [], False
