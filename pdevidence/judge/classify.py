@@ -16,6 +16,8 @@ fixed on every telling scenario whose control departs from both sides deviates
 shown beside base's and head's (``Judgement.explain``). The sweep and ``check``
 both judge through ``judge`` here; the release watch (``flagged``) names every
 release after the first fixed one that is not fixed, and every release that failed.
+A gated fix's release is then read as it ships (``as_shipped``): fixed code whose own
+default leaves the gate off is present but off.
 
 An all-clear (not affected, fixed, keys set aside) stands only on observations
 that ran to their end without error and recorded the deciding keys: a key a tree
