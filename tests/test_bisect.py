@@ -326,6 +326,21 @@ def test_the_introducing_commit_is_sought_from_the_last_release_the_sweep_calls_
     assert code == errors.CONFIRMED
 
 
+def test_a_gated_fix_is_bracketed_from_the_first_release_carrying_it_even_off_by_default(project, tmp_path):
+    root, _ = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")
+    lines_of(h, 2, demo="pre-fix", other="pre-fix")
+    fix = h.commit("fix (#1)", demo="fixed", other="pre-fix")  # the probe runs it with the gate on
+    h.release("1.1.0")
+    sweep_table(root, "demo", {"1.0.0": "pre-fix", "1.1.0": "present but off"})
+    code, doc = bisect(root, h.path, "demo")
+    found = doc["experiments"][0]["fix"]
+    assert found["commit"]["sha"] == fix and "first fixed 1.1.0" in found["bracket"]
+    assert code == errors.CONFIRMED
+
+
 def test_good_and_bad_override_the_bracket(project, tmp_path):
     root, _ = project
     h = History(tmp_path / "sglang")

@@ -85,19 +85,23 @@ def test_with_no_fixed_release_the_range_stays_open(reg):
     assert rec["affected"][0]["ranges"][0]["events"] == [{"introduced": "0"}]
 
 
-def test_a_gated_fix_closes_no_range_and_names_the_release_carrying_it_and_its_variable(reg):
+def test_a_gated_fix_present_but_off_is_affected_and_the_first_release_whose_default_turns_it_on_is_fixed(reg):
     gate = registry.Gate("SGLANG_DEMO_GATE", "true", "off by default")
     exp = dataclasses.replace(reg.experiment("demo"), gate=gate)
-    doc = table([row("1.0.0", "pre-fix"), row("1.1.0", "fixed"), row("1.2.0", "pre-fix"), row("1.3.0", "fixed")])
+    doc = table([row("1.0.0", "pre-fix"), row("1.1.0", "present but off"), row("1.2.0", "present but off"),
+                 row("1.3.0", "fixed"), row("1.4.0", "present but off")])
     rec = osv.record(exp, doc, {})
     assert osv_problems(rec) == []
     (affected,) = rec["affected"]
-    # With the defaults no release is fixed: a scanner must not read an upgrade as one.
-    assert affected["ranges"][0]["events"] == [{"introduced": "0"}]
-    assert affected["versions"] == ["1.0.0", "1.1.0", "1.2.0", "1.3.0"]
+    # As shipped, a release carrying the fix off is exposed: no fixed event until a default turns it on, and a
+    # default that turns it off again re-opens the range.
+    assert affected["ranges"][0]["events"] == [{"introduced": "0"}, {"fixed": "1.3.0"}, {"introduced": "1.4.0"}]
+    assert affected["versions"] == ["1.0.0", "1.1.0", "1.2.0", "1.4.0"]
     assert rec["database_specific"]["gate"] == {"variable": "SGLANG_DEMO_GATE", "on": "true", "why": "off by default",
-                                                "first_carrying": "1.1.0"}
-    assert "sets SGLANG_DEMO_GATE=true" in rec["details"] and "(1.1.0, 1.3.0)" in rec["details"]
+                                                "first_carrying": "1.1.0",
+                                                "present_but_off": ["1.1.0", "1.2.0", "1.4.0"]}
+    assert "sets SGLANG_DEMO_GATE=true" in rec["details"] and "off by default (1.1.0, 1.2.0, 1.4.0)" in rec["details"]
+    assert "its own default turns the fix on: 1.3.0" in rec["details"]
 
 
 def test_the_range_opens_where_the_sweep_saw_the_flaw_arrive_else_at_0(reg):
@@ -226,7 +230,7 @@ def test_without_a_bisection_a_record_has_the_pypi_range_alone(reg):
 
 def test_a_gated_fixs_commit_closes_no_git_range_either(reg):
     exp = dataclasses.replace(reg.experiment("demo"), gate=registry.Gate("SGLANG_DEMO_GATE", "true", "off by default"))
-    doc = table([row("1.0.0", "pre-fix"), row("1.1.0", "fixed")])
+    doc = table([row("1.0.0", "pre-fix"), row("1.1.0", "present but off")])
     rec = osv.record(exp, doc, {}, None, bisected(Finding.FOUND, Finding.FOUND))
     assert osv_problems(rec) == []
     assert rec["affected"][0]["ranges"][1] == {"type": "GIT", "repo": osv.REPO, "events": [{"introduced": "b" * 40}]}

@@ -21,13 +21,34 @@ from ..registry import REGISTRY_FILE, MutantKind, Operator
 from .observations import Explained, explained_from_doc, explained_json
 from .provenance import KIT, MUTATION_DRIVERS, SWEEP_DRIVERS, Provenance, Shaped, stale_why
 from .versions import Schema
-from .vocabulary import LACKS_FIX, Behaviour, Classification, MutantStatus
+from .vocabulary import LACKS_FIX, Behaviour, Classification, GateState, MutantStatus
 
 SWEEP_TODO = "rerun the sweep (`nox -s sweep`) and publish it"
 MUTATION_TODO = "rerun `python -m pdevidence mutate <experiment>`"
 
 
 # ---------------------------------------------------------------- the release sweep
+
+
+@dataclass(frozen=True)
+class GateDefault:
+    """A gated fix's variable as the release's own probe process reads it with no environment given: its
+    default's state (on, off, undefined by this tree, or unread: not established here)."""
+
+    variable: str
+    on: str  # the value that turns the fix on (the registry's)
+    state: GateState
+
+    def to_json(self) -> dict:
+        return {"variable": self.variable, "on": self.on, "state": self.state.value}
+
+    @classmethod
+    def from_doc(cls, doc: Any) -> GateDefault | None:
+        if doc is None:
+            return None
+        if not (isinstance(doc, dict) and isinstance(doc.get("variable"), str) and isinstance(doc.get("on"), str)):
+            raise ValueError("gate must hold variable, on and state")
+        return cls(doc["variable"], doc["on"], GateState(doc.get("state")))
 
 
 @dataclass
@@ -44,6 +65,7 @@ class ReleaseOutcome:
     # The controls the release departs from both sides on: per scenario, each such key beside base's and head's.
     deviations: Explained = field(default_factory=dict)
     unobserved: list[str] = field(default_factory=list)  # deciding keys the release never recorded: ``sid.key``
+    gate: GateDefault | None = None  # a gated fix: its variable's default as this release reads it
 
     def to_json(self) -> dict:
         found = {"version": self.version, "classification": self.classification.value,
@@ -58,12 +80,21 @@ class ReleaseOutcome:
             found["deviations"] = explained_json(self.deviations)
         if self.unobserved:
             found["unobserved"] = self.unobserved
+        if self.gate is not None:
+            found["gate"] = self.gate.to_json()
         return found
 
 
 def first_fixed(outcomes: list[ReleaseOutcome]) -> str | None:
     """The oldest release that behaves as fixed (a later one may still regress)."""
     return next((o.version for o in outcomes if o.classification is Classification.FIXED), None)
+
+
+def first_carrying(outcomes: list[ReleaseOutcome]) -> str | None:
+    """The oldest release whose code behaves as fixed, whether its default runs it or (a gated fix present but
+    off) not: where the fix's commit arrived."""
+    return next((o.version for o in outcomes
+                 if o.classification in (Classification.FIXED, Classification.PRESENT_OFF)), None)
 
 
 def regressions(outcomes: list[ReleaseOutcome]) -> list[str]:
@@ -138,8 +169,15 @@ def _sweep_4_to_5(doc: dict) -> dict:
     return doc
 
 
-SWEEP_SCHEMA = Schema("pdevidence-sweep/", 5, {1: _sweep_1_to_2, 2: _sweep_2_to_3, 3: _sweep_3_to_4,
-                                               4: _sweep_4_to_5})
+def _sweep_5_to_6(doc: dict) -> dict:
+    """/6 reads a gated fix's default in each release (``gate``) and classifies a release whose code is fixed
+    but whose default leaves the gate off as "present but off". A /5 table read no default: a gated fix's
+    releases read fixed by their code alone, as written (and the table is stale)."""
+    return doc
+
+
+SWEEP_SCHEMA = Schema("pdevidence-sweep/", 6, {1: _sweep_1_to_2, 2: _sweep_2_to_3, 3: _sweep_3_to_4,
+                                               4: _sweep_4_to_5, 5: _sweep_5_to_6})
 
 
 def partial_sweep(parameters: dict | None) -> str | None:
@@ -234,7 +272,7 @@ class SweepTable:
                     {sid: Behaviour(b) for sid, b in entry.get("scenarios", {}).items()},
                     list(entry.get("differing", [])), entry.get("error"), list(entry.get("evidence", [])),
                     list(entry.get("not_deciding", [])), explained_from_doc(entry.get("deviations", {})),
-                    list(entry.get("unobserved", []))))
+                    list(entry.get("unobserved", [])), GateDefault.from_doc(entry.get("gate"))))
             except (TypeError, KeyError, ValueError, AttributeError):
                 raise bad(f"release entry {entry!r}") from None
             if not isinstance(entry["version"], str) or not isinstance(releases[-1].error, (str, type(None))):

@@ -38,6 +38,9 @@ class Classification(str, enum.Enum):
     # Fixed on every telling scenario, but a key base and head agree on departs from both sides (``deviations``
     # names them): an over-broad fix or a leak, not the fixed code.
     DEVIATES = "deviates"
+    # A gated fix (the registry's ``gate``): the code is fixed with its gate on, but the release's own default
+    # leaves the gate off, so a server run with the defaults is exposed (``gate`` names the variable).
+    PRESENT_OFF = "present but off"
 
 
 class CheckStatus(str, enum.Enum):
@@ -101,7 +104,8 @@ class Finding(str, enum.Enum):
 
 
 # A release classified so lacks the fix, wholly or in part (after a fixed one: a regression).
-LACKS_FIX = (Classification.PRE_FIX, Classification.PARTIAL)
+# As shipped, a release whose fix is present but off by default lacks it too: its server runs the pre-fix path.
+LACKS_FIX = (Classification.PRE_FIX, Classification.PARTIAL, Classification.PRESENT_OFF)
 
 
 class MutantStatus(str, enum.Enum):

@@ -16,6 +16,8 @@ fixed on every telling scenario whose control departs from both sides deviates
 shown beside base's and head's (``Judgement.explain``). The sweep and ``check``
 both judge through ``judge`` here; the release watch (``flagged``) names every
 release after the first fixed one that is not fixed, and every release that failed.
+A gated fix's release is then read as it ships (``as_shipped``): fixed code whose own
+default leaves the gate off is present but off.
 
 An all-clear (not affected, fixed, keys set aside) stands only on observations
 that ran to their end without error and recorded the deciding keys: a key a tree
@@ -28,13 +30,14 @@ callers load the documents (``documents/references.py``).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, RELEASE_WATCH
 from ..documents.observations import NOT_OBSERVED, Explained, Values
-from ..documents.tables import ReleaseOutcome, first_fixed, flagged
-from ..documents.vocabulary import Behaviour, Classification
-from ..registry import Expectation, Experiment, Justification, NotAffected, NotDeciding
+from ..documents.tables import GateDefault, ReleaseOutcome, first_carrying, flagged
+from ..documents.vocabulary import Behaviour, Classification, GateState
+from ..registry import Expectation, Experiment, Gate, Justification, NotAffected, NotDeciding
 from .compare import same
 
 
@@ -323,12 +326,30 @@ def classify(doc: dict, base: dict, head: dict, exp: Experiment | None = None) -
                           unobserved=judged.unobserved)
 
 
+def as_shipped(outcome: ReleaseOutcome, gate: Gate, read: dict | None) -> ReleaseOutcome:
+    """A gated fix's release as it ships: the probe ran the fix with its gate on, and ``read`` is the gate's
+    record from the release's probe process with no environment given (probes/_serverenv.py; None: none
+    written). Fixed code whose default leaves the gate off is present but off; a default that turns it on, or a
+    tree that does not define the variable, keeps the code's answer. Fixed code whose default is not read here
+    is no all-clear: an error naming the gate."""
+    state = GateState((read or {}).get("state", GateState.UNREAD.value))
+    found = dataclasses.replace(outcome, gate=GateDefault(gate.variable, gate.on, state))
+    if outcome.classification is not Classification.FIXED or state in (GateState.ON, GateState.UNDEFINED):
+        return found
+    if state is GateState.OFF:
+        return dataclasses.replace(found, classification=Classification.PRESENT_OFF)
+    why = (read or {}).get("why") or "the probe process wrote no environment record"
+    return dataclasses.replace(found, classification=Classification.ERROR,
+                               error=f"the fix is present, but the default of {gate.variable} is not read here: {why}")
+
+
 def watch_exit(outcomes: list[ReleaseOutcome]) -> int:
     """The sweep's exit code for one experiment: a flagged release (a failed one anywhere: before the first fixed
-    one it may hide the real bracket) outranks no fixed release at all."""
+    one it may hide the real bracket) outranks no release carrying the fix at all. A gated fix present but off in
+    every release that carries it is found all the same: the sweep says where it is and that it is off."""
     if flagged(outcomes):
         return RELEASE_WATCH
-    return CONFIRMED if first_fixed(outcomes) else BEHAVIOUR_DIFFERS
+    return CONFIRMED if first_carrying(outcomes) else BEHAVIOUR_DIFFERS
 
 
 REFERENCES = ("published", "fresh")  # what the sweep and check judge against: results/, or runs/ (republishing)

@@ -76,7 +76,7 @@ def fix_bracket(reg: Registry, exp: Experiment, clone: Clone, good: str | None, 
     newest commit, when the history has no tag of it); ``good``/``bad`` override either end."""
     releases = _sweep(reg, exp, fresh)
     if releases is not None:
-        first_fixed = tables.first_fixed(releases)
+        first_fixed = tables.first_carrying(releases)  # a gated fix's commit brought it in off by default
         before = [o.version for o in releases if o.classification is Classification.PRE_FIX
                   and (first_fixed is None or Version(o.version) < Version(first_fixed))]
         fixed = [first_fixed] if first_fixed else []

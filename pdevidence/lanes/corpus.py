@@ -35,7 +35,8 @@ EXPECTED = {Variant.PRISTINE: CheckStatus.AFFECTED, Variant.BACKPORT: CheckStatu
 # What check answers on a release the sweep classified so.
 AS_CLASSIFIED = {Classification.PRE_FIX: CheckStatus.AFFECTED, Classification.FIXED: CheckStatus.FIXED,
                  Classification.PARTIAL: CheckStatus.PARTIAL, Classification.NOT_AFFECTED: CheckStatus.NOT_AFFECTED,
-                 Classification.DEVIATES: CheckStatus.DEVIATES}
+                 Classification.DEVIATES: CheckStatus.DEVIATES,
+                 Classification.PRESENT_OFF: CheckStatus.AFFECTED}  # check assumes the defaults: the gate is off
 
 
 def expected(backport: Backport, experiment: str, variant: Variant,

@@ -9,10 +9,17 @@ failed (not probed). The release watch flags every release after the first fixed
 one that is not fixed, and a release that failed anywhere (one not probed before
 the first fixed one may be the real first fixed): exit 9. One that is pre-fix or
 partial again after the first fixed one is also a regression.
+
+A gated fix (the registry's ``gate``) is probed with its gate on; each release's
+probe process also reads the gate's variable with no environment given (the
+release's own default, as ``check`` does). Fixed code whose default leaves the
+gate off is "present but off": as shipped the server is exposed, so it lacks
+the fix (a default that turns it on is the first fixed release).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
@@ -30,7 +37,7 @@ from ..documents.provenance import Provenance
 from ..documents.references import References, references
 from ..documents.tables import SWEEP_SCHEMA, ReleaseOutcome, SweepParameters, first_fixed, flagged, regressions
 from ..documents.vocabulary import Behaviour, Classification
-from ..judge.classify import classify
+from ..judge.classify import as_shipped, classify
 from ..registry import Registry
 from ..sources import trees
 
@@ -90,23 +97,27 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
     versions = releases(files, reg.python, reg.release_floor, pre=pre) if versions is None else versions
     environments.torch_choice(reg)
     lock = trees.LockFile(tree_lock_file(reg.root))
+    gates = gate_args(reg, experiments)
     if not versions:  # an era with no release: its part says so, with no engine started
         probed = {}
     elif cold:
-        probed = _cold(reg, versions, experiments, lock, out_dir, jobs, log)
+        probed = _cold(reg, versions, experiments, lock, out_dir, jobs, gates, log)
     else:
-        probed = _warm(reg, versions, experiments, lock, out_dir, jobs, force, log)
+        probed = _warm(reg, versions, experiments, lock, out_dir, jobs, force, gates, log)
 
     def judged(version: str) -> dict[str, ReleaseOutcome]:
-        outcomes = probed[version]
+        outcomes, read = probed[version]
         if isinstance(outcomes, str):
             return {name: ReleaseOutcome(version, Classification.FAILED, error=outcomes) for name in experiments}
         found = {}
         for name, outcome in outcomes.items():
+            exp = reg.experiment(name)
             if outcome.doc is None:
                 found[name] = ReleaseOutcome(version, Classification.FAILED, error=outcome.error)
-            else:
-                found[name] = classify(outcome.doc, refs[name].base, refs[name].head, reg.experiment(name))
+                continue
+            found[name] = classify(outcome.doc, refs[name].base, refs[name].head, exp)
+            if exp.gate is not None:
+                found[name] = as_shipped(found[name], exp.gate, (read or {}).get("gates", {}).get(exp.gate.variable))
         return found
 
     per_release = [judged(version) for version in versions]
@@ -118,40 +129,58 @@ def default_releases(reg: Registry, *, pre: bool = False) -> list[str]:
     return releases(trees.index_files("sglang"), reg.python, reg.release_floor, pre=pre)
 
 
-def _tree_args(version: str) -> dict[str, str]:
-    return {"side": SWEEP_SIDE, "tree_kind": "release", "tree_ref": version, "tree_resolved": version}
+def gate_args(reg: Registry, experiments: list[str]) -> dict[str, str]:
+    """The probe driver's arguments that have it read each swept gated fix's variable with no environment given
+    (its default): none where no experiment is gated (an ungated sweep's outcomes are kept by what they were)."""
+    gates = {exp.gate.variable: exp.gate.on for exp in map(reg.experiment, experiments) if exp.gate}
+    return {warm.SERVER_GATES: json.dumps(gates, sort_keys=True)} if gates else {}
+
+
+def _tree_args(version: str, gates: dict[str, str]) -> dict[str, str]:
+    return {"side": SWEEP_SIDE, "tree_kind": "release", "tree_ref": version, "tree_resolved": version, **gates}
+
+
+# Per release: the experiments' outcomes (or why it could not be probed) and its environment record (the gates'
+# defaults as it reads them; None where none was asked for or written).
+Probed = tuple[dict[str, allprobes.Outcome] | str, dict | None]
+
+
+def _read(out: Path, gates: dict[str, str]) -> dict | None:
+    return allprobes.read_environment(out) if gates else None
 
 
 def _cold(reg: Registry, versions: list[str], experiments: list[str], lock: trees.LockFile, out_dir: Path,
-          jobs: int, log) -> dict[str, dict[str, allprobes.Outcome] | str]:
+          jobs: int, gates: dict[str, str], log) -> dict[str, Probed]:
     """One environment and one fresh probe process per release."""
-    def one(version: str) -> dict[str, allprobes.Outcome] | str:
+    def one(version: str) -> Probed:
         try:
             tree = trees.release_tree(version, reg.python, lock)
-            return allprobes.run_in_environment(reg, tree, f"{SWEEP_SIDE}.{tree.label()}", experiments,
-                                                _tree_args(version), out_dir=out_dir / tree.label(), log=log)
+            out = out_dir / tree.label()
+            outcomes = allprobes.run_in_environment(reg, tree, f"{SWEEP_SIDE}.{tree.label()}", experiments,
+                                                    _tree_args(version, gates), out_dir=out, log=log)
+            return outcomes, _read(out, gates)
         except HarnessError as exc:
-            return str(exc).splitlines()[0]
+            return str(exc).splitlines()[0], None
 
     with children.workers(jobs, "tree") as pool:
         return dict(zip(versions, pool.map(one, versions)))
 
 
 def _warm(reg: Registry, versions: list[str], experiments: list[str], lock: trees.LockFile, out_dir: Path,
-          jobs: int, force: bool, log) -> dict[str, dict[str, allprobes.Outcome] | str]:
-    """Every release through the warm engine, the unchanged ones from the outcome cache."""
-    found: dict[str, dict[str, allprobes.Outcome] | str] = {}
+          jobs: int, force: bool, gates: dict[str, str], log) -> dict[str, Probed]:
+    """Every release through the warm engine, the unchanged ones from the outcome cache (with their records)."""
+    found: dict[str, Probed] = {}
     ready = []
     for version in versions:
         try:
             ready.append(trees.release_tree(version, reg.python, lock))
         except HarnessError as exc:
-            found[version] = str(exc).splitlines()[0]
+            found[version] = str(exc).splitlines()[0], None
     with exclusive(work_dir(reg.root) / "locks" / f"{SWEEP_SIDE}.engine.lock", "the sweep's warm engine"):
-        probed = warm.probe_trees(reg, ready, experiments, {t.label(): _tree_args(t.resolved) for t in ready},
+        probed = warm.probe_trees(reg, ready, experiments, {t.label(): _tree_args(t.resolved, gates) for t in ready},
                                   out_dir=out_dir, jobs=jobs, force=force, log=log)
     for tree in ready:
-        found[tree.resolved] = probed[tree.label()]
+        found[tree.resolved] = probed[tree.label()], _read(out_dir / tree.label(), gates)
     return found
 
 
@@ -168,12 +197,25 @@ def detail(o: ReleaseOutcome) -> str:
         return f" ({o.error})" if o.error else ""
     if o.classification is Classification.NOT_AFFECTED:
         return f" ({'; '.join(o.evidence)})"
+    if o.classification is Classification.PRESENT_OFF and o.gate is not None:
+        return f" (fixed with {o.gate.variable}={o.gate.on}; off by default)"
     by = {b: [sid for sid, got in o.scenarios.items() if got is b] for b in Behaviour}
     aside = f" (judged without: {', '.join(rule.split(':')[0] for rule in o.not_deciding)})" if o.not_deciding else ""
     parts = [f"raised: {o.error}"] if o.error else []
     parts += [f"{b.value}: {', '.join(by[b])}" for b in NAMED.get(o.classification, ()) if by[b]]
     parts += [f"departs from both sides on {line}" for line in explained_text(o.deviations)]
     return (f" ({'; '.join(parts)})" if parts else "") + aside
+
+
+def gate_legend(outcomes: list[ReleaseOutcome]) -> str | None:
+    """The line that says what "present but off" means here, naming the variable; None where no release is."""
+    off = [o for o in outcomes if o.classification is Classification.PRESENT_OFF and o.gate is not None]
+    if not off:
+        return None
+    gate = off[0].gate
+    return (f"{Classification.PRESENT_OFF.value}: the release carries the fix, but its default leaves "
+            f"{gate.variable} off, so a server run with the defaults is exposed; set {gate.variable}={gate.on} in "
+            f"the server's environment to turn it on ({', '.join(o.version for o in off)})")
 
 
 def table(experiment: str, outcomes: list[ReleaseOutcome], bracket: dict[str, str | None],
@@ -199,6 +241,9 @@ def table(experiment: str, outcomes: list[ReleaseOutcome], bracket: dict[str, st
         lines.append(f"  release watch: not fixed after {fixed}: " + ", ".join(f"{v} ({kinds[v]})" for v in after))
     if unprobed:
         lines.append(f"  release watch: not probed (the first fixed release may be among them): {', '.join(unprobed)}")
+    legend = gate_legend(outcomes)
+    if legend:
+        lines.append(f"  {legend}")
     if fixed and bracket.get("head") and fixed != bracket["head"]:
         lines.append(f"  note: the registry's release head is {bracket['head']}, the sweep says {fixed}")
     return "\n".join(lines)

@@ -2,12 +2,16 @@
 
 Pure functions from (registry experiment, sweep table, evidence hashes, bisect
 document) to an OSV dict: the PyPI range from the sweep, a GIT range from the
-bisection (the commits it found); ``publish`` writes them to ``results/osv/``. A gated fix (the registry's ``gate``: it runs
-only where the server's environment turns it on, off by default) closes no range, PyPI or GIT:
-a scanner reads a ``fixed`` event as "upgrade and you are safe", which the default environment
-does not make true. Its ranges stay open, the releases that carry the fix are listed as affected,
-and ``details`` and ``database_specific.gate`` name the first of them and the variable. Everything in a record
-comes from its inputs, except that ``publish`` sets ``modified`` to when the
+bisection (the commits it found); ``publish`` writes them to ``results/osv/``.
+
+A gated fix (the registry's ``gate``: it runs only where the server's environment turns it on) is
+judged as each release ships: a scanner reads a ``fixed`` event as "upgrade and you are safe", so a
+release that carries the fix off by default (the sweep's "present but off") is affected and closes
+nothing, and the first release whose own default turns it on is the fixed event. ``details`` and
+``database_specific.gate`` name the variable and the releases that carry the fix off. The fix's commit
+closes no GIT range: it brought the fix in off, and no bisection finds where a default turned it on.
+
+Everything in a record comes from its inputs, except that ``publish`` sets ``modified`` to when the
 record's content last changed: the previous record's when nothing else did.
 """
 
@@ -24,7 +28,7 @@ from ..core.files import dumps, relative, sha256_file, write_atomic
 from ..core.paths import results_dir
 from ..documents.bisects import BisectDocument
 from ..documents.bisects import file_name as bisect_file
-from ..documents.tables import ReleaseOutcome, SweepTable
+from ..documents.tables import ReleaseOutcome, SweepTable, first_carrying
 from ..documents.vocabulary import LACKS_FIX, Boundary, Classification, Finding
 from ..registry import Experiment, Registry
 
@@ -50,9 +54,9 @@ def events(releases: list[ReleaseOutcome], pd_first: str | None = None) -> list[
     behaves pre-fix after a release observed not affected (it lacks the path), or when the sweep
     probed ``pd_first`` (the first release with PD disaggregation: none before it has a PD handoff)
     at the first pre-fix release from there. Without either the sweep cannot say when the flaw
-    arrived, and the range opens at 0. A release that is pre-fix (or partly so) after a fixed one
-    re-opens the range: a regression. Releases that matched neither side, raised or failed say
-    nothing and change nothing.
+    arrived, and the range opens at 0. A release that is pre-fix (or partly so, or carries a gated fix
+    off by default) lacks the fix: after a fixed one it re-opens the range, a regression. Releases
+    that matched neither side, raised or failed say nothing and change nothing.
     """
     ordered = sorted(releases, key=lambda r: Version(r.version))
     found, affected = [], False
@@ -143,20 +147,18 @@ def record(exp: Experiment, table: SweepTable, hashes: dict[str, str], pd_first:
         + "Backports, forks and source builds can differ from their version number: "
         "`python -m pdevidence check` runs the probes on the build you have.",
     ]
-    versions, opened = seen, events(releases, pd_first)
     found_db: dict = {}
     if exp.gate is not None:
-        carrying = [r.version for r in releases if r.classification is Classification.FIXED]
-        versions = sorted({*seen, *carrying}, key=Version)
-        opened = opened[:1]  # opened once, never closed: with the defaults, no release is fixed
+        off = [r.version for r in releases if r.classification is Classification.PRESENT_OFF]
         details.insert(2, f"The fix runs only where the server's environment sets {exp.gate.variable}="
-                       f"{exp.gate.on} ({exp.gate.why}). The releases that carry it "
-                       f"({', '.join(carrying) or 'none yet'}) behave as fixed only with it on, so the range is left open (no fixed event) and they are "
-                       f"listed as affected: with the defaults they are. `python -m pdevidence check --server-env "
-                       f"{exp.gate.variable}={exp.gate.on}` answers fixed for them.")
+                       f"{exp.gate.on} ({exp.gate.why}). The releases that carry it off by default "
+                       f"({', '.join(off) or 'none'}) are listed as affected: with their defaults they are, and "
+                       f"`python -m pdevidence check --server-env {exp.gate.variable}={exp.gate.on}` answers fixed "
+                       f"for them. A release is fixed where its own default turns the fix on: "
+                       f"{fixed or 'none yet'}.")
         found_db["gate"] = {"variable": exp.gate.variable, "on": exp.gate.on, "why": exp.gate.why,
-                            "first_carrying": fixed}
-    ranges = [{"type": "ECOSYSTEM", "events": opened}]
+                            "first_carrying": first_carrying(releases), "present_but_off": off}
+    ranges = [{"type": "ECOSYSTEM", "events": events(releases, pd_first)}]
     if bisected is not None:
         details.append(_git_details(bisected))
         found_db["bisect"] = git_said(bisected)
@@ -171,7 +173,7 @@ def record(exp: Experiment, table: SweepTable, hashes: dict[str, str], pd_first:
         "affected": [{
             "package": dict(PACKAGE),
             "ranges": ranges,
-            "versions": versions,
+            "versions": seen,
             "database_specific": {"classification": {r.version: r.classification.value for r in releases}},
         }],
         "references": [{"type": "FIX", "url": PR_URL.format(pr=exp.pr)},

@@ -15,7 +15,7 @@ from typing import Any
 from packaging.version import Version
 
 from ..documents.tables import partial_sweep
-from ..documents.vocabulary import Finding, MutantStatus
+from ..documents.vocabulary import Classification, Finding, MutantStatus
 
 SIDE_ROLE = {"base": "before the fix", "head": "after it"}
 
@@ -124,8 +124,21 @@ def sweep_text(sweep: dict, dash: str = "–") -> str:
             text += f"; release watch, not probed (the first fixed release may be among them): {', '.join(unprobed)}"
     elif sweep.get("regressions"):  # tables written before the release watch (schema 1 and 2)
         text += "; pre-fix again after a fixed release: " + ", ".join(sweep["regressions"])
+    off = gated_off_text(sweep, dash)
+    text += f"; {off}" if off else ""
     aside = set_aside(sweep, dash)
     return text + (f"; judged without the keys a registry rule sets aside: {aside}" if aside else "")
+
+
+def gated_off_text(sweep: dict, dash: str = "–") -> str | None:
+    """A gated fix's releases that carry it off by default, the variable, and what turns it on; None: none do."""
+    off = [r for r in sweep["releases"] if r["classification"] == Classification.PRESENT_OFF.value and r.get("gate")]
+    if not off:
+        return None
+    gate = off[0]["gate"]
+    spans = ", ".join(a if a == b else f"{a}{dash}{b}" for a, b, _ in ranges([(r["version"], "") for r in off]))
+    return (f"{Classification.PRESENT_OFF.value} ({spans}): the fix is there, but {gate['variable']} is off by "
+            f"default, so a server run with the defaults is exposed; {gate['variable']}={gate['on']} turns it on")
 
 
 def set_aside(sweep: dict, dash: str) -> str:

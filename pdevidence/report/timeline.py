@@ -20,7 +20,7 @@ from packaging.version import Version
 
 from ..documents.tables import partial_sweep
 from ..documents.vocabulary import Behaviour, Classification
-from .narrative import tree, trees_text
+from .narrative import gated_off_text, tree, trees_text
 
 SIDE_STATE = {"base": Behaviour.PRE_FIX, "head": Behaviour.FIXED}
 # A release's overall classification, for sweep tables without per-scenario data (schema 1).
@@ -176,6 +176,8 @@ def timelines(doc: dict) -> list[Timeline]:
         strips += [pair_strip(p, rows[name]) for p in pairs[name]
                    if p["grid"] and not (sweep and p["kind"] == "release")]
         verdicts = [f"{trees_text(p)}: {p['verdict']}" for p in pairs[name]]
+        if sweep and (off := gated_off_text(sweep)):
+            verdicts.append(f"release sweep: {off}")
         first = pairs[name][0]
         out.append(Timeline(name, f"{name}: PR #{first['pr']} {first['title']}", verdicts, rows[name], strips))
     return out
