@@ -65,9 +65,13 @@ def _server(fork, backend: str, *, resolved: bool = True) -> str:
 
 def test_a_fix_on_a_backend_the_server_does_not_use_is_not_affected_resting_on_the_configuration(world, backends,
                                                                                                    capsys):
-    # The tree's resolution runs through and keeps nixl: not the backend whose code the fix changes.
-    code, doc, _ = check(world, capsys, "--path", str(backends), "--server-args", _server(backends, "nixl"))
+    # No model config here: the resolution stops; but its only write of the backend rewrites mooncake_tcp, so a
+    # server given nixl runs nixl: not the backend whose code the fix changes.
+    given = _server(backends, "nixl", resolved=False)
+    code, doc, _ = check(world, capsys, "--path", str(backends), "--server-args", given)
     [answer] = doc["experiments"]
+    assert doc["configuration"]["resolution"]["completed"] is False
+    assert doc["configuration"]["values"]["disaggregation_transfer_backend"] == "nixl"
     assert (answer["status"], answer["justification"], answer["rests_on"]) == \
         ("not affected", "vulnerable_code_not_in_execute_path", "configuration")
     assert answer["configuration"]["unmet"] == {"disaggregation_transfer_backend": "nixl"}
