@@ -9,6 +9,8 @@ server on Mooncake, so Mooncake is the only backend the probes cover.
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 from schemas import problems
@@ -143,3 +145,52 @@ def test_a_backend_is_judged_only_where_an_experiment_names_the_attribute_and_it
     assert outside_probes(bare, {"disaggregation_transfer_backend": "mori"}) == []  # no probe covers any backend
     named = list(registry.load(make_project(tmp_path / "named", REGISTRY + NEEDS)).experiments.values())
     assert outside_probes(named, {"disaggregation_mode": "decode"}) == []  # not established: cannot tell
+
+
+# --- which writes of the resolution code can change a value given (probes/_serverconfig.py) -------------------
+
+RESOLUTION = '''
+import dataclasses
+
+
+@dataclasses.dataclass
+class ServerArgs:
+    backend: str = "a"
+    mode: str = "null"
+    level: int = 0
+
+    def __post_init__(self):
+        if self.backend == "tcp":  # an alias, rewritten
+            self.backend = "a"
+        if self.mode in ("x", "y") and self.backend == "a":  # a chain: what the alias becomes is rewritten again
+            self.backend = "b"
+        if self.mode == "y":  # guarded by another attribute: any level may change
+            self.level = 2
+'''
+
+
+@pytest.fixture
+def resolution(tmp_path, monkeypatch):
+    """``derived_attributes`` on RESOLUTION's ServerArgs, in a package laid out as a tree's (no resolution
+    package beside it)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "probes"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    srt = tmp_path / "sglang" / "srt"
+    srt.mkdir(parents=True)
+    for init in (tmp_path / "sglang" / "__init__.py", srt / "__init__.py"):
+        init.write_text("")
+    (srt / "server_args.py").write_text(RESOLUTION)
+    import _serverconfig
+    from sglang.srt.server_args import ServerArgs
+    yield lambda **parsed: _serverconfig.derived_attributes(ServerArgs, parsed)
+    for name in ("sglang.srt.server_args", "sglang.srt", "sglang"):  # the next test's tree is another
+        sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize(("backend", "derived"), [("c", False), ("b", False), ("tcp", True), ("a", True)])
+def test_a_guarded_rewrite_changes_only_the_values_its_guards_reach(resolution, backend, derived):
+    assert resolution(backend=backend) == ({"backend"} if derived else set())
+
+
+def test_a_write_not_guarded_by_the_attributes_own_value_may_change_any_value(resolution):
+    assert resolution(level=5, mode="x") == {"level"}  # the mode is never written
