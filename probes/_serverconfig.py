@@ -11,7 +11,9 @@ Everything here is the tree's own reading, run in its probe process:
    own ``--model-path dummy`` short circuit) runs instead: a ``ValueError`` or ``AssertionError`` there is the
    tree refusing the configuration. An attribute its resolution code never writes keeps the parser's value; one
    it may write (read from the code: an assignment to it, a keyword or a string naming it in a function) has no
-   established value, and the check does not let the configuration decide on it.
+   established value, and the check does not let the configuration decide on it. A write that only rewrites one
+   named value of the attribute to another (``if x.backend == "mooncake_tcp": backend = "mooncake"``) cannot
+   touch a value none of its guards name: that value keeps the parser's.
 
 A value is reported by value (an enum by its ``value``, a tuple as a list); one that is not plain data has no
 established value. It runs inside the probe process, beside the tree (standard library and the kit only).
@@ -107,7 +109,7 @@ def read_configuration(server_args: list[str], attrs: list[str]) -> dict:
         return doc
     unestablished: dict[str, str] = {}
     if effective is None:  # stopped: what its code never derives keeps the parser's value
-        derived = derived_attributes(ServerArgs, defined)
+        derived = derived_attributes(ServerArgs, parsed)
         resolution["derived"] = sorted(derived)
         effective = {attr: value for attr, value in parsed.items() if attr not in derived}
         stopped = resolution["stopped"]
@@ -174,10 +176,12 @@ def _step(exc: BaseException) -> str:
     return found
 
 
-def derived_attributes(ServerArgs: type, attrs: list[str]) -> set[str]:
-    """The ``attrs`` the tree's resolution code may write: named as an assignment's attribute, a call's keyword
-    or a string inside a function of the module defining ``ServerArgs`` or of its resolution package. A source
-    that cannot be read leaves every attribute derived."""
+def derived_attributes(ServerArgs: type, parsed: dict[str, Any]) -> set[str]:
+    """The attributes of ``parsed`` (attribute -> the parser's value) the tree's resolution code may write: named
+    as an assignment's attribute, a call's keyword or a string inside a function of the module defining
+    ``ServerArgs`` or of its resolution package; except where every write is a guarded rewrite (``_Rewrite``)
+    that no value the attribute can reach from the parser's enters. A source that cannot be read leaves every
+    attribute derived."""
     try:
         files = [Path(inspect.getsourcefile(ServerArgs))]
         for name in RESOLUTION_PACKAGES:
@@ -187,24 +191,86 @@ def derived_attributes(ServerArgs: type, attrs: list[str]) -> set[str]:
                     files += sorted(Path(location).rglob("*.py"))
         trees = [ast.parse(path.read_text(encoding="utf-8")) for path in files]
     except (OSError, TypeError, SyntaxError, ImportError, ValueError):
-        return set(attrs)
-    wanted = set(attrs)
-    found: set[str] = set()
+        return set(parsed)
+    writes: dict[str, list[_Rewrite | None]] = {}
     for tree in trees:
-        found |= _writes(tree, wanted)
-    return found
+        for attr, write in _writes(tree, set(parsed)):
+            writes.setdefault(attr, []).append(write)
+    return {attr for attr, found in writes.items() if _may_change(parsed[attr], found)}
 
 
-def _writes(tree: ast.AST, wanted: set[str]) -> set[str]:
-    found = set()
+@dataclasses.dataclass(frozen=True)
+class _Rewrite:
+    """A write of a constant, inside ``if <x>.<attr> == c`` (or ``in (c, ...)``): it runs only where the
+    attribute holds one of ``guards``."""
+
+    guards: tuple
+    value: Any
+
+
+def _may_change(value: Any, writes: list[_Rewrite | None]) -> bool:
+    """Whether the writes (None: one that may run whatever the value) can change ``value``: the values it can
+    reach through the rewrites' guards, from the parser's."""
+    if any(w is None for w in writes):
+        return True
+    reached, todo = [value], [value]
+    while todo:
+        current = todo.pop()
+        for write in writes:
+            if current in write.guards and write.value not in reached:
+                reached.append(write.value)
+                todo.append(write.value)
+    return len(reached) > 1
+
+
+def _writes(tree: ast.AST, wanted: set[str]) -> list[tuple[str, _Rewrite | None]]:
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)) and node.attr in wanted:
-            found.add(node.attr)
+            assigned = parents.get(node)
+            value = assigned.value if isinstance(assigned, ast.Assign) and node in assigned.targets else None
+            found.append((node.attr, _rewrite(node.attr, value, node, parents)))
         elif isinstance(node, ast.keyword) and node.arg in wanted:
-            found.add(node.arg)
+            found.append((node.arg, _rewrite(node.arg, node.value, node, parents)))
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            found |= {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and n.value in wanted}
+            found += [(n.value, None) for n in ast.walk(node) if isinstance(n, ast.Constant) and n.value in wanted]
     return found
+
+
+def _rewrite(attr: str, value: ast.AST | None, node: ast.AST, parents: dict) -> _Rewrite | None:
+    """The write at ``node`` as a guarded rewrite of a constant, or None: any other write."""
+    if not isinstance(value, ast.Constant):
+        return None
+    child, parent = node, parents.get(node)
+    while parent is not None:
+        if isinstance(parent, ast.If) and child in parent.body:
+            guards = _guards(attr, parent.test)
+            if guards is not None:
+                return _Rewrite(guards, value.value)
+        child, parent = parent, parents.get(parent)
+    return None
+
+
+def _guards(attr: str, test: ast.AST) -> tuple | None:
+    """The constants ``test`` requires the attribute to hold (``<x>.attr == c``, ``<x>.attr in (c, ...)``,
+    or one such among an ``and``); None: it does not require any."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        for part in test.values:
+            found = _guards(attr, part)
+            if found is not None:
+                return found
+        return None
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Attribute)
+            and test.left.attr == attr):
+        return None
+    [op], [right] = test.ops, test.comparators
+    if isinstance(op, ast.Eq) and isinstance(right, ast.Constant):
+        return (right.value,)
+    if isinstance(op, ast.In) and isinstance(right, (ast.Tuple, ast.List, ast.Set)) and \
+            all(isinstance(e, ast.Constant) for e in right.elts):
+        return tuple(e.value for e in right.elts)
+    return None
 
 
 def plain(value: Any) -> Any:

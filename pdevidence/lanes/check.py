@@ -21,7 +21,10 @@ others (probes/_serverconfig.py); a fix whose code path the effective configurat
 never to enter (the registry's ``needs``) is not affected, resting on that configuration
 (``vulnerable_code_not_in_execute_path``), its code's own answer kept beside it (or, where its
 probe could not run, that its code was not observed). An attribute whose effective value the
-tree does not establish here never decides.
+tree does not establish here never decides. A configuration that picks an implementation no experiment's
+``needs`` name (a transfer backend the probes never looked at: ``IMPLEMENTATIONS``) is said to be outside what
+the probes saw: a fix on another backend still reads not affected (its code is not in this server's path), but
+nothing here answers for that backend's own code.
 
 A fix that runs only behind an environment variable (the registry's ``gate``) is probed with it on. Each tree
 reads the server environment given (``--server-env``, ``--server-env-file``; none: every variable at its
@@ -52,7 +55,7 @@ from ..documents.references import references
 from ..documents.vocabulary import Behaviour, Classification, GateState, RestsOn
 from ..documents.vocabulary import CheckStatus as Status
 from ..judge import classify
-from ..registry import Experiment, Gate, Justification, Registry
+from ..registry import Experiment, Gate, Justification, Needs, Registry
 from ..sources import era_choice, images, trees
 from ..sources.era_choice import EraChoice
 from ..sources.pins import TreePins
@@ -112,6 +115,47 @@ class Target:
         return found
 
 
+# The ServerArgs attributes whose value picks one implementation among several: a value that no experiment's
+# needs name runs code that no probe looked at (which values are covered is the registry's, not a list here).
+IMPLEMENTATIONS = ("disaggregation_transfer_backend",)
+
+
+@dataclass(frozen=True)
+class Outside:
+    """An implementation the configuration runs that no experiment's probed code covers: the fixes on the ones
+    covered are off this server's path, and nothing the probes observed answers for this one's own code."""
+
+    attribute: str
+    value: Any  # the effective value, as the tree established it
+    covered: tuple  # the values the registry's needs name for the attribute: what the probes looked at
+    experiments: tuple[str, ...]  # the experiments whose needs name the attribute
+
+    def describe(self) -> str:
+        covered = " or ".join(map(_shown, self.covered))
+        return (f"{self.attribute} = {_shown(self.value)} is outside what the probes saw: they looked only at "
+                f"{covered} ({', '.join(self.experiments)}); a fix there reads not affected because its code is "
+                f"not in this server's path, which says nothing of whether {_shown(self.value)}'s own code has the "
+                "same bug class: no probe observed it")
+
+    def to_json(self) -> dict:
+        return {"attribute": self.attribute, "value": self.value, "covered": list(self.covered),
+                "experiments": list(self.experiments)}
+
+
+def outside_probes(exps: list[Experiment], values: dict[str, Any]) -> list[Outside]:
+    """Each implementation attribute whose established value none of the experiments' needs name; an attribute
+    no experiment's needs name is not judged (no probe covers any of its values), nor one not established."""
+    found = []
+    for attr in IMPLEMENTATIONS:
+        naming = [exp for exp in exps if exp.needs and attr in exp.needs.server_args]
+        if not naming or attr not in values:
+            continue
+        covered = tuple(dict.fromkeys(v for exp in naming for v in exp.needs.server_args[attr]))
+        if Needs({attr: covered}, "").unmet({attr: values[attr]}):  # the registry's comparison, by value
+            found.append(Outside(attr, values[attr], covered, tuple(exp.name for exp in naming)))
+    return found
+
+
 @dataclass
 class Configuration:
     """The server arguments given, as one tree reads them (its parser, then its own resolution of the arguments
@@ -122,6 +166,7 @@ class Configuration:
     values: dict[str, Any]
     unestablished: dict[str, str] = field(default_factory=dict)  # attribute -> why its value is not known
     resolution: dict | None = None  # how the tree's resolution ran (probes/_serverconfig.py); None: not run
+    outside: list[Outside] = field(default_factory=list)  # implementations it runs that no probe covers
 
     def describe(self) -> str:
         args = " ".join(self.given.args) or "(no arguments: every option at its default)"
@@ -138,7 +183,7 @@ class Configuration:
 
     def to_json(self) -> dict:
         return {**self.given.to_json(), "values": self.values, "unestablished": self.unestablished,
-                "resolution": self.resolution}
+                "resolution": self.resolution, "outside_probes": [o.to_json() for o in self.outside]}
 
 
 def _shown(value: Any) -> str:
@@ -317,6 +362,12 @@ class CheckResult:
     @property
     def exit_code(self) -> int:
         return worst(EXIT_OF[e.status] for e in self.experiments)
+
+    def outside_of(self, experiment: str) -> list[Outside]:
+        """The implementations the configuration runs, outside what the probes saw, that this experiment's needs
+        name (its answer is about the covered ones only)."""
+        outside = self.configuration.outside if self.configuration is not None else []
+        return [o for o in outside if experiment in o.experiments]
 
     def to_json(self) -> dict:
         found = {"schema": SCHEMA, "target": {**self.target.to_json(), "sglang_version": self.sglang_version},
@@ -510,7 +561,7 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, f
             if target.label() not in own:
                 own[target.label()] = _in_own_process(reg, names, target, out / target.label(), log, config_args)
             outcomes = own[target.label()]
-        configuration = _configuration(server_args, out / (tree.label() if tree else target.label()), target)
+        configuration = _configuration(exps, server_args, out / (tree.label() if tree else target.label()), target)
         environment = _environment(exps, server_env, out / (tree.label() if tree else target.label()), target)
         versions = {o.doc.get("sglang_version") for o in outcomes.values() if o.doc}
         version = versions.pop() if len(versions) == 1 else None
@@ -564,9 +615,11 @@ def _config_args(exps: list[Experiment], server_args: ServerArguments | None) ->
     return {warm.SERVER_ARGS: json.dumps(list(server_args.args)), "server_attrs": ",".join(attrs)}
 
 
-def _configuration(server_args: ServerArguments | None, out: Path, target: Target) -> Configuration | None:
-    """The server arguments as the tree read them in its probe process; an argument its parser or its resolution
-    refused is a usage error naming it. A tree whose parser cannot be built here establishes no value."""
+def _configuration(exps: list[Experiment], server_args: ServerArguments | None, out: Path,
+                   target: Target) -> Configuration | None:
+    """The server arguments as the tree read them in its probe process, with the implementations they run that no
+    experiment covers; an argument its parser or its resolution refused is a usage error naming it. A tree whose
+    parser cannot be built here establishes no value."""
     if server_args is None:
         return None
     read = allprobes.read_config(out)
@@ -582,8 +635,9 @@ def _configuration(server_args: ServerArguments | None, out: Path, target: Targe
                     "its ServerArgs accepts",
                     todo=f"fix or drop {error['option'] or 'that argument'}; the arguments as given: "
                     f"{' '.join(server_args.args)}")
-    return Configuration(server_args, dict(read.get("values") or {}), dict(read.get("unestablished") or {}),
-                         read.get("resolution"))
+    values = dict(read.get("values") or {})
+    return Configuration(server_args, values, dict(read.get("unestablished") or {}), read.get("resolution"),
+                         outside_probes(exps, values))
 
 
 def _environment_args(exps: list[Experiment], server_env: ServerEnvironment | None) -> dict[str, str]:
@@ -680,6 +734,7 @@ def table(result: CheckResult, *, verbose: bool = False) -> str:
         lines.append(f"  {CHOICE[result.target.image.install.choice]}: {result.target.image.install.why}")
     if result.configuration is not None:
         lines.append(f"  server configuration: {result.configuration.describe()}")
+        lines += [f"  OUTSIDE THE PROBES: {outside.describe()}" for outside in result.configuration.outside]
     if result.environment is not None:
         lines.append(f"  server environment: {result.environment.describe()}")
         lines += [f"  {warning}" for warning in result.environment.warnings()]
@@ -708,6 +763,8 @@ def table(result: CheckResult, *, verbose: bool = False) -> str:
         lines += [f"  {'':<{width}} judged without {rule}" for rule in e.not_deciding]
         if e.config is not None:
             lines.append(f"  {'':<{width}} {e.config.describe()}")
+        lines += [f"  {'':<{width}} no answer for {o.attribute} = {_shown(o.value)}: outside what the probes saw"
+                  for o in result.outside_of(e.experiment)]
         if e.gate is not None and not e.gated_off:
             lines.append(f"  {'':<{width}} {e.gate.describe()}")
     lines.append(f"  ran {sandbox.describe(result.containment)}")  # how the tree's code ran on this machine

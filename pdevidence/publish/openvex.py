@@ -104,6 +104,8 @@ def statement(reg: Registry, result: CheckResult, index: int) -> dict:
             notes += f"; the server configuration given ({result.configuration.given.source}: {args}) enters its path"
         else:
             notes += f"; {e.config.describe()}"
+    for outside in result.outside_of(e.experiment):  # never read as an all-clear for a backend no probe saw
+        notes += f"; {outside.describe()}"
     if e.gate is not None:
         notes += f"; {e.gate.describe()}"
     notes += f"; result sha256: {e.result_sha256 or 'none (no result)'}"
