@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,10 @@ def test_rounds_submitted_one_after_another_share_one_engine_start(world, kept):
     reg, tmp_path, closure = world
     probe, started, _, _ = kept
     trees = {v: make_tree(tmp_path / "trees" / v, v, guard=v != "1.0.0") for v in ("1.0.0", "1.1.0", "1.2.0")}
-    found = {label: probe(label, tree) for label, tree in trees.items()}
+    found = {}
+    for label, tree in trees.items():  # each round from a thread that then ends, as an era's in warm.probe_trees
+        with ThreadPoolExecutor(1) as era:
+            found[label] = era.submit(probe, label, tree).result()
     assert len(started) == 1
     for label, tree in trees.items():
         assert found[label].doc is not None, found[label].error

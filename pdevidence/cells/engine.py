@@ -32,6 +32,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -249,13 +250,18 @@ class Engines:
         self.reg, self.reads, self.logs, self.log = reg, reads, logs, log
         self._sessions: dict[tuple, Session] = {}
         self._lock = threading.Lock()  # eras probe from threads of their own (warm.probe_trees)
+        # bubblewrap dies with the thread that started it (--die-with-parent), and an era's thread ends with its
+        # round: every engine is started from this one, alive until the last is closed.
+        self._starter = ThreadPoolExecutor(1, thread_name_prefix="kept-engine")
 
     def __enter__(self) -> Engines:
         return self
 
     def __exit__(self, kind, value, trace) -> None:
-        for session in self._sessions.values():
-            session.close(ended=kind is None)
+        with contextlib.ExitStack() as closing:  # every one closed, whichever fails
+            closing.callback(self._starter.shutdown)
+            for session in self._sessions.values():
+                closing.callback(session.close, ended=kind is None)
 
     def sees(self, paths: list[Path]) -> bool:
         """Whether a kept engine can probe trees at ``paths`` (each under a directory it reads)."""
@@ -266,10 +272,12 @@ class Engines:
         key = (str(interpreter), str(preload), tuple(sorted((env or {}).items())))
         with self._lock:
             found = self._sessions.get(key)
+            if found is not None and not found.alive:  # it ended under a round (out of memory): its sandbox goes
+                found.close()
             if found is None or not found.alive:
                 found = Session(self.reg, interpreter, reads=self.reads, logs=run_logs(self.logs), preload=preload,
                                 jobs=jobs, env=env, log=self.log)
-                found.start()
+                self._starter.submit(found.start).result()
                 self._sessions[key] = found
             return found
 
