@@ -308,11 +308,11 @@ def _preload_list(path: Path) -> list[str]:
 
 
 def run(reg: Registry, interpreter: Path, tasks: list[TreeTask], experiments: list[str], *,
-        out_dir: Path, logs: Path, preload: Path, jobs: int = 2, env: dict[str, str] | None = None,
+        out_dir: Path, logs: Path | None, preload: Path, jobs: int = 2, env: dict[str, str] | None = None,
         log=print, engines: Engines | None = None) -> dict[str, dict[str, allprobes.Outcome]]:
     """Every experiment on every tree (``probe_all``), in one engine (``engines``' kept one for this closure,
-    when it sees every tree); per tree label, per experiment, what came back. The trees share the engine's
-    sandbox: pass only trees that trust each other (``warm.py``)."""
+    when it sees every tree; its logs are its own, ``logs`` may be None then); per tree label, per experiment,
+    what came back. The trees share the engine's sandbox: pass only trees that trust each other (``warm.py``)."""
     exps = [reg.experiment(name) for name in experiments]
     kept = engines.session(interpreter, preload, env, jobs) if engines and engines.sees([t.path for t in tasks]) \
         else None

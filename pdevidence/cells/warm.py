@@ -192,7 +192,8 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
             alone = " in the engine kept across rounds" if kept else alone
             log(f"{where}: probing {', '.join(t.label for t in group)} ({jobs} at a time){alone}")
             ran = engine.run(reg, env.interpreter, group, experiments, out_dir=private,
-                             logs=run_logs(work / "logs" / "engine"), preload=engine.preload_file(env.path),
+                             logs=None if kept else run_logs(work / "logs" / "engine"),
+                             preload=engine.preload_file(env.path),
                              jobs=jobs, env={**stand_ins, **quiet}, log=log, engines=engines if kept else None)
             faults.point("probe")
             for label, outcomes in ran.items():
