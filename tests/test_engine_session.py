@@ -117,3 +117,16 @@ def test_an_exception_kills_the_engine_with_the_child_it_was_running(world, monk
             raise RuntimeError("the caller failed")
     assert session.proc.returncode != 0 and _gone(session.proc.pid)
     assert not (tmp_path / "preload.json").exists()  # a killed engine's list is not kept
+
+
+def test_a_streamed_task_naming_an_unknown_driver_fails_alone_and_the_engine_goes_on(world, monkeypatch):  # noqa: F811
+    reg, tmp_path, closure = world
+    monkeypatch.setenv("PYTHONPATH", str(closure))
+    tree = make_tree(tmp_path / "trees" / "a", "1.0.0", guard=False)
+    with engine.Session(reg, Path(sys.executable), reads=(tmp_path / "trees",), logs=tmp_path / "logs",
+                        preload=tmp_path / "preload.json") as session:
+        argv = [str(reg.experiment("demo").probe), "--out-dir", str(session.out / "x")]
+        refused = session.run([engine.DriverTask("x", tree, argv, driver="os")])
+        ran = session.run([engine.DriverTask("y", tree, argv)])
+    assert refused.failures == {"x": "names the unknown driver 'os'; known: probe_all, probe_mutants"}
+    assert ran.failures == {"y": None}

@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import children, phases, sandbox
-from ..core.paths import run_logs
 from ..core.errors import HarnessError
 from ..core.files import dumps, read_json, write_atomic
+from ..core.paths import run_logs
 from ..registry import Registry
 from . import allprobes, probe_run
 from .probe_run import timeout_seconds

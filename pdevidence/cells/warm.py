@@ -188,8 +188,8 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
         kept = bool(todo) and engines is not None and engines.sees([t.path for t in todo])
         groups = [todo] if kept else _groups(todo)  # a kept engine's trees trust each other (its caller's word)
         for group in groups:
-            alone = " in an engine of its own" if len(groups) > 1 and not group[0].shared else ""
-            alone = " in the engine kept across rounds" if kept else alone
+            alone = (" in the engine kept across rounds" if kept else
+                     " in an engine of its own" if len(groups) > 1 and not group[0].shared else "")
             log(f"{where}: probing {', '.join(t.label for t in group)} ({jobs} at a time){alone}")
             ran = engine.run(reg, env.interpreter, group, experiments, out_dir=private,
                              logs=None if kept else run_logs(work / "logs" / "engine"),
