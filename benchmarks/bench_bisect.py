@@ -48,11 +48,13 @@ def search(experiment: str, good: str, bad: str, force: bool) -> None:
     main = clone.main()
     line, commits = bisect_run.line_between(clone, main, good, bad, clone.tip(main))
     found = Search(Boundary.FIX, commits)
-    prober = bisect_run.Prober(reg, clone, fresh_references=False, force=force, log=lambda _: None)
-    pending = [commits[-1], commits[0]]
-    while pending:
-        prober.probe(pending)
-        pending = bisect_run.next_commits({(experiment, Boundary.FIX): found}, prober)
+    with bisect_run.kept_engines(reg, log=lambda _: None) as engines:
+        prober = bisect_run.Prober(reg, clone, fresh_references=False, force=force, log=lambda _: None,
+                                   engines=engines)
+        pending = [commits[-1], commits[0]]
+        while pending:
+            prober.probe(pending)
+            pending = bisect_run.next_commits({(experiment, Boundary.FIX): found}, prober)
     answer = found.answer()
     print(f"{line.commits} commits, {len(prober.judged)} probed in {len(prober.steps)} rounds: {answer.finding.value}"
           f" {answer.commit or answer.why}")

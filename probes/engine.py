@@ -27,7 +27,10 @@ Each child leads a process group of its own; whatever it started and left behind
 killed when it ends, so one tree's processes never outlive it into the next tree's time.
 
 Children run at most ``--jobs`` at a time; the engine exits when every child has been
-reported, after writing the modules the children needed back to ``--preload``. Standard library only: it runs inside the cell.
+reported, after writing the modules the children needed back to ``--preload``. With ``--tasks -`` it reads
+task lines from stdin as they come instead (a caller probing round after round keeps one engine, its
+closure imported once), forks each as it arrives, reports each as above, and exits once stdin has ended
+and its last child has been reported. Standard library only: it runs inside the cell.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import argparse
 import importlib
 import json
 import os
+import select
 import signal
 import sys
 import time
@@ -73,6 +77,7 @@ def _third_party(tree: str) -> list[str]:
 def _child(task: dict, modules_file: Path) -> int:
     """In the forked child: this tree first on the path, the task's driver, the modules it needed."""
     os.setpgid(0, 0)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the engine's task stream (--tasks -) is not the child's
     log = os.open(task["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -96,6 +101,37 @@ def _preload(names: list[str], done: set[str]) -> None:
             importlib.import_module(name)
         except (Exception, SystemExit):  # noqa: BLE001 - a module the child can still import itself (and fail)
             continue  # Ctrl-C, though, stops the engine
+
+
+class _Stream:
+    """Task lines from stdin (``--tasks -``), taken as they come; ``open`` until stdin ends."""
+
+    def __init__(self, fd: int):
+        self.fd, self.open, self.partial = fd, True, b""
+
+    def wait(self, seconds: float) -> list[dict]:
+        """The tasks that arrived within ``seconds`` (returning as soon as any did)."""
+        if not self.open:
+            time.sleep(seconds)
+            return []
+        ready, _, _ = select.select([self.fd], [], [], seconds)
+        if not ready:
+            return []
+        chunk = os.read(self.fd, 1 << 16)
+        if not chunk:
+            self.open, lines, self.partial = False, [self.partial], b""
+        else:
+            *lines, self.partial = (self.partial + chunk).split(b"\n")
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def _unknown_driver(task: dict) -> dict | None:
+    """The report refusing a streamed task whose driver is not one of ``DRIVERS`` (None: it is known)."""
+    driver = task.get("driver", "probe_all")
+    if driver in DRIVERS:
+        return None
+    return {"id": task["id"], "status": None, "signal": None, "timeout": False, "seconds": 0.0,
+            "at": round(time.monotonic(), 3), "error": f"names the unknown driver {driver!r}; known: {', '.join(DRIVERS)}"}
 
 
 def _report(line: dict) -> None:
@@ -136,7 +172,8 @@ def _status(status: int) -> tuple[int | None, int | None]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Fork one probe child per SGLang tree from a warm closure.")
-    parser.add_argument("--tasks", type=Path, required=True, help="one JSON task per line")
+    parser.add_argument("--tasks", type=Path, required=True,
+                        help="one JSON task per line; -: read them from stdin as they come, until it ends")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per child")
     parser.add_argument("--scratch", type=Path, required=True, help="where children leave their module lists")
@@ -146,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     args.scratch.mkdir(parents=True, exist_ok=True)
     quiet_environment()
     _standins.install()  # the children inherit them; preloading must not import the real ones
-    pending = [json.loads(line) for line in args.tasks.read_text(encoding="utf-8").splitlines() if line.strip()]
+    stream = _Stream(sys.stdin.fileno()) if str(args.tasks) == "-" else None
+    pending = [] if stream else [json.loads(line) for line in args.tasks.read_text(encoding="utf-8").splitlines()
+                                 if line.strip()]
     unknown = sorted({t.get("driver", "probe_all") for t in pending} - set(DRIVERS))
     if unknown:
         print(f"tasks name unknown drivers {unknown}; known: {', '.join(DRIVERS)}", file=sys.stderr)
@@ -155,9 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     preloaded: set[str] = set()
     _preload(needed, preloaded)
     running: dict[int, tuple[dict, float, Path]] = {}
-    while pending or running:
+    while pending or running or (stream and stream.open):
         while pending and len(running) < max(1, args.jobs):
             task = pending.pop(0)
+            if stream and (refused := _unknown_driver(task)):
+                _report(refused)
+                continue
             modules_file = args.scratch / f"modules.{task['id']}.json"
             child = _fork(task, modules_file)
             if isinstance(child, str):
@@ -165,7 +207,10 @@ def main(argv: list[str] | None = None) -> int:
                          "at": round(time.monotonic(), 3), "error": child})
                 continue
             running[child] = (task, time.monotonic(), modules_file)
-        time.sleep(0.05)
+        if stream:
+            pending.extend(stream.wait(0.05))
+        else:
+            time.sleep(0.05)
         for pid, (task, forked, modules_file) in list(running.items()):
             seconds = round(time.monotonic() - forked, 1)
             done, status = os.waitpid(pid, os.WNOHANG)
@@ -183,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                 found = json.loads(modules_file.read_text(encoding="utf-8"))
                 modules_file.unlink()
                 needed.extend(name for name in found if name not in needed)
-                if pending:  # no child is left to fork: the engine would only import, then exit
+                if pending or (stream and stream.open):  # else no child is left to fork: it would only import
                     _preload(found, preloaded)
     tmp = args.preload.with_name(f".{args.preload.name}.tmp")
     tmp.write_text(json.dumps(needed), encoding="utf-8")

@@ -168,13 +168,20 @@ class History:
         return git(self.path, "rev-parse", f"v{version}")
 
 
-def stand_in_for_check(monkeypatch) -> list[str]:
-    """check's judge stood in for by each commit's state.json; the commits it probed, in order."""
-    probed: list[str] = []
+class Probed(list):
+    kept: list  # what each round was given as its engines kept across rounds
 
-    def run_all(reg, targets, *, fresh_references=False, force=False, log=print, server_args=None):
+
+def stand_in_for_check(monkeypatch) -> Probed:
+    """check's judge stood in for by each commit's state.json; the commits it probed, in order (``kept``: the
+    engines kept across rounds each round was given)."""
+    probed, kept = Probed(), []
+    probed.kept = kept
+
+    def run_all(reg, targets, *, fresh_references=False, force=False, log=print, server_args=None, engines=None):
         """check's answers, as each commit's state.json writes them: one probe per commit, every experiment."""
         found = []
+        kept.append(engines)
         for target, tree in targets:
             probed.append(tree.resolved)
             states = json.loads((tree.install_target / "sglang" / "state.json").read_text())
@@ -241,6 +248,8 @@ def test_the_fix_is_found_between_release_branches_on_the_main_line_and_the_line
     # Each end is where its release branch leaves the main line, not the tagged commit on the branch.
     assert line["start"] == git(h.path, "merge-base", "v1.0.0", "main") != git(h.path, "rev-parse", "v1.0.0")
     assert line["commits"] == 13 and len(probed) == len(set(probed)) <= 2 + 4
+    # Every round through one set of engines kept across rounds: each era's closure imported once.
+    assert len(probed.kept) > 1 and len({id(e) for e in probed.kept}) == 1 and probed.kept[0] is not None
     assert doc["experiments"][0]["introduced"]["finding"] == "not sought"  # no sweep table says where it came in
     # A finding, not an error: the registry pins another commit for the fix.
     assert any("not the registry's git pin bbbbbbbbbbbb" in n for n in doc["experiments"][0]["notes"])

@@ -14,21 +14,32 @@ sees the closure, the probes and its tasks' trees read-only, and writes only its
 and its tasks' output directories. Its children share that sandbox, so one engine
 probes trees that trust each other: the releases from the package index together,
 any other tree alone (``warm.py`` groups them).
+
+A caller probing trees round after round (``bisect``) keeps one engine per closure across its rounds
+(``Engines``, ``Session``): the closure is imported once, not once a round. Such an engine is launched
+before its trees are known, so it reads every tree under the directories it is given and writes only a
+directory of its own, whose results are moved where each round asked: its trees must trust each other (the
+commits of one clone).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import children, phases, sandbox
 from ..core.errors import HarnessError
 from ..core.files import dumps, read_json, write_atomic
+from ..core.paths import run_logs
 from ..registry import Registry
 from . import allprobes, probe_run
 from .probe_run import timeout_seconds
@@ -126,6 +137,151 @@ def run_tasks(reg: Registry, interpreter: Path, tasks: list[DriverTask], *, logs
     return Finished({t.id: _failure(reports.get(t.id)) for t in tasks}, launch.record)
 
 
+def _task_line(task: DriverTask, logs: Path) -> str:
+    return json.dumps({"id": task.id, "path": str(task.path), "log": str(logs / f"{task.id}.log"), "argv": task.argv,
+                       "driver": task.driver}) + "\n"
+
+
+class Session:
+    """One engine kept alive for tasks submitted round after round (``probes/engine.py --tasks -``): started
+    once, each round's tasks forked as they are submitted, ended by ``close`` (or, on any exception or Ctrl-C,
+    killed with whatever it started). It reads ``reads`` (where its trees lie) and writes only ``private``:
+    each task's driver writes under ``out``, its log in ``logs``."""
+
+    def __init__(self, reg: Registry, interpreter: Path, *, reads: tuple[Path, ...], logs: Path, preload: Path,
+                 jobs: int = 2, env: dict[str, str] | None = None, log=print):
+        self.reg, self.interpreter, self.reads, self.logs, self.preload = reg, interpreter, reads, logs, preload
+        self.jobs, self.env, self.log = jobs, env or {}, log
+        self.proc: subprocess.Popen | None = None
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> Session:
+        self.start()
+        return self
+
+    def __exit__(self, kind, value, trace) -> None:
+        self.close(ended=kind is None)
+
+    def start(self) -> None:
+        for directory in (self.logs, *self.reads):  # bound as they are now: a tree made in one later is seen
+            directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.private = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="pdevidence-engine-")))
+            self.out, self._needed = self.private / "out", self.private / "preload.json"
+            self.out.mkdir()
+            write_atomic(self._needed, dumps(_preload_list(self.preload)))
+            command = [str(self.interpreter), str(self.reg.root / "probes" / ENGINE), "--tasks", "-", "--jobs",
+                       str(self.jobs), "--timeout", str(timeout_seconds()), "--scratch", str(self.private / "scratch"),
+                       "--preload", str(self._needed)]
+            view = sandbox.View(read=(self.reg.root / "probes", *self.reads), write=(self.private, self.logs),
+                                cwd=self.logs)
+            err = self._stack.enter_context(open(self.logs / "engine.log", "wb"))
+            run_env = {**os.environ, **allprobes.PROBE_ENV, **self.env}
+            self.launch = self._stack.enter_context(sandbox.launch(command, view, run_env, trusted=False,
+                                                                   what="the probe engine kept across rounds"))
+            self.launched, self._started = time.monotonic(), False
+            self.proc = children.popen(self.launch.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                       env=self.launch.env)
+        except BaseException:
+            self._stack.close()
+            raise
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    def run(self, tasks: list[DriverTask]) -> Finished:
+        """Fork these tasks in the kept engine and wait for each one's report; how each child ended."""
+        submitted, reports = time.monotonic(), {}
+        try:
+            self.proc.stdin.write("".join(_task_line(t, self.logs) for t in tasks).encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:  # the engine has ended: said below
+            pass
+        while len(reports) < len(tasks) and (raw := self.proc.stdout.readline()):
+            report = json.loads(raw)
+            if not report.get("timeout") and self.launch.killed_at_memory_limit(report.get("signal")):
+                report["error"] = self.launch.out_of_memory()
+            reports[report["id"]] = report
+            self.log(f"engine: {report['id']} done in {report['seconds']} s ({_status(report)})")
+        _spent(reports.values(), submitted if self._started else self.launched, time.monotonic())
+        self._started = True
+        if len(reports) < len(tasks):  # the engine ended under them
+            self._end()
+            return self._died(tasks, reports)
+        return Finished({t.id: _failure(reports.get(t.id)) for t in tasks}, self.launch.record)
+
+    def _died(self, tasks: list[DriverTask], reports: dict) -> Finished:
+        engine_log = self.logs / "engine.log"
+        said = self.launch.out_of_memory() if self.launch.exited_at_memory_limit(self.proc.returncode) else None
+        if not said and probe_run.raised_memory_error(engine_log):
+            said = sandbox.out_of_memory(self.launch.record, killed=False)
+        if not said:
+            raise HarnessError(f"the probe engine exited with status {self.proc.returncode}; last output:\n"
+                               f"{probe_run.tail(engine_log)}", todo=f"read {engine_log}")
+        self.log(f"engine: out of memory; {', '.join(t.id for t in tasks if t.id not in reports)} unfinished")
+        return Finished({t.id: _failure(reports[t.id]) if t.id in reports else said for t in tasks}, self.launch.record)
+
+    def _end(self) -> None:
+        """Wait for the engine's end (its stdin closed: it exits after its last child), killing it on any
+        exception; reaped either way."""
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        children.wait(self.proc)  # communicate closes its stdin
+
+    def close(self, ended: bool = True) -> None:
+        """End the engine and keep the modules its children needed; ``ended`` False (an exception is on its
+        way): kill it and everything it started instead."""
+        try:
+            if self.proc is not None and self.proc.returncode is None and not ended:
+                children.end(self.proc)
+            self._end()
+            if ended and self.proc is not None and self.proc.returncode == 0:
+                write_atomic(self.preload, dumps(_preload_list(self._needed)))
+        finally:
+            self._stack.close()
+
+
+class Engines:
+    """The sessions of one caller's rounds, one per closure environment and its stand-ins (an era), started
+    on first use and closed together; each reads the trees under ``reads``."""
+
+    def __init__(self, reg: Registry, *, reads: tuple[Path, ...], logs: Path, log=print):
+        self.reg, self.reads, self.logs, self.log = reg, reads, logs, log
+        self._sessions: dict[tuple, Session] = {}
+        self._lock = threading.Lock()  # eras probe from threads of their own (warm.probe_trees)
+        # bubblewrap dies with the thread that started it (--die-with-parent), and an era's thread ends with its
+        # round: every engine is started from this one, alive until the last is closed.
+        self._starter = ThreadPoolExecutor(1, thread_name_prefix="kept-engine")
+
+    def __enter__(self) -> Engines:
+        return self
+
+    def __exit__(self, kind, value, trace) -> None:
+        with contextlib.ExitStack() as closing:  # every one closed, whichever fails
+            closing.callback(self._starter.shutdown)
+            for session in self._sessions.values():
+                closing.callback(session.close, ended=kind is None)
+
+    def sees(self, paths: list[Path]) -> bool:
+        """Whether a kept engine can probe trees at ``paths`` (each under a directory it reads)."""
+        return all(any(p.resolve().is_relative_to(r.resolve()) for r in self.reads) for p in paths)
+
+    def session(self, interpreter: Path, preload: Path, env: dict[str, str] | None, jobs: int) -> Session:
+        """The kept engine of this closure, started now if it has none (or its last one ended)."""
+        key = (str(interpreter), str(preload), tuple(sorted((env or {}).items())))
+        with self._lock:
+            found = self._sessions.get(key)
+            if found is not None and not found.alive:  # it ended under a round (out of memory): its sandbox goes
+                found.close()
+            if found is None or not found.alive:
+                found = Session(self.reg, interpreter, reads=self.reads, logs=run_logs(self.logs), preload=preload,
+                                jobs=jobs, env=env, log=self.log)
+                self._starter.submit(found.start).result()
+                self._sessions[key] = found
+            return found
+
+
 def _spent(reports, launched: float, ended: float) -> None:
     """The engine's start (its closure's import, until the first child forks) and its probing (first fork to last
     end), placed on the clock by when its children forked (``at``) and how long each ran."""
@@ -152,19 +308,30 @@ def _preload_list(path: Path) -> list[str]:
 
 
 def run(reg: Registry, interpreter: Path, tasks: list[TreeTask], experiments: list[str], *,
-        out_dir: Path, logs: Path, preload: Path, jobs: int = 2, env: dict[str, str] | None = None,
-        log=print) -> dict[str, dict[str, allprobes.Outcome]]:
-    """Every experiment on every tree (``probe_all``), in one engine; per tree label, per experiment, what came
-    back. The trees share the engine's sandbox: pass only trees that trust each other (``warm.py``)."""
+        out_dir: Path, logs: Path | None, preload: Path, jobs: int = 2, env: dict[str, str] | None = None,
+        log=print, engines: Engines | None = None) -> dict[str, dict[str, allprobes.Outcome]]:
+    """Every experiment on every tree (``probe_all``), in one engine (``engines``' kept one for this closure,
+    when it sees every tree; its logs are its own, ``logs`` may be None then); per tree label, per experiment,
+    what came back. The trees share the engine's sandbox: pass only trees that trust each other (``warm.py``)."""
     exps = [reg.experiment(name) for name in experiments]
+    kept = engines.session(interpreter, preload, env, jobs) if engines and engines.sees([t.path for t in tasks]) \
+        else None
+    written = kept.out if kept else out_dir  # where the drivers write: a kept engine writes only its own
     driver_tasks = []
     for task in tasks:
-        allprobes.clear(out_dir / task.label, experiments)
-        argv = [*[str(e.probe) for e in exps], "--out-dir", str(out_dir / task.label),
+        allprobes.clear(written / task.label, experiments)
+        argv = [*[str(e.probe) for e in exps], "--out-dir", str(written / task.label),
                 *allprobes.tree_argv(task.tree_args)]
-        driver_tasks.append(DriverTask(task.label, task.path, argv, writes=(out_dir / task.label,)))
-    done = run_tasks(reg, interpreter, driver_tasks, logs=logs, preload=preload,
-                     trusted=all(task.trusted for task in tasks), jobs=jobs, env=env, log=log)
+        driver_tasks.append(DriverTask(task.label, task.path, argv, writes=(written / task.label,)))
+    if kept:
+        done, logs = kept.run(driver_tasks), kept.logs
+        for task in tasks:
+            if (written / task.label).is_dir():
+                shutil.copytree(written / task.label, out_dir / task.label, dirs_exist_ok=True)
+                shutil.rmtree(written / task.label)
+    else:
+        done = run_tasks(reg, interpreter, driver_tasks, logs=logs, preload=preload,
+                         trusted=all(task.trusted for task in tasks), jobs=jobs, env=env, log=log)
     return {task.label: allprobes.collect(exps, out_dir / task.label, logs / f"{task.label}.log",
                                           done.failures[task.label] or "exited with status 0", done.containment)
             for task in tasks}

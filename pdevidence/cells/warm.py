@@ -120,8 +120,10 @@ def _swap_in(staging: Path, dest: Path) -> None:
 
 
 def probe_trees(reg: Registry, trees: list[Tree], experiments: list[str], tree_args: dict[str, dict[str, str]], *,
-                out_dir: Path, jobs: int = 2, force: bool = False, log=print) -> dict[str, dict[str, allprobes.Outcome]]:
-    """Per tree label, per experiment, the outcome: from the cache, else from one engine per era for the misses.
+                out_dir: Path, jobs: int = 2, force: bool = False, log=print,
+                engines: engine.Engines | None = None) -> dict[str, dict[str, allprobes.Outcome]]:
+    """Per tree label, per experiment, the outcome: from the cache, else from one engine per era for the misses
+    (``engines``' kept one, for a caller probing round after round: the trees it sees then share it).
 
     A label names one content (``trees.tree_label``): a tree given twice, or two copies of one, is probed once.
     Up to ``jobs`` eras run side by side: an engine's start (its closure's import) uses one core, so the next
@@ -133,7 +135,7 @@ def probe_trees(reg: Registry, trees: list[Tree], experiments: list[str], tree_a
     found = {}
     with children.workers(min(jobs, len(by_era)), "era") as pool:
         running = [pool.submit(_probe_era, reg, era, members, experiments, tree_args, out_dir=out_dir, jobs=jobs,
-                               force=force, log=log) for era, members in by_era.values()]
+                               force=force, log=log, engines=engines) for era, members in by_era.values()]
         try:
             for era in running:
                 found.update(era.result())
@@ -146,7 +148,7 @@ def probe_trees(reg: Registry, trees: list[Tree], experiments: list[str], tree_a
 
 def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: list[str],
                tree_args: dict[str, dict[str, str]], *, out_dir: Path, jobs: int, force: bool,
-               log) -> dict[str, dict[str, allprobes.Outcome]]:
+               log, engines: engine.Engines | None = None) -> dict[str, dict[str, allprobes.Outcome]]:
     exps = [reg.experiment(name) for name in experiments]
     for tree in trees:  # refused before the closure is built
         sandbox.admit(tree.pinned, f"the tree {tree.label()}")
@@ -183,13 +185,16 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
             log(f"{where}: {len(found)} tree(s) unchanged, outcomes reused: {', '.join(found)} (use --force to reprobe)")
         # A work tree (--path) is the user's: its imports must leave no bytecode in it.
         quiet = {"PYTHONDONTWRITEBYTECODE": "1"} if any(t.kind == "path" for t in trees) else {}
-        groups = _groups(todo)
+        kept = bool(todo) and engines is not None and engines.sees([t.path for t in todo])
+        groups = [todo] if kept else _groups(todo)  # a kept engine's trees trust each other (its caller's word)
         for group in groups:
-            alone = " in an engine of its own" if len(groups) > 1 and not group[0].shared else ""
+            alone = (" in the engine kept across rounds" if kept else
+                     " in an engine of its own" if len(groups) > 1 and not group[0].shared else "")
             log(f"{where}: probing {', '.join(t.label for t in group)} ({jobs} at a time){alone}")
             ran = engine.run(reg, env.interpreter, group, experiments, out_dir=private,
-                             logs=run_logs(work / "logs" / "engine"), preload=engine.preload_file(env.path),
-                             jobs=jobs, env={**stand_ins, **quiet}, log=log)
+                             logs=None if kept else run_logs(work / "logs" / "engine"),
+                             preload=engine.preload_file(env.path),
+                             jobs=jobs, env={**stand_ins, **quiet}, log=log, engines=engines if kept else None)
             faults.point("probe")
             for label, outcomes in ran.items():
                 found[label] = outcomes

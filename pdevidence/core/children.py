@@ -117,6 +117,12 @@ def popen(command: list[str], **kw) -> subprocess.Popen:
     return proc
 
 
+def end(proc: subprocess.Popen) -> None:
+    """Kill ``proc``'s whole group now and reap it (a child kept across calls whose caller is failing)."""
+    _kill(proc.pid)
+    wait(proc)
+
+
 def wait(proc: subprocess.Popen, *, timeout: float | None = None, input: bytes | str | None = None):
     """``communicate`` with the child; on timeout or any exception its whole group is killed; then what it
     left behind and is dying is reaped (``reap_orphans``)."""

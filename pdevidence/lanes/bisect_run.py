@@ -8,7 +8,9 @@ line's first-parent chain between them; a release the history has no tag of is l
 commit of the main line stands in for a fixed release after the history's end). Each commit probed is
 exported from the clone and run like ``check --git`` (the warm engine, in the era its own version or pins
 choose, nothing built, every experiment in one probe process, outcomes cached by what made them) and judged
-by check's judge; every search asks its next commit each round, so one probe serves all of them.
+by check's judge; every search asks its next commit each round, so one probe serves all of them. Each era's
+engine is kept across the rounds (``engine.Engines``): its closure is imported once per bisection, not once a
+round; the commits of the one clone share it, as they share a history.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from pathlib import Path
 from packaging.version import Version
 
 from .. import environments
+from ..cells import engine
 from ..core import phases
 from ..core.errors import usage
 from ..core.files import sha256_file
-from ..core.paths import results_dir, runs_dir, tree_lock_file
+from ..core.paths import cache_dir, results_dir, runs_dir, tree_lock_file, work_dir
 from ..documents import provenance, tables
 from ..documents.bisects import (BisectDocument, BisectParameters, BoundaryReport, Line, Probed, Seen,
                                  WatchReport)
@@ -129,8 +132,9 @@ def introduced_bracket(reg: Registry, exp: Experiment, clone: Clone, fresh: bool
 class Prober:
     """Commits through check's warm path, each probed once (every experiment in its one probe process)."""
 
-    def __init__(self, reg: Registry, clone: Clone, *, fresh_references: bool, force: bool, log):
-        self.reg, self.clone, self.log = reg, clone, log
+    def __init__(self, reg: Registry, clone: Clone, *, fresh_references: bool, force: bool, log,
+                 engines: engine.Engines | None = None):
+        self.reg, self.clone, self.log, self.engines = reg, clone, log, engines
         self.fresh, self.force = fresh_references, force
         self.lock = trees.LockFile(tree_lock_file(reg.root))
         self.judged: dict[str, dict[str, check.ExperimentCheck]] = {}  # commit -> experiment -> check's answer
@@ -162,7 +166,8 @@ class Prober:
         with phases.measure(phases.TREES):
             targets = [(check.target_of(self.reg, tree), tree)
                        for tree in (trees.git_tree(sha, self.lock, clone=self.clone.path) for sha in shas)]
-        found = check.run_all(self.reg, targets, fresh_references=self.fresh, force=self.force, log=self.log)
+        found = check.run_all(self.reg, targets, fresh_references=self.fresh, force=self.force, log=self.log,
+                              engines=self.engines)
         for sha, result in zip(shas, found):
             self.judged[sha] = {e.experiment: e for e in result.experiments}
         self.steps.append(Step(len(self.steps) + 1, tuple(self.commit(sha) for sha in shas),
@@ -216,7 +221,6 @@ def run(reg: Registry, clone: Clone, experiments: list[str], *, main: str | None
                         expected="[experiments.<name>] loads = [\"python/sglang/...\"] in experiments.toml")
     parameters = {exp.name: BisectParameters(main, good, bad, every, judged_by(reg, exp, fresh_references))
                   for exp in exps}
-    prober = Prober(reg, clone, fresh_references=fresh_references, force=force, log=log)
     brackets = {(exp.name, b.boundary): b for exp in exps
                 for b in (fix_bracket(reg, exp, clone, good, bad, fresh_references),
                           introduced_bracket(reg, exp, clone, fresh_references))}
@@ -234,7 +238,8 @@ def run(reg: Registry, clone: Clone, experiments: list[str], *, main: str | None
             else:
                 unwatched[exp.name] = (f"the watch starts where the fix's bracket does, and it has none "
                                        f"({fix.why_not.why})")
-    with phases.recording() as spent:
+    with phases.recording() as spent, kept_engines(reg, log) as engines:
+        prober = Prober(reg, clone, fresh_references=fresh_references, force=force, log=log, engines=engines)
         # The first round: every watched commit and both ends of every line; then each search's next commit.
         pending = [*(sha for _, commits in watched.values() for sha in commits),
                    *(sha for search in searches.values() for sha in (search.line[-1], search.line[0]))]
@@ -246,6 +251,11 @@ def run(reg: Registry, clone: Clone, experiments: list[str], *, main: str | None
                                           parameters[exp.name], made), unwatched.get(exp.name)) for exp in exps]
     total = time.monotonic() - started
     return BisectReport(str(clone.path), main, reports, prober.steps, total, phases.describe(spent, total))
+
+
+def kept_engines(reg: Registry, log) -> engine.Engines:
+    """One engine per era for a bisection's rounds, seeing every commit exported from the clone."""
+    return engine.Engines(reg, reads=(cache_dir() / "trees",), logs=work_dir(reg.root) / "logs" / "engine", log=log)
 
 
 def next_commits(searches: dict[tuple[str, Boundary], Search], prober: Prober) -> list[str]:

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..cells import allprobes, warm
+from ..cells import allprobes, engine, warm
 from ..core import children, sandbox
 from ..core.arguments import ServerArguments, ServerEnvironment
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, HarnessError, usage, worst
@@ -525,14 +525,14 @@ def run(reg: Registry, target: Target, tree: trees.Tree | None, *, fresh_referen
 
 def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, fresh_references: bool = False,
             force: bool = False, log=print, server_args: ServerArguments | None = None,
-            server_env: ServerEnvironment | None = None) -> list[CheckResult]:
+            server_env: ServerEnvironment | None = None, engines: engine.Engines | None = None) -> list[CheckResult]:
     """Every target, each judged on its own against the published base and head results (verified first), or
     with ``fresh_references`` against the fresh ones in runs/ (while republishing); every tree shares one warm
     engine per era (an unpacked wheel is what installing it gives; a source tree's Python code is all the probes
     load, so nothing is built), with their outcomes cached by what made them. Given ``server_args``, each tree's
     own parser reads them in its probe process, and they are part of what its outcome is cached by; so is the
     server environment (``server_env``) and, where a fix is gated, its variable, each read by the tree's own
-    ``Envs``."""
+    ``Envs``. ``engines``: engines kept across calls (a bisection's rounds), for the trees they see."""
     exps = list(reg.experiments.values())
     config_args = {**_config_args(exps, server_args), **_environment_args(exps, server_env)}
     for target, tree in targets:  # refused before anything is fetched, built or run
@@ -545,11 +545,12 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, f
     # One probe per tree: an image's package may be named twice (two platforms, or the image passed twice).
     warm_trees = list({tree.label(): tree for _, tree in targets if tree is not None}.values())
     engine_outcomes = warm.probe_trees(reg, warm_trees, names, {t.label(): {**_tree_args(t), **config_args} for t in warm_trees},
-                                       out_dir=out, force=force, log=log) if warm_trees else {}
+                                       out_dir=out, force=force, log=log, engines=engines) if warm_trees else {}
     moved = _in_own_eras(reg, warm_trees, engine_outcomes, log)
     if moved:
         engine_outcomes.update(warm.probe_trees(reg, list(moved.values()), names, {
-            label: {**_tree_args(t), **config_args} for label, t in moved.items()}, out_dir=out, force=force, log=log))
+            label: {**_tree_args(t), **config_args} for label, t in moved.items()}, out_dir=out, force=force, log=log,
+            engines=engines))
         targets = [(_in_era_of(reg, target, moved[tree.label()]), tree) if tree and tree.label() in moved
                    else (target, tree) for target, tree in targets]
     own: dict[str, dict[str, allprobes.Outcome]] = {}  # interpreters, by label
