@@ -36,9 +36,10 @@ from ..core.files import sha256_file
 from ..registry import Registry
 
 # What killed runs may leave under a name of their own, in every directory of the roots: core/debris removes
-# these when no other run is in the root (what carries a run's token goes as soon as its run is dead).
+# these when no other run is in the root (what carries a run's token goes as soon as its run is dead);
+# .probing-*: as runs named them before tokens.
 LEFTOVERS = (".*.tmp", ".*.part", ".*.unpack", ".*.extract", ".*.export", ".*.partial", ".*.old", ".probing.*",
-             ".probing-*", ".*.scan", ".incoming.*", ".*.pruned")  # .probing-*: as runs named them before tokens
+             ".probing-*", ".*.scan", ".incoming.*", ".*.incoming", ".*.pruned")
 OLD_BYTECODE = "pycache"  # where an installed copy kept its bytecode (PYTHONPYCACHEPREFIX) before it moved beside
 PRUNED = "pruned"
 
