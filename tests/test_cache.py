@@ -266,6 +266,29 @@ def test_a_prune_between_an_archives_download_and_its_naming_leaves_the_run_its_
     assert len(pruned) == 1 and pruned[0].removed == []
 
 
+ENTER = "import sys; from pathlib import Path; from pdevidence.core import debris; debris.enter(Path(sys.argv[1]))"
+
+
+def test_no_run_enters_the_work_directory_between_a_prunes_look_and_its_taking_a_log(world, monkeypatch):
+    """A log or a corpus tree, which no run marks, goes only while no other run is in its root: one that entered
+    after the prune looked could have begun to use it."""
+    root, cache_dir, work = world
+    log = populated(root, cache_dir, work)["log"]
+    entering, aside = [], cache._aside
+
+    def a_run_enters_first(path: Path, *rest: Path) -> list[Path]:
+        if path == log:
+            entering.append(subprocess.run([sys.executable, "-c", ENTER, str(work)], capture_output=True, text=True,
+                                           env={**os.environ, "PYTHONPATH": str(HERE.parent),
+                                                "PDEVIDENCE_LOCK_TIMEOUT": "1"}))
+        return aside(path, *rest)
+    monkeypatch.setattr(cache, "_aside", a_run_enters_first)
+    removed = cache.prune(registry.load(root), everything=True).removed
+    assert log in [e.path for e in removed] and not log.exists()
+    assert len(entering) == 1 and entering[0].returncode != 0, entering
+    assert "gave up after 1 s waiting for" in entering[0].stderr, entering[0].stderr
+
+
 def test_clean_removes_every_entry_and_keeps_the_locks(world, capsys):
     root, cache_dir, work = world
     populated(root, cache_dir, work)
