@@ -12,13 +12,16 @@ import time
 from pathlib import Path
 
 import pytest
-from synthetic import make_project
+from synthetic import make_project, serve_index, wheel_bytes
 
 from pdevidence import cli, environments, registry
 from pdevidence.cells import cells
+from pdevidence.commands.scratch import enter_scratch
 from pdevidence.core import arguments, debris, errors, inuse, locking
 from pdevidence.core.files import sha256_file
+from pdevidence.core.paths import tree_lock_file
 from pdevidence.lanes import cache
+from pdevidence.sources import trees
 
 HERE = Path(__file__).resolve().parent
 DAY = 86400
@@ -220,6 +223,70 @@ def test_a_prune_killed_half_way_leaves_nothing_a_later_run_trusts(world):
     assert left and all(".run-" in p.name for p in left)
     assert run(root, "cache", "info") == errors.CONFIRMED  # any later run
     assert not [p for p in cache_dir.iterdir() if p.name.endswith(".pruned")]
+
+
+def pruned_after_each_download(monkeypatch, reg) -> list[cache.Pruned]:
+    """A prune to a budget of nothing the moment each download is on disk, before the run names it by its digest
+    (where, beside the concurrency loop's prunes, a check once exited 7); what each prune did."""
+    pruned, download = [], trees.fetch.download
+
+    def then_prune(*args, **kw):
+        digest = download(*args, **kw)
+        pruned.append(cache.prune(reg, max_size=0))
+        return digest
+    monkeypatch.setattr(trees.fetch, "download", then_prune)
+    return pruned
+
+
+def test_a_prune_between_a_wheels_download_and_its_naming_leaves_the_run_its_wheel(world, http_server, monkeypatch):
+    root, cache_dir, _ = world
+    wheel = wheel_bytes("1.0.0", "")
+    monkeypatch.setenv("PDEVIDENCE_INDEX_URL", serve_index(http_server, {"sglang-1.0.0-py3-none-any.whl": wheel}))
+    reg = registry.load(root)
+    pruned = pruned_after_each_download(monkeypatch, reg)
+    with debris.run():
+        enter_scratch(root)
+        tree = trees.release_tree("1.0.0", reg.python, trees.LockFile(tree_lock_file(root)))
+        assert tree.install_target.read_bytes() == wheel
+    assert len(pruned) == 1 and pruned[0].removed == []  # the download in flight is no entry of the cache
+
+
+def test_a_prune_between_an_archives_download_and_its_naming_leaves_the_run_its_tree(world, http_server,
+                                                                                     make_tarball, monkeypatch):
+    root, cache_dir, _ = world
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    http_server.serve(f"/tar.gz/{sha}", make_tarball({f"sglang-{sha}/python/sglang/__init__.py": b"GUARD = 1\n"}))
+    monkeypatch.setenv("PDEVIDENCE_GIT_ARCHIVE_URL", http_server.url("/tar.gz/{sha}"))
+    reg = registry.load(root)
+    pruned = pruned_after_each_download(monkeypatch, reg)
+    with debris.run():
+        enter_scratch(root)
+        tree = trees.git_tree(sha, trees.LockFile(tree_lock_file(root)))
+        assert (tree.install_target / "sglang" / "__init__.py").read_text() == "GUARD = 1\n"
+    assert len(pruned) == 1 and pruned[0].removed == []
+
+
+ENTER = "import sys; from pathlib import Path; from pdevidence.core import debris; debris.enter(Path(sys.argv[1]))"
+
+
+def test_no_run_enters_the_work_directory_between_a_prunes_look_and_its_taking_a_log(world, monkeypatch):
+    """A log or a corpus tree, which no run marks, goes only while no other run is in its root: one that entered
+    after the prune looked could have begun to use it."""
+    root, cache_dir, work = world
+    log = populated(root, cache_dir, work)["log"]
+    entering, aside = [], cache._aside
+
+    def a_run_enters_first(path: Path, *rest: Path) -> list[Path]:
+        if path == log:
+            entering.append(subprocess.run([sys.executable, "-c", ENTER, str(work)], capture_output=True, text=True,
+                                           env={**os.environ, "PYTHONPATH": str(HERE.parent),
+                                                "PDEVIDENCE_LOCK_TIMEOUT": "1"}))
+        return aside(path, *rest)
+    monkeypatch.setattr(cache, "_aside", a_run_enters_first)
+    removed = cache.prune(registry.load(root), everything=True).removed
+    assert log in [e.path for e in removed] and not log.exists()
+    assert len(entering) == 1 and entering[0].returncode != 0, entering
+    assert "gave up after 1 s waiting for" in entering[0].stderr, entering[0].stderr
 
 
 def test_clean_removes_every_entry_and_keeps_the_locks(world, capsys):

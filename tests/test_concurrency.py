@@ -249,6 +249,38 @@ def test_a_sweep_checks_a_cell_and_mutants_at_once_on_a_cold_cache_all_answer_ri
     integrity.verify(world[0])  # the published evidence is as it was
 
 
+def whole(runs: dict[str, subprocess.CompletedProcess], wanted: dict[str, int]) -> str:
+    """Each run that did not exit as ``wanted``, with all it wrote to stderr: a race that loses once in twenty
+    rounds must be readable from the one round's log (pytest cuts a message that is not a string)."""
+    return "\n".join(f"--- {name}: exit {ran.returncode}, expected {wanted[name]}; its stderr:\n{ran.stderr}"
+                     for name, ran in runs.items() if ran.returncode != wanted[name])
+
+
+def test_a_sweep_a_cell_mutants_and_a_check_answer_right_while_prunes_run_beside_them(world):
+    """Issue 38: every kind of run at once on one cold cache, and `cache prune` with a budget of nothing over and
+    over beside them: what a run holds is never taken from it, what went is made again, nothing is left half-made."""
+    lanes = {"sweep": ("sweep",), "check 1.1.0": ("check", "--version", "1.1.0", "--json"),
+             "cell": ("cell", "release", "demo", "base"), "mutate": ("mutate", "demo")}
+    with ThreadPoolExecutor(len(lanes)) as pool:
+        running = {name: pool.submit(run, world, *argv) for name, argv in lanes.items()}
+        prunes = []
+        while not all(lane.done() for lane in running.values()):
+            prunes.append(run(world, "cache", "prune", "--max-size", "0"))
+        done = {name: lane.result() for name, lane in running.items()}
+    confirmed = dict.fromkeys(lanes, errors.CONFIRMED)
+    assert {name: ran.returncode for name, ran in done.items()} == confirmed, whole(done, confirmed)
+    assert_right(done["check 1.1.0"], "1.1.0")
+    assert sweep_found(world) == SWEPT
+    assert cell_observed(world) == {"D1": {"enqueued": True, "retired": False}, "D2": {"enqueued": True}}
+    assert tables.MutationTable.load(world[1] / "runs" / "mutate.demo.json").score["killed"] == 1
+    pruned = {f"prune {n}": ran for n, ran in enumerate(prunes, start=1)}
+    assert prunes and all(ran.returncode == errors.CONFIRMED for ran in prunes), \
+        whole(pruned, dict.fromkeys(pruned, errors.CONFIRMED))
+    assert leftovers(world) == []
+    assert_right(check(world, "1.0.0"), "1.0.0")  # after the prunes, from what is left or made again
+    integrity.verify(world[0])
+
+
 @pytest.mark.parametrize("point", ["probe", "outcome"])
 def test_a_sweep_killed_while_probing_or_keeping_an_outcome_answers_right_when_rerun(world, point):
     killed = run(world, "sweep", fault=point)

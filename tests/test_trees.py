@@ -58,7 +58,7 @@ def stray_files(*roots: Path) -> list[str]:
     found = []
     for root in roots:
         for p in root.rglob("*") if root.exists() else []:
-            if p.name.endswith((".part", ".extract", ".tmp")) or p.name.startswith("incoming-"):
+            if p.name.endswith((".part", ".extract", ".tmp", ".incoming")):
                 found.append(str(p.relative_to(root)))
     return found
 

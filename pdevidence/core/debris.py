@@ -34,7 +34,7 @@ import secrets
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
@@ -95,12 +95,16 @@ def run():
         inuse.release()  # the cache entries it used: a prune may take them now
 
 
-def alone(root: Path) -> bool:
-    """Whether no run but this one is in ``root``."""
+@contextlib.contextmanager
+def alone(root: Path) -> Iterator[bool]:
+    """Whether no run but this one is in ``root``; through the block, no run enters it (its lock held, as ``enter``
+    takes it): what the block removes there, no run has begun to use."""
     with _looking(root):
         tokens = _runs(root, _this_run().token)
-        tokens.release()
-    return tokens.alone
+        try:
+            yield tokens.alone
+        finally:
+            tokens.release()
 
 
 def enter(root: Path, places: Iterable[Place] = ()) -> str:

@@ -36,9 +36,10 @@ from ..core.files import sha256_file
 from ..registry import Registry
 
 # What killed runs may leave under a name of their own, in every directory of the roots: core/debris removes
-# these when no other run is in the root (what carries a run's token goes as soon as its run is dead).
+# these when no other run is in the root (what carries a run's token goes as soon as its run is dead);
+# .probing-*: as runs named them before tokens.
 LEFTOVERS = (".*.tmp", ".*.part", ".*.unpack", ".*.extract", ".*.export", ".*.partial", ".*.old", ".probing.*",
-             ".probing-*", ".*.scan", ".incoming.*", ".*.pruned")  # .probing-*: as runs named them before tokens
+             ".probing-*", ".*.scan", ".incoming.*", ".*.incoming", ".*.pruned")
 OLD_BYTECODE = "pycache"  # where an installed copy kept its bytecode (PYTHONPYCACHEPREFIX) before it moved beside
 PRUNED = "pruned"
 
@@ -302,21 +303,25 @@ def _forget_gone(root: Path) -> None:
 
 
 def _prune_one(entry: Entry, result: Pruned) -> bool:
-    if entry.kind in ENVIRONMENTS:
-        with _not_building(entry.path) as idle, debris.unused(entry.path) as unused:
-            free = idle and unused
-            if free:
-                _remove(entry.path, entry.root, *entry.companions)
-    elif entry.kind in MARKED:
-        with inuse.unused(entry.path) as free:
-            if free:
-                _remove(entry.path, entry.root, *entry.companions)
-    else:
-        free = debris.alone(entry.root)
-        if free:
-            _remove(entry.path, entry.root, *entry.companions)
+    with _unused(entry) as free:
+        aside = _aside(entry.path, entry.root, *entry.companions) if free else []
+    _delete(aside)  # out of its name: no run can find it, whoever holds what
     (result.removed if free else result.in_use).append(entry)
     return free
+
+
+@contextlib.contextmanager
+def _unused(entry: Entry) -> Iterator[bool]:
+    """Whether no run uses ``entry``; while True, none can start to, until it is renamed away in the block."""
+    if entry.kind in ENVIRONMENTS:
+        with _not_building(entry.path) as idle, debris.unused(entry.path) as unused:
+            yield idle and unused
+    elif entry.kind in MARKED:
+        with inuse.unused(entry.path) as free:
+            yield free
+    else:  # no run marks it: no run but this one may be in its root, nor enter it before it is gone
+        with debris.alone(entry.root) as free:
+            yield free
 
 
 @contextlib.contextmanager
@@ -331,8 +336,12 @@ def _not_building(env: Path) -> Iterator[bool]:
 
 
 def _remove(path: Path, root: Path, *companions: Path) -> None:
-    """Renamed to a name of this run's (core/debris) at the top of its root, then removed: a run looking for it
-    finds it whole or missing; a prune killed here leaves what the next run's sweep removes."""
+    _delete(_aside(path, root, *companions))
+
+
+def _aside(path: Path, root: Path, *companions: Path) -> list[Path]:
+    """Renamed to names of this run's (core/debris) at the top of its root: a run looking for it finds it whole or
+    missing; what a prune killed after this leaves, the next run's sweep removes. Where each went."""
     aside = []
     for each in (path, *companions):
         name = f"{debris.prefix(root, each.name)}{os.getpid()}.{PRUNED}"
@@ -341,6 +350,10 @@ def _remove(path: Path, root: Path, *companions: Path) -> None:
         except FileNotFoundError:
             continue
         aside.append(root / name)
+    return aside
+
+
+def _delete(aside: list[Path]) -> None:
     faults.point("prune")
     for each in aside:
         if each.is_dir() and not each.is_symlink():

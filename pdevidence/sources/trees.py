@@ -236,7 +236,7 @@ def _git_tree_from_github(sha: str, dest: Path, lock: LockFile) -> Tree:
     if archive is not None:
         inuse.use(archive)
     if archive is None or not archive.exists():
-        tmp = cache_dir() / "archives" / f"incoming-{sha}.tar.gz"
+        tmp = _incoming(cache_dir() / "archives", f"{sha}.tar.gz")
         digest = fetch.download(
             url, tmp, expected_sha256=entry["sha256"] if entry else None, what=f"sglang@{sha[:12]}",
             todo_unreachable="GitHub is not reachable from here. Point SGLANG_REPO at a local clone "
@@ -419,6 +419,12 @@ def pick_wheel(files: list[dict], project: str, version: str, python: str) -> di
     return min(candidates, key=lambda c: c[:2])[2]
 
 
+def _incoming(directory: Path, name: str) -> Path:
+    """Where a download waits for its digest, which names its entry: hidden, as no entry of the cache is (a prune
+    beside the run must not take it), and with this run's token (what a killed run left goes once it is dead)."""
+    return directory / f"{debris.prefix(directory, name)}incoming"
+
+
 def release_tree(version: str, python: str, lock: LockFile, project: str = "sglang") -> Tree:
     """The release's wheel for this machine, checked against the lock: a pinned version's files
     are all listed in the tracked file; another version's hash is recorded the first time."""
@@ -441,7 +447,7 @@ def release_tree(version: str, python: str, lock: LockFile, project: str = "sgla
                 raise integrity(f"the index now publishes another SHA-256 for {name}",
                                 expected=f"{known[name]} (lock file {lock_path}), index says {published}",
                                 todo="do not use it; investigate before updating the lock entry")
-            tmp = cache_dir() / "wheels" / f"incoming-{name}"
+            tmp = _incoming(cache_dir() / "wheels", name)
             digest = fetch.download(chosen["url"], tmp, expected_sha256=known.get(name) or published, what=name)
             wheel = cache_dir() / "wheels" / digest / name
             inuse.use(wheel.parent)
