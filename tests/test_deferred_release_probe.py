@@ -200,7 +200,7 @@ class Req:
 
 def fake_torch():
     return SimpleNamespace(zeros=lambda shape, dtype=None: [[0] * shape[1] for _ in range(shape[0])],
-                           int64="int64", distributed=SimpleNamespace(all_reduce=None))
+                           int64="int64", distributed=SimpleNamespace(all_reduce=None, get_world_size=None))
 
 
 @pytest.fixture
@@ -218,7 +218,7 @@ def tq(fresh_probe, monkeypatch):
         DecodeRequest=DecodeRequest, Receiver=Receiver, Manager=Manager, KVPoll=KVPoll, DECODE="decode", PREFILL="prefill",
         AbortReq=lambda rid: SimpleNamespace(rid=rid), Req=Req, SamplingParams=lambda **kw: None,
         Scheduler=Scheduler, ReqKvInfo=None, kv_on_record=False, envs=Envs(), server_args=None, nothing_preallocated=[],
-        ready=True)
+        stage_metrics=lambda: None, ready=True)
     return module
 
 
