@@ -318,6 +318,7 @@ class World:
             "is_mla_backend": False,  # 0.4.x's receive loop counts the responses it awaits by it
             # 0.5.21's receive loops: a blocking recv unless role switching is on, until the manager stops
             "server_args": sg.server_args, "_stopped": False, "_worker_threads": [],
+            "transfer_statuses": {},  # NIXL's decode side: each room's notifications (its receiver's clear pops it)
         }.items():
             object.__setattr__(manager, name, value)
         return manager
@@ -462,6 +463,10 @@ class World:
     def held(self) -> int:
         """Requests the queue holds for a deferred release (0 where the tree has no such hold)."""
         return len(getattr(self.queue, "_deferred_releases", ()))
+
+    def deferred_enabled(self) -> bool | None:
+        """The queue's deferred-release flag as the tree read it when built (None before PR #35049)."""
+        return getattr(self.queue, "enable_deferred_kv_release", None)
 
     def timeout(self) -> float:
         return float(getattr(self.queue, "deferred_kv_release_timeout", 30.0))
