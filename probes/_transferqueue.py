@@ -156,8 +156,10 @@ def prepare(adapt: Callable[[str], None], backend: str = "mooncake") -> None:
 def _publish(adapt: Callable[[str], None]) -> None:
     """The server args, published as the decode scheduler's process does. From 0.5.21 the queue reads its TP
     rank from the runtime context, which the launcher's rank bundle writes: this process is TP rank 0."""
-    from sglang.srt import runtime_context
-
+    try:
+        from sglang.srt import runtime_context
+    except ImportError:  # before 0.5.15: no runtime context
+        runtime_context = None
     spawn_ranks = getattr(runtime_context, "SpawnRanks", None)
     if spawn_ranks is None:
         publish_server_args(sg.server_args, adapt, role="test")
