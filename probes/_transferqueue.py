@@ -141,8 +141,10 @@ def prepare(adapt: Callable[[str], None], backend: str = "mooncake") -> None:
         sg.envs = getattr(importlib.import_module("sglang.srt.environ"), "envs", None)
     except ImportError:
         sg.envs = None
+    # page_size: what a server resolves its default to (trees whose args fall back to the dataclass defaults
+    # would hold None, which 0.5.x's release_kv_cache compares)
     sg.server_args = server_args(ServerArgs, adapt, model_path="dummy", disaggregation_mode="decode",
-                                 disaggregation_transfer_backend=backend)
+                                 disaggregation_transfer_backend=backend, page_size=1)
     _publish(adapt)
     try:  # 0.5.20 on: the scheduler's loop stages are timed by a recorder it always holds (off without metrics)
         stages = importlib.import_module("sglang.srt.observability.scheduler_stage_metrics")
@@ -494,8 +496,9 @@ def _hold_kv(req, *, row: int, length: int) -> None:
 
 
 def _free_row(req) -> None:
-    """0.5.21's ``ReqToTokenPool.free``: the request's row goes back (no probe observes rows)."""
-    req.kv.req_pool_idx = None
+    """``ReqToTokenPool.free`` (which ``release_kv_cache`` calls from 0.5.x): the request's row goes back, in the
+    tree's layout (no probe observes rows)."""
+    (req.kv if sg.kv_on_record else req).req_pool_idx = None
 
 
 def _release_kv(req) -> None:
