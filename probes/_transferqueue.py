@@ -175,6 +175,15 @@ def gate_in_tree() -> bool:
     return sg.envs is not None and hasattr(type(sg.envs), GATE)
 
 
+def gate_default() -> bool | None:
+    """The gate as the tree's ``envs`` reads it with the variable unset: its declared default, which a mutant
+    of the code reading it leaves alone (None where the tree defines no such variable, before 0.5.19)."""
+    if not gate_in_tree():
+        return None
+    with gated(False):
+        return _tree_gate()
+
+
 def _tree_gate() -> bool:
     """The gate as the tree's own ``envs`` reads it now (False where the tree has no such variable)."""
     return bool(getattr(sg.envs, GATE).get()) if gate_in_tree() else False
@@ -467,10 +476,6 @@ class World:
     def held(self) -> int:
         """Requests the queue holds for a deferred release (0 where the tree has no such hold)."""
         return len(getattr(self.queue, "_deferred_releases", ()))
-
-    def deferred_enabled(self) -> bool | None:
-        """The queue's deferred-release flag as the tree read it when built (None before PR #35049)."""
-        return getattr(self.queue, "enable_deferred_kv_release", None)
 
     def timeout(self) -> float:
         return float(getattr(self.queue, "deferred_kv_release_timeout", 30.0))

@@ -23,8 +23,8 @@ request's slots lands, then its ranks ack. Scenarios:
 - D6 control: the prefill side reports a failure (it stopped writing): released at once, by design;
 - D7 control: a transfer still running, no abort: nothing is given back;
 - D8 control: D1 with the gate unset (the default): today's server releases at once, as before the fix
-  (``deferred_enabled``: the queue's flag as the tree read it; null before the fix, true where the tree turns
-  the hold on by default, 0.5.21);
+  (``gate_default_on``: the variable's default as the tree's ``envs`` declares it; null before the fix, true
+  where the tree turns the hold on by default, 0.5.21);
 - P1 a prefill rank (its real manager's receive loop, the gate set) told of the abort while a chunk of the
   room still writes; P2 told after the room succeeded (nothing writes).
 
@@ -181,9 +181,8 @@ def d7(observed: Observed) -> None:
 
 @SCENARIOS.scenario("D8", "control: D1 with the gate unset (the default): released at once")
 def d8(observed: Observed) -> None:
-    w = World(gate=False)
-    observed["deferred_enabled"] = w.deferred_enabled()
-    abort_mid_transfer(observed, w)
+    observed["gate_default_on"] = _transferqueue.gate_default()
+    abort_mid_transfer(observed, World(gate=False))
 
 
 def prefill_told(observed: Observed, status_name: str, in_flight: int) -> None:

@@ -341,14 +341,14 @@ def test_d4_acks_that_never_come_release_at_the_deadline(fresh_probe, tq):
 def test_d8_the_gate_unset_releases_at_once_on_a_holding_queue(fresh_probe, tq):
     observed = run(fresh_probe, "D8")["observed"]
     assert observed["freed_before_last_write"] == 8 and observed["written_into_other"] == 8
-    assert observed["deferred_enabled"] is False
+    assert observed["gate_default_on"] is False
 
 
 def test_d8_records_a_queue_that_holds_by_default(fresh_probe, tq, monkeypatch):
     """0.5.21 turns the hold on with the variable unset: D8 says so (the registry then sets D8 aside)."""
     monkeypatch.setattr(EnvBool, "get", lambda self: os.environ.get(GATE, "true").lower() == "true")
     observed = run(fresh_probe, "D8")["observed"]
-    assert observed["deferred_enabled"] is True and observed["freed_before_last_write"] == 0
+    assert observed["gate_default_on"] is True and observed["freed_before_last_write"] == 0
 
 
 def test_a_tree_giving_the_row_back_through_the_cache_s_row_methods_frees_those_slots(tq):

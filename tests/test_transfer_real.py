@@ -46,7 +46,7 @@ def test_0_5_19_with_the_gate_holds_them_until_every_rank_acks_or_the_deadline(d
 
 def test_0_5_19_with_the_gate_unset_releases_at_once_as_0_5_18_does(deferred):
     d8 = dict(deferred["head"]["D8"]["observed"])
-    assert d8.pop("deferred_enabled") is False
+    assert d8.pop("gate_default_on") is False
     assert d8 == deferred["base"]["D1"]["observed"]
 
 
@@ -59,5 +59,5 @@ def test_0_5_21_builds_its_queue_holds_by_default_and_holds_failures_it_did_not_
     assert not [sid for sid, sc in found.items() if sc["error"]]
     observed = {sid: sc["observed"] for sid, sc in found.items()}
     assert (observed["D1"]["written_into_other"], observed["D1"]["freed_total"]) == (0, 8)
-    assert (observed["D8"]["deferred_enabled"], observed["D8"]["freed_before_last_write"]) == (True, 0)
+    assert (observed["D8"]["gate_default_on"], observed["D8"]["freed_before_last_write"]) == (True, 0)
     assert (observed["D6"]["abort_sent"], observed["D6"]["freed_at_failure"]) == (1, 0)
