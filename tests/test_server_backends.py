@@ -180,10 +180,13 @@ def resolution(tmp_path, monkeypatch):
     for init in (tmp_path / "sglang" / "__init__.py", srt / "__init__.py"):
         init.write_text("")
     (srt / "server_args.py").write_text(RESOLUTION)
+    tree = ("sglang.srt.server_args", "sglang.srt", "sglang")
+    for name in tree:  # an earlier test's tree (another fake sglang) must not answer this import
+        monkeypatch.delitem(sys.modules, name, raising=False)
     import _serverconfig
     from sglang.srt.server_args import ServerArgs
     yield lambda **parsed: _serverconfig.derived_attributes(ServerArgs, parsed)
-    for name in ("sglang.srt.server_args", "sglang.srt", "sglang"):  # the next test's tree is another
+    for name in tree:  # the next test's tree is another
         sys.modules.pop(name, None)
 
 
