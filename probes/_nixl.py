@@ -191,6 +191,7 @@ class World:
             failure_lock=threading.Lock(), transfer_infos={}, decode_kv_args_table={AGENT: dst_info},
             exceptions={}, _staging_outstanding=defaultdict(int), _deferred_ack_targets={},
             _deferred_ack_fanout_snapshots={},  # 0.5.21 on
+            _deferred_ack_poisoned_rooms=set(),  # 0.5.22 on
             _deferred_abort_ack_tracker={}, req_to_decode_prefix_len={}, enable_staging=False, _staging_ctx=None,
             _dcp_pack_buffers=None, is_mla_backend=False, is_hybrid_mla_backend=False,
             attn_tp_size=1, attn_tp_rank=rank, attn_cp_size=1, attn_cp_rank=0, pp_size=1, pp_rank=0,
@@ -208,6 +209,7 @@ class World:
         """A decode manager whose listener reads the ``ABORT_ACK`` messages the prefill managers sent."""
         attrs = dict(disaggregation_mode=sg.Mode.DECODE, request_status={}, failure_records={},
                      failure_lock=threading.Lock(), _deferred_abort_ack_tracker={}, enable_staging=False,
+                     _deferred_abort_generation=0,  # 0.5.22 on
                      _staging_ctx=None, **self._flag())
         manager = object.__new__(sg.Manager)
         manager.__dict__.update(attrs)

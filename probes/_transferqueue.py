@@ -275,6 +275,7 @@ class World:
             "request_status": {}, "failure_records": {}, "failure_lock": threading.Lock(),
             "required_prefill_response_num_table": {}, "prefill_response_tracker": defaultdict(set),
             "_deferred_abort_ack_tracker": {}, "enable_deferred_decode_kv_release": gate,
+            "_deferred_abort_generation": 0,  # 0.5.22 on
             "local_ip": DECODE_IP, "rank_port": DECODE_PORT, "disaggregation_mode": sg.DECODE,
             "enable_staging": False, "_staging_handler": None, "addr_to_rooms_tracker": defaultdict(set),
             "is_mla_backend": False,  # 0.4.x's receive loop counts the responses it awaits by it
@@ -461,6 +462,7 @@ class Prefill:
         for name, value in {
             "request_status": {}, "failure_records": {}, "failure_lock": threading.Lock(),
             "enable_deferred_decode_kv_release": on, "_deferred_ack_targets": {},
+            "_deferred_ack_poisoned_rooms": set(),  # 0.5.22 on
             "_staging_outstanding": defaultdict(int), "_socket_send_locks": defaultdict(threading.Lock),
             "attn_tp_rank": 0, "attn_cp_rank": 0, "attn_cp_size": 1, "pp_rank": 0, "pp_size": 1,
             "disaggregation_mode": sg.PREFILL, "local_ip": PREFILL_IP, "rank_port": PREFILL_PORT,

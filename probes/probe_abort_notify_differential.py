@@ -199,7 +199,7 @@ class World:
             _deferred_ack_fanout_snapshots={}, _staging_handler=None, _deferred_abort_ack_tracker={},
             _heartbeat_shutdown=threading.Event(), _prefill_recompute_executor_lock=threading.Lock(),
             _prefill_recompute_sessions=threading.local(), _stopped=False, _worker_threads=[],
-            _staging_outstanding=defaultdict(int),
+            _staging_outstanding=defaultdict(int), _deferred_ack_poisoned_rooms=set(),  # 0.5.22 on
             max_transfer_batch_indices=tree_env("SGLANG_MOONCAKE_MAX_TRANSFER_BATCH_INDICES", None),
             enable_deferred_decode_kv_release=bool(tree_env("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", False))
             and bool(getattr(sg.Manager, "supports_deferred_decode_kv_release", False)),
@@ -208,14 +208,17 @@ class World:
             common.update(transfer_infos={}, req_to_decode_prefix_len={}, decode_kv_args_table={},
                           is_dummy_cp_rank=False, bootstrap_timeout=WAITING_TIMEOUT, session_failures=defaultdict(int),
                           failed_sessions=set(), session_lock=threading.Lock(), transfer_queues=[kvt.ScriptedQueue()],
-                          executors=[kvt.InlineExecutor()], enable_failed_session_probe=False)
+                          executors=[kvt.InlineExecutor()], enable_failed_session_probe=False,
+                          failed_session_probes={}, state_layout_rejections={},  # 0.5.22 on (probes: 0.5.23 on)
+                          state_strides_validated=set())
         else:
             common.update(connection_pool={}, connection_lock=threading.Lock(), required_prefill_response_num_table={},
                           prefill_info_table={}, heartbeat_failures={}, session_pool={},
                           session_pool_lock=threading.Lock(), addr_to_rooms_tracker=defaultdict(set),
                           prefill_response_tracker=defaultdict(set), heartbeat_interval=2.0, max_failures=1,
                           waiting_timeout=WAITING_TIMEOUT, prefill_attn_tp_size_table={}, prefill_tp_size_table={},
-                          prefill_dp_size_table={}, prefill_pp_size_table={}, prefill_page_size_table={})
+                          prefill_dp_size_table={}, prefill_pp_size_table={}, prefill_page_size_table={},
+                          _deferred_abort_generation=0)  # 0.5.22 on
         for name, value in common.items():
             setattr(mgr, name, value)
         return mgr
