@@ -31,7 +31,8 @@ that completes; N10 control: a room never aborted beside one aborted mid-transfe
 ``ABORT`` (as a fixed decode sends it) for a room that already succeeded.
 
 Keys: ``abort_sent`` (ABORT messages), ``abort_ranks`` (prefill ranks that got one),
-``abort_max_per_rank``, ``abort_acks`` (ABORT_ACK messages to decode), ``prefill_failed`` (prefill
+``abort_max_per_rank``, ``abort_acks`` (ABORT_ACK messages to decode), ``aborts_armed`` (ABORT messages
+that carry the decode's ack generation, 0.5.22 on: a prefill rank acks only those), ``prefill_failed`` (prefill
 ranks whose room is failed), ``room_status`` (the room on the prefill rank(s), a KVPoll name, or
 ``"unknown"``), ``chunks_written`` / ``chunks_after_abort`` (KV transfers by the engine, all / after the
 abort), ``pages_after_abort`` (decode pages written after it, per layer), ``decode_poll`` (what the
@@ -82,6 +83,7 @@ DECODE_PAGES = list(range(20, 26))  # where decode receives the request's KV
 OTHER_PAGES = list(range(30, 36))  # and another room's (N10)
 PAGES = {ROOM: DECODE_PAGES, OTHER_ROOM: OTHER_PAGES}
 WAITING_TIMEOUT = 300.0
+ABORT_FRAMES = 4  # tag, room, decode ip, decode port; 0.5.22 appends the ack generation when decode awaits an ack
 
 sg = SimpleNamespace(missing=None)
 
@@ -379,7 +381,8 @@ class World:
             per_rank[m.to] += 1
         observed.update(abort_sent=len(sent), abort_ranks=len(per_rank), abort_max_per_rank=max(per_rank.values(),
                                                                                                  default=0),
-                        abort_acks=len(self.bus.messages(b"ABORT_ACK", to=self.decode_endpoint)))
+                        abort_acks=len(self.bus.messages(b"ABORT_ACK", to=self.decode_endpoint)),
+                        aborts_armed=sum(1 for m in sent if len(m.frames) > ABORT_FRAMES))
 
     def prefill_state(self, observed: Observed, room: int = ROOM) -> None:
         statuses = [m.request_status.get(room) for m in self.prefills]
