@@ -40,6 +40,7 @@ AGENT = "decode-agent"
 DECODE_IP = "127.0.0.1"
 DECODE_PORT = 17001
 PAGES_PER_CHUNK = 2
+FIRST_GENERATION = 1  # register_deferred_abort_room's first answer on a fresh decode manager (0.5.22 on)
 
 sg = SimpleNamespace(ready=False)
 
@@ -86,6 +87,7 @@ def prepare() -> str:
     sg.TransferInfo = sg.conn.TransferInfo
     sg.RegisterInfo = getattr(sg.conn, "KVArgsRegisterInfo", None)
     sg.Sender = getattr(sg.conn, SENDER_OF)
+    sg.Notification = getattr(sg.conn, "AbortNotification", None)  # 0.5.22 on: the ABORT frame carries a generation
     sg.np = sg.conn.np  # the module's own numpy (in-cell code imports only the tree): page indices as it builds them
     envs = getattr(importlib.import_module("sglang.srt.environ"), "envs", None) if _has_environ() else None
     sg.gate = getattr(envs, GATE, None)  # absent before #35049 (0.5.18 and older): nothing reads the flag
@@ -261,8 +263,18 @@ def work(manager, *chunks) -> None:
 
 def abort(manager, room: int) -> None:
     """The decode side's ``ABORT`` for ``room``, as the prefill bootstrap thread hands it over."""
-    manager._handle_abort_notification(
-        [b"ABORT", str(room).encode("ascii"), DECODE_IP.encode("ascii"), str(DECODE_PORT).encode("ascii")])
+    manager._handle_abort_notification(abort_frames(manager, room))
+
+
+def abort_frames(manager, room: int) -> list[bytes]:
+    """The ``ABORT`` a decode rank sends mid-transfer, its deferred release set as ``manager``'s (one server
+    environment). From 0.5.22 the tree builds it (``AbortNotification``) with the ack generation the decode
+    armed when its release is deferred: a fresh decode manager's first is 1."""
+    if sg.Notification is None:
+        return [b"ABORT", str(room).encode("ascii"), DECODE_IP.encode("ascii"), str(DECODE_PORT).encode("ascii")]
+    armed = getattr(manager, "enable_deferred_decode_kv_release", False)
+    return sg.Notification(room=room, decode_ip=DECODE_IP, decode_port=DECODE_PORT,
+                           generation=FIRST_GENERATION if armed else None).to_zmq()
 
 
 def clear(manager, room: int) -> None:
@@ -312,8 +324,10 @@ def hold(manager, room: int) -> None:
 
 
 def ranks_acked(manager, room: int) -> int:
-    """How many prefill ranks the decode manager counts as drained for ``room`` (none where it counts none)."""
-    return len(manager._deferred_abort_ack_tracker.get(room, ()))
+    """How many prefill ranks the decode manager counts as drained for ``room`` (none where it counts none):
+    a set of ranks, from 0.5.22 within the room's generation state."""
+    acked = manager._deferred_abort_ack_tracker.get(room, ())
+    return len(getattr(acked, "prefill_ranks", acked))
 
 
 def deferred_enabled(manager) -> bool | None:
