@@ -37,8 +37,9 @@ CONN = "sglang.srt.disaggregation.nixl.conn"
 SENDER_OF = "NixlKVSender"
 GATE = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
 AGENT = "decode-agent"
-DECODE_IP = "127.0.0.1"
-DECODE_PORT = 17001
+# the decode server: the one ``_transferqueue.World`` plays in X9 (0.5.21 acks every decode peer of a room)
+DECODE_IP = "192.0.2.2"
+DECODE_PORT = 17000
 PAGES_PER_CHUNK = 2
 FIRST_GENERATION = 1  # register_deferred_abort_room's first answer on a fresh decode manager (0.5.22 on)
 

@@ -59,6 +59,7 @@ SLOTS = 64  # the token pool: slots 1..SLOTS (0 is the padding slot)
 META_SLOTS = 8
 DECODE_IP, DECODE_PORT = "192.0.2.2", 17000  # TEST-NET-1: never routed; no socket dials it anyway
 PREFILL_IP, PREFILL_PORT = "192.0.2.1", 18000  # prefill rank r listens on PREFILL_PORT + r
+BOOTSTRAP_ADDR = f"{PREFILL_IP}:8998"  # the prefill server's bootstrap server, as a request names it
 STANDINS = Collaborators(
     tree_cache=("sglang.srt.mem_cache.radix_cache:RadixCache",
                 "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache"),
@@ -140,16 +141,47 @@ def prepare(adapt: Callable[[str], None], backend: str = "mooncake") -> None:
         sg.envs = getattr(importlib.import_module("sglang.srt.environ"), "envs", None)
     except ImportError:
         sg.envs = None
+    # page_size: what a server resolves its default to (trees whose args fall back to the dataclass defaults
+    # would hold None, which 0.5.x's release_kv_cache compares)
     sg.server_args = server_args(ServerArgs, adapt, model_path="dummy", disaggregation_mode="decode",
-                                 disaggregation_transfer_backend=backend)
-    publish_server_args(sg.server_args, adapt, role="test")
+                                 disaggregation_transfer_backend=backend, page_size=1)
+    _publish(adapt)
+    try:  # 0.5.20 on: the scheduler's loop stages are timed by a recorder it always holds (off without metrics)
+        stages = importlib.import_module("sglang.srt.observability.scheduler_stage_metrics")
+        sg.stage_metrics = lambda: stages.SchedulerStageMetricsRecorder(enabled=False)
+    except ImportError:
+        sg.stage_metrics = lambda: None
     STANDINS.find()
     sg.ready = True
+
+
+def _publish(adapt: Callable[[str], None]) -> None:
+    """The server args, published as the decode scheduler's process does. From 0.5.21 the queue reads its TP
+    rank from the runtime context, which the launcher's rank bundle writes: this process is TP rank 0."""
+    try:
+        from sglang.srt import runtime_context
+    except ImportError:  # before 0.5.15: no runtime context
+        runtime_context = None
+    spawn_ranks = getattr(runtime_context, "SpawnRanks", None)
+    if spawn_ranks is None:
+        publish_server_args(sg.server_args, adapt, role="test")
+        return
+    adapt("publish-rank-bundle")
+    runtime_context.publish(sg.server_args, role="test", ranks=spawn_ranks(world_rank=0))
 
 
 def gate_in_tree() -> bool:
     """Whether the tree's ``envs`` defines the gate (0.5.19 on)."""
     return sg.envs is not None and hasattr(type(sg.envs), GATE)
+
+
+def gate_default() -> bool | None:
+    """The gate as the tree's ``envs`` reads it with the variable unset: its declared default, which a mutant
+    of the code reading it leaves alone (None where the tree defines no such variable, before 0.5.19)."""
+    if not gate_in_tree():
+        return None
+    with gated(False):
+        return _tree_gate()
 
 
 def _tree_gate() -> bool:
@@ -205,6 +237,19 @@ class InlineThread:
             pass
 
 
+@contextlib.contextmanager
+def inline_threads():
+    """``InlineThread`` as ``threading.Thread`` of every module the manager's classes live in: a loop 0.5.21
+    moved to the shared base class (the heartbeat checker) starts from there."""
+    modules = [sg.conn, *(inspect.getmodule(cls) for cls in sg.Manager.__mro__)]
+    threaded = {id(module): module for module in modules if hasattr(module, "threading")}
+    inline = SimpleNamespace(Thread=InlineThread, Lock=threading.Lock, Event=threading.Event)
+    with contextlib.ExitStack() as stack:
+        for module in threaded.values():
+            stack.enter_context(swapped(module, threading=inline))
+        yield
+
+
 @dataclass
 class Request:
     """One request on the decode side: its real ``Req``, receiver and ``DecodeRequest``, and its slots."""
@@ -239,8 +284,14 @@ class World:
         self.metadata_buffers = SimpleNamespace(bootstrap_room=torch.zeros((META_SLOTS, 1), dtype=torch.int64))
         self.meta_allocator = STANDINS.make("metadata_allocator", "metadata_allocator", free=self._free_meta,
                                             alloc=self._alloc_meta, available_size=lambda: len(self.meta_free))
-        self.tree_cache = STANDINS.make("tree_cache", "tree_cache", cache_finished_req=self._cache_finished_req,
-                                        supports_mamba=lambda: False, page_size=1)
+        self.tree_cache = STANDINS.make(
+            "tree_cache", "tree_cache", cache_finished_req=self._cache_finished_req, supports_mamba=lambda: False,
+            page_size=1,
+            # 0.5.21's release_kv_cache gives the row back through the cache's row methods, then marks the
+            # request released itself: no streaming session claims the row, no tree lock, pages of one slot
+            claim_kv_row=lambda req: False, free_kv_row=self._free_kv_row, unpin=lambda req: None,
+            on_release=lambda req, inserted: None, token_to_kv_pool_allocator=SimpleNamespace(page_size=1),
+            req_to_token_pool=SimpleNamespace(free=_free_row))
         self.prealloc = STANDINS.make("prealloc_queue", "prealloc_queue", queue=[], retracted_queue=[],
                                       pop_preallocated=lambda *a, **k: sg.nothing_preallocated,
                                       resume_retracted_reqs=lambda *a, **k: [],
@@ -255,7 +306,7 @@ class World:
             grammar_manager=SimpleNamespace(abort_requests=Recorder("abort_requests")),
             grammar_queue=[], polling_count=0, polling_interval=1,
             decode_offload_manager=None, tree_cache=self.tree_cache, server_args=sg.server_args,
-            ps=SimpleNamespace(pp_size=1), pp_size=1)
+            ps=SimpleNamespace(pp_size=1), pp_size=1, scheduler_stage_metrics=sg.stage_metrics())
         self.manager = self._manager()
         with self.driving():
             params = inspect.signature(sg.Queue.__init__).parameters
@@ -279,6 +330,9 @@ class World:
             "local_ip": DECODE_IP, "rank_port": DECODE_PORT, "disaggregation_mode": sg.DECODE,
             "enable_staging": False, "_staging_handler": None, "addr_to_rooms_tracker": defaultdict(set),
             "is_mla_backend": False,  # 0.4.x's receive loop counts the responses it awaits by it
+            # 0.5.21's receive loops: a blocking recv unless role switching is on, until the manager stops
+            "server_args": sg.server_args, "_stopped": False, "_worker_threads": [],
+            "transfer_statuses": {},  # NIXL's decode side: each room's notifications (its receiver's clear pops it)
         }.items():
             object.__setattr__(manager, name, value)
         return manager
@@ -288,7 +342,8 @@ class World:
         """The gate as this world's server sets it, the probe's clock, and a one-rank all-reduce."""
         dist = sg.torch.distributed
         clock = {"time": self.clock} if hasattr(sg.decode, "time") else {}  # a tree with no deadline has none
-        with gated(self.gate), swapped(sg.decode, **clock), swapped(dist, all_reduce=lambda tensor, *a, **k: None):
+        one_rank = {"all_reduce": lambda tensor, *a, **k: None, "get_world_size": lambda *a, **k: 1}
+        with gated(self.gate), swapped(sg.decode, **clock), swapped(dist, **one_rank):
             yield
 
     def admit(self, rid: str, room: int, *, tokens: int = 8) -> Request:
@@ -311,9 +366,14 @@ class World:
         for name, value in {"kv_mgr": self.manager, "bootstrap_room": room, "conclude_state": None,
                             "abort_notified": False, "bootstrap_infos": infos, "require_staging": False,
                             "started_transfer": False,  # NIXL's poll: no notification to drain before one
+                            # its metadata went to the prefill ranks, which may now write (0.5.21 arms the ack
+                            # tracker at an abort only then)
+                            "init_time": time.time(),
+                            "bootstrap_addr": BOOTSTRAP_ADDR,
                             "_connect_to_bootstrap_server": connect}.items():
             object.__setattr__(receiver, name, value)
         self.manager.request_status[room] = sg.KVPoll.Transferring
+        self.manager.addr_to_rooms_tracker[BOOTSTRAP_ADDR].add(room)
         self.manager.required_prefill_response_num_table[room] = self.ranks
         entry.decode_req = sg.DecodeRequest(req=req, kv_receiver=receiver, metadata_buffer_index=entry.meta)
         self.requests[rid] = entry
@@ -341,7 +401,7 @@ class World:
     def receive(self, *messages: list[bytes]) -> None:
         """Messages from the prefill ranks, through the manager's own decode thread."""
         self.manager.server_socket = ScriptedSocket(list(messages))
-        with self.driving(), swapped(sg.conn, threading=SimpleNamespace(Thread=InlineThread, Lock=threading.Lock)):
+        with self.driving(), inline_threads():
             start = getattr(self.manager, RECEIVE_LOOPS[sg.backend], None)
             if start is None:  # NIXL before 0.5.19: no listener reads ABORT_ACK, so none is received
                 return
@@ -376,13 +436,20 @@ class World:
 
     # --- the stand-ins' recording ----------------------------------------------------------------
     def _cache_finished_req(self, req, *args, **kwargs) -> None:
-        entry = self.requests[req.rid]
-        for slot in entry.slots:
-            self.frees.append({"slot": slot, "rid": req.rid})
-            if self.holders.get(slot) == req.rid:
-                del self.holders[slot]
-        self.free_list[:0] = entry.slots  # the next allocation takes these first
+        self._give_back(self.requests[req.rid], self.requests[req.rid].slots)
         _release_kv(req)
+
+    def _free_kv_row(self, kv, ranges: list[tuple[int, int]]) -> None:
+        """0.5.21's ``free_kv_row``: the half-open position ranges of the row ``kv`` holds go back."""
+        entry = next(e for e in self.requests.values() if e.req.kv is kv)
+        self._give_back(entry, [slot for start, end in ranges for slot in entry.slots[start:end]])
+
+    def _give_back(self, entry: Request, slots: list[int]) -> None:
+        for slot in slots:
+            self.frees.append({"slot": slot, "rid": entry.rid})
+            if self.holders.get(slot) == entry.rid:
+                del self.holders[slot]
+        self.free_list[:0] = slots  # the next allocation takes these first
 
     def _alloc_meta(self) -> int:
         return self.meta_free.pop(0)
@@ -434,6 +501,12 @@ def _hold_kv(req, *, row: int, length: int) -> None:
             req.kv.kv_committed_len = length
 
 
+def _free_row(req) -> None:
+    """``ReqToTokenPool.free`` (which ``release_kv_cache`` calls from 0.5.x): the request's row goes back, in the
+    tree's layout (no probe observes rows)."""
+    (req.kv if sg.kv_on_record else req).req_pool_idx = None
+
+
 def _release_kv(req) -> None:
     """What the tree's pool does when the tree cache gives a finished request's row back."""
     if sg.kv_on_record:
@@ -467,6 +540,9 @@ class Prefill:
             "attn_tp_rank": 0, "attn_cp_rank": 0, "attn_cp_size": 1, "pp_rank": 0, "pp_size": 1,
             "disaggregation_mode": sg.PREFILL, "local_ip": PREFILL_IP, "rank_port": PREFILL_PORT,
             "transfer_infos": {}, "enable_staging": False,
+            # 0.5.21: its receive loop's state; a held ack also goes to the room's other decode peers
+            "server_args": sg.server_args, "_stopped": False, "_worker_threads": [],
+            "_deferred_ack_fanout_snapshots": {},
             "_connect": lambda endpoint, is_ipv6=False: SimpleNamespace(send_multipart=self.sent.append),
         }.items():
             object.__setattr__(manager, name, value)
@@ -484,7 +560,7 @@ class Prefill:
         """Decode's ``ABORT`` for the room reaches this rank's receive loop."""
         self.manager.server_socket = ScriptedSocket([[b"ABORT", str(room).encode(), DECODE_IP.encode(),
                                                       str(DECODE_PORT).encode()]])
-        with gated(self.gate), swapped(sg.conn, threading=SimpleNamespace(Thread=InlineThread, Lock=threading.Lock)):
+        with gated(self.gate), inline_threads():
             try:
                 self.manager.start_prefill_thread()
             except Exception as exc:

@@ -22,7 +22,9 @@ request's slots lands, then its ranks ack. Scenarios:
 - D5 a stale ack of the room's previous request arrives before the abort: it must not count;
 - D6 control: the prefill side reports a failure (it stopped writing): released at once, by design;
 - D7 control: a transfer still running, no abort: nothing is given back;
-- D8 control: D1 with the gate unset (the default): today's server releases at once, as before the fix;
+- D8 control: D1 with the gate unset (the default): today's server releases at once, as before the fix
+  (``gate_default_on``: the variable's default as the tree's ``envs`` declares it; null before the fix, true
+  where the tree turns the hold on by default, 0.5.21);
 - P1 a prefill rank (its real manager's receive loop, the gate set) told of the abort while a chunk of the
   room still writes; P2 told after the room succeeded (nothing writes).
 
@@ -179,6 +181,7 @@ def d7(observed: Observed) -> None:
 
 @SCENARIOS.scenario("D8", "control: D1 with the gate unset (the default): released at once")
 def d8(observed: Observed) -> None:
+    observed["gate_default_on"] = _transferqueue.gate_default()
     abort_mid_transfer(observed, World(gate=False))
 
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import enum
 import os
 import sys
+import threading
 import time
+import types
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -146,7 +148,8 @@ class Queue:
                  tree_cache):
         self.queue, self._deferred_releases = [], []
         self.meta, self.tree_cache = req_to_metadata_buffer_idx_allocator, tree_cache
-        self.hold = self.holds and Envs.SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE.get()
+        self.enable_deferred_kv_release = Envs.SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE.get()
+        self.hold = self.holds and self.enable_deferred_kv_release
         self.deferred_kv_release_timeout = TIMEOUT
 
     def pop_transferred(self):
@@ -200,7 +203,7 @@ class Req:
 
 def fake_torch():
     return SimpleNamespace(zeros=lambda shape, dtype=None: [[0] * shape[1] for _ in range(shape[0])],
-                           int64="int64", distributed=SimpleNamespace(all_reduce=None))
+                           int64="int64", distributed=SimpleNamespace(all_reduce=None, get_world_size=None))
 
 
 @pytest.fixture
@@ -218,7 +221,7 @@ def tq(fresh_probe, monkeypatch):
         DecodeRequest=DecodeRequest, Receiver=Receiver, Manager=Manager, KVPoll=KVPoll, DECODE="decode", PREFILL="prefill",
         AbortReq=lambda rid: SimpleNamespace(rid=rid), Req=Req, SamplingParams=lambda **kw: None,
         Scheduler=Scheduler, ReqKvInfo=None, kv_on_record=False, envs=Envs(), server_args=None, nothing_preallocated=[],
-        ready=True)
+        stage_metrics=lambda: None, ready=True)
     return module
 
 
@@ -338,6 +341,36 @@ def test_d4_acks_that_never_come_release_at_the_deadline(fresh_probe, tq):
 def test_d8_the_gate_unset_releases_at_once_on_a_holding_queue(fresh_probe, tq):
     observed = run(fresh_probe, "D8")["observed"]
     assert observed["freed_before_last_write"] == 8 and observed["written_into_other"] == 8
+    assert observed["gate_default_on"] is False
+
+
+def test_d8_records_a_queue_that_holds_by_default(fresh_probe, tq, monkeypatch):
+    """0.5.21 turns the hold on with the variable unset: D8 says so (the registry then sets D8 aside)."""
+    monkeypatch.setattr(EnvBool, "get", lambda self: os.environ.get(GATE, "true").lower() == "true")
+    observed = run(fresh_probe, "D8")["observed"]
+    assert observed["gate_default_on"] is True and observed["freed_before_last_write"] == 0
+
+
+def test_a_tree_giving_the_row_back_through_the_cache_s_row_methods_frees_those_slots(tq):
+    """0.5.21's release_kv_cache frees position ranges of the request's row (``free_kv_row``)."""
+    world = tq.World(gate=False)
+    entry = world.admit("aborted", 7)
+    entry.req.kv = SimpleNamespace(req_pool_idx=0)
+    world.tree_cache.free_kv_row(entry.req.kv, [(0, 3), (5, 8)])
+    assert world.freed("aborted") == 6
+    assert world.bystander("next", tokens=6) == entry.slots[:3] + entry.slots[5:]
+
+
+def test_a_thread_the_manager_s_base_class_starts_runs_inline(tq, monkeypatch):
+    """0.5.21 starts the heartbeat checker from the shared base class's module, not the backend's."""
+    base = types.ModuleType("fake_common_conn")
+    base.threading = threading
+    monkeypatch.setitem(sys.modules, base.__name__, base)
+    common = type("CommonKVManager", (), {"__module__": base.__name__})
+    monkeypatch.setattr(tq.sg, "Manager", type("MooncakeKVManager", (common,), {}))
+    with tq.inline_threads():
+        assert base.threading.Thread is tq.InlineThread
+    assert base.threading is threading
 
 
 def test_d6_a_failure_the_prefill_reported_is_released_at_once(fresh_probe, tq):

@@ -45,4 +45,19 @@ def test_0_5_19_with_the_gate_holds_them_until_every_rank_acks_or_the_deadline(d
 
 
 def test_0_5_19_with_the_gate_unset_releases_at_once_as_0_5_18_does(deferred):
-    assert deferred["head"]["D8"]["observed"] == deferred["base"]["D1"]["observed"]
+    d8 = dict(deferred["head"]["D8"]["observed"])
+    assert d8.pop("gate_default_on") is False
+    assert d8 == deferred["base"]["D1"]["observed"]
+
+
+def test_0_5_21_builds_its_queue_holds_by_default_and_holds_failures_it_did_not_initiate(tmp_path):
+    """The driver on the newest release: its queue reads the TP rank from the runtime context; D1-D5 read as
+    0.5.19's; the gate's default is on (D8 holds) and a prefill-reported failure is held too (D6)."""
+    done = cli_run(tmp_path, "cell", "release", "deferred_release", "head", "--ref", "0.5.21")
+    assert done.returncode == errors.CONFIRMED, done.stdout + done.stderr
+    found = json.loads((tmp_path / "deferred_release.head.release-0.5.21.json").read_text())["scenarios"]
+    assert not [sid for sid, sc in found.items() if sc["error"]]
+    observed = {sid: sc["observed"] for sid, sc in found.items()}
+    assert (observed["D1"]["written_into_other"], observed["D1"]["freed_total"]) == (0, 8)
+    assert (observed["D8"]["gate_default_on"], observed["D8"]["freed_before_last_write"]) == (True, 0)
+    assert (observed["D6"]["abort_sent"], observed["D6"]["freed_at_failure"]) == (1, 0)
