@@ -289,7 +289,9 @@ class World:
         self.errors: list[str] = []
         self.clock = Clock(time)
         torch = sg.torch
-        self.metadata_buffers = SimpleNamespace(bootstrap_room=torch.zeros((META_SLOTS, 1), dtype=torch.int64))
+        rooms = torch.zeros((META_SLOTS, 1), dtype=torch.int64)
+        # 0.5.23 resets a freed slot through clear_slot: its room (no checksum is kept, nothing else is observed)
+        self.metadata_buffers = SimpleNamespace(bootstrap_room=rooms, clear_slot=lambda idx: rooms.__setitem__(idx, 0))
         self.meta_allocator = STANDINS.make("metadata_allocator", "metadata_allocator", free=self._free_meta,
                                             alloc=self._alloc_meta, available_size=lambda: len(self.meta_free))
         self.tree_cache = STANDINS.make(

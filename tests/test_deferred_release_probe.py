@@ -481,6 +481,13 @@ def test_a_queue_taking_its_group_from_the_runtime_context_gets_a_one_rank_atten
     assert adapted.count("one-rank-attention-group") == 1 and published == [("ranks", 0)] * 2
 
 
+def test_a_freed_metadata_slot_is_reset_through_clear_slot_as_0_5_23_resets_it(tq):
+    world = tq.World(gate=False)
+    world.metadata_buffers.bootstrap_room[2] = [7]
+    world.metadata_buffers.clear_slot(2)
+    assert world.metadata_buffers.bootstrap_room[2] == 0
+
+
 def test_the_cache_is_told_of_a_release_as_0_5_22_tells_it(tq):
     """0.5.22's release_kv_cache passes ``checkpointed`` by keyword (0.5.21: positionally)."""
     world = tq.World(gate=False)
