@@ -41,6 +41,7 @@ AGENT = "decode-agent"
 DECODE_IP = "192.0.2.2"
 DECODE_PORT = 17000
 PAGES_PER_CHUNK = 2
+ACK_TAG = b"ABORT_ACK"
 FIRST_GENERATION = 1  # register_deferred_abort_room's first answer on a fresh decode manager (0.5.22 on)
 
 sg = SimpleNamespace(ready=False)
@@ -144,6 +145,7 @@ class World:
         self.gate = gate
         self.writes: list[Handle] = []
         self.acks: list[dict[str, Any]] = []
+        self.statuses: list[list[bytes]] = []  # other messages to decode (a room's KV status)
         self.scripts: list[tuple[list[str], Callable[[], None] | None]] = []
 
     def script(self, *states: str, on_poll: Callable[[], None] | None = None) -> None:
@@ -169,6 +171,9 @@ class World:
         return state
 
     def _send(self, endpoint, parts, *args, **kwargs) -> None:
+        if parts[0] != ACK_TAG:  # 0.5.23 also sends the room's KV status this way
+            self.statuses.append(list(parts))
+            return
         self.acks.append({"parts": list(parts), "in_flight": self.in_flight(), "tag": parts[0]})
 
     # --- managers ---------------------------------------------------------------------------------
@@ -282,6 +287,7 @@ def clear(manager, room: int) -> None:
     """The prefill sender concluding the room (the tree's ``NixlKVSender.clear``)."""
     sender = object.__new__(sg.Sender)
     sender.kv_mgr, sender.bootstrap_room = manager, room
+    sender.conclude_state = None  # as its constructor leaves it (0.5.23's clear reads it)
     sender.clear()
 
 

@@ -244,6 +244,26 @@ def test_an_ack_sent_while_a_posted_write_runs_is_in_flight_and_a_write_after_it
     assert running.pages == [1, 2]
 
 
+def test_a_room_s_status_sent_the_ack_s_way_is_no_ack(nixl):
+    """0.5.23 sends the room's KV status through the same send as its acks."""
+    world = nixl.World()
+    world._send("tcp://x", [b"KV_STATUS", b"7", b"4", b"0", b""])
+    assert world.acks == [] and world.statuses == [[b"KV_STATUS", b"7", b"4", b"0", b""]]
+
+
+def test_the_sender_is_cleared_as_its_constructor_leaves_it(nixl, monkeypatch):
+    """0.5.23's clear reads the sender's conclude_state."""
+    class ConcludingSender(Sender):
+        def clear(self):
+            assert self.conclude_state is None
+            super().clear()
+
+    monkeypatch.setattr(nixl.sg, "Sender", ConcludingSender)
+    manager = SimpleNamespace(request_status={7: KVPoll.Success})
+    nixl.clear(manager, 7)
+    assert manager.request_status == {}
+
+
 def test_a_posted_write_answers_its_scripted_states_in_order_the_last_one_repeating(nixl):
     world = nixl.World()
     polled = []
@@ -350,7 +370,7 @@ def test_a_generational_decode_counts_the_ranks_of_its_generation(fresh_probe, n
 def test_an_abort_from_a_decode_that_does_not_defer_carries_no_generation(nixl):
     nixl.sg.Notification = AbortNotification
     off = SimpleNamespace(enable_deferred_decode_kv_release=False)
-    assert nixl.abort_frames(off, 7) == [b"ABORT", b"7", b"127.0.0.1", b"17001"]
+    assert nixl.abort_frames(off, 7) == [b"ABORT", b"7", nixl.DECODE_IP.encode(), str(nixl.DECODE_PORT).encode()]
 
 
 def test_x7_reads_the_tree_s_flag_with_the_variable_unset(fresh_probe, nixl):
