@@ -31,7 +31,7 @@ that completes; N10 control: a room never aborted beside one aborted mid-transfe
 ``ABORT`` (as a fixed decode sends it) for a room that already succeeded.
 
 Keys: ``abort_sent`` (ABORT messages), ``abort_ranks`` (prefill ranks that got one),
-``abort_max_per_rank``, ``abort_acks`` (ABORT_ACK messages to decode), ``aborts_armed`` (ABORT messages
+``abort_max_per_rank``, ``abort_acks`` (ABORT_ACK messages to decode), ``aborts_armed`` (N1: ABORT messages
 that carry the decode's ack generation, 0.5.22 on: a prefill rank acks only those), ``prefill_failed`` (prefill
 ranks whose room is failed), ``room_status`` (the room on the prefill rank(s), a KVPoll name, or
 ``"unknown"``), ``chunks_written`` / ``chunks_after_abort`` (KV transfers by the engine, all / after the
@@ -381,8 +381,11 @@ class World:
             per_rank[m.to] += 1
         observed.update(abort_sent=len(sent), abort_ranks=len(per_rank), abort_max_per_rank=max(per_rank.values(),
                                                                                                  default=0),
-                        abort_acks=len(self.bus.messages(b"ABORT_ACK", to=self.decode_endpoint)),
-                        aborts_armed=sum(1 for m in sent if len(m.frames) > ABORT_FRAMES))
+                        abort_acks=len(self.bus.messages(b"ABORT_ACK", to=self.decode_endpoint)))
+
+    def aborts_armed(self) -> int:
+        """ABORT messages that carry the decode's ack generation (0.5.22 on)."""
+        return sum(1 for m in self.bus.messages(b"ABORT") if len(m.frames) > ABORT_FRAMES)
 
     def prefill_state(self, observed: Observed, room: int = ROOM) -> None:
         statuses = [m.request_status.get(room) for m in self.prefills]
@@ -426,6 +429,7 @@ def n1(observed: Observed) -> None:
             world.queue(chunk)
         world.work()
     world.finish(observed)
+    observed["aborts_armed"] = world.aborts_armed()  # a tree fact: which trees arm (not_deciding reads it)
 
 
 @SCENARIOS.scenario("N2", "decode aborts mid-transfer: one chunk written, two queued")
