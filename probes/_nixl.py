@@ -41,6 +41,8 @@ AGENT = "decode-agent"
 DECODE_IP = "192.0.2.2"
 DECODE_PORT = 17000
 PAGES_PER_CHUNK = 2
+ACK_TAG = b"ABORT_ACK"
+FIRST_GENERATION = 1  # register_deferred_abort_room's first answer on a fresh decode manager (0.5.22 on)
 
 sg = SimpleNamespace(ready=False)
 
@@ -87,6 +89,7 @@ def prepare() -> str:
     sg.TransferInfo = sg.conn.TransferInfo
     sg.RegisterInfo = getattr(sg.conn, "KVArgsRegisterInfo", None)
     sg.Sender = getattr(sg.conn, SENDER_OF)
+    sg.Notification = getattr(sg.conn, "AbortNotification", None)  # 0.5.22 on: the ABORT frame carries a generation
     sg.np = sg.conn.np  # the module's own numpy (in-cell code imports only the tree): page indices as it builds them
     envs = getattr(importlib.import_module("sglang.srt.environ"), "envs", None) if _has_environ() else None
     sg.gate = getattr(envs, GATE, None)  # absent before #35049 (0.5.18 and older): nothing reads the flag
@@ -142,6 +145,7 @@ class World:
         self.gate = gate
         self.writes: list[Handle] = []
         self.acks: list[dict[str, Any]] = []
+        self.statuses: list[list[bytes]] = []  # other messages to decode (a room's KV status)
         self.scripts: list[tuple[list[str], Callable[[], None] | None]] = []
 
     def script(self, *states: str, on_poll: Callable[[], None] | None = None) -> None:
@@ -167,6 +171,9 @@ class World:
         return state
 
     def _send(self, endpoint, parts, *args, **kwargs) -> None:
+        if parts[0] != ACK_TAG:  # 0.5.23 also sends the room's KV status this way
+            self.statuses.append(list(parts))
+            return
         self.acks.append({"parts": list(parts), "in_flight": self.in_flight(), "tag": parts[0]})
 
     # --- managers ---------------------------------------------------------------------------------
@@ -192,6 +199,7 @@ class World:
             failure_lock=threading.Lock(), transfer_infos={}, decode_kv_args_table={AGENT: dst_info},
             exceptions={}, _staging_outstanding=defaultdict(int), _deferred_ack_targets={},
             _deferred_ack_fanout_snapshots={},  # 0.5.21 on
+            _deferred_ack_poisoned_rooms=set(),  # 0.5.22 on
             _deferred_abort_ack_tracker={}, req_to_decode_prefix_len={}, enable_staging=False, _staging_ctx=None,
             _dcp_pack_buffers=None, is_mla_backend=False, is_hybrid_mla_backend=False,
             attn_tp_size=1, attn_tp_rank=rank, attn_cp_size=1, attn_cp_rank=0, pp_size=1, pp_rank=0,
@@ -209,6 +217,7 @@ class World:
         """A decode manager whose listener reads the ``ABORT_ACK`` messages the prefill managers sent."""
         attrs = dict(disaggregation_mode=sg.Mode.DECODE, request_status={}, failure_records={},
                      failure_lock=threading.Lock(), _deferred_abort_ack_tracker={}, enable_staging=False,
+                     _deferred_abort_generation=0,  # 0.5.22 on
                      _staging_ctx=None, **self._flag())
         manager = object.__new__(sg.Manager)
         manager.__dict__.update(attrs)
@@ -260,14 +269,25 @@ def work(manager, *chunks) -> None:
 
 def abort(manager, room: int) -> None:
     """The decode side's ``ABORT`` for ``room``, as the prefill bootstrap thread hands it over."""
-    manager._handle_abort_notification(
-        [b"ABORT", str(room).encode("ascii"), DECODE_IP.encode("ascii"), str(DECODE_PORT).encode("ascii")])
+    manager._handle_abort_notification(abort_frames(manager, room))
+
+
+def abort_frames(manager, room: int) -> list[bytes]:
+    """The ``ABORT`` a decode rank sends mid-transfer, its deferred release set as ``manager``'s (one server
+    environment). From 0.5.22 the tree builds it (``AbortNotification``) with the ack generation the decode
+    armed when its release is deferred: a fresh decode manager's first is 1."""
+    if sg.Notification is None:
+        return [b"ABORT", str(room).encode("ascii"), DECODE_IP.encode("ascii"), str(DECODE_PORT).encode("ascii")]
+    armed = getattr(manager, "enable_deferred_decode_kv_release", False)
+    return sg.Notification(room=room, decode_ip=DECODE_IP, decode_port=DECODE_PORT,
+                           generation=FIRST_GENERATION if armed else None).to_zmq()
 
 
 def clear(manager, room: int) -> None:
     """The prefill sender concluding the room (the tree's ``NixlKVSender.clear``)."""
     sender = object.__new__(sg.Sender)
     sender.kv_mgr, sender.bootstrap_room = manager, room
+    sender.conclude_state = None  # as its constructor leaves it (0.5.23's clear reads it)
     sender.clear()
 
 
@@ -311,8 +331,10 @@ def hold(manager, room: int) -> None:
 
 
 def ranks_acked(manager, room: int) -> int:
-    """How many prefill ranks the decode manager counts as drained for ``room`` (none where it counts none)."""
-    return len(manager._deferred_abort_ack_tracker.get(room, ()))
+    """How many prefill ranks the decode manager counts as drained for ``room`` (none where it counts none):
+    a set of ranks, from 0.5.22 within the room's generation state."""
+    acked = manager._deferred_abort_ack_tracker.get(room, ())
+    return len(getattr(acked, "prefill_ranks", acked))
 
 
 def deferred_enabled(manager) -> bool | None:

@@ -59,6 +59,7 @@ SLOTS = 64  # the token pool: slots 1..SLOTS (0 is the padding slot)
 META_SLOTS = 8
 DECODE_IP, DECODE_PORT = "192.0.2.2", 17000  # TEST-NET-1: never routed; no socket dials it anyway
 PREFILL_IP, PREFILL_PORT = "192.0.2.1", 18000  # prefill rank r listens on PREFILL_PORT + r
+FIRST_GENERATION = 1  # register_deferred_abort_room's first answer on a fresh decode manager (0.5.22 on)
 BOOTSTRAP_ADDR = f"{PREFILL_IP}:8998"  # the prefill server's bootstrap server, as a request names it
 STANDINS = Collaborators(
     tree_cache=("sglang.srt.mem_cache.radix_cache:RadixCache",
@@ -168,6 +169,13 @@ def _publish(adapt: Callable[[str], None]) -> None:
         return
     adapt("publish-rank-bundle")
     runtime_context.publish(sg.server_args, role="test", ranks=spawn_ranks(world_rank=0))
+    if "gloo_group" not in inspect.signature(sg.Queue.__init__).parameters:
+        # 0.5.22: the queue takes its gloo group from the attention-TP group that building the process groups
+        # writes; one rank's, whose cpu group (None, as older queues were handed) only the one-rank
+        # all-reduce of ``World.driving`` reads
+        adapt("one-rank-attention-group")
+        runtime_context.get_parallel().override_permanently(
+            attn_tp_group=SimpleNamespace(cpu_group=None, world_size=1))
 
 
 def gate_in_tree() -> bool:
@@ -281,7 +289,9 @@ class World:
         self.errors: list[str] = []
         self.clock = Clock(time)
         torch = sg.torch
-        self.metadata_buffers = SimpleNamespace(bootstrap_room=torch.zeros((META_SLOTS, 1), dtype=torch.int64))
+        rooms = torch.zeros((META_SLOTS, 1), dtype=torch.int64)
+        # 0.5.23 resets a freed slot through clear_slot: its room (no checksum is kept, nothing else is observed)
+        self.metadata_buffers = SimpleNamespace(bootstrap_room=rooms, clear_slot=lambda idx: rooms.__setitem__(idx, 0))
         self.meta_allocator = STANDINS.make("metadata_allocator", "metadata_allocator", free=self._free_meta,
                                             alloc=self._alloc_meta, available_size=lambda: len(self.meta_free))
         self.tree_cache = STANDINS.make(
@@ -289,8 +299,9 @@ class World:
             page_size=1,
             # 0.5.21's release_kv_cache gives the row back through the cache's row methods, then marks the
             # request released itself: no streaming session claims the row, no tree lock, pages of one slot
+            # (0.5.22 tells on_release whether it checkpointed, by keyword)
             claim_kv_row=lambda req: False, free_kv_row=self._free_kv_row, unpin=lambda req: None,
-            on_release=lambda req, inserted: None, token_to_kv_pool_allocator=SimpleNamespace(page_size=1),
+            on_release=lambda req, *args, **kwargs: None, token_to_kv_pool_allocator=SimpleNamespace(page_size=1),
             req_to_token_pool=SimpleNamespace(free=_free_row))
         self.prealloc = STANDINS.make("prealloc_queue", "prealloc_queue", queue=[], retracted_queue=[],
                                       pop_preallocated=lambda *a, **k: sg.nothing_preallocated,
@@ -326,6 +337,7 @@ class World:
             "request_status": {}, "failure_records": {}, "failure_lock": threading.Lock(),
             "required_prefill_response_num_table": {}, "prefill_response_tracker": defaultdict(set),
             "_deferred_abort_ack_tracker": {}, "enable_deferred_decode_kv_release": gate,
+            "_deferred_abort_generation": 0,  # 0.5.22 on
             "local_ip": DECODE_IP, "rank_port": DECODE_PORT, "disaggregation_mode": sg.DECODE,
             "enable_staging": False, "_staging_handler": None, "addr_to_rooms_tracker": defaultdict(set),
             "is_mla_backend": False,  # 0.4.x's receive loop counts the responses it awaits by it
@@ -408,9 +420,12 @@ class World:
 
     def ack(self, rid: str, rank: int) -> None:
         """A prefill rank's drain ack for the request's room (the 3-frame ``ABORT_ACK``): it answers an ``ABORT``,
-        so a rank the tree never told (a tree without the notification, up to 0.5.12) sends none."""
-        if any(to == rank and frames[:1] == [b"ABORT"] for to, frames in self.requests[rid].sent):
-            self.receive([b"ABORT_ACK", str(self.requests[rid].room).encode(), str(rank).encode()])
+        so a rank the tree never told (a tree without the notification, up to 0.5.12) sends none. From 0.5.22 it
+        echoes the ack generation the ``ABORT`` carried (its fifth frame), as the prefill manager does."""
+        told = [frames for to, frames in self.requests[rid].sent if to == rank and frames[:1] == [b"ABORT"]]
+        if told:
+            generation = told[-1][4:5]
+            self.receive([b"ABORT_ACK", str(self.requests[rid].room).encode(), str(rank).encode(), *generation])
 
     def status(self, rid: str, poll: Any, rank: int = 0) -> None:
         """A prefill rank's transfer status for the request's room (``Success`` / ``Failed``)."""
@@ -534,6 +549,7 @@ class Prefill:
         for name, value in {
             "request_status": {}, "failure_records": {}, "failure_lock": threading.Lock(),
             "enable_deferred_decode_kv_release": on, "_deferred_ack_targets": {},
+            "_deferred_ack_poisoned_rooms": set(),  # 0.5.22 on
             "_staging_outstanding": defaultdict(int), "_socket_send_locks": defaultdict(threading.Lock),
             "attn_tp_rank": 0, "attn_cp_rank": 0, "attn_cp_size": 1, "pp_rank": 0, "pp_size": 1,
             "disaggregation_mode": sg.PREFILL, "local_ip": PREFILL_IP, "rank_port": PREFILL_PORT,
@@ -547,8 +563,10 @@ class Prefill:
         self.manager = manager
 
     def handles_abort(self) -> bool:
-        """Whether the tree's prefill loop handles an ``ABORT`` at all (PR #27372, 0.5.13)."""
-        return reads(sg.Manager.start_prefill_thread, '"ABORT"')
+        """Whether the tree's prefill loop handles an ``ABORT`` at all (PR #27372, 0.5.13; from 0.5.22 through
+        the manager's ``_handle_abort_notification``)."""
+        loop = sg.Manager.start_prefill_thread
+        return reads(loop, '"ABORT"') or reads(loop, "_handle_abort_notification")
 
     def room(self, room: int, status: Any, *, in_flight: int = 0) -> None:
         self.manager.request_status[room] = status
@@ -556,13 +574,22 @@ class Prefill:
 
     def told(self, room: int) -> None:
         """Decode's ``ABORT`` for the room reaches this rank's receive loop."""
-        self.manager.server_socket = ScriptedSocket([[b"ABORT", str(room).encode(), DECODE_IP.encode(),
-                                                      str(DECODE_PORT).encode()]])
+        self.manager.server_socket = ScriptedSocket([self._abort(room)])
         with gated(self.gate), inline_threads():
             try:
                 self.manager.start_prefill_thread()
             except Exception as exc:
                 self.errors.append(f"told:{type(exc).__name__}")
+
+    def _abort(self, room: int) -> list[bytes]:
+        """The ``ABORT`` a decode rank sends mid-transfer, in this world's server environment. From 0.5.22 the tree
+        builds it (``AbortNotification``) with the ack generation the decode armed where it defers release."""
+        notification = getattr(sg.conn, "AbortNotification", None)
+        if notification is None:
+            return [b"ABORT", str(room).encode(), DECODE_IP.encode(), str(DECODE_PORT).encode()]
+        armed = self.manager.enable_deferred_decode_kv_release
+        return notification(room=room, decode_ip=DECODE_IP, decode_port=DECODE_PORT,
+                            generation=FIRST_GENERATION if armed else None).to_zmq()
 
     def acks(self, *, drained: bool = False) -> int:
         """``ABORT_ACK`` messages sent to decode; ``drained``: only the three-frame ones (a rank's drain ack)."""

@@ -31,7 +31,8 @@ that completes; N10 control: a room never aborted beside one aborted mid-transfe
 ``ABORT`` (as a fixed decode sends it) for a room that already succeeded.
 
 Keys: ``abort_sent`` (ABORT messages), ``abort_ranks`` (prefill ranks that got one),
-``abort_max_per_rank``, ``abort_acks`` (ABORT_ACK messages to decode), ``prefill_failed`` (prefill
+``abort_max_per_rank``, ``abort_acks`` (ABORT_ACK messages to decode), ``aborts_armed`` (N1: ABORT messages
+that carry the decode's ack generation, 0.5.22 on: a prefill rank acks only those), ``prefill_failed`` (prefill
 ranks whose room is failed), ``room_status`` (the room on the prefill rank(s), a KVPoll name, or
 ``"unknown"``), ``chunks_written`` / ``chunks_after_abort`` (KV transfers by the engine, all / after the
 abort), ``pages_after_abort`` (decode pages written after it, per layer), ``decode_poll`` (what the
@@ -82,6 +83,7 @@ DECODE_PAGES = list(range(20, 26))  # where decode receives the request's KV
 OTHER_PAGES = list(range(30, 36))  # and another room's (N10)
 PAGES = {ROOM: DECODE_PAGES, OTHER_ROOM: OTHER_PAGES}
 WAITING_TIMEOUT = 300.0
+ABORT_FRAMES = 4  # tag, room, decode ip, decode port; 0.5.22 appends the ack generation when decode awaits an ack
 
 sg = SimpleNamespace(missing=None)
 
@@ -199,7 +201,7 @@ class World:
             _deferred_ack_fanout_snapshots={}, _staging_handler=None, _deferred_abort_ack_tracker={},
             _heartbeat_shutdown=threading.Event(), _prefill_recompute_executor_lock=threading.Lock(),
             _prefill_recompute_sessions=threading.local(), _stopped=False, _worker_threads=[],
-            _staging_outstanding=defaultdict(int),
+            _staging_outstanding=defaultdict(int), _deferred_ack_poisoned_rooms=set(),  # 0.5.22 on
             max_transfer_batch_indices=tree_env("SGLANG_MOONCAKE_MAX_TRANSFER_BATCH_INDICES", None),
             enable_deferred_decode_kv_release=bool(tree_env("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", False))
             and bool(getattr(sg.Manager, "supports_deferred_decode_kv_release", False)),
@@ -208,14 +210,17 @@ class World:
             common.update(transfer_infos={}, req_to_decode_prefix_len={}, decode_kv_args_table={},
                           is_dummy_cp_rank=False, bootstrap_timeout=WAITING_TIMEOUT, session_failures=defaultdict(int),
                           failed_sessions=set(), session_lock=threading.Lock(), transfer_queues=[kvt.ScriptedQueue()],
-                          executors=[kvt.InlineExecutor()], enable_failed_session_probe=False)
+                          executors=[kvt.InlineExecutor()], enable_failed_session_probe=False,
+                          failed_session_probes={}, state_layout_rejections={},  # 0.5.22 on (probes: 0.5.23 on)
+                          state_strides_validated=set())
         else:
             common.update(connection_pool={}, connection_lock=threading.Lock(), required_prefill_response_num_table={},
                           prefill_info_table={}, heartbeat_failures={}, session_pool={},
                           session_pool_lock=threading.Lock(), addr_to_rooms_tracker=defaultdict(set),
                           prefill_response_tracker=defaultdict(set), heartbeat_interval=2.0, max_failures=1,
                           waiting_timeout=WAITING_TIMEOUT, prefill_attn_tp_size_table={}, prefill_tp_size_table={},
-                          prefill_dp_size_table={}, prefill_pp_size_table={}, prefill_page_size_table={})
+                          prefill_dp_size_table={}, prefill_pp_size_table={}, prefill_page_size_table={},
+                          _deferred_abort_generation=0)  # 0.5.22 on
         for name, value in common.items():
             setattr(mgr, name, value)
         return mgr
@@ -378,6 +383,10 @@ class World:
                                                                                                  default=0),
                         abort_acks=len(self.bus.messages(b"ABORT_ACK", to=self.decode_endpoint)))
 
+    def aborts_armed(self) -> int:
+        """ABORT messages that carry the decode's ack generation (0.5.22 on)."""
+        return sum(1 for m in self.bus.messages(b"ABORT") if len(m.frames) > ABORT_FRAMES)
+
     def prefill_state(self, observed: Observed, room: int = ROOM) -> None:
         statuses = [m.request_status.get(room) for m in self.prefills]
         names = {"unknown" if s is None else poll_name(s) for s in statuses}
@@ -420,6 +429,7 @@ def n1(observed: Observed) -> None:
             world.queue(chunk)
         world.work()
     world.finish(observed)
+    observed["aborts_armed"] = world.aborts_armed()  # a tree fact: which trees arm (not_deciding reads it)
 
 
 @SCENARIOS.scenario("N2", "decode aborts mid-transfer: one chunk written, two queued")

@@ -132,10 +132,12 @@ class ServerArgs:
     disaggregation_mode: str = "null"
 
 
-def mooncake_module(*, fixed: bool) -> ModuleType:
+def mooncake_module(*, fixed: bool, armed: bool = False) -> ModuleType:
     """A connection module in miniature, the probe's interface only. ``fixed``: the receiver sends ABORT to
     each prefill rank once, the prefill loop fails a room it knows that has not succeeded and answers
-    ABORT_ACK, the worker skips failed or unknown rooms. Unfixed: none of it (an ABORT frame is unparseable)."""
+    ABORT_ACK, the worker skips failed or unknown rooms. Unfixed: none of it (an ABORT frame is unparseable).
+    ``armed`` (0.5.22): a receiver that published its destinations appends an ack generation to its ABORT,
+    and the prefill loop acks only such ABORTs."""
     mod = ModuleType("sglang.srt.disaggregation.mooncake.conn")
     mod.zmq = SimpleNamespace(Context=lambda: None, PUSH=1)
     mod.threading = threading
@@ -173,8 +175,9 @@ def mooncake_module(*, fixed: bool) -> ModuleType:
                         room = int(msg[1])
                         if room in self.request_status and self.check_status(room) != KVPoll.Success:
                             self.update_status(room, KVPoll.Failed)
-                        self._connect(f"tcp://{msg[2].decode()}:{msg[3].decode()}").send_multipart(
-                            [b"ABORT_ACK", msg[1]])
+                        if not armed or len(msg) > 4:
+                            self._connect(f"tcp://{msg[2].decode()}:{msg[3].decode()}").send_multipart(
+                                [b"ABORT_ACK", msg[1]])
                         continue
                     if msg[0] == b"None":
                         self.decode_kv_args_table[msg[3].decode()] = struct.unpack(f"{len(msg[4]) // 8}Q", msg[4])
@@ -256,9 +259,10 @@ def mooncake_module(*, fixed: bool) -> ModuleType:
         def _notify(self):
             if fixed and not self.abort_notified:
                 for info in self.bootstrap_infos:
+                    generation = [b"1"] if armed and self.init_time is not None else []
                     self._connect_to_bootstrap_server(info).send_multipart(
                         [b"ABORT", str(self.bootstrap_room).encode(), self.kv_mgr.local_ip.encode(),
-                         str(self.kv_mgr.rank_port).encode()])
+                         str(self.kv_mgr.rank_port).encode(), *generation])
                 self.abort_notified = True
 
         def abort(self):
@@ -326,6 +330,16 @@ def test_a_fixed_tree_tells_the_prefill_rank_and_nothing_is_written_after_the_ab
     assert (observed["chunks_written"], observed["chunks_after_abort"], observed["pages_after_abort"]) == (1, 0, 0)
     assert observed["decode_poll"] == "Failed"
     assert observed["room_status"] == "Failed"
+
+
+def test_an_abort_carrying_an_ack_generation_is_counted_as_armed(probe):
+    """0.5.22: only a receiver that published its destinations arms (and is acked); one that never did is not."""
+    module = probe(mooncake_module(fixed=True, armed=True))
+    published = run(module, "N1")["observed"]
+    assert (published["abort_sent"], published["aborts_armed"], published["abort_acks"]) == (1, 1, 1)
+    never_published = run(module, "N8")["observed"]
+    assert (never_published["abort_sent"], never_published["abort_acks"]) == (1, 0)
+    assert run(probe(mooncake_module(fixed=True)), "N1")["observed"]["aborts_armed"] == 0
 
 
 def test_an_unfixed_tree_writes_the_queued_chunks_into_the_aborted_pages(probe):

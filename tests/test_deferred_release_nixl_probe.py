@@ -153,6 +153,46 @@ class Drained(Manager):
             self._deferred_abort_ack_tracker[room].add(rank)
 
 
+@dataclasses.dataclass(frozen=True)
+class AbortNotification:
+    """0.5.22's ABORT frame: the decode's ack generation appended where it armed one."""
+
+    room: int
+    decode_ip: str | None = None
+    decode_port: int | None = None
+    generation: int | None = None
+
+    def to_zmq(self):
+        tail = [] if self.generation is None else [str(self.generation).encode()]
+        return [b"ABORT", str(self.room).encode(), self.decode_ip.encode(), str(self.decode_port).encode(), *tail]
+
+
+@dataclasses.dataclass
+class AckState:
+    generation: int
+    prefill_ranks: set
+
+
+class Generational(Drained):
+    """0.5.22: acks only an ABORT that carries the decode's generation; the decode keeps its acks per generation."""
+
+    def _handle_abort_notification(self, msg):
+        self.generation = int(msg[4]) if len(msg) > 4 else None
+        return super()._handle_abort_notification(msg)
+
+    def on_abort(self, room, ip, port, active):
+        if self.generation is not None:
+            super().on_abort(room, ip, port, active)
+
+    def register_deferred_abort_room(self, room):
+        self._deferred_abort_ack_tracker[room] = AckState(1, set())
+        return 1
+
+    def note_abort_ack(self, room, rank):
+        if room in self._deferred_abort_ack_tracker:
+            self._deferred_abort_ack_tracker[room].prefill_ranks.add(rank)
+
+
 class Eager(Drained):
     """Acks at the abort, whatever is still in flight."""
 
@@ -175,7 +215,7 @@ def nixl(fresh_probe, monkeypatch):
     monkeypatch.delenv(GATE, raising=False)
     module.sg.__dict__.update(conn=CONN, Manager=Drained, KVPoll=KVPoll,
                               Mode=SimpleNamespace(PREFILL="prefill", DECODE="decode"), Chunk=Chunk,
-                              TransferInfo=TransferInfo, RegisterInfo=None, Sender=Sender, gate=Gate(),
+                              TransferInfo=TransferInfo, RegisterInfo=None, Sender=Sender, gate=Gate(), Notification=None,
                               np=SimpleNamespace(int32="int32", arange=lambda a, b, dtype=None: list(range(a, b))),
                               unobserved=None, absent={}, ready=True)
     return module
@@ -202,6 +242,26 @@ def test_an_ack_sent_while_a_posted_write_runs_is_in_flight_and_a_write_after_it
     assert world.acks[0]["in_flight"] is True
     assert (running.after_ack, later.after_ack) == (False, True)
     assert running.pages == [1, 2]
+
+
+def test_a_room_s_status_sent_the_ack_s_way_is_no_ack(nixl):
+    """0.5.23 sends the room's KV status through the same send as its acks."""
+    world = nixl.World()
+    world._send("tcp://x", [b"KV_STATUS", b"7", b"4", b"0", b""])
+    assert world.acks == [] and world.statuses == [[b"KV_STATUS", b"7", b"4", b"0", b""]]
+
+
+def test_the_sender_is_cleared_as_its_constructor_leaves_it(nixl, monkeypatch):
+    """0.5.23's clear reads the sender's conclude_state."""
+    class ConcludingSender(Sender):
+        def clear(self):
+            assert self.conclude_state is None
+            super().clear()
+
+    monkeypatch.setattr(nixl.sg, "Sender", ConcludingSender)
+    manager = SimpleNamespace(request_status={7: KVPoll.Success})
+    nixl.clear(manager, 7)
+    assert manager.request_status == {}
 
 
 def test_a_posted_write_answers_its_scripted_states_in_order_the_last_one_repeating(nixl):
@@ -292,6 +352,25 @@ def test_x6_the_decode_counts_each_prefill_rank_once(fresh_probe, nixl, manager,
     observed = scenario(fresh_probe, "X6", manager, nixl)
     assert (observed["decode_ranks_acked_after_first"], observed["decode_ranks_acked"]) == ranks
     assert observed["acks_while_writing"] == 0 and observed["writes_after_ack"] == 0
+
+
+@pytest.mark.parametrize("sid, acks", [("X1", 1), ("X2", 1)])
+def test_a_generational_tree_gets_the_abort_with_the_generation_its_decode_armed(fresh_probe, nixl, sid, acks):
+    """0.5.22 on: the ABORT is the tree's own frame, carrying the generation a deferring decode armed."""
+    nixl.sg.Notification = AbortNotification
+    assert scenario(fresh_probe, sid, Generational, nixl)["acks_sent"] == acks
+
+
+def test_a_generational_decode_counts_the_ranks_of_its_generation(fresh_probe, nixl):
+    nixl.sg.Notification = AbortNotification
+    observed = scenario(fresh_probe, "X6", Generational, nixl)
+    assert (observed["decode_ranks_acked_after_first"], observed["decode_ranks_acked"]) == (1, 2)
+
+
+def test_an_abort_from_a_decode_that_does_not_defer_carries_no_generation(nixl):
+    nixl.sg.Notification = AbortNotification
+    off = SimpleNamespace(enable_deferred_decode_kv_release=False)
+    assert nixl.abort_frames(off, 7) == [b"ABORT", b"7", nixl.DECODE_IP.encode(), str(nixl.DECODE_PORT).encode()]
 
 
 def test_x7_reads_the_tree_s_flag_with_the_variable_unset(fresh_probe, nixl):

@@ -105,6 +105,40 @@ class PrefillManager(Manager):
         CONN.threading.Thread(target=bootstrap_thread).start()
 
 
+class HandlerPrefill(Manager):
+    """0.5.22's prefill loop: it hands an ABORT to the manager's handler, which acks (echoing the decode's
+    generation) only an ABORT that carries one, once nothing of the room writes."""
+
+    def _handle_abort_notification(self, msg):
+        if msg[0] != b"ABORT":
+            return False
+        if len(msg) > 4 and self._staging_outstanding.get(int(msg[1]), 0) == 0:
+            self._connect(f"tcp://{msg[2].decode()}:{int(msg[3])}").send_multipart([b"ABORT_ACK", msg[1], b"0",
+                                                                                    msg[4]])
+        return True
+
+    def start_prefill_thread(self):
+        def bootstrap_thread():
+            while True:
+                self._handle_abort_notification(self.server_socket.recv_multipart())
+
+        CONN.threading.Thread(target=bootstrap_thread).start()
+
+
+@dataclass(frozen=True)
+class AbortNotification:
+    """0.5.22's ABORT frame: the decode's ack generation appended where it armed one."""
+
+    room: int
+    decode_ip: str
+    decode_port: int
+    generation: int | None = None
+
+    def to_zmq(self):
+        tail = [] if self.generation is None else [str(self.generation).encode()]
+        return [b"ABORT", str(self.room).encode(), self.decode_ip.encode(), str(self.decode_port).encode(), *tail]
+
+
 class EarlyPrefill(PrefillManager):
     early = True
 
@@ -268,6 +302,17 @@ def test_an_ack_reaches_the_manager_only_from_a_rank_that_was_sent_an_abort(tq):
     assert delivered == [[b"ABORT_ACK", b"7", b"1"]]
 
 
+def test_an_ack_echoes_the_generation_the_rank_s_abort_carried(tq):
+    """0.5.22: the decode arms a generation and puts it in its ABORT; a drain ack without it is ignored."""
+    world = tq.World(gate=True)
+    entry = world.admit("aborted", 7)
+    delivered = []
+    world.receive = lambda *messages: delivered.extend(messages)
+    entry.sent.append((0, [b"ABORT", b"7", b"192.0.2.2", b"17000", b"3"]))
+    world.ack("aborted", 0)
+    assert delivered == [[b"ABORT_ACK", b"7", b"0", b"3"]]
+
+
 def test_the_gate_is_set_only_while_the_world_is_driven_and_the_old_value_comes_back(tq, monkeypatch):
     monkeypatch.setenv(GATE, "0")
     with tq.gated(True):
@@ -395,6 +440,59 @@ def test_p1_p2_count_the_acks_a_prefill_rank_sends_when_told_while_writing_and_a
                                                                                       expected):
     tq.sg.Manager = manager
     assert {sid: run(fresh_probe, sid)["observed"] for sid in ("P1", "P2")} == expected
+
+
+@pytest.mark.parametrize("gate, acks", [(True, 1), (False, 0)])
+def test_a_prefill_loop_handing_the_abort_to_its_handler_is_told_with_the_generation_decode_armed(
+        fresh_probe, tq, monkeypatch, gate, acks):
+    """0.5.22: the loop names no "ABORT" itself; the ABORT is the tree's own frame, armed where release defers."""
+    tq.sg.Manager = HandlerPrefill
+    monkeypatch.setattr(CONN, "AbortNotification", AbortNotification, raising=False)
+    prefill = tq.Prefill(gate=gate)
+    assert prefill.handles_abort()
+    prefill.room(7, KVPoll.Success)
+    prefill.told(7)
+    assert prefill.acks(drained=True) == acks
+
+
+def test_a_queue_taking_its_group_from_the_runtime_context_gets_a_one_rank_attention_group(tq, monkeypatch):
+    """0.5.22's DecodeTransferQueue takes no gloo_group: it reads the attention-TP group the process groups write."""
+    stamped, published = {}, []
+    context = types.ModuleType("sglang.srt.runtime_context")
+    context.SpawnRanks = lambda world_rank: ("ranks", world_rank)
+    context.publish = lambda args, role, ranks: published.append(ranks)
+    context.get_parallel = lambda: SimpleNamespace(override_permanently=stamped.update)
+    srt = types.ModuleType("sglang.srt")
+    srt.runtime_context = context
+    monkeypatch.setitem(sys.modules, "sglang", types.ModuleType("sglang"))
+    monkeypatch.setitem(sys.modules, "sglang.srt", srt)
+    monkeypatch.setitem(sys.modules, "sglang.srt.runtime_context", context)
+    adapted = []
+
+    class ContextQueue(Queue):
+        def __init__(self, req_to_metadata_buffer_idx_allocator, metadata_buffers, scheduler, tree_cache):
+            super().__init__(None, req_to_metadata_buffer_idx_allocator, 0, metadata_buffers, scheduler, tree_cache)
+
+    for queue, stamps in ((Queue, {}), (ContextQueue, {"world_size": 1, "cpu_group": None})):
+        monkeypatch.setattr(tq.sg, "Queue", queue)
+        stamped.clear()
+        tq._publish(adapted.append)
+        assert {k: getattr(v, k) for v in stamped.values() for k in ("world_size", "cpu_group")} == stamps
+    assert adapted.count("one-rank-attention-group") == 1 and published == [("ranks", 0)] * 2
+
+
+def test_a_freed_metadata_slot_is_reset_through_clear_slot_as_0_5_23_resets_it(tq):
+    world = tq.World(gate=False)
+    world.metadata_buffers.bootstrap_room[2] = [7]
+    world.metadata_buffers.clear_slot(2)
+    assert world.metadata_buffers.bootstrap_room[2] == 0
+
+
+def test_the_cache_is_told_of_a_release_as_0_5_22_tells_it(tq):
+    """0.5.22's release_kv_cache passes ``checkpointed`` by keyword (0.5.21: positionally)."""
+    world = tq.World(gate=False)
+    world.tree_cache.on_release(object(), checkpointed=False)
+    world.tree_cache.on_release(object(), False)
 
 
 def test_a_prefill_loop_that_handles_no_abort_is_recorded_as_such(fresh_probe, tq):
