@@ -219,3 +219,15 @@ def test_a_port_that_makes_another_fixs_bug_reachable_moves_that_answer_as_it_de
 def test_a_move_names_an_unported_experiment_and_a_check_status(other, status, named):
     with pytest.raises(HarnessError, match=named):
         corpus_lane._check_moves(a_port_moving(other, status, "fixed"), ["demo", "other"])
+
+
+def test_the_corpus_checks_every_tree_with_every_gate_on_so_a_gated_port_reads_as_its_code():
+    project = registry.load(Path(__file__).resolve().parents[1])
+    gated = {exp.gate.variable: exp.gate.on for exp in project.experiments.values() if exp.gate is not None}
+    assert gated, "the project registry declares a gated fix"
+    env = corpus_lane.gates_on(project)
+    assert env.values() == gated and env.source == corpus_lane.GATES_ON
+    ungated = SimpleNamespace(experiments={name: SimpleNamespace(gate=None) for name in project.experiments})
+    assert corpus_lane.gates_on(ungated) is None
+    # With the gate on, a release the sweep finds present but off reads as its code does: fixed.
+    assert corpus_lane.AS_CLASSIFIED[corpus_lane.Classification.PRESENT_OFF] is CheckStatus.FIXED

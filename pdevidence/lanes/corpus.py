@@ -4,7 +4,9 @@ For each release with a declared backport (``backports/``), three trees go throu
 same judge as ``check``, in one call (one warm engine per era): the release as published
 (``pristine``), with every fix ported (``backport``), and with each port left incomplete
 (``partial``). Each fix is expected to read ``affected``, ``fixed`` and ``partial`` on them
-(``fixed`` throughout where the release already carries it).
+(``fixed`` throughout where the release already carries it). A gated fix is ported behind its gate, off by
+default as the fix is: the corpus judges every tree with every gate on (``GATES_ON``), so a port reads as its
+code does, and a release the sweep finds ``present but off`` reads ``fixed``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import environments
+from ..core.arguments import ServerEnvironment
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, usage
 from ..core.files import relative
 from ..core.paths import results_dir, runs_dir, tree_lock_file, work_dir
@@ -32,11 +35,17 @@ EXPECTED = {Variant.PRISTINE: CheckStatus.AFFECTED, Variant.BACKPORT: CheckStatu
             Variant.PARTIAL: CheckStatus.PARTIAL}
 
 
-# What check answers on a release the sweep classified so.
+# What check answers, every gate on, on a release the sweep classified so.
 AS_CLASSIFIED = {Classification.PRE_FIX: CheckStatus.AFFECTED, Classification.FIXED: CheckStatus.FIXED,
                  Classification.PARTIAL: CheckStatus.PARTIAL, Classification.NOT_AFFECTED: CheckStatus.NOT_AFFECTED,
-                 Classification.DEVIATES: CheckStatus.DEVIATES,
-                 Classification.PRESENT_OFF: CheckStatus.AFFECTED}  # check assumes the defaults: the gate is off
+                 Classification.DEVIATES: CheckStatus.DEVIATES, Classification.PRESENT_OFF: CheckStatus.FIXED}
+GATES_ON = "the corpus: every gated fix turned on"
+
+
+def gates_on(reg: Registry) -> ServerEnvironment | None:
+    """The server environment the corpus checks with: each gate's variable at its ``on`` value (None: no gate)."""
+    found = tuple((exp.gate.variable, exp.gate.on) for exp in reg.experiments.values() if exp.gate is not None)
+    return ServerEnvironment(tuple(dict(found).items()), GATES_ON) if found else None
 
 
 def expected(backport: Backport, experiment: str, variant: Variant,
@@ -132,7 +141,7 @@ def run(reg: Registry, releases: list[str] | None = None, *, fresh_references: b
                for name, sha in references(reg, exp, directory, fresh=fresh_references).digests.items()}
     unported = {name: as_released(directory, name, [b.release for b in declared if name not in b.ports])
                 for name in names if any(name not in b.ports for b in declared)}
-    found = check.run_all(reg, targets, fresh_references=fresh_references, log=log)
+    found = check.run_all(reg, targets, fresh_references=fresh_references, log=log, server_env=gates_on(reg))
     answers, results = [], {}
     for (backport, variant, era), result in zip(asked, found):
         results[(backport.release, variant)] = result
