@@ -144,7 +144,7 @@ def republish_steps(reg: Registry | None = None) -> str:
     if names:
         steps.append("`nox -s " + " ".join(f'"mutate({name})"' for name in names) + "`")
     if example:
-        steps.append(f"`python -m pdevidence check --references fresh --version {example} "
+        steps.append(f"`python -m pdevidence check --references fresh --release {example} "
                      f"--openvex runs/openvex-sglang-{example}.json`")
     if reg is None or (reg.root / "backports").is_dir():
         steps.append("`nox -s corpus -- --references fresh`")

@@ -185,7 +185,7 @@ def _check_openvex(reg: Registry, path: Path) -> None:
     if products != {want}:
         raise integrity_error(f"refusing to publish {path.name}: its product is {', '.join(sorted(map(str, products)))}"
                               f", not the documented example {want}",
-                              todo=f"write it with `python -m pdevidence check --references fresh --version "
+                              todo=f"write it with `python -m pdevidence check --references fresh --release "
                               f"{reg.openvex_example} --openvex runs/{path.name}`")
 
 
@@ -266,7 +266,7 @@ def _how_to_make(reg: Registry, name: str) -> str:
         return f"run `nox -s \"mutate({name.split('.')[1]})\"`"
     if name == CORPUS_FILE:
         return "run `python -m pdevidence corpus --references fresh`"
-    return (f"run `python -m pdevidence check --references fresh --version {reg.openvex_example} "
+    return (f"run `python -m pdevidence check --references fresh --release {reg.openvex_example} "
             f"--openvex runs/{name}`")
 
 
