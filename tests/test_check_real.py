@@ -79,13 +79,22 @@ def telling(reg, experiment: str) -> list[str]:
     return sorted(sid for sid, e in reg.experiment(experiment).expect.items() if e.changes)
 
 
+# What check answers, with the defaults, on a release the sweep classified so: a fix present but off is affected.
+AS_CHECKED = {**check.STATUS_OF, Classification.PRESENT_OFF: check.Status.AFFECTED}
+
+# The abort-mid-transfer fixes on 0.5.21, whose default turns the deferred releases on.
+ON_0_5_21 = {"abort_notify": "fixed", "deferred_release": "fixed", "deferred_release_nixl": "fixed"}
+
+
 def test_0_5_20_has_the_prefill_fix_but_not_the_admission_fix(reg, version_check):
     """Alone proves: `check --version` of a real release answers each fix as its brackets say (0.5.20: admission
     is fixed from 0.5.21; prefill from 0.5.20, offload_slots from 0.5.13, offload_rid from 0.5.19), deciding
     by the scenarios the registry declares telling, with the exit code of an affected build."""
     code, doc = version_check
+    # 0.5.20 carries both deferred releases behind their gate, off by default: present but off reads affected.
     assert statuses(doc) == {"admission": "affected", "prefill": "fixed", "offload_slots": "fixed",
-                             "offload_rid": "fixed"}
+                             "offload_rid": "fixed", "abort_notify": "fixed", "deferred_release": "affected",
+                             "deferred_release_nixl": "affected"}
     assert code == errors.BEHAVIOUR_DIFFERS
     assert doc["target"]["kind"] == "release" and doc["target"]["resolved"] == "0.5.20"
     admission = doc["experiments"][0]
@@ -104,7 +113,7 @@ def test_a_release_env_as_your_environment_agrees_with_the_sweep_and_is_left_unt
                              "sglang_version": "0.5.20"}
     for entry in doc["experiments"]:
         row = swept[entry["experiment"]]
-        assert entry["status"] == check.STATUS_OF[Classification(row["classification"])].value
+        assert entry["status"] == AS_CHECKED[Classification(row["classification"])].value
         assert entry["scenarios"] == row["scenarios"]
     assert [e["scenarios"] for e in doc["experiments"]] == [e["scenarios"] for e in version_check[1]["experiments"]]
     assert code == version_check[0]
@@ -145,7 +154,7 @@ def test_a_partial_backport_is_partial_and_names_the_door_without_the_fix(reg, t
     python, original = patched_release(reg, tmp_path, "0.5.21", DECODE_DOOR)
     code, doc = run_check("--python", str(python))
     assert statuses(doc) == {"admission": "partial", "prefill": "fixed", "offload_slots": "fixed",
-                             "offload_rid": "fixed"}
+                             "offload_rid": "fixed", **ON_0_5_21}
     admission = doc["experiments"][0]
     assert admission["scenarios"] == {sid: "pre-fix" if sid == "A2" else "fixed" for sid in telling(reg, "admission")}
     assert admission["deciding"] == ["A2"]
@@ -164,7 +173,7 @@ def test_an_over_broad_fix_deviates_names_the_control_and_its_values_and_is_not_
     vex = tmp_path / "vex.json"
     code, doc = run_check("--python", str(python), "--openvex", str(vex))
     assert statuses(doc) == {"admission": "deviates", "prefill": "fixed", "offload_slots": "fixed",
-                             "offload_rid": "fixed"}
+                             "offload_rid": "fixed", **ON_0_5_21}
     assert code == errors.BEHAVIOUR_DIFFERS
     admission = doc["experiments"][0]
     assert {sid for sid, b in admission["scenarios"].items() if b != "fixed"} == {"A10"} == set(admission["deciding"])
@@ -215,7 +224,8 @@ def test_0_5_12_decode_without_offload_is_not_affected_by_the_offload_fix_and_wi
     assert answer["offload_slots"]["status"] == "not affected"
     assert answer["offload_slots"]["justification"] == "vulnerable_code_not_in_execute_path"
     assert answer["offload_slots"]["configuration"]["code_status"] == "affected"  # 0.5.12 is pre-fix
-    assert off["configuration"]["values"] == {"disaggregation_decode_enable_offload_kvcache": False}
+    assert off["configuration"]["values"] == {"disaggregation_decode_enable_offload_kvcache": False,
+                                              "disaggregation_transfer_backend": "mooncake"}  # the default
     # 0.5.12's resolution derives the PD mode (a diffusion model resets it) and, without the model's config here,
     # stops before that step: the mode is not established, so the configuration does not decide the prefill fix.
     resolution = off["configuration"]["resolution"]
