@@ -55,30 +55,26 @@ def clear(out_dir: Path, experiments: list[str]) -> None:
         (out_dir / record).unlink(missing_ok=True)
 
 
+def _read_record(out_dir: Path, name: str, what: str, keys: tuple[str, ...]) -> dict | None:
+    path = out_dir / name
+    if not path.exists():
+        return None
+    found = read_json(path, what, todo=f"run the check again; it is rewritten: {path}")
+    if not isinstance(found, dict) or not (set(keys) <= set(found)):
+        raise HarnessError(f"{path} is not a valid {what} (keys {', '.join(keys)})", todo="run the check again with --force")
+    return found
+
+
 def read_config(out_dir: Path) -> dict | None:
     """What the driver read of the server arguments it was given (``probe_all.read_configuration``); None: it
     wrote nothing (it was given none, or did not get that far)."""
-    path = out_dir / CONFIG_FILE
-    if not path.exists():
-        return None
-    found = read_json(path, "configuration record", todo=f"run the check again; it is rewritten: {path}")
-    if not isinstance(found, dict) or not ({"values", "error"} <= set(found)):
-        raise HarnessError(f"{path} is not a configuration record (values, error)",
-                           todo="run the check again with --force")
-    return found
+    return _read_record(out_dir, CONFIG_FILE, "configuration record", ("values", "error"))
 
 
 def read_environment(out_dir: Path) -> dict | None:
     """What the driver read of the server environment and the gates it was given (``_serverenv``); None: it
     wrote nothing (it was given neither, or did not get that far)."""
-    path = out_dir / ENVIRONMENT_FILE
-    if not path.exists():
-        return None
-    found = read_json(path, "environment record", todo=f"run the check again; it is rewritten: {path}")
-    if not isinstance(found, dict) or not ({"values", "undefined", "gates", "error"} <= set(found)):
-        raise HarnessError(f"{path} is not an environment record (values, undefined, gates, error)",
-                           todo="run the check again with --force")
-    return found
+    return _read_record(out_dir, ENVIRONMENT_FILE, "environment record", ("values", "undefined", "gates", "error"))
 
 
 def tree_argv(tree_args: dict[str, str]) -> list[str]:
