@@ -71,20 +71,26 @@ DECODE = "--disaggregation-mode decode"
 OFFLOAD = f"{DECODE} --disaggregation-decode-enable-offload-kvcache"
 
 
-@pytest.fixture
-def fork(world):
-    """An unfixed fork (its door admits a rejected request) with a server parser; the registry's needs added."""
+def configured_fork(world, needs: str, server_args_py: str) -> Path:
+    """An unfixed fork (its door admits a rejected request) whose tree has ``server_args_py``; the registry's demo
+    experiment gains ``needs`` and reference cells made by that registry."""
     registry_file = world.root / "experiments.toml"
-    registry_file.write_text(registry_file.read_text() + NEEDS)
-    for side, version in (("base", "1.0.0"), ("head", "1.1.0")):  # made by this registry
+    registry_file.write_text(registry_file.read_text() + needs)
+    for side, version in (("base", "1.0.0"), ("head", "1.1.0")):
         write_cell(world.root / "results", side, result_doc(side, version))
     integrity.regenerate(world.root)
     found = make_fork(world.tmp / "fork", guard=False, tag=None)
     srt = found / "python" / "sglang" / "srt"
     srt.mkdir()
     (srt / "__init__.py").write_text("")
-    (srt / "server_args.py").write_text(SERVER_ARGS_PY)
+    (srt / "server_args.py").write_text(server_args_py)
     return found
+
+
+@pytest.fixture
+def fork(world):
+    """An unfixed fork with a server parser; the demo experiment needs a decode server with offload on."""
+    return configured_fork(world, NEEDS, SERVER_ARGS_PY)
 
 
 def check(world, capsys, *argv: str) -> tuple[int, dict, str]:

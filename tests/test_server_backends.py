@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 from schemas import problems
-from synthetic import REGISTRY, make_project, result_doc, write_cell
-from test_forks import make_fork, world, write_closures  # noqa: F401 - fixtures
-from test_server_args import SERVER_ARGS_PY, check
+from synthetic import REGISTRY, make_project
+from test_forks import world, write_closures  # noqa: F401 - fixtures
+from test_server_args import SERVER_ARGS_PY, check, configured_fork
 
 from pdevidence import cli, registry
 from pdevidence.core import errors
-from pdevidence.documents import integrity
 from pdevidence.lanes.check import outside_probes
 
 NEEDS = """
@@ -38,22 +37,12 @@ MOONCAKE_TCP = """        if self.disaggregation_transfer_backend == "mooncake_t
 @pytest.fixture
 def backends(world):
     """An unfixed fork with a transfer backend option; the demo experiment needs Mooncake on a decode server."""
-    registry_file = world.root / "experiments.toml"
-    registry_file.write_text(registry_file.read_text() + NEEDS)
-    for side, version in (("base", "1.0.0"), ("head", "1.1.0")):  # made by this registry
-        write_cell(world.root / "results", side, result_doc(side, version))
-    integrity.regenerate(world.root)
-    found = make_fork(world.tmp / "fork", guard=False, tag=None)
-    srt = found / "python" / "sglang" / "srt"
-    srt.mkdir()
-    (srt / "__init__.py").write_text("")
     field = '    disaggregation_transfer_backend: str = "mooncake"\n'
     source = SERVER_ARGS_PY.replace(BACKEND_FIELD, BACKEND_FIELD + field)
     source = source.replace(BACKEND_OPTION, BACKEND_OPTION + (
         '        parser.add_argument("--disaggregation-transfer-backend", type=str, default="mooncake",\n'
         '                            choices=["mooncake", "mooncake_tcp", "nixl", "mori", "fake"])\n'))
-    (srt / "server_args.py").write_text(source.replace("        # derived\n", MOONCAKE_TCP))
-    return found
+    return configured_fork(world, NEEDS, source.replace("        # derived\n", MOONCAKE_TCP))
 
 
 def _server(fork, backend: str, *, resolved: bool = True) -> str:
