@@ -35,7 +35,7 @@ end), ``worker_error`` (the exception type the transfer worker recorded, else nu
 X9 (counts of the aborted request's 4 slots): ``abort_sent``, ``freed_before_last_write``,
 ``written_after_free``, ``written_into_other``, ``freed_total``, ``double_freed``;
 ``deferred_enabled`` (X7: the tree's flag with the variable unset; null before #35049), ``room_succeeded``,
-``siblings_settled`` (X4, X5: every posted write completed by the end: 0.5.21's error path waits for them).
+``siblings_settled`` (X4, X5: every posted write completed by the end: the error path waits for them from 0.5.20).
 Tree facts, the scenario stopping there: ``nixl_manager: "absent"`` (no NIXL backend) and
 ``nixl_abort_handler: "absent"`` (its prefill manager handles no ``ABORT``: up to 0.5.15).
 
