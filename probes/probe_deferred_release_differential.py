@@ -36,8 +36,8 @@ held by another request: the corruption), ``freed_after_first_ack``, ``freed_bef
 ``freed_after_timeout``, ``freed_total``, ``meta_freed`` (times its metadata slot went back),
 ``double_freed``; P1/P2: ``acks_at_abort`` (``ABORT_ACK`` messages the rank sent at once) and
 ``drain_acks_at_abort`` (those carrying its rank: a drain ack), or ``abort_handled: "absent"`` where the
-rank's loop handles no ``ABORT`` (before 0.5.13). A call of the tree that raised ends the scenario as an
-error (never an answer).
+rank's loop handles no ``ABORT`` (before 0.5.13). A call of the tree that raised, or a stand-in that raised in
+one (even where the tree caught it), ends the scenario as an error (never an answer).
 
     python probes/probe_deferred_release_differential.py --side head --tree-kind release --tree-ref 0.5.19
 """

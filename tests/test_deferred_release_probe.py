@@ -197,11 +197,15 @@ class Queue:
         return []
 
     def resolve_deferred_releases(self):
+        """As the tree's: a held release that raises is logged and the others go on."""
         now, held = DECODE.time.monotonic(), []
         for decode_req, deadline, required in self._deferred_releases:
             mgr = decode_req.kv_receiver.kv_mgr
             if mgr.is_abort_release_safe(decode_req.req.bootstrap_room, required) or now >= deadline:
-                self._release(decode_req)
+                try:
+                    self._release(decode_req)
+                except Exception:
+                    pass
             else:
                 held.append((decode_req, deadline, required))
         self._deferred_releases = held
@@ -428,6 +432,19 @@ def test_a_scenario_in_which_the_tree_raised_is_an_error_never_an_answer(fresh_p
     monkeypatch.setattr(Receiver, "abort", lambda self: (_ for _ in ()).throw(RuntimeError("socket")))
     found = run(fresh_probe, "D1")
     assert found["error"]["type"] == "TreeRaised" and "abort:RuntimeError" in found["error"]["message"]
+
+
+def test_a_stand_in_that_raised_where_the_tree_caught_it_is_the_scenario_s_error_never_an_answer(
+        fresh_probe, tq, monkeypatch):
+    """The held release frees the metadata slot through the probe's allocator: its failure, which the tree's loop
+    swallows, must not read as a metadata slot never given back."""
+    def under_built(self, idx):
+        raise IndexError("no metadata slot")
+
+    monkeypatch.setattr(tq.World, "_free_meta", under_built)
+    found = run(fresh_probe, "D1")
+    assert found["error"]["type"] == "StandInFailed"
+    assert "in iterate" in found["error"]["message"] and "under_built:IndexError" in found["error"]["message"]
 
 
 @pytest.mark.parametrize("manager, expected", [
