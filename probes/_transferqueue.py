@@ -408,6 +408,13 @@ class World:
             self.holders[slot] = rid
         return slots
 
+    def next_request_while_writing(self, *, tokens: int = 8) -> list[int]:
+        """Two scheduler iterations pass with the prefill's write still in flight, then another request ("next")
+        is admitted: the slots it takes are those the aborted request gave back, if it gave any."""
+        self.iterate()
+        self.iterate()
+        return self.bystander("next", tokens=tokens)
+
     # --- what the scheduler and the prefill side do --------------------------------------------
     def abort(self, rid: str) -> None:
         """The client aborts: the scheduler's own ``abort_request``."""
