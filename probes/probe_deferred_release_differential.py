@@ -21,7 +21,7 @@ request's slots lands, then its ranks ack. Scenarios:
 - D4 acks that never come: held until the timeout, then released;
 - D5 a stale ack of the room's previous request arrives before the abort: it must not count;
 - D6 control: the prefill side reports a failure (it stopped writing): released at once, by design;
-- D7 control: a transfer still running, no abort: nothing is given back;
+- D7 control: a transfer still running, no abort, past a hold's deadline: nothing is given back;
 - D8 control: D1 with the gate unset (the default): today's server releases at once, as before the fix
   (``gate_default_on``: the variable's default as the tree's ``envs`` declares it; null before the fix, true
   where the tree turns the hold on by default, 0.5.21);
@@ -165,11 +165,12 @@ def d6(observed: Observed) -> None:
     finish(w, observed)
 
 
-@SCENARIOS.scenario("D7", "control: a transfer still running, no abort: nothing is given back")
+@SCENARIOS.scenario("D7", "control: a transfer still running, no abort, past a hold's deadline: nothing is given back")
 def d7(observed: Observed) -> None:
     w = World()
     w.admit("aborted", ROOM)
     w.iterate()
+    w.clock.now += w.timeout() + 1  # a hold the queue made of the running request would expire here
     w.iterate()
     observed["abort_sent"] = w.aborts_sent("aborted")
     finish(w, observed)

@@ -219,6 +219,16 @@ class EarlyQueue(Queue):
     holds = False
 
 
+class RunningHeldQueue(Queue):
+    """An over-broad hold: a request whose transfer still runs is held too, so it goes back at the deadline."""
+
+    def pop_transferred(self):
+        for decode_req in [d for d in self.queue if d.kv_receiver.poll() == KVPoll.Transferring]:
+            self.queue.remove(decode_req)
+            self._deferred_releases.append((decode_req, DECODE.time.monotonic() + TIMEOUT, 1))
+        return super().pop_transferred()
+
+
 def process_decode_queue(scheduler):
     scheduler.disagg_decode_transfer_queue.resolve_deferred_releases()
     scheduler.disagg_decode_transfer_queue.pop_transferred()
@@ -420,6 +430,13 @@ def test_a_thread_the_manager_s_base_class_starts_runs_inline(tq, monkeypatch):
     with tq.inline_threads():
         assert base.threading.Thread is tq.InlineThread
     assert base.threading is threading
+
+
+@pytest.mark.parametrize("queue, freed", [(Queue, 0), (RunningHeldQueue, 8)])
+def test_d7_a_hold_of_a_transfer_still_running_shows_once_its_deadline_passed(fresh_probe, tq, queue, freed):
+    tq.sg.Queue = queue
+    observed = run(fresh_probe, "D7")["observed"]
+    assert (observed["abort_sent"], observed["freed_total"]) == (0, freed)
 
 
 def test_d6_a_failure_the_prefill_reported_is_released_at_once(fresh_probe, tq):
