@@ -52,6 +52,16 @@ class Operator(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class Beside:
+    """Keys a control's scenario observes beside what it controls, which base and head see differently by design
+    (the fix's own change in a room next to the controlled one; a fact of the tree, such as whether it defines a
+    variable), and why. The narrative then tells the control as held, and these keys as declared."""
+
+    keys: tuple[str, ...]
+    why: str
+
+
+@dataclass(frozen=True)
 class Expectation:
     """What one scenario must show: a change from base to head, or a control."""
 
@@ -59,6 +69,7 @@ class Expectation:
     changes: bool
     base: dict[str, Any]
     head: dict[str, Any]
+    beside: Beside | None = None  # a control only
 
 
 @dataclass(frozen=True)
@@ -648,9 +659,21 @@ def _parse_expectation(where: str, sid: str, spec: Any) -> Expectation:
         if base == head:
             raise RegistryError(f"{where}: changes = true but base and head expect the same values")
     else:
-        _table(spec, where, required={"changes": bool, "keys": dict}, optional={"null_keys": list})
+        _table(spec, where, required={"changes": bool, "keys": dict}, optional={"null_keys": list, "beside": dict})
         base = head = _with_nulls(spec["keys"], spec, "null_keys", f"{where}.keys")
-    return Expectation(sid, spec["changes"], base, head)
+    beside = _parse_beside(f"{where}.beside", spec["beside"], base) if "beside" in spec else None
+    return Expectation(sid, spec["changes"], base, head, beside)
+
+
+def _parse_beside(where: str, spec: dict, controlled: dict[str, Any]) -> Beside:
+    _table(spec, where, required={"keys": list, "why": str}, optional={})
+    keys = _strings(spec["keys"], f"{where}.keys")
+    if not keys or not spec["why"].strip():
+        raise RegistryError(f"{where}: name the keys that differ beside the control, and why")
+    both = sorted(set(keys) & set(controlled))
+    if both:
+        raise RegistryError(f"{where}.keys: {', '.join(both)} is what the control holds; it cannot also differ")
+    return Beside(keys, spec["why"])
 
 
 _OPERATOR_FIELDS = {

@@ -20,11 +20,9 @@ is the tree's own ``envs`` value read while ``gated`` sets the server's variable
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import importlib.util
-import os
 import threading
 from collections import defaultdict
 from types import SimpleNamespace
@@ -32,24 +30,17 @@ from typing import Any, Callable
 
 from _decode_step import CannotObserve
 from _probekit import stand_in, swapped
+# the gate and the decode server: the one ``_transferqueue.World`` plays in X9 (0.5.21 acks every decode peer
+# of a room); the ack generation a fresh decode manager arms first
+from _transferqueue import DECODE_IP, DECODE_PORT, FIRST_GENERATION, GATE, ScriptEnded, gated
 
 CONN = "sglang.srt.disaggregation.nixl.conn"
 SENDER_OF = "NixlKVSender"
-GATE = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
 AGENT = "decode-agent"
-# the decode server: the one ``_transferqueue.World`` plays in X9 (0.5.21 acks every decode peer of a room)
-DECODE_IP = "192.0.2.2"
-DECODE_PORT = 17000
 PAGES_PER_CHUNK = 2
 ACK_TAG = b"ABORT_ACK"
-FIRST_GENERATION = 1  # register_deferred_abort_room's first answer on a fresh decode manager (0.5.22 on)
 
 sg = SimpleNamespace(ready=False)
-
-
-class ScriptEnded(BaseException):
-    """The scripted input is used up: ends a tree's ``while True`` loop (a BaseException, so the
-    loop's own ``except Exception`` never swallows it)."""
 
 
 def prepare() -> str:
@@ -109,21 +100,6 @@ def require(observed: dict) -> bool:
         raise CannotObserve(sg.unobserved)
     observed.update(sg.absent)
     return not sg.absent
-
-
-@contextlib.contextmanager
-def gated(on: bool):
-    """The server's environment with deferred release on (``"true"``) or unset (the tree's default: off up to
-    0.5.20, on from 0.5.21)."""
-    saved = os.environ.pop(GATE, None)
-    if on:
-        os.environ[GATE] = "true"
-    try:
-        yield
-    finally:
-        os.environ.pop(GATE, None)
-        if saved is not None:
-            os.environ[GATE] = saved
 
 
 @dataclasses.dataclass

@@ -33,6 +33,7 @@ one lands) and the clock (the queue module's ``time.monotonic``, which the deadl
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
 import os
@@ -74,6 +75,12 @@ sg = SimpleNamespace(ready=False)
 
 class CannotDrive(RuntimeError):
     """The tree lacks a part the driver needs: the scenario records this as its error, never as an answer."""
+
+
+class StandInFailed(RuntimeError):
+    """A stand-in of the probe raised inside a tree call: the probe under-built the tree's world, so what the
+    scenario saw is no answer, even where the tree caught it (its deferred-release loop logs a release that
+    raised and goes on, which would read as pages never given back)."""
 
 
 class ScriptEnded(BaseException):
@@ -287,22 +294,25 @@ class World:
         self.requests: dict[str, Request] = {}
         self.writes: list[dict[str, Any]] = []
         self.errors: list[str] = []
+        self.standin_failures: list[str] = []  # "name:Type: message" of each stand-in call that raised
         self.clock = Clock(time)
         torch = sg.torch
         rooms = torch.zeros((META_SLOTS, 1), dtype=torch.int64)
         # 0.5.23 resets a freed slot through clear_slot: its room (no checksum is kept, nothing else is observed)
-        self.metadata_buffers = SimpleNamespace(bootstrap_room=rooms, clear_slot=lambda idx: rooms.__setitem__(idx, 0))
-        self.meta_allocator = STANDINS.make("metadata_allocator", "metadata_allocator", free=self._free_meta,
-                                            alloc=self._alloc_meta, available_size=lambda: len(self.meta_free))
+        self.metadata_buffers = SimpleNamespace(bootstrap_room=rooms, clear_slot=self._standin(self._clear_slot))
+        self.meta_allocator = STANDINS.make("metadata_allocator", "metadata_allocator",
+                                            free=self._standin(self._free_meta), alloc=self._standin(self._alloc_meta),
+                                            available_size=lambda: len(self.meta_free))
         self.tree_cache = STANDINS.make(
-            "tree_cache", "tree_cache", cache_finished_req=self._cache_finished_req, supports_mamba=lambda: False,
+            "tree_cache", "tree_cache", cache_finished_req=self._standin(self._cache_finished_req),
+            supports_mamba=lambda: False,
             page_size=1,
             # 0.5.21's release_kv_cache gives the row back through the cache's row methods, then marks the
             # request released itself: no streaming session claims the row, no tree lock, pages of one slot
             # (0.5.22 tells on_release whether it checkpointed, by keyword)
-            claim_kv_row=lambda req: False, free_kv_row=self._free_kv_row, unpin=lambda req: None,
+            claim_kv_row=lambda req: False, free_kv_row=self._standin(self._free_kv_row), unpin=lambda req: None,
             on_release=lambda req, *args, **kwargs: None, token_to_kv_pool_allocator=SimpleNamespace(page_size=1),
-            req_to_token_pool=SimpleNamespace(free=_free_row))
+            req_to_token_pool=SimpleNamespace(free=self._standin(_free_row)))
         self.prealloc = STANDINS.make("prealloc_queue", "prealloc_queue", queue=[], retracted_queue=[],
                                       pop_preallocated=lambda *a, **k: sg.nothing_preallocated,
                                       resume_retracted_reqs=lambda *a, **k: [],
@@ -398,6 +408,13 @@ class World:
             self.holders[slot] = rid
         return slots
 
+    def next_request_while_writing(self, *, tokens: int = 8) -> list[int]:
+        """Two scheduler iterations pass with the prefill's write still in flight, then another request ("next")
+        is admitted: the slots it takes are those the aborted request gave back, if it gave any."""
+        self.iterate()
+        self.iterate()
+        return self.bystander("next", tokens=tokens)
+
     # --- what the scheduler and the prefill side do --------------------------------------------
     def abort(self, rid: str) -> None:
         """The client aborts: the scheduler's own ``abort_request``."""
@@ -441,14 +458,30 @@ class World:
         return hit
 
     def call(self, what: str, fn: Callable[..., Any], *args) -> Any:
-        """A tree call; an exception it raises is what the tree did (recorded by type), not a probe error."""
+        """A tree call; an exception it raises is what the tree did (recorded by type), not a probe error. A stand-in
+        that raised during it, caught by the tree or not, ends the scenario with ``StandInFailed``."""
+        failed = len(self.standin_failures)
         try:
-            return fn(*args)
+            result = fn(*args)
         except Exception as exc:
             self.errors.append(f"{what}:{type(exc).__name__}")
-            return None
+            result = None
+        if self.standin_failures[failed:]:
+            raise StandInFailed(f"a stand-in of the probe raised in {what}: {'; '.join(self.standin_failures[failed:])}")
+        return result
 
     # --- the stand-ins' recording ----------------------------------------------------------------
+    def _standin(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` as the tree calls it: a failure is kept for ``call`` to raise, since the tree may catch it."""
+        @functools.wraps(fn)
+        def kept(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                self.standin_failures.append(f"{getattr(fn, '__name__', 'stand-in')}:{type(exc).__name__}: {exc}")
+                raise
+        return kept
+
     def _cache_finished_req(self, req, *args, **kwargs) -> None:
         self._give_back(self.requests[req.rid], self.requests[req.rid].slots)
         _release_kv(req)
@@ -464,6 +497,9 @@ class World:
             if self.holders.get(slot) == entry.rid:
                 del self.holders[slot]
         self.free_list[:0] = slots  # the next allocation takes these first
+
+    def _clear_slot(self, idx: int) -> None:
+        self.metadata_buffers.bootstrap_room[idx] = 0
 
     def _alloc_meta(self) -> int:
         return self.meta_free.pop(0)

@@ -21,7 +21,7 @@ request's slots lands, then its ranks ack. Scenarios:
 - D4 acks that never come: held until the timeout, then released;
 - D5 a stale ack of the room's previous request arrives before the abort: it must not count;
 - D6 control: the prefill side reports a failure (it stopped writing): released at once, by design;
-- D7 control: a transfer still running, no abort: nothing is given back;
+- D7 control: a transfer still running, no abort, past a hold's deadline: nothing is given back;
 - D8 control: D1 with the gate unset (the default): today's server releases at once, as before the fix
   (``gate_default_on``: the variable's default as the tree's ``envs`` declares it; null before the fix, true
   where the tree turns the hold on by default, 0.5.21);
@@ -36,8 +36,8 @@ held by another request: the corruption), ``freed_after_first_ack``, ``freed_bef
 ``freed_after_timeout``, ``freed_total``, ``meta_freed`` (times its metadata slot went back),
 ``double_freed``; P1/P2: ``acks_at_abort`` (``ABORT_ACK`` messages the rank sent at once) and
 ``drain_acks_at_abort`` (those carrying its rank: a drain ack), or ``abort_handled: "absent"`` where the
-rank's loop handles no ``ABORT`` (before 0.5.13). A call of the tree that raised ends the scenario as an
-error (never an answer).
+rank's loop handles no ``ABORT`` (before 0.5.13). A call of the tree that raised, or a stand-in that raised in
+one (even where the tree caught it), ends the scenario as an error (never an answer).
 
     python probes/probe_deferred_release_differential.py --side head --tree-kind release --tree-ref 0.5.19
 """
@@ -45,6 +45,7 @@ error (never an answer).
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -75,21 +76,24 @@ def finish(w: World, observed: Observed, rid: str = "aborted") -> None:
     observed.update(freed_total=w.freed(rid), meta_freed=w.meta_freed(rid), double_freed=w.double_freed())
 
 
+def write_lands_then_acks(w: World, observed: Observed, ranks: Iterable[int]) -> None:
+    """The prefill's last write into the aborted request's slots lands; then ``ranks`` ack; one more iteration."""
+    observed.update(w.last_write("aborted"))
+    for rank in ranks:
+        w.ack("aborted", rank)
+    w.iterate()
+    finish(w, observed)
+
+
 def abort_mid_transfer(observed: Observed, w: World) -> None:
     """Decode aborts while the prefill still writes; another request comes in; the last write lands; acks."""
     w.admit("aborted", ROOM)
     w.abort("aborted")
     observed["abort_sent"] = w.aborts_sent("aborted")
-    w.iterate()
-    w.iterate()  # the prefill's write is still in flight a second iteration later
-    w.bystander("next")
+    w.next_request_while_writing()
     observed.update(freed_before_last_write=w.freed("aborted"),
                     meta_freed_before_last_write=w.meta_freed("aborted"))
-    observed.update(w.last_write("aborted"))
-    for rank in range(w.ranks):
-        w.ack("aborted", rank)
-    w.iterate()
-    finish(w, observed)
+    write_lands_then_acks(w, observed, range(w.ranks))
 
 
 @SCENARIOS.scenario("D1", "decode aborts mid-transfer: another request comes in, the prefill's last write lands, then its ack")
@@ -122,10 +126,7 @@ def d3(observed: Observed) -> None:
     w.iterate()
     w.bystander("next")
     observed["freed_after_first_ack"] = w.freed("aborted")
-    observed.update(w.last_write("aborted"))
-    w.ack("aborted", 1)
-    w.iterate()
-    finish(w, observed)
+    write_lands_then_acks(w, observed, [1])
 
 
 @SCENARIOS.scenario("D4", "acks that never come: held until the timeout, then released")
@@ -149,14 +150,9 @@ def d5(observed: Observed) -> None:
     w.admit("aborted", ROOM)
     w.ack("aborted", 0)  # a late duplicate of the ack a previous request on this room drew
     w.abort("aborted")
-    w.iterate()
-    w.iterate()
-    w.bystander("next")
-    observed.update(freed_before_last_write=w.freed("aborted"))
-    observed.update(w.last_write("aborted"))
-    w.ack("aborted", 0)
-    w.iterate()
-    finish(w, observed)
+    w.next_request_while_writing()
+    observed["freed_before_last_write"] = w.freed("aborted")
+    write_lands_then_acks(w, observed, [0])
 
 
 @SCENARIOS.scenario("D6", "control: the prefill side reports a failure (it stopped writing): released at once")
@@ -169,11 +165,12 @@ def d6(observed: Observed) -> None:
     finish(w, observed)
 
 
-@SCENARIOS.scenario("D7", "control: a transfer still running, no abort: nothing is given back")
+@SCENARIOS.scenario("D7", "control: a transfer still running, no abort, past a hold's deadline: nothing is given back")
 def d7(observed: Observed) -> None:
     w = World()
     w.admit("aborted", ROOM)
     w.iterate()
+    w.clock.now += w.timeout() + 1  # a hold the queue made of the running request would expire here
     w.iterate()
     observed["abort_sent"] = w.aborts_sent("aborted")
     finish(w, observed)

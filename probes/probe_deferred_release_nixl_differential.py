@@ -35,7 +35,7 @@ end), ``worker_error`` (the exception type the transfer worker recorded, else nu
 X9 (counts of the aborted request's 4 slots): ``abort_sent``, ``freed_before_last_write``,
 ``written_after_free``, ``written_into_other``, ``freed_total``, ``double_freed``;
 ``deferred_enabled`` (X7: the tree's flag with the variable unset; null before #35049), ``room_succeeded``,
-``siblings_settled`` (X4, X5: every posted write completed by the end: 0.5.21's error path waits for them).
+``siblings_settled`` (X4, X5: every posted write completed by the end: the error path waits for them from 0.5.20).
 Tree facts, the scenario stopping there: ``nixl_manager: "absent"`` (no NIXL backend) and
 ``nixl_abort_handler: "absent"`` (its prefill manager handles no ``ABORT``: up to 0.5.15).
 
@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -74,6 +75,19 @@ def prefill_keys(world: World, manager, observed: Observed, *, at_abort: int | N
         observed["acks_at_abort"] = at_abort
 
 
+def on_a_prefill_rank(scenario_id: str, title: str, *, gate: bool = True):
+    """A scenario on one prefill rank's manager (its world's gate set, or unset with ``gate=False``); where the
+    tree has no NIXL abort handler to drive, the scenario records that instead."""
+    def register(fn: Callable[[Observed, World, Any], None]):
+        @SCENARIOS.scenario(scenario_id, title)
+        def run(observed: Observed) -> None:
+            if require(observed):
+                world = World(gate=gate)
+                fn(observed, world, world.prefill())
+        return fn
+    return register
+
+
 def abort_mid_chunk(world: World, manager) -> int:
     """The first of two chunks is posted; the decode's ABORT arrives while it is in flight; the
     second chunk is dequeued after. Returns the acks the abort handler sent."""
@@ -90,22 +104,14 @@ def abort_mid_chunk(world: World, manager) -> int:
     return seen.get("at_abort", 0)
 
 
-@SCENARIOS.scenario("X1", "abort while the first of two chunks is in flight; the second is dequeued after")
-def x1(observed: Observed) -> None:
-    if not require(observed):
-        return
-    world = World()
-    manager = world.prefill()
+@on_a_prefill_rank("X1", "abort while the first of two chunks is in flight; the second is dequeued after")
+def x1(observed: Observed, world: World, manager) -> None:
     at_abort = abort_mid_chunk(world, manager)
     prefill_keys(world, manager, observed, at_abort=at_abort)
 
 
-@SCENARIOS.scenario("X2", "abort of a quiescent room (before its first chunk), then its chunk is dequeued")
-def x2(observed: Observed) -> None:
-    if not require(observed):
-        return
-    world = World()
-    manager = world.prefill()
+def abort_quiescent(observed: Observed, world: World, manager) -> None:
+    """The room is bootstrapped, nothing written yet; the decode's ABORT arrives; then its one chunk is dequeued."""
     bootstrap(manager, ROOM, pages=2)
     abort(manager, ROOM)
     at_abort = len(world.acks)
@@ -113,12 +119,13 @@ def x2(observed: Observed) -> None:
     prefill_keys(world, manager, observed, at_abort=at_abort)
 
 
-@SCENARIOS.scenario("X3", "abort after the last chunk completed (the room concluded)")
-def x3(observed: Observed) -> None:
-    if not require(observed):
-        return
-    world = World()
-    manager = world.prefill()
+@on_a_prefill_rank("X2", "abort of a quiescent room (before its first chunk), then its chunk is dequeued")
+def x2(observed: Observed, world: World, manager) -> None:
+    abort_quiescent(observed, world, manager)
+
+
+@on_a_prefill_rank("X3", "abort after the last chunk completed (the room concluded)")
+def x3(observed: Observed, world: World, manager) -> None:
     bootstrap(manager, ROOM, pages=2)
     work(manager, chunk(ROOM, 0, last=True))
     abort(manager, ROOM)
@@ -131,12 +138,8 @@ def error_with_sibling(world: World, on_poll=None) -> None:
     world.script("PROC", "PROC", "PROC", "DONE")
 
 
-@SCENARIOS.scenario("X4", "abort of a room cleared after a transfer error, its sibling write still running")
-def x4(observed: Observed) -> None:
-    if not require(observed):
-        return
-    world = World()
-    manager = world.prefill()
+@on_a_prefill_rank("X4", "abort of a room cleared after a transfer error, its sibling write still running")
+def x4(observed: Observed, world: World, manager) -> None:
     error_with_sibling(world)
     bootstrap(manager, ROOM, pages=2)
     work(manager, chunk(ROOM, 0, last=True))
@@ -146,12 +149,8 @@ def x4(observed: Observed) -> None:
     observed["siblings_settled"] = not world.in_flight()
 
 
-@SCENARIOS.scenario("X5", "abort while the last chunk is in flight, then its KV write fails while its sibling runs")
-def x5(observed: Observed) -> None:
-    if not require(observed):
-        return
-    world = World()
-    manager = world.prefill()
+@on_a_prefill_rank("X5", "abort while the last chunk is in flight, then its KV write fails while its sibling runs")
+def x5(observed: Observed, world: World, manager) -> None:
     error_with_sibling(world, on_poll=lambda: abort(manager, ROOM))
     bootstrap(manager, ROOM, pages=2)
     work(manager, chunk(ROOM, 0, last=True))
@@ -179,26 +178,14 @@ def x6(observed: Observed) -> None:
                     decode_ranks_acked=_nixl.ranks_acked(decode, ROOM))
 
 
-@SCENARIOS.scenario("X7", "control: X2 with the deferred-release variable unset (the default)")
-def x7(observed: Observed) -> None:
-    if not require(observed):
-        return
-    world = World(gate=False)
-    manager = world.prefill()
-    bootstrap(manager, ROOM, pages=2)
-    abort(manager, ROOM)
-    at_abort = len(world.acks)
-    work(manager, chunk(ROOM, 0, last=True))
-    prefill_keys(world, manager, observed, at_abort=at_abort)
+@on_a_prefill_rank("X7", "control: X2 with the deferred-release variable unset (the default)", gate=False)
+def x7(observed: Observed, world: World, manager) -> None:
+    abort_quiescent(observed, world, manager)
     observed["deferred_enabled"] = _nixl.deferred_enabled(manager)
 
 
-@SCENARIOS.scenario("X8", "control: a two-chunk transfer that completes, no abort")
-def x8(observed: Observed) -> None:
-    if not require(observed):
-        return
-    world = World()
-    manager = world.prefill()
+@on_a_prefill_rank("X8", "control: a two-chunk transfer that completes, no abort")
+def x8(observed: Observed, world: World, manager) -> None:
     bootstrap(manager, ROOM, pages=4)
     work(manager, chunk(ROOM, 0, last=False), chunk(ROOM, 1, last=True))
     prefill_keys(world, manager, observed)
@@ -214,9 +201,7 @@ def x9(observed: Observed) -> None:
     entry = decode.admit("aborted", ROOM, tokens=4)
     decode.abort("aborted")
     aborts = [frames for _, frames in entry.sent if frames[:1] == [b"ABORT"]]
-    decode.iterate()
-    decode.iterate()  # the prefill's write is still in flight a second iteration later
-    decode.bystander("next", tokens=4)
+    decode.next_request_while_writing(tokens=4)
     observed.update(abort_sent=len(aborts), freed_before_last_write=decode.freed("aborted"))
     world = World()
     prefill = world.prefill()

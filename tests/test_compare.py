@@ -252,14 +252,15 @@ def test_a_fresh_result_without_its_receipt_is_incomplete(project):
     assert "no receipt for release(demo, head)" in pair.reasons[0]
 
 
-@pytest.mark.parametrize("table, line", [
-    ("D1", "base = {{ enqueued = true, retired = false }}"),
-    ("D1", "head = {{ enqueued = false, retired = true }}"),
-    ("D2", "keys = {{ enqueued = true }}"),
+@pytest.mark.parametrize("table, line, typo", [
+    ("D1", "base = {{ enqueued = true, retired = false }}", None),
+    ("D1", "head = {{ enqueued = false, retired = true }}", None),
+    ("D2", "keys = {{ enqueued = true }}", None),
+    ("D2", "keys = {{ enqueued = true }}", 'keys = {{ enqueued = true }}\nbeside = {{ keys = ["enqeued"], why = "x" }}'),
 ])
-def test_a_misspelled_expected_key_is_a_registry_error_naming_the_nearest_key(tmp_path, capsys, table, line):
+def test_a_misspelled_expected_key_is_a_registry_error_naming_the_nearest_key(tmp_path, capsys, table, line, typo):
     assert line.format() in synthetic.REGISTRY
-    typo = line.format().replace("enqueued = ", "enqeued = ")
+    typo = (typo or line.replace("enqueued = ", "enqeued = ")).format()
     project = make_project(tmp_path / "project", synthetic.REGISTRY.replace(line.format(), typo))
     publish_both(project)
     assert cli.main(["--root", str(project), "compare"]) == errors.USAGE

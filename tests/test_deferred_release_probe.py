@@ -197,11 +197,15 @@ class Queue:
         return []
 
     def resolve_deferred_releases(self):
+        """As the tree's: a held release that raises is logged and the others go on."""
         now, held = DECODE.time.monotonic(), []
         for decode_req, deadline, required in self._deferred_releases:
             mgr = decode_req.kv_receiver.kv_mgr
             if mgr.is_abort_release_safe(decode_req.req.bootstrap_room, required) or now >= deadline:
-                self._release(decode_req)
+                try:
+                    self._release(decode_req)
+                except Exception:
+                    pass
             else:
                 held.append((decode_req, deadline, required))
         self._deferred_releases = held
@@ -213,6 +217,16 @@ class Queue:
 
 class EarlyQueue(Queue):
     holds = False
+
+
+class RunningHeldQueue(Queue):
+    """An over-broad hold: a request whose transfer still runs is held too, so it goes back at the deadline."""
+
+    def pop_transferred(self):
+        for decode_req in [d for d in self.queue if d.kv_receiver.poll() == KVPoll.Transferring]:
+            self.queue.remove(decode_req)
+            self._deferred_releases.append((decode_req, DECODE.time.monotonic() + TIMEOUT, 1))
+        return super().pop_transferred()
 
 
 def process_decode_queue(scheduler):
@@ -418,6 +432,13 @@ def test_a_thread_the_manager_s_base_class_starts_runs_inline(tq, monkeypatch):
     assert base.threading is threading
 
 
+@pytest.mark.parametrize("queue, freed", [(Queue, 0), (RunningHeldQueue, 8)])
+def test_d7_a_hold_of_a_transfer_still_running_shows_once_its_deadline_passed(fresh_probe, tq, queue, freed):
+    tq.sg.Queue = queue
+    observed = run(fresh_probe, "D7")["observed"]
+    assert (observed["abort_sent"], observed["freed_total"]) == (0, freed)
+
+
 def test_d6_a_failure_the_prefill_reported_is_released_at_once(fresh_probe, tq):
     observed = run(fresh_probe, "D6")["observed"]
     assert observed == {"abort_sent": 0, "freed_at_failure": 8, "freed_total": 8, "meta_freed": 1,
@@ -428,6 +449,19 @@ def test_a_scenario_in_which_the_tree_raised_is_an_error_never_an_answer(fresh_p
     monkeypatch.setattr(Receiver, "abort", lambda self: (_ for _ in ()).throw(RuntimeError("socket")))
     found = run(fresh_probe, "D1")
     assert found["error"]["type"] == "TreeRaised" and "abort:RuntimeError" in found["error"]["message"]
+
+
+def test_a_stand_in_that_raised_where_the_tree_caught_it_is_the_scenario_s_error_never_an_answer(
+        fresh_probe, tq, monkeypatch):
+    """The held release frees the metadata slot through the probe's allocator: its failure, which the tree's loop
+    swallows, must not read as a metadata slot never given back."""
+    def under_built(self, idx):
+        raise IndexError("no metadata slot")
+
+    monkeypatch.setattr(tq.World, "_free_meta", under_built)
+    found = run(fresh_probe, "D1")
+    assert found["error"]["type"] == "StandInFailed"
+    assert "in iterate" in found["error"]["message"] and "under_built:IndexError" in found["error"]["message"]
 
 
 @pytest.mark.parametrize("manager, expected", [

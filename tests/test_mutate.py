@@ -458,8 +458,6 @@ def real_lanes(tmp_path_factory):
 # Controls no declared mutant breaks yet, and why: the gap stays visible here until a mutant closes it.
 UNEXERCISED_CONTROLS = {
     ("offload_slots", "O7"): "a prompt shorter than a page: no over-broad mutant of #24226 touches the page alignment",
-    ("deferred_release", "D7"): "a transfer still running, never aborted: no mutant of #35049 yet releases or holds "
-                                "a request that was not aborted (an over-broad one that does is left for the next round)",
 }
 MUTATED = [name for name, exp in registry.load(PROJECT).experiments.items() if exp.mutants]
 

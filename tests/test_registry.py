@@ -80,6 +80,23 @@ def test_expectations_distinguish_changes_from_controls(tmp_path):
     assert not demo.expect["D2"].changes and demo.expect["D2"].base == demo.expect["D2"].head
 
 
+def test_a_control_declares_the_keys_that_differ_beside_it_and_why(tmp_path):
+    text = REGISTRY.replace("keys = { enqueued = true }",
+                            'keys = { enqueued = true }\nbeside = { keys = ["tree_error"], why = "the base raises" }')
+    control = load_text(tmp_path, text).experiment("demo").expect["D2"]
+    assert control.beside == registry.Beside(("tree_error",), "the base raises")
+
+
+@pytest.mark.parametrize("beside, message", [
+    ('{ keys = ["enqueued"], why = "x" }', r"D2\.beside\.keys: enqueued is what the control holds"),
+    ('{ keys = [], why = "x" }', "name the keys that differ beside the control, and why"),
+    ('{ keys = ["k"] }', "missing key 'why'"),
+])
+def test_a_beside_declaration_that_would_hide_the_control_or_says_nothing_is_refused(tmp_path, beside, message):
+    with pytest.raises(errors.HarnessError, match=message):
+        load_text(tmp_path, REGISTRY.replace("keys = { enqueued = true }", f"keys = {{ enqueued = true }}\nbeside = {beside}"))
+
+
 def test_unknown_experiment_lists_the_valid_ones(tmp_path):
     reg = load_text(tmp_path, REGISTRY)
     with pytest.raises(errors.HarnessError) as err:

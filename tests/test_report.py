@@ -556,3 +556,24 @@ def test_the_sweep_line_names_each_rule_that_set_keys_aside_and_where_it_held():
         "; judged without the keys a registry rule sets aside: old_intake (0.1-0.2), retries (0.2, 0.4)")
     del sweep["releases"][0]["not_deciding"], sweep["releases"][1]["not_deciding"], sweep["releases"][3]["not_deciding"]
     assert "judged without" not in sweep_text(sweep)
+
+
+def _control_grid(**moved: tuple) -> dict:
+    """One control scenario C whose keys ``moved`` differ (base, head) beside ``held``, which both sides agree on."""
+    keys = {"held": {"base": 1, "head": 1, "status": "unchanged"}}
+    keys.update({key: {"base": b, "head": h, "status": "changed"} for key, (b, h) in moved.items()})
+    return {"grid": {"C": {"status": "changed", "present": {"base": True, "head": True},
+                           "errors": {"base": None, "head": None}, "keys": keys}},
+            "expectation_failures": []}
+
+
+def test_a_control_whose_other_keys_differ_as_the_registry_declares_is_held_and_says_why():
+    notes = {"C": {"title": None, "changes": False, "keys": ["held"],
+                   "beside": {"keys": ["gate_default_on"], "why": "a fact of the tree"}}}
+    told = narrative.story(_control_grid(gate_default_on=(None, False)), notes)
+    assert (told.controls_held, told.changes) == (["C"], [])
+    assert told.beside == [("C", ["gate_default_on"], "a fact of the tree")]
+    assert "each as experiments.toml declares" in narrative.overview(told)
+    # A key the registry did not declare beside it is still a control that changed: not as declared.
+    undeclared = narrative.story(_control_grid(gate_default_on=(None, False), freed=(0, 8)), notes)
+    assert [c.sid for c in undeclared.changes] == ["C"] and "not as declared: C" in narrative.overview(undeclared)

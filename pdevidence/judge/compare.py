@@ -128,6 +128,8 @@ def check_expected_keys(exp: Experiment, docs: dict[str, Result]) -> None:
         observed = sorted(set().union(*(sc.observed for sc in ran)))
         tables = {"base": expectation.base, "head": expectation.head} if expectation.changes \
             else {"keys": expectation.base}
+        if expectation.beside is not None:
+            tables["beside.keys"] = dict.fromkeys(expectation.beside.keys)
         for table, values in tables.items():
             for key in sorted(values):
                 if key not in observed:

@@ -57,6 +57,7 @@ class Story:
     changes: list[Change] = field(default_factory=list)
     flat: list[str] = field(default_factory=list)  # expected to change, did not
     controls_held: list[str] = field(default_factory=list)
+    beside: list[tuple[str, list[str], str]] = field(default_factory=list)  # held controls: (sid, keys moved, why)
     errors: list[str] = field(default_factory=list)
 
 
@@ -80,6 +81,13 @@ def story(pair: dict, notes: dict[str, dict]) -> Story:
             continue
         if sc["status"] == "unchanged":
             result.flat.append(sid)
+            continue
+        moved = [key for key, k in sc["keys"].items() if k["status"] != "unchanged"]
+        declared = note.get("beside") or {}
+        if (note.get("changes") is False and not failures and sc["errors"]["base"] == sc["errors"]["head"]
+                and set(moved) <= set(declared.get("keys", ()))):
+            result.controls_held.append(sid)  # what it controls held; the rest moved as the registry says
+            result.beside.append((sid, moved, declared["why"]))
             continue
         keys = changed_keys(sc, note.get("keys"))
         result.changes.append(Change(sid, note.get("title"), keys, note.get("changes"), failures))
@@ -237,6 +245,8 @@ def _lines(pair: dict, doc: dict, *, arrow: str, bullet: str, strong) -> list[st
         lines.append(f"{bullet}expected to change but unchanged: {', '.join(told.flat)}")
     if told.controls_held:
         lines.append(f"{bullet}controls unchanged, as expected: {', '.join(told.controls_held)}")
+    for sid, moved, why in told.beside:
+        lines.append(f"{bullet}{strong(sid)} beside its control, as declared: {', '.join(moved)} differ ({why})")
     if told.errors:
         lines.append(f"{bullet}scenarios that raised or are missing on a side: {', '.join(told.errors)}")
     others = [f["scenario"] for f in pair["expectation_failures"]

@@ -79,6 +79,8 @@ def scenario_notes(reg: Registry, report: dict, runs: Path) -> dict[str, dict[st
         for sid, expectation in (exp.expect if exp else {}).items():
             found.setdefault(sid, {"title": None, "changes": expectation.changes,
                                    "keys": sorted(set(expectation.base) | set(expectation.head))})
+            if expectation.beside is not None:
+                found[sid]["beside"] = {"keys": list(expectation.beside.keys), "why": expectation.beside.why}
         for side in SIDES:
             cell = pair["cells"].get(side)
             path = runs / cell["file"] if cell else None
