@@ -19,8 +19,9 @@ status loop (``start_decode_thread``), and the receiver's ``abort``, ``poll`` an
 transfer engine (each write's destination pages), the transfer queue and thread pool, the threads
 (the loops run on the probe's thread until their scripted input ends; the heartbeat never starts).
 The bootstrap server is a stand-in too: up to 0.5.9 (on the main line, to 2026-03) the receiver's
-constructor asks it which prefill ranks serve the room, answered in the tree's shape; from 0.5.10 ``init(prefill_dp_rank)`` reads what the decode manager learnt
-earlier, and the probe sets that answer on the receiver as ``init`` sets it. Each prefill rank learns
+constructor asks it which prefill ranks serve the room, answered in the tree's shape; from 0.5.10
+``init(prefill_dp_rank)`` reads what the decode manager learnt earlier, and the probe sets that answer on
+the receiver as ``init`` sets it. Each prefill rank learns
 of the room as the prefill sender's constructor tells it (status Bootstrapping). A request of 6 pages goes in 3 chunks of 2.
 
 Scenarios: N1 abort before any chunk; N2 mid-transfer (1 chunk written, 2 queued); N3 abort after the
