@@ -22,7 +22,7 @@ from pdevidence import cli
 from pdevidence.core import errors
 from pdevidence.documents import integrity
 from pdevidence.documents.bisects import BisectDocument
-from pdevidence.documents.vocabulary import Behaviour
+from pdevidence.documents.vocabulary import Behaviour, GateState
 from pdevidence.documents.vocabulary import CheckStatus as Status
 from pdevidence.lanes import check
 from pdevidence.lanes.bisect import Boundary, Finding, Outcome, Search, Seen, watch
@@ -137,7 +137,13 @@ base = "1.0.0"
 head = "1.1.0"
 """
 STATUS = {"fixed": Status.FIXED, "pre-fix": Status.AFFECTED, "not affected": Status.NOT_AFFECTED,
-          "cannot run": Status.CANNOT_RUN, "neither": Status.UNKNOWN}
+          "cannot run": Status.CANNOT_RUN, "neither": Status.UNKNOWN, "present but off": Status.AFFECTED}
+GATE = """
+[experiments.demo.gate]
+variable = "SGLANG_DEMO_FIX"
+on = "true"
+why = "the fix runs only where the server's environment sets it; off by default"
+"""
 
 
 class History:
@@ -187,13 +193,21 @@ def stand_in_for_check(monkeypatch) -> Probed:
             states = json.loads((tree.install_target / "sglang" / "state.json").read_text())
             found.append(check.CheckResult(target, [
                 check.ExperimentCheck(name, exp.pr, STATUS[states[name]],
-                                      {"D1": Behaviour.FIXED if states[name] == "fixed" else Behaviour.PRE_FIX},
-                                      error="no module named vendor" if states[name] == "cannot run" else None)
+                                      {"D1": Behaviour.FIXED if states[name] in ("fixed", "present but off")
+                                       else Behaviour.PRE_FIX},
+                                      error="no module named vendor" if states[name] == "cannot run" else None,
+                                      gate=gate_off(exp.gate) if states[name] == "present but off" else None)
                 for name, exp in reg.experiments.items()]))
         return found
 
     monkeypatch.setattr(check, "run_all", run_all)
     return probed
+
+
+def gate_off(gate) -> check.GateAnswer:
+    """check's answer for a server at its defaults: the fix's code answers fixed, its gate off."""
+    return check.GateAnswer(gate, GateState.OFF, given=False, assumed_defaults=True, value=False,
+                            code_status=Status.FIXED, why="its default")
 
 
 @pytest.fixture
@@ -335,18 +349,26 @@ def test_the_introducing_commit_is_sought_from_the_last_release_the_sweep_calls_
     assert code == errors.CONFIRMED
 
 
-def test_a_gated_fix_is_bracketed_from_the_first_release_carrying_it_even_off_by_default(project, tmp_path):
+def test_a_gated_fix_is_found_where_its_code_comes_in_judged_with_its_gate_on_and_the_gate_is_said(project,
+                                                                                                    tmp_path):
+    """check answers affected for a server at its defaults (the gate off); bisect judges the code, as the sweep
+    brackets it from the first release carrying it."""
     root, _ = project
+    registry = root / "experiments.toml"
+    registry.write_text(registry.read_text() + GATE)
     h = History(tmp_path / "sglang")
     h.commit("start", demo="pre-fix", other="pre-fix")
     h.release("1.0.0")
     lines_of(h, 2, demo="pre-fix", other="pre-fix")
-    fix = h.commit("fix (#1)", demo="fixed", other="pre-fix")  # the probe runs it with the gate on
+    fix = h.commit("fix (#1)", demo="present but off", other="pre-fix")
+    lines_of(h, 2, demo="present but off", other="pre-fix")
     h.release("1.1.0")
     sweep_table(root, "demo", {"1.0.0": "pre-fix", "1.1.0": "present but off"})
     code, doc = bisect(root, h.path, "demo")
-    found = doc["experiments"][0]["fix"]
-    assert found["commit"]["sha"] == fix and "first fixed 1.1.0" in found["bracket"]
+    found = doc["experiments"][0]
+    assert found["fix"]["commit"]["sha"] == fix and "first fixed 1.1.0" in found["fix"]["bracket"]
+    assert (found["fix"]["commit"]["outcome"], found["fix"]["parent"]["outcome"]) == ("fixed", "pre-fix")
+    assert any("gate on (SGLANG_DEMO_FIX=true" in note for note in found["notes"])
     assert code == errors.CONFIRMED
 
 

@@ -148,15 +148,18 @@ class Prober:
 
     def seen(self, sha: str, experiment: str) -> Seen:
         found = self.judged[sha][experiment]
-        if found.status is Status.DEVIATES:  # fixed on every deciding scenario: the fixed side, its controls named
+        # A gated fix is sought where its code comes in, judged as its probe runs it: gate on (the notes say the
+        # gate; check answers affected for a server left at its default, off).
+        status = found.gate.code_status if found.gated_off else found.status
+        if status is Status.DEVIATES:  # fixed on every deciding scenario: the fixed side, its controls named
             return Seen(Outcome.FIXED, deviates=tuple(found.deviations))
-        outcome = OUTCOME_OF.get(found.status)
+        outcome = OUTCOME_OF.get(status)
         if outcome is not None:
             return Seen(outcome)
         detail = found.error or ", ".join(found.deciding)
         if len(detail) > REASON_CHARS:  # every scenario raising alike says the same thing many times
             detail = detail[:REASON_CHARS] + "..."
-        return Seen(Outcome.SKIPPED, found.status.value + (f": {detail}" if detail else ""))
+        return Seen(Outcome.SKIPPED, status.value + (f": {detail}" if detail else ""))
 
     def probed(self, sha: str, experiment: str) -> Probed:
         return Probed(self.commit(sha), self.seen(sha, experiment), dict(self.judged[sha][experiment].scenarios))
@@ -301,4 +304,4 @@ def _document(exp: Experiment, brackets, searches, lines, watched, prober: Probe
                              tuple(p for p in walked if p.commit.sha in result.flagged))
     pinned = exp.git.get("head")
     return BisectDocument(exp.name, exp.pr, pinned, found[Boundary.FIX], found[Boundary.INTRODUCED],
-                          notes(exp.name, exp.pr, found[Boundary.FIX], pinned), report, parameters, made)
+                          notes(exp.name, exp.pr, found[Boundary.FIX], pinned, exp.gate), report, parameters, made)
