@@ -74,7 +74,8 @@ def test_a_commit_fixed_where_it_tells_but_departing_on_a_control_is_the_fixed_s
     deviates = Seen(Outcome.FIXED, deviates=("O7",))
     answer, _ = search([PRE, PRE, deviates, deviates, FIXED])
     assert (answer.finding, answer.commit) == (Finding.FOUND, "c2")
-    assert deviates.describe() == "fixed (deviates: O7)"
+    assert deviates.describe() == "fixed (a control deviates)"  # named once in the report, not on every step
+    assert Seen(Outcome.FIXED, deviates=("O1", "O7")).describe() == "fixed (2 controls deviate)"
     line = ["c0", "c1", "c2"]
     assert watch(line, dict(zip(line, [FIXED, deviates, FIXED]))).flagged == ("c1",)  # the watch flags it
 
@@ -137,7 +138,8 @@ base = "1.0.0"
 head = "1.1.0"
 """
 STATUS = {"fixed": Status.FIXED, "pre-fix": Status.AFFECTED, "not affected": Status.NOT_AFFECTED,
-          "cannot run": Status.CANNOT_RUN, "neither": Status.UNKNOWN, "present but off": Status.AFFECTED}
+          "cannot run": Status.CANNOT_RUN, "neither": Status.UNKNOWN, "present but off": Status.AFFECTED,
+          "deviates": Status.DEVIATES}
 GATE = """
 [experiments.demo.gate]
 variable = "SGLANG_DEMO_FIX"
@@ -192,16 +194,22 @@ def stand_in_for_check(monkeypatch) -> Probed:
             probed.append(tree.resolved)
             states = json.loads((tree.install_target / "sglang" / "state.json").read_text())
             found.append(check.CheckResult(target, [
-                check.ExperimentCheck(name, exp.pr, STATUS[states[name]],
-                                      {"D1": Behaviour.FIXED if states[name] in ("fixed", "present but off")
-                                       else Behaviour.PRE_FIX},
+                check.ExperimentCheck(name, exp.pr, STATUS[states[name]], scenarios_of(states[name]),
                                       error="no module named vendor" if states[name] == "cannot run" else None,
+                                      explain={"C1": {}} if states[name] == "deviates" else {},
                                       gate=gate_off(exp.gate) if states[name] == "present but off" else None)
                 for name, exp in reg.experiments.items()]))
         return found
 
     monkeypatch.setattr(check, "run_all", run_all)
     return probed
+
+
+def scenarios_of(state: str) -> dict[str, Behaviour]:
+    """The deciding scenario D1 as the state says; a deviating commit also departs on the control C1."""
+    fixed = state in ("fixed", "present but off", "deviates")
+    return {"D1": Behaviour.FIXED if fixed else Behaviour.PRE_FIX, **({"C1": Behaviour.DEVIATES}
+                                                                        if state == "deviates" else {})}
 
 
 def gate_off(gate) -> check.GateAnswer:
@@ -453,6 +461,39 @@ def test_the_text_report_names_the_line_each_boundary_commit_its_parent_and_each
     steps = out[out.index("steps (3 commits probed):"):]  # both ends, then the one commit between
     assert [line.split(" (")[0] for line in steps if line.startswith("  step ")] == ["  step 1", "  step 2"]
     assert out[-1].startswith("time: ") and code == errors.CONFIRMED
+
+
+def test_the_controls_commits_deviate_on_are_named_once_not_on_every_step(project, tmp_path, capsys):
+    root, _ = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")
+    lines_of(h, 3, demo="pre-fix", other="pre-fix")
+    fix = h.commit("fix (#1)", demo="deviates", other="pre-fix")
+    lines_of(h, 3, demo="deviates", other="pre-fix")
+    h.release("1.1.0")
+    code = cli.main(["--root", str(root), "bisect", "demo", "--repo", str(h.path)])
+    out = capsys.readouterr().out.splitlines()
+    steps = [line for line in out if line.startswith("    ") and "demo fixed" in line]
+    assert steps and all("demo fixed (a control deviates)" in line for line in steps)
+    named = [line for line in out if "C1" in line and "D1" not in line]
+    assert len(named) == 1 and named[0].startswith("  deviating: C1 depart from both sides on ")
+    assert fix[:12] in named[0] and code == errors.CONFIRMED
+
+
+def test_json_prints_the_run_s_receipt_alone_and_the_progress_on_standard_error(project, tmp_path, capsys):
+    root, _ = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")
+    fix = h.commit("fix (#1)", demo="fixed", other="pre-fix")
+    h.release("1.1.0")
+    code = cli.main(["--root", str(root), "bisect", "demo", "--repo", str(h.path), "--json"])
+    captured = capsys.readouterr()
+    assert captured.out == (tmp_path / "runs" / "bisect.run.json").read_text()
+    doc = json.loads(captured.out)
+    assert doc["schema"] == "pdevidence-bisect-run/1" and doc["experiments"][0]["fix"]["commit"]["sha"] == fix
+    assert "bisect: probing" in captured.err and code == errors.CONFIRMED
 
 
 def test_without_a_clone_bisect_says_where_to_name_one(project, monkeypatch, capsys):

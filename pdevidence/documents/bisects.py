@@ -45,8 +45,10 @@ class Seen:
     deviates: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        if self.deviates:
-            return f"{self.outcome.value} (deviates: {', '.join(self.deviates)})"
+        if self.deviates:  # the controls are named once per experiment (``BisectDocument.deviating``)
+            many = len(self.deviates) > 1
+            return f"{self.outcome.value} ({len(self.deviates) if many else 'a'} control{'s' if many else ''} " \
+                f"deviate{'' if many else 's'})"
         return f"{self.outcome.value} ({self.reason})" if self.reason else self.outcome.value
 
 
@@ -248,6 +250,16 @@ class BisectDocument:
 
     def boundary(self, which: Boundary) -> BoundaryReport:
         return self.fix if which is Boundary.FIX else self.introduced
+
+    def deviating(self) -> dict[tuple[str, ...], list[Commit]]:
+        """The commits probed that deviate (fixed where it tells, controls departing from both sides), by the
+        controls they depart on, each commit once, in the order probed."""
+        probed = [*self.fix.steps, *self.introduced.steps, *(self.watch.walked if self.watch else ())]
+        found: dict[tuple[str, ...], list[Commit]] = {}
+        for p in probed:
+            if p.seen.deviates and p.commit not in found.get(p.seen.deviates, []):
+                found.setdefault(p.seen.deviates, []).append(p.commit)
+        return found
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": BISECT_SCHEMA.name, "experiment": self.experiment, "pr": self.pr,

@@ -16,6 +16,7 @@ from .bisect import EXIT_OF
 # where the run was and how long each round took.
 SCHEMA = "pdevidence-bisect-run/1"
 RECEIPT = "bisect.run.json"
+SHOWN = 4  # commits named beside the controls they deviate on
 
 
 def notes(experiment: str, pr: int, fix: BoundaryReport, pinned_fix: str | None,
@@ -58,6 +59,10 @@ class ExperimentReport:
         doc = self.document
         out = [f"{doc.experiment} (PR #{doc.pr})", *doc.fix.lines(), *doc.introduced.lines()]
         out += [f"  note: {n}" for n in doc.notes]
+        for controls, commits in doc.deviating().items():
+            shown = ", ".join(c.sha[:12] for c in commits[:SHOWN]) + (", ..." if len(commits) > SHOWN else "")
+            out.append(f"  deviating: {', '.join(controls)} depart from both sides on {len(commits)} commit(s) "
+                       f"probed ({shown}): fixed where it tells, so the fixed side")
         if self.watch_not_run:
             out.append(f"  watch: not run: {self.watch_not_run}")
         return out + (doc.watch.lines() if doc.watch else [])
