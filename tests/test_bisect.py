@@ -325,6 +325,30 @@ def test_a_fixed_release_after_the_history_ends_is_reported_with_its_newest_comm
     assert code == errors.INCOMPLETE
 
 
+def test_a_fix_on_a_line_past_the_main_ref_is_outside_its_history_and_main_walks_to_it(project, tmp_path):
+    """A clone's main ref may stop short of upstream's line, which another branch carries further (a PR branch
+    that merged it): the registry's pin is in the clone, off the line walked; --main names a line holding it."""
+    root, _ = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")
+    lines_of(h, 2, demo="pre-fix", other="pre-fix")
+    git(h.path, "checkout", "-qb", "upstream")
+    lines_of(h, 2, demo="pre-fix", other="pre-fix")
+    fix = h.commit("fix (#1)", demo="fixed", other="pre-fix")
+    newest = h.commit("after", demo="fixed", other="pre-fix")
+    git(h.path, "checkout", "-q", "main")
+    registry = root / "experiments.toml"
+    registry.write_text(re.sub(r'(\[experiments\.demo\.git\]\nbase = "\w+"\nhead = )"\w+"', rf'\1"{fix}"',
+                               registry.read_text()))
+    code, doc = bisect(root, h.path, "demo")
+    found = doc["experiments"][0]
+    assert found["fix"]["finding"] == "outside the history" and code == errors.INCOMPLETE
+    assert f"the registry's git pin {fix[:12]} is in the clone, but not on main's line" in " ".join(found["notes"])
+    code, doc = bisect(root, h.path, "demo", "--main", newest)
+    assert doc["experiments"][0]["fix"]["commit"]["sha"] == fix and code == errors.CONFIRMED
+
+
 def test_a_last_pre_fix_release_cut_from_the_newest_commit_leaves_the_fix_after_the_history(project, tmp_path):
     root, probed = project
     h = History(tmp_path / "sglang")

@@ -303,5 +303,10 @@ def _document(exp: Experiment, brackets, searches, lines, watched, prober: Probe
         report = WatchReport(line, walked, prober.commit(result.first_fixed) if result.first_fixed else None,
                              tuple(p for p in walked if p.commit.sha in result.flagged))
     pinned = exp.git.get("head")
-    return BisectDocument(exp.name, exp.pr, pinned, found[Boundary.FIX], found[Boundary.INTRODUCED],
-                          notes(exp.name, exp.pr, found[Boundary.FIX], pinned, exp.gate), report, parameters, made)
+    said = notes(exp.name, exp.pr, found[Boundary.FIX], pinned, exp.gate)
+    if found[Boundary.FIX].finding is Finding.OUTSIDE_HISTORY and pinned and clone.resolve(pinned) \
+            and not clone.is_ancestor(pinned, tip):
+        said += (f"the registry's git pin {pinned[:12]} is in the clone, but not on {parameters.main}'s line: "
+                 f"--main <a ref whose first-parent line holds it> walks to it",)
+    return BisectDocument(exp.name, exp.pr, pinned, found[Boundary.FIX], found[Boundary.INTRODUCED], said, report,
+                          parameters, made)
