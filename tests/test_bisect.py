@@ -21,12 +21,12 @@ from test_forks import git, make_fork, quiet_git, world  # noqa: F401 (fixtures)
 from pdevidence import cli
 from pdevidence.core import errors
 from pdevidence.documents import integrity
-from pdevidence.documents.bisects import BisectDocument
+from pdevidence.documents.bisects import BisectDocument, BoundaryReport
 from pdevidence.documents.vocabulary import Behaviour, GateState
 from pdevidence.documents.vocabulary import CheckStatus as Status
 from pdevidence.lanes import check
-from pdevidence.lanes.bisect import Boundary, Finding, Outcome, Search, Seen, watch
-from pdevidence.sources.history import pr_of
+from pdevidence.lanes.bisect import SKIP_LIMIT, Boundary, Finding, Outcome, Search, Seen, watch
+from pdevidence.sources.history import Commit, pr_of
 
 FIXED, PRE, CLEAN, SKIP = Seen(Outcome.FIXED), Seen(Outcome.PRE_FIX), Seen(Outcome.NOT_AFFECTED), \
     Seen(Outcome.SKIPPED, "cannot run: no module named vendor")
@@ -68,6 +68,24 @@ def test_a_run_of_skipped_commits_is_jumped_over_not_walked():
     answer, probed = search([PRE] * 20 + [SKIP] * 40 + [PRE] * 10 + [FIXED] * 10)
     assert (answer.finding, answer.commit) == (Finding.FOUND, "c70")
     assert len(probed) <= 12  # the middle is skipped: the next tries are far from it, not beside it
+
+
+def test_a_bracket_of_thousands_no_probe_can_judge_is_named_after_the_skip_limit_not_walked():
+    sides = [PRE, *[SKIP] * 5000, FIXED]
+    answer, probed = search(sides)
+    assert len(probed) == 2 + SKIP_LIMIT  # both ends, then the limit
+    assert (answer.finding, len(answer.unnarrowed)) == (Finding.NOT_NARROWED, 5001)
+    assert f"5000 commit(s) between c0 (pre-fix) and c5001 (fixed) {SKIP_LIMIT} skipped, {5000 - SKIP_LIMIT} not " \
+        "probed" in answer.why
+
+
+def test_the_text_shows_a_long_range_not_narrowed_by_its_ends_and_the_document_holds_each_commit():
+    commits = tuple(Commit(f"{i:040x}", f"work {i}", "2026-01-01T00:00:00+00:00", None) for i in range(20))
+    report = BoundaryReport(Boundary.INTRODUCED, "sweep", Finding.NOT_NARROWED, unnarrowed=commits)
+    shown = [line for line in report.lines() if line.startswith("    one of: ") or "more" in line]
+    assert len(shown) == 11 and shown[5] == "    ... 10 more"
+    assert shown[0].startswith(f"    one of: {commits[0].sha[:12]}") and commits[-1].sha[:12] in shown[-1]
+    assert len(report.to_json()["unnarrowed"]) == 20
 
 
 def test_a_commit_fixed_where_it_tells_but_departing_on_a_control_is_the_fixed_side_and_named():

@@ -28,6 +28,7 @@ from .vocabulary import Behaviour, Boundary, CommitOutcome, Finding
 BISECT_SCHEMA = Schema("pdevidence-bisect/", 1)
 BISECT_TODO = "rerun `python -m pdevidence bisect <experiment>` (SGLANG_REPO names the clone) and publish it"
 FILE_PREFIX = "bisect-"
+ENDS_SHOWN = 5  # of a range not narrowed, the text shows the first and last commits (the document holds each)
 
 
 def file_name(experiment: str) -> str:
@@ -144,7 +145,10 @@ class BoundaryReport:
             out.append(f"    line: {self.line.describe()}")
         if self.commit:
             out += [f"    commit: {self.commit.describe()}", f"    parent: {self.parent.describe()}"]
-        out += [f"    one of: {c.describe()}" for c in self.unnarrowed]
+        shown = self.unnarrowed if len(self.unnarrowed) <= 2 * ENDS_SHOWN else \
+            (*self.unnarrowed[:ENDS_SHOWN], None, *self.unnarrowed[-ENDS_SHOWN:])
+        out += [f"    one of: {c.describe()}" if c else f"    ... {len(self.unnarrowed) - 2 * ENDS_SHOWN} more"
+                for c in shown]
         out += [f"    {sha[:12]} {why}" for sha, why in self.skipped.items()]
         if self.newest:
             out.append(f"    the history ends at {self.newest.describe()}")

@@ -142,9 +142,13 @@ class Prober:
         self.steps: list[Step] = []
 
     def commit(self, sha: str) -> Commit:
-        if sha not in self.commits:
-            self.commits[sha] = self.clone.commit(sha)
-        return self.commits[sha]
+        return self.named([sha])[0]
+
+    def named(self, shas: list[str]) -> list[Commit]:
+        """Each commit with its subject and date, read from the clone once."""
+        unread = [sha for sha in dict.fromkeys(shas) if sha not in self.commits]
+        self.commits.update(zip(unread, self.clone.commits(unread)))
+        return [self.commits[sha] for sha in shas]
 
     def seen(self, sha: str, experiment: str) -> Seen:
         found = self.judged[sha][experiment]
@@ -290,7 +294,7 @@ def _document(exp: Experiment, brackets, searches, lines, watched, prober: Probe
             boundary, bracket.source, answer.finding, answer.why, lines[key],
             prober.probed(answer.commit, exp.name) if answer.commit else None,
             prober.probed(answer.parent, exp.name) if answer.parent else None,
-            tuple(prober.commit(sha) for sha in answer.unnarrowed), skipped,
+            tuple(prober.named(list(answer.unnarrowed))), skipped,
             clone.commit(tip) if answer.finding is Finding.OUTSIDE_HISTORY else None,
             # In the order the search asked for them: the same whichever experiments were bisected beside it.
             tuple(prober.probed(sha, exp.name) for sha in search.seen))
