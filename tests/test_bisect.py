@@ -24,7 +24,7 @@ from pdevidence.documents import integrity
 from pdevidence.documents.bisects import BisectDocument, BoundaryReport
 from pdevidence.documents.vocabulary import Behaviour, GateState
 from pdevidence.documents.vocabulary import CheckStatus as Status
-from pdevidence.lanes import check
+from pdevidence.lanes import bisect_run, check
 from pdevidence.lanes.bisect import SKIP_LIMIT, Boundary, Finding, Outcome, Search, Seen, watch
 from pdevidence.sources.history import Commit, pr_of
 
@@ -79,13 +79,20 @@ def test_a_bracket_of_thousands_no_probe_can_judge_is_named_after_the_skip_limit
         "probed" in answer.why
 
 
-def test_the_text_shows_a_long_range_not_narrowed_by_its_ends_and_the_document_holds_each_commit():
+def test_a_range_not_narrowed_is_named_commit_by_commit_up_to_a_limit_then_by_its_ends():
     commits = tuple(Commit(f"{i:040x}", f"work {i}", "2026-01-01T00:00:00+00:00", None) for i in range(20))
-    report = BoundaryReport(Boundary.INTRODUCED, "sweep", Finding.NOT_NARROWED, unnarrowed=commits)
+    report = BoundaryReport(Boundary.INTRODUCED, "sweep", Finding.NOT_NARROWED, unnarrowed=commits,
+                            unnarrowed_commits=20)
     shown = [line for line in report.lines() if line.startswith("    one of: ") or "more" in line]
-    assert len(shown) == 11 and shown[5] == "    ... 10 more"
+    assert len(shown) == 11 and shown[5] == "    ... 10 more"  # the text: the first and last five
     assert shown[0].startswith(f"    one of: {commits[0].sha[:12]}") and commits[-1].sha[:12] in shown[-1]
     assert len(report.to_json()["unnarrowed"]) == 20
+    ends = BoundaryReport(Boundary.INTRODUCED, "sweep", Finding.NOT_NARROWED, unnarrowed=(commits[0], commits[-1]),
+                          unnarrowed_commits=12564)
+    assert f"    one of the 12564 commits from: {commits[0].sha[:12]}" in "\n".join(ends.lines())
+    assert BoundaryReport.from_doc(ends.to_json()) == ends
+    with pytest.raises(ValueError, match="each commit up to 64, else its first and last"):
+        BoundaryReport.from_doc({**ends.to_json(), "unnarrowed_commits": 20})
 
 
 def test_a_commit_fixed_where_it_tells_but_departing_on_a_control_is_the_fixed_side_and_named():
@@ -326,6 +333,21 @@ def test_commits_that_cannot_run_are_skipped_and_the_range_left_is_reported(proj
     assert found["finding"] == "not narrowed" and [c["sha"] for c in found["unnarrowed"]] == [*broken, fix]
     assert set(found["skipped"]) == set(broken)
     assert all(why == "skipped (cannot run: no module named vendor)" for why in found["skipped"].values())
+    assert code == errors.INCOMPLETE
+
+
+def test_a_range_of_more_commits_than_named_is_written_by_its_ends_and_its_size(project, tmp_path, monkeypatch):
+    monkeypatch.setattr(bisect_run, "UNNARROWED_NAMED", 4)
+    root, probed = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")
+    broken = lines_of(h, 6, demo="cannot run", other="pre-fix")
+    fix = h.commit("fix", demo="fixed", other="pre-fix")
+    h.release("1.1.0")
+    code, doc = bisect(root, h.path, "demo")
+    found = doc["experiments"][0]["fix"]
+    assert [c["sha"] for c in found["unnarrowed"]] == [broken[0], fix] and found["unnarrowed_commits"] == 7
     assert code == errors.INCOMPLETE
 
 

@@ -28,8 +28,8 @@ from ..core.errors import usage
 from ..core.files import sha256_file
 from ..core.paths import cache_dir, results_dir, runs_dir, tree_lock_file, work_dir
 from ..documents import provenance, tables
-from ..documents.bisects import (BisectDocument, BisectParameters, BoundaryReport, Line, Probed, Seen,
-                                 WatchReport)
+from ..documents.bisects import (UNNARROWED_NAMED, BisectDocument, BisectParameters, BoundaryReport, Line, Probed,
+                                 Seen, WatchReport)
 from ..documents.references import expected_file
 from ..documents.vocabulary import Classification
 from ..documents.vocabulary import CheckStatus as Status
@@ -290,14 +290,16 @@ def _document(exp: Experiment, brackets, searches, lines, watched, prober: Probe
         answer = search.answer()
         skipped = {sha: search.seen[sha].describe() for sha in search.line
                    if sha in search.seen and search.seen[sha].outcome not in boundary.sides}
+        between = list(answer.unnarrowed)
+        named = between if len(between) <= UNNARROWED_NAMED else [between[0], between[-1]]
         found[boundary] = BoundaryReport(
             boundary, bracket.source, answer.finding, answer.why, lines[key],
             prober.probed(answer.commit, exp.name) if answer.commit else None,
             prober.probed(answer.parent, exp.name) if answer.parent else None,
-            tuple(prober.named(list(answer.unnarrowed))), skipped,
+            tuple(prober.named(named)), skipped,
             clone.commit(tip) if answer.finding is Finding.OUTSIDE_HISTORY else None,
             # In the order the search asked for them: the same whichever experiments were bisected beside it.
-            tuple(prober.probed(sha, exp.name) for sha in search.seen))
+            tuple(prober.probed(sha, exp.name) for sha in search.seen), len(between))
     report = None
     if watched is not None:
         line, commits = watched
