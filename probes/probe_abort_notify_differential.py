@@ -18,9 +18,10 @@ status loop (``start_decode_thread``), and the receiver's ``abort``, ``poll`` an
 ``failure_exception``. Stand-ins (``_kvtransfer.py``): ZeroMQ (every message on one bus), the
 transfer engine (each write's destination pages), the transfer queue and thread pool, the threads
 (the loops run on the probe's thread until their scripted input ends; the heartbeat never starts).
-The bootstrap server is a stand-in too: up to 0.5.9 the receiver's constructor asks it which prefill
-ranks serve the room; from 0.5.10 ``init(prefill_dp_rank)`` reads what the decode manager learnt
-earlier, and the probe sets that answer on the receiver as ``init`` sets it. Each prefill rank learns
+The bootstrap server is a stand-in too: up to 0.5.9 (on the main line, to 2026-03) the receiver's
+constructor asks it which prefill ranks serve the room, answered in the tree's shape; from 0.5.10
+``init(prefill_dp_rank)`` reads what the decode manager learnt earlier, and the probe sets that answer on
+the receiver as ``init`` sets it. Each prefill rank learns
 of the room as the prefill sender's constructor tells it (status Bootstrapping). A request of 6 pages goes in 3 chunks of 2.
 
 Scenarios: N1 abort before any chunk; N2 mid-transfer (1 chunk written, 2 queued); N3 abort after the
@@ -48,7 +49,9 @@ the scenario's error: never an observation.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
+import inspect
 import sys
 import threading
 import time
@@ -282,8 +285,16 @@ class World:
         pipeline stage (one rank per stage, tensor and data parallel size 1)."""
         if query.get("engine_rank") == "-1" or query.get("target_tp_rank") == "-1":
             ranks = len(self.prefills)
-            return {"prefill_attn_tp_size": 1, "prefill_tp_size": 1, "prefill_dp_size": 1, "prefill_pp_size": ranks, "prefill_page_size": 1,
-                    "attn_tp_size": 1, "dp_size": 1, "pp_size": ranks, "page_size": 1}
+            layout = {"prefill_attn_tp_size": 1, "prefill_tp_size": 1, "prefill_dp_size": 1, "prefill_pp_size": ranks,
+                      "prefill_page_size": 1, "attn_tp_size": 1, "attn_cp_size": 1, "dp_size": 1, "pp_size": ranks,
+                      "page_size": 1, "kv_cache_dtype": getattr(sg.server_args, "kv_cache_dtype", None),
+                      "follow_bootstrap_room": True}
+            # From d160c5b9bb (2026-02) the receiver builds the tree's PrefillServerInfo from the answer, which
+            # refuses a key it does not define (then retries for 20 s): answer its fields only, as its server does.
+            info = getattr(sg.common, "PrefillServerInfo", None)
+            if dataclasses.is_dataclass(info):
+                return {f.name: layout[f.name] for f in dataclasses.fields(info) if f.name in layout}
+            return layout
         stage = int(query.get("target_pp_rank", 0))
         return {"rank_ip": PREFILL_IP, "rank_port": PREFILL_PORT + stage} if stage < len(self.prefills) else None
 
@@ -291,7 +302,10 @@ class World:
         """The decode receiver of ``room``, bootstrapped with every prefill rank, its KV buffers registered with each.
         Up to 0.5.9 its constructor does that, asking the bootstrap server; from 0.5.10 ``init(prefill_dp_rank)``
         does, from layouts the decode manager learnt earlier: the probe sets the answer as ``init`` sets it."""
-        recv = sg.Receiver(self.decode, BOOTSTRAP_ADDR, room)
+        # A constructor that takes the prefill DP rank (to 4455d17619, 2026-03; from 2274bfebb1 it asserts one was
+        # given) gets it as the decode scheduler resolves it: one DP rank, 0.
+        takes_rank = "prefill_dp_rank" in inspect.signature(sg.Receiver).parameters
+        recv = sg.Receiver(self.decode, BOOTSTRAP_ADDR, room, **({"prefill_dp_rank": 0} if takes_rank else {}))
         if "bootstrap_infos" not in vars(recv):
             recv.bootstrap_infos = [{"rank_ip": PREFILL_IP, "rank_port": PREFILL_PORT + r, "is_dummy": False}
                                     for r in range(len(self.prefills))]

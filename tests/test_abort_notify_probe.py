@@ -287,10 +287,46 @@ def mooncake_module(*, fixed: bool, armed: bool = False) -> ModuleType:
     return mod
 
 
+def layout_fetching(mooncake: ModuleType) -> ModuleType:
+    """The main line from 2274bfebb1 to 4455d17619 (2026-02/03, between 0.5.9 and 0.5.10), in miniature: the
+    receiver's constructor asks the bootstrap server for the prefill side's layout and builds its common module's
+    ``PrefillServerInfo`` from the answer, which refuses a key it does not define (the tree then retries, sleeping
+    a second a try, and fails the room); it asserts it was given the prefill DP rank."""
+    common = ModuleType("sglang.srt.disaggregation.common.conn")
+    common.requests = None  # the probe's bootstrap server stands in
+    common.fetched = []  # each layout the receivers built
+
+    @dataclass
+    class PrefillServerInfo:
+        attn_tp_size: int
+        attn_cp_size: int
+        dp_size: int
+        pp_size: int
+        page_size: int | None
+        kv_cache_dtype: str | None
+        follow_bootstrap_room: bool
+
+    class Receiver(mooncake.MooncakeKVReceiver):
+        def __init__(self, mgr, bootstrap_addr, bootstrap_room, prefill_dp_rank=None):
+            super().__init__(mgr, bootstrap_addr, bootstrap_room)
+            answer = common.requests.get(f"http://{bootstrap_addr}/route?prefill_dp_rank=-1&target_tp_rank=-1")
+            try:
+                common.fetched.append(PrefillServerInfo(**answer.json()))
+            except TypeError:  # after its retries
+                mgr.update_status(bootstrap_room, KVPoll.Failed)
+                self.bootstrap_infos = None
+                return
+            assert prefill_dp_rank is not None, "prefill_dp_rank must be resolved before creating receiver"
+
+    common.PrefillServerInfo, mooncake.MooncakeKVReceiver = PrefillServerInfo, Receiver
+    return common
+
+
 @pytest.fixture
 def probe(monkeypatch):
-    """The probe module loaded fresh, on a fake ``sglang`` whose connection module each test installs."""
-    def install(mooncake: ModuleType | None):
+    """The probe module loaded fresh, on a fake ``sglang`` whose connection module (and, where the test gives one,
+    its common module) each test installs."""
+    def install(mooncake: ModuleType | None, common: ModuleType | None = None):
         base = ModuleType("sglang.srt.disaggregation.base.conn")
         base.KVArgs, base.KVPoll = KVArgs, KVPoll
         utils = ModuleType("sglang.srt.disaggregation.utils")
@@ -302,8 +338,9 @@ def probe(monkeypatch):
         modules = {"sglang": ModuleType("sglang"), "sglang.srt": srt, "sglang.srt.server_args": server_args,
                    "sglang.srt.disaggregation.base.conn": base, "sglang.srt.disaggregation.utils": utils}
         modules["sglang"].__version__ = "0.0.test"
-        if mooncake is not None:
-            modules[mooncake.__name__] = mooncake
+        for given in (mooncake, common):
+            if given is not None:
+                modules[given.__name__] = given
         for name, module in modules.items():
             monkeypatch.setitem(sys.modules, name, module)
         if mooncake is None:
@@ -397,3 +434,14 @@ def test_a_connection_that_does_not_import_is_every_scenario_s_error(probe):
         result = run(module, sc.id)
         assert result["observed"] == {}
         assert "does not import here" in result["error"]["message"]
+
+
+def test_a_receiver_fetching_the_prefill_layout_itself_gets_it_in_its_tree_s_shape_at_once(probe):
+    """Between 0.5.9 and 0.5.10 the receiver builds the tree's PrefillServerInfo from the bootstrap server's answer:
+    one key it does not define and every receiver retried for 20 s (230 s a probe) and then could not drive."""
+    mooncake = mooncake_module(fixed=False)
+    common = layout_fetching(mooncake)
+    result = run(probe(mooncake, common), "N2")
+    assert result["error"] is None
+    assert result["observed"]["chunks_after_abort"] == 2
+    assert [(info.pp_size, info.follow_bootstrap_room) for info in common.fetched] == [(1, True)]

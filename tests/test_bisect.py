@@ -21,12 +21,12 @@ from test_forks import git, make_fork, quiet_git, world  # noqa: F401 (fixtures)
 from pdevidence import cli
 from pdevidence.core import errors
 from pdevidence.documents import integrity
-from pdevidence.documents.bisects import BisectDocument
-from pdevidence.documents.vocabulary import Behaviour
+from pdevidence.documents.bisects import BisectDocument, BoundaryReport
+from pdevidence.documents.vocabulary import Behaviour, GateState
 from pdevidence.documents.vocabulary import CheckStatus as Status
-from pdevidence.lanes import check
-from pdevidence.lanes.bisect import Boundary, Finding, Outcome, Search, Seen, watch
-from pdevidence.sources.history import pr_of
+from pdevidence.lanes import bisect_run, check
+from pdevidence.lanes.bisect import SKIP_LIMIT, Boundary, Finding, Outcome, Search, Seen, watch
+from pdevidence.sources.history import Commit, pr_of
 
 FIXED, PRE, CLEAN, SKIP = Seen(Outcome.FIXED), Seen(Outcome.PRE_FIX), Seen(Outcome.NOT_AFFECTED), \
     Seen(Outcome.SKIPPED, "cannot run: no module named vendor")
@@ -70,11 +70,37 @@ def test_a_run_of_skipped_commits_is_jumped_over_not_walked():
     assert len(probed) <= 12  # the middle is skipped: the next tries are far from it, not beside it
 
 
+def test_a_bracket_of_thousands_no_probe_can_judge_is_named_after_the_skip_limit_not_walked():
+    sides = [PRE, *[SKIP] * 5000, FIXED]
+    answer, probed = search(sides)
+    assert len(probed) == 2 + SKIP_LIMIT  # both ends, then the limit
+    assert (answer.finding, len(answer.unnarrowed)) == (Finding.NOT_NARROWED, 5001)
+    assert f"5000 commit(s) between c0 (pre-fix) and c5001 (fixed) {SKIP_LIMIT} skipped, {5000 - SKIP_LIMIT} not " \
+        "probed" in answer.why
+
+
+def test_a_range_not_narrowed_is_named_commit_by_commit_up_to_a_limit_then_by_its_ends():
+    commits = tuple(Commit(f"{i:040x}", f"work {i}", "2026-01-01T00:00:00+00:00", None) for i in range(20))
+    report = BoundaryReport(Boundary.INTRODUCED, "sweep", Finding.NOT_NARROWED, unnarrowed=commits,
+                            unnarrowed_commits=20)
+    shown = [line for line in report.lines() if line.startswith("    one of: ") or "more" in line]
+    assert len(shown) == 11 and shown[5] == "    ... 10 more"  # the text: the first and last five
+    assert shown[0].startswith(f"    one of: {commits[0].sha[:12]}") and commits[-1].sha[:12] in shown[-1]
+    assert len(report.to_json()["unnarrowed"]) == 20
+    ends = BoundaryReport(Boundary.INTRODUCED, "sweep", Finding.NOT_NARROWED, unnarrowed=(commits[0], commits[-1]),
+                          unnarrowed_commits=12564)
+    assert f"    one of the 12564 commits from: {commits[0].sha[:12]}" in "\n".join(ends.lines())
+    assert BoundaryReport.from_doc(ends.to_json()) == ends
+    with pytest.raises(ValueError, match="each commit up to 64, else its first and last"):
+        BoundaryReport.from_doc({**ends.to_json(), "unnarrowed_commits": 20})
+
+
 def test_a_commit_fixed_where_it_tells_but_departing_on_a_control_is_the_fixed_side_and_named():
     deviates = Seen(Outcome.FIXED, deviates=("O7",))
     answer, _ = search([PRE, PRE, deviates, deviates, FIXED])
     assert (answer.finding, answer.commit) == (Finding.FOUND, "c2")
-    assert deviates.describe() == "fixed (deviates: O7)"
+    assert deviates.describe() == "fixed (a control deviates)"  # named once in the report, not on every step
+    assert Seen(Outcome.FIXED, deviates=("O1", "O7")).describe() == "fixed (2 controls deviate)"
     line = ["c0", "c1", "c2"]
     assert watch(line, dict(zip(line, [FIXED, deviates, FIXED]))).flagged == ("c1",)  # the watch flags it
 
@@ -137,7 +163,14 @@ base = "1.0.0"
 head = "1.1.0"
 """
 STATUS = {"fixed": Status.FIXED, "pre-fix": Status.AFFECTED, "not affected": Status.NOT_AFFECTED,
-          "cannot run": Status.CANNOT_RUN, "neither": Status.UNKNOWN}
+          "cannot run": Status.CANNOT_RUN, "neither": Status.UNKNOWN, "present but off": Status.AFFECTED,
+          "deviates": Status.DEVIATES}
+GATE = """
+[experiments.demo.gate]
+variable = "SGLANG_DEMO_FIX"
+on = "true"
+why = "the fix runs only where the server's environment sets it; off by default"
+"""
 
 
 class History:
@@ -186,14 +219,28 @@ def stand_in_for_check(monkeypatch) -> Probed:
             probed.append(tree.resolved)
             states = json.loads((tree.install_target / "sglang" / "state.json").read_text())
             found.append(check.CheckResult(target, [
-                check.ExperimentCheck(name, exp.pr, STATUS[states[name]],
-                                      {"D1": Behaviour.FIXED if states[name] == "fixed" else Behaviour.PRE_FIX},
-                                      error="no module named vendor" if states[name] == "cannot run" else None)
+                check.ExperimentCheck(name, exp.pr, STATUS[states[name]], scenarios_of(states[name]),
+                                      error="no module named vendor" if states[name] == "cannot run" else None,
+                                      explain={"C1": {}} if states[name] == "deviates" else {},
+                                      gate=gate_off(exp.gate) if states[name] == "present but off" else None)
                 for name, exp in reg.experiments.items()]))
         return found
 
     monkeypatch.setattr(check, "run_all", run_all)
     return probed
+
+
+def scenarios_of(state: str) -> dict[str, Behaviour]:
+    """The deciding scenario D1 as the state says; a deviating commit also departs on the control C1."""
+    fixed = state in ("fixed", "present but off", "deviates")
+    return {"D1": Behaviour.FIXED if fixed else Behaviour.PRE_FIX, **({"C1": Behaviour.DEVIATES}
+                                                                        if state == "deviates" else {})}
+
+
+def gate_off(gate) -> check.GateAnswer:
+    """check's answer for a server at its defaults: the fix's code answers fixed, its gate off."""
+    return check.GateAnswer(gate, GateState.OFF, given=False, assumed_defaults=True, value=False,
+                            code_status=Status.FIXED, why="its default")
 
 
 @pytest.fixture
@@ -289,6 +336,21 @@ def test_commits_that_cannot_run_are_skipped_and_the_range_left_is_reported(proj
     assert code == errors.INCOMPLETE
 
 
+def test_a_range_of_more_commits_than_named_is_written_by_its_ends_and_its_size(project, tmp_path, monkeypatch):
+    monkeypatch.setattr(bisect_run, "UNNARROWED_NAMED", 4)
+    root, probed = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")
+    broken = lines_of(h, 6, demo="cannot run", other="pre-fix")
+    fix = h.commit("fix", demo="fixed", other="pre-fix")
+    h.release("1.1.0")
+    code, doc = bisect(root, h.path, "demo")
+    found = doc["experiments"][0]["fix"]
+    assert [c["sha"] for c in found["unnarrowed"]] == [broken[0], fix] and found["unnarrowed_commits"] == 7
+    assert code == errors.INCOMPLETE
+
+
 def test_a_fixed_release_after_the_history_ends_is_reported_with_its_newest_commit(project, tmp_path):
     root, probed = project
     h = History(tmp_path / "sglang")
@@ -301,6 +363,30 @@ def test_a_fixed_release_after_the_history_ends_is_reported_with_its_newest_comm
     assert found["line"]["end_ref"] == "main" and "no tag v1.1.0 in the history" in found["bracket"]
     assert len(probed) == 2  # its two ends: nothing between is guessed at
     assert code == errors.INCOMPLETE
+
+
+def test_a_fix_on_a_line_past_the_main_ref_is_outside_its_history_and_main_walks_to_it(project, tmp_path):
+    """A clone's main ref may stop short of upstream's line, which another branch carries further (a PR branch
+    that merged it): the registry's pin is in the clone, off the line walked; --main names a line holding it."""
+    root, _ = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")
+    lines_of(h, 2, demo="pre-fix", other="pre-fix")
+    git(h.path, "checkout", "-qb", "upstream")
+    lines_of(h, 2, demo="pre-fix", other="pre-fix")
+    fix = h.commit("fix (#1)", demo="fixed", other="pre-fix")
+    newest = h.commit("after", demo="fixed", other="pre-fix")
+    git(h.path, "checkout", "-q", "main")
+    registry = root / "experiments.toml"
+    registry.write_text(re.sub(r'(\[experiments\.demo\.git\]\nbase = "\w+"\nhead = )"\w+"', rf'\1"{fix}"',
+                               registry.read_text()))
+    code, doc = bisect(root, h.path, "demo")
+    found = doc["experiments"][0]
+    assert found["fix"]["finding"] == "outside the history" and code == errors.INCOMPLETE
+    assert f"the registry's git pin {fix[:12]} is in the clone, but not on main's line" in " ".join(found["notes"])
+    code, doc = bisect(root, h.path, "demo", "--main", newest)
+    assert doc["experiments"][0]["fix"]["commit"]["sha"] == fix and code == errors.CONFIRMED
 
 
 def test_a_last_pre_fix_release_cut_from_the_newest_commit_leaves_the_fix_after_the_history(project, tmp_path):
@@ -335,18 +421,26 @@ def test_the_introducing_commit_is_sought_from_the_last_release_the_sweep_calls_
     assert code == errors.CONFIRMED
 
 
-def test_a_gated_fix_is_bracketed_from_the_first_release_carrying_it_even_off_by_default(project, tmp_path):
+def test_a_gated_fix_is_found_where_its_code_comes_in_judged_with_its_gate_on_and_the_gate_is_said(project,
+                                                                                                    tmp_path):
+    """check answers affected for a server at its defaults (the gate off); bisect judges the code, as the sweep
+    brackets it from the first release carrying it."""
     root, _ = project
+    registry = root / "experiments.toml"
+    registry.write_text(registry.read_text() + GATE)
     h = History(tmp_path / "sglang")
     h.commit("start", demo="pre-fix", other="pre-fix")
     h.release("1.0.0")
     lines_of(h, 2, demo="pre-fix", other="pre-fix")
-    fix = h.commit("fix (#1)", demo="fixed", other="pre-fix")  # the probe runs it with the gate on
+    fix = h.commit("fix (#1)", demo="present but off", other="pre-fix")
+    lines_of(h, 2, demo="present but off", other="pre-fix")
     h.release("1.1.0")
     sweep_table(root, "demo", {"1.0.0": "pre-fix", "1.1.0": "present but off"})
     code, doc = bisect(root, h.path, "demo")
-    found = doc["experiments"][0]["fix"]
-    assert found["commit"]["sha"] == fix and "first fixed 1.1.0" in found["bracket"]
+    found = doc["experiments"][0]
+    assert found["fix"]["commit"]["sha"] == fix and "first fixed 1.1.0" in found["fix"]["bracket"]
+    assert (found["fix"]["commit"]["outcome"], found["fix"]["parent"]["outcome"]) == ("fixed", "pre-fix")
+    assert any("gate on (SGLANG_DEMO_FIX=true" in note for note in found["notes"])
     assert code == errors.CONFIRMED
 
 
@@ -431,6 +525,39 @@ def test_the_text_report_names_the_line_each_boundary_commit_its_parent_and_each
     steps = out[out.index("steps (3 commits probed):"):]  # both ends, then the one commit between
     assert [line.split(" (")[0] for line in steps if line.startswith("  step ")] == ["  step 1", "  step 2"]
     assert out[-1].startswith("time: ") and code == errors.CONFIRMED
+
+
+def test_the_controls_commits_deviate_on_are_named_once_not_on_every_step(project, tmp_path, capsys):
+    root, _ = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")
+    lines_of(h, 3, demo="pre-fix", other="pre-fix")
+    fix = h.commit("fix (#1)", demo="deviates", other="pre-fix")
+    lines_of(h, 3, demo="deviates", other="pre-fix")
+    h.release("1.1.0")
+    code = cli.main(["--root", str(root), "bisect", "demo", "--repo", str(h.path)])
+    out = capsys.readouterr().out.splitlines()
+    steps = [line for line in out if line.startswith("    ") and "demo fixed" in line]
+    assert steps and all("demo fixed (a control deviates)" in line for line in steps)
+    named = [line for line in out if "C1" in line and "D1" not in line]
+    assert len(named) == 1 and named[0].startswith("  deviating: C1 depart from both sides on ")
+    assert fix[:12] in named[0] and code == errors.CONFIRMED
+
+
+def test_json_prints_the_run_s_receipt_alone_and_the_progress_on_standard_error(project, tmp_path, capsys):
+    root, _ = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")
+    fix = h.commit("fix (#1)", demo="fixed", other="pre-fix")
+    h.release("1.1.0")
+    code = cli.main(["--root", str(root), "bisect", "demo", "--repo", str(h.path), "--json"])
+    captured = capsys.readouterr()
+    assert captured.out == (tmp_path / "runs" / "bisect.run.json").read_text()
+    doc = json.loads(captured.out)
+    assert doc["schema"] == "pdevidence-bisect-run/1" and doc["experiments"][0]["fix"]["commit"]["sha"] == fix
+    assert "bisect: probing" in captured.err and code == errors.CONFIRMED
 
 
 def test_without_a_clone_bisect_says_where_to_name_one(project, monkeypatch, capsys):

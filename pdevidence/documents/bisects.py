@@ -28,6 +28,10 @@ from .vocabulary import Behaviour, Boundary, CommitOutcome, Finding
 BISECT_SCHEMA = Schema("pdevidence-bisect/", 1)
 BISECT_TODO = "rerun `python -m pdevidence bisect <experiment>` (SGLANG_REPO names the clone) and publish it"
 FILE_PREFIX = "bisect-"
+# A range not narrowed is named commit by commit up to this many; a longer one (thousands of commits of an era no
+# probe can drive) by its first and last commit and how many it holds: the document stays small.
+UNNARROWED_NAMED = 64
+ENDS_SHOWN = 5  # of a range named commit by commit, the text shows the first and last few
 
 
 def file_name(experiment: str) -> str:
@@ -45,8 +49,10 @@ class Seen:
     deviates: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        if self.deviates:
-            return f"{self.outcome.value} (deviates: {', '.join(self.deviates)})"
+        if self.deviates:  # the controls are named once per experiment (``BisectDocument.deviating``)
+            many = len(self.deviates) > 1
+            return f"{self.outcome.value} ({len(self.deviates) if many else 'a'} control{'s' if many else ''} " \
+                f"deviate{'' if many else 's'})"
         return f"{self.outcome.value} ({self.reason})" if self.reason else self.outcome.value
 
 
@@ -129,10 +135,15 @@ class BoundaryReport:
     line: Line | None = None  # None: not sought
     commit: Probed | None = None  # found: the boundary commit
     parent: Probed | None = None  # found: the commit before it on the line
-    unnarrowed: tuple[Commit, ...] = ()
+    unnarrowed: tuple[Commit, ...] = ()  # not narrowed: each commit of the range, or its first and last (see below)
     skipped: dict[str, str] = field(default_factory=dict)  # commit -> why it was skipped
     newest: Commit | None = None  # outside the history: the newest commit the history has
     steps: tuple[Probed, ...] = ()  # every commit the search probed, in the order it asked for them
+    unnarrowed_commits: int = 0  # how many the range holds: more than UNNARROWED_NAMED, ``unnarrowed`` its ends
+
+    @property
+    def range_by_ends(self) -> bool:
+        return self.unnarrowed_commits > len(self.unnarrowed)
 
     def lines(self) -> list[str]:
         name = {Boundary.FIX: "fix", Boundary.INTRODUCED: "introduced by"}[self.boundary]
@@ -142,7 +153,15 @@ class BoundaryReport:
             out.append(f"    line: {self.line.describe()}")
         if self.commit:
             out += [f"    commit: {self.commit.describe()}", f"    parent: {self.parent.describe()}"]
-        out += [f"    one of: {c.describe()}" for c in self.unnarrowed]
+        if self.range_by_ends:
+            first, last = self.unnarrowed
+            out += [f"    one of the {self.unnarrowed_commits} commits from: {first.describe()}",
+                    f"      to: {last.describe()}"]
+        else:
+            shown = self.unnarrowed if len(self.unnarrowed) <= 2 * ENDS_SHOWN else \
+                (*self.unnarrowed[:ENDS_SHOWN], None, *self.unnarrowed[-ENDS_SHOWN:])
+            out += [f"    one of: {c.describe()}" if c else f"    ... {len(self.unnarrowed) - 2 * ENDS_SHOWN} more"
+                    for c in shown]
         out += [f"    {sha[:12]} {why}" for sha, why in self.skipped.items()]
         if self.newest:
             out.append(f"    the history ends at {self.newest.describe()}")
@@ -153,7 +172,8 @@ class BoundaryReport:
                 "bracket": self.bracket, "line": self.line.to_json() if self.line else None,
                 "commit": self.commit.to_json() if self.commit else None,
                 "parent": self.parent.to_json() if self.parent else None,
-                "unnarrowed": [c.to_json() for c in self.unnarrowed], "skipped": self.skipped,
+                "unnarrowed": [c.to_json() for c in self.unnarrowed], "unnarrowed_commits": self.unnarrowed_commits,
+                "skipped": self.skipped,
                 "newest": self.newest.to_json() if self.newest else None,
                 "steps": [p.to_json() for p in self.steps]}
 
@@ -165,7 +185,13 @@ class BoundaryReport:
                     Probed.from_doc(doc["parent"]) if doc["parent"] is not None else None,
                     tuple(_commit(c) for c in doc["unnarrowed"]), dict(doc["skipped"]),
                     _commit(doc["newest"]) if doc["newest"] is not None else None,
-                    tuple(Probed.from_doc(p) for p in doc["steps"]))
+                    tuple(Probed.from_doc(p) for p in doc["steps"]), doc["unnarrowed_commits"])
+        named = len(found.unnarrowed)
+        if not isinstance(found.unnarrowed_commits, int) or not (
+                found.unnarrowed_commits == named <= UNNARROWED_NAMED
+                or (named == 2 and found.unnarrowed_commits > UNNARROWED_NAMED)):
+            raise ValueError(f"unnarrowed names {named} commit(s) of a range of {found.unnarrowed_commits!r}: each "
+                             f"commit up to {UNNARROWED_NAMED}, else its first and last")
         if (found.finding is Finding.FOUND) != (found.commit is not None and found.parent is not None):
             raise ValueError(f"the {found.boundary.value} is {found.finding.value}, so it names "
                              f"{'its commit and parent' if found.finding is Finding.FOUND else 'no commit'}")
@@ -248,6 +274,16 @@ class BisectDocument:
 
     def boundary(self, which: Boundary) -> BoundaryReport:
         return self.fix if which is Boundary.FIX else self.introduced
+
+    def deviating(self) -> dict[tuple[str, ...], list[Commit]]:
+        """The commits probed that deviate (fixed where it tells, controls departing from both sides), by the
+        controls they depart on, each commit once, in the order probed."""
+        probed = [*self.fix.steps, *self.introduced.steps, *(self.watch.walked if self.watch else ())]
+        found: dict[tuple[str, ...], list[Commit]] = {}
+        for p in probed:
+            if p.seen.deviates and p.commit not in found.get(p.seen.deviates, []):
+                found.setdefault(p.seen.deviates, []).append(p.commit)
+        return found
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": BISECT_SCHEMA.name, "experiment": self.experiment, "pr": self.pr,

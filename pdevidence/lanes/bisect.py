@@ -6,7 +6,9 @@ bisect`` does: both ends first (the start must behave as the old side, the end a
 middle of the narrowest bracket; a commit that behaves as neither side (its probe cannot run, it matches
 neither, it is partial) is skipped, the next commit tried is then the one farthest from every commit
 tried (a run of skipped commits is jumped over, not walked), and a bracket left with only skipped commits
-inside is the range it could not narrow. A commit that deviates (fixed on every deciding scenario, a
+inside is the range it could not narrow. Unlike git bisect, it stops once ``SKIP_LIMIT`` commits inside the
+bracket were skipped: a run of thousands of commits no probe can judge (an era the probe cannot drive) is
+named as the range, not probed commit by commit. A commit that deviates (fixed on every deciding scenario, a
 control departing from both sides) is the fixed side, its controls named. It assumes one change of
 behaviour in the line, as git bisect does: where a fix was reverted and reapplied it names one commit
 whose behaviour differs from the commit before it, not necessarily the first; ``watch`` (every commit
@@ -27,6 +29,11 @@ EXIT_OF = {Finding.FOUND: CONFIRMED, Finding.NOT_NARROWED: INCOMPLETE, Finding.E
            Finding.OUTSIDE_HISTORY: INCOMPLETE, Finding.NOT_SOUGHT: CONFIRMED}
 
 
+# Skipped commits inside one bracket before its search stops: probed farthest from every commit tried, they are
+# spread evenly over it, so a stretch of judgeable commits wider than 1/SKIP_LIMIT of the bracket is met first.
+SKIP_LIMIT = 32
+
+
 @dataclass(frozen=True)
 class Answer:
     finding: Finding
@@ -39,12 +46,14 @@ class Answer:
 class Search:
     """One boundary on one line. ``next()`` names the commit to probe (None: done); ``record`` what it did."""
 
-    def __init__(self, boundary: Boundary, line: list[str], history_ends: bool = False):
+    def __init__(self, boundary: Boundary, line: list[str], history_ends: bool = False,
+                 skip_limit: int = SKIP_LIMIT):
         if not line:  # one commit may be both ends: a release cut from the newest commit of the history
             raise ValueError("a line to search needs a commit")
         self.boundary = boundary
         self.line = line
         self.history_ends = history_ends  # the line's end is the newest commit the history has
+        self.skip_limit = skip_limit
         self.seen: dict[str, Seen] = {}
 
     def record(self, commit: str, seen: Seen) -> None:
@@ -72,7 +81,7 @@ class Search:
             return None
         lo, hi = bracket
         untried = [i for i in range(lo + 1, hi) if self.line[i] not in self.seen]
-        if not untried:
+        if not untried or hi - lo - 1 - len(untried) >= self.skip_limit:
             return None
         tried = [i for i in range(lo, hi + 1) if self.line[i] in self.seen]
         middle = (lo + hi) / 2
@@ -95,9 +104,13 @@ class Search:
         if hi == lo + 1:
             return Answer(Finding.FOUND, self.line[hi], self.line[lo])
         between = tuple(self.line[lo + 1:hi + 1])
+        skipped = sum(1 for sha in between[:-1] if sha in self.seen)
+        were = "were skipped" if skipped == hi - lo - 1 else \
+            (f"{skipped} skipped, {hi - lo - 1 - skipped} not probed (a search stops at {self.skip_limit} skipped "
+             f"in its bracket)")
         return Answer(Finding.NOT_NARROWED, unnarrowed=between,
                       why=f"{hi - lo - 1} commit(s) between {self.line[lo][:12]} ({old.value}) and "
-                      f"{self.line[hi][:12]} ({new.value}) were skipped: the {self.boundary.value} is one of "
+                      f"{self.line[hi][:12]} ({new.value}) {were}: the {self.boundary.value} is one of "
                       f"{len(between)} commits")
 
 

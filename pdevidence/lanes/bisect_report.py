@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ..core.errors import CONFIRMED, INCOMPLETE, RELEASE_WATCH, worst
 from ..documents.bisects import BisectDocument, BoundaryReport, Seen
+from ..registry import Gate
 from ..sources.history import Commit
 from .bisect import EXIT_OF
 
@@ -15,14 +16,20 @@ from .bisect import EXIT_OF
 # where the run was and how long each round took.
 SCHEMA = "pdevidence-bisect-run/1"
 RECEIPT = "bisect.run.json"
+SHOWN = 4  # commits named beside the controls they deviate on
 
 
-def notes(experiment: str, pr: int, fix: BoundaryReport, pinned_fix: str | None) -> tuple[str, ...]:
-    """Findings, not errors: where the history's answer and the registry's differ."""
+def notes(experiment: str, pr: int, fix: BoundaryReport, pinned_fix: str | None,
+          gate: Gate | None = None) -> tuple[str, ...]:
+    """Findings, not errors: where the history's answer and the registry's differ; for a gated fix, that every
+    commit was judged with its gate on."""
+    said = [] if gate is None else [
+        f"judged with the fix's gate on ({gate.variable}={gate.on}, as its probe runs it): the fix commit is the one "
+        f"that brings its code in; a server whose environment leaves the gate off (its default) runs the code as "
+        f"before the fix"]
     found = fix.commit.commit if fix.commit else None
     if found is None:
-        return ()
-    said = []
+        return tuple(said)
     if pinned_fix is None:
         said.append(f"the registry pins no fix commit; the history's is {found.sha}")
     elif pinned_fix != found.sha:
@@ -52,6 +59,10 @@ class ExperimentReport:
         doc = self.document
         out = [f"{doc.experiment} (PR #{doc.pr})", *doc.fix.lines(), *doc.introduced.lines()]
         out += [f"  note: {n}" for n in doc.notes]
+        for controls, commits in doc.deviating().items():
+            shown = ", ".join(c.sha[:12] for c in commits[:SHOWN]) + (", ..." if len(commits) > SHOWN else "")
+            out.append(f"  deviating: {', '.join(controls)} depart from both sides on {len(commits)} commit(s) "
+                       f"probed ({shown}): fixed where it tells, so the fixed side")
         if self.watch_not_run:
             out.append(f"  watch: not run: {self.watch_not_run}")
         return out + (doc.watch.lines() if doc.watch else [])

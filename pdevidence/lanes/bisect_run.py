@@ -28,8 +28,8 @@ from ..core.errors import usage
 from ..core.files import sha256_file
 from ..core.paths import cache_dir, results_dir, runs_dir, tree_lock_file, work_dir
 from ..documents import provenance, tables
-from ..documents.bisects import (BisectDocument, BisectParameters, BoundaryReport, Line, Probed, Seen,
-                                 WatchReport)
+from ..documents.bisects import (UNNARROWED_NAMED, BisectDocument, BisectParameters, BoundaryReport, Line, Probed,
+                                 Seen, WatchReport)
 from ..documents.references import expected_file
 from ..documents.vocabulary import Classification
 from ..documents.vocabulary import CheckStatus as Status
@@ -142,21 +142,28 @@ class Prober:
         self.steps: list[Step] = []
 
     def commit(self, sha: str) -> Commit:
-        if sha not in self.commits:
-            self.commits[sha] = self.clone.commit(sha)
-        return self.commits[sha]
+        return self.named([sha])[0]
+
+    def named(self, shas: list[str]) -> list[Commit]:
+        """Each commit with its subject and date, read from the clone once."""
+        unread = [sha for sha in dict.fromkeys(shas) if sha not in self.commits]
+        self.commits.update(zip(unread, self.clone.commits(unread)))
+        return [self.commits[sha] for sha in shas]
 
     def seen(self, sha: str, experiment: str) -> Seen:
         found = self.judged[sha][experiment]
-        if found.status is Status.DEVIATES:  # fixed on every deciding scenario: the fixed side, its controls named
+        # A gated fix is sought where its code comes in, judged as its probe runs it: gate on (the notes say the
+        # gate; check answers affected for a server left at its default, off).
+        status = found.gate.code_status if found.gated_off else found.status
+        if status is Status.DEVIATES:  # fixed on every deciding scenario: the fixed side, its controls named
             return Seen(Outcome.FIXED, deviates=tuple(found.deviations))
-        outcome = OUTCOME_OF.get(found.status)
+        outcome = OUTCOME_OF.get(status)
         if outcome is not None:
             return Seen(outcome)
         detail = found.error or ", ".join(found.deciding)
         if len(detail) > REASON_CHARS:  # every scenario raising alike says the same thing many times
             detail = detail[:REASON_CHARS] + "..."
-        return Seen(Outcome.SKIPPED, found.status.value + (f": {detail}" if detail else ""))
+        return Seen(Outcome.SKIPPED, status.value + (f": {detail}" if detail else ""))
 
     def probed(self, sha: str, experiment: str) -> Probed:
         return Probed(self.commit(sha), self.seen(sha, experiment), dict(self.judged[sha][experiment].scenarios))
@@ -283,14 +290,16 @@ def _document(exp: Experiment, brackets, searches, lines, watched, prober: Probe
         answer = search.answer()
         skipped = {sha: search.seen[sha].describe() for sha in search.line
                    if sha in search.seen and search.seen[sha].outcome not in boundary.sides}
+        between = list(answer.unnarrowed)
+        named = between if len(between) <= UNNARROWED_NAMED else [between[0], between[-1]]
         found[boundary] = BoundaryReport(
             boundary, bracket.source, answer.finding, answer.why, lines[key],
             prober.probed(answer.commit, exp.name) if answer.commit else None,
             prober.probed(answer.parent, exp.name) if answer.parent else None,
-            tuple(prober.commit(sha) for sha in answer.unnarrowed), skipped,
+            tuple(prober.named(named)), skipped,
             clone.commit(tip) if answer.finding is Finding.OUTSIDE_HISTORY else None,
             # In the order the search asked for them: the same whichever experiments were bisected beside it.
-            tuple(prober.probed(sha, exp.name) for sha in search.seen))
+            tuple(prober.probed(sha, exp.name) for sha in search.seen), len(between))
     report = None
     if watched is not None:
         line, commits = watched
@@ -300,5 +309,10 @@ def _document(exp: Experiment, brackets, searches, lines, watched, prober: Probe
         report = WatchReport(line, walked, prober.commit(result.first_fixed) if result.first_fixed else None,
                              tuple(p for p in walked if p.commit.sha in result.flagged))
     pinned = exp.git.get("head")
-    return BisectDocument(exp.name, exp.pr, pinned, found[Boundary.FIX], found[Boundary.INTRODUCED],
-                          notes(exp.name, exp.pr, found[Boundary.FIX], pinned), report, parameters, made)
+    said = notes(exp.name, exp.pr, found[Boundary.FIX], pinned, exp.gate)
+    if found[Boundary.FIX].finding is Finding.OUTSIDE_HISTORY and pinned and clone.resolve(pinned) \
+            and not clone.is_ancestor(pinned, tip):
+        said += (f"the registry's git pin {pinned[:12]} is in the clone, but not on {parameters.main}'s line: "
+                 f"--main <a ref whose first-parent line holds it> walks to it",)
+    return BisectDocument(exp.name, exp.pr, pinned, found[Boundary.FIX], found[Boundary.INTRODUCED], said, report,
+                          parameters, made)

@@ -42,6 +42,9 @@ def pr_of(subject: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+COMMITS_PER_CALL = 1000
+
+
 class Clone:
     """One git repository, read only."""
 
@@ -94,8 +97,17 @@ class Clone:
         return found if found[-1] == end else [*found, end]
 
     def commit(self, sha: str) -> Commit:
-        full, subject, date = self._out("show", "-s", "--format=%H%x00%s%x00%cI", sha).split("\0")
-        return Commit(full, subject, date, pr_of(subject))
+        return self.commits([sha])[0]
+
+    def commits(self, shas: list[str]) -> list[Commit]:
+        """Each commit, in order: one git call per thousand (a range not narrowed may hold thousands)."""
+        found = []
+        for at in range(0, len(shas), COMMITS_PER_CALL):
+            shown = self._out("show", "-s", "--format=%H%x00%s%x00%cI%x00", *shas[at:at + COMMITS_PER_CALL])
+            fields = [f.strip("\n") for f in shown.split("\0")]
+            found += [Commit(full, subject, date, pr_of(subject))
+                      for full, subject, date in zip(fields[0::3], fields[1::3], fields[2::3])]
+        return found
 
     def tip(self, main: str) -> str:
         return self._out("rev-parse", f"{main}^{{commit}}")
