@@ -42,7 +42,7 @@ receiver's ``poll`` answers at the end), ``other_room_chunks`` (N10), ``failure_
 failed on what the scenario sent it, e.g. a frame it cannot parse, else null), ``stages_bootstrapped`` (N6: the
 prefill ranks the receiver bootstrapped with). Tree facts, every scenario stopping there:
 ``mooncake_manager: "absent"`` (no Mooncake backend: PD's transfer a placeholder, 0.4.4.post2 to 0.4.5) and
-``receiver_abort: "absent"`` (the decode receiver has no ``abort()`` nor a waiting timeout: up to 0.4.9.post2). A loop that fails on a
+``receiver_abort: "absent"`` (the decode receiver has no ``abort()`` nor a waiting timeout: up to 0.4.9.post4). A loop that fails on a
 stand-in (an attribute or call it lacks), or any of the probe's own calls into the tree that raises, is
 the scenario's error: never an observation.
 

@@ -445,7 +445,7 @@ def test_a_chunk_written_with_one_engine_call_per_layer_is_one_chunk(probe):
 
 
 def test_a_receiver_that_knows_no_pipeline_stages_records_so_and_n6_stops(probe):
-    """Before 0.5.3 a receiver bootstraps with one prefill rank per tensor-parallel rank: N6's second stage is never
+    """Up to 0.4.10.post2 a receiver bootstraps with one prefill rank per tensor-parallel rank: N6's second stage is never
     part of the transfer, and the scenario says so instead of failing on a transfer that never started."""
     mooncake = mooncake_module(fixed=False)
     init = mooncake.MooncakeKVReceiver.__init__
