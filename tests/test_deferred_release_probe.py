@@ -254,8 +254,8 @@ def tq(fresh_probe, monkeypatch):
         torch=fake_torch(), backend="mooncake", missing=None, decode=DECODE, conn=CONN, Queue=Queue,
         DecodeRequest=DecodeRequest, Receiver=Receiver, Manager=Manager, KVPoll=KVPoll, DECODE="decode", PREFILL="prefill",
         AbortReq=lambda rid: SimpleNamespace(rid=rid), Req=Req, SamplingParams=lambda **kw: None,
-        Scheduler=Scheduler, ReqKvInfo=None, kv_on_record=False, envs=Envs(), server_args=None, nothing_preallocated=[],
-        stage_metrics=lambda: None, ready=True)
+        Scheduler=Scheduler, ReqKvInfo=None, kv_on_record=False, pool_frees_request=True, envs=Envs(), server_args=None,
+        nothing_preallocated=[], stage_metrics=lambda: None, ready=True)
     return module
 
 
@@ -404,6 +404,17 @@ def test_a_tree_giving_the_row_back_through_the_cache_s_row_methods_frees_those_
     world.tree_cache.free_kv_row(entry.req.kv, [(0, 3), (5, 8)])
     assert world.freed("aborted") == 6
     assert world.bystander("next", tokens=6) == entry.slots[:3] + entry.slots[5:]
+
+
+@pytest.mark.parametrize("frees_request, row_after", [(True, None), (False, 0)])
+def test_the_cache_clears_the_request_s_row_only_where_the_tree_s_pool_does(tq, frees_request, row_after):
+    """0.5.9 on, ``ReqToTokenPool.free`` takes the request and clears its row; before, it takes the row's index and
+    0.5.8's ``release_kv_cache`` asserts (unless the cache is Mamba's) that the row is still there."""
+    tq.sg.pool_frees_request = frees_request
+    world = tq.World(gate=False)
+    entry = world.admit("aborted", 7)
+    world.tree_cache.cache_finished_req(entry.req, is_insert=False)
+    assert world.freed("aborted") == 8 and entry.req.req_pool_idx == row_after
 
 
 def test_a_thread_the_manager_s_base_class_starts_runs_inline(tq, monkeypatch):
