@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import inspect
 import os
 import threading
@@ -96,6 +97,15 @@ def gated(on: bool):
             os.environ.pop(GATE, None)
         else:
             os.environ[GATE] = saved
+
+
+def lacks_backend(backend: str) -> bool:
+    """Whether the tree's PD package holds no such backend package: read from what it holds; in doubt, no (its
+    import then says what is wrong)."""
+    try:
+        return importlib.util.find_spec(BACKEND_MODULES[backend].rsplit(".", 1)[0]) is None
+    except (ImportError, ValueError):
+        return False
 
 
 def prepare(adapt: Callable[[str], None], backend: str = "mooncake") -> None:

@@ -36,8 +36,10 @@ held by another request: the corruption), ``freed_after_first_ack``, ``freed_bef
 ``freed_after_timeout``, ``freed_total``, ``meta_freed`` (times its metadata slot went back),
 ``double_freed``; P1/P2: ``acks_at_abort`` (``ABORT_ACK`` messages the rank sent at once) and
 ``drain_acks_at_abort`` (those carrying its rank: a drain ack), or ``abort_handled: "absent"`` where the
-rank's loop handles no ``ABORT`` (before 0.5.13). A call of the tree that raised ends the scenario as an
-error (never an answer).
+rank's loop handles no ``ABORT`` (before 0.5.13). Tree facts, every scenario stopping there:
+``mooncake_manager: "absent"`` (no Mooncake backend: PD's transfer a placeholder, 0.4.4.post2 to 0.4.5) and
+``receiver_abort: "absent"`` (the decode receiver has no ``abort()`` nor a waiting timeout: up to 0.4.9.post4).
+A call of the tree that raised ends the scenario as an error (never an answer).
 
     python probes/probe_deferred_release_differential.py --side head --tree-kind release --tree-ref 0.5.19
 """
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -61,11 +64,36 @@ class TreeRaised(RuntimeError):
     """A call of the tree raised: what the scenario observed is incomplete, so it is no answer."""
 
 
+ABSENT: dict[str, str] = {}  # what the tree lacks for a decode abort mid-transfer: every scenario records it
+
+
 def prepare() -> str:
+    """The transfer queue's world; a tree without Mooncake (its PD transfer a placeholder, 0.4.4.post2 to 0.4.5)
+    or whose Mooncake receiver cannot abort (no ``abort()`` nor waiting timeout, up to 0.4.9.post4) has no decode
+    abort mid-transfer, a tree fact."""
     import sglang
 
+    ABSENT.clear()
+    if _transferqueue.lacks_backend("mooncake"):
+        ABSENT["mooncake_manager"] = "absent"
+        return sglang.__version__
     _transferqueue.prepare(SCENARIOS.adapted)
+    if _transferqueue.sg.ready and not hasattr(_transferqueue.sg.Receiver, "abort"):
+        ABSENT["receiver_abort"] = "absent"
     return sglang.__version__
+
+
+def scenario(sid: str, title: str) -> Callable[[Callable[[Observed], None]], Callable[[Observed], None]]:
+    """A scenario of the set, which on a tree without a decode abort mid-transfer records what it lacks and ends."""
+    def register(body: Callable[[Observed], None]) -> Callable[[Observed], None]:
+        def run(observed: Observed) -> None:
+            if ABSENT:
+                observed.update(ABSENT)
+                return
+            body(observed)
+        run.__name__ = body.__name__
+        return SCENARIOS.scenario(sid, title)(run)
+    return register
 
 
 def finish(w: World, observed: Observed, rid: str = "aborted") -> None:
@@ -92,12 +120,12 @@ def abort_mid_transfer(observed: Observed, w: World) -> None:
     finish(w, observed)
 
 
-@SCENARIOS.scenario("D1", "decode aborts mid-transfer: another request comes in, the prefill's last write lands, then its ack")
+@scenario("D1", "decode aborts mid-transfer: another request comes in, the prefill's last write lands, then its ack")
 def d1(observed: Observed) -> None:
     abort_mid_transfer(observed, World())
 
 
-@SCENARIOS.scenario("D2", "decode aborts after the prefill finished writing: its ack comes at once")
+@scenario("D2", "decode aborts after the prefill finished writing: its ack comes at once")
 def d2(observed: Observed) -> None:
     w = World()
     w.admit("aborted", ROOM)
@@ -111,7 +139,7 @@ def d2(observed: Observed) -> None:
     finish(w, observed)
 
 
-@SCENARIOS.scenario("D3", "two prefill ranks: one acks, the other writes last and acks later")
+@scenario("D3", "two prefill ranks: one acks, the other writes last and acks later")
 def d3(observed: Observed) -> None:
     w = World(ranks=2)
     w.admit("aborted", ROOM)
@@ -128,7 +156,7 @@ def d3(observed: Observed) -> None:
     finish(w, observed)
 
 
-@SCENARIOS.scenario("D4", "acks that never come: held until the timeout, then released")
+@scenario("D4", "acks that never come: held until the timeout, then released")
 def d4(observed: Observed) -> None:
     w = World()
     w.admit("aborted", ROOM)
@@ -143,7 +171,7 @@ def d4(observed: Observed) -> None:
     finish(w, observed)
 
 
-@SCENARIOS.scenario("D5", "a stale ack of the room's previous request arrives before the abort: it must not count")
+@scenario("D5", "a stale ack of the room's previous request arrives before the abort: it must not count")
 def d5(observed: Observed) -> None:
     w = World()
     w.admit("aborted", ROOM)
@@ -159,7 +187,7 @@ def d5(observed: Observed) -> None:
     finish(w, observed)
 
 
-@SCENARIOS.scenario("D6", "control: the prefill side reports a failure (it stopped writing): released at once")
+@scenario("D6", "control: the prefill side reports a failure (it stopped writing): released at once")
 def d6(observed: Observed) -> None:
     w = World()
     w.admit("aborted", ROOM)
@@ -169,7 +197,7 @@ def d6(observed: Observed) -> None:
     finish(w, observed)
 
 
-@SCENARIOS.scenario("D7", "control: a transfer still running, no abort: nothing is given back")
+@scenario("D7", "control: a transfer still running, no abort: nothing is given back")
 def d7(observed: Observed) -> None:
     w = World()
     w.admit("aborted", ROOM)
@@ -179,7 +207,7 @@ def d7(observed: Observed) -> None:
     finish(w, observed)
 
 
-@SCENARIOS.scenario("D8", "control: D1 with the gate unset (the default): released at once")
+@scenario("D8", "control: D1 with the gate unset (the default): released at once")
 def d8(observed: Observed) -> None:
     observed["gate_default_on"] = _transferqueue.gate_default()
     abort_mid_transfer(observed, World(gate=False))
@@ -198,12 +226,12 @@ def prefill_told(observed: Observed, status_name: str, in_flight: int) -> None:
     observed.update(acks_at_abort=prefill.acks(), drain_acks_at_abort=prefill.acks(drained=True))
 
 
-@SCENARIOS.scenario("P1", "a prefill rank told of the abort while a chunk of the room still writes: no ack yet")
+@scenario("P1", "a prefill rank told of the abort while a chunk of the room still writes: no ack yet")
 def p1(observed: Observed) -> None:
     prefill_told(observed, "Transferring", 1)
 
 
-@SCENARIOS.scenario("P2", "a prefill rank told of the abort after the room succeeded (nothing writes): a drain ack at once")
+@scenario("P2", "a prefill rank told of the abort after the room succeeded (nothing writes): a drain ack at once")
 def p2(observed: Observed) -> None:
     prefill_told(observed, "Success", 0)
 

@@ -22,6 +22,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import PROJECT
+
 GATE = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
 TIMEOUT = 30.0
 
@@ -510,3 +512,44 @@ def test_a_prefill_loop_that_handles_no_abort_is_recorded_as_such(fresh_probe, t
     tq.sg.Manager = PrefillBlind
     found = run(fresh_probe, "P1")
     assert (found["observed"], found["error"]) == ({"abort_handled": "absent"}, None)
+
+
+# ---------------------------------------------------------------- older layouts
+
+
+@pytest.mark.parametrize("lacks_mooncake, receiver, fact", [
+    (True, Receiver, {"mooncake_manager": "absent"}),
+    (False, type("MooncakeKVReceiver", (), {}), {"receiver_abort": "absent"}),
+])
+def test_a_tree_without_a_decode_abort_mid_transfer_records_so_in_every_scenario(fresh_probe, tq, monkeypatch,
+                                                                                 lacks_mooncake, receiver, fact):
+    """No Mooncake package (PD's transfer a placeholder), or a receiver with no abort(): a tree fact, never an
+    error of a world that cannot be built."""
+    monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(__version__="0.0.test"))
+    monkeypatch.setattr(tq, "lacks_backend", lambda backend: lacks_mooncake)
+    monkeypatch.setattr(tq, "prepare", lambda adapt, backend="mooncake": None)  # sg is the fixture's
+    monkeypatch.setattr(tq.sg, "Receiver", receiver)
+    probe = fresh_probe("probe_deferred_release_differential.py")
+    assert probe.prepare() == "0.0.test"
+    for sc in probe.SCENARIOS.scenarios:
+        assert sys.modules["_probekit"].run_scenario(sc) == {"title": sc.title, "observed": fact, "error": None}
+    monkeypatch.setattr(tq, "lacks_backend", lambda backend: False)
+    monkeypatch.setattr(tq.sg, "Receiver", Receiver)
+    probe.prepare()
+    assert "receiver_abort" not in sys.modules["_probekit"].run_scenario(probe.SCENARIOS.scenarios[0])["observed"]
+
+
+@pytest.mark.parametrize("fact", ["mooncake_manager", "receiver_abort"])
+def test_the_registry_reads_a_tree_without_a_decode_abort_as_not_affected(fact):
+    import json
+
+    from pdevidence import registry
+    from pdevidence.judge.classify import judge
+
+    exp = registry.load(PROJECT).experiment("deferred_release")
+    base, head = (json.loads((PROJECT / "results" / f"deferred_release.{side}.release-{exp.releases[side]}.json")
+                             .read_text()) for side in ("base", "head"))
+    doc = json.loads(json.dumps(base))
+    doc["scenarios"]["D1"] = {"error": None, "observed": {fact: "absent"}}
+    judged = judge(doc, base, head, exp)
+    assert (judged.classification.value, judged.justification.value) == ("not affected", "vulnerable_code_not_present")
