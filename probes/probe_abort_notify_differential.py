@@ -42,7 +42,9 @@ receiver's ``poll`` answers at the end), ``other_room_chunks`` (N10), ``failure_
 failed on what the scenario sent it, e.g. a frame it cannot parse, else null), ``stages_bootstrapped`` (N6: the
 prefill ranks the receiver bootstrapped with). Tree facts, every scenario stopping there:
 ``mooncake_manager: "absent"`` (no Mooncake backend: PD's transfer a placeholder, 0.4.4.post2 to 0.4.5) and
-``receiver_abort: "absent"`` (the decode receiver has no ``abort()`` nor a waiting timeout: up to 0.4.9.post4). A loop that fails on a
+``decode_abort: "absent"`` (the decode receiver has no ``abort()`` nor a waiting timeout: up to 0.4.9); and,
+where it has a waiting timeout but no ``abort()`` (0.4.9.post1 to 0.4.9.post4), ``receiver_abort: "absent"``
+in the scenarios that abort it (N4's timeout still runs). A loop that fails on a
 stand-in (an attribute or call it lacks), or any of the probe's own calls into the tree that raises, is
 the scenario's error: never an observation.
 
@@ -65,7 +67,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _kvtransfer as kvt  # noqa: E402
-from _probekit import Collaborators, Observed, ScenarioSet, main, publish_server_args, server_args  # noqa: E402
+from _probekit import Collaborators, Observed, ScenarioSet, main, publish_server_args, reads, server_args  # noqa: E402
 
 SCENARIOS = ScenarioSet("abort_notify")
 MOONCAKE = "sglang.srt.disaggregation.mooncake.conn"
@@ -90,7 +92,7 @@ PAGES = {ROOM: DECODE_PAGES, OTHER_ROOM: OTHER_PAGES}
 WAITING_TIMEOUT = 300.0
 ABORT_FRAMES = 4  # tag, room, decode ip, decode port; 0.5.22 appends the ack generation when decode awaits an ack
 
-sg = SimpleNamespace(missing=None, absent={})
+sg = SimpleNamespace(missing=None, absent={}, cannot_abort={})
 
 
 class CannotDrive(RuntimeError):
@@ -126,8 +128,11 @@ def prepare() -> str:
     sg.Receiver = getattr(sg.mooncake, "MooncakeKVReceiver", None)
     if sg.Manager is None or sg.Receiver is None:
         sg.missing = f"{MOONCAKE} has no MooncakeKVManager or MooncakeKVReceiver"
-    elif not hasattr(sg.Receiver, "abort"):  # nor a waiting timeout there: decode never gives up on a transfer
-        sg.absent = {"receiver_abort": "absent"}
+    elif not hasattr(sg.Receiver, "abort"):  # a waiting timeout is then decode's only give-up, if it has one
+        if reads(sg.Receiver.poll, "waiting_timeout"):
+            sg.cannot_abort = {"receiver_abort": "absent"}
+        else:
+            sg.absent = {"decode_abort": "absent"}
     sg.np = getattr(sg.mooncake, "np", None)  # the index arrays the tree's own numpy makes
     if sg.np is None:
         sg.missing = f"{MOONCAKE} imports no numpy as np: the probe cannot make the index arrays it takes"
@@ -176,12 +181,15 @@ def kv_args(*, layers: int, base: int, start_layer: int = 0) -> Any:
                          prefill_pp_size=1, decode_tp_size=1)
 
 
-def scenario(sid: str, title: str) -> Callable[[Callable[[Observed], None]], Callable[[Observed], None]]:
-    """A scenario of the set, which on a tree lacking the path records what it lacks (``sg.absent``) and ends."""
+def scenario(sid: str, title: str, *, aborts: bool = True) -> Callable[[Callable[[Observed], None]],
+                                                                       Callable[[Observed], None]]:
+    """A scenario of the set, which on a tree lacking the path records what it lacks (``sg.absent``) and ends, as
+    one that ``aborts`` the receiver does on a tree whose receiver cannot (``sg.cannot_abort``)."""
     def register(body: Callable[[Observed], None]) -> Callable[[Observed], None]:
         def run(observed: Observed) -> None:
-            if sg.absent:
-                observed.update(sg.absent)
+            lacks = {**sg.absent, **(sg.cannot_abort if aborts else {})}
+            if lacks:
+                observed.update(lacks)
                 return
             body(observed)
         run.__name__ = body.__name__
@@ -488,7 +496,7 @@ def n3(observed: Observed) -> None:
     world.finish(observed)
 
 
-@scenario("N4", "the decode wait times out mid-transfer (poll), with two chunks still queued")
+@scenario("N4", "the decode wait times out mid-transfer (poll), with two chunks still queued", aborts=False)
 def n4(observed: Observed) -> None:
     world = World()
     with world.transport():
@@ -502,7 +510,7 @@ def n4(observed: Observed) -> None:
     world.finish(observed)
 
 
-@scenario("N5", "control: the prefill side fails the transfer; decode's failure path runs")
+@scenario("N5", "control: the prefill side fails the transfer; decode's failure path runs", aborts=False)
 def n5(observed: Observed) -> None:
     world = World()
     with world.transport():
@@ -568,7 +576,7 @@ def n8(observed: Observed) -> None:
     world.finish(observed)
 
 
-@scenario("N9", "control: a transfer that completes, never aborted")
+@scenario("N9", "control: a transfer that completes, never aborted", aborts=False)
 def n9(observed: Observed) -> None:
     world = World()
     with world.transport():
@@ -602,7 +610,7 @@ def n10(observed: Observed) -> None:
                     other_room_status=poll_name(world.prefills[0].request_status.get(OTHER_ROOM)))
 
 
-@scenario("N11", "control: an ABORT (as a fixed decode sends it) for a room that already succeeded")
+@scenario("N11", "control: an ABORT (as a fixed decode sends it) for a room that already succeeded", aborts=False)
 def n11(observed: Observed) -> None:
     world = World()
     with world.transport():

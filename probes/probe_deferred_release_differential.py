@@ -38,7 +38,7 @@ held by another request: the corruption), ``freed_after_first_ack``, ``freed_bef
 ``drain_acks_at_abort`` (those carrying its rank: a drain ack), or ``abort_handled: "absent"`` where the
 rank's loop handles no ``ABORT`` (before 0.5.13). Tree facts, every scenario stopping there:
 ``mooncake_manager: "absent"`` (no Mooncake backend: PD's transfer a placeholder, 0.4.4.post2 to 0.4.5) and
-``receiver_abort: "absent"`` (the decode receiver has no ``abort()`` nor a waiting timeout: up to 0.4.9.post4).
+``decode_abort: "absent"`` (the decode receiver has no ``abort()`` nor a waiting timeout: up to 0.4.9).
 A call of the tree that raised ends the scenario as an error (never an answer).
 
     python probes/probe_deferred_release_differential.py --side head --tree-kind release --tree-ref 0.5.19
@@ -53,7 +53,7 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _transferqueue  # noqa: E402
-from _probekit import Observed, ScenarioSet, main  # noqa: E402
+from _probekit import Observed, ScenarioSet, main, reads  # noqa: E402
 from _transferqueue import Prefill, World  # noqa: E402
 
 SCENARIOS = ScenarioSet("deferred_release")
@@ -69,8 +69,9 @@ ABSENT: dict[str, str] = {}  # what the tree lacks for a decode abort mid-transf
 
 def prepare() -> str:
     """The transfer queue's world; a tree without Mooncake (its PD transfer a placeholder, 0.4.4.post2 to 0.4.5)
-    or whose Mooncake receiver cannot abort (no ``abort()`` nor waiting timeout, up to 0.4.9.post4) has no decode
-    abort mid-transfer, a tree fact."""
+    or whose Mooncake receiver never gives up on a transfer (no ``abort()`` nor waiting timeout, up to 0.4.9) has no
+    decode abort mid-transfer, a tree fact. One whose receiver only times out (0.4.9.post1 to 0.4.9.post4) is not
+    such a tree: its timeout gives the pages back, which no scenario here drives (they abort through the scheduler)."""
     import sglang
 
     ABSENT.clear()
@@ -78,8 +79,9 @@ def prepare() -> str:
         ABSENT["mooncake_manager"] = "absent"
         return sglang.__version__
     _transferqueue.prepare(SCENARIOS.adapted)
-    if _transferqueue.sg.ready and not hasattr(_transferqueue.sg.Receiver, "abort"):
-        ABSENT["receiver_abort"] = "absent"
+    receiver = _transferqueue.sg.Receiver if _transferqueue.sg.ready else None
+    if receiver is not None and not hasattr(receiver, "abort") and not reads(receiver.poll, "waiting_timeout"):
+        ABSENT["decode_abort"] = "absent"
     return sglang.__version__
 
 

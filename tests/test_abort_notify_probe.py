@@ -14,6 +14,7 @@ import importlib
 import struct
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -460,12 +461,38 @@ def test_a_receiver_that_knows_no_pipeline_stages_records_so_and_n6_stops(probe)
     assert run(probe(mooncake_module(fixed=False)), "N6")["observed"]["stages_bootstrapped"] == 2
 
 
-def test_a_receiver_that_cannot_abort_is_recorded_in_every_scenario(probe):
+def test_a_receiver_that_never_gives_up_is_recorded_in_every_scenario(probe):
+    """No abort() and no waiting timeout (up to 0.4.9): decode never gives a transfer's pages back on its own."""
     mooncake = mooncake_module(fixed=False)
     del mooncake.MooncakeKVReceiver.abort
+    mooncake.MooncakeKVReceiver.poll = lambda self: self.kv_mgr.check_status(self.bootstrap_room)
     module = probe(mooncake)
-    assert all(run(module, sc.id) == {**run(module, sc.id), "error": None, "observed": {"receiver_abort": "absent"}}
-               for sc in module.SCENARIOS.scenarios)
+    for sc in module.SCENARIOS.scenarios:
+        result = run(module, sc.id)
+        assert (result["error"], result["observed"]) == (None, {"decode_abort": "absent"})
+
+
+def test_a_receiver_that_only_times_out_is_driven_through_its_timeout(probe):
+    """No abort() but a waiting timeout (0.4.9.post1 to 0.4.9.post4): the scenarios that abort record that the
+    receiver cannot; N4's timeout still runs, and shows the queued chunks written after decode gave up."""
+    mooncake = mooncake_module(fixed=False)
+    del mooncake.MooncakeKVReceiver.abort
+    poll = mooncake.MooncakeKVReceiver.poll
+
+    def timed_poll(self):
+        if self.init_time is not None and time.time() - self.init_time >= self.kv_mgr.waiting_timeout:
+            self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)  # gives up; tells no prefill rank
+        return poll(self)
+
+    mooncake.MooncakeKVReceiver.poll = timed_poll
+    module = probe(mooncake)
+    aborting = {"N1", "N2", "N3", "N6", "N7", "N8", "N10"}
+    for sc in module.SCENARIOS.scenarios:
+        result = run(module, sc.id)
+        assert result["error"] is None
+        assert (result["observed"] == {"receiver_abort": "absent"}) == (sc.id in aborting)
+    timed_out = run(module, "N4")["observed"]
+    assert (timed_out["timeout_poll"], timed_out["abort_sent"], timed_out["chunks_after_abort"]) == ("Failed", 0, 2)
 
 
 def test_a_pd_tree_without_a_mooncake_package_is_recorded_never_an_import_error(probe):
@@ -492,11 +519,19 @@ def _judged(observed: dict[str, dict]) -> object:
     return judge(doc, base, head, exp)
 
 
-@pytest.mark.parametrize("fact", ["mooncake_manager", "receiver_abort"])
+@pytest.mark.parametrize("fact", ["mooncake_manager", "decode_abort"])
 def test_a_tree_without_the_decode_abort_path_is_not_affected(fact):
     judged = _judged({"N1": {fact: "absent"}})
     assert judged.classification.value == "not affected"
     assert judged.justification.value == "vulnerable_code_not_present"
+
+
+def test_a_receiver_that_only_times_out_is_judged_by_its_timeout():
+    aborting = ("N1", "N2", "N3", "N6", "N7", "N8", "N10")
+    judged = _judged({sid: {"receiver_abort": "absent"} for sid in aborting})
+    assert judged.classification.value == "pre-fix"
+    assert judged.scenarios["N4"].value == "pre-fix"
+    assert all(judged.scenarios[sid].value == "not deciding" for sid in aborting if sid in judged.scenarios)
 
 
 def test_one_stage_only_sets_n6_aside_and_the_one_rank_scenarios_decide():

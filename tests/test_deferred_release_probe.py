@@ -517,9 +517,17 @@ def test_a_prefill_loop_that_handles_no_abort_is_recorded_as_such(fresh_probe, t
 # ---------------------------------------------------------------- older layouts
 
 
+def _never_gives_up(self):
+    return self.kv_mgr.check_status(self.bootstrap_room)
+
+
+def _times_out(self):
+    return self.kv_mgr.waiting_timeout
+
+
 @pytest.mark.parametrize("lacks_mooncake, receiver, fact", [
     (True, Receiver, {"mooncake_manager": "absent"}),
-    (False, type("MooncakeKVReceiver", (), {}), {"receiver_abort": "absent"}),
+    (False, type("MooncakeKVReceiver", (), {"poll": _never_gives_up}), {"decode_abort": "absent"}),
 ])
 def test_a_tree_without_a_decode_abort_mid_transfer_records_so_in_every_scenario(fresh_probe, tq, monkeypatch,
                                                                                  lacks_mooncake, receiver, fact):
@@ -536,10 +544,21 @@ def test_a_tree_without_a_decode_abort_mid_transfer_records_so_in_every_scenario
     monkeypatch.setattr(tq, "lacks_backend", lambda backend: False)
     monkeypatch.setattr(tq.sg, "Receiver", Receiver)
     probe.prepare()
-    assert "receiver_abort" not in sys.modules["_probekit"].run_scenario(probe.SCENARIOS.scenarios[0])["observed"]
+    assert "decode_abort" not in sys.modules["_probekit"].run_scenario(probe.SCENARIOS.scenarios[0])["observed"]
 
 
-@pytest.mark.parametrize("fact", ["mooncake_manager", "receiver_abort"])
+def test_a_receiver_that_times_out_without_abort_is_no_tree_without_a_decode_give_up(fresh_probe, tq, monkeypatch):
+    """0.4.9.post1 to 0.4.9.post4: the waiting timeout gives the pages back; not affected would be a miss."""
+    monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(__version__="0.0.test"))
+    monkeypatch.setattr(tq, "lacks_backend", lambda backend: False)
+    monkeypatch.setattr(tq, "prepare", lambda adapt, backend="mooncake": None)
+    monkeypatch.setattr(tq.sg, "Receiver", type("MooncakeKVReceiver", (), {"poll": _times_out}))
+    probe = fresh_probe("probe_deferred_release_differential.py")
+    probe.prepare()
+    assert probe.ABSENT == {}
+
+
+@pytest.mark.parametrize("fact", ["mooncake_manager", "decode_abort"])
 def test_the_registry_reads_a_tree_without_a_decode_abort_as_not_affected(fact):
     import json
 
