@@ -31,7 +31,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from _decode_step import CannotObserve
-from _probekit import stand_in, swapped
+from _probekit import reads, stand_in, swapped
 
 CONN = "sglang.srt.disaggregation.nixl.conn"
 SENDER_OF = "NixlKVSender"
@@ -69,6 +69,10 @@ def prepare() -> str:
         sg.conn = importlib.import_module(CONN)
     except ImportError as exc:
         sg.unobserved = f"{CONN} does not import: {type(exc).__name__}: {exc}"
+        return sglang.__version__
+    receiver = getattr(sg.conn, "NixlKVReceiver", None)
+    if receiver is not None and not hasattr(receiver, "abort") and not reads(receiver.poll, "waiting_timeout"):
+        sg.absent = {"decode_abort": "absent"}  # up to 0.5.5: decode never gives up on a transfer
         return sglang.__version__
     sg.Manager = getattr(sg.conn, "NixlKVManager", None)
     if sg.Manager is None:

@@ -36,8 +36,10 @@ X9 (counts of the aborted request's 4 slots): ``abort_sent``, ``freed_before_las
 ``written_after_free``, ``written_into_other``, ``freed_total``, ``double_freed``;
 ``deferred_enabled`` (X7: the tree's flag with the variable unset; null before #35049), ``room_succeeded``,
 ``siblings_settled`` (X4, X5: every posted write completed by the end: 0.5.21's error path waits for them).
-Tree facts, the scenario stopping there: ``nixl_manager: "absent"`` (no NIXL backend) and
-``nixl_abort_handler: "absent"`` (its prefill manager handles no ``ABORT``: up to 0.5.15).
+Tree facts, the scenario stopping there: ``nixl_manager: "absent"`` (no NIXL backend),
+``decode_abort: "absent"`` (its decode receiver has no ``abort()`` nor a waiting timeout, so decode never gives
+a transfer's pages back on its own: up to 0.5.5) and ``nixl_abort_handler: "absent"`` (its prefill manager
+handles no ``ABORT``: up to 0.5.15).
 
     python probes/probe_deferred_release_nixl_differential.py --side head --tree-kind release --tree-ref 0.5.19
 """

@@ -443,3 +443,50 @@ def test_real_base_never_acks_and_head_acks_each_abort_once_drained(tmp_path):
     assert (base["X9"]["freed_before_last_write"], base["X9"]["written_into_other"]) == (4, 4)
     assert (head["X9"]["freed_before_last_write"], head["X9"]["written_after_free"]) == (0, 0)
     assert head["X9"]["freed_total"] == 4 and head["X9"]["acks_sent"] == 1
+
+
+# ---------------------------------------------------------------- older layouts
+
+
+def _conn_with_receiver(poll):
+    import importlib.machinery
+    import types
+
+    conn = types.ModuleType("sglang.srt.disaggregation.nixl.conn")
+    conn.__spec__ = importlib.machinery.ModuleSpec(conn.__name__, None)
+    conn.NixlKVReceiver = type("NixlKVReceiver", (), {"poll": poll})
+    return conn
+
+
+def _never_gives_up(self):
+    return self.kv_mgr.check_status(self.bootstrap_room)
+
+
+def _times_out(self):
+    return self.kv_mgr.waiting_timeout
+
+
+@pytest.mark.parametrize("poll, absent", [(_never_gives_up, {"decode_abort": "absent"}), (_times_out, {})])
+def test_a_nixl_receiver_that_never_gives_up_is_a_tree_fact_one_that_times_out_is_not(fresh_probe, monkeypatch,
+                                                                                      poll, absent):
+    """Up to 0.5.5 the NIXL decode receiver has no abort() nor waiting timeout; from 0.5.6 it times out (exposed)."""
+    monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(__version__="0.0.test"))
+    monkeypatch.setitem(sys.modules, "sglang.srt.disaggregation.nixl.conn", _conn_with_receiver(poll))
+    module = fresh_probe("_nixl.py")
+    assert module.prepare() == "0.0.test"
+    assert module.sg.absent == absent
+
+
+def test_the_registry_reads_a_nixl_decode_that_never_gives_up_as_not_affected():
+    import json
+
+    from pdevidence import registry
+    from pdevidence.judge.classify import judge
+
+    exp = registry.load(PROJECT).experiment("deferred_release_nixl")
+    base, head = (json.loads((PROJECT / "results" / f"deferred_release_nixl.{side}.release-{exp.releases[side]}.json")
+                             .read_text()) for side in ("base", "head"))
+    doc = json.loads(json.dumps(base))
+    doc["scenarios"]["X1"] = {"error": None, "observed": {"decode_abort": "absent"}}
+    judged = judge(doc, base, head, exp)
+    assert (judged.classification.value, judged.justification.value) == ("not affected", "vulnerable_code_not_present")
