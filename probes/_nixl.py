@@ -78,9 +78,11 @@ def prepare() -> str:
     if sg.Manager is None:
         sg.unobserved = f"{CONN} has no NixlKVManager: what the NIXL backend does on an abort cannot be observed"
         return sglang.__version__
-    if not hasattr(sg.Manager, "_handle_abort_notification"):  # up to 0.5.15: NIXL ABORT handling is #30352
+    sg.handles_abort = hasattr(sg.Manager, "_handle_abort_notification")
+    if not sg.handles_abort:  # up to 0.5.15: NIXL ABORT handling is #30352
         sg.absent = {"nixl_abort_handler": "absent"}
-        return sglang.__version__
+        if not hasattr(sg.Manager, "transfer_worker"):  # up to 0.5.11: no worker for X9's prefill rank either
+            return sglang.__version__
     if not hasattr(sg.Manager, "transfer_worker") or not hasattr(sg.conn, "np"):
         sg.unobserved = ("the tree's NIXL manager has no transfer_worker (or its module no numpy): when its "
                          "writes drain cannot be observed")
@@ -103,6 +105,15 @@ def prepare() -> str:
 
 def _has_environ() -> bool:
     return importlib.util.find_spec("sglang.srt.environ") is not None
+
+
+def require_loop(observed: dict) -> bool:
+    """X9's precondition: the tree's decode queue and a prefill rank's transfer worker. A prefill manager that
+    handles no ``ABORT`` still runs, told nothing (nothing in it would answer): what the tree lacks is recorded."""
+    if sg.unobserved is not None:
+        raise CannotObserve(sg.unobserved)
+    observed.update(sg.absent)
+    return sg.ready
 
 
 def require(observed: dict) -> bool:
@@ -248,6 +259,7 @@ def chunk(room: int, index: int, *, last: bool) -> Any:
     start = index * PAGES_PER_CHUNK
     fields = dict(room=room, prefill_kv_indices=np.arange(start, start + PAGES_PER_CHUNK, dtype=np.int32),
                   index_slice=slice(start, start + PAGES_PER_CHUNK), is_last_chunk=last,
+                  is_last=last,  # 0.5.12's name for it
                   prefill_aux_index=0 if last else None, state_indices=None, chunk_id=index)
     names = {f.name for f in dataclasses.fields(sg.Chunk)}
     return sg.Chunk(**{k: v for k, v in fields.items() if k in names})
