@@ -117,6 +117,9 @@ def prepare(adapt: Callable[[str], None], backend: str = "mooncake") -> None:
     sg.backend = backend
     sg.missing = None
     try:
+        # the scheduler first, as a server imports it: up to 0.4.6.post4 the decode module alone meets a circular
+        # import of sglang.srt.layers.linear
+        importlib.import_module("sglang.srt.managers.scheduler")
         sg.decode = importlib.import_module(DECODE_MODULE)
         sg.conn = importlib.import_module(BACKEND_MODULES[backend])
     except ImportError as exc:
