@@ -58,6 +58,7 @@ class Timeline:
     def __init__(self):
         self._ticks = itertools.count(1)
         self.marks: dict[str, int] = {}
+        self.taken = 0  # items taken from transfer queues so far: the chunk a worker's writes belong to
 
     def tick(self) -> int:
         return next(self._ticks)
@@ -86,11 +87,14 @@ class Message:
 
 
 class Socket:
-    """A ZeroMQ socket of the bus: connect / bind / setsockopt are noted; sends go to the bus."""
+    """A ZeroMQ socket of the bus: connect / bind / setsockopt are noted; sends go to the bus. As in ZeroMQ, a
+    socket bound again listens on every endpoint it was bound to (up to 0.4.10 a manager's thread binds its inbox
+    to a fresh port, while decode and prefill still address the port the probe's bootstrap server named)."""
 
     def __init__(self, bus: "Bus", kind: Any):
         self.bus, self.kind = bus, kind
         self.endpoint: str | None = None
+        self.bound: list[str] = []
         self.options: dict[Any, Any] = {}
 
     def setsockopt(self, option, value) -> None:
@@ -100,7 +104,8 @@ class Socket:
         self.endpoint = endpoint
 
     def bind(self, endpoint: str) -> None:
-        self.endpoint = endpoint
+        self.endpoint = self.endpoint or endpoint
+        self.bound.append(endpoint)
 
     def send_multipart(self, frames, *args, **kwargs) -> None:
         if self.endpoint is None:
@@ -108,7 +113,7 @@ class Socket:
         self.bus.deliver(self.endpoint, frames)
 
     def recv_multipart(self, *args, **kwargs) -> list[bytes]:
-        return self.bus.receive(self.endpoint)
+        return self.bus.receive(*(self.bound or [self.endpoint]))
 
     def close(self, *args, **kwargs) -> None:
         pass
@@ -166,13 +171,14 @@ class Bus:
     def deliver(self, endpoint: str, frames) -> None:
         frames = [bytes(f) if not isinstance(f, bytes) else f for f in frames]
         self.sent.append(Message(endpoint, frames, self.timeline.tick()))
-        self.queues.setdefault(endpoint, []).append(frames)
+        self.queues.setdefault(endpoint, []).append((self.sent[-1].at, frames))
 
-    def receive(self, endpoint: str | None) -> list[bytes]:
-        queue = self.queues.get(endpoint or "", [])
-        if not queue:
-            raise ScriptEnded(endpoint)
-        return queue.pop(0)
+    def receive(self, *endpoints: str | None) -> list[bytes]:
+        """The oldest frames queued for any of ``endpoints`` (one socket's bound endpoints)."""
+        waiting = [(self.queues[e][0][0], e) for e in endpoints if self.queues.get(e or "")]
+        if not waiting:
+            raise ScriptEnded(endpoints)
+        return self.queues[min(waiting)[1]].pop(0)[1]
 
     def inbox(self, endpoint: str) -> Socket:
         socket = Socket(self, None)
@@ -197,6 +203,7 @@ class Write:
     dst: int
     length: int
     at: int
+    chunk: int = 0  # the queue item (Timeline.taken) being worked on when it was written
 
 
 @dataclass
@@ -209,13 +216,14 @@ class TransferEngine:
     writes: list[Write] = field(default_factory=list)
 
     def transfer_sync(self, session_id, src, dst, length, *args, **kwargs) -> int:
-        self.writes.append(Write(str(session_id), int(src), int(dst), int(length), self.timeline.tick()))
+        self.writes.append(Write(str(session_id), int(src), int(dst), int(length), self.timeline.tick(),
+                                 self.timeline.taken))
         return self.status
 
     def batch_transfer_sync(self, session_id, srcs, dsts, lengths, *args, **kwargs) -> int:
         at = self.timeline.tick()  # one batch, one moment
         for src, dst, length in zip(srcs, dsts, lengths):
-            self.writes.append(Write(str(session_id), int(src), int(dst), int(length), at))
+            self.writes.append(Write(str(session_id), int(src), int(dst), int(length), at, self.timeline.taken))
         return self.status
 
     def get_session_id(self) -> str:
@@ -251,10 +259,13 @@ class TransferEngine:
 
 
 class ScriptedQueue:
-    """A transfer queue: ``put`` keeps order; ``get`` hands items over, then raises ``ScriptEnded``."""
+    """A transfer queue: ``put`` keeps order; ``get`` hands items over, then raises ``ScriptEnded``. Given the
+    timeline, each item handed over counts as taken (``Timeline.taken``): the engine's writes name their chunk
+    however many engine calls a tree makes for one (up to 0.4.10 one per layer and contiguous block)."""
 
-    def __init__(self):
+    def __init__(self, timeline: Timeline | None = None):
         self.items: list[Any] = []
+        self.timeline = timeline
 
     def put(self, item, *args, **kwargs) -> None:
         self.items.append(item)
@@ -265,6 +276,8 @@ class ScriptedQueue:
     def get(self, *args, **kwargs) -> Any:
         if not self.items:
             raise ScriptEnded("queue")
+        if self.timeline is not None:
+            self.timeline.taken += 1
         return self.items.pop(0)
 
     get_nowait = get

@@ -29,7 +29,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from _decode_step import CannotObserve
-from _probekit import stand_in, swapped
+from _probekit import reads, stand_in, swapped
 # the gate and the decode server: the one ``_transferqueue.World`` plays in X9 (0.5.21 acks every decode peer
 # of a room); the ack generation a fresh decode manager arms first
 from _transferqueue import DECODE_IP, DECODE_PORT, FIRST_GENERATION, GATE, ScriptEnded, gated
@@ -61,13 +61,19 @@ def prepare() -> str:
     except ImportError as exc:
         sg.unobserved = f"{CONN} does not import: {type(exc).__name__}: {exc}"
         return sglang.__version__
+    receiver = getattr(sg.conn, "NixlKVReceiver", None)
+    if receiver is not None and not hasattr(receiver, "abort") and not reads(receiver.poll, "waiting_timeout"):
+        sg.absent = {"decode_abort": "absent"}  # up to 0.5.5: decode never gives up on a transfer
+        return sglang.__version__
     sg.Manager = getattr(sg.conn, "NixlKVManager", None)
     if sg.Manager is None:
         sg.unobserved = f"{CONN} has no NixlKVManager: what the NIXL backend does on an abort cannot be observed"
         return sglang.__version__
-    if not hasattr(sg.Manager, "_handle_abort_notification"):  # up to 0.5.15: NIXL ABORT handling is #30352
+    sg.handles_abort = hasattr(sg.Manager, "_handle_abort_notification")
+    if not sg.handles_abort:  # up to 0.5.15: NIXL ABORT handling is #30352
         sg.absent = {"nixl_abort_handler": "absent"}
-        return sglang.__version__
+        if not hasattr(sg.Manager, "transfer_worker"):  # up to 0.5.11: no worker for X9's prefill rank either
+            return sglang.__version__
     if not hasattr(sg.Manager, "transfer_worker") or not hasattr(sg.conn, "np"):
         sg.unobserved = ("the tree's NIXL manager has no transfer_worker (or its module no numpy): when its "
                          "writes drain cannot be observed")
@@ -90,6 +96,15 @@ def prepare() -> str:
 
 def _has_environ() -> bool:
     return importlib.util.find_spec("sglang.srt.environ") is not None
+
+
+def require_loop(observed: dict) -> bool:
+    """X9's precondition: the tree's decode queue and a prefill rank's transfer worker. A prefill manager that
+    handles no ``ABORT`` still runs, told nothing (nothing in it would answer): what the tree lacks is recorded."""
+    if sg.unobserved is not None:
+        raise CannotObserve(sg.unobserved)
+    observed.update(sg.absent)
+    return sg.ready
 
 
 def require(observed: dict) -> bool:
@@ -220,6 +235,7 @@ def chunk(room: int, index: int, *, last: bool) -> Any:
     start = index * PAGES_PER_CHUNK
     fields = dict(room=room, prefill_kv_indices=np.arange(start, start + PAGES_PER_CHUNK, dtype=np.int32),
                   index_slice=slice(start, start + PAGES_PER_CHUNK), is_last_chunk=last,
+                  is_last=last,  # 0.5.12's name for it
                   prefill_aux_index=0 if last else None, state_indices=None, chunk_id=index)
     names = {f.name for f in dataclasses.fields(sg.Chunk)}
     return sg.Chunk(**{k: v for k, v in fields.items() if k in names})

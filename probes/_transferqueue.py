@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import importlib.util
 import inspect
 import os
 import threading
@@ -105,6 +106,15 @@ def gated(on: bool):
             os.environ[GATE] = saved
 
 
+def lacks_backend(backend: str) -> bool:
+    """Whether the tree's PD package holds no such backend package: read from what it holds; in doubt, no (its
+    import then says what is wrong)."""
+    try:
+        return importlib.util.find_spec(BACKEND_MODULES[backend].rsplit(".", 1)[0]) is None
+    except (ImportError, ValueError):
+        return False
+
+
 def prepare(adapt: Callable[[str], None], backend: str = "mooncake") -> None:
     """Import what a world uses, once; a part the tree lacks is left for the scenarios to record."""
     import torch
@@ -114,6 +124,9 @@ def prepare(adapt: Callable[[str], None], backend: str = "mooncake") -> None:
     sg.backend = backend
     sg.missing = None
     try:
+        # the scheduler first, as a server imports it: up to 0.4.6.post4 the decode module alone meets a circular
+        # import of sglang.srt.layers.linear
+        importlib.import_module("sglang.srt.managers.scheduler")
         sg.decode = importlib.import_module(DECODE_MODULE)
         sg.conn = importlib.import_module(BACKEND_MODULES[backend])
     except ImportError as exc:
@@ -145,6 +158,7 @@ def prepare(adapt: Callable[[str], None], backend: str = "mooncake") -> None:
     sg.Req, sg.SamplingParams, sg.Scheduler = Req, SamplingParams, Scheduler
     sg.ReqKvInfo = getattr(schedule_batch, "ReqKvInfo", None)
     sg.kv_on_record = sg.ReqKvInfo is not None and hasattr(sg.ReqKvInfo, "holds_kv")  # 0.5.19 on
+    sg.pool_frees_request = _pool_frees_request()
     try:  # the tree's environment variables (0.5.x); older trees read os.environ where they read any
         sg.envs = getattr(importlib.import_module("sglang.srt.environ"), "envs", None)
     except ImportError:
@@ -557,13 +571,22 @@ def _free_row(req) -> None:
     (req.kv if sg.kv_on_record else req).req_pool_idx = None
 
 
+def _pool_frees_request() -> bool:
+    """Whether the tree's ``ReqToTokenPool.free`` takes the request (and clears its row, 0.5.9 on) rather than the
+    row's index, leaving the request as it is (0.5.8's ``release_kv_cache`` asserts the row is still there)."""
+    pool = getattr(importlib.import_module("sglang.srt.mem_cache.memory_pool"), "ReqToTokenPool", None)
+    free = getattr(pool, "free", None)
+    return free is not None and "req" in inspect.signature(free).parameters
+
+
 def _release_kv(req) -> None:
     """What the tree's pool does when the tree cache gives a finished request's row back."""
     if sg.kv_on_record:
         req.kv.req_pool_idx = None
         req.kv.mark_kv_released()
         return
-    req.req_pool_idx = None
+    if sg.pool_frees_request:
+        req.req_pool_idx = None
     if sg.ReqKvInfo is not None:
         req.kv = None
 

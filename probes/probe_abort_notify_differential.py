@@ -26,8 +26,9 @@ of the room as the prefill sender's constructor tells it (status Bootstrapping).
 
 Scenarios: N1 abort before any chunk; N2 mid-transfer (1 chunk written, 2 queued); N3 abort after the
 last chunk (the room succeeded); N4 the wait times out mid-transfer (``poll``); N5 the prefill side
-fails the transfer (control: decode's failure path sends nothing, by design); N6 two prefill ranks,
-mid-transfer; N7 aborted twice; N8 a room the prefill rank never heard of; N9 control: a transfer
+fails the transfer (control: decode's failure path sends nothing, by design); N6 two prefill ranks
+(pipeline stages), mid-transfer (a tree whose receiver bootstraps with one of them only, before PD knew
+pipeline stages, records just that: ``stages_bootstrapped``); N7 aborted twice; N8 a room the prefill rank never heard of; N9 control: a transfer
 that completes; N10 control: a room never aborted beside one aborted mid-transfer; N11 control: an
 ``ABORT`` (as a fixed decode sends it) for a room that already succeeded.
 
@@ -35,11 +36,16 @@ Keys: ``abort_sent`` (ABORT messages), ``abort_ranks`` (prefill ranks that got o
 ``abort_max_per_rank``, ``abort_acks`` (ABORT_ACK messages to decode), ``aborts_armed`` (N1: ABORT messages
 that carry the decode's ack generation, 0.5.22 on: a prefill rank acks only those), ``prefill_failed`` (prefill
 ranks whose room is failed), ``room_status`` (the room on the prefill rank(s), a KVPoll name, or
-``"unknown"``), ``chunks_written`` / ``chunks_after_abort`` (KV transfers by the engine, all / after the
-abort), ``pages_after_abort`` (decode pages written after it, per layer), ``decode_poll`` (what the
+``"unknown"``), ``chunks_written`` / ``chunks_after_abort`` (chunks the engine wrote, all / after the
+abort: each queue item once, however many engine calls the tree makes for it), ``pages_after_abort`` (decode pages written after it, per layer), ``decode_poll`` (what the
 receiver's ``poll`` answers at the end), ``other_room_chunks`` (N10), ``failure_raised`` (N5: the type
 ``failure_exception`` raised), ``tree_error`` (``<loop>:<exception type>`` where one of the tree's loops
-failed on what the scenario sent it, e.g. a frame it cannot parse, else null). A loop that fails on a
+failed on what the scenario sent it, e.g. a frame it cannot parse, else null), ``stages_bootstrapped`` (N6: the
+prefill ranks the receiver bootstrapped with). Tree facts, every scenario stopping there:
+``mooncake_manager: "absent"`` (no Mooncake backend: PD's transfer a placeholder, 0.4.4.post2 to 0.4.5) and
+``decode_abort: "absent"`` (the decode receiver has no ``abort()`` nor a waiting timeout: up to 0.4.9); and,
+where it has a waiting timeout but no ``abort()`` (0.4.9.post1 to 0.4.9.post4), ``receiver_abort: "absent"``
+in the scenarios that abort it (N4's timeout still runs). A loop that fails on a
 stand-in (an attribute or call it lacks), or any of the probe's own calls into the tree that raises, is
 the scenario's error: never an observation.
 
@@ -51,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 import sys
 import threading
@@ -63,7 +70,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _kvtransfer as kvt  # noqa: E402
-from _probekit import Collaborators, Observed, ScenarioSet, main, publish_server_args, server_args  # noqa: E402
+from _probekit import Collaborators, Observed, ScenarioSet, main, publish_server_args, reads, server_args  # noqa: E402
 
 SCENARIOS = ScenarioSet("abort_notify")
 MOONCAKE = "sglang.srt.disaggregation.mooncake.conn"
@@ -88,7 +95,7 @@ PAGES = {ROOM: DECODE_PAGES, OTHER_ROOM: OTHER_PAGES}
 WAITING_TIMEOUT = 300.0
 ABORT_FRAMES = 4  # tag, room, decode ip, decode port; 0.5.22 appends the ack generation when decode awaits an ack
 
-sg = SimpleNamespace(missing=None)
+sg = SimpleNamespace(missing=None, absent={}, cannot_abort={})
 
 
 class CannotDrive(RuntimeError):
@@ -102,9 +109,14 @@ def under_built(exc: BaseException) -> bool:
 
 
 def prepare() -> str:
-    """Import the tree's Mooncake connection; a tree where it does not import leaves each scenario to say why."""
+    """Import the tree's Mooncake connection; a tree where it does not import leaves each scenario to say why.
+    What the tree lacks is a tree fact (``sg.absent``): no Mooncake backend at all (its PD transfer a placeholder
+    that moves nothing, 0.4.4.post2 to 0.4.5), or a decode receiver that cannot abort (no ``abort()``)."""
     import sglang
 
+    if lacks_mooncake():
+        sg.absent = {"mooncake_manager": "absent"}
+        return sglang.__version__
     try:
         sg.mooncake = importlib.import_module(MOONCAKE)
     except Exception as exc:  # the scenarios record it: no answer, never an absence
@@ -119,6 +131,11 @@ def prepare() -> str:
     sg.Receiver = getattr(sg.mooncake, "MooncakeKVReceiver", None)
     if sg.Manager is None or sg.Receiver is None:
         sg.missing = f"{MOONCAKE} has no MooncakeKVManager or MooncakeKVReceiver"
+    elif not hasattr(sg.Receiver, "abort"):  # a waiting timeout is then decode's only give-up, if it has one
+        if reads(sg.Receiver.poll, "waiting_timeout"):
+            sg.cannot_abort = {"receiver_abort": "absent"}
+        else:
+            sg.absent = {"decode_abort": "absent"}
     sg.np = getattr(sg.mooncake, "np", None)  # the index arrays the tree's own numpy makes
     if sg.np is None:
         sg.missing = f"{MOONCAKE} imports no numpy as np: the probe cannot make the index arrays it takes"
@@ -130,6 +147,15 @@ def prepare() -> str:
     sg.server_args = server_args(ServerArgs, SCENARIOS.adapted, model_path="dummy", disaggregation_mode="decode")
     publish_server_args(sg.server_args, SCENARIOS.adapted, role="test")
     return sglang.__version__
+
+
+def lacks_mooncake() -> bool:
+    """Whether the tree's PD package holds no Mooncake backend: read from what it holds; in doubt, no (the import
+    then says what is wrong)."""
+    try:
+        return importlib.util.find_spec(MOONCAKE.rsplit(".", 1)[0]) is None
+    except (ImportError, ValueError):
+        return False
 
 
 def tree_env(name: str, default: Any) -> Any:
@@ -156,6 +182,22 @@ def kv_args(*, layers: int, base: int, start_layer: int = 0) -> Any:
                          gpu_id=0, kv_head_num=1, total_kv_head_num=1, page_size=1, system_dp_rank=0, pp_rank=0,
                          prefill_start_layer=start_layer, prefill_end_layer=start_layer + layers,
                          prefill_pp_size=1, decode_tp_size=1)
+
+
+def scenario(sid: str, title: str, *, aborts: bool = True) -> Callable[[Callable[[Observed], None]],
+                                                                       Callable[[Observed], None]]:
+    """A scenario of the set, which on a tree lacking the path records what it lacks (``sg.absent``) and ends, as
+    one that ``aborts`` the receiver does on a tree whose receiver cannot (``sg.cannot_abort``)."""
+    def register(body: Callable[[Observed], None]) -> Callable[[Observed], None]:
+        def run(observed: Observed) -> None:
+            lacks = {**sg.absent, **(sg.cannot_abort if aborts else {})}
+            if lacks:
+                observed.update(lacks)
+                return
+            body(observed)
+        run.__name__ = body.__name__
+        return SCENARIOS.scenario(sid, title)(run)
+    return register
 
 
 class World:
@@ -212,7 +254,7 @@ class World:
         if mode is sg.Mode.PREFILL:
             common.update(transfer_infos={}, req_to_decode_prefix_len={}, decode_kv_args_table={},
                           is_dummy_cp_rank=False, bootstrap_timeout=WAITING_TIMEOUT, session_failures=defaultdict(int),
-                          failed_sessions=set(), session_lock=threading.Lock(), transfer_queues=[kvt.ScriptedQueue()],
+                          failed_sessions=set(), session_lock=threading.Lock(), transfer_queues=[kvt.ScriptedQueue(self.timeline)],
                           executors=[kvt.InlineExecutor()], enable_failed_session_probe=False,
                           failed_session_probes={}, state_layout_rejections={},  # 0.5.22 on (probes: 0.5.23 on)
                           state_strides_validated=set())
@@ -376,8 +418,8 @@ class World:
                 and (since is None or self.timeline.after(since, w.at))]
 
     def chunks(self, *, since: str | None = None) -> int:
-        """KV transfers by the engines (one batch, one chunk of one rank)."""
-        return len({(w.session, w.at) for w in self.kv_writes(since=since)})
+        """Chunks the engines wrote (each rank's queue item, however many engine calls the tree made for it)."""
+        return len({(w.session, w.chunk) for w in self.kv_writes(since=since)})
 
     def pages(self, *, since: str | None = None) -> set[int]:
         """The decode pages written (in any layer's K or V buffer)."""
@@ -432,7 +474,7 @@ def transfer(world: World, *, chunks_before: int, queued_after: int = 0) -> None
         world.queue(chunk)
 
 
-@SCENARIOS.scenario("N1", "decode aborts after bootstrap, before the prefill side queues any chunk")
+@scenario("N1", "decode aborts after bootstrap, before the prefill side queues any chunk")
 def n1(observed: Observed) -> None:
     world = World()
     with world.transport():
@@ -446,7 +488,7 @@ def n1(observed: Observed) -> None:
     observed["aborts_armed"] = world.aborts_armed()  # a tree fact: which trees arm (not_deciding reads it)
 
 
-@SCENARIOS.scenario("N2", "decode aborts mid-transfer: one chunk written, two queued")
+@scenario("N2", "decode aborts mid-transfer: one chunk written, two queued")
 def n2(observed: Observed) -> None:
     world = World()
     with world.transport():
@@ -457,7 +499,7 @@ def n2(observed: Observed) -> None:
     world.finish(observed)
 
 
-@SCENARIOS.scenario("N3", "decode aborts after the last chunk: the room already succeeded on the prefill side")
+@scenario("N3", "decode aborts after the last chunk: the room already succeeded on the prefill side")
 def n3(observed: Observed) -> None:
     world = World()
     with world.transport():
@@ -468,7 +510,7 @@ def n3(observed: Observed) -> None:
     world.finish(observed)
 
 
-@SCENARIOS.scenario("N4", "the decode wait times out mid-transfer (poll), with two chunks still queued")
+@scenario("N4", "the decode wait times out mid-transfer (poll), with two chunks still queued", aborts=False)
 def n4(observed: Observed) -> None:
     world = World()
     with world.transport():
@@ -482,7 +524,7 @@ def n4(observed: Observed) -> None:
     world.finish(observed)
 
 
-@SCENARIOS.scenario("N5", "control: the prefill side fails the transfer; decode's failure path runs")
+@scenario("N5", "control: the prefill side fails the transfer; decode's failure path runs", aborts=False)
 def n5(observed: Observed) -> None:
     world = World()
     with world.transport():
@@ -503,18 +545,28 @@ def n5(observed: Observed) -> None:
     del observed["decode_poll"]  # the receiver was cleared by failure_exception: decode_poll_failed says it
 
 
-@SCENARIOS.scenario("N6", "two prefill ranks (pipeline stages): decode aborts mid-transfer")
+@scenario("N6", "two prefill ranks (pipeline stages): decode aborts mid-transfer")
 def n6(observed: Observed) -> None:
     world = World(ranks=2)
     with world.transport():
-        transfer(world, chunks_before=1, queued_after=2)
+        world.prefill_knows()
+        observed["stages_bootstrapped"] = len(world.receiver().bootstrap_infos)
+        if observed["stages_bootstrapped"] < len(world.prefills):
+            return  # a tree fact: its receiver knows one prefill rank per tensor-parallel rank, no pipeline stages
+        world.metadata()
+        world.prefill_reads()
+        world.started()
+        world.queue(0)
+        world.work()
+        for chunk in (1, 2):
+            world.queue(chunk)
         world.abort()
         world.prefill_reads()
         world.work()
     world.finish(observed)
 
 
-@SCENARIOS.scenario("N7", "decode aborts the same request twice, mid-transfer")
+@scenario("N7", "decode aborts the same request twice, mid-transfer")
 def n7(observed: Observed) -> None:
     world = World()
     with world.transport():
@@ -526,7 +578,7 @@ def n7(observed: Observed) -> None:
     world.finish(observed)
 
 
-@SCENARIOS.scenario("N8", "decode aborts a room the prefill rank never heard of")
+@scenario("N8", "decode aborts a room the prefill rank never heard of")
 def n8(observed: Observed) -> None:
     world = World()
     with world.transport():
@@ -538,7 +590,7 @@ def n8(observed: Observed) -> None:
     world.finish(observed)
 
 
-@SCENARIOS.scenario("N9", "control: a transfer that completes, never aborted")
+@scenario("N9", "control: a transfer that completes, never aborted", aborts=False)
 def n9(observed: Observed) -> None:
     world = World()
     with world.transport():
@@ -547,7 +599,7 @@ def n9(observed: Observed) -> None:
     world.finish(observed)
 
 
-@SCENARIOS.scenario("N10", "control: a room never aborted, its chunks queued beside one aborted mid-transfer")
+@scenario("N10", "control: a room never aborted, its chunks queued beside one aborted mid-transfer")
 def n10(observed: Observed) -> None:
     world = World()
     with world.transport():
@@ -572,7 +624,7 @@ def n10(observed: Observed) -> None:
                     other_room_status=poll_name(world.prefills[0].request_status.get(OTHER_ROOM)))
 
 
-@SCENARIOS.scenario("N11", "control: an ABORT (as a fixed decode sends it) for a room that already succeeded")
+@scenario("N11", "control: an ABORT (as a fixed decode sends it) for a room that already succeeded", aborts=False)
 def n11(observed: Observed) -> None:
     world = World()
     with world.transport():

@@ -36,8 +36,11 @@ held by another request: the corruption), ``freed_after_first_ack``, ``freed_bef
 ``freed_after_timeout``, ``freed_total``, ``meta_freed`` (times its metadata slot went back),
 ``double_freed``; P1/P2: ``acks_at_abort`` (``ABORT_ACK`` messages the rank sent at once) and
 ``drain_acks_at_abort`` (those carrying its rank: a drain ack), or ``abort_handled: "absent"`` where the
-rank's loop handles no ``ABORT`` (before 0.5.13). A call of the tree that raised, or a stand-in that raised in
-one (even where the tree caught it), ends the scenario as an error (never an answer).
+rank's loop handles no ``ABORT`` (before 0.5.13). Tree facts, every scenario stopping there:
+``mooncake_manager: "absent"`` (no Mooncake backend: PD's transfer a placeholder, 0.4.4.post2 to 0.4.5) and
+``decode_abort: "absent"`` (the decode receiver has no ``abort()`` nor a waiting timeout: up to 0.4.9).
+A call of the tree that raised, or a stand-in that raised in one (even where the tree caught it), ends the
+scenario as an error (never an answer).
 
     python probes/probe_deferred_release_differential.py --side head --tree-kind release --tree-ref 0.5.19
 """
@@ -47,11 +50,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _transferqueue  # noqa: E402
-from _probekit import Observed, ScenarioSet, main  # noqa: E402
+from _probekit import Observed, ScenarioSet, main, reads  # noqa: E402
 from _transferqueue import Prefill, World  # noqa: E402
 
 SCENARIOS = ScenarioSet("deferred_release")
@@ -62,11 +66,38 @@ class TreeRaised(RuntimeError):
     """A call of the tree raised: what the scenario observed is incomplete, so it is no answer."""
 
 
+ABSENT: dict[str, str] = {}  # what the tree lacks for a decode abort mid-transfer: every scenario records it
+
+
 def prepare() -> str:
+    """The transfer queue's world; a tree without Mooncake (its PD transfer a placeholder, 0.4.4.post2 to 0.4.5)
+    or whose Mooncake receiver never gives up on a transfer (no ``abort()`` nor waiting timeout, up to 0.4.9) has no
+    decode abort mid-transfer, a tree fact. One whose receiver only times out (0.4.9.post1 to 0.4.9.post4) is not
+    such a tree: its timeout gives the pages back, which no scenario here drives (they abort through the scheduler)."""
     import sglang
 
+    ABSENT.clear()
+    if _transferqueue.lacks_backend("mooncake"):
+        ABSENT["mooncake_manager"] = "absent"
+        return sglang.__version__
     _transferqueue.prepare(SCENARIOS.adapted)
+    receiver = _transferqueue.sg.Receiver if _transferqueue.sg.ready else None
+    if receiver is not None and not hasattr(receiver, "abort") and not reads(receiver.poll, "waiting_timeout"):
+        ABSENT["decode_abort"] = "absent"
     return sglang.__version__
+
+
+def scenario(sid: str, title: str) -> Callable[[Callable[[Observed], None]], Callable[[Observed], None]]:
+    """A scenario of the set, which on a tree without a decode abort mid-transfer records what it lacks and ends."""
+    def register(body: Callable[[Observed], None]) -> Callable[[Observed], None]:
+        def run(observed: Observed) -> None:
+            if ABSENT:
+                observed.update(ABSENT)
+                return
+            body(observed)
+        run.__name__ = body.__name__
+        return SCENARIOS.scenario(sid, title)(run)
+    return register
 
 
 def finish(w: World, observed: Observed, rid: str = "aborted") -> None:
@@ -96,12 +127,12 @@ def abort_mid_transfer(observed: Observed, w: World) -> None:
     write_lands_then_acks(w, observed, range(w.ranks))
 
 
-@SCENARIOS.scenario("D1", "decode aborts mid-transfer: another request comes in, the prefill's last write lands, then its ack")
+@scenario("D1", "decode aborts mid-transfer: another request comes in, the prefill's last write lands, then its ack")
 def d1(observed: Observed) -> None:
     abort_mid_transfer(observed, World())
 
 
-@SCENARIOS.scenario("D2", "decode aborts after the prefill finished writing: its ack comes at once")
+@scenario("D2", "decode aborts after the prefill finished writing: its ack comes at once")
 def d2(observed: Observed) -> None:
     w = World()
     w.admit("aborted", ROOM)
@@ -115,7 +146,7 @@ def d2(observed: Observed) -> None:
     finish(w, observed)
 
 
-@SCENARIOS.scenario("D3", "two prefill ranks: one acks, the other writes last and acks later")
+@scenario("D3", "two prefill ranks: one acks, the other writes last and acks later")
 def d3(observed: Observed) -> None:
     w = World(ranks=2)
     w.admit("aborted", ROOM)
@@ -129,7 +160,7 @@ def d3(observed: Observed) -> None:
     write_lands_then_acks(w, observed, [1])
 
 
-@SCENARIOS.scenario("D4", "acks that never come: held until the timeout, then released")
+@scenario("D4", "acks that never come: held until the timeout, then released")
 def d4(observed: Observed) -> None:
     w = World()
     w.admit("aborted", ROOM)
@@ -144,7 +175,7 @@ def d4(observed: Observed) -> None:
     finish(w, observed)
 
 
-@SCENARIOS.scenario("D5", "a stale ack of the room's previous request arrives before the abort: it must not count")
+@scenario("D5", "a stale ack of the room's previous request arrives before the abort: it must not count")
 def d5(observed: Observed) -> None:
     w = World()
     w.admit("aborted", ROOM)
@@ -155,7 +186,7 @@ def d5(observed: Observed) -> None:
     write_lands_then_acks(w, observed, [0])
 
 
-@SCENARIOS.scenario("D6", "control: the prefill side reports a failure (it stopped writing): released at once")
+@scenario("D6", "control: the prefill side reports a failure (it stopped writing): released at once")
 def d6(observed: Observed) -> None:
     w = World()
     w.admit("aborted", ROOM)
@@ -165,7 +196,7 @@ def d6(observed: Observed) -> None:
     finish(w, observed)
 
 
-@SCENARIOS.scenario("D7", "control: a transfer still running, no abort, past a hold's deadline: nothing is given back")
+@scenario("D7", "control: a transfer still running, no abort, past a hold's deadline: nothing is given back")
 def d7(observed: Observed) -> None:
     w = World()
     w.admit("aborted", ROOM)
@@ -176,7 +207,7 @@ def d7(observed: Observed) -> None:
     finish(w, observed)
 
 
-@SCENARIOS.scenario("D8", "control: D1 with the gate unset (the default): released at once")
+@scenario("D8", "control: D1 with the gate unset (the default): released at once")
 def d8(observed: Observed) -> None:
     observed["gate_default_on"] = _transferqueue.gate_default()
     abort_mid_transfer(observed, World(gate=False))
@@ -195,12 +226,12 @@ def prefill_told(observed: Observed, status_name: str, in_flight: int) -> None:
     observed.update(acks_at_abort=prefill.acks(), drain_acks_at_abort=prefill.acks(drained=True))
 
 
-@SCENARIOS.scenario("P1", "a prefill rank told of the abort while a chunk of the room still writes: no ack yet")
+@scenario("P1", "a prefill rank told of the abort while a chunk of the room still writes: no ack yet")
 def p1(observed: Observed) -> None:
     prefill_told(observed, "Transferring", 1)
 
 
-@SCENARIOS.scenario("P2", "a prefill rank told of the abort after the room succeeded (nothing writes): a drain ack at once")
+@scenario("P2", "a prefill rank told of the abort after the room succeeded (nothing writes): a drain ack at once")
 def p2(observed: Observed) -> None:
     prefill_told(observed, "Success", 0)
 

@@ -36,8 +36,11 @@ X9 (counts of the aborted request's 4 slots): ``abort_sent``, ``freed_before_las
 ``written_after_free``, ``written_into_other``, ``freed_total``, ``double_freed``;
 ``deferred_enabled`` (X7: the tree's flag with the variable unset; null before #35049), ``room_succeeded``,
 ``siblings_settled`` (X4, X5: every posted write completed by the end: the error path waits for them from 0.5.20).
-Tree facts, the scenario stopping there: ``nixl_manager: "absent"`` (no NIXL backend) and
-``nixl_abort_handler: "absent"`` (its prefill manager handles no ``ABORT``: up to 0.5.15).
+Tree facts, the scenario stopping there: ``nixl_manager: "absent"`` (no NIXL backend),
+``decode_abort: "absent"`` (its decode receiver has no ``abort()`` nor a waiting timeout, so decode never gives
+a transfer's pages back on its own: up to 0.5.5) and ``nixl_abort_handler: "absent"`` (its prefill manager
+handles no ``ABORT``: up to 0.5.15; X9 still runs where it has a transfer worker, 0.5.12 on, the prefill rank
+told nothing, as nothing in it would answer).
 
     python probes/probe_deferred_release_nixl_differential.py --side head --tree-kind release --tree-ref 0.5.19
 """
@@ -195,7 +198,7 @@ def x8(observed: Observed, world: World, manager) -> None:
 @SCENARIOS.scenario("X9", "the whole loop: a NIXL receiver in the decode queue aborts mid-transfer; the prefill rank "
                           "gets its ABORT mid-chunk; the write lands; its ack reaches the decode listener")
 def x9(observed: Observed) -> None:
-    if not require(observed):
+    if not _nixl.require_loop(observed):
         return
     decode = _transferqueue.World()  # the tree's DecodeTransferQueue, NIXL receiver and manager, gate on
     entry = decode.admit("aborted", ROOM, tokens=4)
@@ -205,7 +208,8 @@ def x9(observed: Observed) -> None:
     observed.update(abort_sent=len(aborts), freed_before_last_write=decode.freed("aborted"))
     world = World()
     prefill = world.prefill()
-    world.script("PROC", "DONE", on_poll=lambda: [prefill._handle_abort_notification(f) for f in aborts])
+    told = (lambda: [prefill._handle_abort_notification(f) for f in aborts]) if _nixl.sg.handles_abort else None
+    world.script("PROC", "DONE", on_poll=told)
     bootstrap(prefill, ROOM, pages=4)
     work(prefill, chunk(ROOM, 0, last=False), chunk(ROOM, 1, last=True))
     observed.update(decode.last_write("aborted"))  # the chunk in flight has landed

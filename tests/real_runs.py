@@ -48,14 +48,13 @@ OFFLOAD_KNOWN_FROM = {"offload_slots": "0.5.12",  # its base release
 MANAGER_FIRST = "0.5.3"
 
 
-# abort_notify's probe was run on 0.4.6 and 0.4.10 (every scenario an error: their bootstrap differs), 0.5.3 and
-# 0.5.10 (base's behaviour), its bracket, 0.5.18 and 0.5.21 (head's); the releases between were not probed: from
-# the first PD release up to its base release its answer is not pinned.
-# The deferred releases' probes meet other decode queues before 0.4.9.post5 and on 0.5.8 (the sweep: errors), and
-# NIXL has no abort handler before 0.5.16 (the sweep: neither): there too their answers are not pinned.
-TRANSFER_UNKNOWN = {"abort_notify": [("0.4.4.post2", "0.5.12")],
-                    "deferred_release": [("0.4.4.post2", "0.4.9.post5"), ("0.5.8", "0.5.9")],
-                    "deferred_release_nixl": [("0.4.5.post3", "0.5.16")]}
+# The transfer probes read every PD release (docs/maintainers/abort_notify.md, transfer.md, deferred_release_nixl.md)
+# but these: deferred_release's on the receivers that only time out (0.4.9.post1 to 0.4.9.post4: no scenario drives
+# a timeout, the sweep: error), and deferred_release_nixl's where decode times out but the prefill has neither an
+# ABORT handler nor a transfer worker (0.5.6 to 0.5.11, the sweep: neither): there their answers are not pinned.
+TRANSFER_UNKNOWN = {"abort_notify": [],
+                    "deferred_release": [("0.4.9.post1", "0.4.9.post5")],
+                    "deferred_release_nixl": [("0.5.6", "0.5.12")]}
 
 
 def answer_known(experiment: str, version: str) -> bool:

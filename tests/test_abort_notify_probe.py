@@ -14,6 +14,7 @@ import importlib
 import struct
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -21,7 +22,8 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-PROBES = Path(__file__).resolve().parents[1] / "probes"
+PROJECT = Path(__file__).resolve().parents[1]
+PROBES = PROJECT / "probes"
 sys.path.insert(0, str(PROBES))
 
 import _kvtransfer as kvt  # noqa: E402
@@ -42,6 +44,34 @@ def test_bus_delivers_in_order_then_ends_the_loop():
         inbox.recv_multipart()
     assert [m.head for m in bus.messages(to="tcp://h:1")] == [b"A", b"B"]
     assert bus.messages(b"B")[0].at > bus.messages(b"A")[0].at
+
+
+def test_a_socket_bound_again_receives_on_every_endpoint_in_order():
+    """Up to 0.4.10 a manager's thread binds its inbox anew (a fresh port): what decode addressed to the port the
+    bootstrap server named must still arrive, as on a ZeroMQ socket bound twice."""
+    bus = kvt.Bus(kvt.Timeline())
+    inbox = bus.inbox("tcp://h:1")
+    bus.deliver("tcp://h:1", [b"A"])
+    inbox.bind("tcp://h:2")
+    bus.deliver("tcp://h:2", [b"B"])
+    bus.deliver("tcp://h:1", [b"C"])
+    assert [inbox.recv_multipart() for _ in range(3)] == [[b"A"], [b"B"], [b"C"]]
+    with pytest.raises(kvt.ScriptEnded):
+        inbox.recv_multipart()
+
+
+def test_writes_name_the_queue_item_being_worked_on():
+    """However many engine calls a tree makes for one chunk (one per layer up to 0.4.10), they name one item."""
+    timeline = kvt.Timeline()
+    queue, engine = kvt.ScriptedQueue(timeline), kvt.TransferEngine(timeline)
+    queue.put("first")
+    queue.put("second")
+    queue.get()
+    engine.transfer_sync("s", 0, 1000, 64)
+    engine.transfer_sync("s", 0, 2000, 64)
+    queue.get()
+    engine.batch_transfer_sync("s", [0, 0], [1064, 2064], [64, 64])
+    assert [w.chunk for w in engine.writes] == [1, 1, 2, 2]
 
 
 def test_script_ended_passes_an_except_exception():
@@ -132,12 +162,13 @@ class ServerArgs:
     disaggregation_mode: str = "null"
 
 
-def mooncake_module(*, fixed: bool, armed: bool = False) -> ModuleType:
+def mooncake_module(*, fixed: bool, armed: bool = False, per_layer: bool = False) -> ModuleType:
     """A connection module in miniature, the probe's interface only. ``fixed``: the receiver sends ABORT to
     each prefill rank once, the prefill loop fails a room it knows that has not succeeded and answers
     ABORT_ACK, the worker skips failed or unknown rooms. Unfixed: none of it (an ABORT frame is unparseable).
     ``armed`` (0.5.22): a receiver that published its destinations appends an ack generation to its ABORT,
-    and the prefill loop acks only such ABORTs."""
+    and the prefill loop acks only such ABORTs. ``per_layer`` (up to 0.4.10): the worker writes a chunk with
+    one engine call per layer."""
     mod = ModuleType("sglang.srt.disaggregation.mooncake.conn")
     mod.zmq = SimpleNamespace(Context=lambda: None, PUSH=1)
     mod.threading = threading
@@ -217,7 +248,11 @@ def mooncake_module(*, fixed: bool, armed: bool = False) -> ModuleType:
                     layers = len(self.kv_args.kv_data_ptrs) // 2
                     start = self.kv_args.prefill_start_layer
                     dsts = [ptrs[layer] + pages[index_slice][0] * 64 for layer in range(start, start + layers)]
-                    self.engine.batch_transfer_sync(session, [0] * layers, dsts, [64 * len(src)] * layers)
+                    if per_layer:
+                        for dst in dsts:
+                            self.engine.transfer_sync(session, 0, dst, 64 * len(src))
+                    else:
+                        self.engine.batch_transfer_sync(session, [0] * layers, dsts, [64 * len(src)] * layers)
                     if last:
                         self.update_status(room, KVPoll.Success)
                         self._connect(f"tcp://{ip}:{port}").send_multipart(
@@ -326,7 +361,7 @@ def layout_fetching(mooncake: ModuleType) -> ModuleType:
 def probe(monkeypatch):
     """The probe module loaded fresh, on a fake ``sglang`` whose connection module (and, where the test gives one,
     its common module) each test installs."""
-    def install(mooncake: ModuleType | None, common: ModuleType | None = None):
+    def install(mooncake: ModuleType | None, common: ModuleType | None = None, *, pd_package: bool = False):
         base = ModuleType("sglang.srt.disaggregation.base.conn")
         base.KVArgs, base.KVPoll = KVArgs, KVPoll
         utils = ModuleType("sglang.srt.disaggregation.utils")
@@ -341,6 +376,9 @@ def probe(monkeypatch):
         for given in (mooncake, common):
             if given is not None:
                 modules[given.__name__] = given
+        if pd_package:  # a PD package that holds no backend package: what import finds there is all there is
+            modules["sglang.srt.disaggregation"] = ModuleType("sglang.srt.disaggregation")
+            modules["sglang.srt.disaggregation"].__path__ = []
         for name, module in modules.items():
             monkeypatch.setitem(sys.modules, name, module)
         if mooncake is None:
@@ -445,3 +483,107 @@ def test_a_receiver_fetching_the_prefill_layout_itself_gets_it_in_its_tree_s_sha
     assert result["error"] is None
     assert result["observed"]["chunks_after_abort"] == 2
     assert [(info.pp_size, info.follow_bootstrap_room) for info in common.fetched] == [(1, True)]
+
+
+# ---------------------------------------------------------------- older layouts
+
+
+def test_a_chunk_written_with_one_engine_call_per_layer_is_one_chunk(probe):
+    observed = run(probe(mooncake_module(fixed=False, per_layer=True)), "N2")["observed"]
+    assert (observed["chunks_written"], observed["chunks_after_abort"], observed["pages_after_abort"]) == (3, 2, 4)
+
+
+def test_a_receiver_that_knows_no_pipeline_stages_records_so_and_n6_stops(probe):
+    """Up to 0.4.10.post2 a receiver bootstraps with one prefill rank per tensor-parallel rank: N6's second stage is never
+    part of the transfer, and the scenario says so instead of failing on a transfer that never started."""
+    mooncake = mooncake_module(fixed=False)
+    init = mooncake.MooncakeKVReceiver.__init__
+
+    def one_stage(self, mgr, bootstrap_addr, bootstrap_room):
+        init(self, mgr, bootstrap_addr, bootstrap_room)
+        self.bootstrap_infos = [{"rank_ip": "10.0.1.1", "rank_port": 16000, "is_dummy": False}]
+
+    mooncake.MooncakeKVReceiver.__init__ = one_stage
+    result = run(probe(mooncake), "N6")
+    assert result == {**result, "error": None, "observed": {"stages_bootstrapped": 1}}
+    assert run(probe(mooncake_module(fixed=False)), "N6")["observed"]["stages_bootstrapped"] == 2
+
+
+def test_a_receiver_that_never_gives_up_is_recorded_in_every_scenario(probe):
+    """No abort() and no waiting timeout (up to 0.4.9): decode never gives a transfer's pages back on its own."""
+    mooncake = mooncake_module(fixed=False)
+    del mooncake.MooncakeKVReceiver.abort
+    mooncake.MooncakeKVReceiver.poll = lambda self: self.kv_mgr.check_status(self.bootstrap_room)
+    module = probe(mooncake)
+    for sc in module.SCENARIOS.scenarios:
+        result = run(module, sc.id)
+        assert (result["error"], result["observed"]) == (None, {"decode_abort": "absent"})
+
+
+def test_a_receiver_that_only_times_out_is_driven_through_its_timeout(probe):
+    """No abort() but a waiting timeout (0.4.9.post1 to 0.4.9.post4): the scenarios that abort record that the
+    receiver cannot; N4's timeout still runs, and shows the queued chunks written after decode gave up."""
+    mooncake = mooncake_module(fixed=False)
+    del mooncake.MooncakeKVReceiver.abort
+    poll = mooncake.MooncakeKVReceiver.poll
+
+    def timed_poll(self):
+        if self.init_time is not None and time.time() - self.init_time >= self.kv_mgr.waiting_timeout:
+            self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)  # gives up; tells no prefill rank
+        return poll(self)
+
+    mooncake.MooncakeKVReceiver.poll = timed_poll
+    module = probe(mooncake)
+    aborting = {"N1", "N2", "N3", "N6", "N7", "N8", "N10"}
+    for sc in module.SCENARIOS.scenarios:
+        result = run(module, sc.id)
+        assert result["error"] is None
+        assert (result["observed"] == {"receiver_abort": "absent"}) == (sc.id in aborting)
+    timed_out = run(module, "N4")["observed"]
+    assert (timed_out["timeout_poll"], timed_out["abort_sent"], timed_out["chunks_after_abort"]) == ("Failed", 0, 2)
+
+
+def test_a_pd_tree_without_a_mooncake_package_is_recorded_never_an_import_error(probe):
+    module = probe(None, pd_package=True)
+    for sc in module.SCENARIOS.scenarios:
+        result = run(module, sc.id)
+        assert (result["error"], result["observed"]) == (None, {"mooncake_manager": "absent"})
+
+
+def _judged(observed: dict[str, dict]) -> object:
+    """The published base release's result with some scenarios' observations replaced, judged by the registry."""
+    import json
+
+    from pdevidence import registry
+    from pdevidence.judge.classify import judge
+
+    exp = registry.load(PROJECT).experiment("abort_notify")
+    results = PROJECT / "results"
+    base, head = (json.loads((results / f"abort_notify.{side}.release-{exp.releases[side]}.json").read_text())
+                  for side in ("base", "head"))
+    doc = json.loads(json.dumps(base))
+    for sid, keys in observed.items():
+        doc["scenarios"][sid] = {"error": None, "observed": keys}
+    return judge(doc, base, head, exp)
+
+
+@pytest.mark.parametrize("fact", ["mooncake_manager", "decode_abort"])
+def test_a_tree_without_the_decode_abort_path_is_not_affected(fact):
+    judged = _judged({"N1": {fact: "absent"}})
+    assert judged.classification.value == "not affected"
+    assert judged.justification.value == "vulnerable_code_not_present"
+
+
+def test_a_receiver_that_only_times_out_is_judged_by_its_timeout():
+    aborting = ("N1", "N2", "N3", "N6", "N7", "N8", "N10")
+    judged = _judged({sid: {"receiver_abort": "absent"} for sid in aborting})
+    assert judged.classification.value == "pre-fix"
+    assert judged.scenarios["N4"].value == "pre-fix"
+    assert all(judged.scenarios[sid].value == "not deciding" for sid in aborting if sid in judged.scenarios)
+
+
+def test_one_stage_only_sets_n6_aside_and_the_one_rank_scenarios_decide():
+    judged = _judged({"N6": {"stages_bootstrapped": 1}})
+    assert judged.classification.value == "pre-fix"
+    assert judged.scenarios["N6"].value == "not deciding"
+    assert _judged({"N6": {"stages_bootstrapped": 2}}).classification.value == "neither"

@@ -217,7 +217,7 @@ def nixl(fresh_probe, monkeypatch):
                               Mode=SimpleNamespace(PREFILL="prefill", DECODE="decode"), Chunk=Chunk,
                               TransferInfo=TransferInfo, RegisterInfo=None, Sender=Sender, gate=Gate(), Notification=None,
                               np=SimpleNamespace(int32="int32", arange=lambda a, b, dtype=None: list(range(a, b))),
-                              unobserved=None, absent={}, ready=True)
+                              unobserved=None, absent={}, handles_abort=True, ready=True)
     return module
 
 
@@ -443,3 +443,94 @@ def test_real_base_never_acks_and_head_acks_each_abort_once_drained(tmp_path):
     assert (base["X9"]["freed_before_last_write"], base["X9"]["written_into_other"]) == (4, 4)
     assert (head["X9"]["freed_before_last_write"], head["X9"]["written_after_free"]) == (0, 0)
     assert head["X9"]["freed_total"] == 4 and head["X9"]["acks_sent"] == 1
+
+
+# ---------------------------------------------------------------- older layouts
+
+
+def _conn_with_receiver(poll):
+    import importlib.machinery
+    import types
+
+    conn = types.ModuleType("sglang.srt.disaggregation.nixl.conn")
+    conn.__spec__ = importlib.machinery.ModuleSpec(conn.__name__, None)
+    conn.NixlKVReceiver = type("NixlKVReceiver", (), {"poll": poll})
+    return conn
+
+
+def _never_gives_up(self):
+    return self.kv_mgr.check_status(self.bootstrap_room)
+
+
+def _times_out(self):
+    return self.kv_mgr.waiting_timeout
+
+
+@pytest.mark.parametrize("poll, absent", [(_never_gives_up, {"decode_abort": "absent"}), (_times_out, {})])
+def test_a_nixl_receiver_that_never_gives_up_is_a_tree_fact_one_that_times_out_is_not(fresh_probe, monkeypatch,
+                                                                                      poll, absent):
+    """Up to 0.5.5 the NIXL decode receiver has no abort() nor waiting timeout; from 0.5.6 it times out (exposed)."""
+    monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(__version__="0.0.test"))
+    monkeypatch.setitem(sys.modules, "sglang.srt.disaggregation.nixl.conn", _conn_with_receiver(poll))
+    module = fresh_probe("_nixl.py")
+    assert module.prepare() == "0.0.test"
+    assert module.sg.absent == absent
+
+
+def test_the_registry_reads_a_nixl_decode_that_never_gives_up_as_not_affected():
+    import json
+
+    from pdevidence import registry
+    from pdevidence.judge.classify import judge
+
+    exp = registry.load(PROJECT).experiment("deferred_release_nixl")
+    base, head = (json.loads((PROJECT / "results" / f"deferred_release_nixl.{side}.release-{exp.releases[side]}.json")
+                             .read_text()) for side in ("base", "head"))
+    doc = json.loads(json.dumps(base))
+    doc["scenarios"]["X1"] = {"error": None, "observed": {"decode_abort": "absent"}}
+    judged = judge(doc, base, head, exp)
+    assert (judged.classification.value, judged.justification.value) == ("not affected", "vulnerable_code_not_present")
+
+
+def test_the_whole_loop_runs_on_a_prefill_rank_that_handles_no_abort_and_says_so(nixl):
+    """0.5.12 to 0.5.15.post1: the decode aborts (and frees) while the prefill's worker still writes; X9 runs the
+    loop with nothing told on the prefill side, recording why; without a worker or a decode queue it stops."""
+    nixl.sg.absent = {"nixl_abort_handler": "absent"}
+    observed = {}
+    assert nixl.require_loop(observed) is True and observed == {"nixl_abort_handler": "absent"}
+    nixl.sg.ready = False
+    assert nixl.require_loop({}) is False
+    nixl.sg.unobserved = "no transfer_worker"
+    with pytest.raises(nixl.CannotObserve, match="no transfer_worker"):
+        nixl.require_loop({})
+
+
+def test_a_chunk_is_built_with_the_last_flag_as_the_tree_names_it(nixl):
+    """0.5.12's TransferKVChunk names it ``is_last``; later ones ``is_last_chunk``."""
+    @dataclasses.dataclass
+    class OldChunk:
+        room: int
+        prefill_kv_indices: list
+        index_slice: slice
+        is_last: bool
+        prefill_aux_index: int | None
+
+    nixl.sg.Chunk = OldChunk
+    assert nixl.chunk(7, 1, last=True).is_last is True
+
+
+def test_a_nixl_prefill_without_an_abort_handler_is_judged_by_the_whole_loop():
+    import json
+
+    from pdevidence import registry
+    from pdevidence.judge.classify import judge
+
+    exp = registry.load(PROJECT).experiment("deferred_release_nixl")
+    base, head = (json.loads((PROJECT / "results" / f"deferred_release_nixl.{side}.release-{exp.releases[side]}.json")
+                             .read_text()) for side in ("base", "head"))
+    doc = json.loads(json.dumps(base))
+    for sid in ("X1", "X2", "X3", "X4", "X5", "X6", "X7", "X8"):
+        doc["scenarios"][sid] = {"error": None, "observed": {"nixl_abort_handler": "absent"}}
+    judged = judge(doc, base, head, exp)
+    assert judged.classification.value == "pre-fix"
+    assert judged.scenarios["X9"].value == "pre-fix"

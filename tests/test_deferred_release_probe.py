@@ -22,6 +22,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import PROJECT
+
 GATE = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
 TIMEOUT = 30.0
 
@@ -268,8 +270,8 @@ def tq(fresh_probe, monkeypatch):
         torch=fake_torch(), backend="mooncake", missing=None, decode=DECODE, conn=CONN, Queue=Queue,
         DecodeRequest=DecodeRequest, Receiver=Receiver, Manager=Manager, KVPoll=KVPoll, DECODE="decode", PREFILL="prefill",
         AbortReq=lambda rid: SimpleNamespace(rid=rid), Req=Req, SamplingParams=lambda **kw: None,
-        Scheduler=Scheduler, ReqKvInfo=None, kv_on_record=False, envs=Envs(), server_args=None, nothing_preallocated=[],
-        stage_metrics=lambda: None, ready=True)
+        Scheduler=Scheduler, ReqKvInfo=None, kv_on_record=False, pool_frees_request=True, envs=Envs(), server_args=None,
+        nothing_preallocated=[], stage_metrics=lambda: None, ready=True)
     return module
 
 
@@ -420,6 +422,17 @@ def test_a_tree_giving_the_row_back_through_the_cache_s_row_methods_frees_those_
     assert world.bystander("next", tokens=6) == entry.slots[:3] + entry.slots[5:]
 
 
+@pytest.mark.parametrize("frees_request, row_after", [(True, None), (False, 0)])
+def test_the_cache_clears_the_request_s_row_only_where_the_tree_s_pool_does(tq, frees_request, row_after):
+    """0.5.9 on, ``ReqToTokenPool.free`` takes the request and clears its row; before, it takes the row's index and
+    0.5.8's ``release_kv_cache`` asserts (unless the cache is Mamba's) that the row is still there."""
+    tq.sg.pool_frees_request = frees_request
+    world = tq.World(gate=False)
+    entry = world.admit("aborted", 7)
+    world.tree_cache.cache_finished_req(entry.req, is_insert=False)
+    assert world.freed("aborted") == 8 and entry.req.req_pool_idx == row_after
+
+
 def test_a_thread_the_manager_s_base_class_starts_runs_inline(tq, monkeypatch):
     """0.5.21 starts the heartbeat checker from the shared base class's module, not the backend's."""
     base = types.ModuleType("fake_common_conn")
@@ -533,3 +546,63 @@ def test_a_prefill_loop_that_handles_no_abort_is_recorded_as_such(fresh_probe, t
     tq.sg.Manager = PrefillBlind
     found = run(fresh_probe, "P1")
     assert (found["observed"], found["error"]) == ({"abort_handled": "absent"}, None)
+
+
+# ---------------------------------------------------------------- older layouts
+
+
+def _never_gives_up(self):
+    return self.kv_mgr.check_status(self.bootstrap_room)
+
+
+def _times_out(self):
+    return self.kv_mgr.waiting_timeout
+
+
+@pytest.mark.parametrize("lacks_mooncake, receiver, fact", [
+    (True, Receiver, {"mooncake_manager": "absent"}),
+    (False, type("MooncakeKVReceiver", (), {"poll": _never_gives_up}), {"decode_abort": "absent"}),
+])
+def test_a_tree_without_a_decode_abort_mid_transfer_records_so_in_every_scenario(fresh_probe, tq, monkeypatch,
+                                                                                 lacks_mooncake, receiver, fact):
+    """No Mooncake package (PD's transfer a placeholder), or a receiver with no abort(): a tree fact, never an
+    error of a world that cannot be built."""
+    monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(__version__="0.0.test"))
+    monkeypatch.setattr(tq, "lacks_backend", lambda backend: lacks_mooncake)
+    monkeypatch.setattr(tq, "prepare", lambda adapt, backend="mooncake": None)  # sg is the fixture's
+    monkeypatch.setattr(tq.sg, "Receiver", receiver)
+    probe = fresh_probe("probe_deferred_release_differential.py")
+    assert probe.prepare() == "0.0.test"
+    for sc in probe.SCENARIOS.scenarios:
+        assert sys.modules["_probekit"].run_scenario(sc) == {"title": sc.title, "observed": fact, "error": None}
+    monkeypatch.setattr(tq, "lacks_backend", lambda backend: False)
+    monkeypatch.setattr(tq.sg, "Receiver", Receiver)
+    probe.prepare()
+    assert "decode_abort" not in sys.modules["_probekit"].run_scenario(probe.SCENARIOS.scenarios[0])["observed"]
+
+
+def test_a_receiver_that_times_out_without_abort_is_no_tree_without_a_decode_give_up(fresh_probe, tq, monkeypatch):
+    """0.4.9.post1 to 0.4.9.post4: the waiting timeout gives the pages back; not affected would be a miss."""
+    monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(__version__="0.0.test"))
+    monkeypatch.setattr(tq, "lacks_backend", lambda backend: False)
+    monkeypatch.setattr(tq, "prepare", lambda adapt, backend="mooncake": None)
+    monkeypatch.setattr(tq.sg, "Receiver", type("MooncakeKVReceiver", (), {"poll": _times_out}))
+    probe = fresh_probe("probe_deferred_release_differential.py")
+    probe.prepare()
+    assert probe.ABSENT == {}
+
+
+@pytest.mark.parametrize("fact", ["mooncake_manager", "decode_abort"])
+def test_the_registry_reads_a_tree_without_a_decode_abort_as_not_affected(fact):
+    import json
+
+    from pdevidence import registry
+    from pdevidence.judge.classify import judge
+
+    exp = registry.load(PROJECT).experiment("deferred_release")
+    base, head = (json.loads((PROJECT / "results" / f"deferred_release.{side}.release-{exp.releases[side]}.json")
+                             .read_text()) for side in ("base", "head"))
+    doc = json.loads(json.dumps(base))
+    doc["scenarios"]["D1"] = {"error": None, "observed": {fact: "absent"}}
+    judged = judge(doc, base, head, exp)
+    assert (judged.classification.value, judged.justification.value) == ("not affected", "vulnerable_code_not_present")
