@@ -107,6 +107,8 @@ def test_info_lists_every_part_with_sizes_that_add_up_to_du_counting_hard_links_
     assert run(root, "cache", "info") == errors.CONFIRMED
     text = capsys.readouterr().out
     assert str(parts["era"]) in text and "era environment" in text and "cache prune" in text
+    # Each kind's entries under its name as the table spells it ("image packages", not "image packagess").
+    assert all(f"\n{kind} ({part['entries']}): {part['purpose']}\n" in text for kind, part in doc["kinds"].items())
 
 
 def test_prune_by_age_removes_only_what_no_run_used_for_that_long(world, capsys):

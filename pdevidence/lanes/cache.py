@@ -401,7 +401,7 @@ def describe(found: Inventory) -> str:
     lines.append(f"{Kind.OTHER.value:<18} {'':>7} {size(found.other):>10}")
     lines.append(f"{'total':<18} {'':>7} {size(found.total):>10}  (hard-linked bytes once, as du counts them)")
     for kind, entries in kinds.items():
-        lines += ["", f"{kind.value}s: {PURPOSE[kind]}"]
+        lines += ["", f"{kind.value} ({len(entries)}): {PURPOSE[kind]}"]  # a kind's name, not a plural of it
         for entry in entries:
             flag = "" if entry.usable else "  [unusable: `cache prune` removes it]"
             note = f"  {entry.note}" if entry.note else ""
