@@ -155,8 +155,12 @@ def test_prune_removes_what_no_current_registry_or_era_can_use(world):
     old_era = fill(cache_dir / "envs" / f"closure.0123456789ab.{IDENTITY}.{'3' * 12}", 1_000, marker=True)
     (cache_dir / "envs" / f"{old_era.name}.preload.json").write_text("{}")
     git_env = fill(cache_dir / "envs" / f"tree.git-{'c' * 12}.{parts['era'].name}.{'4' * 12}", 1_000, marker=True)
+    # Of the registry's closure, but named as before environments were named by their key: no run finds them.
+    unkeyed = [fill(cache_dir / "envs" / name, 1_000, marker=True)
+               for name in (f"closure.{closure_hash(root)}.{IDENTITY}",
+                            f"tree.release-1.0.0.{'5' * 12}.closure.{closure_hash(root)}.{IDENTITY}")]
     result = cache.prune(registry.load(root))
-    assert {e.path for e in result.removed} == {old_era, git_env, parts["pycache"].parent}
+    assert {e.path for e in result.removed} == {old_era, git_env, *unkeyed, parts["pycache"].parent}
     assert not (cache_dir / "envs" / f"{old_era.name}.preload.json").exists()  # it went with its environment
     assert all(parts[n].exists() for n in ("era", "tree_env", "wheel", "unpacked", "outcome", "log"))
 
