@@ -149,7 +149,7 @@ def _pyenv_candidates(version: str, root: str) -> list[str]:
 
 def find_python(version: str) -> Interpreter:
     """The cells' interpreter: ``$PDEVIDENCE_PYTHON``, else ``python<version>`` on PATH, else pyenv's."""
-    return _find_python(version, os.environ.get("PDEVIDENCE_PYTHON"), os.environ.get("PATH", ""), pyenv_root())
+    return _find_python(version, settings.get("PDEVIDENCE_PYTHON"), os.environ.get("PATH", ""), pyenv_root())
 
 
 @functools.lru_cache(maxsize=8)

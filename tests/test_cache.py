@@ -107,6 +107,8 @@ def test_info_lists_every_part_with_sizes_that_add_up_to_du_counting_hard_links_
     assert run(root, "cache", "info") == errors.CONFIRMED
     text = capsys.readouterr().out
     assert str(parts["era"]) in text and "era environment" in text and "cache prune" in text
+    # Each kind's entries under its name as the table spells it ("image packages", not "image packagess").
+    assert all(f"\n{kind} ({part['entries']}): {part['purpose']}\n" in text for kind, part in doc["kinds"].items())
 
 
 def test_prune_by_age_removes_only_what_no_run_used_for_that_long(world, capsys):
@@ -153,8 +155,12 @@ def test_prune_removes_what_no_current_registry_or_era_can_use(world):
     old_era = fill(cache_dir / "envs" / f"closure.0123456789ab.{IDENTITY}.{'3' * 12}", 1_000, marker=True)
     (cache_dir / "envs" / f"{old_era.name}.preload.json").write_text("{}")
     git_env = fill(cache_dir / "envs" / f"tree.git-{'c' * 12}.{parts['era'].name}.{'4' * 12}", 1_000, marker=True)
+    # Of the registry's closure, but named as before environments were named by their key: no run finds them.
+    unkeyed = [fill(cache_dir / "envs" / name, 1_000, marker=True)
+               for name in (f"closure.{closure_hash(root)}.{IDENTITY}",
+                            f"tree.release-1.0.0.{'5' * 12}.closure.{closure_hash(root)}.{IDENTITY}")]
     result = cache.prune(registry.load(root))
-    assert {e.path for e in result.removed} == {old_era, git_env, parts["pycache"].parent}
+    assert {e.path for e in result.removed} == {old_era, git_env, *unkeyed, parts["pycache"].parent}
     assert not (cache_dir / "envs" / f"{old_era.name}.preload.json").exists()  # it went with its environment
     assert all(parts[n].exists() for n in ("era", "tree_env", "wheel", "unpacked", "outcome", "log"))
 

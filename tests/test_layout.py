@@ -1,4 +1,5 @@
-"""The package's shape: stages import only downward, and in-cell code needs nothing of ours."""
+"""The package's shape: stages import only downward, in-cell code needs nothing of ours, and the settings are
+read in one place."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pdevidence.core import faults, settings
 from pdevidence.core.paths import PROJECT
 
 PROBES = PROJECT / "probes"
@@ -41,6 +43,50 @@ def test_the_in_cell_check_notices_a_foreign_import(tmp_path):
     probe = tmp_path / "probe_x.py"
     probe.write_text("import json\nfrom pdevidence.core import errors\nimport sglang.srt\n")
     assert _top_level_imports(probe) - set(sys.stdlib_module_names) - IN_CELL_ALLOWED == {"pdevidence"}
+
+
+def _environment_reads(path: Path) -> set[str]:
+    """The variables ``path`` reads straight from the environment (``os.environ.get``, ``os.environ[...]``,
+    ``os.getenv``, ``in os.environ``), each named by a string or by a module constant holding one."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    constants = {target.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                 and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+                 for target in node.targets if isinstance(target, ast.Name)}
+
+    def os_attribute(node: ast.AST, name: str) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == name and isinstance(node.value, ast.Name)
+                and node.value.id == "os")
+
+    keys = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args and (
+                os_attribute(node.func, "getenv")
+                or isinstance(node.func, ast.Attribute) and node.func.attr == "get" and os_attribute(node.func.value,
+                                                                                                    "environ")):
+            keys.append(node.args[0])
+        elif isinstance(node, ast.Subscript) and os_attribute(node.value, "environ"):
+            keys.append(node.slice)
+        elif isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.In) and os_attribute(node.comparators[0],
+                                                                                              "environ"):
+            keys.append(node.left)
+    return {key.value if isinstance(key, ast.Constant) else constants.get(key.id) if isinstance(key, ast.Name)
+            else None for key in keys} - {None}
+
+
+def test_every_setting_is_read_through_core_settings():
+    # faults.py compares its variable's value only, and settings.py imports it (check_all validates it).
+    exempt = {PROJECT / "pdevidence" / "core" / name for name in ("settings.py", "faults.py")}
+    read = sorted(f"{path.relative_to(PROJECT)}: {name}" for path in (PROJECT / "pdevidence").rglob("*.py")
+                  if path not in exempt for name in _environment_reads(path) & set(settings.SETTINGS))
+    assert not read, "read these through settings.get (parsed and checked there): " + "; ".join(read)
+    assert faults.VARIABLE in settings.SETTINGS
+
+
+def test_the_settings_check_notices_each_way_of_reading_the_environment(tmp_path):
+    module = tmp_path / "module.py"
+    module.write_text('import os\nNAME = "SGLANG_TREE"\nos.environ.get("SGLANG_REPO")\nos.environ[NAME]\n'
+                      'os.getenv("UV")\n"PDEVIDENCE_PYTHON" in os.environ\nos.environ.get("PATH", "")\n')
+    assert _environment_reads(module) == {"SGLANG_REPO", "SGLANG_TREE", "UV", "PDEVIDENCE_PYTHON", "PATH"}
 
 
 def test_the_stages_import_only_downward():

@@ -7,7 +7,7 @@ release matrix (``release_matrix``: a lone probe in a fresh process, contained) 
 with the cell's arguments, uncontained. Every result document must be byte-identical to its uncontained twin:
 the sandbox takes the network, the home directory and the rest of the machine away from SGLang, and none of
 that may change what the probes observe. And the issue's own case, a hostile copy of a real release, gets
-nothing out.
+nothing out; and a git cell, on a commit a test makes of a real release's sources, runs contained too.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from pdevidence.cells import probe_run, warm
 from pdevidence.core.paths import PROJECT, tree_lock_file, work_dir
 from pdevidence.sources import trees
 from pdevidence.sources.importable import importable_dir
-from real_runs import bracket_releases
+from real_runs import bracket_releases, cli_run
 
 pytestmark = pytest.mark.sglang
 
@@ -135,3 +136,39 @@ _raw.socket(_raw.AF_INET, _raw.SOCK_STREAM).connect({listener.getsockname()!r})
         assert outcome.doc is None and outcome.error.startswith("ConnectionRefusedError"), outcome.error
         assert outcome.containment["tool"] == "bubblewrap"
     assert not (home / token).exists() and not Path("/tmp", token).exists()
+
+
+def commit_release_sources(version: str, repo: Path) -> str:
+    """A commit of release ``version``'s ``sglang/`` as SGLang's repository lays it out (``python/sglang/``), made
+    the same on every run (fixed author, dates, no bytecode): its SHA is the same, its exported tree reused."""
+    release = trees.release_tree(version, REG.python, trees.LockFile(tree_lock_file(REG.root)))
+    shutil.copytree(importable_dir(release, environments.find_python(REG.python).path) / "sglang",
+                    repo / "python" / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
+    when = "2026-01-01T00:00:00+00:00"
+    env = {**os.environ, "GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when}
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", f"sglang {version}"], ["rev-parse", "HEAD"]):
+        done = subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args], env=env,
+                              capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def test_a_git_cell_runs_its_commit_contained_and_answers_as_the_release_it_holds(tmp_path):
+    """Alone proves: a git cell (an exported commit, never built) runs its probe in the sandbox, like every other
+    tree, and observes what the release cell of the same sources observes. CI has no clone of SGLang: the test
+    commits offload_slots' head release into a repository of its own and points SGLANG_REPO at it."""
+    version = REG.experiment("offload_slots").releases["head"]
+    sha = commit_release_sources(version, tmp_path / "sglang")
+    runs = tmp_path / "runs"
+    contained = {"PDEVIDENCE_SANDBOX": "bubblewrap", "SGLANG_REPO": str(tmp_path / "sglang")}
+    for argv in (["release", "offload_slots", "head"], ["git", "offload_slots", "head", "--ref", sha]):
+        done = cli_run(runs, "cell", *argv, extra_env=contained)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    git_cell = runs / f"offload_slots.head.git-{sha[:12]}.json"
+    receipt = json.loads(git_cell.with_name(git_cell.name.replace(".json", ".receipt.json")).read_text())
+    assert receipt["tree"]["kind"] == "git" and receipt["tree"]["source"] == "clone"
+    assert receipt["containment"]["tool"] == "bubblewrap" and receipt["containment"]["why_not"] is None
+    assert not [c for c in receipt["commands"] if "install" in c] and "sglang" not in receipt["packages"]
+    answers = {kind: {k: v for k, v in json.loads(path.read_text()).items() if k != "tree"}
+               for kind, path in (("git", git_cell), ("release", runs / f"offload_slots.head.release-{version}.json"))}
+    assert answers["git"]["scenarios"] and answers["git"] == answers["release"]

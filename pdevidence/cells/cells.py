@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import environments
-from ..core import clock, sandbox
+from ..core import clock, sandbox, settings
 from ..core.errors import HarnessError, usage
 from ..core.files import dumps, move_atomic, sha256_file, write_atomic
 from ..core.locking import exclusive
@@ -66,11 +65,10 @@ def resolve_tree(registry: Registry, cell: Cell) -> trees.Tree:
     exp = registry.experiment(cell.experiment)
     lock = trees.LockFile(tree_lock_file(registry.root))
     if cell.kind == "git":
-        clone = os.environ.get("SGLANG_REPO")
-        return trees.git_tree(cell.ref or exp.pin("git", cell.side), lock, clone=Path(clone) if clone else None)
+        return trees.git_tree(cell.ref or exp.pin("git", cell.side), lock, clone=settings.get("SGLANG_REPO"))
     if cell.kind == "release":
         return trees.release_tree(cell.ref or exp.pin("release", cell.side), registry.python, lock)
-    directory = cell.ref or os.environ.get("SGLANG_TREE")
+    directory = cell.ref or settings.get("SGLANG_TREE")
     if not directory:
         raise usage("a path cell needs a directory",
                     todo="set SGLANG_TREE=/path/to/sglang or pass the directory after `--`")

@@ -21,6 +21,7 @@ import contextlib
 import datetime
 import enum
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -42,6 +43,10 @@ LEFTOVERS = (".*.tmp", ".*.part", ".*.unpack", ".*.extract", ".*.export", ".*.pa
              ".probing-*", ".*.scan", ".incoming.*", ".*.incoming", ".*.pruned")
 OLD_BYTECODE = "pycache"  # where an installed copy kept its bytecode (PYTHONPYCACHEPREFIX) before it moved beside
 PRUNED = "pruned"
+# An environment's name ends with its key's first 12 hex digits (environments.environment_path); one without was
+# named by a pdevidence before that, and no run looks for it.
+KEYED = re.compile(r".*\.[0-9a-f]{12}")
+UNKEYED = "named without its key, as an older pdevidence named it: no run uses it"
 
 
 class Verb(str, enum.Enum):
@@ -183,21 +188,29 @@ def _closures(reg: Registry) -> dict[str, str]:
     return {digest: ", ".join(names) for digest, names in named.items()}
 
 
+def _notes(*notes: str) -> str:
+    return "; ".join(note for note in notes if note)
+
+
 def _cache_entries(cache: Path, eras: dict[str, str]) -> Iterator[Entry]:
     envs = cache / "envs"
     for env in _children(envs, directories=True):  # era environments first: their hard links count with them
         if env.name.startswith("closure."):
             closure = env.name.split(".")[1]
             preload = env.with_name(f"{env.name}.preload.json")
-            yield Entry(Kind.ERA_ENVIRONMENT, env, cache, usable=closure in eras,
-                        note=f"closure {closure}: " + eras.get(closure, "no era of the registry declares it"),
+            keyed = bool(KEYED.fullmatch(env.name))
+            yield Entry(Kind.ERA_ENVIRONMENT, env, cache, usable=closure in eras and keyed,
+                        note=_notes(f"closure {closure}: " + eras.get(closure, "no era of the registry declares it"),
+                                    "" if keyed else UNKEYED),
                         companions=(preload,) if preload.exists() else ())
     for env in _children(envs, directories=True):
         if env.name.startswith("tree."):
             closure = env.name.split(".closure.", 1)[-1].split(".")[0]
             release = env.name.startswith("tree.release-")  # a source tree is never installed (UNBUILT)
-            yield Entry(Kind.TREE_ENVIRONMENT, env, cache, usable=release and closure in eras,
-                        note="" if release else "a source tree's: source trees are no longer installed")
+            keyed = bool(KEYED.fullmatch(env.name))
+            yield Entry(Kind.TREE_ENVIRONMENT, env, cache, usable=release and closure in eras and keyed,
+                        note=_notes("" if release else "a source tree's: source trees are no longer installed",
+                                    "" if keyed else UNKEYED))
     kinds = ((Kind.WHEEL, "wheels"), (Kind.ARCHIVE, "archives"), (Kind.UNPACKED, "unpacked"),
              (Kind.EXPORTED, "trees"), (Kind.IMAGE, "images"))
     for kind, directory in kinds:
@@ -401,7 +414,7 @@ def describe(found: Inventory) -> str:
     lines.append(f"{Kind.OTHER.value:<18} {'':>7} {size(found.other):>10}")
     lines.append(f"{'total':<18} {'':>7} {size(found.total):>10}  (hard-linked bytes once, as du counts them)")
     for kind, entries in kinds.items():
-        lines += ["", f"{kind.value}s: {PURPOSE[kind]}"]
+        lines += ["", f"{kind.value} ({len(entries)}): {PURPOSE[kind]}"]  # a kind's name, not a plural of it
         for entry in entries:
             flag = "" if entry.usable else "  [unusable: `cache prune` removes it]"
             note = f"  {entry.note}" if entry.note else ""

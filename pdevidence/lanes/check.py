@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cells import allprobes, engine, warm
-from ..core import children, sandbox
+from ..core import children, sandbox, settings
 from ..core.arguments import ServerArguments, ServerEnvironment
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, HarnessError, usage, worst
 from ..core.paths import results_dir, run_logs, runs_dir, tree_lock_file, work_dir
@@ -487,8 +487,7 @@ def resolve(reg: Registry, *, python: Path | None = None, release: str | None = 
     elif path is not None:
         tree = trees.path_tree(path)
     elif git is not None:
-        clone = os.environ.get("SGLANG_REPO")
-        tree = trees.git_tree(git, lock, clone=Path(clone) if clone else None)
+        tree = trees.git_tree(git, lock, clone=settings.get("SGLANG_REPO"))
     else:
         raise usage("check needs a target", expected="one of --python, --release, --wheel, --path, --git")
     return target_of(reg, tree), tree

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from pathlib import Path, PurePosixPath
 
 from .. import environments
 from ..cells import cells
-from ..core import children, clock
+from ..core import children, clock, settings
 from ..core.errors import ENVIRONMENT, HarnessError, usage
 from ..core.files import dumps, move_atomic, sha256_file, write_atomic
 from ..core.locking import exclusive
@@ -131,10 +130,9 @@ def _git_state(directory: Path, files: list[Path]) -> dict:
 
 def head_tree_source(registry: Registry, exp: Experiment) -> TestSource:
     """The files of the experiment's head commit (SGLANG_REPO clone, or the GitHub archive)."""
-    clone = os.environ.get("SGLANG_REPO")
     try:
         tree = trees.git_tree(exp.git["head"], trees.LockFile(tree_lock_file(registry.root)),
-                              clone=Path(clone) if clone else None)
+                              clone=settings.get("SGLANG_REPO"))
     except HarnessError as exc:
         if exc.code != ENVIRONMENT:
             raise
@@ -157,9 +155,9 @@ def resolve_source(registry: Registry, exp: Experiment, tests_dir: Path | None =
     if not exp.upstream_tests:
         raise usage(f"experiment {exp.name!r} lists no upstream_tests",
                     todo=f"add upstream_tests = [\"test/...py\"] to [experiments.{exp.name}]")
-    directory = tests_dir or os.environ.get(TESTS_ENV)
+    directory = tests_dir or settings.get(TESTS_ENV)
     if directory:
-        return local_source(Path(directory), exp.upstream_tests, exp)
+        return local_source(directory, exp.upstream_tests, exp)
     return head_tree_source(registry, exp)
 
 
