@@ -144,7 +144,7 @@ def main() -> None:
             lane = seconds(lambda: mutate.run(reg, name, log=quiet))
             ratio(f"mutation lane {name} ({len(exp.mutants)} mutants)", lane, forced[name], 1.2, "a forced cell")
 
-    head = reg.experiment(first).release("head")
+    head = reg.experiment(first).pin("release", "head")
     era = reg.era_of(head)
     fellow = next(v for v in reversed(many_releases(reg)) if v != head and reg.era_of(v) == era)
     check("--version", head)  # the era's environment and engine preload list made before timing
