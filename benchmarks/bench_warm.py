@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pdevidence import cli, environments, registry  # noqa: E402
 from pdevidence.cells import cells  # noqa: E402
-from pdevidence.core import files, phases  # noqa: E402
+from pdevidence.commands.scratch import enter_scratch  # noqa: E402
+from pdevidence.core import debris, files, phases  # noqa: E402
 from pdevidence.core.paths import PROJECT  # noqa: E402
 from pdevidence.lanes import mutate  # noqa: E402
 
@@ -144,7 +145,7 @@ def main() -> None:
             lane = seconds(lambda: mutate.run(reg, name, log=quiet))
             ratio(f"mutation lane {name} ({len(exp.mutants)} mutants)", lane, forced[name], 1.2, "a forced cell")
 
-    head = reg.experiment(first).release("head")
+    head = reg.experiment(first).pin("release", "head")
     era = reg.era_of(head)
     fellow = next(v for v in reversed(many_releases(reg)) if v != head and reg.era_of(v) == era)
     check("--version", head)  # the era's environment and engine preload list made before timing
@@ -178,4 +179,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # A run as every command is: the cells and lanes it runs in-process write in the scratch directories, where a
+    # command that entered them alone would take their temporaries for a dead run's (core/debris.py).
+    with debris.run():
+        enter_scratch(PROJECT)
+        main()

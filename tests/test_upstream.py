@@ -44,6 +44,7 @@ RELS = ["test/unit/suite_upstream.py", "test/unit/suite_import_error.py"]
 UP = "test/unit/suite_upstream.py"
 IMP = "test/unit/suite_import_error.py"
 SUB = "test/unit/suite_subtests.py"
+WRAPPED = "test/unit/suite_wrapped.py"
 
 # What the fixture suite must give, in pytest's order (collection errors first).
 EXPECTED_TESTS = [
@@ -186,6 +187,19 @@ def test_subtests_are_recorded_with_their_parameters_and_totals_agree_with_pytes
                       ("test_fixture_subtests", {"msg": "divide", "params": {"d": "0"}})]
 
 
+def test_a_bare_exception_over_another_takes_the_kind_of_the_one_it_wraps(tmp_path):
+    run = upstream.run_suite(Path(sys.executable), upstream.local_source(SUITE, [WRAPPED]).files, tmp_path / "log")
+
+    kinds = {t.nodeid.rsplit("::", 1)[1]: t.type for t in run.tests}
+    assert kinds == {"test_attribute_error": "AttributeError",  # CustomTestCase's retry wrapper sees through
+                     "test_a_bare_exception_of_its_own": "Exception",  # nothing wrapped: its own kind
+                     "test_a_bare_exception_from_a_key_error": "KeyError",
+                     "test_a_typed_exception_from_a_key_error": "RuntimeError"}  # a typed wrapper names its kind
+    messages = {m["nodeid"].rsplit("::", 1)[1]: m["message"] for m in run.messages}
+    assert messages["test_attribute_error"] == "AttributeError: 'object' object has no attribute 'note_abort_ack'"
+    assert messages["test_a_bare_exception_of_its_own"] == "Exception: no kind but its own"
+
+
 @pytest.mark.parametrize(("text", "message", "expected"), [
     # a call failure: the long report ends with "path:line: Type"
     ("def t():\n>  boom()\nE   pkg.mod.CustomError: no\n\nt.py:3: CustomError", "pkg.mod.CustomError: no",
@@ -195,6 +209,11 @@ def test_subtests_are_recorded_with_their_parameters_and_totals_agree_with_pytes
      "ModuleNotFoundError"),
     # nothing in the text: the crash message
     ("", "KeyError: 'k'", "KeyError"),
+    # a chain: the last exception's type, unless it is a bare Exception wrapping another
+    ("t.py:3: KeyError\n\nDuring handling of the above exception, another exception occurred:\n\nt.py:9: Exception",
+     "Exception: retry() exceed maximum number of retries.", "KeyError"),
+    ("t.py:3: KeyError\n\nThe above exception was the direct cause of the following exception:\n\nt.py:9: OSError",
+     "OSError: o", "OSError"),
     # neither names a type
     ("contains 1 failed subtest", "[XPASS(strict)] flaky", None),
 ])

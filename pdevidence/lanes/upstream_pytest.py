@@ -39,6 +39,14 @@ _LOCATION_TYPE = re.compile(r"^\S.*:\d+: ((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*)\s*$")
 # "E   ImportError: cannot import name ..." (collection errors carry no location line).
 _E_LINE_TYPE = re.compile(r"^E\s+((?:[A-Za-z_]\w*\.)*[A-Z]\w*)(?::\s|:$|$)")
 _MESSAGE_TYPE = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Z]\w*)(?::\s|:$|$)")
+# pytest's long report of an exception chain (``raise ... from``, or raised while handling another)
+# shows each exception of the chain in turn, separated by one of Python's own two lines.
+_CHAIN = re.compile(r"^(?:During handling of the above exception, another exception occurred:"
+                    r"|The above exception was the direct cause of the following exception:)[ \t]*$", re.M)
+# A bare Exception raised over another names no kind of its own: the one it wraps does. SGLang's
+# CustomTestCase re-raises every failure of a test method as Exception("retry() exceed maximum number
+# of retries."), which would otherwise make every failing test of a PR read "Exception".
+WRAPPER = "Exception"
 
 
 @dataclass
@@ -110,15 +118,32 @@ def run_suite(interpreter: Path, files: list, log: Path, *, trusted: bool = Fals
     return SuiteRun(command, status, log, sha256_file(log), tests, messages, started, finished, ran.containment)
 
 
-def exception_type(text: str, message: str | None = None) -> str | None:
-    """The type of the exception a failure reports: the long report's last location line, else its
-    last ``E   Type:`` line, else the crash message."""
+def _section_type(text: str) -> str | None:
+    """The type one exception's report names: its last location line, else its last ``E   Type:`` line."""
     lines = text.splitlines()
     for pattern in (_LOCATION_TYPE, _E_LINE_TYPE):
         for line in reversed(lines):
             match = pattern.match(line.rstrip())
             if match:
                 return match.group(1).rsplit(".", 1)[-1]
+    return None
+
+
+def _deciding(text: str) -> tuple[str, bool]:
+    """The part of a long report whose exception names the failure's kind: the last of its chain,
+    unless that is a bare wrapper (then the exception it wraps, and so on back to the first); and
+    whether it is a wrapped one (not the exception pytest's crash message names)."""
+    sections = _CHAIN.split(text)
+    last = len(sections) - 1
+    deciding = next((i for i in range(last, 0, -1) if _section_type(sections[i]) != WRAPPER), 0)
+    return sections[deciding], deciding < last
+
+
+def exception_type(text: str, message: str | None = None) -> str | None:
+    """The type of the exception a failure reports (``_deciding``'s), else the crash message's."""
+    found = _section_type(_deciding(text)[0])
+    if found:
+        return found
     match = _MESSAGE_TYPE.match(message or "")
     return match.group(1).rsplit(".", 1)[-1] if match else None
 
@@ -140,11 +165,12 @@ def _type(rec: dict, outcome: Outcome) -> str | None:
 
 
 def _message(rec: dict) -> str:
-    if rec["when"] == "collection":
-        # The E line says what failed to import.
-        e_lines = [ln for ln in rec["longrepr"].splitlines() if _E_LINE_TYPE.match(ln)]
+    section, wrapped = _deciding(rec["longrepr"])
+    if rec["when"] == "collection" or wrapped:
+        # The E line says what failed to import, or what the wrapper wrapped (the crash names the wrapper).
+        e_lines = [ln for ln in section.splitlines() if _E_LINE_TYPE.match(ln)]
         if e_lines:
-            return e_lines[-1][1:].strip()
+            return e_lines[-1 if rec["when"] == "collection" else 0][1:].strip()
     for line in (rec["crash"] or rec["longrepr"]).splitlines():
         if line.strip():
             return line.strip()
