@@ -37,6 +37,9 @@ NIXL_ON_BY_DEFAULT = {"acks_at_abort": 1, "acks_sent": 1, "acks_while_writing": 
 SETTLED = {"acks_sent": 1, "acks_while_writing": 0, "siblings_settled": True, "targets_held": 0,
            "worker_error": "RuntimeError", "writes": 2, "writes_after_ack": 0}
 
+RECEIVER_ABORTS = ("N1", "N2", "N3", "N6", "N7", "N8", "N10")
+NIXL_HANDLER = ("X1", "X2", "X3", "X4", "X5", "X6", "X7", "X8")
+
 # rule -> (the scenarios as a tree that needs it records them, the same with the rule's condition not met)
 RULES = {
     ("abort_notify", "unarmed_abort_unacked"): (  # 0.5.22: N8's receiver never published, so it is never acked
@@ -60,6 +63,16 @@ RULES = {
     ("deferred_release_nixl", "error_path_settles"): (  # 0.5.21: the error path acks once the siblings landed
         {"X4": SETTLED, "X5": SETTLED},
         {"X4": SETTLED, "X5": {**SETTLED, "siblings_settled": False}}),
+    # Old layouts (the rules set aside what such a tree cannot run; what is left must still decide, as the head's)
+    ("abort_notify", "no_receiver_abort"): (  # 0.4.9.post1-0.4.9.post4: no abort(), only N4's timeout decides
+        {sid: Only(receiver_abort="absent") for sid in RECEIVER_ABORTS},
+        {sid: Only(receiver_abort="absent") for sid in RECEIVER_ABORTS if sid != "N1"}),
+    ("abort_notify", "no_prefill_stages"): (  # 0.4.9.post5-0.4.10.post2: one prefill rank per TP rank
+        {"N6": Only(stages_bootstrapped=1)},
+        {"N6": Only(stages_bootstrapped=2)}),
+    ("deferred_release_nixl", "no_abort_handler"): (  # up to 0.5.15: no ABORT handler, X9's loop decides
+        {sid: Only(nixl_abort_handler="absent") for sid in NIXL_HANDLER},
+        {sid: Only(nixl_abort_handler="absent") for sid in NIXL_HANDLER if sid != "X1"}),
 }
 TRANSFER = ("abort_notify", "deferred_release", "deferred_release_nixl")
 
@@ -98,6 +111,14 @@ def test_where_the_rules_condition_does_not_hold_it_sets_nothing_aside(name, rul
     found = answer(exp, observing(exp, condition_unmet))
     assert found.status not in ALL_CLEAR
     assert not any(line.startswith(f"{rule}:") for line in found.not_deciding)
+
+
+def test_a_settling_error_path_that_acks_while_a_write_still_lands_is_never_an_all_clear():
+    """error_path_settles sets aside only the ack the settled error path sends: an ack while a sibling write still
+    lands is what #35360 prevents, and decides on every tree."""
+    exp = REG.experiments["deferred_release_nixl"]
+    early = {**SETTLED, "acks_while_writing": 1}
+    assert answer(exp, observing(exp, {"X4": early, "X5": SETTLED})).status not in ALL_CLEAR
 
 
 # ---------------------------------------------------------------- the gate
