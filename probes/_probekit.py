@@ -68,6 +68,26 @@ class ScenarioSet:
 
         return register
 
+    def guarded(self, lacks: Callable[..., Observed]):
+        """A ``scenario`` decorator whose scenarios, on a tree lacking what they drive, record what it lacks and end.
+
+        ``lacks(**options)`` (the options a scenario is declared with) answers, when the scenario runs, the tree
+        facts it records instead of running: empty where the tree has what the scenario needs.
+        """
+        def scenario(scenario_id: str, title: str, **options: Any):
+            def register(body: Callable[[Observed], None]) -> Callable[[Observed], None]:
+                @functools.wraps(body)
+                def run(observed: Observed) -> None:
+                    facts = lacks(**options)
+                    if facts:
+                        observed.update(facts)
+                        return
+                    body(observed)
+                return self.scenario(scenario_id, title)(run)
+            return register
+
+        return scenario
+
     def adapted(self, name: str) -> None:
         """Name an adaptation that ran: the result lists it, so a reader sees how the tree was driven."""
         self.adaptations.add(name)

@@ -184,20 +184,13 @@ def kv_args(*, layers: int, base: int, start_layer: int = 0) -> Any:
                          prefill_pp_size=1, decode_tp_size=1)
 
 
-def scenario(sid: str, title: str, *, aborts: bool = True) -> Callable[[Callable[[Observed], None]],
-                                                                       Callable[[Observed], None]]:
-    """A scenario of the set, which on a tree lacking the path records what it lacks (``sg.absent``) and ends, as
-    one that ``aborts`` the receiver does on a tree whose receiver cannot (``sg.cannot_abort``)."""
-    def register(body: Callable[[Observed], None]) -> Callable[[Observed], None]:
-        def run(observed: Observed) -> None:
-            lacks = {**sg.absent, **(sg.cannot_abort if aborts else {})}
-            if lacks:
-                observed.update(lacks)
-                return
-            body(observed)
-        run.__name__ = body.__name__
-        return SCENARIOS.scenario(sid, title)(run)
-    return register
+def lacking(*, aborts: bool = True) -> Observed:
+    """What the tree lacks for a scenario (``sg.absent``), and for one that ``aborts`` the receiver what a tree whose
+    receiver cannot abort lacks (``sg.cannot_abort``): recorded in the scenario's place."""
+    return {**sg.absent, **(sg.cannot_abort if aborts else {})}
+
+
+scenario = SCENARIOS.guarded(lacking)
 
 
 class World:
@@ -474,6 +467,20 @@ def transfer(world: World, *, chunks_before: int, queued_after: int = 0) -> None
         world.queue(chunk)
 
 
+def aborted(observed: Observed, *, chunks_before: int, queued_after: int = 0, twice: bool = False) -> None:
+    """After ``transfer``, decode aborts (``twice``: the same receiver once more, the abort's moment the first); the
+    prefill ranks read the ABORT, then their workers take what is queued."""
+    world = World()
+    with world.transport():
+        transfer(world, chunks_before=chunks_before, queued_after=queued_after)
+        world.abort()
+        if twice:
+            world.call("abort", world.receivers[ROOM].abort)
+        world.prefill_reads()
+        world.work()
+    world.finish(observed)
+
+
 @scenario("N1", "decode aborts after bootstrap, before the prefill side queues any chunk")
 def n1(observed: Observed) -> None:
     world = World()
@@ -490,24 +497,12 @@ def n1(observed: Observed) -> None:
 
 @scenario("N2", "decode aborts mid-transfer: one chunk written, two queued")
 def n2(observed: Observed) -> None:
-    world = World()
-    with world.transport():
-        transfer(world, chunks_before=1, queued_after=2)
-        world.abort()
-        world.prefill_reads()
-        world.work()
-    world.finish(observed)
+    aborted(observed, chunks_before=1, queued_after=2)
 
 
 @scenario("N3", "decode aborts after the last chunk: the room already succeeded on the prefill side")
 def n3(observed: Observed) -> None:
-    world = World()
-    with world.transport():
-        transfer(world, chunks_before=len(CHUNKS))
-        world.abort()
-        world.prefill_reads()
-        world.work()
-    world.finish(observed)
+    aborted(observed, chunks_before=len(CHUNKS))
 
 
 @scenario("N4", "the decode wait times out mid-transfer (poll), with two chunks still queued", aborts=False)
@@ -568,14 +563,7 @@ def n6(observed: Observed) -> None:
 
 @scenario("N7", "decode aborts the same request twice, mid-transfer")
 def n7(observed: Observed) -> None:
-    world = World()
-    with world.transport():
-        transfer(world, chunks_before=1, queued_after=2)
-        world.abort()
-        world.call("abort", world.receivers[ROOM].abort)
-        world.prefill_reads()
-        world.work()
-    world.finish(observed)
+    aborted(observed, chunks_before=1, queued_after=2, twice=True)
 
 
 @scenario("N8", "decode aborts a room the prefill rank never heard of")

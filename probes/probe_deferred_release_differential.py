@@ -50,7 +50,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -87,17 +86,8 @@ def prepare() -> str:
     return sglang.__version__
 
 
-def scenario(sid: str, title: str) -> Callable[[Callable[[Observed], None]], Callable[[Observed], None]]:
-    """A scenario of the set, which on a tree without a decode abort mid-transfer records what it lacks and ends."""
-    def register(body: Callable[[Observed], None]) -> Callable[[Observed], None]:
-        def run(observed: Observed) -> None:
-            if ABSENT:
-                observed.update(ABSENT)
-                return
-            body(observed)
-        run.__name__ = body.__name__
-        return SCENARIOS.scenario(sid, title)(run)
-    return register
+# A scenario of the set, which on a tree without a decode abort mid-transfer records what it lacks and ends.
+scenario = SCENARIOS.guarded(lambda: ABSENT)
 
 
 def finish(w: World, observed: Observed, rid: str = "aborted") -> None:

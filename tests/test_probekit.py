@@ -87,6 +87,30 @@ def test_duplicate_scenario_ids_are_refused(kit):
         demo.scenario("S1", "two")(lambda obs: None)
 
 
+
+def test_a_guarded_scenario_records_what_the_tree_lacks_when_it_runs_and_ends_there(kit):
+    demo = kit.ScenarioSet("demo")
+    lacking = {}
+    scenario = demo.guarded(lambda *, aborts=True: {**lacking, **({"receiver_abort": "absent"} if aborts else {})})
+
+    @scenario("S1", "aborts")
+    def s1(obs):
+        obs["ran"] = True
+
+    @scenario("S2", "never aborts", aborts=False)
+    def s2(obs):
+        obs["ran"] = True
+
+    lacking["decode_abort"] = "absent"  # what prepare() finds, after the scenarios were declared
+    doc = kit.build_document(demo, "base", {"kind": "path", "ref": "x", "resolved": "x"})
+    assert doc["scenarios"]["S1"]["observed"] == {"decode_abort": "absent", "receiver_abort": "absent"}
+    assert doc["scenarios"]["S2"]["observed"] == {"decode_abort": "absent"}
+    lacking.clear()
+    doc = kit.build_document(demo, "base", {"kind": "path", "ref": "x", "resolved": "x"})
+    assert doc["scenarios"]["S1"]["observed"] == {"receiver_abort": "absent"}
+    assert doc["scenarios"]["S2"]["observed"] == {"ran": True}
+    assert [s.id for s in demo.scenarios] == ["S1", "S2"]
+
 def test_recorder_keeps_arguments_and_can_fail_after_recording(kit):
     sender = kit.Recorder("sender.abort", raises=RuntimeError("transport down"))
     with pytest.raises(RuntimeError):
