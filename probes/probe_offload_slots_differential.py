@@ -91,7 +91,7 @@ def observe(*keys: str) -> Observe:
 
 @dataclass(frozen=True)
 class Decode:
-    """``tokens`` decode steps, each offloading the request (``offload=False``: steps that do not, as a finishing one)."""
+    """``tokens`` decode steps, each offloading the request (``offload=False``: not offloaded, as a finishing step)."""
     tokens: int
     offload: bool = True
 
@@ -101,6 +101,7 @@ class Decode:
 
 @dataclass(frozen=True)
 class Finish:
+    """The request finishes (``abort``: is aborted) and the decode worker offloads or releases it."""
     abort: bool = False
 
     def run(self, world: World, req: Any, observed: Observed) -> None:

@@ -420,6 +420,28 @@ def test_o2_counts_the_slots_released_under_a_copy_still_in_flight(fresh_probe, 
     assert observed["rows_released"] == 1
 
 
+@pytest.mark.parametrize("manager, expected", [
+    (EarlyManager, {"freed_at_finish": 12, "row_released_in_flight": 1, "double_freed": 8}),
+    (Manager, {"freed_at_finish": 0, "row_released_in_flight": 0, "double_freed": 0}),
+])
+def test_o4_sees_the_row_released_at_an_abort_under_a_copy_in_flight(fresh_probe, offload, manager, expected):
+    observed = scenario(fresh_probe, "probe_offload_slots_differential.py", "O4", manager, offload)
+    assert {k: observed[k] for k in expected} == expected and observed["rows_released"] == 1
+
+
+@pytest.mark.parametrize("manager, radix_freed", [(EarlyManager, 4), (Manager, 0)])
+def test_o5_counts_the_radix_owned_slots_given_back_while_decoding(fresh_probe, offload, manager, radix_freed):
+    observed = scenario(fresh_probe, "probe_offload_slots_differential.py", "O5", manager, offload)
+    assert observed["radix_freed_while_decoding"] == radix_freed
+
+
+def test_a_script_observing_a_key_no_measure_reads_fails_where_it_is_written(fresh_probe, offload):
+    probe = fresh_probe("probe_offload_slots_differential.py")
+    assert probe.observe("live_freed", "manager_error").keys == ("live_freed", "manager_error")
+    with pytest.raises(KeyError, match="no measure.*freed_whilst_decoding"):
+        probe.observe("live_freed", "freed_whilst_decoding")
+
+
 def test_o6_control_a_request_without_output_is_released_whole_once(fresh_probe, offload):
     for manager in (EarlyManager, Manager):
         observed = scenario(fresh_probe, "probe_offload_slots_differential.py", "O6", manager, offload)
