@@ -42,10 +42,10 @@ receiver's ``poll`` answers at the end), ``other_room_chunks`` (N10), ``failure_
 ``failure_exception`` raised), ``tree_error`` (``<loop>:<exception type>`` where one of the tree's loops
 failed on what the scenario sent it, e.g. a frame it cannot parse, else null), ``stages_bootstrapped`` (N6: the
 prefill ranks the receiver bootstrapped with). Tree facts, every scenario stopping there:
-``mooncake_manager: "absent"`` (no Mooncake backend: PD's transfer a placeholder, 0.4.4.post2 to 0.4.5) and
-``decode_abort: "absent"`` (the decode receiver has no ``abort()`` nor a waiting timeout: up to 0.4.9); and,
-where it has a waiting timeout but no ``abort()`` (0.4.9.post1 to 0.4.9.post4), ``receiver_abort: "absent"``
-in the scenarios that abort it (N4's timeout still runs). A loop that fails on a
+``mooncake_manager: "absent"`` (no Mooncake backend: PD's transfer a placeholder, 0.4.4.post2 to 0.4.5); and,
+where the decode receiver has no ``abort()`` (up to 0.4.9.post4), ``receiver_abort: "absent"`` in the scenarios
+that abort it: N4 still drives the waiting timeout, its only give-up, and a tree without one (up to 0.4.9) reads
+neither side there, unknown: that decode never gives the pages back is what no scenario saw. A loop that fails on a
 stand-in (an attribute or call it lacks), or any of the probe's own calls into the tree that raises, is
 the scenario's error: never an observation.
 
@@ -70,7 +70,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _kvtransfer as kvt  # noqa: E402
-from _probekit import Collaborators, Observed, ScenarioSet, main, publish_server_args, reads, server_args  # noqa: E402
+from _probekit import Collaborators, Observed, ScenarioSet, main, publish_server_args, server_args  # noqa: E402
 
 SCENARIOS = ScenarioSet("abort_notify")
 MOONCAKE = "sglang.srt.disaggregation.mooncake.conn"
@@ -131,11 +131,8 @@ def prepare() -> str:
     sg.Receiver = getattr(sg.mooncake, "MooncakeKVReceiver", None)
     if sg.Manager is None or sg.Receiver is None:
         sg.missing = f"{MOONCAKE} has no MooncakeKVManager or MooncakeKVReceiver"
-    elif not hasattr(sg.Receiver, "abort"):  # a waiting timeout is then decode's only give-up, if it has one
-        if reads(sg.Receiver.poll, "waiting_timeout"):
-            sg.cannot_abort = {"receiver_abort": "absent"}
-        else:
-            sg.absent = {"decode_abort": "absent"}
+    elif not hasattr(sg.Receiver, "abort"):  # a waiting timeout is then decode's only give-up, if any: N4 drives it
+        sg.cannot_abort = {"receiver_abort": "absent"}
     sg.np = getattr(sg.mooncake, "np", None)  # the index arrays the tree's own numpy makes
     if sg.np is None:
         sg.missing = f"{MOONCAKE} imports no numpy as np: the probe cannot make the index arrays it takes"

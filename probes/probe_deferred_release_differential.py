@@ -38,7 +38,8 @@ held by another request: the corruption), ``freed_after_first_ack``, ``freed_bef
 ``drain_acks_at_abort`` (those carrying its rank: a drain ack), or ``abort_handled: "absent"`` where the
 rank's loop handles no ``ABORT`` (before 0.5.13). Tree facts, every scenario stopping there:
 ``mooncake_manager: "absent"`` (no Mooncake backend: PD's transfer a placeholder, 0.4.4.post2 to 0.4.5) and
-``decode_abort: "absent"`` (the decode receiver has no ``abort()`` nor a waiting timeout: up to 0.4.9).
+``receiver_abort: "absent"`` (the decode receiver has no ``abort()``, up to 0.4.9.post4: its only give-up is a
+waiting timeout, if it has one, which no scenario here drives: unknown, never an answer).
 A call of the tree that raised, or a stand-in that raised in one (even where the tree caught it), ends the
 scenario as an error (never an answer).
 
@@ -54,7 +55,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _transferqueue  # noqa: E402
-from _probekit import Observed, ScenarioSet, main, reads  # noqa: E402
+from _probekit import Observed, ScenarioSet, main  # noqa: E402
 from _transferqueue import Prefill, World  # noqa: E402
 
 SCENARIOS = ScenarioSet("deferred_release")
@@ -69,10 +70,10 @@ ABSENT: dict[str, str] = {}  # what the tree lacks for a decode abort mid-transf
 
 
 def prepare() -> str:
-    """The transfer queue's world; a tree without Mooncake (its PD transfer a placeholder, 0.4.4.post2 to 0.4.5)
-    or whose Mooncake receiver never gives up on a transfer (no ``abort()`` nor waiting timeout, up to 0.4.9) has no
-    decode abort mid-transfer, a tree fact. One whose receiver only times out (0.4.9.post1 to 0.4.9.post4) is not
-    such a tree: its timeout gives the pages back, which no scenario here drives (they abort through the scheduler)."""
+    """The transfer queue's world; a tree without Mooncake (its PD transfer a placeholder, 0.4.4.post2 to 0.4.5) has
+    no decode abort mid-transfer, a tree fact. One whose receiver has no ``abort()`` (up to 0.4.9.post4) can give
+    up only by a waiting timeout, if it has one: no scenario here drives that (they abort through the scheduler),
+    and whether it has one is not read off its source, so the scenarios record what they lack: unknown."""
     import sglang
 
     ABSENT.clear()
@@ -81,8 +82,8 @@ def prepare() -> str:
         return sglang.__version__
     _transferqueue.prepare(SCENARIOS.adapted)
     receiver = _transferqueue.sg.Receiver if _transferqueue.sg.ready else None
-    if receiver is not None and not hasattr(receiver, "abort") and not reads(receiver.poll, "waiting_timeout"):
-        ABSENT["decode_abort"] = "absent"
+    if receiver is not None and not hasattr(receiver, "abort"):  # no scenario here drives its timeout, if any
+        ABSENT["receiver_abort"] = "absent"
     return sglang.__version__
 
 

@@ -37,8 +37,8 @@ X9 (counts of the aborted request's 4 slots): ``abort_sent``, ``freed_before_las
 ``deferred_enabled`` (X7: the tree's flag with the variable unset; null before #35049), ``room_succeeded``,
 ``siblings_settled`` (X4, X5: every posted write completed by the end: the error path waits for them from 0.5.20).
 Tree facts, the scenario stopping there: ``nixl_manager: "absent"`` (no NIXL backend),
-``decode_abort: "absent"`` (its decode receiver has no ``abort()`` nor a waiting timeout, so decode never gives
-a transfer's pages back on its own: up to 0.5.5) and ``nixl_abort_handler: "absent"`` (its prefill manager
+``receiver_abort: "absent"`` (its decode receiver has no ``abort()``, up to 0.5.5: its only give-up is a
+waiting timeout, if it has one, which no scenario drives: unknown, never an answer) and ``nixl_abort_handler: "absent"`` (its prefill manager
 handles no ``ABORT``: up to 0.5.15; X9 still runs where it has a transfer worker, 0.5.12 on, the prefill rank
 told nothing, as nothing in it would answer).
 

@@ -357,6 +357,9 @@ def layout_fetching(mooncake: ModuleType) -> ModuleType:
     return common
 
 
+RECEIVER_ABORTS = ("N1", "N2", "N3", "N6", "N7", "N8", "N10")  # the scenarios that abort the receiver
+
+
 @pytest.fixture
 def probe(monkeypatch):
     """The probe module loaded fresh, on a fake ``sglang`` whose connection module (and, where the test gives one,
@@ -509,15 +512,18 @@ def test_a_receiver_that_knows_no_pipeline_stages_records_so_and_n6_stops(probe)
     assert run(probe(mooncake_module(fixed=False)), "N6")["observed"]["stages_bootstrapped"] == 2
 
 
-def test_a_receiver_that_never_gives_up_is_recorded_in_every_scenario(probe):
-    """No abort() and no waiting timeout (up to 0.4.9): decode never gives a transfer's pages back on its own."""
+def test_a_receiver_that_never_gives_up_is_driven_through_n4_never_read_off_its_source(probe):
+    """No abort() and no waiting timeout (up to 0.4.9): the scenarios that abort record that the receiver cannot;
+    N4 drives the poll past the wait and sees it never give up: an observation, never a tree fact for an answer."""
     mooncake = mooncake_module(fixed=False)
     del mooncake.MooncakeKVReceiver.abort
     mooncake.MooncakeKVReceiver.poll = lambda self: self.kv_mgr.check_status(self.bootstrap_room)
     module = probe(mooncake)
     for sc in module.SCENARIOS.scenarios:
         result = run(module, sc.id)
-        assert (result["error"], result["observed"]) == (None, {"decode_abort": "absent"})
+        assert result["error"] is None
+        assert (result["observed"] == {"receiver_abort": "absent"}) == (sc.id in RECEIVER_ABORTS)
+    assert run(module, "N4")["observed"]["timeout_poll"] != "Failed"
 
 
 def test_a_receiver_that_only_times_out_is_driven_through_its_timeout(probe):
@@ -534,11 +540,10 @@ def test_a_receiver_that_only_times_out_is_driven_through_its_timeout(probe):
 
     mooncake.MooncakeKVReceiver.poll = timed_poll
     module = probe(mooncake)
-    aborting = {"N1", "N2", "N3", "N6", "N7", "N8", "N10"}
     for sc in module.SCENARIOS.scenarios:
         result = run(module, sc.id)
         assert result["error"] is None
-        assert (result["observed"] == {"receiver_abort": "absent"}) == (sc.id in aborting)
+        assert (result["observed"] == {"receiver_abort": "absent"}) == (sc.id in RECEIVER_ABORTS)
     timed_out = run(module, "N4")["observed"]
     assert (timed_out["timeout_poll"], timed_out["abort_sent"], timed_out["chunks_after_abort"]) == ("Failed", 0, 2)
 
@@ -567,19 +572,23 @@ def _judged(observed: dict[str, dict]) -> object:
     return judge(doc, base, head, exp)
 
 
-@pytest.mark.parametrize("fact", ["mooncake_manager", "decode_abort"])
-def test_a_tree_without_the_decode_abort_path_is_not_affected(fact):
-    judged = _judged({"N1": {fact: "absent"}})
+def test_a_tree_without_a_mooncake_package_is_not_affected():
+    judged = _judged({"N1": {"mooncake_manager": "absent"}})
     assert judged.classification.value == "not affected"
     assert judged.justification.value == "vulnerable_code_not_present"
 
 
+def test_a_receiver_that_never_gives_up_where_n4_drives_it_is_unknown_never_not_affected():
+    judged = _judged({**{sid: {"receiver_abort": "absent"} for sid in RECEIVER_ABORTS},
+                      "N4": {"timeout_poll": "Transferring", "abort_sent": 0, "chunks_after_abort": 0}})
+    assert judged.classification.value == "neither"
+
+
 def test_a_receiver_that_only_times_out_is_judged_by_its_timeout():
-    aborting = ("N1", "N2", "N3", "N6", "N7", "N8", "N10")
-    judged = _judged({sid: {"receiver_abort": "absent"} for sid in aborting})
+    judged = _judged({sid: {"receiver_abort": "absent"} for sid in RECEIVER_ABORTS})
     assert judged.classification.value == "pre-fix"
     assert judged.scenarios["N4"].value == "pre-fix"
-    assert all(judged.scenarios[sid].value == "not deciding" for sid in aborting if sid in judged.scenarios)
+    assert all(judged.scenarios[sid].value == "not deciding" for sid in RECEIVER_ABORTS if sid in judged.scenarios)
 
 
 def test_one_stage_only_sets_n6_aside_and_the_one_rank_scenarios_decide():

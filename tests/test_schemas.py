@@ -44,7 +44,7 @@ PUBLISHED = sorted(RESULTS.rglob("*.json"))
 
 def test_every_kind_of_published_document_is_covered():
     assert {kind_of(p) for p in PUBLISHED} == {"osv-1.6", "openvex-0.2.0", "sweep", "mutation", "report", "receipt",
-                                                 "result", "corpus"}
+                                                 "result", "corpus", "bisect"}
 
 
 @pytest.mark.parametrize("path", PUBLISHED, ids=lambda p: p.relative_to(RESULTS).as_posix())
