@@ -49,12 +49,12 @@ MANAGER_FIRST = "0.5.3"
 
 
 # The transfer probes read every PD release (docs/maintainers/abort_notify.md, transfer.md, deferred_release_nixl.md)
-# but those whose decode receiver has no abort(): abort_notify's that never time out either (0.4.5.post1 to 0.4.9:
-# N4 sees no give-up, the sweep: neither), deferred_release's (0.4.5.post1 to 0.4.9.post4: no scenario drives a
+# but those whose decode receiver has no abort(): abort_notify's that cannot be driven (0.4.5.post1 to 0.4.7.post1,
+# the sweep: error), deferred_release's (0.4.5.post1 to 0.4.9.post4: no scenario drives a
 # timeout) and deferred_release_nixl's (0.4.5.post3 to 0.5.5); and deferred_release_nixl's where decode times out
 # but the prefill has neither an ABORT handler nor a transfer worker (0.5.6 to 0.5.11, the sweep: neither): there
 # their answers are not pinned.
-TRANSFER_UNKNOWN = {"abort_notify": [("0.4.5.post1", "0.4.9.post1")],
+TRANSFER_UNKNOWN = {"abort_notify": [("0.4.5.post1", "0.4.8")],
                     "deferred_release": [("0.4.5.post1", "0.4.9.post5")],
                     "deferred_release_nixl": [("0.4.5.post3", "0.5.12")]}
 
