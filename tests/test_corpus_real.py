@@ -30,9 +30,14 @@ NOT_PORTED = {
                                           "abort_notified), as 0.5.12's does",
     # Not written this round (issue 36 note): the receivers of 0.5.3 to 0.5.9 bootstrap in their constructor,
     # and #35049's hold keys on the abort notification a #27372 port would add first.
+    ("abort_notify", "torch2.7-tf4"): "not yet: 0.4.8-0.4.10.post2, read pre-fix from this round, have older "
+                                      "receivers (no abort() up to 0.4.9.post4, no pipeline stages after)",
     ("abort_notify", "torch2.8-tf4"): "not yet: 0.5.3-0.5.5's receivers bootstrap in their constructor",
     ("abort_notify", "torch2.9-tf4"): "not yet: as 0.5.3-0.5.5's (0.5.6-0.5.9)",
     ("deferred_release", "torch2.7-tf4"): "not yet: would sit on a #27372 port the era does not have",
+    ("deferred_release_nixl", "torch2.11-tf5-sgl-kernel"): "not yet: 0.5.12-0.5.15.post1, read pre-fix from this "
+                                                          "round, have no NIXL ABORT handler (#30352) for the hold "
+                                                          "to wait on",
     ("deferred_release", "torch2.8-tf4"): "not yet: as torch2.7-tf4's",
     ("deferred_release", "torch2.9-tf4"): "not yet: as torch2.7-tf4's",
     ("deferred_release_nixl", "torch2.11-tf5"): "0.5.16's NIXL worker keeps no per-room count of outstanding chunks, "

@@ -47,7 +47,7 @@ if BEHAVIOUR == "hang":
     time.sleep(600)
 if BEHAVIOUR == "slow":  # a tree whose probing takes a while
     import time
-    time.sleep(8)  # longer than the next era's engine takes to start on a loaded 2-core machine
+    time.sleep(20)  # longer than the next era's engine takes to start on a loaded 2-core machine (8 s was not)
 if BEHAVIOUR == "kill-engine":  # as the kernel's OOM killer would
     os.kill(os.getppid(), 9)
     import time
