@@ -132,7 +132,7 @@ def head_tree_source(registry: Registry, exp: Experiment) -> TestSource:
     """The files of the experiment's head commit (SGLANG_REPO clone, or the GitHub archive)."""
     try:
         tree = trees.git_tree(exp.git["head"], trees.LockFile(tree_lock_file(registry.root)),
-                              clone=settings.get("SGLANG_REPO"))
+                              clone=settings.get("SGLANG_REPO"), whole=True)  # its test files
     except HarnessError as exc:
         if exc.code != ENVIRONMENT:
             raise

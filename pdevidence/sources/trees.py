@@ -7,6 +7,7 @@ their SHA-256 is recorded in the lock file on first use and checked after.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import http.client
@@ -27,7 +28,7 @@ from packaging import tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from ..core import children, debris, inuse, settings
+from ..core import archives, children, debris, inuse, settings
 from ..core.errors import HarnessError, integrity, usage
 from ..core.files import hash_into, move_atomic, read_marker, sha256_file, write_atomic, write_marker
 from ..core.locking import exclusive
@@ -210,13 +211,24 @@ def resolve_ref(ref: str, clone: Path | None) -> str:
     return found.stdout.strip()
 
 
-def git_tree(sha: str, lock: LockFile, *, clone: Path | None = None) -> Tree:
+def git_tree(sha: str, lock: LockFile, *, clone: Path | None = None, whole: bool = False) -> Tree:
     """The pinned commit, from a local clone if given, else GitHub's archive of it.
 
-    ``sha`` may also be a ref the clone resolves (HEAD, a branch, a short SHA)."""
+    From a clone, only what the probes read (``EXPORTED``) is exported, as ``commit-<sha>``, unless ``whole`` (the
+    upstream lane reads the commit's test files): ``git-<sha>``, which a later slim request also reuses. ``sha`` may
+    also be a ref the clone resolves (HEAD, a branch, a short SHA)."""
     sha = resolve_ref(sha, clone)
     trees = cache_dir() / "trees"
     dest = trees / f"git-{sha}"
+    if not whole:
+        slim = trees / f"commit-{sha}"
+        inuse.use(slim)
+        with exclusive(cache_dir() / "locks" / f"commit-{sha}.lock", f"the cached tree {sha[:12]}"):
+            if _tree_info(slim) is not None:
+                return _git_tree(sha, slim)
+            built = _tree_info(dest)
+            if clone is not None and (built is None or built["source"] != "clone"):
+                return _slim_tree_from_clone(sha, clone, slim)
     inuse.use(dest)
     with exclusive(cache_dir() / "locks" / f"git-{sha}.lock", f"the cached tree {sha[:12]}"):
         # A tree exported from a clone is that commit (git checks its own object hashes): reuse it
@@ -278,13 +290,7 @@ def _git_output(clone: Path, *args: str, **kw) -> str | bytes:
     return done.stdout
 
 
-def _check_clone(clone: Path) -> None:
-    if not (clone / ".git").exists() and _git(clone, "rev-parse", "--git-dir").returncode != 0:
-        raise usage(f"SGLANG_REPO={clone} is not a git checkout",
-                    todo="point SGLANG_REPO at a clone of sgl-project/sglang")
-
-
-def _git_tree_from_clone(sha: str, clone: Path, dest: Path, lock: LockFile) -> Tree:
+def _present(clone: Path, sha: str) -> None:
     _check_clone(clone)
     found = _git(clone, "rev-parse", "--verify", "--quiet", f"{sha}^{{commit}}", text=True)
     if found.returncode != 0:
@@ -293,6 +299,16 @@ def _git_tree_from_clone(sha: str, clone: Path, dest: Path, lock: LockFile) -> T
             expected="the pinned commit to be present in SGLANG_REPO",
             todo=f"run `git -C {clone} fetch origin {sha}` (or a full `git fetch`), then retry",
         )
+
+
+def _check_clone(clone: Path) -> None:
+    if not (clone / ".git").exists() and _git(clone, "rev-parse", "--git-dir").returncode != 0:
+        raise usage(f"SGLANG_REPO={clone} is not a git checkout",
+                    todo="point SGLANG_REPO at a clone of sgl-project/sglang")
+
+
+def _git_tree_from_clone(sha: str, clone: Path, dest: Path, lock: LockFile) -> Tree:
+    _present(clone, sha)
     tree_id = _git_output(clone, "rev-parse", f"{sha}^{{tree}}", text=True).strip()
     info = {"source": "clone", "origin": str(clone), "sha256": None, "git_tree": tree_id}
 
@@ -309,6 +325,138 @@ def _git_tree_from_clone(sha: str, clone: Path, dest: Path, lock: LockFile) -> T
 
     _materialize(dest, info, export)
     return _git_tree(sha, dest)
+
+
+# What the probes read of a commit: the package they import (its version files within it) and the pyproject its era
+# is chosen by (pins, a static version); its tags are read in the clone. The rest of a checkout (kernel sources,
+# tests, docs) is half its size and never read.
+EXPORTED = ("python/sglang", "python/pyproject.toml")
+MANIFEST = ".pdevidence-files.json"  # in a slim export: {path: [mode, blob id]}, what later exports link from
+DONORS = 4  # how many of the most recently used slim exports a new one looks in for its unchanged files
+_SYMLINK, _EXECUTABLE = "120000", "100755"
+_BYTECODE = re.compile(r"(?P<stem>[^.]+)\.[^.]+(\.opt-[12])?\.pyc")  # what compileall names for module <stem>.py
+
+
+def _slim_tree_from_clone(sha: str, clone: Path, dest: Path) -> Tree:
+    """The commit's ``EXPORTED`` files, each unchanged one hard-linked with its bytecode from an earlier export.
+
+    A bisection's commits are neighbours: nearly every file is one an earlier export of the clone already holds,
+    compiled. Its bytecode stays valid through the link (the same file, so the same time and size it records)."""
+    _present(clone, sha)
+    listed = _listing(clone, sha)
+    tree_id = _git_output(clone, "rev-parse", f"{sha}^{{tree}}", text=True).strip()
+    info = {"source": "clone", "origin": str(clone), "sha256": None, "git_tree": tree_id, "exported": list(EXPORTED)}
+    _materialize(dest, info, lambda target: _export(clone, sha, listed, target))
+    return _git_tree(sha, dest)
+
+
+def _listing(clone: Path, sha: str) -> dict[str, list[str]]:
+    """Each file of ``EXPORTED`` at ``sha``: its mode and blob id (a submodule is no file of it)."""
+    out = _git_output(clone, "ls-tree", "-r", "-z", "--full-tree", sha, "--", *EXPORTED)
+    listed = {}
+    for record in filter(None, out.split(b"\0")):
+        meta, _, name = record.partition(b"\t")
+        mode, kind, oid = meta.decode().split()
+        path = os.fsdecode(name)
+        if any(part in ("", ".", "..", ".git") for part in path.split("/")):
+            raise integrity(f"commit {sha[:12]} names a file {path!r} that would land outside its export",
+                            todo="the clone's history is not a plain SGLang history; do not use it")
+        if kind == "blob":
+            listed[path] = [mode, oid]
+    return listed
+
+
+def _export(clone: Path, sha: str, listed: dict[str, list[str]], target: Path) -> None:
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=debris.prefix(target.parent, target.name),
+                                     suffix=".export") as tmp:  # a killed run's goes (core/debris)
+        staging = Path(tmp) / "tree"
+        staging.mkdir()
+        budget = archives.Budget(f"the export of {sha[:12]}")
+        donors, listings = _donors(target.parent, target), {}
+        missing = {}
+        for path, entry in listed.items():
+            budget.member(path)
+            if entry[0] == _SYMLINK or not _link(path, entry, donors, staging, listings):
+                missing[path] = entry
+        _write(clone, sha, missing, staging, budget)
+        write_marker(staging / MANIFEST, listed)
+        os.replace(staging, target)
+
+
+def _donors(trees: Path, dest: Path) -> list[tuple[Path, dict]]:
+    """The most recently used complete slim exports with their files, held (core/inuse) so no prune takes them
+    while this run links from them."""
+    found = sorted((p for p in trees.glob("commit-*") if p != dest), key=lambda p: inuse.last_used(p) or 0,
+                   reverse=True)
+    donors = []
+    for path in found[:DONORS]:
+        inuse.use(path)
+        files = read_marker(path / MANIFEST) if _tree_info(path) is not None else None
+        if files is not None:
+            donors.append((path, files))
+    return donors
+
+
+def _link(path: str, entry: list[str], donors: list[tuple[Path, dict]], staging: Path,
+          listings: dict[Path, list[str]]) -> bool:
+    """Whether ``path`` could be hard-linked, with its bytecode, from a donor holding the same blob there."""
+    for donor, files in donors:
+        if files.get(path) != entry:
+            continue
+        source, dest = donor / path, staging / path
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, dest)
+        except OSError:  # gone with its donor, or another file system: written from the clone instead
+            continue
+        if source.suffix == ".py":
+            cache = source.parent / "__pycache__"
+            if cache not in listings:
+                try:
+                    listings[cache] = os.listdir(cache)
+                except OSError:
+                    listings[cache] = []
+            for name in listings[cache]:
+                found = _BYTECODE.fullmatch(name)
+                if found and found["stem"] == source.stem:
+                    (dest.parent / "__pycache__").mkdir(exist_ok=True)
+                    with contextlib.suppress(OSError):  # compiled again where it is missing
+                        os.link(cache / name, dest.parent / "__pycache__" / name)
+        return True
+    return False
+
+
+def _write(clone: Path, sha: str, files: dict[str, list[str]], staging: Path, budget: archives.Budget) -> None:
+    """The files no donor holds, from the clone's objects; symbolic links last, each checked to stay inside."""
+    if not files:
+        return
+    out = _git_output(clone, "cat-file", "--batch", input="".join(f"{oid}\n" for _, oid in files.values()).encode())
+    pos, links = 0, []
+    for path, (mode, oid) in files.items():
+        end = out.find(b"\n", pos)
+        header = out[pos:end].decode(errors="replace").split()
+        if len(header) != 3 or header[0] != oid or header[1] != "blob" or not header[2].isdigit():
+            raise HarnessError(f"`git -C {clone} cat-file --batch` did not give the blob {oid} of {path} at "
+                               f"{sha[:12]}: it said {' '.join(header) or 'nothing'}",
+                               todo=f"check the clone with `git -C {clone} fsck`, then run again")
+        size = int(header[2])
+        body, pos = out[end + 1:end + 1 + size], end + 2 + size
+        if mode == _SYMLINK:
+            links.append((path, os.fsdecode(body)))
+            continue
+        budget.extract(path, size)
+        dest = staging / path
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(body)
+        if mode == _EXECUTABLE:
+            dest.chmod(0o755)
+    for path, points_to in links:
+        where = staging / path
+        if os.path.isabs(points_to) or not (where.parent / points_to).resolve().is_relative_to(staging.resolve()):
+            raise integrity(f"commit {sha[:12]} has a link {path} -> {points_to} leading out of its tree",
+                            todo="the clone's history is not a plain SGLang history; do not use it")
+        where.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(points_to, where)
 
 
 def _tree_info(dest: Path) -> dict | None:
