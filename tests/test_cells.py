@@ -253,7 +253,7 @@ def test_a_git_cell_loads_the_exported_commit_as_it_is_never_building_it(demo_pr
     # No build ran outside the sandbox: the tree's build backend is its own code.
     assert not [c for c in receipt["commands"] if "install" in c], receipt["commands"]
     assert "sglang" not in receipt["packages"]
-    exported = next((Path(os.environ["PDEVIDENCE_CACHE"]) / "trees").glob(f"git-{base}"))
+    exported = next((Path(os.environ["PDEVIDENCE_CACHE"]) / "trees").glob(f"commit-{base}"))
     assert not list(exported.rglob("*.egg-info")) and not (exported / "python" / "build").exists()
     assert list(exported.glob("python/sglang/__pycache__/__init__.*.pyc"))  # compiled once, where it lies
     assert results.load(outcome.result)["scenarios"]["D1"]["observed"]["retired"] is False

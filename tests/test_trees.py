@@ -253,6 +253,9 @@ def clone(tmp_path, monkeypatch) -> SimpleNamespace:
     package.mkdir(parents=True)
     (repo / "python" / "pyproject.toml").write_text('[project]\nname = "sglang"\n')
     (package / "__init__.py").write_text("__version__ = 'one'\n")
+    (package / "unchanged.py").write_text("KEPT = 1\n")
+    (repo / "test").mkdir()
+    (repo / "test" / "test_x.py").write_text("def test_x(): pass\n")  # no probe reads it
     git(repo, "init", "-q")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "one")
@@ -268,13 +271,68 @@ def test_clone_materializes_the_requested_commit_not_the_checkout(clone, cache, 
     tree = trees.git_tree(clone.first, lock, clone=clone.path)
 
     assert tree.source == "clone" and tree.origin == str(clone.path) and tree.digest is None
-    assert tree.install_target == cache / "trees" / f"git-{clone.first}" / "python"
+    assert tree.install_target == cache / "trees" / f"commit-{clone.first}" / "python"
     assert (tree.install_target / "sglang" / "__init__.py").read_text() == "__version__ = 'one'\n"
+    assert (tree.install_target / "pyproject.toml").is_file()  # the era is chosen by its pins
     assert not (tree.install_target / "sglang" / "only_in_two.py").exists()
+    assert not (tree.repo_root / "test").exists()  # only what the probes read
     info = json.loads((tree.repo_root / trees.TREE_INFO).read_text())
     assert info["git_tree"] == git(clone.path, "rev-parse", f"{clone.first}^{{tree}}")
     assert not lock.path.exists()  # a clone is trusted as is; nothing to pin
-    assert os.listdir(cache / "trees") == [f"git-{clone.first}"]  # no temporary export left
+    assert os.listdir(cache / "trees") == [f"commit-{clone.first}"]  # no temporary export left
+
+
+def test_a_whole_export_holds_the_test_files_and_a_later_slim_request_reuses_it(clone, cache, lock):
+    whole = trees.git_tree(clone.first, lock, clone=clone.path, whole=True)
+    assert whole.repo_root == cache / "trees" / f"git-{clone.first}"
+    assert (whole.repo_root / "test" / "test_x.py").is_file()
+
+    again = trees.git_tree(clone.first, lock, clone=clone.path)
+
+    assert again.install_target == whole.install_target
+    assert os.listdir(cache / "trees") == [f"git-{clone.first}"]
+
+
+def test_a_neighbour_commit_links_its_unchanged_files_and_their_bytecode_and_writes_the_changed_ones(
+        clone, cache, lock):
+    first = trees.git_tree(clone.first, lock, clone=clone.path)
+    bytecode = first.install_target / "sglang" / "__pycache__"
+    bytecode.mkdir()
+    (bytecode / "unchanged.cpython-312.pyc").write_bytes(b"compiled")
+    (bytecode / "__init__.cpython-312.pyc").write_bytes(b"compiled one")
+
+    second = trees.git_tree(clone.second, lock, clone=clone.path)
+
+    def same(name: str) -> bool:
+        return os.path.samefile(first.install_target / name, second.install_target / name)
+    assert same("sglang/unchanged.py") and same("sglang/__pycache__/unchanged.cpython-312.pyc")
+    assert same("pyproject.toml")
+    assert not same("sglang/__init__.py")
+    assert (second.install_target / "sglang" / "__init__.py").read_text() == "__version__ = 'two'\n"
+    assert not (second.install_target / "sglang" / "__pycache__" / "__init__.cpython-312.pyc").exists()
+    assert (second.install_target / "sglang" / "only_in_two.py").is_file()
+
+
+def test_an_export_whose_donor_vanished_writes_every_file_from_the_clone(clone, cache, lock, monkeypatch):
+    first = trees.git_tree(clone.first, lock, clone=clone.path)
+    monkeypatch.setattr(trees.os, "link", lambda *a, **k: (_ for _ in ()).throw(FileNotFoundError(a[0])))
+
+    second = trees.git_tree(clone.second, lock, clone=clone.path)
+
+    assert (second.install_target / "sglang" / "unchanged.py").read_text() == "KEPT = 1\n"
+    assert not os.path.samefile(first.install_target / "sglang" / "unchanged.py",
+                                second.install_target / "sglang" / "unchanged.py")
+
+
+def test_a_link_leading_out_of_the_commit_is_refused_and_leaves_no_tree(clone, cache, lock):
+    os.symlink("../../../../outside", clone.path / "python" / "sglang" / "escape")
+    git(clone.path, "add", "-A")
+    git(clone.path, "commit", "-q", "-m", "escape")
+
+    with pytest.raises(HarnessError, match="leading out of its tree"):
+        trees.git_tree("HEAD", lock, clone=clone.path)
+
+    assert [p for p in os.listdir(cache / "trees") if not p.startswith(".")] == []
 
 
 def test_a_tree_exported_from_a_clone_is_reused_without_it_and_keeps_its_provenance(
@@ -486,15 +544,20 @@ def test_a_work_tree_git_cannot_read_is_an_error_never_a_clean_tree(clone, monke
     assert f"git -C {clone.path} {command}" in str(caught.value) and "index file corrupt" in str(caught.value)
 
 
-def test_a_clone_git_cannot_read_the_tree_of_is_an_error_and_leaves_no_tree(clone, cache, lock, monkeypatch):
+@pytest.mark.parametrize(("command", "whole"), [("^{tree}", True), ("^{tree}", False), ("ls-tree", False),
+                                                ("cat-file", False)])
+def test_a_clone_git_cannot_read_the_tree_of_is_an_error_and_leaves_no_tree(clone, cache, lock, monkeypatch, command,
+                                                                             whole):
     real = trees._git
     monkeypatch.setattr(trees, "_git", lambda clone_, *args, **kw: subprocess.CompletedProcess(
-        args, 128, "", "fatal: bad object") if args[-1].endswith("^{tree}") else real(clone_, *args, **kw))
+        args, 128, "", "fatal: bad object") if command in args or args[-1].endswith(command)
+        else real(clone_, *args, **kw))
 
     with pytest.raises(HarnessError, match="bad object"):
-        trees.git_tree(clone.first, lock, clone=clone.path)
+        trees.git_tree(clone.first, lock, clone=clone.path, whole=whole)
 
     assert not (cache / "trees" / f"git-{clone.first}").exists()
+    assert not (cache / "trees" / f"commit-{clone.first}").exists()
 
 
 def test_files_are_hashed_a_chunk_at_a_time_never_read_whole(clone, tmp_path, monkeypatch):
@@ -637,7 +700,7 @@ def test_a_ref_that_cannot_be_resolved_is_a_usage_error(clone, ref):
 def test_a_git_tree_asked_by_ref_is_cached_under_its_sha(clone, cache, lock):
     tree = trees.git_tree("HEAD", lock, clone=clone.path)
     assert tree.resolved == clone.second and tree.label() == f"git-{clone.second[:12]}"
-    assert os.listdir(cache / "trees") == [f"git-{clone.second}"]
+    assert os.listdir(cache / "trees") == [f"commit-{clone.second}"]
 
 
 def test_a_dirty_path_tree_names_its_head_and_its_changes(clone):
