@@ -15,6 +15,7 @@ from .core import arguments, children, debris, paths, sandbox, settings
 from .core.errors import EXIT_CODES, USAGE, boundary
 from .core.paths import PROJECT
 from .judge import classify
+from .lanes import cache as caches
 from .lanes import check, drift, upstream
 
 
@@ -220,6 +221,11 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+# The commands that build environments, fetch, unpack or export trees, or keep outcomes: the cache's budget is
+# enforced as each ends (lanes/cache.py).
+FILLS_CACHE = frozenset({"cell", "sweep", "check", "bisect", "corpus", "drift", "mutate", "upstream"})
+
+
 def main(argv: list[str] | None = None) -> int:
     """Every command's exit code as docs/operators/exit-codes.md documents it; argparse's own errors (a malformed
     value: the option and the value named) are 2, --help and --version 0."""
@@ -234,7 +240,11 @@ def main(argv: list[str] | None = None) -> int:
         paths.bytecode_beside_sources(args.root)
         with debris.run(), sandbox.uncontained_allowed(getattr(args, "allow_uncontained", False)):
             commands.scratch.enter_scratch(args.root)
-            return args.func(args)
+            grown = caches.growth(args.root)
+            code = args.func(args)
+            if args.command in FILLS_CACHE:
+                commands.cache.keep_within_budget(args.root, grown)
+            return code
 
     children.become_subreaper()  # what a killed child leaves behind is reparented here and reaped
     try:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from synthetic import make_project, serve_index, wheel_bytes
 
-from pdevidence import cli, environments, registry
+from pdevidence import cli, commands, environments, registry
 from pdevidence.cells import cells
 from pdevidence.commands.scratch import enter_scratch
 from pdevidence.core import arguments, debris, errors, inuse, locking
@@ -135,18 +135,21 @@ def test_prune_forgets_the_use_of_an_entry_a_run_removed_itself(world):
     assert inuse.marker(parts["wheel"]).parent.is_dir()  # the directory of the markers stays
 
 
-def test_prune_to_a_budget_removes_the_least_recently_used_first(world):
+def test_prune_to_a_budget_removes_what_is_cheapest_to_remake_first_then_the_least_recently_used(world):
     root, cache_dir, work = world
     parts = populated(root, cache_dir, work)
     shutil.rmtree(parts.pop("pycache").parent)  # unusable: it would go first, whatever the budget
-    for days, name in enumerate(("unpacked", "wheel", "tree_env", "era", "outcome", "log"), start=1):
-        aged(parts[name], 10 - days)  # unpacked is the oldest, log the newest
+    parts["old_export"] = fill(cache_dir / "trees" / f"commit-{'d' * 40}", 30_000)
+    parts["export"] = fill(cache_dir / "trees" / f"commit-{'e' * 40}", 30_000)
+    for days, name in enumerate(("era", "tree_env", "wheel", "outcome", "log", "old_export", "unpacked", "export"),
+                                start=1):
+        aged(parts[name], 10 - days)  # the era environment is the least recently used, an export the most
     reg = registry.load(root)
-    budget = cache.inventory(reg).total - 50_000  # the oldest (40 kB of data) is not enough, the next one is
+    budget = cache.inventory(reg).total - 90_000  # both exports (60 kB) are not enough, the unpacked tree is
     result = cache.prune(reg, max_size=budget)
-    assert [e.path for e in result.removed] == [parts["unpacked"], parts["wheel"]]
+    assert [e.path for e in result.removed] == [parts["old_export"], parts["export"], parts["unpacked"]]
     assert result.after <= budget and cache.inventory(reg).total <= budget
-    assert parts["tree_env"].exists() and parts["era"].exists()
+    assert all(parts[n].exists() for n in ("era", "tree_env", "wheel", "outcome", "log"))
 
 
 def test_prune_removes_what_no_current_registry_or_era_can_use(world):
@@ -359,3 +362,79 @@ def test_an_unknown_verb_is_a_usage_error_naming_the_verbs(world, verb, capsys):
     root, _, _ = world
     assert run(root, "cache", verb) == errors.USAGE
     assert "info" in capsys.readouterr().err
+
+
+# --- the budget a run keeps the cache within -----------------------------------------------------------------------
+
+
+def a_run_that_adds(cache_dir: Path, monkeypatch, size: int) -> Path:
+    """`check` stood in by a run that exports one commit of ``size`` bytes (a new entry: the cache grew)."""
+    made = cache_dir / "trees" / f"commit-{'f' * 40}"
+
+    def check(args) -> int:
+        if size:
+            fill(made, size)
+        return errors.CONFIRMED
+    monkeypatch.setattr(commands.check, "cmd_check", check)
+    return made
+
+
+def test_a_run_that_fills_the_cache_past_its_budget_drops_the_exports_first_and_keeps_the_rest(
+        world, monkeypatch, capsys):
+    root, cache_dir, work = world
+    parts = populated(root, cache_dir, work)
+    shutil.rmtree(parts.pop("pycache").parent)
+    old_era = fill(cache_dir / "envs" / f"closure.0123456789ab.{IDENTITY}.{'3' * 12}", 1_000, marker=True)
+    old_export = aged(fill(cache_dir / "trees" / f"commit-{'d' * 40}", 100_000), 1)
+    made = a_run_that_adds(cache_dir, monkeypatch, 100_000)
+    before = cache.inventory(registry.load(root)).total
+    monkeypatch.setenv(cache.BUDGET, str(before))  # the run's export puts it over; the older export is enough
+
+    assert run(root, "check", "--release", "1.0.0") == errors.CONFIRMED
+
+    assert not old_export.exists() and made.exists()
+    assert all(p.exists() for p in parts.values()) and old_era.exists()  # another registry's era is not this run's
+    assert cache.inventory(registry.load(root)).total <= before
+    assert f"over its budget of {cache.size(before)} ({cache.BUDGET})" in capsys.readouterr().err
+
+
+def test_what_a_running_run_holds_stays_over_the_budget_and_the_run_says_so(world, monkeypatch, capsys):
+    root, cache_dir, work = world
+    populated(root, cache_dir, work)
+    held = fill(cache_dir / "trees" / f"commit-{'d' * 40}", 100_000)
+    a_run_that_adds(cache_dir, monkeypatch, 10_000)
+    monkeypatch.setenv(cache.BUDGET, "1K")
+    inuse.use(held)
+    try:
+        assert run(root, "check", "--release", "1.0.0") == errors.CONFIRMED
+    finally:
+        inuse.release()
+    err = capsys.readouterr().err
+    assert held.exists() and "in use by a running run" in err and f"raise {cache.BUDGET}" in err
+
+
+@pytest.mark.parametrize("budget", ["off", None])
+def test_a_run_that_adds_nothing_or_has_no_budget_removes_nothing(world, monkeypatch, capsys, budget):
+    root, cache_dir, work = world
+    parts = populated(root, cache_dir, work)
+    parts.pop("pycache")  # every run removes the old bytecode as it enters the cache
+    a_run_that_adds(cache_dir, monkeypatch, 0 if budget is None else 10_000)
+    monkeypatch.setenv(cache.BUDGET, budget or "1K")
+    assert run(root, "check", "--release", "1.0.0") == errors.CONFIRMED
+    assert all(p.exists() for p in parts.values()) and "budget" not in capsys.readouterr().err
+
+
+def test_info_says_the_budget_and_what_each_kind_of_run_needs(world, monkeypatch, capsys):
+    root, cache_dir, work = world
+    populated(root, cache_dir, work)
+    monkeypatch.setenv(cache.BUDGET, "30G")
+    assert run(root, "cache", "info") == errors.CONFIRMED
+    text = capsys.readouterr().out
+    assert f"budget: 30.0 GiB ({cache.BUDGET};" in text
+    assert all(f"  {what} needs {need}" in text for what, need in cache.NEEDS)
+    assert run(root, "cache", "info", "--json") == errors.CONFIRMED
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["budget_bytes"] == 30 << 30 and doc["needs"] == dict(cache.NEEDS)
+    monkeypatch.setenv(cache.BUDGET, "30 GB")
+    assert run(root, "cache", "info") == errors.USAGE
+    assert cache.BUDGET in capsys.readouterr().err

@@ -59,6 +59,11 @@ def _bytes(text: str) -> int:
     return int(found[1]) * _SIZE_UNITS[found[2].upper()]
 
 
+def _budget(text: str) -> int | None:
+    """A size as ``_bytes`` reads it, or ``off``: no budget."""
+    return None if text == "off" else _bytes(text)
+
+
 def _count(text: str) -> int:
     """A positive whole number, in ASCII digits."""
     if not _DIGITS.fullmatch(text) or int(text) == 0:
@@ -150,6 +155,9 @@ SETTINGS = {s.name: s for s in (
             "https://codeload.github.com/sgl-project/sglang/tar.gz/{sha}"),
     Setting("PDEVIDENCE_CACHE", "a directory the harness may write in (made if missing); default the user's cache "
             "directory", _directory),
+    Setting("PDEVIDENCE_CACHE_BUDGET", "a size in bytes with an optional K, M, G or T, e.g. 50G (the default), or "
+            "off: what the cache and the work directory may hold (as `cache info` counts it) at the end of a run "
+            "that fills them", _budget, 50 << 30),
     Setting("PDEVIDENCE_WORK", "a directory the harness may write in (made if missing); default .cells/ in a "
             "checkout, the cache's work/ when installed", _directory),
     Setting("PDEVIDENCE_RUNS", "a directory the harness may write in (made if missing); default runs/ in a "

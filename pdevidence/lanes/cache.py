@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import environments
-from ..core import debris, faults, inuse, paths
+from ..core import debris, faults, inuse, paths, settings
 from ..core.errors import CONFIRMED
 from ..core.files import dumps
 from ..core.locking import try_lock
@@ -90,6 +90,20 @@ PURPOSE = {
 # ``use``, which also records its last use); the others a marker each (core/inuse.py).
 ENVIRONMENTS = {Kind.ERA_ENVIRONMENT, Kind.TREE_ENVIRONMENT}
 MARKED = {Kind.WHEEL, Kind.ARCHIVE, Kind.UNPACKED, Kind.EXPORTED, Kind.IMAGE, Kind.OUTCOME}
+# Over a size, what is cheapest to make again goes first (each kind least recently used first): a commit's export
+# (a second, from the clone), an unpacked wheel, a corpus tree, a log (small), an image's packages, a download, a kept
+# outcome (a probe run), then the environments (minutes each), an era's last: every cell's is seeded from it.
+REMAKE_ORDER = (Kind.OLD_BYTECODE, Kind.EXPORTED, Kind.UNPACKED, Kind.CORPUS, Kind.LOG, Kind.IMAGE, Kind.ARCHIVE,
+                Kind.WHEEL, Kind.OUTCOME, Kind.TREE_ENVIRONMENT, Kind.ERA_ENVIRONMENT)
+BUDGET = "PDEVIDENCE_CACHE_BUDGET"
+# What a run needs here, as `cache info` counts it (the environments' files linked from uv's cache included), from
+# the measurements in docs/operators/cache.md: said beside the budget, so that one can be set to hold them.
+NEEDS = (
+    ("a full release sweep", "about 44 GB: every era's environment (eight closures) and its releases' trees"),
+    ("a bisection", "about 6 GB for each era its commits run in, about 90 MB for its first exported commit and about "
+                    "10 MB for each further one (unchanged files are linked from the exports before it)"),
+    ("the test suite (--sglang)", "about 39 GB (issue 45: every era the real tests run)"),
+)
 
 
 @dataclass
@@ -281,21 +295,23 @@ class Pruned:
 
 
 def prune(reg: Registry, *, older_than: float | None = None, max_size: int | None = None,
-          everything: bool = False) -> Pruned:
-    """Remove what nothing the registry declares can use; with ``older_than`` (seconds), what no run used for that
-    long; with ``max_size`` (bytes), the least recently used until both roots fit; ``everything``: every entry.
-    What a running run uses stays (``Pruned.in_use``)."""
+          everything: bool = False, unusable: bool = True) -> Pruned:
+    """Remove what nothing the registry declares can use (unless not ``unusable``); with ``older_than`` (seconds),
+    what no run used for that long; with ``max_size`` (bytes), what is cheapest to remake until both roots fit
+    (``REMAKE_ORDER``, least recently used first within a kind); ``everything``: every entry. What a running run
+    uses stays (``Pruned.in_use``)."""
     found = inventory(reg)
     now = time.time()
     candidates = [e for e in found.entries if e.kind is not Kind.OTHER]
-    chosen = [e for e in candidates if everything or not e.usable
+    chosen = [e for e in candidates if everything or (unusable and not e.usable)
               or (older_than is not None and (e.last_used or 0) < now - older_than)]
     result = Pruned(before=found.total)
     for entry in chosen:
         _prune_one(entry, result)
     if max_size is not None:
         size = found.total - result.freed
-        for entry in sorted((e for e in candidates if e not in chosen), key=lambda e: e.last_used or 0):
+        for entry in sorted((e for e in candidates if e not in chosen),
+                            key=lambda e: (REMAKE_ORDER.index(e.kind), e.last_used or 0)):
             if size <= max_size:
                 break
             if _prune_one(entry, result):
@@ -303,6 +319,39 @@ def prune(reg: Registry, *, older_than: float | None = None, max_size: int | Non
     result.after = found.total - result.freed
     for root in found.roots:
         _forget_gone(root)
+    return result
+
+
+def growth(root: Path) -> dict[str, int | None]:
+    """When each directory that large entries are added to last changed (its entries' names, not their contents):
+    the same at a run's end as at its start, the run added none, and measuring the cache (a walk of every file of
+    every environment, seconds to a minute) is not needed."""
+    cache, work = paths.cache_dir(), paths.work_dir(root)
+    found = {}
+    for directory in [*(cache / d for d in ("envs", "wheels", "archives", "unpacked", "trees", "images")),
+                      work / "envs", work / "corpus"]:
+        try:
+            found[str(directory)] = directory.stat().st_mtime_ns
+        except OSError:
+            found[str(directory)] = None
+    return found
+
+
+def keep_within_budget(reg: Registry, log, since: dict[str, int | None] | None = None) -> Pruned | None:
+    """At the end of a run that filled the cache: over ``PDEVIDENCE_CACHE_BUDGET``, what is cheapest to remake goes
+    until it fits (what this or another running run holds stays). Nothing else goes: an entry another checkout's
+    registry uses is not this run's to call unusable. ``since``: ``growth`` at the run's start (unchanged: not
+    measured). None when there is no budget, nothing was added, or the cache is within it."""
+    budget = settings.get(BUDGET)
+    if budget is None or (since is not None and growth(reg.root) == since):
+        return None
+    result = prune(reg, max_size=budget, unusable=False)
+    if not result.removed and result.after <= budget:
+        return None
+    log(f"the cache was over its budget of {size(budget)} ({BUDGET}): {summary(result)}")
+    if result.after > budget:
+        log(f"still {size(result.after)}: what is over the budget is held by running runs, or is what no prune "
+            f"removes (locks); raise {BUDGET} if a run needs more (`pdevidence cache info` says what each needs)")
     return result
 
 
@@ -403,9 +452,20 @@ def _relative(path: Path, root: Path) -> str:
         return str(path)
 
 
+def budget_text(found: Inventory) -> list[str]:
+    """The budget, how full it is, and what each kind of run needs."""
+    budget = settings.get(BUDGET)
+    said = (f"budget: none ({BUDGET}=off)" if budget is None else
+            f"budget: {size(budget)} ({BUDGET}; {size(found.total)} used, {found.total * 100 // budget}%): at the "
+            "end of a run that fills the cache, what is cheapest to remake goes first until it fits")
+    return [said, *(f"  {run} needs {need}" for run, need in NEEDS)]
+
+
 def describe(found: Inventory) -> str:
-    """`cache info`: where each root is, every kind with its size and last use, then every entry."""
+    """`cache info`: where each root is, the budget and what runs need, every kind with its size and last use, then
+    every entry."""
     lines = [f"{root}: {'the user cache' if i == 0 else 'the work directory'}" for i, root in enumerate(found.roots)]
+    lines += ["", *budget_text(found)]
     kinds = found.by_kind()
     lines += ["", f"{'kind':<18} {'entries':>7} {'size':>10}  last used"]
     for kind, entries in kinds.items():
@@ -427,6 +487,7 @@ def describe(found: Inventory) -> str:
 def document(found: Inventory) -> dict:
     """`cache info --json`."""
     return {"roots": [str(r) for r in found.roots], "total_bytes": found.total, "other_bytes": found.other,
+            "budget_bytes": settings.get(BUDGET), "needs": dict(NEEDS),
             "kinds": {k.value: {"entries": len(v), "bytes": sum(e.bytes for e in v), "purpose": PURPOSE[k]}
                       for k, v in found.by_kind().items()},
             "entries": [e.to_json() for e in found.entries]}
