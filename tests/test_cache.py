@@ -438,3 +438,16 @@ def test_info_says_the_budget_and_what_each_kind_of_run_needs(world, monkeypatch
     monkeypatch.setenv(cache.BUDGET, "30 GB")
     assert run(root, "cache", "info") == errors.USAGE
     assert cache.BUDGET in capsys.readouterr().err
+
+
+def test_dropping_a_lines_exports_leaves_what_a_running_run_holds(world):
+    root, cache_dir, work = world
+    slim, whole, held, other = (fill(cache_dir / "trees" / name, 1_000) for name in (
+        f"commit-{'1' * 40}", f"git-{'2' * 40}", f"commit-{'3' * 40}", f"commit-{'4' * 40}"))
+    inuse.use(held)
+    try:
+        result = cache.drop_exports(["1" * 40, "2" * 40, "3" * 40, "5" * 40])
+    finally:
+        inuse.release()
+    assert [e.path for e in result.removed] == [slim, whole] and [e.path for e in result.in_use] == [held]
+    assert held.exists() and other.exists() and not slim.exists() and not whole.exists()

@@ -24,7 +24,7 @@ import pytest
 
 from pdevidence import environments, registry
 from pdevidence.cells import probe_run, warm
-from pdevidence.core.paths import PROJECT, tree_lock_file, work_dir
+from pdevidence.core.paths import PROJECT, cache_dir, tree_lock_file, work_dir
 from pdevidence.sources import trees
 from pdevidence.sources.importable import importable_dir
 from real_runs import bracket_releases, cli_run
@@ -114,6 +114,13 @@ def test_a_hostile_copy_of_a_release_gets_nothing_out_and_answers_cannot_run(tmp
     shutil.copytree(importable_dir(release, environments.find_python(reg.python).path), copy / "python")
     home = tmp_path / "home"
     home.mkdir()
+    # The probe's home is empty; the harness keeps the machine's caches (its own, uv's, pyenv's interpreters), read
+    # where they are: an empty home would have uv download and build the whole closure again into it (6 GB).
+    uv_cache = subprocess.run([environments.uv_executable(), "cache", "dir"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    monkeypatch.setenv("UV_CACHE_DIR", uv_cache)
+    monkeypatch.setenv("PDEVIDENCE_CACHE", str(cache_dir()))
+    monkeypatch.setenv("PYENV_ROOT", environments.pyenv_root())
     monkeypatch.setenv("HOME", str(home))
     token = f"pdevidence-escaped-{os.getpid()}"
     with socket.socket() as listener:

@@ -355,6 +355,18 @@ def keep_within_budget(reg: Registry, log, since: dict[str, int | None] | None =
     return result
 
 
+def drop_exports(shas: list[str]) -> Pruned:
+    """Remove the exports of these commits (slim and whole), as a prune would: what a running run holds stays. For
+    measuring a bisection whose commits are exported afresh (benchmarks/bench_bisect.py)."""
+    cache = paths.cache_dir()
+    result = Pruned()
+    for sha in shas:
+        for name in (f"commit-{sha}", f"git-{sha}"):
+            if (cache / "trees" / name).exists():
+                _prune_one(Entry(Kind.EXPORTED, cache / "trees" / name, cache), result)
+    return result
+
+
 def _forget_gone(root: Path) -> None:
     """The use markers of entries that are gone (removed by a run: a download that failed its check, say)."""
     for marker in (root / inuse.MARKERS).glob("*/*"):
