@@ -6,10 +6,11 @@ the first fixed one; the last not affected and the first pre-fix), else the regi
 so each end is where its tag meets the main line (their merge base), and the search walks the main
 line's first-parent chain between them; a release the history has no tag of is left out (the newest
 commit of the main line stands in for a fixed release after the history's end). Each commit probed is
-exported from the clone and run like ``check --git`` (the warm engine, in the era its own version or pins
-choose, nothing built, every experiment in one probe process, outcomes cached by what made them) and judged
-by check's judge; every search asks its next commit each round, so one probe serves all of them. Each era's
-engine is kept across the rounds (``engine.Engines``): its closure is imported once per bisection, not once a
+exported from the clone (what the probes read, its unchanged files linked from the exports before it:
+``sources/trees.py``) and run like ``check --git`` (the warm engine, in the era its own version or pins choose,
+nothing built, every experiment in one probe process, outcomes cached by what made them) and judged by check's
+judge; every search asks its next commit each round, so one probe serves all of them. Each era's engine is kept
+across the rounds (``engine.Engines``): its closure is imported once per bisection, not once a
 round; the commits of the one clone share it, as they share a history.
 """
 

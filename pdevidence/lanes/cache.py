@@ -78,7 +78,8 @@ PURPOSE = {
     Kind.WHEEL: "downloaded SGLang wheels, by SHA-256",
     Kind.ARCHIVE: "downloaded GitHub archives of pinned commits, by SHA-256",
     Kind.UNPACKED: "wheels unpacked and compiled, for the warm engine",
-    Kind.EXPORTED: "commits exported from a clone or an archive, compiled in place",
+    Kind.EXPORTED: "commits exported from a clone (what the probes read: commit-<sha>, files shared with "
+                   "neighbours as hard links) or an archive (git-<sha>), compiled in place",
     Kind.IMAGE: "the SGLang packages read out of container images",
     Kind.OUTCOME: "probe outcomes kept by what made them (a rerun with the same inputs reuses them)",
     Kind.CORPUS: "releases with a backport applied (the corpus lane)",
