@@ -37,8 +37,9 @@ def cli(*argv: str) -> list[str]:
     return [sys.executable, "-m", "pdevidence", "--root", str(ROOT), *argv]
 
 
-def search(experiment: str, good: str, bad: str, force: bool) -> None:
-    """The fix's search over ``good`` .. ``bad``, as ``bisect`` runs it (in this process: the measured child)."""
+def search(experiment: str, good: str, bad: str, force: bool, drop: bool) -> None:
+    """The fix's search over ``good`` .. ``bad``, as ``bisect`` runs it (in this process: the measured child); with
+    ``drop``, only the exports of the line's commits removed instead (before the measured child, not timed)."""
     sys.path.insert(0, str(ROOT))
     from pdevidence import registry
     from pdevidence.core import phases
@@ -52,10 +53,10 @@ def search(experiment: str, good: str, bad: str, force: bool) -> None:
     main = clone.main()
     line, commits = bisect_run.line_between(clone, main, good, bad, clone.tip(main))
     found = Search(Boundary.FIX, commits)
-    if force:  # the measured run: every commit of the line exported afresh
+    if drop:
         dropped = cache.drop_exports(commits)
-        if dropped.in_use:
-            print(f"({len(dropped.in_use)} export(s) held by another run stayed)")
+        print(f"{len(dropped.removed)} export(s) removed, {len(dropped.in_use)} held by another run stayed")
+        return
     started = time.monotonic()
     with phases.recording() as spent, bisect_run.kept_engines(reg, log=lambda _: None) as engines:
         prober = bisect_run.Prober(reg, clone, fresh_references=False, force=force, log=lambda _: None,
@@ -76,9 +77,10 @@ def main() -> int:
     parser.add_argument("--bad", default="v0.5.13")
     parser.add_argument("--search", action="store_true", help=argparse.SUPPRESS)  # the measured child
     parser.add_argument("--force", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--drop-exports", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.search:
-        search(args.experiment, args.good, args.bad, args.force)
+        search(args.experiment, args.good, args.bad, args.force, args.drop_exports)
         return 0
     if "SGLANG_REPO" not in os.environ:
         sys.exit("set SGLANG_REPO to a clone of SGLang's history")
@@ -87,6 +89,7 @@ def main() -> int:
     seconds(cli("cell", "release", args.experiment, "head"))
     seconds(child)
     cell = seconds(cli("cell", "release", args.experiment, "head", "--force"))
+    seconds([*child, "--drop-exports"])  # the line's commits exported afresh in the measured run
     start = time.perf_counter()
     done = subprocess.run([*child, "--force"], cwd=ROOT, capture_output=True, text=True, check=True)
     bisected = time.perf_counter() - start

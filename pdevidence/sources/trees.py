@@ -332,7 +332,7 @@ def _git_tree_from_clone(sha: str, clone: Path, dest: Path, lock: LockFile) -> T
 # tests, docs) is half its size and never read.
 EXPORTED = ("python/sglang", "python/pyproject.toml")
 MANIFEST = ".pdevidence-files.json"  # in a slim export: {path: [mode, blob id]}, what later exports link from
-DONORS = 4  # how many of the most recently used slim exports a new one looks in for its unchanged files
+DONORS = 8  # how many of the most recently used slim exports a new one looks in for its unchanged files
 _SYMLINK, _EXECUTABLE = "120000", "100755"
 _BYTECODE = re.compile(r"(?P<stem>[^.]+)\.[^.]+(\.opt-[12])?\.pyc")  # what compileall names for module <stem>.py
 
