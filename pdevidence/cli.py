@@ -204,7 +204,9 @@ def parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="as JSON")
     pr = verbs.add_parser("prune", help="remove what nothing the registry can use, and what is old or over a budget")
     pr.add_argument("--older-than", type=arguments.duration, metavar="DURATION", help="not used for this long: 30d, 12h")
-    pr.add_argument("--max-size", type=arguments.size, metavar="SIZE", help="what is cheapest to remake first (exports, unpacked trees, then environments least recently used) until this fits: 20G")
+    pr.add_argument("--max-size", type=arguments.size, metavar="SIZE",
+                    help="what is cheapest to remake first (exports, unpacked trees, then environments least recently "
+                    "used) until this fits: 20G")
     verbs.add_parser("clean", help="remove every entry (what a running run uses stays)")
     ca.set_defaults(func=commands.cache.cmd_cache)
     return p
