@@ -362,8 +362,10 @@ class SourceUnreadable(RuntimeError):
     """What a tree's code reads was asked of a source that cannot be read: no answer, never a no."""
 
 
-def reads(fn: Callable[..., Any], token: str) -> bool:
-    """Whether ``fn``'s source names ``token``: what a stand-in must carry depends on what the tree reads.
+def class_fact(fn: Callable[..., Any], token: str, *, why: str) -> bool:
+    """Whether ``fn``'s source names ``token``: a fact of the tree's classes that shapes what the probe's
+    stand-ins carry or which adaptation it records (``why`` says which), never an observation: an answer rests
+    on what the tree's code does when driven (tests/test_source_reads.py holds every probe to that).
     A source that cannot be read raises ``SourceUnreadable``: an error of the scenario (or of the probe's
     setup), never a False."""
     return token in _source(fn)

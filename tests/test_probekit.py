@@ -273,7 +273,7 @@ def test_a_source_that_cannot_be_read_is_the_scenario_s_error_never_a_false(kit)
 
     @demo.scenario("S1", "asks what the tree's result path reads")
     def _(obs):
-        obs["reads_grammar"] = kit.reads(namespace["result_path"], "accept_token")
+        obs["reads_grammar"] = kit.class_fact(namespace["result_path"], "accept_token", why="the kit's own test")
 
     result = kit.run_scenario(demo.scenarios[0])
     assert result["observed"] == {}
