@@ -15,13 +15,16 @@ says how its time went by phase (``trees``: exporting and compiling).
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from pdevidence.core import settings  # noqa: E402
+from pdevidence.core.errors import HarnessError  # noqa: E402
+
 TARGET = 2.0
 
 
@@ -40,7 +43,6 @@ def cli(*argv: str) -> list[str]:
 def search(experiment: str, good: str, bad: str, force: bool, drop: bool) -> None:
     """The fix's search over ``good`` .. ``bad``, as ``bisect`` runs it (in this process: the measured child); with
     ``drop``, only the exports of the line's commits removed instead (before the measured child, not timed)."""
-    sys.path.insert(0, str(ROOT))
     from pdevidence import registry
     from pdevidence.core import phases
     from pdevidence.documents.vocabulary import Boundary
@@ -49,7 +51,7 @@ def search(experiment: str, good: str, bad: str, force: bool, drop: bool) -> Non
     from pdevidence.sources.history import Clone
 
     reg = registry.load(ROOT)
-    clone = Clone(Path(os.environ["SGLANG_REPO"]))
+    clone = Clone(settings.get("SGLANG_REPO"))
     main = clone.main()
     line, commits = bisect_run.line_between(clone, main, good, bad, clone.tip(main))
     found = Search(Boundary.FIX, commits)
@@ -82,7 +84,11 @@ def main() -> int:
     if args.search:
         search(args.experiment, args.good, args.bad, args.force, args.drop_exports)
         return 0
-    if "SGLANG_REPO" not in os.environ:
+    try:  # parsed as every command parses it: a path that is not a directory stops here, not in the child
+        repo = settings.get("SGLANG_REPO")
+    except HarnessError as exc:
+        sys.exit(str(exc))
+    if repo is None:
         sys.exit("set SGLANG_REPO to a clone of SGLang's history")
     child = [sys.executable, __file__, args.experiment, "--good", args.good, "--bad", args.bad, "--search"]
     # Warm-up, not measured: the cell's environment, every era the line's commits run in, their exports.

@@ -8,8 +8,10 @@ valid name, so a typo fails loudly instead of changing what runs.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import enum
+import hashlib
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -319,6 +321,9 @@ class Registry:
     openvex_example: str | None = None
     eras: dict[str, Era] = field(default_factory=dict)
     stand_ins: dict[str, str] = field(default_factory=dict)  # module -> why it may be a stand-in
+    # The SHA-256 of the bytes this registry was parsed from (None: not read from a file): a run compares it
+    # with the file's digest it records, so a registry edited meanwhile never labels what the old one made.
+    digest: str | None = None
 
     def era_of(self, version: str | None) -> Era | None:
         """The declared era that holds ``version``; None: the registry's own closure."""
@@ -358,13 +363,16 @@ class RegistryError(ValueError):
 def load(root: Path, filename: str = REGISTRY_FILE) -> Registry:
     path = root / filename
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
+        data = tomllib.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise usage(f"no registry at {path}", todo="run from the project's top directory") from None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise usage(f"{path} is not valid TOML: {exc}", todo="fix the file; `git diff` shows what changed") from None
     try:
-        return _parse(root, data)
+        # Provenance records experiments.toml: only its digest is the one a run compares.
+        digest = hashlib.sha256(raw).hexdigest() if filename == REGISTRY_FILE else None
+        return dataclasses.replace(_parse(root, data), digest=digest)
     except RegistryError as exc:
         raise usage(f"{path}: {exc}", todo="fix the registry entry named above") from None
 

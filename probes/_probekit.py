@@ -199,16 +199,26 @@ def summary(value: Any) -> str:
 class _Recording:
     """What a collaborator stand-in adds to its hand-written attributes: every other method of the
     tree's collaborator classes answers as a recorder, so the tree's own idiom (a name only an older
-    or a newer tree calls) never ends a scenario with an AttributeError."""
+    or a newer tree calls) never ends a scenario with an AttributeError.
+
+    A name neither written nor defined by those classes stays an AttributeError, as the real
+    collaborator would raise: the tree's own ``hasattr`` tests read it as absent. Its message says
+    which stand-in lacked what and why, so a scenario's error (or a tree's log of an error its loop
+    caught) names the probe's gap, not a bare ``SimpleNamespace``."""
 
     __methods: dict[str, Any] = {}
     __label = ""
-    __written = ""
+    __classes: tuple[str, ...] = ()
 
     def __getattr__(self, name: str) -> Any:
         methods = type(self).__methods
-        if name not in methods:  # worded as the hand-written stand-in's own, so an error reads as it did
-            raise AttributeError(f"{type(self).__written!r} object has no attribute {name!r}", name=name, obj=self)
+        if name not in methods:
+            owner = type(self)
+            classes = owner.__classes
+            where = (f"the tree's {', '.join(classes)} {'defines' if len(classes) == 1 else 'define'} no such method"
+                     if classes else "the tree has no class for its role here to take methods from")
+            raise AttributeError(f"the probe's {owner.__label} stand-in has no attribute {name!r}: the probe did "
+                                 f"not write it, and {where}", name=name, obj=self)
         recorder = _MethodRecorder(f"{type(self).__label}.{name}", methods[name], self)
         object.__setattr__(self, name, recorder)  # one recorder per name, so its calls add up
         return recorder
@@ -242,10 +252,9 @@ def stand_in_class(written: type, classes: tuple[type, ...], label: str | None =
     sees a stranger, and no real method runs.
     """
     methods = {name: ret for name, ret in _methods(classes).items() if not hasattr(written, name)}
-    heap = written.__flags__ & (1 << 9)  # Py_TPFLAGS_HEAPTYPE: CPython names a built-in type with its module
     return type(written.__name__, (written, _Recording), {
         "_Recording__methods": methods, "_Recording__label": label or written.__name__,
-        "_Recording__written": written.__name__ if heap else f"{written.__module__}.{written.__qualname__}",
+        "_Recording__classes": tuple(cls.__qualname__ for cls in classes),
         "__module__": written.__module__, "__qualname__": written.__qualname__})
 
 
@@ -353,8 +362,10 @@ class SourceUnreadable(RuntimeError):
     """What a tree's code reads was asked of a source that cannot be read: no answer, never a no."""
 
 
-def reads(fn: Callable[..., Any], token: str) -> bool:
-    """Whether ``fn``'s source names ``token``: what a stand-in must carry depends on what the tree reads.
+def class_fact(fn: Callable[..., Any], token: str, *, why: str) -> bool:
+    """Whether ``fn``'s source names ``token``: a fact of the tree's classes that shapes what the probe's
+    stand-ins carry or which adaptation it records (``why`` says which), never an observation: an answer rests
+    on what the tree's code does when driven (tests/test_source_reads.py holds every probe to that).
     A source that cannot be read raises ``SourceUnreadable``: an error of the scenario (or of the probe's
     setup), never a False."""
     return token in _source(fn)

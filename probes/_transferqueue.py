@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from _probekit import Collaborators, Recorder, publish_server_args, reads, server_args, swapped
+from _probekit import Collaborators, Recorder, publish_server_args, server_args, swapped
 
 DECODE_MODULE = "sglang.srt.disaggregation.decode"
 GATE = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
@@ -264,6 +264,15 @@ class InlineThread:
             self.target()
         except ScriptEnded:
             pass
+
+
+def _raised_in(exc: BaseException, functions: tuple[str, ...]) -> bool:
+    """Whether ``exc`` was raised in one of the named functions itself (the innermost Python frame), not in
+    anything they called: a frame the loop parses, not a stand-in it reached."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_name in functions
 
 
 @contextlib.contextmanager
@@ -617,26 +626,30 @@ class Prefill:
             "server_args": sg.server_args, "_stopped": False, "_worker_threads": [],
             "_deferred_ack_fanout_snapshots": {},
             "_connect": lambda endpoint, is_ipv6=False: SimpleNamespace(send_multipart=self.sent.append),
+            "_bind_server_socket": lambda: None,  # 0.4.9 to 0.5.3 bind as the loop starts: the socket is scripted
         }.items():
             object.__setattr__(manager, name, value)
         self.manager = manager
-
-    def handles_abort(self) -> bool:
-        """Whether the tree's prefill loop handles an ``ABORT`` at all (PR #27372, 0.5.13; from 0.5.22 through
-        the manager's ``_handle_abort_notification``)."""
-        loop = sg.Manager.start_prefill_thread
-        return reads(loop, '"ABORT"') or reads(loop, "_handle_abort_notification")
+        self.misread: str | None = None
 
     def room(self, room: int, status: Any, *, in_flight: int = 0) -> None:
         self.manager.request_status[room] = status
         self.manager._staging_outstanding[room] = in_flight
 
     def told(self, room: int) -> None:
-        """Decode's ``ABORT`` for the room reaches this rank's receive loop."""
+        """Decode's ``ABORT`` for the room reaches this rank's receive loop. A loop that handles no ``ABORT``
+        (before PR #27372, 0.5.13) takes it for a bootstrap message and fails on its frames in the loop itself:
+        the frame ``ABORT`` read as a room number (``ValueError``) or frames an ``ABORT`` does not carry
+        (``IndexError``). That is ``misread``, the tree's answer; any other failure is the scenario's error."""
         self.manager.server_socket = ScriptedSocket([self._abort(room)])
         with gated(self.gate), inline_threads():
             try:
                 self.manager.start_prefill_thread()
+            except (ValueError, IndexError) as exc:
+                if _raised_in(exc, InlineThread.RUNS):
+                    self.misread = type(exc).__name__
+                else:
+                    self.errors.append(f"told:{type(exc).__name__}")
             except Exception as exc:
                 self.errors.append(f"told:{type(exc).__name__}")
 

@@ -58,8 +58,8 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _probekit import (Collaborators, Observed, Recorder, ScenarioSet, Spy, accepts, main,  # noqa: E402
-                       publish_server_args, reads, server_args, swapped)
+from _probekit import (Collaborators, Observed, Recorder, ScenarioSet, Spy, accepts, class_fact, main,  # noqa: E402
+                       publish_server_args, server_args, swapped)
 
 PROBE = ScenarioSet("admission")
 
@@ -161,7 +161,8 @@ def name_what_the_tree_lacks(Scheduler) -> None:
         from sglang.srt.managers.session_controller import Session
     if not hasattr(Scheduler, "init_beam_coordinator"):  # beam search groups from 0.5.19
         PROBE.adapted("no-beam-groups")
-    if not reads(Scheduler.abort_request, "release_aborted_request"):  # up to 0.5.1
+    if not class_fact(Scheduler.abort_request, "release_aborted_request",
+                      why="its abort of a queued request releases no cache-side state: an adaptation"):  # up to 0.5.1
         # Its abort of a queued request releases no cache-side state: there is none to release.
         PROBE.adapted("no-queued-abort-release")
     if not hasattr(Session, "abort_req"):  # up to 0.5.10

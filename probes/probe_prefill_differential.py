@@ -53,8 +53,8 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _probekit import (Collaborators, Observed, Recorder, ScenarioSet, SourceUnreadable, Spy, main,  # noqa: E402
-                       publish_server_args, reads, server_args, swapped)
+from _probekit import (Collaborators, Observed, Recorder, ScenarioSet, SourceUnreadable, Spy,  # noqa: E402
+                       class_fact, main, publish_server_args, server_args, swapped)
 
 SCENARIOS = ScenarioSet("prefill")
 
@@ -132,14 +132,17 @@ def prepare() -> str:
         # Up to 0.5.1 no prefix cache can be told that a request ended in an abort.
         SCENARIOS.adapted("no-cache-abort-release")
     sg.cache_frees_kvless_mamba = False
-    if not (sg.kv_on_record or reads(Req.__init__, "self.mamba_pool_idx")):
+    if not (sg.kv_on_record or class_fact(Req.__init__, "self.mamba_pool_idx",
+                                          why="whether a request can hold a mamba slot: an adaptation")):
         # Up to 0.5.3 a mamba slot is the request-pool row's: no request holds one without KV.
         SCENARIOS.adapted("no-req-mamba-slot")
-    elif sg.real_release_kv_cache is not None and not reads(sg.real_release_kv_cache, "mamba"):
+    elif sg.real_release_kv_cache is not None and not class_fact(
+            sg.real_release_kv_cache, "mamba", why="who frees a KV-less mamba slot: what the tree cache stand-in does"):
         # 0.5.6 to 0.5.8's release_kv_cache leaves a request's mamba slot to the tree cache; 0.5.7
         # and 0.5.8's mamba cache hands back the slot of a request that holds no KV row.
         from sglang.srt.mem_cache.mamba_radix_cache import MambaRadixCache
-        sg.cache_frees_kvless_mamba = reads(MambaRadixCache.cache_finished_req, "req.req_pool_idx is None")
+        sg.cache_frees_kvless_mamba = class_fact(MambaRadixCache.cache_finished_req, "req.req_pool_idx is None",
+                                                 why="what the tree cache stand-in frees")
     if not any(_defines(conn, "abort") for conn in Path(prefill.__file__).parent.glob("**/conn.py")):
         # Up to 0.4.9 no KV sender of the tree can be aborted.
         SCENARIOS.adapted("no-sender-abort")
@@ -303,19 +306,19 @@ def _older_scheduler_state(sched: Any) -> None:
     """What older trees' result paths read from the scheduler, each where the tree reads it."""
     mixin = sg.prefill.SchedulerDisaggregationPrefillMixin
     result_path = mixin.process_batch_result_disagg_prefill
-    if reads(mixin, "self.server_args"):  # 0.5.13 to 0.5.16: the requeue path's knob
+    if class_fact(mixin, "self.server_args", why="what the scheduler stand-in carries"):  # 0.5.13 to 0.5.16
         SCENARIOS.adapted("scheduler-server-args")
         sched.server_args = sg.server_args
     for hook, name in OLDER_SCHEDULER_HOOKS.items():  # metrics and sampling hooks: recorders
-        if reads(result_path, f"self.{hook}("):
+        if class_fact(result_path, f"self.{hook}(", why="a hook the scheduler stand-in records"):
             SCENARIOS.adapted(name)
             setattr(sched, hook, Recorder(hook))
-    if reads(result_path, "disagg_prefill_infight_queue"):  # 0.4.5's spelling of the same queue
+    if class_fact(result_path, "disagg_prefill_infight_queue", why="the queue's name on the stand-in"):  # 0.4.5
         SCENARIOS.adapted("infight-queue-name")
         sched.disagg_prefill_infight_queue = sched.disagg_prefill_inflight_queue
-    if reads(result_path, "self.tree_cache.cache_unfinished_req"):  # up to 0.5.10
+    if class_fact(result_path, "self.tree_cache.cache_unfinished_req", why="an adaptation"):  # up to 0.5.10
         SCENARIOS.adapted("tree-cache-unfinished")
-    if reads(result_path, "poll_and_all_reduce"):  # 0.5.13 to 0.5.15 poll pending bootstraps here
+    if class_fact(result_path, "poll_and_all_reduce", why="the stand-in's poll groups"):  # 0.5.13 to 0.5.15
         SCENARIOS.adapted("single-rank-poll")
         sched.attn_cp_cpu_group = sched.attn_tp_cpu_group = None
 
@@ -445,10 +448,10 @@ class World:
             reqs=[req], spec_info=None, prefill_stats=None, dp_cooperation_info=None
         )
         result_path = sg.prefill.SchedulerDisaggregationPrefillMixin.process_batch_result_disagg_prefill
-        if reads(result_path, "batch.return_logprob"):  # up to 0.5.10
+        if class_fact(result_path, "batch.return_logprob", why="what the batch stand-in carries"):  # up to 0.5.10
             SCENARIOS.adapted("batch-return-logprob")
             batch.return_logprob = False
-        if reads(result_path, "batch.next_batch_sampling_info"):  # 0.4.5
+        if class_fact(result_path, "batch.next_batch_sampling_info", why="what the batch stand-in carries"):  # 0.4.5
             SCENARIOS.adapted("batch-sampling-info")
             batch.next_batch_sampling_info = None
         result = sg.GenerationBatchResult(next_token_ids=sg.torch.tensor([NEXT_TOKEN]), **required_result_fields())

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 
+from packaging.version import Version
+
 
 def _keys(**pairs) -> dict:
     """key=(base, head) -> the grid's per-key entries, with compare's statuses."""
@@ -150,6 +152,17 @@ def sweep_v5() -> dict:
     doc = sweep_v4()
     return {**doc, "schema": "pdevidence-sweep/5", "flagged": ["0.5.17", *doc["flagged"]],
             "parameters": {**doc["parameters"], "missing_eras": ["torch2.7-tf4"]}}
+
+
+def sweep_v6() -> dict:
+    """Schema 6: a gated fix's release whose code is fixed with the gate on but whose default leaves it off
+    (present but off), before the first release that turns it on by default."""
+    doc = sweep_v5()
+    gate = {"variable": "SGLANG_GATE", "on": "true", "state": "off"}
+    off = {"version": "0.5.19.post1", "classification": "present but off", "scenarios": {"B1": "fixed", "B2": "fixed"},
+           "differing": [], "error": None, "gate": gate}
+    releases = sorted([*doc["releases"], off], key=lambda r: Version(r["version"]))
+    return {**doc, "schema": "pdevidence-sweep/6", "releases": releases}
 
 
 def full_document() -> dict:

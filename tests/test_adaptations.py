@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = """
 import dataclasses
-from _probekit import ScenarioSet, accepts, publish_server_args, reads, server_args
+from _probekit import ScenarioSet, accepts, publish_server_args, server_args
 SET = ScenarioSet("demo")
 ARGS = {}
 
@@ -137,7 +137,7 @@ def test_server_args_are_published_by_the_route_the_tree_has(tmp_path, context, 
     assert drive(tmp_path, files)["adaptations"] == [route]
 
 
-def test_reads_and_accepts_look_at_the_tree_not_its_version(tmp_path):
+def test_class_facts_and_accepts_look_at_the_tree_not_its_version(tmp_path):
     sys.path.insert(0, str(ROOT / "probes"))
     try:
         import _probekit
@@ -147,8 +147,8 @@ def test_reads_and_accepts_look_at_the_tree_not_its_version(tmp_path):
     def result_path(self, batch):
         return batch.return_logprob
 
-    assert _probekit.reads(result_path, "batch.return_logprob")
-    assert not _probekit.reads(result_path, "self.server_args")
+    assert _probekit.class_fact(result_path, "batch.return_logprob", why="test")
+    assert not _probekit.class_fact(result_path, "self.server_args", why="test")
     with pytest.raises(_probekit.SourceUnreadable, match="the source of len cannot be read"):
-        _probekit.reads(len, "anything")  # no source: no answer, never a False
+        _probekit.class_fact(len, "anything", why="test")  # no source: no answer, never a False
     assert _probekit.accepts(result_path, "batch") and not _probekit.accepts(result_path, "is_retracted")

@@ -183,6 +183,57 @@ def test_a_matrix_with_a_failed_cell_still_compares_and_exits_with_the_worst_cod
     assert (demo_project / "runs" / "demo.base.release-1.0.0.json").exists()
 
 
+def _registry_edited_after(demo_project, monkeypatch, cell_runs: int):
+    """Edit experiments.toml (as a merge would) after each of the first ``cell_runs`` cell runs of a matrix."""
+    real, edits = cells.run_cell, []
+
+    def run_then_edit(reg, cell, **kw):
+        try:
+            return real(reg, cell, **kw)
+        finally:
+            if len(edits) < cell_runs:
+                edits.append(cell.name)
+                path = demo_project / "experiments.toml"
+                path.write_text(path.read_text() + f"\n# merged while {cell.name} ran\n")
+
+    monkeypatch.setattr(cells, "run_cell", run_then_edit)
+
+
+def test_a_registry_edited_while_the_matrix_runs_reruns_its_stale_cells_never_counts_them(demo_project,
+                                                                                           monkeypatch, capsys):
+    """Seen republishing: a matrix reused the first cells against the registry as it was when they were checked;
+    the registry changed before the comparison, which then stopped at stale evidence (exit 8). A cell that
+    started after the edit was worse: made by the registry the run had read, labelled with the new one."""
+    from pdevidence import cli
+
+    assert cli.main(["--root", str(demo_project), "matrix", "--jobs", "1"]) == errors.CONFIRMED
+    _registry_edited_after(demo_project, monkeypatch, cell_runs=1)
+    capsys.readouterr()
+
+    assert cli.main(["--root", str(demo_project), "matrix", "--jobs", "1"]) == errors.CONFIRMED
+
+    said = capsys.readouterr()
+    assert "release(demo, base): inputs unchanged, reusing" in said.out  # checked before the edit
+    assert "experiments.toml changed after this run read it" in said.err  # head: refused, not mislabelled
+    assert "inputs changed while the matrix ran: running release(demo, base), release(demo, head) again" in said.out
+    reg = registry.load(demo_project)
+    for side in ("base", "head"):
+        result = demo_project / "runs" / f"demo.{side}.release-{'1.0.0' if side == 'base' else '1.1.0'}.json"
+        receipt = receipts.Receipt.load(results.receipt_path(result))
+        assert receipt.stale(demo_project) == [] and receipt.provenance.files["experiments.toml"] == reg.digest
+
+
+def test_a_registry_that_keeps_changing_under_the_matrix_is_refused_never_counted(demo_project, monkeypatch,
+                                                                                   capsys):
+    from pdevidence import cli
+
+    _registry_edited_after(demo_project, monkeypatch, cell_runs=4)  # after every run of both passes
+    assert cli.main(["--root", str(demo_project), "matrix", "--jobs", "1"]) == errors.STALE
+    assert "experiments.toml changed after this run read it" in capsys.readouterr().err
+    (pair,) = json.loads((demo_project / "runs" / "report.json").read_text())["pairs"]
+    assert pair["verdict"] != "differential confirmed"
+
+
 def test_unknown_experiment_in_a_cell_is_a_usage_error(demo_project):
     from pdevidence import cli
 

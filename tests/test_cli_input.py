@@ -277,7 +277,8 @@ def malformed_settings(ground: Path) -> dict[str, st.SearchStrategy[str]]:
         "PDEVIDENCE_PROBE_MEMORY": ENV_TEXT.filter(lambda v: v and not _positive(re.fullmatch(r"([0-9]+)[KMGTkmgt]?", v))),
         "PDEVIDENCE_PROBE_PROCESSES": ENV_TEXT.filter(lambda v: v and not _positive(re.fullmatch(r"([0-9]+)", v))),
         **{name: ENV_TEXT.filter(lambda v: v and not _positive(re.fullmatch(r"([0-9]+)[KMGTkmgt]?", v)))
-           for name in ("PDEVIDENCE_ARCHIVE_FILE_BYTES", "PDEVIDENCE_ARCHIVE_BYTES")},
+           for name in ("PDEVIDENCE_ARCHIVE_FILE_BYTES", "PDEVIDENCE_ARCHIVE_BYTES",
+                        "PDEVIDENCE_IMAGE_TAR_BYTES")},
         "PDEVIDENCE_CACHE_BUDGET": ENV_TEXT.filter(
             lambda v: v and v != "off" and not _positive(re.fullmatch(r"([0-9]+)[KMGTkmgt]?", v))),
         "PDEVIDENCE_ARCHIVE_MEMBERS": ENV_TEXT.filter(lambda v: v and not _positive(re.fullmatch(r"([0-9]+)", v))),

@@ -146,10 +146,44 @@ class EarlyPrefill(PrefillManager):
 
 
 class PrefillBlind(Manager):
-    """A prefill loop that knows no abort (before PR #27372)."""
+    """A prefill loop that knows no abort (before PR #27372): every message but a registration is a room's
+    transfer info, its room a number (0.4.6) and its eighth frame the count of decode ranks (0.5.12)."""
 
     def start_prefill_thread(self):
-        pass
+        def bootstrap_thread():
+            while True:
+                msg = self.server_socket.recv_multipart()
+                if msg[0].decode() != "None":
+                    self.transfer_infos[int(msg[0])] = int(msg[7])
+
+        CONN.threading.Thread(target=bootstrap_thread).start()
+
+
+class PrefillBlindByCount(PrefillBlind):
+    """0.5.12's order: the count of decode ranks first, then the room."""
+
+    def start_prefill_thread(self):
+        def bootstrap_thread():
+            while True:
+                msg = self.server_socket.recv_multipart()
+                if msg[0].decode() != "None":
+                    self.transfer_infos[msg[0]] = int(msg[7].decode())
+
+        CONN.threading.Thread(target=bootstrap_thread).start()
+
+
+class PrefillFailingInAHelper(Manager):
+    """A loop that handles the ABORT, but a helper it calls fails: the scenario's error, never "absent"."""
+
+    def parse(self, msg):
+        return int(msg[9])
+
+    def start_prefill_thread(self):
+        def bootstrap_thread():
+            while True:
+                self.parse(self.server_socket.recv_multipart())
+
+        CONN.threading.Thread(target=bootstrap_thread).start()
 
 
 class Receiver:
@@ -496,10 +530,9 @@ def test_a_prefill_loop_handing_the_abort_to_its_handler_is_told_with_the_genera
     tq.sg.Manager = HandlerPrefill
     monkeypatch.setattr(CONN, "AbortNotification", AbortNotification, raising=False)
     prefill = tq.Prefill(gate=gate)
-    assert prefill.handles_abort()
     prefill.room(7, KVPoll.Success)
     prefill.told(7)
-    assert prefill.acks(drained=True) == acks
+    assert prefill.misread is None and prefill.acks(drained=True) == acks
 
 
 def test_a_queue_taking_its_group_from_the_runtime_context_gets_a_one_rank_attention_group(tq, monkeypatch):
@@ -542,10 +575,20 @@ def test_the_cache_is_told_of_a_release_as_0_5_22_tells_it(tq):
     world.tree_cache.on_release(object(), False)
 
 
-def test_a_prefill_loop_that_handles_no_abort_is_recorded_as_such(fresh_probe, tq):
-    tq.sg.Manager = PrefillBlind
+@pytest.mark.parametrize("blind", [PrefillBlind, PrefillBlindByCount])
+def test_a_prefill_loop_that_takes_the_abort_for_a_bootstrap_message_handles_none(fresh_probe, tq, blind):
+    """Driven, not read: told of the abort, the loop fails on the ABORT's frames in itself (the room read as a
+    number: ValueError; a frame the ABORT does not carry: IndexError), so it handles no ABORT."""
+    tq.sg.Manager = blind
+    for sid in ("P1", "P2"):
+        found = run(fresh_probe, sid)
+        assert (found["observed"], found["error"]) == ({"abort_handled": "absent"}, None)
+
+
+def test_a_loop_failing_in_a_helper_it_calls_is_the_scenario_s_error_not_a_loop_without_abort(fresh_probe, tq):
+    tq.sg.Manager = PrefillFailingInAHelper
     found = run(fresh_probe, "P1")
-    assert (found["observed"], found["error"]) == ({"abort_handled": "absent"}, None)
+    assert found["observed"] == {} and "told:IndexError" in found["error"]["message"]
 
 
 # ---------------------------------------------------------------- older layouts

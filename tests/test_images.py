@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import shutil
 import sys
 import tarfile
 from pathlib import Path
@@ -409,6 +410,38 @@ def test_a_file_just_over_the_default_limit_is_refused_without_being_written(tmp
     with pytest.raises(errors.HarnessError, match=f"holds {limit + 1} bytes uncompressed, over the limit of {limit}"):
         scan(path)
     assert left_in(cache) == []
+
+
+def gzipped_save(tmp_path: Path) -> Path:
+    """A `docker save | gzip` of a small image, with a run of zeros after its tar (a tar reader stops at its end
+    blocks): it decompresses to more than a MiB from a blob of a few KiB."""
+    saved = b.docker_save(tmp_path / "saved.tar", [base_layer()])
+    path = tmp_path / "saved.tar.gz"
+    path.write_bytes(gzip.compress(saved.read_bytes() + bytes(2 << 20)))
+    return path
+
+
+def test_an_archive_compressed_whole_decompresses_within_its_limit(tmp_path, cache, monkeypatch, capsys):
+    path = gzipped_save(tmp_path)
+    only(scan(path))  # within the default: read as ever
+    monkeypatch.setenv("PDEVIDENCE_IMAGE_TAR_BYTES", "1M")
+    shutil.rmtree(cache / "images")
+    code, err = run_check(path, capsys)
+    assert code == errors.INTEGRITY
+    assert f"{path} decompresses to more than 1048576 bytes, over the limit of PDEVIDENCE_IMAGE_TAR_BYTES" in err
+    assert f"gunzip -c {path} > /somewhere/image.tar" in err and "raise PDEVIDENCE_IMAGE_TAR_BYTES" in err
+    assert left_in(cache) == []
+
+
+def test_an_archive_compressed_whole_never_fills_the_cache_s_disk(tmp_path, cache, monkeypatch, capsys):
+    path = gzipped_save(tmp_path)
+    real = shutil.disk_usage
+    monkeypatch.setattr(images.shutil, "disk_usage",
+                        lambda where: real(where)._replace(free=images.DISK_RESERVE + (1 << 20)))
+    code, err = run_check(path, capsys)
+    assert code == errors.ENVIRONMENT
+    assert f"{path} decompresses to more than the 1048576 bytes the disk of {cache / 'images'} can spare" in err
+    assert "set PDEVIDENCE_CACHE to a larger disk" in err and left_in(cache) == []
 
 
 # Malformed archives: a clear error naming what is wrong, never a traceback

@@ -4,6 +4,7 @@ read in one place."""
 from __future__ import annotations
 
 import ast
+import os
 import shutil
 import subprocess
 import sys
@@ -64,7 +65,8 @@ def _environment_reads(path: Path) -> set[str]:
                 or isinstance(node.func, ast.Attribute) and node.func.attr == "get" and os_attribute(node.func.value,
                                                                                                     "environ")):
             keys.append(node.args[0])
-        elif isinstance(node, ast.Subscript) and os_attribute(node.value, "environ"):
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and os_attribute(node.value,
+                                                                                                 "environ"):
             keys.append(node.slice)
         elif isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.In) and os_attribute(node.comparators[0],
                                                                                               "environ"):
@@ -76,7 +78,8 @@ def _environment_reads(path: Path) -> set[str]:
 def test_every_setting_is_read_through_core_settings():
     # faults.py compares its variable's value only, and settings.py imports it (check_all validates it).
     exempt = {PROJECT / "pdevidence" / "core" / name for name in ("settings.py", "faults.py")}
-    read = sorted(f"{path.relative_to(PROJECT)}: {name}" for path in (PROJECT / "pdevidence").rglob("*.py")
+    harness = [*(PROJECT / "pdevidence").rglob("*.py"), *(PROJECT / "benchmarks").glob("*.py")]
+    read = sorted(f"{path.relative_to(PROJECT)}: {name}" for path in harness
                   if path not in exempt for name in _environment_reads(path) & set(settings.SETTINGS))
     assert not read, "read these through settings.get (parsed and checked there): " + "; ".join(read)
     assert faults.VARIABLE in settings.SETTINGS
@@ -85,7 +88,8 @@ def test_every_setting_is_read_through_core_settings():
 def test_the_settings_check_notices_each_way_of_reading_the_environment(tmp_path):
     module = tmp_path / "module.py"
     module.write_text('import os\nNAME = "SGLANG_TREE"\nos.environ.get("SGLANG_REPO")\nos.environ[NAME]\n'
-                      'os.getenv("UV")\n"PDEVIDENCE_PYTHON" in os.environ\nos.environ.get("PATH", "")\n')
+                      'os.getenv("UV")\n"PDEVIDENCE_PYTHON" in os.environ\nos.environ.get("PATH", "")\n'
+                      'os.environ["PDEVIDENCE_WORK"] = "w"\ndel os.environ["PDEVIDENCE_CACHE"]\n')
     assert _environment_reads(module) == {"SGLANG_REPO", "SGLANG_TREE", "UV", "PDEVIDENCE_PYTHON", "PATH"}
 
 
@@ -101,3 +105,11 @@ def test_the_stages_import_only_downward():
 def test_every_benchmark_still_imports_the_harness(bench):
     done = subprocess.run([sys.executable, str(bench), "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_bisect_benchmark_takes_its_clone_through_the_settings(tmp_path):
+    env = {**os.environ, "SGLANG_REPO": str(tmp_path / "no-such-clone")}
+    done = subprocess.run([sys.executable, str(PROJECT / "benchmarks" / "bench_bisect.py")], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "SGLANG_REPO=" in done.stderr and "is not a valid setting" in done.stderr
+    assert "an existing directory" in done.stderr

@@ -219,8 +219,14 @@ def test_a_stand_in_records_every_method_of_the_tree_s_class_it_was_not_written_
     assert thing.page_size == 4 and not isinstance(thing, Collaborator)
     with pytest.raises(AttributeError):  # an attribute, not a method: given explicitly or absent
         thing.size
-    with pytest.raises(AttributeError, match="^'types.SimpleNamespace' object has no attribute 'c'$"):
-        thing.c()  # as a plain SimpleNamespace words it: a scenario's error reads as it did
+    with pytest.raises(AttributeError, match="^the probe's thing stand-in has no attribute 'c': the probe did not "
+                       "write it, and the tree's Collaborator defines no such method$") as lacked:
+        thing.c()  # what and why: a scenario's error names the probe's gap
+    assert (lacked.value.name, lacked.value.obj) == ("c", thing)
+    assert not hasattr(thing, "c") and getattr(thing, "c", "absent") == "absent"  # the tree's own tests still work
+    with pytest.raises(AttributeError, match="^the probe's bare stand-in has no attribute 'c': the probe did not "
+                       "write it, and the tree has no class for its role here to take methods from$"):
+        kit.stand_in((), "bare").c
 
 
 def test_a_stand_in_s_record_is_the_same_on_every_run(kit):
@@ -267,7 +273,7 @@ def test_a_source_that_cannot_be_read_is_the_scenario_s_error_never_a_false(kit)
 
     @demo.scenario("S1", "asks what the tree's result path reads")
     def _(obs):
-        obs["reads_grammar"] = kit.reads(namespace["result_path"], "accept_token")
+        obs["reads_grammar"] = kit.class_fact(namespace["result_path"], "accept_token", why="the kit's own test")
 
     result = kit.run_scenario(demo.scenarios[0])
     assert result["observed"] == {}

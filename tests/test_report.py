@@ -20,7 +20,7 @@ import cairosvg
 import pytest
 from PIL import Image
 from report_data import (TITLES, full_document, many_experiments, mutations, notes, report_dict, sweep_v1, sweep_v3,
-                         sweep_v4, sweep_v5)
+                         sweep_v4, sweep_v5, sweep_v6)
 from synthetic import make_project, write_cell
 
 from pdevidence import cli, registry
@@ -77,10 +77,17 @@ def _partial(doc: dict) -> dict:
     return doc
 
 
+def _present_but_off(doc: dict) -> dict:
+    doc = copy.deepcopy(doc)
+    doc["sweeps"]["prefill"] = sweep_v6()
+    return doc
+
+
 DOCUMENTS = {
     "full": full_document(),
     "a release that deviates": _deviating(full_document()),
     "a partial sweep": _partial(full_document()),
+    "a gated fix present but off": _present_but_off(full_document()),
     "bare report dict": report_dict(),
     "not reproduced": _not_reproduced(full_document(), same_as_base=False),
     "head observes base": _not_reproduced({**report_dict(), "scenarios": notes()}, same_as_base=True),
@@ -304,6 +311,31 @@ def test_a_head_that_misses_its_expectation_is_coloured_by_what_it_observes():
     assert _states(plain)["A1 on 0.5.21"] == Behaviour.NEITHER
     assert _states(DOCUMENTS["head observes base"])["A1 on 0.5.21"] == Behaviour.PRE_FIX
     assert _states(report_dict())["A1 on 0.5.21"] == Behaviour.FIXED
+
+
+def test_a_release_whose_gated_fix_is_present_but_off_has_its_own_mark_not_fixed():
+    """Seen fixed with the gate turned on, exposed with the release's defaults: at a glance it must not look
+    fixed, and its mark is in the legend like every other class of the sweep."""
+    doc = DOCUMENTS["a gated fix present but off"]
+    states = _states(doc)
+    assert states["B1 on 0.5.19.post1"] == states["B2 on 0.5.19.post1"] == "present but off"
+    assert states["B1 on 0.5.20"] == Behaviour.FIXED  # its default turns the fix on
+    root = parse(report.svg(doc))
+    legend = {r.get("data-state"): r.get("fill") for r in rects(root, "legend")}
+    assert legend["present but off"] not in {legend[Behaviour.FIXED], legend[Behaviour.PRE_FIX]}
+    words = [node.text for node in texts(root)]
+    assert any(w.startswith("present but off: behaves like the tree with the fix only with its variable turned on")
+               for w in words)
+    assert "release sweep: present but off (0.5.19.post1): the fix is there, but SGLANG_GATE is off by default, " \
+           "so a server run with the" in words
+
+
+def test_the_published_deferred_releases_present_but_off_are_not_coloured_fixed():
+    """0.5.19 and 0.5.20 carry both deferred fixes off by default (the published sweeps say so)."""
+    states = _states(published_document())
+    for sid in ("D1", "D5", "P1", "X1", "X9"):
+        assert [states[f"{sid} on {v}"] for v in ("0.5.19", "0.5.20", "0.5.21")] == \
+            ["present but off", "present but off", Behaviour.FIXED]
 
 
 def test_the_first_fixed_release_is_marked_at_its_column():

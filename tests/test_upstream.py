@@ -599,9 +599,24 @@ def test_local_tests_record_their_checkout_and_whether_they_differ_from_its_head
     assert (clean["files_differ_from_head"], edited["files_differ_from_head"]) == (False, True)
 
 
-def test_a_checkout_git_cannot_read_says_unknown_not_unchanged(tmp_path):
+def test_a_checkout_git_cannot_read_is_refused_with_what_to_do(tmp_path):
     _git(tmp_path, "init", "-q")
     (tmp_path / "test_a.py").write_text("def test_a():\n    pass\n")
     (tmp_path / ".git" / "index").write_bytes(b"not an index")  # `git status` fails on a corrupt index
-    origin = upstream.local_source(tmp_path, ["test_a.py"]).details
-    assert origin["files_differ_from_head"] is None
+    with pytest.raises(HarnessError, match=r"`git status .*` failed \(128\) in the checkout holding") as err:
+        upstream.local_source(tmp_path, ["test_a.py"])
+    assert err.value.code == ENVIRONMENT and "index" in err.value.what
+    assert "copy the test files to a directory outside it" in err.value.todo
+
+
+def test_local_tests_outside_a_checkout_or_before_its_first_commit_record_no_head(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "test_a.py").write_text("def test_a():\n    pass\n")
+    assert upstream.local_source(outside, ["test_a.py"]).details["git_head"] is None
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    _git(fresh, "init", "-q")
+    (fresh / "test_a.py").write_text("def test_a():\n    pass\n")
+    details = upstream.local_source(fresh, ["test_a.py"]).details
+    assert details["git_head"] is None and details["files_differ_from_head"] is True

@@ -15,12 +15,12 @@ from pathlib import Path
 
 from .. import environments
 from ..core import clock, sandbox, settings
-from ..core.errors import HarnessError, usage
+from ..core.errors import STALE, HarnessError, usage
 from ..core.files import dumps, move_atomic, sha256_file, write_atomic
 from ..core.locking import exclusive
 from ..core.paths import runs_dir, tree_lock_file, work_dir
 from ..documents import provenance, receipts, results
-from ..registry import SIDES, Era, Registry, TorchChannel, check_side
+from ..registry import REGISTRY_FILE, SIDES, Era, Registry, TorchChannel, check_side
 from ..sources import trees
 from .probe_run import partial_path, run_probe
 
@@ -114,6 +114,17 @@ def _stored_run(result: Path, key: str) -> bool:
             and stored.exit_status == 0)
 
 
+def _same_registry(registry: Registry, made_by: provenance.Provenance) -> None:
+    """The registry file as this run read it is the one its receipt will name: one edited since (a merge during
+    a matrix) would label a result made by the old registry as current under the new one."""
+    now = made_by.files.get(REGISTRY_FILE)
+    if registry.digest and now and now != registry.digest:
+        raise HarnessError(f"{REGISTRY_FILE} changed after this run read it (read {registry.digest[:12]}, now "
+                           f"{now[:12]}): a result made now would name a registry it was not made with",
+                           expected="a registry left as it is while cells run",
+                           todo="run the command again: it reads the registry as it is now", code=STALE)
+
+
 def cell_slug(registry: Registry, cell: Cell, tree: trees.Tree, closure: Path | None = None) -> str:
     """The name a cell's environment, lock and log share; the mutation and upstream lanes reuse them.
     A closure other than today's (the tree's era's, by default) is part of the name."""
@@ -158,6 +169,7 @@ def run_cell(registry: Registry, cell: Cell, *, force: bool = False, out_dir: Pa
     made_by = provenance.record(registry.root, provenance.inputs(registry, [cell.experiment],
                                                                  provenance.CELL_DRIVERS, [closure]),
                                 provenance.Shaped.RESULT)
+    _same_registry(registry, made_by)
     key = cache_key(registry, made_by, tree, torch.channel)
     out = out_dir or runs_dir(registry.root)
     result = out / results.result_name(cell.experiment, cell.side, tree.label())

@@ -5,8 +5,10 @@ from __future__ import annotations
 from .. import environments, registry
 from ..cells import cells
 from ..core import children
-from ..core.errors import CONFIRMED, HarnessError, boundary, worst
+from ..core.errors import CONFIRMED, STALE, HarnessError, boundary, worst
 from ..core.paths import results_dir, runs_dir
+from ..documents.receipts import Receipt
+from ..documents.results import receipt_path
 from ..judge import compare
 from ..lanes import upstream
 from ..report import report
@@ -14,6 +16,12 @@ from ..report import report
 
 def run_cells(reg: registry.Registry, todo: list[cells.Cell], *, jobs: int = 1, force: bool = False) -> int:
     """Run cells, ``jobs`` at a time; every cell runs even when another fails."""
+    return worst(run_each(reg, todo, jobs=jobs, force=force).values())
+
+
+def run_each(reg: registry.Registry, todo: list[cells.Cell], *, jobs: int = 1,
+             force: bool = False) -> dict[cells.Cell, int]:
+    """Each cell's exit code, ``jobs`` at a time; every cell runs even when another fails."""
     environments.torch_choice(reg)  # a bad PDEVIDENCE_TORCH is one usage error, not one per cell
 
     def one(cell: cells.Cell) -> int:
@@ -29,7 +37,17 @@ def run_cells(reg: registry.Registry, todo: list[cells.Cell], *, jobs: int = 1, 
         except children.Interrupted:
             pool.shutdown(cancel_futures=True)  # cells not started yet never start
             raise
-    return worst(codes)
+    return dict(zip(todo, codes))
+
+
+def _made_by_other_inputs(reg: registry.Registry, cell: cells.Cell) -> list[str]:
+    """How the cell's stored receipt differs from this checkout now; empty: current, or nothing to tell (no
+    result, or one that does not load: compare names it)."""
+    result = runs_dir(reg.root) / compare.expected_file(reg.experiment(cell.experiment), cell.side, cell.kind)
+    try:
+        return Receipt.load(receipt_path(result)).stale(reg.root)
+    except HarnessError:
+        return []
 
 
 def cmd_cell(args) -> int:
@@ -43,7 +61,17 @@ def cmd_cell(args) -> int:
 def cmd_matrix(args) -> int:
     """Every cell, then the comparison even when a cell failed: the report names what is missing."""
     reg = registry.load(args.root)
-    ran = run_cells(reg, cells.matrix(reg, args.kind), jobs=args.jobs, force=args.force)
+    codes = run_each(reg, cells.matrix(reg, args.kind), jobs=args.jobs, force=args.force)
+    # An input edited while the cells ran (a merge mid-matrix) leaves cells made, or reused, under other inputs
+    # than the checkout's now: they run once more against it, as a new matrix would. Whatever is still stale
+    # after that, compare refuses (exit 8): a stale cell is rerun or refused, never counted.
+    reg = registry.load(args.root)
+    again = [cell for cell in cells.matrix(reg, args.kind)
+             if codes.get(cell) == STALE or _made_by_other_inputs(reg, cell)]
+    if again:
+        print(f"inputs changed while the matrix ran: running {', '.join(c.name for c in again)} again", flush=True)
+        codes.update(run_each(reg, again, jobs=args.jobs))
+    ran = worst(codes.values())
     try:
         compared = cmd_compare(args)
     except HarnessError as exc:

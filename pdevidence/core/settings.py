@@ -143,6 +143,8 @@ SETTINGS = {s.name: s for s in (
             "the largest file extracted from a wheel, a source archive or an image", _bytes, 256 << 20),
     Setting("PDEVIDENCE_ARCHIVE_BYTES", "a size in bytes with an optional K, M, G or T, e.g. 4G (the default): all "
             "that is extracted from one wheel, source archive or image", _bytes, 4 << 30),
+    Setting("PDEVIDENCE_IMAGE_TAR_BYTES", "a size in bytes with an optional K, M, G or T, e.g. 64G (the default): "
+            "the most an image archive compressed whole (`docker save | gzip`) may decompress to", _bytes, 64 << 30),
     Setting("PDEVIDENCE_ARCHIVE_MEMBERS", "a positive number of members, e.g. 1000000 (the default): the most one "
             "wheel, source archive or image layer may hold", _count, 1_000_000),
     Setting("PDEVIDENCE_TORCH", f"one of: {', '.join(TORCH_CHANNELS)}; unset for the registry's torch_channel",

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -111,21 +110,29 @@ def local_source(directory: Path, rels: list[str] | tuple[str, ...], exp: Experi
 
 def _git_state(directory: Path, files: list[Path]) -> dict:
     """For a directory inside a git checkout: which checkout, its HEAD, and whether the test
-    files differ from that HEAD (modified or untracked)."""
-    def git(*args: str) -> subprocess.CompletedProcess:
-        return children.run(["git", "-C", str(directory), *args], capture_output=True, text=True)
+    files differ from that HEAD (modified or untracked). A checkout git cannot read is refused:
+    the receipt would otherwise say where the tests came from without knowing."""
+    def git(*args: str, unborn_ok: bool = False) -> str:
+        done = children.run(["git", "-C", str(directory), *args], capture_output=True, text=True)
+        if unborn_ok and done.returncode == 1 and not done.stderr.strip():  # --verify --quiet: no such commit
+            return ""
+        if done.returncode != 0:
+            raise HarnessError(f"`git {' '.join(args)}` failed ({done.returncode}) in the checkout holding "
+                               f"{directory}: {done.stderr.strip() or 'no message'}",
+                               expected="a git checkout git can read, or a directory outside any checkout",
+                               todo=f"repair the checkout (`git -C {directory} status` shows what git refuses), "
+                                    f"or copy the test files to a directory outside it and pass that to --tests")
+        return done.stdout.strip()
 
-    if not shutil.which("git") or git("rev-parse", "--is-inside-work-tree").returncode != 0:
+    # Not inside any checkout: nothing to record. A `.git` above it that git refuses is an error, not "no checkout".
+    if not shutil.which("git") or not any((d / ".git").exists() for d in (directory.resolve(), *directory.resolve().parents)):
         return {"git_head": None}
-    def answer(*args: str) -> str | None:
-        """git's output, or None where git failed: a receipt says unknown rather than "unchanged"."""
-        done = git(*args)
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    status = answer("status", "--porcelain", "--untracked-files=all", "--", *map(str, files))
-    return {"git_toplevel": answer("rev-parse", "--show-toplevel"),
-            "git_head": answer("rev-parse", "HEAD") or None,
-            "files_differ_from_head": None if status is None else bool(status)}
+    if git("rev-parse", "--is-inside-work-tree") != "true":  # e.g. inside a .git directory
+        return {"git_head": None}
+    status = git("status", "--porcelain", "--untracked-files=all", "--", *map(str, files))
+    head = git("rev-parse", "--verify", "--quiet", "HEAD^{commit}", unborn_ok=True)  # none before a first commit
+    return {"git_toplevel": git("rev-parse", "--show-toplevel"), "git_head": head or None,
+            "files_differ_from_head": bool(status)}
 
 
 def head_tree_source(registry: Registry, exp: Experiment) -> TestSource:

@@ -14,7 +14,7 @@ from html import escape
 
 from ..documents.vocabulary import Behaviour, MutantStatus
 from .narrative import mutation_text, upstream_text
-from .timeline import Column, Timeline, timelines
+from .timeline import PRESENT_OFF, Column, Timeline, timelines
 
 FONT = "DejaVu Sans, Verdana, sans-serif"
 # Average advance per character, in font sizes: above DejaVu Sans (about 0.56 and 0.63), a wide font.
@@ -31,6 +31,8 @@ SLANT = math.sqrt(0.5)  # sin 45 = cos 45
 LEGEND = {
     Behaviour.PRE_FIX.value: ("#d95f02", "behaves like the tree before the fix (base)"),
     Behaviour.FIXED.value: ("#1b9e77", "behaves like the tree with the fix (head)"),
+    PRESENT_OFF.value: ("#e6ab02", "behaves like the tree with the fix only with its variable turned on: the "
+                                   "release's default leaves it off, so a server run with the defaults is exposed"),
     Behaviour.NEITHER.value: ("#7570b3", "behaves like neither"),
     Behaviour.ERROR.value: ("#4d4d4d", "raised, missing, or the release could not be probed"),
     Behaviour.NOT_AFFECTED.value: ("#80b1d3", "the vulnerable path is not in the release"),

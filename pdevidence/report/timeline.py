@@ -23,18 +23,23 @@ from ..documents.vocabulary import Behaviour, Classification
 from .narrative import gated_off_text, tree, trees_text
 
 SIDE_STATE = {"base": Behaviour.PRE_FIX, "head": Behaviour.FIXED}
+# A scenario the probe saw fixed (its gate turned on) on a release whose default leaves the gate off: as shipped
+# the server runs the pre-fix path, so the picture must not show it as fixed.
+PRESENT_OFF = Classification.PRESENT_OFF
+State = Behaviour | Classification  # a cell's mark: a scenario's behaviour, or PRESENT_OFF
 # A release's overall classification, for sweep tables without per-scenario data (schema 1).
 RELEASE_STATE = {Classification.PRE_FIX: Behaviour.PRE_FIX, Classification.FIXED: Behaviour.FIXED,
                  Classification.NEITHER: Behaviour.NEITHER, Classification.PARTIAL: Behaviour.NEITHER,
                  Classification.ERROR: Behaviour.ERROR, Classification.FAILED: Behaviour.ERROR,
-                 Classification.NOT_AFFECTED: Behaviour.NOT_AFFECTED, Classification.DEVIATES: Behaviour.DEVIATES}
+                 Classification.NOT_AFFECTED: Behaviour.NOT_AFFECTED, Classification.DEVIATES: Behaviour.DEVIATES,
+                 Classification.PRESENT_OFF: PRESENT_OFF}
 
 
 @dataclass(frozen=True)
 class Column:
     label: str  # a full version, a range of them ("0.5.13–0.5.16"), or a commit
     note: str  # "base" / "head" when the comparison used this tree, else ""
-    states: dict[str, Behaviour | None]  # None: a control row on a release that agrees with both sides there
+    states: dict[str, State | None]  # None: a control row on a release that agrees with both sides there
     releases: list[str] = field(default_factory=list)  # a sweep's run: its releases, oldest first
     era: str | None = None  # the era the run's releases ran in (None: not told)
 
@@ -87,16 +92,19 @@ def pair_state(pair: dict, sid: str, side: str) -> Behaviour:
     return Behaviour.NEITHER
 
 
-def release_state(release: dict, sid: str) -> Behaviour | None:
+def release_state(release: dict, sid: str) -> State | None:
     """Per-scenario data where the table has it (schema 2), else the release's overall classification;
-    a release without the vulnerable path is not affected in every row. A row the release's per-scenario
-    data does not list is a control it agrees with both sides on (schema 4 lists only those it departs
-    from): no mark."""
+    a release without the vulnerable path is not affected in every row, and on a release whose gated fix is
+    present but off a scenario seen fixed (with the gate on) is present but off. A row the release's
+    per-scenario data does not list is a control it agrees with both sides on (schema 4 lists only those it
+    departs from): no mark."""
     if release["classification"] == Classification.NOT_AFFECTED.value:
         return Behaviour.NOT_AFFECTED
     per_scenario = release.get("scenarios") or {}
     if sid in per_scenario:
-        return Behaviour(per_scenario[sid])
+        seen = Behaviour(per_scenario[sid])
+        off = release["classification"] == PRESENT_OFF.value
+        return PRESENT_OFF if off and seen is Behaviour.FIXED else seen
     if per_scenario:
         return None
     return RELEASE_STATE.get(release["classification"], Behaviour.NEITHER)

@@ -3,7 +3,7 @@
 A ``docker save`` tarball (``manifest.json``, a config and one tar per layer) or an OCI image
 layout (``oci-layout``, ``index.json``, ``blobs/<algorithm>/<hex>``), a directory or a tar, is
 read in place; an archive compressed whole (``docker save | gzip``) is first decompressed to a
-temporary file. Every image in it is read in two passes over its layers (``layers``): names
+temporary file, no larger than ``PDEVIDENCE_IMAGE_TAR_BYTES`` and the room on the cache's disk. Every image in it is read in two passes over its layers (``layers``): names
 only, each layer streamed once and checked against its digest and diff_id, which gives the
 image's final filesystem; then only the SGLang package the server imports is extracted, from the
 layers that hold its files (``image_python`` models its ``sys.path`` from the image config; every
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import unquote, urlsplit
 
-from ..core import archives, debris, inuse
+from ..core import archives, debris, inuse, settings
 from ..core.errors import HarnessError, integrity, usage
 from ..core.files import write_atomic
 from ..core.locking import exclusive
@@ -244,8 +244,13 @@ def _opened(path: Path) -> Iterator[_Archive]:
             archive.close()
 
 
+IMAGE_TAR_BYTES = "PDEVIDENCE_IMAGE_TAR_BYTES"
+DISK_RESERVE = 1 << 30  # what decompressing leaves free on the cache's disk: a full disk fails every other run
+
+
 def _uncompressed(path: Path, tmp: Path) -> Path:
-    """The archive as a plain tar: itself, or decompressed into ``tmp`` (a tar is read by seeking)."""
+    """The archive as a plain tar: itself, or decompressed into ``tmp`` (a tar is read by seeking), within
+    ``PDEVIDENCE_IMAGE_TAR_BYTES`` and the room on the cache's disk (a gzip of zeros is tiny)."""
     try:
         with open(path, "rb") as raw:
             stream = io.BufferedReader(raw, layers.CHUNK)
@@ -253,11 +258,32 @@ def _uncompressed(path: Path, tmp: Path) -> Path:
             if data is stream:
                 return path
             out = tmp / "image.tar"
+            setting = settings.get(IMAGE_TAR_BYTES)
+            room = shutil.disk_usage(tmp).free - DISK_RESERVE
+            written = 0
             with layers.reading(str(path)), open(out, "wb") as fh:
-                shutil.copyfileobj(data, fh, layers.CHUNK)
+                while chunk := data.read(layers.CHUNK):
+                    written += len(chunk)
+                    if written > min(setting, room):
+                        raise _too_large(path, tmp, setting, room)
+                    fh.write(chunk)
             return out
     except OSError as exc:
         raise usage(f"cannot read {path}: {exc}", todo=SAVE_TODO) from None
+
+
+def _too_large(path: Path, tmp: Path, setting: int, room: int) -> HarnessError:
+    yourself = (f"decompress it where there is room (`gunzip -c {path} > /somewhere/image.tar`) and pass the .tar, "
+                "which is read in place")
+    if setting <= room:
+        return integrity(f"{path} decompresses to more than {setting} bytes, over the limit of {IMAGE_TAR_BYTES}",
+                         expected="a `docker save` archive compressed whole",
+                         todo=f"do not trust the archive; if it is a genuine image, {yourself}, or raise "
+                              f"{IMAGE_TAR_BYTES}")
+    return HarnessError(f"{path} decompresses to more than the {max(room, 0)} bytes the disk of {tmp.parent} can "
+                        f"spare (keeping {DISK_RESERVE} free)", expected="room for the decompressed copy",
+                        todo=f"{yourself}, or free space there (`pdevidence cache prune`), or set PDEVIDENCE_CACHE "
+                             "to a larger disk")
 
 
 def _images_dir() -> Path:
