@@ -145,6 +145,7 @@ class World:
                                metadata_buffers=self.buffers, scheduler=self.scheduler, tree_cache=self.tree_cache)
         self.prealloc = object.__new__(sg.decode.DecodePreallocQueue)
         for name, value in {"req_to_token_pool": self.req_to_token_pool, "token_to_kv_pool_allocator": self.allocator,
+                            "token_to_kv_pool": self.allocator.get_kvcache(), "draft_token_to_kv_pool": None,
                             "scheduler": self.scheduler, "transfer_queue": self.transfer, "tree_cache": self.tree_cache,
                             "metadata_buffers": self.buffers, "num_reserved_decode_tokens": 1, "queue": [],
                             "retracted_queue": [], "pending_reqs": [], "max_total_num_tokens": 1000,
