@@ -254,6 +254,10 @@ class World:
         held = getattr(self.requests[name].req, "output_topk_index", None)
         return self.owner(name, None if held is None else int(held.reshape(-1)[0]))
 
+    def topk_p_owner(self, name: str) -> str:
+        held = getattr(self.requests[name].req, "output_topk_p", None)
+        return self.owner(name, None if held is None else float(held.reshape(-1)[0]))
+
     def output_id_owner(self, name: str) -> str:
         ids = self.requests[name].req.output_ids
         return self.owner(name, ids[-1] if ids else None)

@@ -21,7 +21,7 @@ Request n's transfer carries output id ``11 * n``, top-k indices ``n`` and hidde
 
 Keys (whose transfer what A holds came from: ``own``, ``other``, ``none`` when A holds nothing, ``neither`` for a
 value no transfer carried): ``hidden_owner`` (its hidden states), ``topk_owner`` (its top-k indices),
-``output_id_owner`` (its last output id). Tree facts: ``metadata_buffers: "absent"`` (the tree keeps no
+``topk_p_owner`` (its top-k probabilities), ``output_id_owner`` (its last output id). Tree facts: ``metadata_buffers: "absent"`` (the tree keeps no
 ``MetadataBuffers`` with ``get_buf``/``set_buf``), recorded in every scenario.
 
     python probes/probe_retract_resume_differential.py --side head --tree-kind release --tree-ref 0.5.12
@@ -42,7 +42,7 @@ from _probekit import Observed, ScenarioSet, main  # noqa: E402
 from _retract import World  # noqa: E402
 
 SCENARIOS = ScenarioSet("retract_resume")
-KEYS = ("hidden_owner", "topk_owner", "output_id_owner")
+KEYS = ("hidden_owner", "topk_owner", "topk_p_owner", "output_id_owner")
 
 # One step of a script: a method of World and the request it acts on.
 Step = tuple[Callable[[World, str], None], str]
