@@ -63,15 +63,14 @@ def prepare(adapt: Callable[[str], None]) -> None:
         importlib.import_module("sglang.srt.managers.scheduler")  # first, as a server does (circular imports)
         sg.decode = importlib.import_module(DECODE_MODULE)
         sg.utils = importlib.import_module("sglang.srt.disaggregation.utils")
+        from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+        from sglang.srt.sampling.sampling_params import SamplingParams
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     except ImportError as exc:
         sg.missing = f"{exc.name or exc} does not import: {exc}"
         return
-    from sglang.srt.disaggregation.base import KVPoll
-    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-    from sglang.srt.sampling.sampling_params import SamplingParams
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    sg.KVPoll, sg.Req, sg.ScheduleBatch, sg.SamplingParams = KVPoll, Req, ScheduleBatch, SamplingParams
+    # the poll states as the decode module names them (``disaggregation.base`` from 0.4.5, ``conn`` before)
+    sg.KVPoll, sg.Req, sg.ScheduleBatch, sg.SamplingParams = sg.decode.KVPoll, Req, ScheduleBatch, SamplingParams
     sg.SPEC = {True: SpeculativeAlgorithm.EAGLE, False: SpeculativeAlgorithm.NONE}
     sg.server_args = server_args(ServerArgs, adapt, model_path="dummy", disaggregation_mode="decode", page_size=1)
     publish_server_args(sg.server_args, adapt, role="test")
@@ -120,7 +119,8 @@ class World:
         torch = sg.torch
         self.requests: dict[str, Request] = {}
         self.next_kv = 100
-        self.buffers = _build(sg.utils.MetadataBuffers, size=slots, hidden_size=HIDDEN,
+        # the hidden states' dtype is ``dtype`` up to 0.5.1, ``hidden_states_dtype`` after
+        self.buffers = _build(sg.utils.MetadataBuffers, size=slots, hidden_size=HIDDEN, dtype=torch.float32,
                               hidden_states_dtype=torch.float32, max_top_logprobs_num=TOPK)
         self.meta_allocator = _build(sg.utils.ReqToMetadataIdxAllocator, size=slots)
         self.allocator = STANDINS.make(
