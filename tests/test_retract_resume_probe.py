@@ -215,8 +215,10 @@ def scenario(fresh_probe, retract, sid: str, **parts) -> tuple[dict, set[str]]:
     return observed, probe.SCENARIOS.adaptations
 
 
-OTHER = {"hidden_owner": "other", "topk_owner": "other", "topk_p_owner": "other", "output_id_owner": "own"}
-OWN = {"hidden_owner": "own", "topk_owner": "own", "topk_p_owner": "own", "output_id_owner": "own"}
+OTHER = {"hidden_owner": "other", "output_id_owner": "own"}
+OWN = {"hidden_owner": "own", "output_id_owner": "own"}
+TOPK_OTHER = {"topk_owner": "other", "topk_p_owner": "other"}
+TOPK_OWN = {"topk_owner": "own", "topk_p_owner": "own"}
 
 
 # ---------------------------------------------------------------- the world's recording
@@ -297,11 +299,28 @@ def test_the_changing_scenarios_read_views_as_other_and_copies_as_own(fresh_prob
     assert observed == expected
 
 
+class HiddenCopyingBuffers(MetadataBuffers):
+    """A port copying the hidden states only: the top-k still handed out as views."""
+
+    def get_buf(self, idx):
+        output_id, topk_p, topk_index, hidden = super().get_buf(idx)
+        return output_id, topk_p, topk_index, hidden.clone()
+
+
+@pytest.mark.parametrize("buffers, expected", [(MetadataBuffers, TOPK_OTHER), (CopyingBuffers, TOPK_OWN),
+                                               (HiddenCopyingBuffers, TOPK_OTHER)])
+def test_m1k_reads_the_top_k_apart_from_the_hidden_states(fresh_probe, retract, buffers, expected):
+    observed, _ = scenario(fresh_probe, retract, "M1k", buffers=buffers)
+    assert observed == expected
+    assert scenario(fresh_probe, retract, "M1", buffers=buffers)[0]["hidden_owner"] == (
+        "other" if buffers is MetadataBuffers else "own")
+
+
 @pytest.mark.parametrize("sid", ["M4", "M5"])
 @pytest.mark.parametrize("buffers", [MetadataBuffers, CopyingBuffers])
 def test_the_controls_read_own_with_views_and_copies(fresh_probe, retract, sid, buffers):
     observed, _ = scenario(fresh_probe, retract, sid, buffers=buffers)
-    assert observed == OWN
+    assert observed == OWN | TOPK_OWN
 
 
 def test_m6_without_speculative_decoding_holds_no_top_k_or_hidden_states(fresh_probe, retract):
