@@ -138,6 +138,7 @@ class World:
             "scheduler", "scheduler", spec_algorithm=sg.SPEC[speculative], server_args=sg.server_args,
             enable_hisparse=False, enable_decode_hicache=False, enable_metrics=False, hisparse_coordinator=None,
             running_batch=SimpleNamespace(reqs=[]), waiting_queue=[], last_batch=None, tree_cache=self.tree_cache,
+            model_config=SimpleNamespace(is_hybrid=False),  # 0.5.1's budget asks whether the model is hybrid SWA
             metrics_reporter=SimpleNamespace(enable_metrics=False),
             output_streamer=SimpleNamespace(stream_output=Recorder("stream_output")))
         self.transfer = _build(sg.decode.DecodeTransferQueue, gloo_group=None,
@@ -220,9 +221,12 @@ class World:
             req.reset_for_retract()
         else:
             batch = object.__new__(sg.ScheduleBatch)
+            lengths = sg.torch.tensor([len(req.origin_input_ids) + len(req.output_ids)], dtype=sg.torch.int64)
             for attr, value in {"reqs": [req], "req_to_token_pool": self.req_to_token_pool,
                                 "token_to_kv_pool_allocator": self.allocator, "tree_cache": self.tree_cache,
-                                "hisparse_coordinator": None, "model_config": None,
+                                "hisparse_coordinator": None, "model_config": None, "is_hybrid": False,
+                                # 0.5.3 to 0.5.9 free the retracted range up to the batch's sequence length
+                                "seq_lens": lengths, "seq_lens_cpu": lengths,
                                 "spec_algorithm": self.scheduler.spec_algorithm}.items():
                 setattr(batch, attr, value)
             release(batch, 0, 0, sg.server_args)

@@ -47,7 +47,10 @@ def fake_torch():
     def arange(start, stop, dtype=None):
         return Tensor(list(range(start, stop)))
 
-    return SimpleNamespace(full=full, arange=arange, float32="float32", int64="int64",
+    def tensor(data, dtype=None):
+        return Tensor(list(data))
+
+    return SimpleNamespace(full=full, arange=arange, tensor=tensor, float32="float32", int64="int64",
                            distributed=SimpleNamespace(all_reduce=None, get_world_size=None))
 
 
