@@ -17,7 +17,7 @@ the slot back, and the next request's transfer writes the same slot. What a ``Wo
 
 Stand-ins, at the boundary only: the KV receiver (its poll says whether the transfer landed), the gloo
 all-reduce of polls (one rank), the token allocator (hands out slots 100 on, copies to and from the host as
-recorders), the tree cache and the scheduler (recorders of the tree's classes).
+recorders) and its KV pool, the tree cache and the scheduler with its batch-result processor (recorders of the tree's classes).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+from array import array
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -42,7 +43,10 @@ STANDINS = Collaborators(
                "sglang.srt.mem_cache.memory_pool:TokenToKVPoolAllocator"),
     tree_cache=("sglang.srt.mem_cache.radix_cache:RadixCache",
                 "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache"),
+    kv_pool=("sglang.srt.mem_cache.memory_pool:KVCache",),
     scheduler=("sglang.srt.managers.scheduler:Scheduler",),
+    batch_result_processor=("sglang.srt.managers.scheduler_components.batch_result_processor:"
+                            "SchedulerBatchResultProcessor",),
     receiver=("sglang.srt.disaggregation.base.conn:BaseKVReceiver",),
 )
 
@@ -72,10 +76,36 @@ def prepare(adapt: Callable[[str], None]) -> None:
     # the poll states as the decode module names them (``disaggregation.base`` from 0.4.5, ``conn`` before)
     sg.KVPoll, sg.Req, sg.ScheduleBatch, sg.SamplingParams = sg.decode.KVPoll, Req, ScheduleBatch, SamplingParams
     sg.SPEC = {True: SpeculativeAlgorithm.EAGLE, False: SpeculativeAlgorithm.NONE}
-    sg.server_args = server_args(ServerArgs, adapt, model_path="dummy", disaggregation_mode="decode", page_size=1)
-    publish_server_args(sg.server_args, adapt, role="test")
+    # 0.5.18 on: a retraction backs the KV up as a host copy of the request ("cpu_tensor") or into the tree cache's
+    # host pool; the request's copy is the one every older tree makes (the metadata read is the same either way)
+    backup = ({"disaggregation_decode_retraction_backup": "cpu_tensor"}
+              if "disaggregation_decode_retraction_backup" in inspect.signature(ServerArgs).parameters else {})
+    sg.server_args = server_args(ServerArgs, adapt, model_path="dummy", disaggregation_mode="decode", page_size=1,
+                                 **backup)
+    _publish(adapt)
     STANDINS.find()
     sg.ready = True
+
+
+def _publish(adapt: Callable[[str], None]) -> None:
+    """The server args, published as the decode scheduler's process does (as ``_transferqueue`` does): from 0.5.21
+    the transfer queue reads its TP rank from the runtime context, which the launcher's rank bundle writes (this
+    process is rank 0), and from 0.5.22 its gloo group from the attention-TP group (one rank's, whose cpu group
+    only the one-rank all-reduce of ``World.one_rank`` reads)."""
+    try:
+        from sglang.srt import runtime_context
+    except ImportError:  # before 0.5.15: no runtime context
+        runtime_context = None
+    spawn_ranks = getattr(runtime_context, "SpawnRanks", None)
+    if spawn_ranks is None:
+        publish_server_args(sg.server_args, adapt, role="test")
+        return
+    adapt("publish-rank-bundle")
+    runtime_context.publish(sg.server_args, role="test", ranks=spawn_ranks(world_rank=0))
+    if "gloo_group" not in inspect.signature(sg.decode.DecodeTransferQueue.__init__).parameters:
+        adapt("one-rank-attention-group")
+        runtime_context.get_parallel().override_permanently(
+            attn_tp_group=SimpleNamespace(cpu_group=None, world_size=1))
 
 
 def metadata_buffers_absent() -> bool:
@@ -121,13 +151,17 @@ class World:
         self.next_kv = 100
         # the hidden states' dtype is ``dtype`` up to 0.5.1, ``hidden_states_dtype`` after
         self.buffers = _build(sg.utils.MetadataBuffers, size=slots, hidden_size=HIDDEN, dtype=torch.float32,
-                              hidden_states_dtype=torch.float32, max_top_logprobs_num=TOPK)
+                              hidden_states_dtype=torch.float32, max_top_logprobs_num=TOPK,
+                              max_sampling_mask_tokens=TOPK)  # 0.5.21 on (its sampling mask stays off)
         self.meta_allocator = _build(sg.utils.ReqToMetadataIdxAllocator, size=slots)
+        # the KV pool: plain MHA, whose host copy carries no mamba state (0.5.21 on asks)
+        kv_pool = STANDINS.make("kv_pool", "kv_pool", page_size=1, cpu_copy_carries_mamba=False)
         self.allocator = STANDINS.make(
             "allocator", "allocator", page_size=1, device="cpu", available_size=lambda: 1000,
             alloc=self._alloc, alloc_extend=lambda *a, extend_num_tokens, **k: self._alloc(extend_num_tokens),
             get_cpu_copy=Recorder("get_cpu_copy", returns="host-copy"), load_cpu_copy=Recorder("load_cpu_copy"),
-            free=Recorder("free"), get_kvcache=lambda: None)
+            free=Recorder("free"), get_kvcache=lambda: kv_pool,
+            prealloc_fits=lambda *a, **k: True)  # 0.5.21 on asks the allocator whether a resumption fits: it does
         self.tree_cache = STANDINS.make(
             "tree_cache", "tree_cache", page_size=1, disable=True, supports_mamba=lambda: False,
             evictable_size=lambda: 0, protected_size=lambda: 0, token_to_kv_pool_allocator=self.allocator)
@@ -139,6 +173,10 @@ class World:
             enable_hisparse=False, enable_decode_hicache=False, enable_metrics=False, hisparse_coordinator=None,
             running_batch=SimpleNamespace(reqs=[]), waiting_queue=[], last_batch=None, tree_cache=self.tree_cache,
             model_config=SimpleNamespace(is_hybrid=False),  # 0.5.1's budget asks whether the model is hybrid SWA
+            kv_checksum_computer=None,  # 0.5.21 on: KV checksums off, as by default
+            enable_overlap=False,  # 0.5.23's pre-allocation asks: the normal (not overlapped) event loop
+            # 0.5.21 on: a committed first token is counted (reasoning tokens) by the scheduler's result processor
+            batch_result_processor=STANDINS.make("batch_result_processor", "batch_result_processor"),
             metrics_reporter=SimpleNamespace(enable_metrics=False),
             output_streamer=SimpleNamespace(stream_output=Recorder("stream_output")))
         self.transfer = _build(sg.decode.DecodeTransferQueue, gloo_group=None,
@@ -170,24 +208,21 @@ class World:
         """A request whose transfer starts: the next free metadata slot, as the prealloc queue takes it."""
         number = len(self.requests) + 1
         req = sg.Req(f"probe-{name}", "", list(range(1, PROMPT + 1)), sg.SamplingParams(max_new_tokens=16))
+        if isinstance(req.output_ids, array):  # 0.5.21 on: token ids are arrays, the prompt as the scheduler makes it
+            req.origin_input_ids = array(req.output_ids.typecode, req.origin_input_ids)
         req.bootstrap_room = ROOM + number
         slot = self.meta_allocator.alloc()
         if slot is None:
             raise CannotDrive("no metadata slot free")
         entry = Request(name, number, req, slot)
         req.metadata_buffer_index = slot
-        self.req_to_token_pool.alloc(*self._alloc_args(req))
+        self.prealloc._pre_alloc(req)  # its row and KV slots, as pop_preallocated takes them
         receiver = STANDINS.make("receiver", f"receiver-{name}", poll=lambda: self._poll(entry),
                                  clear=Recorder("clear"), failure_exception=Recorder("failure_exception"))
         entry.decode_req = _build(sg.decode.DecodeRequest, req=req, kv_receiver=receiver, metadata_buffer_index=slot)
         self.transfer.add(entry.decode_req)
         self.requests[name] = entry
         return entry
-
-    def _alloc_args(self, req: Any) -> tuple:
-        """The row allocation's argument: the requests (0.5.x) or a count (older pools set no index)."""
-        params = list(inspect.signature(self.req_to_token_pool.alloc).parameters)
-        return ([req],) if params and params[0] == "reqs" else (1,)
 
     def _poll(self, entry: Request) -> Any:
         return sg.KVPoll.Success if entry.landed else sg.KVPoll.WaitingForInput

@@ -158,10 +158,13 @@ class DecodeReqToTokenPool:
 
 
 class DecodePreallocQueue:
+    def _pre_alloc(self, req):
+        self.req_to_token_pool.alloc([req])
+
     def resume_retracted_reqs(self):
         resumed = []
         for req in self.retracted_queue:
-            self.req_to_token_pool.alloc([req])
+            self._pre_alloc(req)
             req.load_kv_cache(self.req_to_token_pool, self.token_to_kv_pool_allocator)
             resumed.append(req)
         self.retracted_queue = []
