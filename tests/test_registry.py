@@ -20,7 +20,7 @@ def load_text(tmp_path, text):
 def test_the_project_registry_declares_both_experiments_with_full_pins():
     reg = registry.load(PROJECT)
     assert set(reg.experiments) == {"admission", "prefill", "offload_slots", "offload_rid", "abort_notify",
-                                    "deferred_release", "deferred_release_nixl"}
+                                    "deferred_release", "deferred_release_nixl", "retract_resume"}
     admission = reg.experiment("admission")
     assert admission.pr == 38935
     assert admission.git == {"base": "17ba2c2e7c7b81f31a8a9e693e7435ab262c16b4",
@@ -40,6 +40,9 @@ def test_the_project_registry_declares_both_experiments_with_full_pins():
     assert reg.experiment("deferred_release_nixl").git == {"base": "aa215e55230bc9b0eb503b5a3886c015c2e5f526",
                                                            "head": "adca19c4970933fa1990fecf3541b527d3153594"}
     assert reg.experiment("deferred_release_nixl").releases == {"base": "0.5.18", "head": "0.5.19"}
+    assert reg.experiment("retract_resume").git == {"base": "e264b5785d827cdfca80f2eb7d2b108a8a9c37a6",
+                                                    "head": "ec4560304b79d856acc9410f9d23f25cfeb0fe73"}
+    assert reg.experiment("retract_resume").releases == {"base": "0.5.11", "head": "0.5.12"}
     for exp in reg.experiments.values():
         assert exp.probe.exists(), exp.probe
         assert exp.expect, f"{exp.name} declares no expected differential"

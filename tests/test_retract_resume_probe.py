@@ -1,0 +1,351 @@
+"""The retract_resume probe's world reads whose transfer a request's metadata came from; the scenarios read it.
+
+No SGLang, no torch: ``probes/_retract.py`` is loaded as a cell loads it, with a list-backed tensor in torch's
+place and a decode side in miniature written here in place of SGLang's: metadata buffers whose ``get_buf`` hands
+out views into the slot (as before PR #23346) or copies (as after), a slot allocator, a transfer queue that
+commits what landed and gives the slot back, a retraction and a resumption. What is tested is the probe's own
+recording: a request holding what another transfer wrote is ``other``, its own ``own``, nothing ``none``, a value
+no transfer sent ``neither``; and what a tree lacks is recorded, never driven.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from types import SimpleNamespace
+
+import pytest
+
+
+class Tensor:
+    """A 1-D tensor over a shared list: an index into a 2-D buffer is a view of its row, ``clone`` a copy."""
+
+    def __init__(self, data: list):
+        self.data = data
+
+    def __getitem__(self, key):
+        return self.data[key]
+
+    def __setitem__(self, key, value):
+        self.data[key] = value
+
+    def reshape(self, *shape):
+        return self
+
+    def clone(self):
+        return Tensor(list(self.data))
+
+    def copy_(self, other):
+        self.data[:len(other.data)] = other.data
+        return self
+
+
+def fake_torch():
+    def full(shape, value, dtype=None):
+        return Tensor([value] * shape[0])
+
+    def arange(start, stop, dtype=None):
+        return Tensor(list(range(start, stop)))
+
+    def tensor(data, dtype=None):
+        return Tensor(list(data))
+
+    return SimpleNamespace(full=full, arange=arange, tensor=tensor, float32="float32", int64="int64",
+                           distributed=SimpleNamespace(all_reduce=None, get_world_size=None))
+
+
+# ---------------------------------------------------------------- a decode side in miniature
+
+
+class Req:
+    def __init__(self, rid, text, ids, sampling_params):
+        self.rid, self.origin_input_ids, self.output_ids = rid, list(ids), []
+        self.hidden_states_tensor = self.output_topk_p = self.output_topk_index = None
+        self.req_pool_idx = None
+        self.kv_cache_cpu = None
+
+    def offload_kv_cache(self, req_to_token_pool, allocator):
+        self.kv_cache_cpu = allocator.get_cpu_copy(self.req_pool_idx)
+
+    def load_kv_cache(self, req_to_token_pool, allocator):
+        allocator.load_cpu_copy(self.kv_cache_cpu, self.req_pool_idx)
+        self.kv_cache_cpu = None
+
+    def reset_for_retract(self):
+        self.req_pool_idx = None
+
+
+class MetadataBuffers:
+    """Slots of output id, top-k and hidden states; ``copies``: ``get_buf`` returns copies (the fix)."""
+
+    copies = False
+
+    def __init__(self, size, hidden_size, hidden_states_dtype, max_top_logprobs_num=128):
+        self.output_ids = [Tensor([0] * 16) for _ in range(size)]
+        self.output_topk_p = [Tensor([0.0] * 16) for _ in range(size)]
+        self.output_topk_index = [Tensor([0] * 16) for _ in range(size)]
+        self.output_hidden_states = [Tensor([0.0] * hidden_size) for _ in range(size)]
+
+    def get_buf(self, idx):
+        rows = (self.output_ids[idx], self.output_topk_p[idx], self.output_topk_index[idx],
+                self.output_hidden_states[idx])
+        return tuple(row.clone() for row in rows) if self.copies else rows
+
+    def set_buf(self, req):
+        idx = req.metadata_buffer_index
+        self.output_ids[idx][0] = req.output_ids[0]
+        if req.hidden_states_tensor is not None:
+            self.output_topk_p[idx].copy_(req.output_topk_p)
+            self.output_topk_index[idx].copy_(req.output_topk_index)
+            self.output_hidden_states[idx].copy_(req.hidden_states_tensor)
+
+
+class CopyingBuffers(MetadataBuffers):
+    copies = True
+
+
+class ReqToMetadataIdxAllocator:
+    def __init__(self, size):
+        self.free_slots = deque(range(size))
+
+    def alloc(self):
+        return self.free_slots.popleft() if self.free_slots else None
+
+    def free(self, idx):
+        self.free_slots.append(idx)
+
+
+class DecodeRequest:
+    def __init__(self, req, kv_receiver, metadata_buffer_index):
+        self.req, self.kv_receiver, self.metadata_buffer_index = req, kv_receiver, metadata_buffer_index
+
+
+class DecodeTransferQueue:
+    def __init__(self, gloo_group, req_to_metadata_buffer_idx_allocator, tp_rank, metadata_buffers, scheduler,
+                 tree_cache):
+        self.queue, self.allocator, self.buffers = [], req_to_metadata_buffer_idx_allocator, metadata_buffers
+        self.spec_algorithm = scheduler.spec_algorithm
+
+    def add(self, decode_req):
+        self.queue.append(decode_req)
+
+    def pop_transferred(self):
+        done = [d for d in self.queue if d.kv_receiver.poll() == "Success"]
+        for d in done:
+            output_id, topk_p, topk_index, hidden = self.buffers.get_buf(d.metadata_buffer_index)
+            d.req.output_ids.append(output_id[0])
+            if not self.spec_algorithm.is_none():
+                d.req.output_topk_p, d.req.output_topk_index, d.req.hidden_states_tensor = topk_p, topk_index, hidden
+            self.allocator.free(d.metadata_buffer_index)
+        self.queue = [d for d in self.queue if d not in done]
+        return [d.req for d in done]
+
+
+class DecodeReqToTokenPool:
+    def __init__(self, size, max_context_len, device, enable_memory_saver, pre_alloc_size=0):
+        self.free_rows = list(range(size))
+
+    def alloc(self, reqs):
+        for req in reqs:
+            req.req_pool_idx = self.free_rows.pop(0)
+        return [req.req_pool_idx for req in reqs]
+
+    def available_size(self):
+        return len(self.free_rows)
+
+    def free(self, req):
+        self.free_rows.append(req.req_pool_idx)
+
+
+class DecodePreallocQueue:
+    def _pre_alloc(self, req):
+        self.req_to_token_pool.alloc([req])
+
+    def resume_retracted_reqs(self):
+        resumed = []
+        for req in self.retracted_queue:
+            self._pre_alloc(req)
+            req.load_kv_cache(self.req_to_token_pool, self.token_to_kv_pool_allocator)
+            resumed.append(req)
+        self.retracted_queue = []
+        return resumed
+
+
+class ScheduleBatch:
+    def release_req(self, idx, remaining, server_args):
+        req = self.reqs[idx]
+        req.offload_kv_cache(self.req_to_token_pool, self.token_to_kv_pool_allocator)
+        self.req_to_token_pool.free(req)
+        req.reset_for_retract()
+
+
+class InlineRetractBatch:
+    """A tree before 0.5.3: no ``release_req``."""
+
+
+class Spec:
+    def __init__(self, none: bool):
+        self.none = none
+
+    def is_none(self):
+        return self.none
+
+
+def tree(buffers: type = MetadataBuffers, batch: type = ScheduleBatch) -> dict:
+    decode = SimpleNamespace(DecodeTransferQueue=DecodeTransferQueue, DecodeRequest=DecodeRequest,
+                             DecodeReqToTokenPool=DecodeReqToTokenPool, DecodePreallocQueue=DecodePreallocQueue)
+    utils = SimpleNamespace(MetadataBuffers=buffers, ReqToMetadataIdxAllocator=ReqToMetadataIdxAllocator)
+    return dict(torch=fake_torch(), decode=decode, utils=utils, Req=Req, SamplingParams=lambda **kw: None,
+                ScheduleBatch=batch, KVPoll=SimpleNamespace(Success="Success", WaitingForInput="Waiting"),
+                SPEC={True: Spec(False), False: Spec(True)}, server_args=None, ready=True, missing=None)
+
+
+@pytest.fixture
+def retract(fresh_probe, monkeypatch):
+    """``_retract`` loaded as a cell loads it, its ``sg`` filled as ``prepare`` fills it; the probe loaded after it
+    imports this copy."""
+    module = fresh_probe("_retract.py")
+    monkeypatch.setitem(sys.modules, "_retract", module)
+    module.sg.__dict__.update(tree(), adapt=lambda name: None)
+    return module
+
+
+def scenario(fresh_probe, retract, sid: str, **parts) -> tuple[dict, set[str]]:
+    """One scenario of the probe, as the kit runs it, on the tree ``parts`` make; what it observed, and the
+    adaptations it named."""
+    probe = fresh_probe("probe_retract_resume_differential.py")
+    retract.sg.__dict__.update(tree(**parts), adapt=probe.SCENARIOS.adapted)
+    (found,) = [s for s in probe.SCENARIOS.scenarios if s.id == sid]
+    observed = {}
+    found.run(observed)
+    return observed, probe.SCENARIOS.adaptations
+
+
+OTHER = {"hidden_owner": "other", "output_id_owner": "own"}
+OWN = {"hidden_owner": "own", "output_id_owner": "own"}
+TOPK_OTHER = {"topk_owner": "other", "topk_p_owner": "other"}
+TOPK_OWN = {"topk_owner": "own", "topk_p_owner": "own"}
+
+
+# ---------------------------------------------------------------- the world's recording
+
+
+def test_a_view_of_a_reused_slot_reads_the_next_request_s_transfer(retract):
+    world = retract.World(slots=1)
+    world.admit("A"), world.land("A"), world.commit()
+    assert world.hidden_owner("A") == "own"
+    world.admit("B"), world.land("B")
+    assert world.requests["B"].slot == world.requests["A"].slot == 0
+    assert (world.hidden_owner("A"), world.topk_owner("A"), world.output_id_owner("A")) == ("other", "other", "own")
+
+
+def test_a_copy_keeps_the_request_s_own_transfer(retract):
+    retract.sg.utils.MetadataBuffers = CopyingBuffers
+    world = retract.World(slots=1)
+    world.admit("A"), world.land("A"), world.commit()
+    world.admit("B"), world.land("B")
+    assert (world.hidden_owner("A"), world.topk_p_owner("A")) == ("own", "own")
+
+
+def test_nothing_held_is_none_and_a_value_no_transfer_sent_is_neither(retract):
+    world = retract.World(slots=1)
+    world.admit("A")
+    assert world.hidden_owner("A") == "none" and world.output_id_owner("A") == "none"
+    world.requests["A"].req.hidden_states_tensor = Tensor([0.0])  # a slot zeroed, or never written
+    assert world.hidden_owner("A") == "neither"
+
+
+def test_a_transfer_not_landed_is_not_committed(retract):
+    world = retract.World(slots=1)
+    world.admit("A")
+    world.commit()
+    assert world.requests["A"].req.output_ids == [] and list(world.meta_allocator.free_slots) == []
+
+
+def test_a_retraction_offloads_and_a_resumption_reloads_through_the_boundary(retract):
+    world = retract.World(slots=1)
+    world.admit("A"), world.land("A"), world.commit()
+    world.retract("A")
+    assert world.requests["A"].req.req_pool_idx is None and world.prealloc.retracted_queue == [world.requests["A"].req]
+    world.resume("A")
+    assert world.allocator.get_cpu_copy.count == 1 and world.allocator.load_cpu_copy.count == 1
+    assert world.requests["A"].req.req_pool_idx is not None
+
+
+def test_a_resumption_that_leaves_the_request_retracted_is_an_error_never_an_answer(retract, monkeypatch):
+    world = retract.World(slots=1)
+    world.admit("A"), world.land("A"), world.commit()
+    world.retract("A")
+    monkeypatch.setattr(DecodePreallocQueue, "resume_retracted_reqs", lambda self: [])
+    with pytest.raises(retract.CannotDrive, match="did not resume A"):
+        world.resume("A")
+
+
+def test_no_free_slot_is_an_error_never_an_answer(retract):
+    world = retract.World(slots=1)
+    world.admit("A")
+    with pytest.raises(retract.CannotDrive, match="no metadata slot"):
+        world.admit("B")
+
+
+def test_a_tree_without_metadata_buffers_cannot_build_a_world(retract):
+    retract.sg.utils = SimpleNamespace(ReqToMetadataIdxAllocator=ReqToMetadataIdxAllocator)
+    assert retract.metadata_buffers_absent()
+    with pytest.raises(retract.CannotDrive, match="no MetadataBuffers"):
+        retract.World(slots=1)
+
+
+# ---------------------------------------------------------------- the scenarios
+
+
+@pytest.mark.parametrize("sid", ["M1", "M1w", "M2", "M3"])
+@pytest.mark.parametrize("buffers, expected", [(MetadataBuffers, OTHER), (CopyingBuffers, OWN)])
+def test_the_changing_scenarios_read_views_as_other_and_copies_as_own(fresh_probe, retract, sid, buffers, expected):
+    observed, _ = scenario(fresh_probe, retract, sid, buffers=buffers)
+    assert observed == expected
+
+
+class HiddenCopyingBuffers(MetadataBuffers):
+    """A port copying the hidden states only: the top-k still handed out as views."""
+
+    def get_buf(self, idx):
+        output_id, topk_p, topk_index, hidden = super().get_buf(idx)
+        return output_id, topk_p, topk_index, hidden.clone()
+
+
+@pytest.mark.parametrize("buffers, expected", [(MetadataBuffers, TOPK_OTHER), (CopyingBuffers, TOPK_OWN),
+                                               (HiddenCopyingBuffers, TOPK_OTHER)])
+def test_m1k_reads_the_top_k_apart_from_the_hidden_states(fresh_probe, retract, buffers, expected):
+    observed, _ = scenario(fresh_probe, retract, "M1k", buffers=buffers)
+    assert observed == expected
+    assert scenario(fresh_probe, retract, "M1", buffers=buffers)[0]["hidden_owner"] == (
+        "other" if buffers is MetadataBuffers else "own")
+
+
+@pytest.mark.parametrize("sid", ["M4", "M5"])
+@pytest.mark.parametrize("buffers", [MetadataBuffers, CopyingBuffers])
+def test_the_controls_read_own_with_views_and_copies(fresh_probe, retract, sid, buffers):
+    observed, _ = scenario(fresh_probe, retract, sid, buffers=buffers)
+    assert observed == OWN | TOPK_OWN
+
+
+def test_m6_without_speculative_decoding_holds_no_top_k_or_hidden_states(fresh_probe, retract):
+    observed, _ = scenario(fresh_probe, retract, "M6")
+    assert observed == {"hidden_owner": "none", "topk_owner": "none", "topk_p_owner": "none",
+                        "output_id_owner": "own"}
+
+
+def test_a_tree_without_release_req_retracts_inline_and_says_so(fresh_probe, retract):
+    observed, adaptations = scenario(fresh_probe, retract, "M1", batch=InlineRetractBatch)
+    assert observed == OTHER and adaptations == {"retract-inline"}
+    _, adaptations = scenario(fresh_probe, retract, "M1")
+    assert adaptations == set()
+
+
+def test_a_tree_without_metadata_buffers_records_the_fact_in_every_scenario(fresh_probe, retract):
+    probe = fresh_probe("probe_retract_resume_differential.py")
+    retract.sg.utils = SimpleNamespace()
+    for found in probe.SCENARIOS.scenarios:
+        observed = {}
+        found.run(observed)
+        assert observed == {"metadata_buffers": "absent"}

@@ -1,0 +1,35 @@
+"""retract_resume on the real bracket releases: on 0.5.11 a decode request resumed after a retraction (or read
+late) holds the next request's hidden states and top-k, written into the metadata slot it was handed as a view;
+0.5.12 hands it copies (``--sglang``; each cell builds its release's environment on first use)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from real_runs import cli_run
+
+
+def cell(tmp_path, side: str) -> dict:
+    done = cli_run(tmp_path, "cell", "release", "retract_resume", side)
+    assert done.returncode == 0, done.stderr[-2000:]
+    release = {"base": "0.5.11", "head": "0.5.12"}[side]
+    document = json.loads((tmp_path / f"retract_resume.{side}.release-{release}.json").read_text())
+    return {sid: sc["observed"] for sid, sc in document["scenarios"].items() if sc["error"] is None}
+
+
+@pytest.mark.sglang
+def test_a_request_reads_the_next_request_s_metadata_from_its_reused_slot_only_before_0_5_12(tmp_path):
+    base, head = cell(tmp_path / "base", "base"), cell(tmp_path / "head", "head")
+    assert len(base) == len(head) == 8, "every scenario ran without error on both releases"
+    for sid in ("M1", "M1w", "M2", "M3"):
+        assert base[sid] == {"hidden_owner": "other", "output_id_owner": "own"}, sid
+        assert head[sid] == {"hidden_owner": "own", "output_id_owner": "own"}, sid
+    assert base["M1k"] == {"topk_owner": "other", "topk_p_owner": "other"}
+    assert head["M1k"] == {"topk_owner": "own", "topk_p_owner": "own"}
+    # controls: no reuse, another slot, no speculative decoding
+    own = {"hidden_owner": "own", "topk_owner": "own", "topk_p_owner": "own", "output_id_owner": "own"}
+    assert base["M4"] == head["M4"] == base["M5"] == head["M5"] == own
+    assert base["M6"] == head["M6"] == {"hidden_owner": "none", "topk_owner": "none", "topk_p_owner": "none",
+                                        "output_id_owner": "own"}
