@@ -25,7 +25,6 @@ Each scenario is a script (``SCRIPTS``): one final result, then the inflight que
 - G3 the grammar rejects it before the last chunk (bootstrap pending: the request is parked); the bootstrap
   completes (the last chunk is sent), then a success poll;
 - G4 as G3, then a failure poll;
-- G5 control: as G3, but the bootstrap fails: the transfer never starts, one release either way;
 - G6 control: the grammar accepts, bootstrap done; transferring, then success;
 - G7 control: no grammar; transferring, then success;
 - G8 control: the grammar accepts; a failure poll.
@@ -229,9 +228,6 @@ SCRIPTS = (
            (Deliver("rejects", pending=True), Poll("WaitingForInput"), Poll("Success"), observe(*ALL))),
     Script("G4", "as G3, then a failure poll",
            (Deliver("rejects", pending=True), Poll("WaitingForInput"), Poll("Failed"), observe(*ALL))),
-    Script("G5", "control: as G3, but the bootstrap fails: the transfer never starts",
-           (Deliver("rejects", pending=True), Poll("Failed"),
-            observe("release_count", "released_in_flight", "sent_after_release"))),
     Script("G6", "control: the grammar accepts, bootstrap done; transferring, then success",
            (Deliver("accepts"), Poll("Transferring"), Poll("Success"), observe(*CONTROL))),
     Script("G7", "control: no grammar; transferring, then success",
