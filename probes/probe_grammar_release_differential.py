@@ -25,6 +25,8 @@ Each scenario is a script (``SCRIPTS``): one final result, then the inflight que
 - G3 the grammar rejects it before the last chunk (bootstrap pending: the request is parked); the bootstrap
   completes (the last chunk is sent), then a success poll;
 - G4 as G3, then a failure poll;
+- G9 no grammar, the request already ended in an abort while its result was computed; transferring, then
+  success: one release either way, and the abort kept or overwritten;
 - G6 control: the grammar accepts, bootstrap done; transferring, then success;
 - G7 control: no grammar; transferring, then success;
 - G8 control: the grammar accepts; a failure poll.
@@ -33,10 +35,11 @@ Keys: ``release_count`` (the request's KV releases), ``double_released`` (more t
 ``released_in_flight`` (releases while a chunk handed to the sender had no terminal poll yet),
 ``sent_after_release`` (chunks handed to the sender after a release: the transfer reads pages given back),
 ``finish_reason`` (the class name of the request's final reason, or null), ``abort_kept`` (the final reason is
-still the abort the grammar's rejection set). Tree facts: ``grammar_in_result: "absent"`` (the result path never
-shows the token to the grammar, up to 0.4.6), ``grammar_error: "escapes"`` (it does not catch the rejection,
-0.4.7 to 0.4.9: the scheduler stops on it), ``optimistic_prefill: "absent"`` (no pending bootstrap, before
-0.5.13; 0.5.13 to 0.5.15 retry such a result instead: adaptation ``optimistic-prefill-retries``).
+still the abort the request carried once its result was processed: the grammar's rejection's, or G9's). Tree
+facts: ``grammar_in_result: "absent"`` (the result path never shows the token to the grammar, up to 0.4.6),
+``grammar_error: "escapes"`` (it does not catch the rejection, 0.4.7 to 0.4.9: the scheduler stops on it),
+``optimistic_prefill: "absent"`` (no pending bootstrap, before 0.5.13; 0.5.13 to 0.5.15 finish it at the result
+instead: adaptation ``optimistic-prefill-retries``). G3/G4 on those trees run as G1/G2.
 
     python probes/probe_grammar_release_differential.py --side head --tree-kind release --tree-ref 0.5.16
 """
@@ -80,7 +83,7 @@ class World(prefill.World):
         super().__init__()
         self.events: list[str] = []
         self.state = "WaitingForInput"
-        self.grammar_abort: Any = None  # the abort the grammar's rejection set, once delivered
+        self.abort: Any = None  # the abort the request carries once its result is processed
         then = self.release.then
         self.release.then = lambda *args, **kwargs: (self.events.append("release"), then(*args, **kwargs))[1]
         self.scheduler.send_kv_chunk = Spy("send_kv_chunk", lambda *_a, **_k: self.events.append("send"))
@@ -88,7 +91,10 @@ class World(prefill.World):
         sched.disagg_prefill_bootstrap_queue.finalize_bootstrap = Spy("finalize_bootstrap", bootstrap_done)
         sched.ps = SimpleNamespace(tp_rank=0, pp_rank=0)  # the ranks the failure paths name (0.5.14 on)
         sched.tp_rank = 0
+        sched.tp_worker = SimpleNamespace(get_tp_cpu_group=lambda: None)  # up to 0.4.5: the poll's rank group
         sched.attn_cp_cpu_group = sched.attn_tp_cpu_group = None
+        sched.enable_metrics = False  # up to 0.5.12 the failure path asks the scheduler itself
+        sched.scheduler_stage_metrics = None  # 0.5.21 on: no stage recorder, as with metrics off
 
     def sender(self) -> Any:
         return prefill.STANDINS.make("kv_sender", "sender", abort=Recorder("sender.abort"), poll=self.poll_one,
@@ -113,8 +119,12 @@ class World(prefill.World):
             yield
 
     def inflight(self) -> None:
+        queue = getattr(self.scheduler, "process_disagg_prefill_inflight_queue", None)
+        if queue is None:  # up to 0.4.5: the same queue, spelled infight
+            SCENARIOS.adapted("infight-queue-name")
+            queue = self.scheduler.process_disagg_prefill_infight_queue
         with self.patched():
-            self.scheduler.process_disagg_prefill_inflight_queue()
+            queue()
 
 
 def bootstrap_done(req: Any) -> bool:
@@ -150,7 +160,7 @@ def _sent_after_release(world: World, _req: Any) -> int:
 
 
 def _abort_kept(world: World, req: Any) -> bool | None:
-    return None if world.grammar_abort is None else req.finished_reason is world.grammar_abort
+    return None if world.abort is None else req.finished_reason is world.abort
 
 
 MEASURES: dict[str, Callable[[World, Any], Any]] = {
@@ -167,11 +177,15 @@ ALL = tuple(MEASURES)
 @dataclass(frozen=True)
 class Deliver:
     """The request's final prefill result; ``grammar``: "rejects", "accepts" or None; ``pending``: its bootstrap
-    has not finished (the last chunk is not handed over yet)."""
+    has not finished (the last chunk is not handed over yet); ``aborted``: the request already ended in an abort
+    (as a client's abort leaves it) while its result was computed."""
     grammar: str | None
     pending: bool = False
+    aborted: bool = False
 
     def run(self, world: World, req: Any, observed: Observed) -> None:
+        if self.aborted:
+            req.finished_reason = prefill.sg.FINISH_ABORT()
         try:
             world.deliver(req)
         except prefill.GrammarRejects:  # 0.4.7-0.4.9: the scheduler would stop here; the queue's polls still show the rest
@@ -179,8 +193,8 @@ class Deliver:
         if self.grammar is not None and not req.grammar.accept_token.count:
             SCENARIOS.adapted("no-grammar-in-result")
             observed["grammar_in_result"] = "absent"
-        rejected = self.grammar == "rejects" and req.finished_reason is not None
-        world.grammar_abort = req.finished_reason if rejected else None
+        ended = (self.grammar == "rejects" or self.aborted) and req.finished_reason is not None
+        world.abort = req.finished_reason if ended else None
 
 
 @dataclass(frozen=True)
@@ -228,6 +242,8 @@ SCRIPTS = (
            (Deliver("rejects", pending=True), Poll("WaitingForInput"), Poll("Success"), observe(*ALL))),
     Script("G4", "as G3, then a failure poll",
            (Deliver("rejects", pending=True), Poll("WaitingForInput"), Poll("Failed"), observe(*ALL))),
+    Script("G9", "no grammar, the request already aborted while its result was computed; transferring, then success",
+           (Deliver(None, aborted=True), Poll("Transferring"), Poll("Success"), observe(*ALL))),
     Script("G6", "control: the grammar accepts, bootstrap done; transferring, then success",
            (Deliver("accepts"), Poll("Transferring"), Poll("Success"), observe(*CONTROL))),
     Script("G7", "control: no grammar; transferring, then success",
