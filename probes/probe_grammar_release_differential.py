@@ -63,6 +63,7 @@ SCENARIOS = ScenarioSet("grammar_release")
 # The cross-rank polls the inflight queue (and 0.5.13-0.5.15's result path) call, by the tree's name.
 POLL_NAMES = ("poll_and_all_reduce", "poll_and_all_reduce_attn_cp_tp_group")
 TERMINAL = ("Success", "Failed")
+ONE_RANK = SimpleNamespace(tp_rank=0, pp_rank=0, dp_rank=0, attn_tp_rank=0, attn_cp_rank=0)
 
 
 def prepare() -> str:
@@ -103,10 +104,9 @@ class World(prefill.World):
                                                                 raises=TransferFailed("probe: transfer failed")))
 
     def poll_one(self) -> int:
-        from sglang.srt.disaggregation.base import KVPoll
         if self.state in TERMINAL:
             self.events.append("terminal")
-        return getattr(KVPoll, self.state)
+        return getattr(prefill.sg.prefill.KVPoll, self.state)  # the states as the tree's result path names them
 
     def one_rank(self, senders: list, *_groups: Any, **_kwargs: Any) -> list:
         """The all-reduce on one rank: each sender's own poll."""
@@ -115,6 +115,10 @@ class World(prefill.World):
     @contextlib.contextmanager
     def patched(self):
         polls = {name: self.one_rank for name in POLL_NAMES if hasattr(prefill.sg.prefill, name)}
+        if hasattr(prefill.sg.prefill, "get_parallel"):
+            # 0.5.17 on, the failure paths name the rank from the process's parallel context, which only a
+            # server writes: this is rank 0 of one (SGLang's own CPU tests patch it too).
+            polls["get_parallel"] = lambda: ONE_RANK
         with super().patched(), swapped(prefill.sg.prefill, **polls):
             yield
 
@@ -135,7 +139,10 @@ def bootstrap_done(req: Any) -> bool:
 
 def transfer_metric() -> Any:
     """What the sender tells of its transfer: nothing measured (the tree's own record, where it has one)."""
-    from sglang.srt.disaggregation.base import conn
+    try:
+        from sglang.srt.disaggregation.base import conn
+    except ModuleNotFoundError:  # up to 0.4.5 there is no base package, and no transfer metric
+        return None
     metric = getattr(conn, "KVTransferMetric", None)
     return metric() if metric is not None else None
 
