@@ -20,7 +20,7 @@ def load_text(tmp_path, text):
 def test_the_project_registry_declares_both_experiments_with_full_pins():
     reg = registry.load(PROJECT)
     assert set(reg.experiments) == {"admission", "prefill", "offload_slots", "offload_rid", "abort_notify",
-                                    "deferred_release", "deferred_release_nixl"}
+                                    "deferred_release", "deferred_release_nixl", "grammar_release"}
     admission = reg.experiment("admission")
     assert admission.pr == 38935
     assert admission.git == {"base": "17ba2c2e7c7b81f31a8a9e693e7435ab262c16b4",
@@ -40,6 +40,10 @@ def test_the_project_registry_declares_both_experiments_with_full_pins():
     assert reg.experiment("deferred_release_nixl").git == {"base": "aa215e55230bc9b0eb503b5a3886c015c2e5f526",
                                                            "head": "adca19c4970933fa1990fecf3541b527d3153594"}
     assert reg.experiment("deferred_release_nixl").releases == {"base": "0.5.18", "head": "0.5.19"}
+    assert reg.experiment("grammar_release").git == {"base": "43241b7f3fdb2ac0146171bda14b35399b377e5d",
+                                                     "head": "bbb5702a3c7faba97ab425b15808cbe5f3ab6f7c"}
+    assert reg.experiment("grammar_release").releases == {"base": "0.5.15", "head": "0.5.16"}
+    assert reg.experiment("grammar_release").needs.excludes == {"grammar_backend": ("none",)}
     for exp in reg.experiments.values():
         assert exp.probe.exists(), exp.probe
         assert exp.expect, f"{exp.name} declares no expected differential"
