@@ -206,22 +206,39 @@ class NotDeciding:
 @dataclass(frozen=True)
 class Needs:
     """The server configuration a fix's code path needs: the attributes of the tree's own ``ServerArgs`` (as its
-    parser and then its own resolution set them) and, per attribute, the values that enter the path. A
-    configuration meets them when every attribute holds one of its values; one that does not never runs the code
-    the fix changes."""
+    parser and then its own resolution set them) and, per attribute, the values that enter the path, or
+    (``excludes``) the values that keep it off, where any other value enters it (a grammar backend other than
+    ``none``: a plugin may register more). A configuration meets them when every attribute holds one of its values
+    and none holds an excluded one; one that does not never runs the code the fix changes."""
 
     server_args: dict[str, tuple[Any, ...]]
     why: str
+    excludes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+
+    @property
+    def attributes(self) -> list[str]:
+        return [*self.server_args, *(attr for attr in self.excludes if attr not in self.server_args)]
 
     def undefined(self, values: dict[str, Any]) -> list[str]:
         """The attributes missing from ``values`` (the tree's parser does not define them, or their effective value
         is not established): the configuration cannot be read against them."""
-        return [attr for attr in self.server_args if attr not in values]
+        return [attr for attr in self.attributes if attr not in values]
 
     def unmet(self, values: dict[str, Any]) -> list[str]:
         """The attributes whose value keeps the configuration off the path, in the declared order."""
-        return [attr for attr, wanted in self.server_args.items()
-                if attr in values and not any(_same(values[attr], w) for w in wanted)]
+        return [attr for attr in self.attributes if attr in values and not self._enters(attr, values[attr])]
+
+    def _enters(self, attr: str, value: Any) -> bool:
+        if attr in self.server_args and not any(_same(value, w) for w in self.server_args[attr]):
+            return False
+        return not any(_same(value, w) for w in self.excludes.get(attr, ()))
+
+    def wanted(self) -> dict[str, list]:
+        """Per attribute, the values that enter the path, or ``["not", <excluded>...]`` where any other value does."""
+        shown: dict[str, list] = {attr: list(values) for attr, values in self.server_args.items()}
+        for attr, values in self.excludes.items():
+            shown.setdefault(attr, []).extend(["not", *values])
+        return shown
 
 
 @dataclass(frozen=True)
@@ -569,18 +586,24 @@ _ATTRIBUTE = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
 def _parse_needs(where: str, spec: Any) -> Needs:
-    _table(spec, where, required={"server_args": dict, "why": str}, optional={})
+    _table(spec, where, required={"server_args": dict, "why": str}, optional={"excludes": dict})
     if not spec["server_args"]:
         raise RegistryError(f"{where}.server_args: names no attribute (leave [needs] out: every configuration)")
+    found = _needed_values(f"{where}.server_args", spec["server_args"], "enter")
+    excludes = _needed_values(f"{where}.excludes", spec.get("excludes", {}), "keep off")
+    return Needs(found, spec["why"], excludes)
+
+
+def _needed_values(where: str, spec: dict, role: str) -> dict[str, tuple[Any, ...]]:
     found = {}
-    for attr, values in spec["server_args"].items():
+    for attr, values in spec.items():
         if not _ATTRIBUTE.match(attr):
-            raise RegistryError(f"{where}.server_args.{attr}: not a ServerArgs attribute name (lowercase, digits, _)")
+            raise RegistryError(f"{where}.{attr}: not a ServerArgs attribute name (lowercase, digits, _)")
         if not isinstance(values, list) or not values or not all(isinstance(v, Scalar) for v in values):
-            raise RegistryError(f"{where}.server_args.{attr}: expected a non-empty array of the values that enter "
+            raise RegistryError(f"{where}.{attr}: expected a non-empty array of the values that {role} "
                                 "the path (booleans, integers or strings)")
         found[attr] = tuple(values)
-    return Needs(found, spec["why"])
+    return found
 
 
 # An environment variable's name as a shell (and `docker run --env-file`) accepts it.

@@ -21,7 +21,9 @@ PROBES = PROJECT / "probes"
 # the pytest that runs it.
 IN_CELL_ALLOWED = {"sglang", "torch", "triton", "_probekit", "_mutants", "_standins", "_offload", "_serverconfig",
                    "_serverenv", "_decode_step", "_kvtransfer", "_transferqueue", "_nixl", "_retract", "probe_all",
-                   "pytest"}
+                   "pytest",
+                   # grammar_release drives the same result path on experiment prefill's world
+                   "probe_prefill_differential"}
 
 
 def _top_level_imports(path: Path) -> set[str]:

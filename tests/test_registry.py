@@ -20,7 +20,8 @@ def load_text(tmp_path, text):
 def test_the_project_registry_declares_both_experiments_with_full_pins():
     reg = registry.load(PROJECT)
     assert set(reg.experiments) == {"admission", "prefill", "offload_slots", "offload_rid", "abort_notify",
-                                    "deferred_release", "deferred_release_nixl", "retract_resume"}
+                                    "deferred_release", "deferred_release_nixl", "retract_resume",
+                                    "grammar_release"}
     admission = reg.experiment("admission")
     assert admission.pr == 38935
     assert admission.git == {"base": "17ba2c2e7c7b81f31a8a9e693e7435ab262c16b4",
@@ -43,6 +44,10 @@ def test_the_project_registry_declares_both_experiments_with_full_pins():
     assert reg.experiment("retract_resume").git == {"base": "e264b5785d827cdfca80f2eb7d2b108a8a9c37a6",
                                                     "head": "ec4560304b79d856acc9410f9d23f25cfeb0fe73"}
     assert reg.experiment("retract_resume").releases == {"base": "0.5.11", "head": "0.5.12"}
+    assert reg.experiment("grammar_release").git == {"base": "43241b7f3fdb2ac0146171bda14b35399b377e5d",
+                                                     "head": "bbb5702a3c7faba97ab425b15808cbe5f3ab6f7c"}
+    assert reg.experiment("grammar_release").releases == {"base": "0.5.15", "head": "0.5.16"}
+    assert reg.experiment("grammar_release").needs.excludes == {"grammar_backend": ("none",)}
     for exp in reg.experiments.values():
         assert exp.probe.exists(), exp.probe
         assert exp.expect, f"{exp.name} declares no expected differential"

@@ -204,6 +204,10 @@ def test_a_tree_whose_parser_lacks_an_option_the_path_needs_is_answered_about_th
     ('server_args = {}\nwhy = "x"', "names no attribute"),
     ('server_args = { "Disaggregation-Mode" = ["decode"] }\nwhy = "x"', "not a ServerArgs attribute name"),
     ('server_args = { disaggregation_mode = ["decode"] }', "missing key 'why'"),
+    ('server_args = { disaggregation_mode = ["decode"] }\nexcludes = { grammar_backend = [] }\nwhy = "x"',
+     "values that keep off"),
+    ('server_args = { disaggregation_mode = ["decode"] }\nexcludes = { "Grammar" = ["none"] }\nwhy = "x"',
+     "not a ServerArgs attribute name"),
 ])
 def test_the_registrys_needs_are_strictly_validated(tmp_path, needs, message):
     root = make_project(tmp_path, REGISTRY + f"\n[experiments.demo.needs]\n{needs}\n")
@@ -335,3 +339,34 @@ def test_a_tree_whose_parser_cannot_be_built_establishes_nothing_and_its_answers
     assert "this tree's parser cannot be built here (ImportError: a kernel this machine lacks)" in \
         doc["configuration"]["unestablished"]["disaggregation_mode"]
     assert doc["configuration"]["values"] == {} and problems("check", doc) == []
+
+
+EXCLUDES = """
+[experiments.demo.needs]
+server_args = { disaggregation_mode = ["decode"] }
+excludes = { grammar_backend = ["none"] }
+why = "a grammar judges a token only with a grammar backend"
+"""
+# As a release's: a grammar backend whose resolution fills in the default when none is given.
+GRAMMAR_ARGS_PY = SERVER_ARGS_PY.replace(
+    "    tp_size: int = 1\n", "    tp_size: int = 1\n    grammar_backend: str = None\n").replace(
+    '        parser.add_argument("--decode-offload-preset", action="store_true")\n',
+    '        parser.add_argument("--decode-offload-preset", action="store_true")\n'
+    '        parser.add_argument("--grammar-backend", type=str, default=None)\n')
+
+
+@pytest.mark.parametrize(("backend", "status", "enters"), [
+    ("none", "not affected", False),  # the one value that keeps the path off
+    ("xgrammar", "affected", True),
+    ("a-plugin-backend", "affected", True),  # any other value enters: a plugin may register more backends
+])
+def test_a_value_the_needs_exclude_keeps_the_path_off_and_any_other_enters(world, capsys, backend, status, enters):
+    found = configured_fork(world, EXCLUDES, GRAMMAR_ARGS_PY)
+    _, doc, _ = check(world, capsys, "--path", str(found), "--server-args", f"{DECODE} --grammar-backend {backend}")
+    [answer] = doc["experiments"]
+    assert (answer["status"], answer["configuration"]["enters_path"]) == (status, enters)
+    assert answer["configuration"]["needs"] == {"disaggregation_mode": ["decode"], "grammar_backend": ["not", "none"]}
+    if not enters:
+        assert answer["configuration"]["unmet"] == {"grammar_backend": "none"}
+        assert 'grammar_backend = "none" (the path needs any but "none")' in answer["evidence"][0]
+    assert problems("check", doc) == []

@@ -190,6 +190,28 @@ def _shown(value: Any) -> str:
     return json.dumps(value)
 
 
+def _split_needed(values: list) -> tuple[list, list]:
+    """A ``needs`` entry (``Needs.wanted``): the values that enter the path, and those after "not" that keep it off."""
+    if "not" not in values:
+        return values, []
+    cut = values.index("not")
+    return values[:cut], values[cut + 1:]
+
+
+def _needed(values: list) -> str:
+    entering, excluded = _split_needed(values)
+    words = [" or ".join(map(_shown, entering))] if entering else []
+    words += [f"any but {' or '.join(map(_shown, excluded))}"] if excluded else []
+    return ", ".join(words)
+
+
+def _needs_shown(attr: str, values: list) -> str:
+    entering, excluded = _split_needed(values)
+    words = [f"{attr} in {_shown(entering)}"] if entering else []
+    words += [f"{attr} not in {_shown(excluded)}"] if excluded else []
+    return "; ".join(words)
+
+
 @dataclass
 class Environment:
     """The server environment given (None: none, every variable at the tree's default), as one tree reads it
@@ -285,7 +307,7 @@ class ConfigAnswer:
             unknown += [f"{attr} has no established value: {why}" for attr, why in self.unestablished.items()]
             return f"the configuration given cannot tell: {'; '.join(unknown)}; answered about the code"
         if self.enters_path:
-            needs = "; ".join(f"{attr} in {_shown(values)}" for attr, values in self.needs.items())
+            needs = "; ".join(_needs_shown(attr, values) for attr, values in self.needs.items())
             return f"the configuration given enters its path ({needs or 'every configuration does'})"
         if self.code_status is Status.CANNOT_RUN:
             return "its code was not observed: its probe could not run"
@@ -391,7 +413,7 @@ def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict,
     if configuration is None:
         return found
     needs = exp.needs
-    wanted = {attr: list(values) for attr, values in needs.server_args.items()} if needs else {}
+    wanted = needs.wanted() if needs else {}
     unknown = {attr: configuration.unestablished[attr] for attr in wanted if attr in configuration.unestablished}
     undefined = [attr for attr in needs.undefined(configuration.values) if attr not in unknown] if needs else []
     unmet = {attr: configuration.values[attr] for attr in needs.unmet(configuration.values)} if needs else {}
@@ -401,7 +423,7 @@ def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict,
     found.config = ConfigAnswer(enters, wanted, unmet, undefined, found.status, needs.why if needs else "", unknown)
     if enters is not False or found.status is Status.NOT_AFFECTED:  # the code's own absence says more
         return found
-    off = "; ".join(f"{attr} = {_shown(value)} (the path needs {' or '.join(map(_shown, wanted[attr]))})"
+    off = "; ".join(f"{attr} = {_shown(value)} (the path needs {_needed(wanted[attr])})"
                     for attr, value in unmet.items())
     evidence = f"the server configuration given ({configuration.given.source}) never enters it: {off}: {needs.why}"
     if found.status is Status.CANNOT_RUN:  # the configuration alone decides: say what was not seen
@@ -611,7 +633,7 @@ def _config_args(exps: list[Experiment], server_args: ServerArguments | None) ->
     """The probe driver's arguments for the server arguments given: them, and the attributes the fixes need."""
     if server_args is None:
         return {}
-    attrs = sorted({attr for exp in exps if exp.needs for attr in exp.needs.server_args})
+    attrs = sorted({attr for exp in exps if exp.needs for attr in exp.needs.attributes})
     return {warm.SERVER_ARGS: json.dumps(list(server_args.args)), "server_attrs": ",".join(attrs)}
 
 
