@@ -26,6 +26,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 import _standins
+from _probekit import served_req
 
 # Where a tree processes a decode step's results, newest first: the scheduler's batch-result component
 # from 0.5.13, the scheduler's output-processor mixin up to 0.5.12.
@@ -36,7 +37,6 @@ OUTPUT_PROCESSORS = (
 ENTRY = "process_batch_result_decode"
 DECODING_TOKENS = 64  # the still-decoding step's request is far from its length limit
 TOKEN = 7
-VOCAB = 1000
 
 
 class DecodeOffload(enum.Enum):
@@ -146,12 +146,9 @@ def offload_manager(make: Callable[..., Any], calls: list[bool]) -> Any:
 def step(owner: type, sg: SimpleNamespace, make_manager: Callable[..., Any], *, finishes: bool) -> list[bool]:
     """One decode step of one request through the tree's output processing; the manager's offload calls."""
     calls: list[bool] = []
-    params = sg.SamplingParams(max_new_tokens=1 if finishes else DECODING_TOKENS)
-    if hasattr(params, "normalize"):  # as the tokenizer manager leaves it: no stop strings
-        params.normalize(None)
-    req = sg.Req("probe-decode-step", "", [1, 2, 3, 4, 5], params)
+    req = served_req(sg.Req, sg.SamplingParams, "probe-decode-step", [1, 2, 3, 4, 5],
+                     max_new_tokens=1 if finishes else DECODING_TOKENS)
     req.output_ids = []
-    req.vocab_size = VOCAB  # a server sets it from the model; the finish check bounds the token by it
     processor = processor_class(owner)(
         server_args=sg.server_args, decode_offload_manager=offload_manager(make_manager, calls), enable_overlap=False)
     batch = Anything("batch", reqs=[req], spec_algorithm=sg.SPEC_NONE, is_spec_v2=False, return_logprob=False,

@@ -329,6 +329,21 @@ def server_args(ServerArgs: type, adapt: Callable[[str], None], **kwargs: Any) -
     return args
 
 
+VOCAB = 1000  # above every token a probe's requests carry
+
+
+def served_req(req_cls: type, params_cls: type, rid: str, prompt: list[int], **sampling: Any) -> Any:
+    """The tree's ``Req`` as a server hands it to a scheduler: its sampling parameters normalized as the tokenizer
+    manager leaves them (no stop strings) and its vocabulary size set (a server sets it from the model), both of
+    which a finish check reads."""
+    params = params_cls(**sampling)
+    if hasattr(params, "normalize"):
+        params.normalize(None)
+    req = req_cls(rid, "", list(prompt), params)
+    req.vocab_size = VOCAB
+    return req
+
+
 def publish_server_args(args: Any, adapt: Callable[[str], None], *, role: str, reset: bool = False) -> None:
     """Publish server args as a scheduler process would, by the first route the tree has.
 

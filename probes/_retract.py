@@ -29,7 +29,7 @@ from array import array
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from _probekit import Collaborators, Recorder, publish_server_args, server_args, swapped
+from _probekit import Collaborators, Recorder, publish_server_args, served_req, server_args, swapped
 
 DECODE_MODULE = "sglang.srt.disaggregation.decode"
 HIDDEN = 8  # the hidden size the buffers are built with
@@ -115,6 +115,16 @@ def metadata_buffers_absent() -> bool:
     return cls is None or not all(callable(getattr(cls, name, None)) for name in ("get_buf", "set_buf"))
 
 
+def _req_to_token_pool_class() -> type:
+    """The decode worker's request-to-token pool: its own ``DecodeReqToTokenPool``, or the scheduler's plain
+    ``ReqToTokenPool`` in trees that have none (up to 0.4.7; adaptation ``plain-req-to-token-pool``)."""
+    pool = getattr(sg.decode, "DecodeReqToTokenPool", None)
+    if pool is None:
+        sg.adapt("plain-req-to-token-pool")
+        pool = importlib.import_module("sglang.srt.mem_cache.memory_pool").ReqToTokenPool
+    return pool
+
+
 def _build(cls: type, **kwargs: Any) -> Any:
     """``cls`` built by its own constructor, given those of ``kwargs`` it takes."""
     params = inspect.signature(cls.__init__).parameters
@@ -165,14 +175,15 @@ class World:
         self.tree_cache = STANDINS.make(
             "tree_cache", "tree_cache", page_size=1, disable=True, supports_mamba=lambda: False,
             evictable_size=lambda: 0, protected_size=lambda: 0, token_to_kv_pool_allocator=self.allocator)
-        self.req_to_token_pool = _build(sg.decode.DecodeReqToTokenPool, size=ROWS, max_context_len=CONTEXT,
+        self.req_to_token_pool = _build(_req_to_token_pool_class(), size=ROWS, max_context_len=CONTEXT,
                                         device="cpu", enable_memory_saver=False, pre_alloc_size=0)
         self.tree_cache.req_to_token_pool = self.req_to_token_pool
         self.scheduler = STANDINS.make(
             "scheduler", "scheduler", spec_algorithm=sg.SPEC[speculative], server_args=sg.server_args,
             enable_hisparse=False, enable_decode_hicache=False, enable_metrics=False, hisparse_coordinator=None,
             running_batch=SimpleNamespace(reqs=[]), waiting_queue=[], last_batch=None, tree_cache=self.tree_cache,
-            model_config=SimpleNamespace(is_hybrid=False),  # 0.5.1's budget asks whether the model is hybrid SWA
+            # the budget asks whether the model is hybrid SWA: 0.5.1 as is_hybrid, 0.5.6 to 0.5.8 as is_hybrid_swa
+            model_config=SimpleNamespace(is_hybrid=False, is_hybrid_swa=False),
             kv_checksum_computer=None,  # 0.5.21 on: KV checksums off, as by default
             enable_overlap=False,  # 0.5.23's pre-allocation asks: the normal (not overlapped) event loop
             # 0.5.21 on: a committed first token is counted (reasoning tokens) by the scheduler's result processor
@@ -207,7 +218,7 @@ class World:
     def admit(self, name: str) -> Request:
         """A request whose transfer starts: the next free metadata slot, as the prealloc queue takes it."""
         number = len(self.requests) + 1
-        req = sg.Req(f"probe-{name}", "", list(range(1, PROMPT + 1)), sg.SamplingParams(max_new_tokens=16))
+        req = served_req(sg.Req, sg.SamplingParams, f"probe-{name}", list(range(1, PROMPT + 1)), max_new_tokens=16)
         if isinstance(req.output_ids, array):  # 0.5.21 on: token ids are arrays, the prompt as the scheduler makes it
             req.origin_input_ids = array(req.output_ids.typecode, req.origin_input_ids)
         req.bootstrap_room = ROOM + number
@@ -231,7 +242,8 @@ class World:
         """The request's transfer writes its slot: the prefill side's request as ``set_buf`` reads it."""
         entry = self.requests[name]
         torch = sg.torch
-        sent = sg.Req(entry.req.rid, "", list(range(1, PROMPT + 1)), sg.SamplingParams(max_new_tokens=16))
+        sent = served_req(sg.Req, sg.SamplingParams, entry.req.rid, list(range(1, PROMPT + 1)),
+                          max_new_tokens=16)
         sent.output_ids = [entry.token]
         sent.metadata_buffer_index = entry.slot
         sent.bootstrap_room = entry.req.bootstrap_room

@@ -38,6 +38,7 @@ Keys: ``release_count`` (the request's KV releases), ``double_released`` (more t
 still the abort the request carried once its result was processed: the grammar's rejection's, or G9's). Tree
 facts: ``grammar_in_result: "absent"`` (the result path never shows the token to the grammar, up to 0.4.6),
 ``grammar_error: "escapes"`` (it does not catch the rejection, 0.4.7 to 0.4.9: the scheduler stops on it),
+``failed_poll: "raises"`` (a failure poll raises out of the inflight queue, up to 0.4.6: the scheduler stops on it),
 ``optimistic_prefill: "absent"`` (no pending bootstrap, before 0.5.13; 0.5.13 to 0.5.15 finish it at the result
 instead: adaptation ``optimistic-prefill-retries``). G3/G4 on those trees run as G1/G2.
 
@@ -96,6 +97,10 @@ class World(prefill.World):
         sched.attn_cp_cpu_group = sched.attn_tp_cpu_group = None
         sched.enable_metrics = False  # up to 0.5.12 the failure path asks the scheduler itself
         sched.scheduler_stage_metrics = None  # 0.5.21 on: no stage recorder, as with metrics off
+        # 0.5.10 and 0.5.11: the terminal poll measures each finished transfer by the pool's pages and the KV
+        # manager's item sizes (one page of one byte: the measure is not observed)
+        sched.token_to_kv_pool_allocator = SimpleNamespace(page_size=1)
+        sched.disagg_prefill_bootstrap_queue.kv_manager = SimpleNamespace(kv_args=SimpleNamespace(kv_item_lens=[1]))
 
     def sender(self) -> Any:
         return prefill.STANDINS.make("kv_sender", "sender", abort=Recorder("sender.abort"), poll=self.poll_one,
@@ -211,7 +216,12 @@ class Poll:
 
     def run(self, world: World, req: Any, observed: Observed) -> None:
         world.state = self.state
-        world.inflight()
+        try:
+            world.inflight()
+        except Exception as exc:  # up to 0.4.6 a failed transfer raises a bare Exception: the scheduler stops there
+            if self.state != "Failed" or type(exc) is not Exception:
+                raise
+            observed["failed_poll"] = "raises"
 
 
 @dataclass(frozen=True)

@@ -299,10 +299,12 @@ def test_the_action_installs_pdevidence_and_checks_a_release(tmp_path):
     # 0.5.20: admission is fixed from 0.5.21; prefill from 0.5.20, offload_slots from 0.5.13, offload_rid from 0.5.19.
     told = dict(re.findall(r"^  (\w+) +(affected|fixed|partial|deviates|unknown|not affected|cannot run) ",
                            proc.stdout, re.MULTILINE))
-    # abort_notify from 0.5.13; the deferred releases carried, behind their gate off by default (present but off).
+    # abort_notify from 0.5.13; the deferred releases carried, behind their gate off by default (present but off);
+    # retract_resume from 0.5.12, grammar_release from 0.5.16.
     assert told == {"admission": "affected", "prefill": "fixed", "offload_slots": "fixed",
                     "offload_rid": "fixed", "abort_notify": "fixed", "deferred_release": "affected",
-                    "deferred_release_nixl": "affected"}, proc.stdout
+                    "deferred_release_nixl": "affected", "retract_resume": "fixed",
+                    "grammar_release": "fixed"}, proc.stdout
     outputs = dict(line.split("=", 1) for line in output.read_text().splitlines())
     assert outputs["exit-code"] == "1"  # affected, and the step passed: fail-on-affected is false
     vex = json.loads(Path(outputs["openvex"]).read_text())

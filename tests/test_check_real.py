@@ -82,8 +82,10 @@ def telling(reg, experiment: str) -> list[str]:
 # What check answers, with the defaults, on a release the sweep classified so: a fix present but off is affected.
 AS_CHECKED = {**check.STATUS_OF, Classification.PRESENT_OFF: check.Status.AFFECTED}
 
-# The abort-mid-transfer fixes on 0.5.21, whose default turns the deferred releases on.
-ON_0_5_21 = {"abort_notify": "fixed", "deferred_release": "fixed", "deferred_release_nixl": "fixed"}
+# The abort-mid-transfer fixes on 0.5.21, whose default turns the deferred releases on; the retract-resume
+# copies (from 0.5.12) and the single grammar release (from 0.5.16) came before it.
+ON_0_5_21 = {"abort_notify": "fixed", "deferred_release": "fixed", "deferred_release_nixl": "fixed",
+             "retract_resume": "fixed", "grammar_release": "fixed"}
 
 
 def test_0_5_20_has_the_prefill_fix_but_not_the_admission_fix(reg, version_check):
@@ -94,7 +96,8 @@ def test_0_5_20_has_the_prefill_fix_but_not_the_admission_fix(reg, version_check
     # 0.5.20 carries both deferred releases behind their gate, off by default: present but off reads affected.
     assert statuses(doc) == {"admission": "affected", "prefill": "fixed", "offload_slots": "fixed",
                              "offload_rid": "fixed", "abort_notify": "fixed", "deferred_release": "affected",
-                             "deferred_release_nixl": "affected"}
+                             "deferred_release_nixl": "affected", "retract_resume": "fixed",
+                             "grammar_release": "fixed"}
     assert code == errors.BEHAVIOUR_DIFFERS
     assert doc["target"]["kind"] == "release" and doc["target"]["resolved"] == "0.5.20"
     admission = doc["experiments"][0]

@@ -40,6 +40,8 @@ NOT_PORTED = {
                                                           "to wait on",
     ("deferred_release", "torch2.8-tf4"): "not yet: as torch2.7-tf4's",
     ("deferred_release", "torch2.9-tf4"): "not yet: as torch2.7-tf4's",
+    ("retract_resume", "torch2.7-tf4"): "no partial port to tell: 0.4.8-0.4.10.post2 commit only the hidden states "
+                                        "from the slot (no top-k), so copying them is the whole fix",
     ("deferred_release_nixl", "torch2.11-tf5"): "0.5.16's NIXL worker keeps no per-room count of outstanding chunks, "
                                                 "the count #35360's drain ack is built on (0.5.18 has it)",
 }

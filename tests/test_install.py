@@ -173,7 +173,8 @@ def test_the_installed_wheel_checks_a_release_from_an_empty_directory(installed)
     # 0.5.21 is admission's head; every other fix came before it (the deferred releases on by default there).
     assert {e["experiment"]: e["status"] for e in doc["experiments"]} == {
         "admission": "fixed", "prefill": "fixed", "offload_slots": "fixed", "offload_rid": "fixed",
-        "abort_notify": "fixed", "deferred_release": "fixed", "deferred_release_nixl": "fixed"}
+        "abort_notify": "fixed", "deferred_release": "fixed", "deferred_release_nixl": "fixed",
+        "retract_resume": "fixed", "grammar_release": "fixed"}
     state = installed["home"] / "xdg-state" / "pdevidence" / "runs" / "check"
     written = {p.name for p in state.rglob("*.json")}
     assert {f"{name}.json" for name in registry.load(PROJECT).experiments} <= written
