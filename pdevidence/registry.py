@@ -210,16 +210,32 @@ class Needs:
 
     server_args: dict[str, tuple[Any, ...]]
     why: str
+    # Integer attributes whose value must exceed a bound to enter the path (``page_size`` above 1): no list of
+    # values could name every page size a server takes.
+    above: dict[str, int] = field(default_factory=dict)
+    # What the path needs that no server argument says (the model's layers), assumed where the path is entered.
+    assumes: str = ""
+
+    @property
+    def attributes(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys([*self.server_args, *self.above]))
 
     def undefined(self, values: dict[str, Any]) -> list[str]:
         """The attributes missing from ``values`` (the tree's parser does not define them, or their effective value
         is not established): the configuration cannot be read against them."""
-        return [attr for attr in self.server_args if attr not in values]
+        return [attr for attr in self.attributes if attr not in values]
 
     def unmet(self, values: dict[str, Any]) -> list[str]:
         """The attributes whose value keeps the configuration off the path, in the declared order."""
-        return [attr for attr, wanted in self.server_args.items()
-                if attr in values and not any(_same(values[attr], w) for w in wanted)]
+        off = [attr for attr, wanted in self.server_args.items()
+               if attr in values and not any(_same(values[attr], w) for w in wanted)]
+        return off + [attr for attr, bound in self.above.items() if attr in values and attr not in off
+                      and not (type(values[attr]) is int and values[attr] > bound)]
+
+    def wanted(self) -> dict[str, list]:
+        """Per attribute, the values that enter the path as said to an operator (a bound as ``"> 1"``)."""
+        return {**{attr: list(values) for attr, values in self.server_args.items()},
+                **{attr: [f"> {bound}"] for attr, bound in self.above.items()}}
 
 
 @dataclass(frozen=True)
@@ -248,6 +264,9 @@ class Experiment:
     not_deciding: dict[str, NotDeciding] = field(default_factory=dict)
     needs: Needs | None = None  # the server configuration its code path needs; None: every configuration enters it
     gate: Gate | None = None  # the environment variable the fix runs behind; None: it always runs
+    # Kernels on the probed path that cannot run on a CPU, each answered by its own module's CPU implementation
+    # of the same computation: "module:kernel" -> (that implementation's name, why it computes the same).
+    cpu_kernels: dict[str, tuple[str, str]] = field(default_factory=dict)
     # The SGLang files (repository paths) its probe loads: `bisect --every` probes each commit changing one.
     loads: tuple[str, ...] = ()
 
@@ -523,7 +542,7 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
     _table(table, where, required={"pr": int, "title": str, "probe": str},
            optional={"git": dict, "upstream_tests": list, "releases": dict, "expect": dict, "mutants": dict,
                      "not_affected": dict, "not_deciding": dict, "needs": dict, "gate": dict,
-                     "loads": list})
+                     "loads": list, "cpu_kernels": dict})
     git = _table(table.get("git", {}), f"{where}.git", required={side: str for side in SIDES} if "git" in table
                  else {}, optional={})
     for side in git:
@@ -554,16 +573,35 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
         needs=_parse_needs(f"{where}.needs", table["needs"]) if "needs" in table else None,
         gate=_parse_gate(f"{where}.gate", table["gate"]) if "gate" in table else None,
         loads=_repository_paths(table.get("loads", []), f"{where}.loads"),
+        cpu_kernels={kernel: _parse_cpu_kernel(f"{where}.cpu_kernels.{kernel}", kernel, spec)
+                     for kernel, spec in table.get("cpu_kernels", {}).items()},
     )
+
+
+def _parse_cpu_kernel(where: str, kernel: str, spec: Any) -> tuple[str, str]:
+    """A kernel's CPU stand-in may only be its own module's implementation: named, not a module of our own."""
+    if not _TARGET.match(kernel):
+        raise RegistryError(f"{where}: {kernel!r} is not \"sglang.module:kernel\"")
+    _table(spec, where, required={"cpu": str, "why": str}, optional={})
+    if not _ATTRIBUTE.match(spec["cpu"]):
+        raise RegistryError(f"{where}.cpu: {spec['cpu']!r} is not a name in the kernel's own module")
+    return spec["cpu"], spec["why"]
 
 
 _ATTRIBUTE = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
 def _parse_needs(where: str, spec: Any) -> Needs:
-    _table(spec, where, required={"server_args": dict, "why": str}, optional={})
-    if not spec["server_args"]:
+    _table(spec, where, required={"server_args": dict, "why": str}, optional={"above": dict, "assumes": str})
+    if not spec["server_args"] and not spec.get("above"):
         raise RegistryError(f"{where}.server_args: names no attribute (leave [needs] out: every configuration)")
+    above = {}
+    for attr, bound in spec.get("above", {}).items():
+        if not _ATTRIBUTE.match(attr) or type(bound) is not int:
+            raise RegistryError(f"{where}.above.{attr}: expected a ServerArgs attribute name and an integer bound")
+        if attr in spec["server_args"]:
+            raise RegistryError(f"{where}.above.{attr}: also in server_args: name it in one of them")
+        above[attr] = bound
     found = {}
     for attr, values in spec["server_args"].items():
         if not _ATTRIBUTE.match(attr):
@@ -572,7 +610,7 @@ def _parse_needs(where: str, spec: Any) -> Needs:
             raise RegistryError(f"{where}.server_args.{attr}: expected a non-empty array of the values that enter "
                                 "the path (booleans, integers or strings)")
         found[attr] = tuple(values)
-    return Needs(found, spec["why"])
+    return Needs(found, spec["why"], above, spec.get("assumes", ""))
 
 
 # An environment variable's name as a shell (and `docker run --env-file`) accepts it.
