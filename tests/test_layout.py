@@ -19,7 +19,7 @@ PROBES = PROJECT / "probes"
 # the probed tree and the torch it runs on, the probes' own kit and driver, and (for the upstream plugin)
 # the pytest that runs it.
 IN_CELL_ALLOWED = {"sglang", "torch", "triton", "_probekit", "_mutants", "_standins", "_offload", "_serverconfig",
-                   "_serverenv", "_decode_step", "_kvtransfer", "_transferqueue", "_nixl", "probe_all",
+                   "_serverenv", "_decode_step", "_kvtransfer", "_transferqueue", "_nixl", "_swa", "probe_all",
                    "pytest"}
 
 
