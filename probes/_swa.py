@@ -79,8 +79,9 @@ class NaiveLaunch:
         return launch
 
 
-def prepare(scenarios: ScenarioSet) -> str:
-    """Import the tree's SWA allocator and pools, and answer the paged kernel with the module's CPU one."""
+def prepare(scenarios: ScenarioSet, *, decode: bool = False) -> str:
+    """Import the tree's SWA allocator and pools (``decode``: and its decode prealloc queue, with what a request
+    is built from), and answer the paged kernel with the module's CPU one."""
     import sglang
     import torch
 
@@ -94,6 +95,13 @@ def prepare(scenarios: ScenarioSet) -> str:
     sg.naive = getattr(sg.kernel_module, NAIVE, None) if sg.kernel_module is not None else None
     if sg.naive is not None:
         sg.kernel_module.alloc_extend_kernel = NaiveLaunch(sg.naive)
+    if decode:
+        from sglang.srt.disaggregation.decode import DecodePreallocQueue
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        sg.Queue, sg.Req, sg.SamplingParams, sg.ReqToTokenPool = DecodePreallocQueue, Req, SamplingParams, ReqToTokenPool
     sg.ready = True
     return sglang.__version__
 
@@ -173,6 +181,53 @@ class World:
         self.reissued += len(self.swa_pages(slots) & others)
         self.live[name] = slots if name not in self.live else sg.torch.cat((self.live[name], slots))
 
+    def draft(self, name: str, tokens: int) -> None:
+        """A speculative (MTP) draft step for live request ``name``: its draft slots are allocated past its last
+        slot between the allocator's ``backup_state`` and ``restore_state``, which gives the pages back and leaves
+        their mapping as the allocation wrote it (the recycled pages of PR #25805)."""
+        torch = sg.torch
+        mine = self.live[name]
+        state = self.allocator.backup_state()
+        if self.page == 1:  # the token allocator's slots: no kernel
+            if self.allocator.alloc(tokens) is None:
+                raise RuntimeError(f"the allocator refused {tokens} draft slots for {name}")
+            self.allocator.restore_state(state)
+            return
+        self.need_kernel()
+        prefix = torch.tensor([len(mine)], dtype=torch.int64)
+        lens = torch.tensor([len(mine) + tokens], dtype=torch.int64)
+        last = mine[-1:].to(torch.int64)
+        if self.allocator.alloc_extend(prefix, prefix.clone(), lens, lens.clone(), last, tokens) is None:
+            raise RuntimeError(f"the allocator refused {tokens} draft slots for {name}")
+        self.allocator.restore_state(state)
+
+    def pre_alloc(self, name: str, tokens: int, window: int) -> int:
+        """The decode server's preallocation of a transferred request of ``tokens`` prompt tokens: the tree's own
+        ``DecodePreallocQueue._pre_alloc`` (no prefix, no decode radix cache, no HiSparse; the model's sliding
+        window ``window``). Answers the SWA slots it took."""
+        torch = sg.torch
+        queue = object.__new__(sg.Queue)
+        queue.req_to_token_pool = self.rows()
+        queue.token_to_kv_pool_allocator = self.allocator
+        queue.token_to_kv_pool = self.pool
+        queue.scheduler = SimpleNamespace(enable_hisparse=False, sliding_window_size=window,
+                                          server_args=SimpleNamespace(disaggregation_decode_enable_radix_cache=False))
+        queue.tree_cache = SimpleNamespace(evictable_size=lambda: 0, protected_size=lambda: 0)
+        req = sg.Req(name, "", list(range(1, tokens + 1)), sg.SamplingParams(max_new_tokens=8))
+        req.output_ids = []
+        before = self.swa_free()
+        if self.page > 1 and self.swa:
+            self.need_kernel()
+        slots = queue._pre_alloc(req)
+        self.handed_out(name, slots.to(torch.int64))
+        return before - self.swa_free()
+
+    def rows(self) -> Any:
+        if getattr(self, "_rows", None) is None:
+            self._rows = sg.ReqToTokenPool(**_keywords(sg.ReqToTokenPool, size=8, max_context_len=64, device="cpu",
+                                                       enable_memory_saver=False))
+        return self._rows
+
     def free_swa(self, name: str, start: int, stop: int) -> None:
         self.allocator.free_swa(self.live[name][start:stop])
 
@@ -199,6 +254,16 @@ class World:
         """SWA pages (slots, at page size 1) in the SWA allocator's free lists more than once."""
         free = self.free_list(self.pages)
         return sum(free.count(p) - 1 for p in set(free))
+
+    def swa_mapped(self, name: str) -> int:
+        """Of the request's full slots, those whose mapping names an SWA slot."""
+        mapped = self.allocator.full_to_swa_index_mapping[self.live[name].to(sg.torch.int64)]
+        return sum(1 for s in mapped.tolist() if s > 0)
+
+    def live_in_free(self) -> int:
+        """SWA pages in the free lists that a live request's mapping still names (given back under it)."""
+        free = set(self.free_list(self.pages))
+        return len(free & set().union(set(), *(self.swa_pages(s) for s in self.live.values())))
 
     def stale_mapping(self, name: str) -> int:
         """Of the request's full slots, those whose mapping names an SWA slot of a page that is free."""
