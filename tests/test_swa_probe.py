@@ -97,6 +97,15 @@ class Pages:
     def available_size(self):
         return (len(self.free_pages) + len(self.release_pages)) * self.page_size
 
+    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens):
+        return self.alloc(-(-extend_num_tokens // self.page_size) * self.page_size)[:extend_num_tokens]
+
+    def backup_state(self):
+        return Tensor(self.free_pages.data)
+
+    def restore_state(self, state):
+        self.free_pages = state
+
 
 class Pool:
     def __init__(self, size, size_swa, page_size, dtype, head_num, head_dim, swa_attention_layer_ids,
@@ -108,6 +117,7 @@ class SWAAllocator:
     """SGLang's hybrid allocator in miniature; ``CLEARS_PAGE``: free_swa clears each freed page's every slot."""
 
     CLEARS_PAGE = False
+    CLEARS_OUTSIDE_TAIL = False
 
     def __init__(self, size, size_swa, page_size, dtype, device, kvcache, need_sort):
         self.page_size = page_size
@@ -123,6 +133,22 @@ class SWAAllocator:
     def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens):
         need = -(-extend_num_tokens // self.page_size) * self.page_size
         return self.alloc(need)[:extend_num_tokens]
+
+    def alloc_extend_swa_tail(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
+                              extend_num_tokens, swa_tail_len):
+        full = self.full_attn_allocator.alloc(-(-extend_num_tokens // self.page_size) * self.page_size)
+        swa = self.swa_attn_allocator.alloc(-(-swa_tail_len // self.page_size) * self.page_size)
+        tail = Tensor(full.data[extend_num_tokens - swa_tail_len:extend_num_tokens])
+        self.full_to_swa_index_mapping[tail] = Tensor(swa.data[:swa_tail_len])
+        if self.CLEARS_OUTSIDE_TAIL:
+            self.full_to_swa_index_mapping[Tensor(full.data[:extend_num_tokens - swa_tail_len])] = 0
+        return Tensor(full.data[:extend_num_tokens])
+
+    def backup_state(self):
+        return [Tensor(self.full_attn_allocator.free_pages.data), Tensor(self.swa_attn_allocator.free_pages.data)]
+
+    def restore_state(self, state):
+        self.full_attn_allocator.free_pages, self.swa_attn_allocator.free_pages = state
 
     def free_swa(self, free_index):
         given = free_index.data
@@ -149,6 +175,12 @@ class FixedSWAAllocator(SWAAllocator):
     CLEARS_PAGE = True
 
 
+class TailSWAAllocator(SWAAllocator):
+    """swa_free's base, swa_tail's head: the tail allocation clears the mapping outside the tail."""
+
+    CLEARS_OUTSIDE_TAIL = True
+
+
 class TokenSWAAllocator(SWAAllocator):
     """A token-granular tree's allocator: no page size to give."""
 
@@ -169,15 +201,45 @@ def naive(prefix_lens, seq_lens, last_loc, free_pages, out_indices, page_size, d
     """Stands for the module's own CPU implementation: only that it was called is read here."""
 
 
+class Req:
+    def __init__(self, rid, text, input_ids, sampling_params):
+        self.rid, self.origin_input_ids = rid, input_ids
+
+
+class Queue:
+    """A decode prealloc queue's ``_pre_alloc`` in miniature; ``TAIL``: the tree allocates SWA for the tail only."""
+
+    TAIL = True
+
+    def _pre_alloc(self, req):
+        alloc, n = self.token_to_kv_pool_allocator, len(req.origin_input_ids)
+        one, lens, last = Tensor([0]), Tensor([n]), Tensor([-1])
+        if alloc.page_size == 1 or not hasattr(alloc, "alloc_extend_swa_tail"):
+            return alloc.alloc(n)
+        if self.TAIL:
+            return alloc.alloc_extend_swa_tail(one, one, lens, lens, last, n, self.scheduler.sliding_window_size)
+        return alloc.alloc_extend(one, one, lens, lens, last, n)
+
+
+class WholeQueue(Queue):
+    TAIL = False
+
+
+class Rows:
+    def __init__(self, size, max_context_len, device, enable_memory_saver):
+        pass
+
+
 @pytest.fixture
 def swa(fresh_probe, monkeypatch):
     """The probe module with ``_swa.sg`` set as ``prepare()`` sets it, on the allocators written here."""
-    def load(allocator=SWAAllocator, kernel_module=True):
-        probe = fresh_probe("probe_swa_free_differential.py")
+    def load(allocator=SWAAllocator, kernel_module=True, probe="free", queue=Queue):
+        probe = fresh_probe(f"probe_swa_{probe}_differential.py")
         module = types.SimpleNamespace(alloc_extend_naive=naive, __name__="fake.paged") if kernel_module else None
         monkeypatch.setattr(probe._swa, "sg", SimpleNamespace(
             ready=True, torch=fake_torch(), scenarios=probe.SCENARIOS, Allocator=allocator, Pool=Pool,
-            Paged=Paged, MHAPool=MHAPool, kernel_module=module, naive=naive if kernel_module else None))
+            Paged=Paged, MHAPool=MHAPool, kernel_module=module, naive=naive if kernel_module else None,
+            Queue=queue, Req=Req, SamplingParams=lambda **kw: None, ReqToTokenPool=Rows))
         return probe
     return load
 
@@ -300,3 +362,63 @@ def test_real_base_frees_a_sibling_s_page_again_and_head_never(tmp_path):
     assert (head["F1"]["double_freed"], head["F3"]["live_page_reissued"]) == (0, 0)
     assert base["F2"]["free_refused"] == "AssertionError" and head["F2"]["free_refused"] is None
     assert all(base[sid] == head[sid] for sid in ("F4", "F5", "F6"))
+
+
+# ---------------------------------------------------------------- swa_tail: the decode preallocation
+
+
+def test_t1_a_preallocation_over_a_draft_s_recycled_page_keeps_its_mapping_outside_the_tail(swa):
+    base, head = (played(swa(SWAAllocator, probe="tail"), "T1"), played(swa(TailSWAAllocator, probe="tail"), "T1"))
+    assert (base["swa_taken"], base["swa_mapped"]) == (4, 8)
+    assert (head["swa_taken"], head["swa_mapped"]) == (4, 4)
+
+
+def test_t3_the_slide_gives_the_tail_s_page_back_under_the_request_and_its_finish_frees_it_again(swa):
+    base, head = (played(swa(SWAAllocator, probe="tail"), "T3"), played(swa(TailSWAAllocator, probe="tail"), "T3"))
+    assert (base["live_in_free_after_slide"], base["live_page_reissued"], base["double_freed"]) == (1, 1, 1)
+    assert (head["live_in_free_after_slide"], head["live_page_reissued"], head["double_freed"]) == (0, 0, 0)
+    assert head["swa_free"] == SIZE - 4  # B still holds its page
+
+
+@pytest.mark.parametrize("sid", ["T4", "T5", "T6"])
+def test_the_tail_controls_read_alike_on_both_allocators(swa, sid):
+    assert played(swa(SWAAllocator, probe="tail"), sid) == played(swa(TailSWAAllocator, probe="tail"), sid)
+
+
+def test_a_preallocation_that_takes_swa_for_every_token_records_no_tail_and_stops(swa):
+    probe = swa(SWAAllocator, probe="tail", queue=WholeQueue)
+    assert played(probe, "T1") == {"swa_taken": 8, "tail_prealloc": "absent"}
+    assert "live_page_reissued" in played(probe, "T6")  # the controls conclude nothing of it and run on
+
+
+def test_the_registry_expects_the_keys_the_tail_probe_records(swa):
+    from pdevidence import registry
+
+    exp = registry.load(PROJECT).experiment("swa_tail")
+    probe = swa(TailSWAAllocator, probe="tail")
+    for sid, expect in exp.expect.items():
+        assert set(expect.head) <= set(played(probe, sid)), sid
+    assert exp.needs.unmet({"disaggregation_mode": "prefill", "page_size": 4,
+                            "disable_hybrid_swa_memory": False}) == ["disaggregation_mode"]
+
+
+@pytest.mark.sglang
+def test_real_base_preallocation_hands_a_live_tail_page_on_and_head_never(tmp_path):
+    """Alone proves, on the real bracket (0.5.12, 0.5.13) through the tree's own DecodePreallocQueue._pre_alloc:
+    after an MTP draft's pages went back by restore_state, the base preallocation leaves the recycled full page
+    naming the tail's SWA page, the window slide frees that page under the live request, the next request gets
+    it and the finish frees it again; the head maps the tail only and never does; the controls read alike."""
+    from real_runs import cli_run
+
+    observed = {}
+    for side, release in (("base", "0.5.12"), ("head", "0.5.13")):
+        done = cli_run(tmp_path, "cell", "release", "swa_tail", side, timeout=1800)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        doc = json.loads((tmp_path / f"swa_tail.{side}.release-{release}.json").read_text())
+        assert all(sc["error"] is None for sc in doc["scenarios"].values()), doc["scenarios"]
+        assert doc["adaptations"] == ["alloc-extend-naive"]
+        observed[side] = {sid: sc["observed"] for sid, sc in doc["scenarios"].items()}
+    base, head = observed["base"], observed["head"]
+    assert (base["T1"]["swa_mapped"], base["T3"]["live_page_reissued"], base["T3"]["double_freed"]) == (8, 1, 1)
+    assert (head["T1"]["swa_mapped"], head["T3"]["live_page_reissued"], head["T3"]["double_freed"]) == (4, 0, 0)
+    assert all(base[sid] == head[sid] for sid in ("T4", "T5", "T6"))
