@@ -125,7 +125,11 @@ def tree_facts(observed: dict, *, swa: bool = True, paged: bool = True) -> bool:
 
 
 def _keywords(cls: type, **given: Any) -> dict[str, Any]:
+    """``given`` as ``cls`` takes it: by name, or all of it where it passes ``**kwargs`` on (the SWA pool of 0.5.3
+    hands them to its layer pools)."""
     params = inspect.signature(cls).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return given
     return {name: value for name, value in given.items() if name in params}
 
 

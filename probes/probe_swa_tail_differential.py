@@ -26,7 +26,8 @@ names an SWA slot), ``live_in_free`` (SWA pages in the free lists that a live re
 back under it), ``live_page_reissued`` (SWA pages handed out while another live request's mapping named
 them), ``double_freed`` (SWA pages in the free lists twice), ``swa_free`` / ``full_free`` (free slots),
 ``free_refused`` (``AssertionError`` where ``free``'s own check found more free slots than the pool has, else
-null). Tree facts: ``swa_allocator: "absent"``, ``paged_swa: "absent"`` (``_swa.py``), ``tail_prealloc:
+null). Tree facts (recorded by every scenario, the controls' too: they control the paged decode path):
+``swa_allocator: "absent"``, ``paged_swa: "absent"`` (``_swa.py``), ``tail_prealloc:
 "absent"`` (the tree's preallocation took SWA slots for every token of the prompt: no tail allocation, up to
 0.5.11).
 
@@ -180,8 +181,9 @@ def prepare() -> str:
 
 
 def play(script: Script, observed: Observed) -> None:
-    """Record the tree's facts; where it has what the script drives, run it on a fresh world."""
-    if not tree_facts(observed, swa=script.swa, paged=script.page > 1):
+    """Record the tree's facts; where it has the hybrid paged pool the decode path needs (the controls too: they
+    are the path's controls), run the script on a fresh world."""
+    if not tree_facts(observed) or not tree_facts(observed, swa=script.swa):
         return
     world = World(page=script.page, swa=script.swa)
     try:

@@ -422,3 +422,8 @@ def test_real_base_preallocation_hands_a_live_tail_page_on_and_head_never(tmp_pa
     assert (base["T1"]["swa_mapped"], base["T3"]["live_page_reissued"], base["T3"]["double_freed"]) == (8, 1, 1)
     assert (head["T1"]["swa_mapped"], head["T3"]["live_page_reissued"], head["T3"]["double_freed"]) == (4, 0, 0)
     assert all(base[sid] == head[sid] for sid in ("T4", "T5", "T6"))
+
+
+def test_a_token_granular_tree_records_no_paged_swa_in_every_tail_scenario_the_controls_too(swa):
+    probe = swa(TokenSWAAllocator, probe="tail")
+    assert all(played(probe, script.id) == {"paged_swa": "absent"} for script in probe.SCRIPTS)
