@@ -15,7 +15,8 @@ only reads their state after each step:
 One kernel on the path cannot run on a CPU: the paged allocator's ``alloc_extend`` launches the Triton
 kernel ``alloc_extend_kernel``. Where the same module defines ``alloc_extend_naive`` (its own CPU
 implementation of the same computation, 0.5.9 on), the kernel's launch is answered by it for the probe's
-run (declared in the registry's ``cpu_kernels``; the result names the adaptation ``alloc-extend-naive``).
+run, for the calls that launch it only (declared in the registry's ``cpu_kernels``; the result names the
+adaptation ``alloc-extend-naive``).
 Where the module has none, every scenario that allocates a paged extend raises ``CannotRunOnCpu``: the
 scenario cannot run, never an all-clear.
 
@@ -31,7 +32,7 @@ import inspect
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from _probekit import ScenarioSet
+from _probekit import ScenarioSet, swapped
 
 PAGE = 4
 SIZE = 32  # full and SWA slots: 8 pages each
@@ -93,8 +94,6 @@ def prepare(scenarios: ScenarioSet, *, decode: bool = False) -> str:
     _, sg.MHAPool = _first(("sglang.srt.mem_cache.memory_pool",), "MHATokenToKVPool")
     sg.kernel_module, _ = _first(PAGED_AT, KERNEL)
     sg.naive = getattr(sg.kernel_module, NAIVE, None) if sg.kernel_module is not None else None
-    if sg.naive is not None:
-        sg.kernel_module.alloc_extend_kernel = NaiveLaunch(sg.naive)
     if decode:
         from sglang.srt.disaggregation.decode import DecodePreallocQueue
         from sglang.srt.managers.schedule_batch import Req
@@ -162,22 +161,25 @@ class World:
         if self.page == 1 or not self.swa:  # page-aligned ``alloc``: no kernel
             slots = self.allocator.alloc(tokens)
         else:
-            self.need_kernel()
             zero = torch.zeros((1,), dtype=torch.int64)
             lens = torch.tensor([tokens], dtype=torch.int64)
             last = torch.tensor([-1], dtype=torch.int64)
-            slots = self.allocator.alloc_extend(zero, zero.clone(), lens, lens.clone(), last, tokens)
+            with self.kernel():
+                slots = self.allocator.alloc_extend(zero, zero.clone(), lens, lens.clone(), last, tokens)
         if slots is None:
             raise RuntimeError(f"the allocator refused {tokens} slots for {name}")
         self.handed_out(name, slots)
         return slots
 
-    def need_kernel(self) -> None:
+    def kernel(self) -> Any:
+        """For one call: the paged kernel's launch answered by its module's CPU implementation (named in the
+        result); where the module has none, the scenario cannot run."""
         if sg.naive is None:
             raise CannotRunOnCpu(f"the paged allocator's {KERNEL} is a Triton kernel and its module "
                                  f"({getattr(sg.kernel_module, '__name__', 'not found')}) has no {NAIVE}: "
                                  "no CPU implementation of the same computation to run it with")
         sg.scenarios.adapted(ADAPT_NAIVE)
+        return swapped(sg.kernel_module, **{KERNEL: NaiveLaunch(sg.naive)})
 
     def handed_out(self, name: str, slots: Any) -> None:
         """Count the SWA pages the new request got that another live request's mapping names."""
@@ -197,11 +199,12 @@ class World:
                 raise RuntimeError(f"the allocator refused {tokens} draft slots for {name}")
             self.allocator.restore_state(state)
             return
-        self.need_kernel()
         prefix = torch.tensor([len(mine)], dtype=torch.int64)
         lens = torch.tensor([len(mine) + tokens], dtype=torch.int64)
         last = mine[-1:].to(torch.int64)
-        if self.allocator.alloc_extend(prefix, prefix.clone(), lens, lens.clone(), last, tokens) is None:
+        with self.kernel():
+            drafted = self.allocator.alloc_extend(prefix, prefix.clone(), lens, lens.clone(), last, tokens)
+        if drafted is None:
             raise RuntimeError(f"the allocator refused {tokens} draft slots for {name}")
         self.allocator.restore_state(state)
 
@@ -220,9 +223,11 @@ class World:
         req = sg.Req(name, "", list(range(1, tokens + 1)), sg.SamplingParams(max_new_tokens=8))
         req.output_ids = []
         before = self.swa_free()
-        if self.page > 1 and self.swa:
-            self.need_kernel()
-        slots = queue._pre_alloc(req)
+        if self.page > 1:
+            with self.kernel():
+                slots = queue._pre_alloc(req)
+        else:
+            slots = queue._pre_alloc(req)
         self.handed_out(name, slots.to(torch.int64))
         return before - self.swa_free()
 

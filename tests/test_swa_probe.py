@@ -197,6 +197,9 @@ class Paged(Pages):
     pass
 
 
+KERNEL = object()  # the Triton kernel's place in the fake module
+
+
 def naive(prefix_lens, seq_lens, last_loc, free_pages, out_indices, page_size, device):
     """Stands for the module's own CPU implementation: only that it was called is read here."""
 
@@ -235,7 +238,8 @@ def swa(fresh_probe, monkeypatch):
     """The probe module with ``_swa.sg`` set as ``prepare()`` sets it, on the allocators written here."""
     def load(allocator=SWAAllocator, kernel_module=True, probe="free", queue=Queue):
         probe = fresh_probe(f"probe_swa_{probe}_differential.py")
-        module = types.SimpleNamespace(alloc_extend_naive=naive, __name__="fake.paged") if kernel_module else None
+        module = types.SimpleNamespace(alloc_extend_naive=naive, alloc_extend_kernel=KERNEL,
+                                       __name__="fake.paged") if kernel_module else None
         monkeypatch.setattr(probe._swa, "sg", SimpleNamespace(
             ready=True, torch=fake_torch(), scenarios=probe.SCENARIOS, Allocator=allocator, Pool=Pool,
             Paged=Paged, MHAPool=MHAPool, kernel_module=module, naive=naive if kernel_module else None,
@@ -280,8 +284,21 @@ def test_the_controls_read_alike_on_both_allocators(swa, sid):
 
 def test_an_extend_allocation_records_the_module_s_cpu_implementation_as_an_adaptation(swa):
     probe = swa()
-    played(probe, "F1")
+    seen = []
+    extend = SWAAllocator.alloc_extend
+
+    def watched(self, *args):
+        seen.append(probe._swa.sg.kernel_module.alloc_extend_kernel)
+        return extend(self, *args)
+
+    SWAAllocator.alloc_extend = watched
+    try:
+        played(probe, "F1")
+    finally:
+        SWAAllocator.alloc_extend = extend
     assert probe.SCENARIOS.adaptations == {"alloc-extend-naive"}
+    assert [type(k).__name__ for k in seen] == ["NaiveLaunch"]  # answered during the call that launches it
+    assert probe._swa.sg.kernel_module.alloc_extend_kernel is KERNEL  # and the tree's own kernel back after
 
 
 def test_a_kernel_without_a_cpu_implementation_is_the_scenario_s_error_never_an_observation(swa):
