@@ -48,6 +48,10 @@ ADAPT_NAIVE = "alloc-extend-naive"
 sg = SimpleNamespace(ready=False)
 
 
+class DraftAbsent(Exception):
+    """The tree's allocator has no ``backup_state``/``restore_state``: its drafts take no pages back that way."""
+
+
 class CannotRunOnCpu(RuntimeError):
     """A kernel on the probed path has no CPU implementation in its own module: the scenario cannot run."""
 
@@ -124,12 +128,13 @@ def tree_facts(observed: dict, *, swa: bool = True, paged: bool = True) -> bool:
 
 
 def _keywords(cls: type, **given: Any) -> dict[str, Any]:
-    """``given`` as ``cls`` takes it: by name, or all of it where it passes ``**kwargs`` on (the SWA pool of 0.5.3
-    hands them to its layer pools)."""
+    """``given`` as ``cls`` takes it: by its parameters' names and, where it passes ``**kwargs`` on to its layer
+    pools (the SWA pool), by those of the tree's ``MHATokenToKVPool`` too (0.5.3 names none of them itself)."""
     params = inspect.signature(cls).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return given
-    return {name: value for name, value in given.items() if name in params}
+    names = set(params)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) and sg.MHAPool is not None:
+        names |= set(inspect.signature(sg.MHAPool).parameters)
+    return {name: value for name, value in given.items() if name in names}
 
 
 class World:
@@ -193,6 +198,8 @@ class World:
         their mapping as the allocation wrote it (the recycled pages of PR #25805)."""
         torch = sg.torch
         mine = self.live[name]
+        if not (hasattr(self.allocator, "backup_state") and hasattr(self.allocator, "restore_state")):
+            raise DraftAbsent  # from 0.5.17 the speculative workers allocate drafts without them
         state = self.allocator.backup_state()
         if self.page == 1:  # the token allocator's slots: no kernel
             if self.allocator.alloc(tokens) is None:

@@ -31,7 +31,9 @@ them), ``double_freed`` (SWA pages in the free lists twice), ``swa_free`` / ``fu
 null). Tree facts (recorded by every scenario, the controls' too: they control the paged decode path):
 ``swa_allocator: "absent"``, ``paged_swa: "absent"`` (``_swa.py``), ``tail_prealloc:
 "absent"`` (the tree's preallocation took SWA slots for every token of the prompt: no tail allocation, up to
-0.5.11).
+0.5.11); ``draft_restore: "absent"`` (the tree's allocator has no ``backup_state``/``restore_state``, from
+0.5.17: no draft step takes pages back that way, so the scenarios that need a recycled page stop there and
+their deciding keys are unobserved: unknown, never an all-clear).
 
     python probes/probe_swa_tail_differential.py --side head --tree-kind release --tree-ref 0.5.13
 """
@@ -102,7 +104,11 @@ class Draft:
     tokens: int = 4
 
     def run(self, world: World, observed: Observed) -> None:
-        world.draft(self.name, self.tokens)
+        try:
+            world.draft(self.name, self.tokens)
+        except _swa.DraftAbsent:
+            observed["draft_restore"] = "absent"
+            raise
 
 
 @dataclass(frozen=True)
@@ -190,7 +196,7 @@ def play(script: Script, observed: Observed) -> None:
     try:
         for step in script.steps:
             step.run(world, observed)
-    except TailAbsent:
+    except (TailAbsent, _swa.DraftAbsent):
         return
 
 

@@ -444,3 +444,15 @@ def test_real_base_preallocation_hands_a_live_tail_page_on_and_head_never(tmp_pa
 def test_a_token_granular_tree_records_no_paged_swa_in_every_tail_scenario_the_controls_too(swa):
     probe = swa(TokenSWAAllocator, probe="tail")
     assert all(played(probe, script.id) == {"paged_swa": "absent"} for script in probe.SCRIPTS)
+
+
+class NoRestoreSWAAllocator(TailSWAAllocator):
+    """From 0.5.17: the allocator keeps no state to restore (drafts are allocated otherwise)."""
+
+    backup_state = restore_state = property(lambda self: (_ for _ in ()).throw(AttributeError("no such method")))
+
+
+def test_an_allocator_without_restore_records_no_draft_restore_and_the_deciding_keys_stay_unobserved(swa):
+    probe = swa(NoRestoreSWAAllocator, probe="tail")
+    assert played(probe, "T1") == {"draft_restore": "absent"}
+    assert played(probe, "T4")["swa_mapped"] == 4  # no draft in it: it still runs
