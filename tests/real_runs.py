@@ -54,9 +54,11 @@ MANAGER_FIRST = "0.5.3"
 # timeout) and deferred_release_nixl's (0.4.5.post3 to 0.5.5); and deferred_release_nixl's where decode times out
 # but the prefill has neither an ABORT handler nor a transfer worker (0.5.6 to 0.5.11, the sweep: neither): there
 # their answers are not pinned.
+# swa_tail from 0.5.17: no allocator backup/restore, so no recycled page to preallocate over (docs/maintainers/swa.md).
 TRANSFER_UNKNOWN = {"abort_notify": [("0.4.5.post1", "0.4.8")],
                     "deferred_release": [("0.4.5.post1", "0.4.9.post5")],
-                    "deferred_release_nixl": [("0.4.5.post3", "0.5.12")]}
+                    "deferred_release_nixl": [("0.4.5.post3", "0.5.12")],
+                    "swa_tail": [("0.5.17", "9999")]}
 
 
 def answer_known(experiment: str, version: str) -> bool:

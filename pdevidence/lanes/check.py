@@ -300,23 +300,28 @@ class ConfigAnswer:
     code_status: Status  # the answer about the code alone
     why: str
     unestablished: dict[str, str] = field(default_factory=dict)  # attributes whose effective value is not known
+    assumes: str = ""  # what the path needs that the server arguments do not say, assumed (the model's layers)
 
     def describe(self) -> str:
+        assumed = f"; assumed, as no server argument says it: {self.assumes}" if self.assumes else ""
         if self.enters_path is None:
             unknown = [f"this tree's parser defines no {', '.join(self.undefined)}"] if self.undefined else []
             unknown += [f"{attr} has no established value: {why}" for attr, why in self.unestablished.items()]
-            return f"the configuration given cannot tell: {'; '.join(unknown)}; answered about the code"
+            return f"the configuration given cannot tell: {'; '.join(unknown)}; answered about the code{assumed}"
         if self.enters_path:
             needs = "; ".join(_needs_shown(attr, values) for attr, values in self.needs.items())
-            return f"the configuration given enters its path ({needs or 'every configuration does'})"
+            return f"the configuration given enters its path ({needs or 'every configuration does'}){assumed}"
         if self.code_status is Status.CANNOT_RUN:
             return "its code was not observed: its probe could not run"
         return f"its code alone: {self.code_status.value}"
 
     def to_json(self) -> dict:
-        return {"enters_path": self.enters_path, "needs": self.needs, "unmet": self.unmet,
-                "undefined": self.undefined, "unestablished": self.unestablished,
-                "code_status": self.code_status.value, "why": self.why}
+        found = {"enters_path": self.enters_path, "needs": self.needs, "unmet": self.unmet,
+                 "undefined": self.undefined, "unestablished": self.unestablished,
+                 "code_status": self.code_status.value, "why": self.why}
+        if self.assumes:  # absent where nothing is assumed: today's documents keep their bytes
+            found["assumes"] = self.assumes
+        return found
 
 
 @dataclass
@@ -420,7 +425,8 @@ def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict,
     # One established value off the path keeps it off (the path needs every attribute); otherwise every one
     # must be known.
     enters = False if unmet else None if undefined or unknown else True
-    found.config = ConfigAnswer(enters, wanted, unmet, undefined, found.status, needs.why if needs else "", unknown)
+    found.config = ConfigAnswer(enters, wanted, unmet, undefined, found.status, needs.why if needs else "", unknown,
+                                needs.assumes if needs else "")
     if enters is not False or found.status is Status.NOT_AFFECTED:  # the code's own absence says more
         return found
     off = "; ".join(f"{attr} = {_shown(value)} (the path needs {_needed(wanted[attr])})"
