@@ -54,7 +54,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _probekit import Observed, ScenarioSet, main, swapped  # noqa: E402
+from _probekit import Observed, ScenarioSet, main, publish_server_args, server_args, swapped  # noqa: E402
 from _serverenv import environment  # noqa: E402
 
 SCENARIOS = ScenarioSet("war_barrier")
@@ -73,6 +73,7 @@ LOOPS = {"plain": ("NULL", "get_next_batch_to_run", "event_loop_overlap"),
          "decode": ("DECODE", "get_next_disagg_decode_batch_to_run", "event_loop_overlap_disagg_decode"),
          "prefill": ("PREFILL", "get_next_disagg_prefill_batch_to_run", "event_loop_overlap_disagg_prefill")}
 FORWARD, READ_DONE = "forward", "read_done"
+ARGS: dict[str, Any] = {}  # the tree's ServerArgs (its defaults: one pipeline stage), built once by prepare()
 
 
 class LoopBound(Exception):
@@ -265,9 +266,8 @@ def scheduler_for(world: World, loop: str, mode: Any, spec: Any) -> Any:
                   "maybe_prefetch_staging_for_batch": logged("staging"), "__getattr__": fallback})
     cls = type("ProbeScheduler", (sched_mod.Scheduler,), stubs)
     sched = object.__new__(cls)
-    server_args = type("ServerArgs", (), {"pp_size": 1, "__getattr__": lambda self, name: None})()
     sched.__dict__.update(
-        server_args=server_args, disaggregation_mode=mode, spec_algorithm=spec, device_module=DeviceModule(world),
+        server_args=ARGS["server"], disaggregation_mode=mode, spec_algorithm=spec, device_module=DeviceModule(world),
         forward_stream=world.forward, enable_overlap=True, enable_pdmux=False, enable_overlap_mlx=False,
         is_generation=True, enable_unified_memory=False, gracefully_exit=False, _engine_paused=False,
         last_batch=None, running_batch=None, chunked_req=None, cur_batch=None, require_mlp_sync=False,
@@ -310,9 +310,11 @@ RUNS = (
 
 def prepare() -> str:
     import sglang
+    from sglang.srt.server_args import ServerArgs
 
     for name in LOOP_MODULES:
         importlib.import_module(name)
+    ARGS["server"] = server_args(ServerArgs, SCENARIOS.adapted, model_path="dummy")
     return sglang.__version__
 
 
@@ -339,6 +341,9 @@ def drive(run: Run, world: World) -> str | None:
     spec = getattr(spec_enum, run.spec or "NONE")
     mode, _, loop_name = LOOPS[run.loop]
     sched = scheduler_for(world, run.loop, getattr(mode_enum, mode), spec)
+    # The dispatch reads the pipeline size from the published config (0.5.17 on), as a scheduler process has it;
+    # published per run, as the probes sharing this process publish their own.
+    publish_server_args(ARGS["server"], SCENARIOS.adapted, role="scheduler")
     with environment(dict(run.env), unset=(ENABLE, COARSE)), platform(run.platform) as device:
         sched.device = device
         if hasattr(sched_mod.Scheduler, "run_event_loop"):
