@@ -282,8 +282,9 @@ class GateAnswer:
     def to_json(self) -> dict:
         return {"variable": self.gate.variable, "on": self.gate.on, "state": self.state.value, "given": self.given,
                 "assumed_defaults": self.assumed_defaults, "value": self.value,
-                "code_status": self.code_status.value, "why": self.why, "gate_why": self.gate.why,
-                "platform": self.platform, "platforms": list(self.gate.platforms), "decides": self.decides}
+                "code_status": self.code_status.value, "why": self.why, "gate_why": self.gate.why} | (
+                    {"platform": self.platform, "platforms": list(self.gate.platforms), "decides": self.decides}
+                    if self.gate.platforms else {})
 
 
 # The code's answers that rest on the gated code running: with the gate off it does not.
