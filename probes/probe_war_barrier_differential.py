@@ -172,14 +172,23 @@ class Worker:
         raise AttributeError(name)
 
 
+class Mode:
+    """A batch's forward mode: a decode batch (every ``is_<mode>()`` false but decode's)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args: name == "is_decode"
+
+
 class Batch:
     """A scheduled batch, and the plan that carries it where the getter returns one (``batch_to_run``)."""
 
     running_batch = None
     inner_idle_batch = None
+    reqs: tuple = ()
 
     def __init__(self, n: int):
         self.n = n
+        self.forward_mode = Mode()
 
     @property
     def batch_to_run(self) -> Batch:
@@ -257,12 +266,16 @@ def scheduler_for(world: World, loop: str, mode: Any, spec: Any) -> Any:
         return Boundary(world, name)
 
     stubs = {name: other_getter(name) for _, name, _ in LOOPS.values()}
+    if loop == "prefill":  # the PD-prefill loop's getter before 0.5.4
+        stubs["get_new_batch_prefill"] = get_batch
     stubs.update({getter: get_batch, "run_batch": run_batch, "recv_requests": staticmethod(recv_requests),
+                  "ingest_requests": lambda self, *args, **kwargs: recv_requests(),
                   "process_input_requests": logged("input"), "process_decode_queue": logged("prealloc"),
                   "process_batch_result": logged("result"), "launch_batch_sample_if_needed": logged("sample"),
                   "is_disable_overlap_for_batch": logged("overlap_check", False), "on_idle": logged("idle"),
                   "self_check_during_idle": logged("idle"), "self_check_during_busy": logged("busy"),
                   "process_disagg_prefill_inflight_queue": logged("inflight"),
+                  "process_batch_result_disagg_prefill": logged("result"),
                   "maybe_prefetch_staging_for_batch": logged("staging"), "__getattr__": fallback})
     cls = type("ProbeScheduler", (sched_mod.Scheduler,), stubs)
     sched = object.__new__(cls)
