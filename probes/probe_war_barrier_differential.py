@@ -261,7 +261,7 @@ def scheduler_for(world: World, loop: str, mode: Any, spec: Any) -> Any:
         return stub
 
     def fallback(self: Any, name: str) -> Any:
-        if name.startswith("_"):
+        if name.startswith("_") or "stream" in name:  # a stream or a flag the loop reads must be this world's
             raise AttributeError(name)
         return Boundary(world, name)
 
@@ -279,9 +279,11 @@ def scheduler_for(world: World, loop: str, mode: Any, spec: Any) -> Any:
                   "maybe_prefetch_staging_for_batch": logged("staging"), "__getattr__": fallback})
     cls = type("ProbeScheduler", (sched_mod.Scheduler,), stubs)
     sched = object.__new__(cls)
+    # The schedule stream as the scheduler's init makes it (0.5.19 on; before, run_event_loop makes its own).
+    sched.schedule_stream = DeviceModule(world).Stream(priority=0)
     sched.__dict__.update(
         server_args=ARGS["server"], disaggregation_mode=mode, spec_algorithm=spec, device_module=DeviceModule(world),
-        forward_stream=world.forward, enable_overlap=True, enable_pdmux=False, enable_overlap_mlx=False,
+        forward_stream=world.forward, enable_overlap=True, _deferred_input_requests=[], enable_pdmux=False, enable_overlap_mlx=False,
         is_generation=True, enable_unified_memory=False, gracefully_exit=False, _engine_paused=False,
         last_batch=None, running_batch=None, chunked_req=None, cur_batch=None, require_mlp_sync=False,
         model_worker=Worker(world.runner), waiting_queue=[],
@@ -392,7 +394,13 @@ def fenced(world: World, kind: str) -> bool | None:
 
 
 def placement(world: World) -> str:
-    kinds = {"after_launch" if world.log[i - 1][0] == "forward" else "before_schedule" for i in forward_waits(world)}
+    """Where each wait sits: in the iteration of the launch it follows (``after_launch``), or in the next one,
+    after its intake (``before_schedule``)."""
+    kinds = set()
+    for i in forward_waits(world):
+        since = [e[0] for e in reversed(world.log[:i])]
+        launch = since.index("forward") if "forward" in since else len(since)
+        kinds.add("before_schedule" if "recv" in since[:launch] else "after_launch")
     return kinds.pop() if len(kinds) == 1 else "mixed" if kinds else "none"
 
 
