@@ -200,3 +200,13 @@ def test_the_registry_judges_the_recorded_trees_by_side(fresh_probe):
     base, head = docs["0.5.12"], docs["0.5.13"]
     assert {v: judge(doc, base, head, exp).classification.value for v, doc in docs.items()} == \
         {"0.5.12": "pre-fix", "0.5.13": "fixed", "0.5.16": "fixed"}
+
+
+@pytest.mark.parametrize("probe", ["0.5.16"], indirect=True)
+def test_a_stream_the_world_lacks_is_an_error_never_a_pass_through(probe, monkeypatch):
+    """A loop waiting on a stream this world does not make (here ``copy_stream``) raises: were it a pass-through,
+    its waits would go unrecorded and the tree read pre-fix."""
+    scheduler = sys.modules["sglang.srt.managers.scheduler"].Scheduler
+    monkeypatch.setattr(scheduler, "_apply", lambda self: self.copy_stream.wait_stream(self.forward_stream))
+    (w1,) = [sc for sc in probe.SCENARIOS.scenarios if sc.id == "W1"]
+    assert sys.modules["_probekit"].run_scenario(w1)["error"]["type"] == "AttributeError"
