@@ -29,7 +29,7 @@ writes of the next batch and ``run_batch`` for a forward launch (reading them). 
 - W14 PD-decode loop on CUDA with speculative decoding DFLASH.
 
 Keys: ``loop`` (which overlap loop ran, by the batch getter it called: ``plain``, ``decode``, ``prefill``; null:
-none), ``forwards`` (launches), ``waits`` (times the schedule stream waited for the forward stream or for an
+none), ``forwards`` (launches), ``results`` (results of earlier launches processed), ``waits`` (times the schedule stream waited for the forward stream or for an
 event the forward published), ``war_wait_before_write`` (every schedule write that followed a launch had such a
 wait between them; null where no write followed a launch), ``wait_placement`` (``before_schedule``: each
 iteration's wait precedes its writes; ``after_launch``: right after each launch; ``mixed``; ``none``);
@@ -276,6 +276,7 @@ def scheduler_for(world: World, loop: str, mode: Any, spec: Any) -> Any:
                   "self_check_during_idle": logged("idle"), "self_check_during_busy": logged("busy"),
                   "process_disagg_prefill_inflight_queue": logged("inflight"),
                   "process_batch_result_disagg_prefill": logged("result"),
+                  "set_next_batch_sampling_info_done": logged("sampling_info"),
                   "maybe_prefetch_staging_for_batch": logged("staging"), "__getattr__": fallback})
     cls = type("ProbeScheduler", (sched_mod.Scheduler,), stubs)
     sched = object.__new__(cls)
@@ -413,7 +414,8 @@ def play(run: Run, observed: Observed) -> None:
     ran = drive(run, world)
     writes = {e[1] for e in world.log if e[0] == "write"}
     observed.update(loop=(writes.pop() if len(writes) == 1 else "mixed" if writes else None) if ran else "absent",
-                    forwards=sum(1 for e in world.log if e[0] == "forward"), waits=len(forward_waits(world)),
+                    forwards=sum(1 for e in world.log if e[0] == "forward"),
+                    results=sum(1 for e in world.log if e[0] == "result"), waits=len(forward_waits(world)),
                     war_wait_before_write=fenced(world, "write"), wait_placement=placement(world))
     if run.fastpath:
         observed["waits_on_read_done"] = any(world.log[i][2] == READ_DONE for i in forward_waits(world))
