@@ -21,6 +21,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from .core.arguments import SERVER_PLATFORMS
 from .core.errors import usage
 
 SIDES = ("base", "head")
@@ -260,6 +261,13 @@ class Gate:
     variable: str
     on: str  # the value that turns the fix on, as an operator writes it in the server's environment
     why: str
+    # The server platforms on which the fix runs without the variable (the tree's default there decides);
+    # empty: the variable decides on every platform.
+    platforms: tuple[str, ...] = ()
+
+    def decides_on(self, platform: str) -> bool:
+        """Whether the variable decides if the fix runs on a server on ``platform``."""
+        return platform not in self.platforms
 
 
 @dataclass(frozen=True)
@@ -644,13 +652,18 @@ _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _parse_gate(where: str, spec: Any) -> Gate:
-    _table(spec, where, required={"variable": str, "on": str, "why": str}, optional={})
+    _table(spec, where, required={"variable": str, "on": str, "why": str}, optional={"platforms": list})
     if not _VARIABLE.match(spec["variable"]):
         raise RegistryError(f"{where}.variable: {spec['variable']!r} is not an environment variable name "
                             "(letters, digits, _; not starting with a digit)")
     if not spec["on"]:
         raise RegistryError(f"{where}.on: empty: give the value that turns the fix on (e.g. \"true\")")
-    return Gate(spec["variable"], spec["on"], spec["why"])
+    platforms = spec.get("platforms", [])
+    unknown = [p for p in platforms if p not in SERVER_PLATFORMS]
+    if unknown or not all(isinstance(p, str) for p in platforms):
+        raise RegistryError(f"{where}.platforms: {unknown or platforms!r} not server platforms: each one of "
+                            f"{', '.join(SERVER_PLATFORMS)}")
+    return Gate(spec["variable"], spec["on"], spec["why"], tuple(platforms))
 
 
 def _parse_not_affected(where: str, rid: str, spec: Any, expect: dict[str, Expectation]) -> NotAffected:

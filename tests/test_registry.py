@@ -21,7 +21,11 @@ def test_the_project_registry_declares_both_experiments_with_full_pins():
     reg = registry.load(PROJECT)
     assert set(reg.experiments) == {"admission", "prefill", "offload_slots", "offload_rid", "abort_notify",
                                     "deferred_release", "deferred_release_nixl", "retract_resume",
-                                    "grammar_release", "swa_free", "swa_tail"}
+                                    "grammar_release", "swa_free", "swa_tail", "war_barrier"}
+    # war_barrier pins PR #26380's merge commit and its parent; its gate holds off CUDA only.
+    assert reg.experiment("war_barrier").git == {"base": "dea85c30f48ed3d5faecf58e6f7f1118a37f2580",
+                                                 "head": "163b97012707d712e141e7ee486b72e2b0d8e60d"}
+    assert reg.experiment("war_barrier").gate.platforms == ("cuda",)
     admission = reg.experiment("admission")
     assert admission.pr == 38935
     assert admission.git == {"base": "17ba2c2e7c7b81f31a8a9e693e7435ab262c16b4",
