@@ -29,10 +29,11 @@ writes of the next batch and ``run_batch`` for a forward launch (reading them). 
 - W14 PD-decode loop on CUDA with speculative decoding DFLASH.
 
 Keys: ``loop`` (which overlap loop ran, by the batch getter it called: ``plain``, ``decode``, ``prefill``; null:
-none), ``forwards`` (launches), ``results`` (results of earlier launches processed), ``waits`` (times the schedule stream waited for the forward stream or for an
-event the forward published), ``war_wait_before_write`` (every schedule write that followed a launch had such a
-wait between them; null where no write followed a launch), ``wait_placement`` (``before_schedule``: each
-iteration's wait precedes its writes; ``after_launch``: right after each launch; ``mixed``; ``none``);
+none), ``forwards`` (launches), ``results`` (results of earlier launches processed; a dummy first batch, up to
+0.5.3, is none), ``waits`` (times the schedule stream waited for the forward stream or for an event the forward
+published), ``war_wait_before_write`` (every schedule write that followed a launch had such a wait between them;
+null where no write followed a launch), ``wait_placement`` (``before_schedule``: each iteration's wait precedes
+its writes; ``after_launch``: right after each launch; ``mixed``; ``none``);
 W12/W13: ``waits_on_read_done`` (a wait was on the forward's read-done event rather than the whole stream);
 decode loops: ``prealloc_fenced`` (the decode queue's preallocation, a schedule write, ran after a wait since
 the last launch; null: it never ran after one). Tree facts: ``dflash: "absent"`` (W14: the tree's
@@ -212,6 +213,15 @@ class Boundary:
         return call
 
 
+class Queue(Boundary):
+    """A PD queue the loops measure (``len(queue.queue)``, up to 0.5.3 on every iteration): empty, no request
+    waits in it; its other calls pass through."""
+
+    def __init__(self, world: World, name: str):
+        super().__init__(world, name)
+        self.queue, self.retracted_queue = [], []
+
+
 @dataclass
 class World:
     """One run's log: ("recv"), ("prealloc"), ("write", loop), ("forward",), ("wait", waiter, target), ...."""
@@ -254,6 +264,11 @@ def scheduler_for(world: World, loop: str, mode: Any, spec: Any) -> Any:
             return Batch(0)
         return wrong
 
+    def result(self: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
+        # Up to 0.5.3 the plain loop also hands its first iteration's dummy batch here (to signal the sampling
+        # info, as the PD loops' set_next_batch_sampling_info_done does): no launch's result.
+        world.log.append(("result",) if isinstance(batch, Batch) else ("sampling_info",))
+
     def logged(name: str, returns: Any = None):
         def stub(self: Any, *args: Any, **kwargs: Any) -> Any:
             world.log.append((name,))
@@ -271,11 +286,11 @@ def scheduler_for(world: World, loop: str, mode: Any, spec: Any) -> Any:
     stubs.update({getter: get_batch, "run_batch": run_batch, "recv_requests": staticmethod(recv_requests),
                   "ingest_requests": lambda self, *args, **kwargs: recv_requests(),
                   "process_input_requests": logged("input"), "process_decode_queue": logged("prealloc"),
-                  "process_batch_result": logged("result"), "launch_batch_sample_if_needed": logged("sample"),
+                  "process_batch_result": result, "launch_batch_sample_if_needed": logged("sample"),
                   "is_disable_overlap_for_batch": logged("overlap_check", False), "on_idle": logged("idle"),
                   "self_check_during_idle": logged("idle"), "self_check_during_busy": logged("busy"),
                   "process_disagg_prefill_inflight_queue": logged("inflight"),
-                  "process_batch_result_disagg_prefill": logged("result"),
+                  "process_batch_result_disagg_prefill": result,
                   "set_next_batch_sampling_info_done": logged("sampling_info"),
                   "maybe_prefetch_staging_for_batch": logged("staging"), "__getattr__": fallback})
     cls = type("ProbeScheduler", (sched_mod.Scheduler,), stubs)
@@ -284,12 +299,16 @@ def scheduler_for(world: World, loop: str, mode: Any, spec: Any) -> Any:
     sched.schedule_stream = DeviceModule(world).Stream(priority=0)
     sched.__dict__.update(
         server_args=ARGS["server"], disaggregation_mode=mode, spec_algorithm=spec, device_module=DeviceModule(world),
-        forward_stream=world.forward, enable_overlap=True, _deferred_input_requests=[], enable_pdmux=False, enable_overlap_mlx=False,
+        forward_stream=world.forward, enable_overlap=True, _deferred_input_requests=[], enable_pdmux=False,
+        enable_overlap_mlx=False,
         is_generation=True, enable_unified_memory=False, gracefully_exit=False, _engine_paused=False,
         last_batch=None, running_batch=None, chunked_req=None, cur_batch=None, require_mlp_sync=False,
         model_worker=Worker(world.runner), waiting_queue=[],
         request_receiver=type("Receiver", (), {"recv_requests": staticmethod(recv_requests)})(),
-        disagg_prefill_bootstrap_queue=type("Bootstrap", (), {"pop_bootstrapped": lambda self, *a, **k: []})())
+        disagg_prefill_bootstrap_queue=type("Bootstrap", (), {"pop_bootstrapped": lambda self, *a, **k: [],
+                                                              "queue": []})(),
+        disagg_prefill_inflight_queue=[], disagg_decode_transfer_queue=Queue(world, "disagg_decode_transfer_queue"),
+        disagg_decode_prealloc_queue=Queue(world, "disagg_decode_prealloc_queue"))
     return sched
 
 

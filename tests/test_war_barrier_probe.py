@@ -41,6 +41,7 @@ class Base:
     """The loops' shape: receive, (decode: preallocate), schedule (the getter), launch, process the last."""
 
     barrier = None  # None: no barrier; "start": each iteration's start; "after": right after each launch
+    old = False  # up to 0.5.3: a dummy first batch to the result processing, the PD queues measured each iteration
 
     def run_event_loop(self):
         self.schedule_stream = self.device_module.Stream(priority=0)
@@ -75,8 +76,13 @@ class Base:
                 if self.barrier == "after":
                     self._apply()
                 self.result_queue.append((batch.copy(), result))
+                if self.old and self.last_batch is None:
+                    self.process_batch_result(types.SimpleNamespace(reqs=None), None)
             if self.last_batch:
                 self.process_batch_result(*self.result_queue.pop(0))
+            if self.old and (len(self.disagg_decode_transfer_queue.queue) + len(self.disagg_decode_prealloc_queue.queue)
+                             + len(self.disagg_prefill_inflight_queue)):
+                raise AssertionError("the probe's PD queues hold no request")
             self.last_batch = batch
 
     def event_loop_overlap(self):
@@ -99,13 +105,13 @@ def dispatch_event_loop(scheduler):
         scheduler.event_loop_overlap_disagg_decode()
 
 
-TREES = {"0.5.12": None, "0.5.13": "start", "0.5.16": "after"}
+TREES = {"0.5.3": None, "0.5.12": None, "0.5.13": "start", "0.5.16": "after"}
 
 
 def load_tree(load, monkeypatch, version: str):
     """The probe (loaded by ``load``, as a cell loads it), on the miniature tree of ``version``."""
     scheduler = types.ModuleType("sglang.srt.managers.scheduler")
-    scheduler.Scheduler = type("Scheduler", (Base,), {"barrier": TREES[version]})
+    scheduler.Scheduler = type("Scheduler", (Base,), {"barrier": TREES[version], "old": version == "0.5.3"})
     scheduler.dispatch_event_loop = dispatch_event_loop
     scheduler.is_cuda = is_cuda
     modules = {"sglang": types.ModuleType("sglang"), "sglang.srt": types.ModuleType("sglang.srt"),
@@ -137,13 +143,14 @@ def observed(probe) -> dict[str, dict]:
     return {sid: r["observed"] for sid, r in found.items()}
 
 
-@pytest.mark.parametrize("probe", ["0.5.12"], indirect=True)
+@pytest.mark.parametrize("probe", ["0.5.3", "0.5.12"], indirect=True)
 def test_without_a_barrier_no_loop_waits_and_every_write_after_a_launch_is_unfenced(probe):
     found = observed(probe)
     assert {sid: o["loop"] for sid, o in found.items() if sid in ("W1", "W2", "W3")} == \
         {"W1": "plain", "W2": "decode", "W3": "prefill"}
     for o in found.values():
         assert (o["forwards"], o["waits"], o["war_wait_before_write"], o["wait_placement"]) == (3, 0, False, "none")
+        assert o["results"] == 2  # the earlier launches' results; 0.5.3's dummy first batch is none
     assert found["W2"]["prealloc_fenced"] is False and found["W12"]["waits_on_read_done"] is False
 
 
@@ -184,8 +191,8 @@ def test_a_tree_without_dflash_records_so(probe, monkeypatch):
 
 
 def test_the_registry_judges_the_recorded_trees_by_side(fresh_probe):
-    """The miniatures' observations through the registry's expectations: 0.5.12 pre-fix, 0.5.13 and 0.5.16
-    fixed (the placement set aside, the later variables' scenarios too)."""
+    """The miniatures' observations through the registry's expectations: 0.5.3 and 0.5.12 pre-fix, 0.5.13 and
+    0.5.16 fixed (the placement set aside, the later variables' scenarios too)."""
     from pdevidence import registry
     from pdevidence.judge.classify import judge
 
@@ -199,7 +206,7 @@ def test_the_registry_judges_the_recorded_trees_by_side(fresh_probe):
             docs[version] = json.loads(kit.dumps(kit.build_document(found.SCENARIOS, version, tree)))
     base, head = docs["0.5.12"], docs["0.5.13"]
     assert {v: judge(doc, base, head, exp).classification.value for v, doc in docs.items()} == \
-        {"0.5.12": "pre-fix", "0.5.13": "fixed", "0.5.16": "fixed"}
+        {"0.5.3": "pre-fix", "0.5.12": "pre-fix", "0.5.13": "fixed", "0.5.16": "fixed"}
 
 
 @pytest.mark.parametrize("probe", ["0.5.16"], indirect=True)
