@@ -10,7 +10,7 @@ release that carries the fix off by default (the sweep's "present but off") is a
 nothing, and the first release whose own default turns it on is the fixed event. ``details`` and
 ``database_specific.gate`` name the variable and the releases that carry the fix off. The fix's commit
 closes no GIT range: it brought the fix in off, and no bisection finds where a default turned it on. A gate
-that holds only off some platforms (``gate.platforms``: war_barrier's, on by default on CUDA) does not decide
+that holds only off some platforms (``gate.platforms``: a fix on by default on CUDA only) does not decide
 the record, which answers for CUDA: ``details`` and ``database_specific.gate`` say where else it runs only
 behind the variable.
 
