@@ -199,6 +199,13 @@ class Batch:
         return self
 
 
+class RunningBatch:
+    """The running batch: the PD-prefill loop (up to 0.5.3) marks it not full each iteration; later loops hand it
+    to the batch getter and keep the plan's."""
+
+    batch_is_full = False
+
+
 class Boundary:
     """A scheduling collaborator the loop reaches that no step here names: each call logs its name and hands its
     first argument back (a pass-through, as ``prepare_for_forward(batch)`` is)."""
@@ -302,7 +309,7 @@ def scheduler_for(world: World, loop: str, mode: Any, spec: Any) -> Any:
         forward_stream=world.forward, enable_overlap=True, _deferred_input_requests=[], enable_pdmux=False,
         enable_overlap_mlx=False,
         is_generation=True, enable_unified_memory=False, gracefully_exit=False, _engine_paused=False,
-        last_batch=None, running_batch=None, chunked_req=None, cur_batch=None, require_mlp_sync=False,
+        last_batch=None, running_batch=RunningBatch(), chunked_req=None, cur_batch=None, require_mlp_sync=False,
         model_worker=Worker(world.runner), waiting_queue=[],
         request_receiver=type("Receiver", (), {"recv_requests": staticmethod(recv_requests)})(),
         disagg_prefill_bootstrap_queue=type("Bootstrap", (), {"pop_bootstrapped": lambda self, *a, **k: [],

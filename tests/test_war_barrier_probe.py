@@ -41,7 +41,7 @@ class Base:
     """The loops' shape: receive, (decode: preallocate), schedule (the getter), launch, process the last."""
 
     barrier = None  # None: no barrier; "start": each iteration's start; "after": right after each launch
-    old = False  # up to 0.5.3: a dummy first batch to the result processing, the PD queues measured each iteration
+    old = False  # up to 0.5.3: a dummy first batch to the results, the PD queues measured, the running batch reset
 
     def run_event_loop(self):
         self.schedule_stream = self.device_module.Stream(priority=0)
@@ -83,6 +83,8 @@ class Base:
             if self.old and (len(self.disagg_decode_transfer_queue.queue) + len(self.disagg_decode_prealloc_queue.queue)
                              + len(self.disagg_prefill_inflight_queue)):
                 raise AssertionError("the probe's PD queues hold no request")
+            if self.old and getter == "get_next_disagg_prefill_batch_to_run":
+                self.running_batch.batch_is_full = False
             self.last_batch = batch
 
     def event_loop_overlap(self):
