@@ -32,7 +32,7 @@ import inspect
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from _probekit import ScenarioSet, swapped
+from _probekit import ScenarioSet, publish_server_args, server_args, swapped
 
 PAGE = 4
 SIZE = 32  # full and SWA slots: 8 pages each
@@ -104,7 +104,13 @@ def prepare(scenarios: ScenarioSet, *, decode: bool = False) -> str:
         from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
         from sglang.srt.sampling.sampling_params import SamplingParams
 
+        from sglang.srt.server_args import ServerArgs
+
         sg.Queue, sg.Req, sg.SamplingParams, sg.ReqToTokenPool = DecodePreallocQueue, Req, SamplingParams, ReqToTokenPool
+        # From 0.5.20 the preallocation reads its server's configuration from the runtime context (get_disagg()):
+        # a decode server's, published as its scheduler process does (the defaults: no decode radix cache).
+        publish_server_args(server_args(ServerArgs, scenarios.adapted, model_path="dummy", disaggregation_mode="decode",
+                                        page_size=1), scenarios.adapted, role="test")
     sg.ready = True
     return sglang.__version__
 
@@ -226,7 +232,9 @@ class World:
         queue.token_to_kv_pool = self.pool
         queue.scheduler = SimpleNamespace(enable_hisparse=False, sliding_window_size=window,
                                           server_args=SimpleNamespace(disaggregation_decode_enable_radix_cache=False))
-        queue.tree_cache = SimpleNamespace(evictable_size=lambda: 0, protected_size=lambda: 0)
+        # A cache with no streaming session (0.5.23's maybe_hand_to_session: the base cache's takes nothing).
+        queue.tree_cache = SimpleNamespace(evictable_size=lambda: 0, protected_size=lambda: 0,
+                                           maybe_hand_to_session=lambda req: None)
         req = sg.Req(name, "", list(range(1, tokens + 1)), sg.SamplingParams(max_new_tokens=8))
         req.output_ids = []
         before = self.swa_free()
