@@ -108,9 +108,10 @@ def prepare(scenarios: ScenarioSet, *, decode: bool = False) -> str:
 
         sg.Queue, sg.Req, sg.SamplingParams, sg.ReqToTokenPool = DecodePreallocQueue, Req, SamplingParams, ReqToTokenPool
         # From 0.5.20 the preallocation reads its server's configuration from the runtime context (get_disagg()):
-        # a decode server's, published as its scheduler process does (the defaults: no decode radix cache).
-        publish_server_args(server_args(ServerArgs, scenarios.adapted, model_path="dummy", disaggregation_mode="decode",
-                                        page_size=1), scenarios.adapted, role="test")
+        # there a decode server's, published as its scheduler process does (the defaults: no decode radix cache).
+        if hasattr(importlib.import_module("sglang.srt.disaggregation.decode"), "get_disagg"):
+            publish_server_args(server_args(ServerArgs, scenarios.adapted, model_path="dummy",
+                                            disaggregation_mode="decode", page_size=1), scenarios.adapted, role="test")
     sg.ready = True
     return sglang.__version__
 
