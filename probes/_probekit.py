@@ -330,17 +330,20 @@ def server_args(ServerArgs: type, adapt: Callable[[str], None], **kwargs: Any) -
 
 
 VOCAB = 1000  # above every token a probe's requests carry
+EOS = VOCAB - 1  # the model's end-of-sequence token: no probe's request carries it
 
 
 def served_req(req_cls: type, params_cls: type, rid: str, prompt: list[int], **sampling: Any) -> Any:
     """The tree's ``Req`` as a server hands it to a scheduler: its sampling parameters normalized as the tokenizer
-    manager leaves them (no stop strings) and its vocabulary size set (a server sets it from the model), both of
-    which a finish check reads."""
+    manager leaves them (no stop strings), its vocabulary size and end-of-sequence tokens set (a server sets them
+    from the model), all of which a finish check reads (0.5.4.post2 and 0.5.4.post3 look a committed first token
+    up in the EOS set)."""
     params = params_cls(**sampling)
     if hasattr(params, "normalize"):
         params.normalize(None)
     req = req_cls(rid, "", list(prompt), params)
     req.vocab_size = VOCAB
+    req.eos_token_ids = {EOS}
     return req
 
 
