@@ -42,6 +42,12 @@ NOT_PORTED = {
     ("deferred_release", "torch2.9-tf4"): "not yet: as torch2.7-tf4's",
     ("retract_resume", "torch2.7-tf4"): "no partial port to tell: 0.4.8-0.4.10.post2 commit only the hidden states "
                                         "from the slot (no top-k), so copying them is the whole fix",
+    # Issue 43's experiments: no port written yet into any era that lacks their fix.
+    **{("swa_free", era): "not yet: #27779's page-wide mapping clear, in no older release's free_swa"
+       for era in ("torch2.9-tf4", "torch2.9-tf5", "torch2.11-tf5-sgl-kernel", "torch2.11-tf5")},
+    ("swa_tail", "torch2.11-tf5-sgl-kernel"): "not yet: #25805 into 0.5.12's alloc_extend_swa_tail",
+    **{("war_barrier", era): "not yet: #26380's barrier in the older overlap loops"
+       for era in ("torch2.7-tf4", "torch2.8-tf4", "torch2.9-tf4", "torch2.9-tf5", "torch2.11-tf5-sgl-kernel")},
     ("deferred_release_nixl", "torch2.11-tf5"): "0.5.16's NIXL worker keeps no per-room count of outstanding chunks, "
                                                 "the count #35360's drain ack is built on (0.5.18 has it)",
 }
