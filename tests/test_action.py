@@ -309,7 +309,7 @@ def test_the_action_installs_pdevidence_and_checks_a_release(tmp_path):
     assert outputs["exit-code"] == "1"  # affected, and the step passed: fail-on-affected is false
     vex = json.loads(Path(outputs["openvex"]).read_text())
     status = {s["vulnerability"]["name"]: s["status"] for s in vex["statements"]}
-    assert sorted(status.values()) == ["affected", "affected", "affected", "fixed", "fixed", "fixed", "fixed"], status
+    assert sorted(status.values()) == ["affected"] * 3 + ["fixed"] * 6, status  # one statement per experiment
 
 
 def docs_workflows() -> list[tuple[str, dict | str]]:
