@@ -243,6 +243,7 @@ def test_unknown_experiment_in_a_cell_is_a_usage_error(demo_project):
 
 def test_a_git_cell_without_github_points_to_the_ways_out(demo_project, monkeypatch, unreachable_url):
     monkeypatch.setenv("PDEVIDENCE_GIT_ARCHIVE_URL", unreachable_url + "/{sha}.tar.gz")
+    monkeypatch.delenv("SGLANG_REPO", raising=False)  # no local clone either: only the ways out are left
     reg = registry.load(demo_project)
     with pytest.raises(errors.HarnessError, match="SGLANG_REPO") as err:
         cells.run_cell(reg, cells.Cell("demo", "base", "git"), log=lambda msg: None)
