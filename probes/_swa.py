@@ -22,7 +22,9 @@ scenario cannot run, never an all-clear.
 
 Tree facts: ``swa_allocator: "absent"`` (no ``SWATokenToKVPoolAllocator`` at any place it has lived: no
 hybrid SWA pool); ``paged_swa: "absent"`` (the tree's SWA allocator, built as its constructor allows, is
-token-granular: page size 1, so a free names exactly the slots it frees; up to 0.5.7).
+token-granular: page size 1, so a free names exactly the slots it frees; up to 0.5.7); ``paged_allocator:
+"absent"`` (the control without an SWA pool: no ``PagedTokenToKVPoolAllocator`` or ``MHATokenToKVPool`` at any
+place they have lived).
 """
 
 from __future__ import annotations
@@ -40,7 +42,10 @@ SIZE = 32  # full and SWA slots: 8 pages each
 ALLOCATOR_AT = ("sglang.srt.mem_cache.allocator.swa", "sglang.srt.mem_cache.swa_memory_pool",
                 "sglang.srt.mem_cache.allocator")
 POOL_AT = ("sglang.srt.mem_cache.swa_memory_pool", "sglang.srt.mem_cache.memory_pool")
+# The paged allocator and its kernel: allocator/paged.py (0.5.13 on), allocator.py (0.4.8 to 0.5.12); before, the
+# allocator in paged_allocator.py (only F6's control builds it there: no SWA pool to page).
 PAGED_AT = ("sglang.srt.mem_cache.allocator.paged", "sglang.srt.mem_cache.allocator")
+PAGED_BEFORE = "sglang.srt.mem_cache.paged_allocator"
 KERNEL = "alloc_extend_kernel"
 NAIVE = "alloc_extend_naive"
 ADAPT_NAIVE = "alloc-extend-naive"
@@ -57,11 +62,14 @@ class CannotRunOnCpu(RuntimeError):
 
 
 def _first(modules: tuple[str, ...], name: str) -> tuple[Any, Any]:
-    """The first of ``modules`` defining ``name``, and the object; (None, None) where none does."""
+    """The first of ``modules`` defining ``name``, and the object; (None, None) where none does. A module the
+    tree has that fails to import raises: that is no absence."""
     for module in modules:
         try:
             found = importlib.import_module(module)
-        except ImportError:
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not (module == exc.name or module.startswith(exc.name + ".")):
+                raise
             continue
         if hasattr(found, name):
             return found, getattr(found, name)
@@ -92,9 +100,12 @@ def prepare(scenarios: ScenarioSet, *, decode: bool = False) -> str:
 
     sg.torch = torch
     sg.scenarios = scenarios
+    # The scheduler first, as a server imports it: up to 0.4.7.post1 the memory pool alone meets a circular import
+    # of sglang.srt.layers.linear.
+    importlib.import_module("sglang.srt.managers.scheduler")
     _, sg.Allocator = _first(ALLOCATOR_AT, "SWATokenToKVPoolAllocator")
     _, sg.Pool = _first(POOL_AT, "SWAKVPool")
-    _, sg.Paged = _first(PAGED_AT, "PagedTokenToKVPoolAllocator")
+    _, sg.Paged = _first((*PAGED_AT, PAGED_BEFORE), "PagedTokenToKVPoolAllocator")
     _, sg.MHAPool = _first(("sglang.srt.mem_cache.memory_pool",), "MHATokenToKVPool")
     sg.kernel_module, _ = _first(PAGED_AT, KERNEL)
     sg.naive = getattr(sg.kernel_module, NAIVE, None) if sg.kernel_module is not None else None
@@ -121,8 +132,8 @@ def tree_facts(observed: dict, *, swa: bool = True, paged: bool = True) -> bool:
     True when the scenario can go on."""
     if not swa:
         if sg.Paged is None or sg.MHAPool is None:
-            raise RuntimeError("the tree has no PagedTokenToKVPoolAllocator or MHATokenToKVPool where the probe "
-                               f"looks ({', '.join(PAGED_AT)}): the control cannot be built")
+            observed["paged_allocator"] = "absent"
+            return False
         return True
     if sg.Allocator is None or sg.Pool is None:
         observed["swa_allocator"] = "absent"

@@ -330,6 +330,15 @@ def test_a_tree_without_the_hybrid_pool_records_it_and_the_scenario_stops(swa, l
     assert played(probe, "F1") == {fact: "absent"}
 
 
+@pytest.mark.parametrize("lacks", [dict(Paged=None), dict(MHAPool=None)])
+def test_a_tree_without_the_paged_allocator_records_it_in_the_plain_control_and_the_swa_scenarios_run(swa, lacks):
+    probe = swa()
+    for name, value in lacks.items():
+        setattr(probe._swa.sg, name, value)
+    assert played(probe, "F6") == {"paged_allocator": "absent"}
+    assert played(probe, "F1")["double_freed"] == 1
+
+
 def test_a_token_granular_swa_allocator_records_no_paged_swa_and_still_runs_the_page_1_control(swa):
     probe = swa(TokenSWAAllocator)
     assert played(probe, "F1") == {"paged_swa": "absent"}
