@@ -16,7 +16,8 @@ dispatches by disaggregation mode; before it, the overlap loop itself) for ``ITE
 boundary: the scheduler's ``device_module`` (streams, events, stream contexts) and its ``forward_stream`` are
 recorders; the batch, forward and scheduling collaborators (request receiver, batch getters, ``run_batch``,
 result processing, the decode queue, the prefill bootstrap queue, the model worker's runner) are stubs that
-log what they were asked to do; the platform is the tree's own flags (``is_cuda()``, ``_is_hip`` ...) set as a
+log what they were asked to do (the batch a decode batch of no request, no grammar; a launch's result with no
+delayed sampling); the platform is the tree's own flags (``is_cuda()``, ``_is_hip`` ...) set as a
 server on that platform has them (``PLATFORMS``). Each iteration the batch getter stands for the schedule's
 writes of the next batch and ``run_batch`` for a forward launch (reading them). Scenarios (``RUNS``):
 
@@ -181,11 +182,13 @@ class Mode:
 
 
 class Batch:
-    """A scheduled batch, and the plan that carries it where the getter returns one (``batch_to_run``)."""
+    """A scheduled batch, and the plan that carries it where the getter returns one (``batch_to_run``): no request
+    constrained by a grammar (0.5.6's plain loop syncs grammar batches)."""
 
     running_batch = None
     inner_idle_batch = None
     reqs: tuple = ()
+    has_grammar = False
 
     def __init__(self, n: int):
         self.n = n
@@ -197,6 +200,15 @@ class Batch:
 
     def copy(self) -> Batch:
         return self
+
+    def batch_size(self) -> int:  # the PD-prefill loop traces it (0.5.4.post2 to 0.5.5)
+        return len(self.reqs)
+
+
+class Result:
+    """What a forward launch returns: its sampling launched with it (0.5.3.post1's loops launch a delayed one)."""
+
+    delay_sample_launch = False
 
 
 class RunningBatch:
@@ -263,7 +275,7 @@ def scheduler_for(world: World, loop: str, mode: Any, spec: Any) -> Any:
         world.log.append(("forward",))
         if world.fastpath:
             world.runner.published = Event(world, READ_DONE)
-        return object()
+        return Result()
 
     def other_getter(name: str):
         def wrong(self: Any, *args: Any, **kwargs: Any) -> Batch:
@@ -304,6 +316,8 @@ def scheduler_for(world: World, loop: str, mode: Any, spec: Any) -> Any:
     sched = object.__new__(cls)
     # The schedule stream as the scheduler's init makes it (0.5.19 on; before, run_event_loop makes its own).
     sched.schedule_stream = DeviceModule(world).Stream(priority=0)
+    # The prefill bootstrap queue, empty (named disagg_prefill_pending_queue up to 0.4.5.post3).
+    bootstrap = type("Bootstrap", (), {"pop_bootstrapped": lambda self, *a, **k: [], "queue": []})()
     sched.__dict__.update(
         server_args=ARGS["server"], disaggregation_mode=mode, spec_algorithm=spec, device_module=DeviceModule(world),
         forward_stream=world.forward, enable_overlap=True, _deferred_input_requests=[], enable_pdmux=False,
@@ -312,8 +326,7 @@ def scheduler_for(world: World, loop: str, mode: Any, spec: Any) -> Any:
         last_batch=None, running_batch=RunningBatch(), chunked_req=None, cur_batch=None, require_mlp_sync=False,
         model_worker=Worker(world.runner), waiting_queue=[],
         request_receiver=type("Receiver", (), {"recv_requests": staticmethod(recv_requests)})(),
-        disagg_prefill_bootstrap_queue=type("Bootstrap", (), {"pop_bootstrapped": lambda self, *a, **k: [],
-                                                              "queue": []})(),
+        disagg_prefill_bootstrap_queue=bootstrap, disagg_prefill_pending_queue=bootstrap,
         disagg_prefill_inflight_queue=[], disagg_decode_transfer_queue=Queue(world, "disagg_decode_transfer_queue"),
         disagg_decode_prealloc_queue=Queue(world, "disagg_decode_prealloc_queue"))
     return sched
@@ -357,6 +370,10 @@ def prepare() -> str:
     for name in LOOP_MODULES:
         importlib.import_module(name)
     ARGS["server"] = server_args(ServerArgs, SCENARIOS.adapted, model_path="dummy")
+    # Built from its defaults (up to 0.4.10: no accelerator here), the args lack what __post_init__ derives; the PD
+    # loops of 0.4.6 to 0.4.7.post1 read enable_sp_layernorm, which it sets on the defaults (no DeepEP MoE): False.
+    if not hasattr(ARGS["server"], "enable_sp_layernorm"):
+        object.__setattr__(ARGS["server"], "enable_sp_layernorm", False)
     return sglang.__version__
 
 

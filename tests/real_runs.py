@@ -56,15 +56,13 @@ MANAGER_FIRST = "0.5.3"
 # their answers are not pinned.
 # swa_tail from 0.5.17: no allocator backup/restore, so no recycled page to preallocate over (docs/maintainers/swa.md).
 # The SWA pools of 0.4.9.post1-post2 are abstract (no host backup written) and 0.5.8's paged allocator launches a
-# Triton kernel with no CPU implementation in its module (the sweep: error). war_barrier's overlap loops of
-# 0.4.5.post3-0.4.7.post1, 0.5.3.post1 and 0.5.4.post2-0.5.6.post2 ask the batch and server args for what the
-# probe does not give yet (the sweep: error; docs/maintainers/war_barrier.md).
+# Triton kernel with no CPU implementation in its module (the sweep: error). war_barrier answers on every release
+# (0.4.4.post2-0.4.5.post2 read neither: no PD overlap loop, recorded absent, no scenario raises).
 UNANSWERED = {"abort_notify": [("0.4.5.post1", "0.4.8")],
                     "deferred_release": [("0.4.5.post1", "0.4.9.post5")],
                     "deferred_release_nixl": [("0.4.5.post3", "0.5.12")],
                     "swa_free": [("0.4.9.post1", "0.4.9.post3"), ("0.5.8", "0.5.9")],
-                    "swa_tail": [("0.4.9.post1", "0.4.9.post3"), ("0.5.8", "0.5.9"), ("0.5.17", "9999")],
-                    "war_barrier": [("0.4.5.post3", "0.4.8"), ("0.5.3.post1", "0.5.3.post2"), ("0.5.4.post2", "0.5.7")]}
+                    "swa_tail": [("0.4.9.post1", "0.4.9.post3"), ("0.5.8", "0.5.9"), ("0.5.17", "9999")]}
 
 
 def answer_known(experiment: str, version: str) -> bool:
