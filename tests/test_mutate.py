@@ -458,6 +458,8 @@ def real_lanes(tmp_path_factory):
 # Controls no declared mutant breaks yet, and why: the gap stays visible here until a mutant closes it.
 UNEXERCISED_CONTROLS = {
     ("offload_slots", "O7"): "a prompt shorter than a page: no over-broad mutant of #24226 touches the page alignment",
+    ("swa_free", "F6"): "a model without sliding-window layers: #27779 edits the SWA allocator's free_swa only, and "
+                        "the plain paged allocator F6 drives has none",
 }
 MUTATED = [name for name, exp in registry.load(PROJECT).experiments.items() if exp.mutants]
 
