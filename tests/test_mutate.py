@@ -460,6 +460,9 @@ UNEXERCISED_CONTROLS = {
     ("offload_slots", "O7"): "a prompt shorter than a page: no over-broad mutant of #24226 touches the page alignment",
     ("swa_free", "F6"): "a model without sliding-window layers: #27779 edits the SWA allocator's free_swa only, and "
                         "the plain paged allocator F6 drives has none",
+    ("swa_tail", "T5"): "page size 1: the preallocation takes SWA for every token, no tail, so no mutant of #25805's "
+                        "clearing outside the tail has slots to act on",
+    ("swa_tail", "T6"): "a model without sliding-window layers: no SWA mapping for a mutant of #25805 to clear",
 }
 MUTATED = [name for name, exp in registry.load(PROJECT).experiments.items() if exp.mutants]
 
