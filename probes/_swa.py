@@ -24,7 +24,8 @@ Tree facts: ``swa_allocator: "absent"`` (no ``SWATokenToKVPoolAllocator`` at any
 hybrid SWA pool); ``paged_swa: "absent"`` (the tree's SWA allocator, built as its constructor allows, is
 token-granular: page size 1, so a free names exactly the slots it frees; up to 0.5.7); ``paged_allocator:
 "absent"`` (the control without an SWA pool: no ``PagedTokenToKVPoolAllocator`` or ``MHATokenToKVPool`` at any
-place they have lived).
+place they have lived); ``paged_alloc: "absent"`` (that control: the paged allocator has no page-aligned ``alloc``,
+only the extend kernel's allocation; up to 0.4.4.post3).
 """
 
 from __future__ import annotations
@@ -133,6 +134,9 @@ def tree_facts(observed: dict, *, swa: bool = True, paged: bool = True) -> bool:
     if not swa:
         if sg.Paged is None or sg.MHAPool is None:
             observed["paged_allocator"] = "absent"
+            return False
+        if not hasattr(sg.Paged, "alloc"):  # up to 0.4.4.post3 it allocates only through the Triton extend kernel
+            observed["paged_alloc"] = "absent"
             return False
         return True
     if sg.Allocator is None or sg.Pool is None:

@@ -339,6 +339,12 @@ def test_a_tree_without_the_paged_allocator_records_it_in_the_plain_control_and_
     assert played(probe, "F1")["double_freed"] == 1
 
 
+def test_a_paged_allocator_without_a_page_aligned_alloc_is_recorded_in_the_plain_control(swa):
+    probe = swa()
+    probe._swa.sg.Paged = type("ExtendOnlyPagedAllocator", (), {"alloc_extend": lambda self, *args: None})
+    assert played(probe, "F6") == {"paged_alloc": "absent"}
+
+
 def test_a_token_granular_swa_allocator_records_no_paged_swa_and_still_runs_the_page_1_control(swa):
     probe = swa(TokenSWAAllocator)
     assert played(probe, "F1") == {"paged_swa": "absent"}
