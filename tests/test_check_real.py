@@ -210,17 +210,13 @@ def test_a_tree_that_cannot_import_cannot_run_and_says_why(reg, tmp_path):
 
 
 # --- answers that know the configuration (check --server-args) -------------------------------------------------
-# The offload experiments have no published references yet: both checks judge against this module's own fresh
-# release cells (the matrix, into a temporary runs/), as `--references fresh` does while republishing.
+# Both checks judge against fresh release cells, as `--references fresh` does while republishing: the session's
+# release matrix (tests/conftest.py), built once for every real test that reads cells.
 
 
 @pytest.fixture(scope="module")
-def fresh_matrix(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("config-runs")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PDEVIDENCE_RUNS", str(runs))
-        cli.main(["--root", str(PROJECT), "matrix", "--kind", "release", "--jobs", "1"])
-        yield runs
+def fresh_matrix(release_matrix):
+    return release_matrix.runs
 
 
 def test_0_5_12_decode_without_offload_is_not_affected_by_the_offload_fix_and_with_offload_affected(fresh_matrix,

@@ -109,3 +109,26 @@ def test_the_docstring_names_every_scenario_and_key(probe):
         assert f"- {script.id} " in probe.__doc__, script.id
     for key in probe.MEASURES:
         assert f"``{key}``" in probe.__doc__, key
+
+
+class RaisingQueue:
+    """A world whose inflight queue raises ``exc``, as the oldest trees' failure path does."""
+
+    def __init__(self, exc: BaseException):
+        self.exc, self.state = exc, None
+
+    def inflight(self):
+        raise self.exc
+
+
+def test_an_old_tree_s_failed_poll_that_raises_is_a_tree_fact(probe):
+    observed = {}
+    probe.Poll("Failed").run(RaisingQueue(Exception("Transferring failed")), None, observed)
+    assert observed == {"failed_poll": "raises"}
+
+
+@pytest.mark.parametrize(("state", "exc"), [("Success", Exception("Transferring failed")),
+                                            ("Failed", RuntimeError("a probe bug"))])
+def test_anything_else_the_queue_raises_stays_the_scenario_s_error(probe, state, exc):
+    with pytest.raises(type(exc)):
+        probe.Poll(state).run(RaisingQueue(exc), None, {})

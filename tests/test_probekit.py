@@ -279,3 +279,28 @@ def test_a_source_that_cannot_be_read_is_the_scenario_s_error_never_a_false(kit)
     assert result["observed"] == {}
     assert result["error"]["type"] == "SourceUnreadable"
     assert "the source of result_path cannot be read" in result["error"]["message"]
+
+
+class Params:
+    """Sampling parameters as a tree's: stop strings unset until the tokenizer manager normalizes them."""
+
+    def __init__(self, max_new_tokens):
+        self.max_new_tokens, self.stop_strs = max_new_tokens, None
+
+    def normalize(self, tokenizer):
+        assert tokenizer is None
+        self.stop_strs = []
+
+
+class Req:
+    def __init__(self, rid, text, prompt, params):
+        self.rid, self.origin_input_ids, self.sampling_params = rid, prompt, params
+
+
+def test_a_served_req_reads_as_a_server_hands_it_over(kit):
+    """A finish check reads the stop strings, the vocabulary size and the EOS set: a server sets all three, and
+    no probe's token reaches either bound."""
+    req = kit.served_req(Req, Params, "r", [1, 2, 3], max_new_tokens=4)
+    assert (req.rid, req.origin_input_ids, req.sampling_params.max_new_tokens) == ("r", [1, 2, 3], 4)
+    assert req.sampling_params.stop_strs == []
+    assert req.vocab_size == kit.VOCAB and req.eos_token_ids == {kit.EOS} and kit.EOS < kit.VOCAB
