@@ -25,7 +25,8 @@ hybrid SWA pool); ``paged_swa: "absent"`` (the tree's SWA allocator, built as it
 token-granular: page size 1, so a free names exactly the slots it frees; up to 0.5.7); ``paged_allocator:
 "absent"`` (the control without an SWA pool: no ``PagedTokenToKVPoolAllocator`` or ``MHATokenToKVPool`` at any
 place they have lived); ``paged_alloc: "absent"`` (that control: the paged allocator has no page-aligned ``alloc``,
-only the extend kernel's allocation; up to 0.4.4.post3).
+only the extend kernel's allocation; up to 0.4.4.post3); ``swa_pool: "abstract"`` (the tree's ``SWAKVPool`` leaves
+methods of its base abstract, so neither the probe nor a server can build it: 0.4.9.post1-post2).
 """
 
 from __future__ import annotations
@@ -52,10 +53,6 @@ NAIVE = "alloc_extend_naive"
 ADAPT_NAIVE = "alloc-extend-naive"
 
 sg = SimpleNamespace(ready=False)
-
-
-class DraftAbsent(Exception):
-    """The tree's allocator has no ``backup_state``/``restore_state``: its drafts take no pages back that way."""
 
 
 class CannotRunOnCpu(RuntimeError):
@@ -142,6 +139,9 @@ def tree_facts(observed: dict, *, swa: bool = True, paged: bool = True) -> bool:
     if sg.Allocator is None or sg.Pool is None:
         observed["swa_allocator"] = "absent"
         return False
+    if inspect.isabstract(sg.Pool):  # 0.4.9.post1-post2: the HiCache hooks declared, not written
+        observed["swa_pool"] = "abstract"
+        return False
     if paged and "page_size" not in inspect.signature(sg.Allocator).parameters:
         if World(page=1).allocator.page_size == 1:  # built as its constructor allows: its page size is the answer
             observed["paged_swa"] = "absent"
@@ -214,28 +214,31 @@ class World:
         self.reissued += len(self.swa_pages(slots) & others)
         self.live[name] = slots if name not in self.live else sg.torch.cat((self.live[name], slots))
 
-    def draft(self, name: str, tokens: int) -> None:
+    def draft(self, name: str, tokens: int) -> bool:
         """A speculative (MTP) draft step for live request ``name``: its draft slots are allocated past its last
-        slot between the allocator's ``backup_state`` and ``restore_state``, which gives the pages back and leaves
-        their mapping as the allocation wrote it (the recycled pages of PR #25805)."""
+        slot, then given back. Where the allocator has ``backup_state``/``restore_state`` (up to 0.5.16), between
+        them: the restore gives the pages back and leaves their mapping as the allocation wrote it (the recycled
+        pages of PR #25805). Where it has not (0.5.17 on: the speculative workers allocate a request's draft slots
+        with it), by ``free`` when they are done with. Answers whether the restore gave them back."""
         torch = sg.torch
         mine = self.live[name]
-        if not (hasattr(self.allocator, "backup_state") and hasattr(self.allocator, "restore_state")):
-            raise DraftAbsent  # from 0.5.17 the speculative workers allocate drafts without them
-        state = self.allocator.backup_state()
+        restores = hasattr(self.allocator, "backup_state") and hasattr(self.allocator, "restore_state")
+        state = self.allocator.backup_state() if restores else None
         if self.page == 1:  # the token allocator's slots: no kernel
-            if self.allocator.alloc(tokens) is None:
-                raise RuntimeError(f"the allocator refused {tokens} draft slots for {name}")
-            self.allocator.restore_state(state)
-            return
-        prefix = torch.tensor([len(mine)], dtype=torch.int64)
-        lens = torch.tensor([len(mine) + tokens], dtype=torch.int64)
-        last = mine[-1:].to(torch.int64)
-        with self.kernel():
-            drafted = self.allocator.alloc_extend(prefix, prefix.clone(), lens, lens.clone(), last, tokens)
+            drafted = self.allocator.alloc(tokens)
+        else:
+            prefix = torch.tensor([len(mine)], dtype=torch.int64)
+            lens = torch.tensor([len(mine) + tokens], dtype=torch.int64)
+            last = mine[-1:].to(torch.int64)
+            with self.kernel():
+                drafted = self.allocator.alloc_extend(prefix, prefix.clone(), lens, lens.clone(), last, tokens)
         if drafted is None:
             raise RuntimeError(f"the allocator refused {tokens} draft slots for {name}")
-        self.allocator.restore_state(state)
+        if restores:
+            self.allocator.restore_state(state)
+        else:
+            self.allocator.free(drafted)
+        return restores
 
     def pre_alloc(self, name: str, tokens: int, window: int) -> int:
         """The decode server's preallocation of a transferred request of ``tokens`` prompt tokens: the tree's own

@@ -24,8 +24,8 @@ Keys: ``swa_free`` / ``full_free`` (free slots of the SWA / full allocator after
 free page), ``live_page_reissued`` (SWA pages handed out while another live request's mapping named them),
 ``free_refused`` (``AssertionError`` where ``free``'s own check found more free slots than the pool has, after
 freeing; else null).
-Tree facts: ``swa_allocator: "absent"`` (no hybrid SWA allocator), ``paged_swa: "absent"`` (its SWA allocator
-is token-granular); F6: ``paged_allocator: "absent"`` (no paged allocator or MHA pool where the probe looks),
+Tree facts: ``swa_allocator: "absent"`` (no hybrid SWA allocator), ``swa_pool: "abstract"`` (its SWA pool cannot
+be built: 0.4.9.post1-post2), ``paged_swa: "absent"`` (its SWA allocator is token-granular); F6: ``paged_allocator: "absent"`` (no paged allocator or MHA pool where the probe looks),
 ``paged_alloc: "absent"`` (its paged allocator has no page-aligned ``alloc``: up to 0.4.4.post3).
 
     python probes/probe_swa_free_differential.py --side head --tree-kind release --tree-ref 0.5.14

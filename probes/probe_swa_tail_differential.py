@@ -29,11 +29,11 @@ back under it), ``live_page_reissued`` (SWA pages handed out while another live 
 them), ``double_freed`` (SWA pages in the free lists twice), ``swa_free`` / ``full_free`` (free slots),
 ``free_refused`` (``AssertionError`` where ``free``'s own check found more free slots than the pool has, else
 null). Tree facts (recorded by every scenario, the controls' too: they control the paged decode path):
-``swa_allocator: "absent"``, ``paged_swa: "absent"`` (``_swa.py``), ``tail_prealloc:
+``swa_allocator: "absent"``, ``swa_pool: "abstract"``, ``paged_swa: "absent"`` (``_swa.py``), ``tail_prealloc:
 "absent"`` (the tree's preallocation took SWA slots for every token of the prompt: no tail allocation, up to
 0.5.11); ``draft_restore: "absent"`` (the tree's allocator has no ``backup_state``/``restore_state``, from
-0.5.17: no draft step takes pages back that way, so the scenarios that need a recycled page stop there and
-their deciding keys are unobserved: unknown, never an all-clear).
+0.5.17: its drafts' pages come back by ``free``, which the draft steps then take; whether a recycled page
+still names an SWA page is then what ``free`` left, observed by the same keys).
 
     python probes/probe_swa_tail_differential.py --side head --tree-kind release --tree-ref 0.5.13
 """
@@ -99,16 +99,14 @@ class Alloc:
 
 @dataclass(frozen=True)
 class Draft:
-    """A speculative draft step of live request ``name``: ``tokens`` slots allocated, then the state restored."""
+    """A speculative draft step of live request ``name``: ``tokens`` slots allocated, then given back (the
+    allocator's state restored, or, where it keeps none, the slots freed)."""
     name: str
     tokens: int = 4
 
     def run(self, world: World, observed: Observed) -> None:
-        try:
-            world.draft(self.name, self.tokens)
-        except _swa.DraftAbsent:
+        if not world.draft(self.name, self.tokens):
             observed["draft_restore"] = "absent"
-            raise
 
 
 @dataclass(frozen=True)
@@ -196,7 +194,7 @@ def play(script: Script, observed: Observed) -> None:
     try:
         for step in script.steps:
             step.run(world, observed)
-    except (TailAbsent, _swa.DraftAbsent):
+    except TailAbsent:
         return
 
 

@@ -38,7 +38,8 @@ its writes; ``after_launch``: right after each launch; ``mixed``; ``none``);
 W12/W13: ``waits_on_read_done`` (a wait was on the forward's read-done event rather than the whole stream);
 decode loops: ``prealloc_fenced`` (the decode queue's preallocation, a schedule write, ran after a wait since
 the last launch; null: it never ran after one). Tree facts: ``dflash: "absent"`` (W14: the tree's
-``SpeculativeAlgorithm`` has no DFLASH). A tree without the loop a scenario drives records ``loop: "absent"``.
+``SpeculativeAlgorithm`` has no DFLASH). A tree without the loop a scenario drives records ``loop: "absent"``
+(the PD overlap loops up to 0.4.5.post2).
 What a CPU probe sees is the barrier's placement and gating, never the race itself (docs/operators/limits.md).
 
     python probes/probe_war_barrier_differential.py --side head --tree-kind release --tree-ref 0.5.13
@@ -50,7 +51,7 @@ import contextlib
 import functools
 import importlib
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -372,7 +373,8 @@ def prepare() -> str:
     ARGS["server"] = server_args(ServerArgs, SCENARIOS.adapted, model_path="dummy")
     # Built from its defaults (up to 0.4.10: no accelerator here), the args lack what __post_init__ derives; the PD
     # loops of 0.4.6 to 0.4.7.post1 read enable_sp_layernorm, which it sets on the defaults (no DeepEP MoE): False.
-    if not hasattr(ARGS["server"], "enable_sp_layernorm"):
+    # From 0.5.20 the args are a sealed msgspec record no loop reads that from: only the dataclass ones get it.
+    if is_dataclass(ServerArgs) and not hasattr(ARGS["server"], "enable_sp_layernorm"):
         object.__setattr__(ARGS["server"], "enable_sp_layernorm", False)
     return sglang.__version__
 

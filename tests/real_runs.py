@@ -54,15 +54,13 @@ MANAGER_FIRST = "0.5.3"
 # timeout) and deferred_release_nixl's (0.4.5.post3 to 0.5.5); and deferred_release_nixl's where decode times out
 # but the prefill has neither an ABORT handler nor a transfer worker (0.5.6 to 0.5.11, the sweep: neither): there
 # their answers are not pinned.
-# swa_tail from 0.5.17: no allocator backup/restore, so no recycled page to preallocate over (docs/maintainers/swa.md).
-# The SWA pools of 0.4.9.post1-post2 are abstract (no host backup written) and 0.5.8's paged allocator launches a
-# Triton kernel with no CPU implementation in its module (the sweep: error). war_barrier answers on every release
-# (0.4.4.post2-0.4.5.post2 read neither: no PD overlap loop, recorded absent, no scenario raises).
+# 0.5.8's paged allocator launches a Triton kernel with no CPU implementation in its module (the SWA sweeps: error).
+# war_barrier answers on every release with PD (0.4.4.post2-0.4.5.post2: the plain loop, their PD loops absent).
 UNANSWERED = {"abort_notify": [("0.4.5.post1", "0.4.8")],
                     "deferred_release": [("0.4.5.post1", "0.4.9.post5")],
                     "deferred_release_nixl": [("0.4.5.post3", "0.5.12")],
-                    "swa_free": [("0.4.9.post1", "0.4.9.post3"), ("0.5.8", "0.5.9")],
-                    "swa_tail": [("0.4.9.post1", "0.4.9.post3"), ("0.5.8", "0.5.9"), ("0.5.17", "9999")]}
+                    "swa_free": [("0.5.8", "0.5.9")],
+                    "swa_tail": [("0.5.8", "0.5.9")]}
 
 
 def answer_known(experiment: str, version: str) -> bool:

@@ -167,16 +167,14 @@ def test_the_installed_wheel_checks_a_release_from_an_empty_directory(installed)
                               check=True).stdout.strip()
     env = user_env(installed["home"], UV_CACHE_DIR=uv_cache)
     done = run(installed, "check", "--version", "0.5.21", "--json", env=env, timeout=3000)
-    # swa_tail's unknown (below) is a behaviour not shown fixed: the exit of a build that differs.
-    assert done.returncode == errors.BEHAVIOUR_DIFFERS, done.stderr
+    assert done.returncode == errors.CONFIRMED, done.stderr
     doc = json.loads(done.stdout)
     assert doc["target"]["resolved"] == "0.5.21"
-    # 0.5.21 is admission's head; every other fix came before it (the deferred releases on by default there), but
-    # swa_tail is unknown from 0.5.17 (the sweep: neither): no allocator backup/restore, no recycled page reached.
+    # 0.5.21 is admission's head; every other fix came before it (the deferred releases on by default there).
     assert {e["experiment"]: e["status"] for e in doc["experiments"]} == {
         "admission": "fixed", "prefill": "fixed", "offload_slots": "fixed", "offload_rid": "fixed",
         "abort_notify": "fixed", "deferred_release": "fixed", "deferred_release_nixl": "fixed",
-        "retract_resume": "fixed", "grammar_release": "fixed", "swa_free": "fixed", "swa_tail": "unknown",
+        "retract_resume": "fixed", "grammar_release": "fixed", "swa_free": "fixed", "swa_tail": "fixed",
         "war_barrier": "fixed"}
     state = installed["home"] / "xdg-state" / "pdevidence" / "runs" / "check"
     written = {p.name for p in state.rglob("*.json")}

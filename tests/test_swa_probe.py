@@ -12,6 +12,7 @@ tree lacks is recorded.
 
 from __future__ import annotations
 
+import abc
 import json
 import sys
 import types
@@ -456,6 +457,22 @@ def test_real_base_preallocation_hands_a_live_tail_page_on_and_head_never(tmp_pa
     assert all(base[sid] == head[sid] for sid in ("T4", "T5", "T6"))
 
 
+class AbstractPool(Pool, abc.ABC):
+    """0.4.9.post1-post2's SWA pool: a method of its base declared abstract and not written."""
+
+    @abc.abstractmethod
+    def backup_to_host_all_layer(self, host_pool, layer_id, event): ...
+
+
+def test_a_pool_that_cannot_be_built_is_recorded_where_a_scenario_needs_it(swa, monkeypatch):
+    """swa_free's F6 (no SWA layers) still runs; swa_tail's scenarios all record it (they control its path)."""
+    free, tail = swa(TailSWAAllocator, probe="free"), swa(TailSWAAllocator, probe="tail")
+    monkeypatch.setattr(free._swa.sg, "Pool", AbstractPool)
+    assert played(free, "F1") == {"swa_pool": "abstract"}
+    assert "swa_pool" not in played(free, "F6")
+    assert all(played(tail, script.id) == {"swa_pool": "abstract"} for script in tail.SCRIPTS)
+
+
 def test_a_token_granular_tree_records_no_paged_swa_in_every_tail_scenario_the_controls_too(swa):
     probe = swa(TokenSWAAllocator, probe="tail")
     assert all(played(probe, script.id) == {"paged_swa": "absent"} for script in probe.SCRIPTS)
@@ -467,7 +484,22 @@ class NoRestoreSWAAllocator(TailSWAAllocator):
     backup_state = restore_state = property(lambda self: (_ for _ in ()).throw(AttributeError("no such method")))
 
 
-def test_an_allocator_without_restore_records_no_draft_restore_and_the_deciding_keys_stay_unobserved(swa):
+def test_an_allocator_without_restore_takes_the_draft_back_by_free_and_the_deciding_keys_are_observed(swa):
     probe = swa(NoRestoreSWAAllocator, probe="tail")
-    assert played(probe, "T1") == {"draft_restore": "absent"}
-    assert played(probe, "T4")["swa_mapped"] == 4  # no draft in it: it still runs
+    assert played(probe, "T1") == {"draft_restore": "absent", "swa_taken": 4, "swa_mapped": 4, "live_in_free": 0}
+    assert played(probe, "T3")["double_freed"] == 0
+
+
+class NoRestoreNoClearSWAAllocator(SWAAllocator):
+    """No state to restore, and free leaves the mapping of the slots it frees: a recycled page still names an
+    SWA page, which the tail allocation (no clear) leaves to the preallocated request."""
+
+    backup_state = restore_state = NoRestoreSWAAllocator.backup_state
+
+    def free(self, free_index):
+        self.full_attn_allocator.free(free_index)
+        self.swa_attn_allocator.free(Tensor([v for v in self.full_to_swa_index_mapping[free_index].data if v > 0]))
+
+
+def test_a_free_that_leaves_the_mapping_reads_as_the_base_where_no_restore_exists(swa):
+    assert played(swa(NoRestoreNoClearSWAAllocator, probe="tail"), "T1")["swa_mapped"] == 8
