@@ -231,11 +231,13 @@ def test_0_5_12_decode_without_offload_is_not_affected_by_the_offload_fix_and_wi
     assert off["configuration"]["values"] == {"disaggregation_decode_enable_offload_kvcache": False,
                                               "disaggregation_transfer_backend": "mooncake"}  # the default
     # 0.5.12's resolution derives the PD mode (a diffusion model resets it), the grammar backend and the speculative
-    # algorithm (the paths of grammar_release and retract_resume read them) and, without the model's config here,
-    # stops before that step: the mode is not established, so the configuration does not decide the prefill fix.
+    # algorithm (the paths of grammar_release and retract_resume read them), the hybrid SWA pool's switch and the
+    # page size (the SWA fixes' paths) and, without the model's config here, stops before that step: the mode is
+    # not established, so the configuration does not decide the prefill fix.
     resolution = off["configuration"]["resolution"]
     assert (resolution["completed"], resolution["derived"]) == \
-        (False, ["disaggregation_mode", "grammar_backend", "speculative_algorithm"])
+        (False, ["disable_hybrid_swa_memory", "disaggregation_mode", "grammar_backend", "page_size",
+                 "speculative_algorithm"])
     assert (answer["prefill"]["rests_on"], answer["prefill"]["configuration"]["enters_path"]) == ("code", None)
     assert "derives it and stopped here" in answer["prefill"]["configuration"]["unestablished"]["disaggregation_mode"]
     # The tree's own model-independent route (a dummy model) runs its resolution through, the cpu standing in

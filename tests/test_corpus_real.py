@@ -47,7 +47,8 @@ NOT_PORTED = {
        for era in ("torch2.9-tf4", "torch2.9-tf5", "torch2.11-tf5-sgl-kernel", "torch2.11-tf5")},
     ("swa_tail", "torch2.11-tf5-sgl-kernel"): "not yet: #25805 into 0.5.12's alloc_extend_swa_tail",
     **{("war_barrier", era): "not yet: #26380's barrier in the older overlap loops"
-       for era in ("torch2.7-tf4", "torch2.8-tf4", "torch2.9-tf4", "torch2.9-tf5", "torch2.11-tf5-sgl-kernel")},
+       for era in ("torch2.5-tf4", "torch2.6-tf4", "torch2.7-tf4", "torch2.8-tf4", "torch2.9-tf4", "torch2.9-tf5",
+                   "torch2.11-tf5-sgl-kernel")},
     ("deferred_release_nixl", "torch2.11-tf5"): "0.5.16's NIXL worker keeps no per-room count of outstanding chunks, "
                                                 "the count #35360's drain ack is built on (0.5.18 has it)",
 }
