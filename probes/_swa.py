@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from _probekit import ScenarioSet, publish_server_args, server_args, swapped
+from _probekit import Observed, ScenarioSet, publish_server_args, server_args, swapped
 
 PAGE = 4
 SIZE = 32  # full and SWA slots: 8 pages each
@@ -319,3 +320,63 @@ class World:
 
     def full_free(self) -> int:
         return int(self.allocator.full_available_size() if self.swa else self.allocator.available_size())
+
+
+# ---------------------------------------------------------------- the steps both probes' scripts share
+
+
+@dataclass(frozen=True)
+class Observe:
+    """Record ``keys`` as the world stands now, each under ``<key><suffix>``, as the probe's ``measures`` say."""
+    measures: Mapping[str, Callable[[World], Any]] = field(repr=False, compare=False)
+    keys: tuple[str, ...]
+    suffix: str = ""
+
+    def run(self, world: World, observed: Observed) -> None:
+        observed.update({key + self.suffix: self.measures[key](world) for key in self.keys})
+
+
+def observer(measures: Mapping[str, Callable[[World], Any]]) -> Callable[..., Observe]:
+    """A probe's ``observe(*keys, suffix=)``, for its ``measures``."""
+    def observe(*keys: str, suffix: str = "") -> Observe:
+        unknown = [key for key in keys if key not in measures]
+        if unknown:  # a typo must fail at import, not read as a scenario's error on every tree
+            raise KeyError(f"no measure {unknown}; measures: {sorted(measures)}")
+        return Observe(measures, keys, suffix)
+    return observe
+
+
+@dataclass(frozen=True)
+class Alloc:
+    """Request ``name``'s prefill of ``tokens`` slots."""
+    name: str
+    tokens: int
+
+    def run(self, world: World, observed: Observed) -> None:
+        world.alloc(self.name, self.tokens)
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Request ``name`` finishes: ``free`` of all its full slots. ``free_refused`` is the type of the error the
+    allocator's own accounting check raised after freeing (more free slots than it has), else null; a script
+    that finishes two requests keeps the first refusal."""
+    name: str
+
+    def run(self, world: World, observed: Observed) -> None:
+        try:
+            world.free(self.name)
+        except AssertionError as exc:
+            observed["free_refused"] = type(exc).__name__
+        else:
+            observed.setdefault("free_refused", None)
+
+
+@dataclass(frozen=True)
+class Script:
+    """A scenario: a fresh world (``page`` slots a page; ``swa``: a hybrid pool) driven through ``steps``."""
+    id: str
+    title: str
+    steps: tuple[Any, ...]
+    page: int = PAGE
+    swa: bool = True

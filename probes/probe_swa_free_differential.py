@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _swa  # noqa: E402
 from _probekit import Observed, ScenarioSet, main  # noqa: E402
-from _swa import World, tree_facts  # noqa: E402
+from _swa import Alloc, Finish, Script, World, observer, tree_facts  # noqa: E402
 
 SCENARIOS = ScenarioSet("swa_free")
 
@@ -55,33 +55,7 @@ MEASURES: dict[str, Callable[[World], Any]] = {
     "stale_mapping": lambda w: w.stale_mapping("A"),
     "live_page_reissued": lambda w: w.reissued,
 }
-
-
-@dataclass(frozen=True)
-class Observe:
-    """Record ``keys`` as the world stands now, each under ``<key><suffix>``."""
-    keys: tuple[str, ...]
-    suffix: str = ""
-
-    def run(self, world: World, observed: Observed) -> None:
-        observed.update({key + self.suffix: MEASURES[key](world) for key in self.keys})
-
-
-def observe(*keys: str, suffix: str = "") -> Observe:
-    unknown = [key for key in keys if key not in MEASURES]
-    if unknown:  # a typo must fail at import, not read as a scenario's error on every tree
-        raise KeyError(f"no measure {unknown}; measures: {sorted(MEASURES)}")
-    return Observe(keys, suffix)
-
-
-@dataclass(frozen=True)
-class Alloc:
-    """Request ``name``'s prefill of ``tokens`` slots."""
-    name: str
-    tokens: int
-
-    def run(self, world: World, observed: Observed) -> None:
-        world.alloc(self.name, self.tokens)
+observe = observer(MEASURES)
 
 
 @dataclass(frozen=True)
@@ -93,34 +67,6 @@ class FreeSwa:
 
     def run(self, world: World, observed: Observed) -> None:
         world.free_swa(self.name, self.start, self.stop)
-
-
-@dataclass(frozen=True)
-class Finish:
-    """Request ``name`` finishes: ``free`` of all its full slots. ``free_refused`` is the type of the error the
-    allocator's own accounting check raised after freeing (more free slots than it has), else null."""
-    name: str
-
-    def run(self, world: World, observed: Observed) -> None:
-        try:
-            world.free(self.name)
-        except AssertionError as exc:
-            observed["free_refused"] = type(exc).__name__
-        else:
-            observed["free_refused"] = None
-
-
-Step = Observe | Alloc | FreeSwa | Finish
-
-
-@dataclass(frozen=True)
-class Script:
-    """A scenario: a fresh world (``page`` slots a page; ``swa``: a hybrid pool) driven through ``steps``."""
-    id: str
-    title: str
-    steps: tuple[Step, ...]
-    page: int = _swa.PAGE
-    swa: bool = True
 
 
 TOTALS = ("swa_free", "full_free", "double_freed")

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _swa  # noqa: E402
 from _probekit import Observed, ScenarioSet, main  # noqa: E402
-from _swa import World, tree_facts  # noqa: E402
+from _swa import Alloc, Finish, Script, World, observer, tree_facts  # noqa: E402
 
 SCENARIOS = ScenarioSet("swa_tail")
 PROMPT = 8
@@ -64,37 +64,11 @@ MEASURES: dict[str, Callable[[World], Any]] = {
     "swa_free": World.swa_free,
     "full_free": World.full_free,
 }
+observe = observer(MEASURES)
 
 
 class TailAbsent(Exception):
     """The tree's preallocation took SWA slots for the whole prompt: it has no tail allocation."""
-
-
-@dataclass(frozen=True)
-class Observe:
-    """Record ``keys`` as the world stands now, each under ``<key><suffix>``."""
-    keys: tuple[str, ...]
-    suffix: str = ""
-
-    def run(self, world: World, observed: Observed) -> None:
-        observed.update({key + self.suffix: MEASURES[key](world) for key in self.keys})
-
-
-def observe(*keys: str, suffix: str = "") -> Observe:
-    unknown = [key for key in keys if key not in MEASURES]
-    if unknown:  # a typo must fail at import, not read as a scenario's error on every tree
-        raise KeyError(f"no measure {unknown}; measures: {sorted(MEASURES)}")
-    return Observe(keys, suffix)
-
-
-@dataclass(frozen=True)
-class Alloc:
-    """Request ``name``'s prefill of ``tokens`` slots (a request decoding, or a later one)."""
-    name: str
-    tokens: int
-
-    def run(self, world: World, observed: Observed) -> None:
-        world.alloc(self.name, self.tokens)
 
 
 @dataclass(frozen=True)
@@ -133,33 +107,6 @@ class Slide:
     def run(self, world: World, observed: Observed) -> None:
         if world.swa:
             world.free_swa(self.name, 0, self.stop)
-
-
-@dataclass(frozen=True)
-class Finish:
-    """Request ``name`` finishes: ``free`` of all its full slots (``free_refused``: see the docstring)."""
-    name: str
-
-    def run(self, world: World, observed: Observed) -> None:
-        try:
-            world.free(self.name)
-        except AssertionError as exc:
-            observed["free_refused"] = type(exc).__name__
-        else:
-            observed.setdefault("free_refused", None)
-
-
-Step = Observe | Alloc | Draft | PreAlloc | Slide | Finish
-
-
-@dataclass(frozen=True)
-class Script:
-    """A scenario: a fresh world (``page`` slots a page; ``swa``: a hybrid pool) driven through ``steps``."""
-    id: str
-    title: str
-    steps: tuple[Step, ...]
-    page: int = _swa.PAGE
-    swa: bool = True
 
 
 RECYCLED = (Alloc("B", 4), Draft("B"), PreAlloc(), observe("swa_mapped", "live_in_free"))
