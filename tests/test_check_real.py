@@ -83,12 +83,11 @@ def telling(reg, experiment: str) -> list[str]:
 AS_CHECKED = {**check.STATUS_OF, Classification.PRESENT_OFF: check.Status.AFFECTED}
 
 # The abort-mid-transfer fixes on 0.5.21, whose default turns the deferred releases on; the retract-resume
-# copies (from 0.5.12), the single grammar release (from 0.5.16), the paged SWA free (from 0.5.14) and the WAR
-# barrier (from 0.5.13; the check's platform is CUDA, where it always runs) came before it. swa_tail is unknown
-# from 0.5.17 (the sweep: neither): its trees have no allocator backup/restore, so the probe reaches no recycled
-# page and its deciding keys stay unobserved (docs/maintainers/swa.md).
+# copies (from 0.5.12), the single grammar release (from 0.5.16), the paged SWA free (from 0.5.14), the SWA tail
+# clear (from 0.5.12.post1) and the WAR barrier (from 0.5.13; the check's platform is CUDA, where it always runs)
+# came before it.
 ON_0_5_21 = {"abort_notify": "fixed", "deferred_release": "fixed", "deferred_release_nixl": "fixed",
-             "retract_resume": "fixed", "grammar_release": "fixed", "swa_free": "fixed", "swa_tail": "unknown",
+             "retract_resume": "fixed", "grammar_release": "fixed", "swa_free": "fixed", "swa_tail": "fixed",
              "war_barrier": "fixed"}
 
 
@@ -101,7 +100,7 @@ def test_0_5_20_has_the_prefill_fix_but_not_the_admission_fix(reg, version_check
     assert statuses(doc) == {"admission": "affected", "prefill": "fixed", "offload_slots": "fixed",
                              "offload_rid": "fixed", "abort_notify": "fixed", "deferred_release": "affected",
                              "deferred_release_nixl": "affected", "retract_resume": "fixed",
-                             "grammar_release": "fixed", "swa_free": "fixed", "swa_tail": "unknown",
+                             "grammar_release": "fixed", "swa_free": "fixed", "swa_tail": "fixed",
                              "war_barrier": "fixed"}
     assert code == errors.BEHAVIOUR_DIFFERS
     assert doc["target"]["kind"] == "release" and doc["target"]["resolved"] == "0.5.20"

@@ -158,7 +158,7 @@ def test_the_installed_tool_keeps_its_state_in_the_users_cache_and_never_where_i
 @pytest.mark.sglang
 def test_the_installed_wheel_checks_a_release_from_an_empty_directory(installed):
     """Alone proves: the installed wheel, from an empty directory with no clone, checks a real release (0.5.21:
-    every fix fixed but swa_tail, unknown) with its own copy of the evidence, and keeps every environment, tree,
+    every fix fixed) with its own copy of the evidence, and keeps every environment, tree,
     outcome and run in the user's cache and state directories. Those are a fresh, temporary home's on purpose (the
     one real test with a cold pdevidence cache: the test is about where the tool puts its state, so nothing may be
     there before; uv's own cache is shared, so the closure installs by links)."""
