@@ -13,7 +13,7 @@ import pytest
 from schemas import problems
 from synthetic import REGISTRY, make_project
 from test_forks import ERAS, make_fork, quiet_git, world, write_closures  # noqa: F401 - fixtures
-from test_server_env import GATE, GATE_TABLE, _fork, check
+from test_server_env import GATE, GATE_TABLE, _fork, check, with_gate
 
 from pdevidence import cli, registry
 from pdevidence.core import arguments, errors
@@ -26,14 +26,7 @@ PLATFORM_GATE = GATE_TABLE + 'platforms = ["cuda"]\n'
 @pytest.fixture
 def on_cuda(world):
     """The registry's demo gated on SGLANG_DEMO_GATE off CUDA only; its base and head results made by it."""
-    from synthetic import result_doc, write_cell
-
-    registry_file = world.root / "experiments.toml"
-    registry_file.write_text(registry_file.read_text() + PLATFORM_GATE)
-    for side, version in (("base", "1.0.0"), ("head", "1.1.0")):
-        write_cell(world.root / "results", side, result_doc(side, version))
-    integrity.regenerate(world.root)
-    return world
+    return with_gate(world, PLATFORM_GATE)
 
 
 @pytest.fixture
