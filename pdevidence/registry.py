@@ -21,6 +21,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from .core.arguments import SERVER_PLATFORMS
 from .core.errors import usage
 
 SIDES = ("base", "head")
@@ -214,10 +215,15 @@ class Needs:
     server_args: dict[str, tuple[Any, ...]]
     why: str
     excludes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    # Integer attributes whose value must exceed a bound to enter the path (``page_size`` above 1): no list of
+    # values could name every page size a server takes.
+    above: dict[str, int] = field(default_factory=dict)
+    # What the path needs that no server argument says (the model's layers), assumed where the path is entered.
+    assumes: str = ""
 
     @property
     def attributes(self) -> list[str]:
-        return [*self.server_args, *(attr for attr in self.excludes if attr not in self.server_args)]
+        return list(dict.fromkeys([*self.server_args, *self.above, *self.excludes]))
 
     def undefined(self, values: dict[str, Any]) -> list[str]:
         """The attributes missing from ``values`` (the tree's parser does not define them, or their effective value
@@ -231,11 +237,16 @@ class Needs:
     def _enters(self, attr: str, value: Any) -> bool:
         if attr in self.server_args and not any(_same(value, w) for w in self.server_args[attr]):
             return False
+        if attr in self.above and not (type(value) is int and value > self.above[attr]):
+            return False
         return not any(_same(value, w) for w in self.excludes.get(attr, ()))
 
     def wanted(self) -> dict[str, list]:
-        """Per attribute, the values that enter the path, or ``["not", <excluded>...]`` where any other value does."""
+        """Per attribute, the values that enter the path as said to an operator (a bound as ``"> 1"``), or
+        ``["not", <excluded>...]`` where any other value does."""
         shown: dict[str, list] = {attr: list(values) for attr, values in self.server_args.items()}
+        for attr, bound in self.above.items():
+            shown.setdefault(attr, []).append(f"> {bound}")
         for attr, values in self.excludes.items():
             shown.setdefault(attr, []).extend(["not", *values])
         return shown
@@ -250,6 +261,13 @@ class Gate:
     variable: str
     on: str  # the value that turns the fix on, as an operator writes it in the server's environment
     why: str
+    # The server platforms on which the fix runs without the variable (the tree's default there decides);
+    # empty: the variable decides on every platform.
+    platforms: tuple[str, ...] = ()
+
+    def decides_on(self, platform: str) -> bool:
+        """Whether the variable decides if the fix runs on a server on ``platform``."""
+        return platform not in self.platforms
 
 
 @dataclass(frozen=True)
@@ -267,6 +285,9 @@ class Experiment:
     not_deciding: dict[str, NotDeciding] = field(default_factory=dict)
     needs: Needs | None = None  # the server configuration its code path needs; None: every configuration enters it
     gate: Gate | None = None  # the environment variable the fix runs behind; None: it always runs
+    # Kernels on the probed path that cannot run on a CPU, each answered by its own module's CPU implementation
+    # of the same computation: "module:kernel" -> (that implementation's name, why it computes the same).
+    cpu_kernels: dict[str, tuple[str, str]] = field(default_factory=dict)
     # The SGLang files (repository paths) its probe loads: `bisect --every` probes each commit changing one.
     loads: tuple[str, ...] = ()
 
@@ -548,7 +569,7 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
     _table(table, where, required={"pr": int, "title": str, "probe": str},
            optional={"git": dict, "upstream_tests": list, "releases": dict, "expect": dict, "mutants": dict,
                      "not_affected": dict, "not_deciding": dict, "needs": dict, "gate": dict,
-                     "loads": list})
+                     "loads": list, "cpu_kernels": dict})
     git = _table(table.get("git", {}), f"{where}.git", required={side: str for side in SIDES} if "git" in table
                  else {}, optional={})
     for side in git:
@@ -579,19 +600,39 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
         needs=_parse_needs(f"{where}.needs", table["needs"]) if "needs" in table else None,
         gate=_parse_gate(f"{where}.gate", table["gate"]) if "gate" in table else None,
         loads=_repository_paths(table.get("loads", []), f"{where}.loads"),
+        cpu_kernels={kernel: _parse_cpu_kernel(f"{where}.cpu_kernels.{kernel}", kernel, spec)
+                     for kernel, spec in table.get("cpu_kernels", {}).items()},
     )
+
+
+def _parse_cpu_kernel(where: str, kernel: str, spec: Any) -> tuple[str, str]:
+    """A kernel's CPU stand-in may only be its own module's implementation: named, not a module of our own."""
+    if not _TARGET.match(kernel):
+        raise RegistryError(f"{where}: {kernel!r} is not \"sglang.module:kernel\"")
+    _table(spec, where, required={"cpu": str, "why": str}, optional={})
+    if not _ATTRIBUTE.match(spec["cpu"]):
+        raise RegistryError(f"{where}.cpu: {spec['cpu']!r} is not a name in the kernel's own module")
+    return spec["cpu"], spec["why"]
 
 
 _ATTRIBUTE = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
 def _parse_needs(where: str, spec: Any) -> Needs:
-    _table(spec, where, required={"server_args": dict, "why": str}, optional={"excludes": dict})
-    if not spec["server_args"]:
+    _table(spec, where, required={"server_args": dict, "why": str},
+           optional={"excludes": dict, "above": dict, "assumes": str})
+    if not spec["server_args"] and not spec.get("above"):
         raise RegistryError(f"{where}.server_args: names no attribute (leave [needs] out: every configuration)")
+    above = {}
+    for attr, bound in spec.get("above", {}).items():
+        if not _ATTRIBUTE.match(attr) or type(bound) is not int:
+            raise RegistryError(f"{where}.above.{attr}: expected a ServerArgs attribute name and an integer bound")
+        if attr in spec["server_args"]:
+            raise RegistryError(f"{where}.above.{attr}: also in server_args: name it in one of them")
+        above[attr] = bound
     found = _needed_values(f"{where}.server_args", spec["server_args"], "enter")
     excludes = _needed_values(f"{where}.excludes", spec.get("excludes", {}), "keep off")
-    return Needs(found, spec["why"], excludes)
+    return Needs(found, spec["why"], excludes, above, spec.get("assumes", ""))
 
 
 def _needed_values(where: str, spec: dict, role: str) -> dict[str, tuple[Any, ...]]:
@@ -611,13 +652,18 @@ _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _parse_gate(where: str, spec: Any) -> Gate:
-    _table(spec, where, required={"variable": str, "on": str, "why": str}, optional={})
+    _table(spec, where, required={"variable": str, "on": str, "why": str}, optional={"platforms": list})
     if not _VARIABLE.match(spec["variable"]):
         raise RegistryError(f"{where}.variable: {spec['variable']!r} is not an environment variable name "
                             "(letters, digits, _; not starting with a digit)")
     if not spec["on"]:
         raise RegistryError(f"{where}.on: empty: give the value that turns the fix on (e.g. \"true\")")
-    return Gate(spec["variable"], spec["on"], spec["why"])
+    platforms = spec.get("platforms", [])
+    unknown = [p for p in platforms if p not in SERVER_PLATFORMS]
+    if unknown or not all(isinstance(p, str) for p in platforms):
+        raise RegistryError(f"{where}.platforms: {unknown or platforms!r} not server platforms: each one of "
+                            f"{', '.join(SERVER_PLATFORMS)}")
+    return Gate(spec["variable"], spec["on"], spec["why"], tuple(platforms))
 
 
 def _parse_not_affected(where: str, rid: str, spec: Any, expect: dict[str, Expectation]) -> NotAffected:

@@ -125,6 +125,14 @@ def _req_to_token_pool_class() -> type:
     return pool
 
 
+def _served(rid: str) -> Any:
+    """A request of the probe's prompt as a server hands it over (both sides of a transfer make one)."""
+    req = served_req(sg.Req, sg.SamplingParams, rid, list(range(1, PROMPT + 1)), max_new_tokens=16)
+    if isinstance(req.output_ids, array):  # 0.5.21 on: token ids are arrays, the prompt as the scheduler makes it
+        req.origin_input_ids = array(req.output_ids.typecode, req.origin_input_ids)
+    return req
+
+
 def _build(cls: type, **kwargs: Any) -> Any:
     """``cls`` built by its own constructor, given those of ``kwargs`` it takes."""
     params = inspect.signature(cls.__init__).parameters
@@ -218,9 +226,7 @@ class World:
     def admit(self, name: str) -> Request:
         """A request whose transfer starts: the next free metadata slot, as the prealloc queue takes it."""
         number = len(self.requests) + 1
-        req = served_req(sg.Req, sg.SamplingParams, f"probe-{name}", list(range(1, PROMPT + 1)), max_new_tokens=16)
-        if isinstance(req.output_ids, array):  # 0.5.21 on: token ids are arrays, the prompt as the scheduler makes it
-            req.origin_input_ids = array(req.output_ids.typecode, req.origin_input_ids)
+        req = _served(f"probe-{name}")
         req.bootstrap_room = ROOM + number
         slot = self.meta_allocator.alloc()
         if slot is None:
@@ -242,8 +248,7 @@ class World:
         """The request's transfer writes its slot: the prefill side's request as ``set_buf`` reads it."""
         entry = self.requests[name]
         torch = sg.torch
-        sent = served_req(sg.Req, sg.SamplingParams, entry.req.rid, list(range(1, PROMPT + 1)),
-                          max_new_tokens=16)
+        sent = _served(entry.req.rid)
         sent.output_ids = [entry.token]
         sent.metadata_buffer_index = entry.slot
         sent.bootstrap_room = entry.req.bootstrap_room

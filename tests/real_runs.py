@@ -54,17 +54,22 @@ MANAGER_FIRST = "0.5.3"
 # timeout) and deferred_release_nixl's (0.4.5.post3 to 0.5.5); and deferred_release_nixl's where decode times out
 # but the prefill has neither an ABORT handler nor a transfer worker (0.5.6 to 0.5.11, the sweep: neither): there
 # their answers are not pinned.
-TRANSFER_UNKNOWN = {"abort_notify": [("0.4.5.post1", "0.4.8")],
+# 0.5.8's paged allocator launches a Triton kernel with no CPU implementation in its module (the SWA sweeps: error).
+# war_barrier answers on every release with PD (0.4.4.post2-0.4.5.post2: the plain loop, their PD loops absent).
+UNANSWERED = {"abort_notify": [("0.4.5.post1", "0.4.8")],
                     "deferred_release": [("0.4.5.post1", "0.4.9.post5")],
-                    "deferred_release_nixl": [("0.4.5.post3", "0.5.12")]}
+                    "deferred_release_nixl": [("0.4.5.post3", "0.5.12")],
+                    "swa_free": [("0.5.8", "0.5.9")],
+                    "swa_tail": [("0.5.8", "0.5.9")]}
 
 
 def answer_known(experiment: str, version: str) -> bool:
     """Whether the real tests may pin what ``experiment`` answers on release ``version``: always for the
     experiments the published sweep classifies on every release; for the offload ones, outside 0.5.3 up to
-    OFFLOAD_KNOWN_FROM; for the transfer ones, outside their TRANSFER_UNKNOWN ranges."""
-    if experiment in TRANSFER_UNKNOWN:
-        return not any(Version(low) <= Version(version) < Version(high) for low, high in TRANSFER_UNKNOWN[experiment])
+    OFFLOAD_KNOWN_FROM; for the others listed, outside their UNANSWERED ranges (where the sweep reads error or
+    neither)."""
+    if experiment in UNANSWERED:
+        return not any(Version(low) <= Version(version) < Version(high) for low, high in UNANSWERED[experiment])
     if experiment not in OFFLOAD_KNOWN_FROM:
         return True
     v = Version(version)

@@ -389,6 +389,30 @@ def test_a_fix_on_a_line_past_the_main_ref_is_outside_its_history_and_main_walks
     assert doc["experiments"][0]["fix"]["commit"]["sha"] == fix and code == errors.CONFIRMED
 
 
+def test_a_post_release_fixed_by_a_cherry_pick_gives_the_bracket_to_the_next_fixed_release(project, tmp_path):
+    """1.0.0.post1 is cut from 1.0.0's branch with the fix picked onto it: it meets the main line where 1.0.0
+    does, so no main-line commit between them holds the fix; 1.1.0, after the fix, ends the bracket."""
+    root, probed = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")
+    before = lines_of(h, 3, demo="pre-fix", other="pre-fix")
+    fix = h.commit("fix (#1)", demo="fixed", other="pre-fix")
+    lines_of(h, 2, demo="fixed", other="pre-fix")
+    git(h.path, "checkout", "-q", "release/v1.0.0")
+    h.commit("pick the fix (#2)", demo="fixed", other="pre-fix")
+    git(h.path, "tag", "v1.0.0.post1")
+    git(h.path, "checkout", "-q", "main")
+    h.release("1.1.0")
+    sweep_table(root, "demo", {"1.0.0": "pre-fix", "1.0.0.post1": "fixed", "1.1.0": "fixed"})
+    code, doc = bisect(root, h.path, "demo")
+    found = doc["experiments"][0]["fix"]
+    assert (found["finding"], found["commit"]["sha"], found["parent"]["sha"]) == ("found", fix, before[-1])
+    assert found["line"]["end_ref"] == "v1.1.0"
+    assert "1.0.0.post1 meets the main line where 1.0.0 does: the fix came off it; 1.1.0 stands for it" \
+        in found["bracket"]
+
+
 def test_a_last_pre_fix_release_cut_from_the_newest_commit_leaves_the_fix_after_the_history(project, tmp_path):
     root, probed = project
     h = History(tmp_path / "sglang")

@@ -83,9 +83,12 @@ def telling(reg, experiment: str) -> list[str]:
 AS_CHECKED = {**check.STATUS_OF, Classification.PRESENT_OFF: check.Status.AFFECTED}
 
 # The abort-mid-transfer fixes on 0.5.21, whose default turns the deferred releases on; the retract-resume
-# copies (from 0.5.12) and the single grammar release (from 0.5.16) came before it.
+# copies (from 0.5.12), the single grammar release (from 0.5.16), the paged SWA free (from 0.5.14), the SWA tail
+# clear (from 0.5.12.post1) and the WAR barrier (from 0.5.13; the check's platform is CUDA, where it always runs)
+# came before it.
 ON_0_5_21 = {"abort_notify": "fixed", "deferred_release": "fixed", "deferred_release_nixl": "fixed",
-             "retract_resume": "fixed", "grammar_release": "fixed"}
+             "retract_resume": "fixed", "grammar_release": "fixed", "swa_free": "fixed", "swa_tail": "fixed",
+             "war_barrier": "fixed"}
 
 
 def test_0_5_20_has_the_prefill_fix_but_not_the_admission_fix(reg, version_check):
@@ -97,7 +100,8 @@ def test_0_5_20_has_the_prefill_fix_but_not_the_admission_fix(reg, version_check
     assert statuses(doc) == {"admission": "affected", "prefill": "fixed", "offload_slots": "fixed",
                              "offload_rid": "fixed", "abort_notify": "fixed", "deferred_release": "affected",
                              "deferred_release_nixl": "affected", "retract_resume": "fixed",
-                             "grammar_release": "fixed"}
+                             "grammar_release": "fixed", "swa_free": "fixed", "swa_tail": "fixed",
+                             "war_barrier": "fixed"}
     assert code == errors.BEHAVIOUR_DIFFERS
     assert doc["target"]["kind"] == "release" and doc["target"]["resolved"] == "0.5.20"
     admission = doc["experiments"][0]
@@ -153,7 +157,7 @@ def patched_release(reg, tmp_path: Path, version: str, edit: tuple[str, str, str
 
 def test_a_partial_backport_is_partial_and_names_the_door_without_the_fix(reg, tmp_path):
     """Alone proves: a real build carrying the admission fix at one door only reads `partial`, names that door
-    and the keys that kept it from fixed (the other fixes, untouched by the edit, stay as on 0.5.21: fixed)."""
+    and the keys that kept it from fixed (the other fixes, untouched by the edit, stay as on 0.5.21)."""
     python, original = patched_release(reg, tmp_path, "0.5.21", DECODE_DOOR)
     code, doc = run_check("--python", str(python))
     assert statuses(doc) == {"admission": "partial", "prefill": "fixed", "offload_slots": "fixed",
@@ -171,7 +175,7 @@ def test_a_partial_backport_is_partial_and_names_the_door_without_the_fix(reg, t
 def test_an_over_broad_fix_deviates_names_the_control_and_its_values_and_is_not_vex_fixed(reg, tmp_path):
     """Alone proves: a real build whose admission fix is over-broad reads `deviates`, names the control it
     departs on with its values, and its OpenVEX statement is under investigation, never fixed (the other fixes,
-    untouched by the edit, stay as on 0.5.21: fixed)."""
+    untouched by the edit, stay as on 0.5.21)."""
     python, original = patched_release(reg, tmp_path, "0.5.21", HOLDS_KV)
     vex = tmp_path / "vex.json"
     code, doc = run_check("--python", str(python), "--openvex", str(vex))
@@ -226,11 +230,13 @@ def test_0_5_12_decode_without_offload_is_not_affected_by_the_offload_fix_and_wi
     assert off["configuration"]["values"] == {"disaggregation_decode_enable_offload_kvcache": False,
                                               "disaggregation_transfer_backend": "mooncake"}  # the default
     # 0.5.12's resolution derives the PD mode (a diffusion model resets it), the grammar backend and the speculative
-    # algorithm (the paths of grammar_release and retract_resume read them) and, without the model's config here,
-    # stops before that step: the mode is not established, so the configuration does not decide the prefill fix.
+    # algorithm (the paths of grammar_release and retract_resume read them), the hybrid SWA pool's switch and the
+    # page size (the SWA fixes' paths) and, without the model's config here, stops before that step: the mode is
+    # not established, so the configuration does not decide the prefill fix.
     resolution = off["configuration"]["resolution"]
     assert (resolution["completed"], resolution["derived"]) == \
-        (False, ["disaggregation_mode", "grammar_backend", "speculative_algorithm"])
+        (False, ["disable_hybrid_swa_memory", "disaggregation_mode", "grammar_backend", "page_size",
+                 "speculative_algorithm"])
     assert (answer["prefill"]["rests_on"], answer["prefill"]["configuration"]["enters_path"]) == ("code", None)
     assert "derives it and stopped here" in answer["prefill"]["configuration"]["unestablished"]["disaggregation_mode"]
     # The tree's own model-independent route (a dummy model) runs its resolution through, the cpu standing in

@@ -140,6 +140,7 @@ def malformed(ground: Path) -> dict[str, st.SearchStrategy[str]]:
         "check --server-env": st.one_of(st.sampled_from(["1X=y", "=v", "A B=c", "export X=1", "X-Y"]),
                                         TEXT).filter(lambda v: not arguments._accepts(arguments.server_env, v)),
         "check --server-env-file": paths(ground, "a-directory", "a-file"),
+        "check --server-platform": not_in(list(arguments.SERVER_PLATFORMS)),
         "check --image": paths(ground, "a-directory", "a-file", "an-executable", "not-a-wheel.zip"),
         "check --openvex": st.one_of(st.sampled_from(["", str(ground / "a-directory"), str(ground / "a-file" / "x.json"),
                                                       str(ground / "x") + os.sep, "x" * 300]),

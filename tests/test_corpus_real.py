@@ -42,6 +42,23 @@ NOT_PORTED = {
     ("deferred_release", "torch2.9-tf4"): "not yet: as torch2.7-tf4's",
     ("retract_resume", "torch2.7-tf4"): "no partial port to tell: 0.4.8-0.4.10.post2 commit only the hidden states "
                                         "from the slot (no top-k), so copying them is the whole fix",
+    # Issue 43's SWA fixes: each is one clause whose every telling scenario (swa_free F1-F3, swa_tail T1-T3) turns
+    # on the same mapping entries, so no partial port can read partial (each removes-fix mutant flips them all).
+    **{("swa_free", era): "no partial port to tell: #27779's one clause (free_swa clears its pages' mapping) "
+                          "decides F1-F3 together; left out, they all read pre-fix"
+       for era in ("torch2.9-tf4", "torch2.9-tf5", "torch2.11-tf5-sgl-kernel", "torch2.11-tf5")},
+    ("swa_tail", "torch2.11-tf5-sgl-kernel"): "no partial port to tell: #25805's one clause (the mapping outside "
+                                              "the tail cleared) decides T1-T3 together",
+    # #26380 is ported into 0.5.9, 0.5.10 and 0.5.12 (torch2.9-tf4 to torch2.11-tf5-sgl-kernel).
+    **{("war_barrier", era): "not yet: up to 0.5.3 the overlap worker's own thread (TpModelWorkerClient) launches "
+                             "each forward from a queue, so a wait in the scheduler's loop fences only forwards "
+                             "already launched; a port needs the worker's launch_done first, and the probe's "
+                             "scheduler has no tp_worker to record it"
+       for era in ("torch2.5-tf4", "torch2.6-tf4", "torch2.7-tf4")},
+    ("war_barrier", "torch2.8-tf4"): "not yet: 0.5.3 runs the thread-based worker (as torch2.7-tf4); 0.5.3.post1 "
+                                     "to 0.5.5.post3 schedule on the default stream their init takes "
+                                     "(self.default_stream; no device_module to ask), a stream the probe's "
+                                     "scheduler refuses (it did not make it): a port's wait there raises",
     ("deferred_release_nixl", "torch2.11-tf5"): "0.5.16's NIXL worker keeps no per-room count of outstanding chunks, "
                                                 "the count #35360's drain ack is built on (0.5.18 has it)",
 }

@@ -158,10 +158,10 @@ def test_the_installed_tool_keeps_its_state_in_the_users_cache_and_never_where_i
 @pytest.mark.sglang
 def test_the_installed_wheel_checks_a_release_from_an_empty_directory(installed):
     """Alone proves: the installed wheel, from an empty directory with no clone, checks a real release (0.5.21:
-    every fix fixed) with its own copy of the evidence, and keeps every environment, tree, outcome and run in the
-    user's cache and state directories. Those are a fresh, temporary home's on purpose (the one real test with a
-    cold pdevidence cache: the test is about where the tool puts its state, so nothing may be there before;
-    uv's own cache is shared, so the closure installs by links)."""
+    every fix fixed) with its own copy of the evidence, and keeps every environment, tree,
+    outcome and run in the user's cache and state directories. Those are a fresh, temporary home's on purpose (the
+    one real test with a cold pdevidence cache: the test is about where the tool puts its state, so nothing may be
+    there before; uv's own cache is shared, so the closure installs by links)."""
     before = tree_hash(installed["site"])
     uv_cache = subprocess.run([environments.uv_executable(), "cache", "dir"], capture_output=True, text=True,
                               check=True).stdout.strip()
@@ -174,7 +174,8 @@ def test_the_installed_wheel_checks_a_release_from_an_empty_directory(installed)
     assert {e["experiment"]: e["status"] for e in doc["experiments"]} == {
         "admission": "fixed", "prefill": "fixed", "offload_slots": "fixed", "offload_rid": "fixed",
         "abort_notify": "fixed", "deferred_release": "fixed", "deferred_release_nixl": "fixed",
-        "retract_resume": "fixed", "grammar_release": "fixed"}
+        "retract_resume": "fixed", "grammar_release": "fixed", "swa_free": "fixed", "swa_tail": "fixed",
+        "war_barrier": "fixed"}
     state = installed["home"] / "xdg-state" / "pdevidence" / "runs" / "check"
     written = {p.name for p in state.rglob("*.json")}
     assert {f"{name}.json" for name in registry.load(PROJECT).experiments} <= written

@@ -458,6 +458,11 @@ def real_lanes(tmp_path_factory):
 # Controls no declared mutant breaks yet, and why: the gap stays visible here until a mutant closes it.
 UNEXERCISED_CONTROLS = {
     ("offload_slots", "O7"): "a prompt shorter than a page: no over-broad mutant of #24226 touches the page alignment",
+    ("swa_free", "F6"): "a model without sliding-window layers: #27779 edits the SWA allocator's free_swa only, and "
+                        "the plain paged allocator F6 drives has none",
+    ("swa_tail", "T5"): "page size 1: the preallocation takes SWA for every token, no tail, so no mutant of #25805's "
+                        "clearing outside the tail has slots to act on",
+    ("swa_tail", "T6"): "a model without sliding-window layers: no SWA mapping for a mutant of #25805 to clear",
 }
 MUTATED = [name for name, exp in registry.load(PROJECT).experiments.items() if exp.mutants]
 
@@ -490,6 +495,12 @@ def published(exp: registry.Experiment, side: str) -> dict:
     return results.load(PROJECT / name, experiment=exp.name, side=side)
 
 
+# Over-broad mutants an earlier form of the fix is: the lane kills them (their controls depart from head), but a
+# registry rule sets those controls aside for check, which answers for the server's platform (CUDA by default),
+# where they behave as the fix: fixed, by that rule.
+AS_AN_EARLIER_FIX = {("war_barrier", "gate_everywhere"): "barrier_on_every_platform"}  # 163b970 waits everywhere
+
+
 @pytest.mark.sglang
 @pytest.mark.parametrize("name", MUTATED)
 def test_real_lane_no_mutant_reads_fixed_through_checks_judge(name, real_lanes):
@@ -509,7 +520,12 @@ def test_real_lane_no_mutant_reads_fixed_through_checks_judge(name, real_lanes):
     answers = {mid: answer(result) for mid, result in mutate.mutant_results(exp, doc).items()}
     over_broad = [mid for mid, m in exp.mutants.items() if m.kind is registry.MutantKind.OVER_BROAD]
     assert set(over_broad) <= set(answers) and over_broad  # every one ran on the head release
-    assert {mid: a.to_json() for mid, a in answers.items() if a.status is check.Status.FIXED} == {}
+    earlier = {mid: rule for (fix, mid), rule in AS_AN_EARLIER_FIX.items() if fix == name}
+    assert {mid for mid, a in answers.items() if a.status is check.Status.FIXED} == set(earlier), \
+        {mid: a.to_json() for mid, a in answers.items() if a.status is check.Status.FIXED}
+    for mid, rule in earlier.items():
+        assert any(note.startswith(f"{rule}:") for note in answers[mid].not_deciding), mid
+    over_broad = [mid for mid in over_broad if mid not in earlier]
     killed = {m.id: set(m.killed_by) for m in MutationTable.load(runs / f"mutate.{name}.json").mutants}
     controls = {sid for sid, e in exp.expect.items() if not e.changes}
     for mid in over_broad:

@@ -104,6 +104,19 @@ def test_a_gated_fix_present_but_off_is_affected_and_the_first_release_whose_def
     assert "its own default turns the fix on: 1.3.0" in rec["details"]
 
 
+def test_a_gate_only_off_cuda_leaves_the_cuda_ranges_and_says_where_else_it_is_off(reg):
+    """war_barrier's kind of gate: on CUDA the fix runs by default, so the record (for CUDA) closes at the first
+    fixed release; details name the variable and the check option for other platforms."""
+    gate = registry.Gate("SGLANG_DEMO_GATE", "true", "off CUDA only behind it", ("cuda",))
+    exp = dataclasses.replace(reg.experiment("demo"), gate=gate)
+    rec = osv.record(exp, table([row("1.0.0", "pre-fix"), row("1.1.0", "fixed")]), {})
+    assert osv_problems(rec) == []
+    assert rec["affected"][0]["ranges"][0]["events"] == [{"introduced": "0"}, {"fixed": "1.1.0"}]
+    assert rec["database_specific"]["gate"] == {"variable": "SGLANG_DEMO_GATE", "on": "true",
+                                                "why": "off CUDA only behind it", "platforms": ["cuda"]}
+    assert "On cuda the fix runs by default" in rec["details"] and "--server-platform" in rec["details"]
+
+
 def test_the_range_opens_where_the_sweep_saw_the_flaw_arrive_else_at_0(reg):
     doc = table([row("0.8.0", "failed"), row("0.9.0", "not affected"), row("1.0.0", "pre-fix"), row("1.1.0", "fixed")])
     rec = osv.record(reg.experiment("demo"), doc, {})

@@ -21,7 +21,11 @@ def test_the_project_registry_declares_both_experiments_with_full_pins():
     reg = registry.load(PROJECT)
     assert set(reg.experiments) == {"admission", "prefill", "offload_slots", "offload_rid", "abort_notify",
                                     "deferred_release", "deferred_release_nixl", "retract_resume",
-                                    "grammar_release"}
+                                    "grammar_release", "swa_free", "swa_tail", "war_barrier"}
+    # war_barrier pins PR #26380's merge commit and its parent; its gate holds off CUDA only.
+    assert reg.experiment("war_barrier").git == {"base": "dea85c30f48ed3d5faecf58e6f7f1118a37f2580",
+                                                 "head": "163b97012707d712e141e7ee486b72e2b0d8e60d"}
+    assert reg.experiment("war_barrier").gate.platforms == ("cuda",)
     admission = reg.experiment("admission")
     assert admission.pr == 38935
     assert admission.git == {"base": "17ba2c2e7c7b81f31a8a9e693e7435ab262c16b4",
@@ -48,6 +52,12 @@ def test_the_project_registry_declares_both_experiments_with_full_pins():
                                                      "head": "bbb5702a3c7faba97ab425b15808cbe5f3ab6f7c"}
     assert reg.experiment("grammar_release").releases == {"base": "0.5.15", "head": "0.5.16"}
     assert reg.experiment("grammar_release").needs.excludes == {"grammar_backend": ("none",)}
+    assert reg.experiment("swa_free").git == {"base": "22c7285a2680946afae6e867bf623b68bbba5886",
+                                              "head": "54cba63b6c753cb48785a603506956619f3a615e"}
+    assert reg.experiment("swa_free").releases == {"base": "0.5.13", "head": "0.5.14"}
+    assert reg.experiment("swa_tail").git == {"base": "a7555fc997f36ef3f0ed53a7632cece1e93e6314",
+                                              "head": "c9153da5dca5fb1ee1a0bd765432dd56e1fc0e5b"}
+    assert reg.experiment("swa_tail").releases == {"base": "0.5.12", "head": "0.5.13"}
     for exp in reg.experiments.values():
         assert exp.probe.exists(), exp.probe
         assert exp.expect, f"{exp.name} declares no expected differential"
@@ -74,6 +84,50 @@ def test_a_gate_names_the_server_variable_that_turns_the_fix_on(tmp_path):
 def test_a_malformed_gate_is_refused_by_name(tmp_path, text, message):
     with pytest.raises(errors.HarnessError, match=message):
         load_text(tmp_path, REGISTRY + text)
+
+
+NEEDS = """
+[experiments.demo.needs]
+server_args = { disaggregation_mode = ["decode"] }
+above = { page_size = 1 }
+assumes = "the model has sliding-window layers"
+why = "paged SWA only"
+"""
+
+
+def test_needs_may_bound_an_integer_attribute_and_say_what_they_assume(tmp_path):
+    needs = load_text(tmp_path, REGISTRY + NEEDS).experiment("demo").needs
+    assert needs.attributes == ["disaggregation_mode", "page_size"]
+    assert needs.unmet({"disaggregation_mode": "decode", "page_size": 16}) == []
+    assert needs.unmet({"disaggregation_mode": "decode", "page_size": 1}) == ["page_size"]
+    assert needs.unmet({"disaggregation_mode": "decode", "page_size": True}) == ["page_size"]  # typed: not an int
+    assert needs.undefined({"disaggregation_mode": "decode"}) == ["page_size"]
+    assert needs.wanted() == {"disaggregation_mode": ["decode"], "page_size": ["> 1"]}
+    assert needs.assumes == "the model has sliding-window layers"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (NEEDS.replace("page_size = 1", 'page_size = "1"'), "an integer bound"),
+    (NEEDS.replace("above = { page_size = 1 }", "above = { disaggregation_mode = 1 }"), "also in server_args"),
+])
+def test_a_malformed_bound_is_refused_by_name(tmp_path, text, message):
+    with pytest.raises(errors.HarnessError, match=message):
+        load_text(tmp_path, REGISTRY + text)
+
+
+KERNELS = """
+[experiments.demo.cpu_kernels."sglang.srt.mem_cache.allocator.paged:alloc_extend_kernel"]
+cpu = "alloc_extend_naive"
+why = "the module's own CPU implementation"
+"""
+
+
+def test_a_kernel_is_answered_only_by_a_name_in_its_own_module(tmp_path):
+    exp = load_text(tmp_path, REGISTRY + KERNELS).experiment("demo")
+    assert exp.cpu_kernels == {"sglang.srt.mem_cache.allocator.paged:alloc_extend_kernel":
+                               ("alloc_extend_naive", "the module's own CPU implementation")}
+    with pytest.raises(errors.HarnessError, match="not a name in the kernel's own module"):
+        load_text(tmp_path, REGISTRY + KERNELS.replace('"alloc_extend_naive"', '"probes._swa:naive"'))
 
 
 def test_an_experiment_without_git_pins_names_the_missing_commit(tmp_path):

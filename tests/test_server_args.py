@@ -370,3 +370,20 @@ def test_a_value_the_needs_exclude_keeps_the_path_off_and_any_other_enters(world
         assert answer["configuration"]["unmet"] == {"grammar_backend": "none"}
         assert 'grammar_backend = "none" (the path needs any but "none")' in answer["evidence"][0]
     assert problems("check", doc) == []
+
+
+def test_an_answer_about_a_configuration_says_what_it_assumed_where_no_argument_says_it():
+    from pdevidence.documents.vocabulary import CheckStatus
+    from pdevidence.lanes.check import ConfigAnswer
+
+    needs = {"page_size": ["> 1"]}
+    enters = ConfigAnswer(True, needs, {}, [], CheckStatus.FIXED, "paged SWA", assumes="the model has SWA layers")
+    unknown = ConfigAnswer(None, needs, {}, [], CheckStatus.FIXED, "paged SWA", {"page_size": "derived"},
+                           assumes="the model has SWA layers")
+    off = ConfigAnswer(False, needs, {"page_size": 1}, [], CheckStatus.FIXED, "paged SWA",
+                       assumes="the model has SWA layers")
+    assert enters.describe().endswith("; assumed, as no server argument says it: the model has SWA layers")
+    assert "assumed, as no server argument says it" in unknown.describe()
+    assert "assumed" not in off.describe()  # off the path: nothing rests on the model
+    assert enters.to_json()["assumes"] == "the model has SWA layers"
+    assert "assumes" not in ConfigAnswer(True, needs, {}, [], CheckStatus.FIXED, "x").to_json()

@@ -89,15 +89,20 @@ def _fork(world, path, *, guard: bool, environ: bool = True):
     return found
 
 
-@pytest.fixture
-def gated(world):
-    """The registry's demo gated on SGLANG_DEMO_GATE; its base and head results made by it."""
+def with_gate(world, table: str = GATE_TABLE):
+    """The world's registry with the demo's gate ``table`` added; its base and head results made by it."""
     registry_file = world.root / "experiments.toml"
-    registry_file.write_text(registry_file.read_text() + GATE_TABLE)
+    registry_file.write_text(registry_file.read_text() + table)
     for side, version in (("base", "1.0.0"), ("head", "1.1.0")):
         write_cell(world.root / "results", side, result_doc(side, version))
     integrity.regenerate(world.root)
     return world
+
+
+@pytest.fixture
+def gated(world):
+    """The registry's demo gated on SGLANG_DEMO_GATE; its base and head results made by it."""
+    return with_gate(world)
 
 
 @pytest.fixture

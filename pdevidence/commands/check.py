@@ -33,7 +33,8 @@ def cmd_check(args) -> int:
             targets = [target for kind, value in asked for target in _resolved(reg, kind, value, log)]
         with _taking_turns(reg, targets):
             found = check.run_all(reg, targets, fresh_references=args.references == "fresh", force=args.force,
-                                  log=log, server_args=args.server_args, server_env=server_environment(args))
+                                  log=log, server_args=args.server_args, server_env=server_environment(args),
+                                  server_platform=args.server_platform)
     for result in found:  # on stderr whatever the output: a typo in the environment must not pass silently
         for warning in result.environment.warnings() if result.environment else ():
             print(f"check: {check.describe(result)}: {warning}", file=sys.stderr)
@@ -57,6 +58,11 @@ def add_server_env_arguments(parser) -> None:
                         "tree's own Envs; none given: every variable at its default)")
     parser.add_argument("--server-env-file", type=arguments.server_env_file, action="append", metavar="FILE",
                         help="the server's environment in docker run --env-file format (NAME=VALUE lines, # comments)")
+    parser.add_argument("--server-platform", type=arguments.server_platform, default=arguments.DEFAULT_PLATFORM,
+                        metavar="PLATFORM", help="the platform the server runs on, as SGLang names it: "
+                        f"{', '.join(arguments.SERVER_PLATFORMS)} (default: {arguments.DEFAULT_PLATFORM}): a fix that "
+                        "runs by default only on some platforms is, elsewhere, affected unless the server's "
+                        "environment turns it on")
 
 
 def server_environment(args) -> arguments.ServerEnvironment | None:

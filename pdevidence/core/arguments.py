@@ -312,6 +312,19 @@ def server_env_file(value: str) -> ServerEnvironment:
     return ServerEnvironment(tuple(found), str(path.absolute()))
 
 
+# A server's platform as SGLang's own flags name them (``is_cuda()``, ``is_hip()`` ...: rocm is HIP): where the
+# server runs, which the probing machine does not share. CUDA is the deployments' at issue, and the default.
+SERVER_PLATFORMS = ("cuda", "rocm", "npu", "cpu", "xpu", "hpu", "musa", "mps")
+DEFAULT_PLATFORM = "cuda"
+
+
+def server_platform(value: str) -> str:
+    """``check --server-platform``: one of ``SERVER_PLATFORMS``, as written (lower case)."""
+    if value not in SERVER_PLATFORMS:
+        raise _bad(value, f"a server platform: one of {', '.join(SERVER_PLATFORMS)}")
+    return value
+
+
 _DURATION = re.compile(r"([0-9]+)([smhdw])")
 _DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _SIZE = re.compile(r"([0-9]+)([KMGT]?)(i?B)?", re.IGNORECASE)

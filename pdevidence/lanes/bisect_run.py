@@ -16,6 +16,7 @@ round; the commits of the one clone share it, as they share a history.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,26 +75,38 @@ def _tagged(clone: Clone, versions: list[str]) -> list[str]:
     return [v for v in versions if clone.resolve(tag(v))]
 
 
-def fix_bracket(reg: Registry, exp: Experiment, clone: Clone, good: str | None, bad: str | None,
+def fix_bracket(reg: Registry, exp: Experiment, clone: Clone, main: str, good: str | None, bad: str | None,
                 fresh: bool = False) -> Bracket:
-    """From the last pre-fix release the history has a tag of, to the first fixed release (or the main line's
-    newest commit, when the history has no tag of it); ``good``/``bad`` override either end."""
+    """From the last pre-fix release the history has a tag of, to the first fixed release that meets the main
+    line after it (or the main line's newest commit, when the history has no tag of one); ``good``/``bad``
+    override either end. A fixed post-release cut where the last pre-fix release was got the fix off the main
+    line (a cherry-pick): the next fixed release stands for it."""
     releases = _sweep(reg, exp, fresh)
     if releases is not None:
         first_fixed = tables.first_carrying(releases)  # a gated fix's commit brought it in off by default
         before = [o.version for o in releases if o.classification is Classification.PRE_FIX
                   and (first_fixed is None or Version(o.version) < Version(first_fixed))]
-        fixed = [first_fixed] if first_fixed else []
+        fixed = [o.version for o in releases if first_fixed and Version(o.version) >= Version(first_fixed)
+                 and o.classification in (Classification.FIXED, Classification.PRESENT_OFF)]
         source = f"sweep-{exp.name}.json"
     else:
         before, fixed = [v for v in [exp.releases["base"]] if v], [v for v in [exp.releases["head"]] if v]
         source = f"the registry's releases of {exp.name}"
     pre_fix, has_fixed = _tagged(clone, before), _tagged(clone, fixed)
     start = good or (tag(pre_fix[-1]) if pre_fix else None)
+    off_main = []
+    if start and has_fixed and not bad:
+        meet = clone.on_main(start, main)
+        off_main = list(itertools.takewhile(lambda v: clone.on_main(tag(v), main) == meet, has_fixed))
+        has_fixed = has_fixed[len(off_main):]
     end = bad or (tag(has_fixed[0]) if has_fixed else None)
     said = f"{source}: last pre-fix {before[-1] if before else 'none'}, first fixed {fixed[0] if fixed else 'none'}"
     if good or bad:
         said = f"--good {start}, --bad {end or 'the main line'} (over {said})"
+    elif off_main:
+        said += (f" ({', '.join(off_main)} meet{'s' if len(off_main) == 1 else ''} the main line where "
+                 f"{pre_fix[-1]} does: the fix came off it; "
+                 + (f"{has_fixed[0]} stands for it)" if has_fixed else "the main line's newest commit stands in)"))
     elif fixed and not has_fixed:
         said += f" (no tag {tag(fixed[0])} in the history: its newest commit stands in)"
     if start is None:
@@ -230,7 +243,7 @@ def run(reg: Registry, clone: Clone, experiments: list[str], *, main: str | None
     parameters = {exp.name: BisectParameters(main, good, bad, every, judged_by(reg, exp, fresh_references))
                   for exp in exps}
     brackets = {(exp.name, b.boundary): b for exp in exps
-                for b in (fix_bracket(reg, exp, clone, good, bad, fresh_references),
+                for b in (fix_bracket(reg, exp, clone, main, good, bad, fresh_references),
                           introduced_bracket(reg, exp, clone, fresh_references))}
     searches, lines = {}, {}
     for key, bracket in brackets.items():

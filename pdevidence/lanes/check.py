@@ -31,7 +31,10 @@ reads the server environment given (``--server-env``, ``--server-env-file``; non
 default) with its own ``Envs`` in its probe process (probes/_serverenv.py): a value it refuses is a usage error
 naming it, a name it defines nowhere a warning. Where the code answers fixed (or partial) but the environment
 leaves the gate off, the answer is affected: the fix is present but off, and the table, the document and
-OpenVEX name the variable that turns it on.
+OpenVEX name the variable that turns it on. A gate may hold only off some platforms (its ``platforms``: where the
+fix runs by default): given the server's platform (``--server-platform``, CUDA by default), on those the tree's
+code decides; elsewhere the variable does, and a tree that defines no such variable runs the fix nowhere there
+(present but off).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from typing import Any
 
 from ..cells import allprobes, engine, warm
 from ..core import children, sandbox, settings
-from ..core.arguments import ServerArguments, ServerEnvironment
+from ..core.arguments import DEFAULT_PLATFORM, ServerArguments, ServerEnvironment
 from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, ENVIRONMENT, HarnessError, usage, worst
 from ..core.paths import results_dir, run_logs, runs_dir, tree_lock_file, work_dir
 from ..documents.observations import Explained, explained_brief, explained_json, explained_text
@@ -257,21 +260,43 @@ class GateAnswer:
     value: Any  # the value the tree takes (None where it is not established)
     code_status: Status  # the answer about the code alone (the probe runs it with the gate on)
     why: str  # how the value was read, or why it was not
+    platform: str = DEFAULT_PLATFORM  # the server's platform (check --server-platform)
 
     @property
     def turns_on(self) -> str:
         return f"{self.gate.variable}={self.gate.on}"
 
+    @property
+    def decides(self) -> bool:
+        """Whether the variable decides on the server's platform (not: the fix runs there by default)."""
+        return self.gate.decides_on(self.platform)
+
+    @property
+    def off(self) -> bool:
+        """The environment leaves the fix off: the variable off, or, off the platforms where the fix runs by
+        default, not defined by the tree (nothing turns it on there)."""
+        return self.decides and (self.state is GateState.OFF or
+                                 (self.state is GateState.UNDEFINED and bool(self.gate.platforms)))
+
     def describe(self) -> str:
+        if not self.decides:
+            return f"on {self.platform} the fix runs without {self.gate.variable}: this tree's default there decides"
         where = "its default (no --server-env given: the defaults assumed)" if self.assumed_defaults else \
             "as given" if self.given else "its default (not given)"
+        on = f"on {self.platform} (the fix runs by default only on {', '.join(self.gate.platforms)}): " \
+            if self.gate.platforms else ""
+        if self.state is GateState.UNDEFINED and self.gate.platforms:
+            found = f"{on}gate {self.gate.variable}: not defined by this tree"
+            return found + ("; the fix is present but off: this tree has no variable to turn it on there (a tree "
+                            f"that defines {self.gate.variable} runs it with {self.turns_on})"
+                            if self.code_status in GATED else ": answered by its code alone")
         if self.state is GateState.UNDEFINED:
             return f"gate {self.gate.variable}: not defined by this tree: answered by its code alone"
         if self.state is GateState.UNREAD:
             found = f"gate {self.gate.variable}: how this tree reads it is not established here ({self.why})"
             return found + (f"; the fix is present, but whether the server runs it is not known: set "
                             f"{self.turns_on} and check again" if self.code_status in GATED else "")
-        found = f"gate {self.gate.variable} = {_shown(self.value)}, {where}: {self.state.value}"
+        found = f"{on}gate {self.gate.variable} = {_shown(self.value)}, {where}: {self.state.value}"
         if self.state is GateState.OFF and self.code_status in GATED:
             found += f"; the fix is present but off: set {self.turns_on} in the server's environment to turn it on"
         return found
@@ -279,7 +304,9 @@ class GateAnswer:
     def to_json(self) -> dict:
         return {"variable": self.gate.variable, "on": self.gate.on, "state": self.state.value, "given": self.given,
                 "assumed_defaults": self.assumed_defaults, "value": self.value,
-                "code_status": self.code_status.value, "why": self.why, "gate_why": self.gate.why}
+                "code_status": self.code_status.value, "why": self.why, "gate_why": self.gate.why} | (
+                    {"platform": self.platform, "platforms": list(self.gate.platforms), "decides": self.decides}
+                    if self.gate.platforms else {})
 
 
 # The code's answers that rest on the gated code running: with the gate off it does not.
@@ -300,23 +327,28 @@ class ConfigAnswer:
     code_status: Status  # the answer about the code alone
     why: str
     unestablished: dict[str, str] = field(default_factory=dict)  # attributes whose effective value is not known
+    assumes: str = ""  # what the path needs that the server arguments do not say, assumed (the model's layers)
 
     def describe(self) -> str:
+        assumed = f"; assumed, as no server argument says it: {self.assumes}" if self.assumes else ""
         if self.enters_path is None:
             unknown = [f"this tree's parser defines no {', '.join(self.undefined)}"] if self.undefined else []
             unknown += [f"{attr} has no established value: {why}" for attr, why in self.unestablished.items()]
-            return f"the configuration given cannot tell: {'; '.join(unknown)}; answered about the code"
+            return f"the configuration given cannot tell: {'; '.join(unknown)}; answered about the code{assumed}"
         if self.enters_path:
             needs = "; ".join(_needs_shown(attr, values) for attr, values in self.needs.items())
-            return f"the configuration given enters its path ({needs or 'every configuration does'})"
+            return f"the configuration given enters its path ({needs or 'every configuration does'}){assumed}"
         if self.code_status is Status.CANNOT_RUN:
             return "its code was not observed: its probe could not run"
         return f"its code alone: {self.code_status.value}"
 
     def to_json(self) -> dict:
-        return {"enters_path": self.enters_path, "needs": self.needs, "unmet": self.unmet,
-                "undefined": self.undefined, "unestablished": self.unestablished,
-                "code_status": self.code_status.value, "why": self.why}
+        found = {"enters_path": self.enters_path, "needs": self.needs, "unmet": self.unmet,
+                 "undefined": self.undefined, "unestablished": self.unestablished,
+                 "code_status": self.code_status.value, "why": self.why}
+        if self.assumes:  # absent where nothing is assumed: today's documents keep their bytes
+            found["assumes"] = self.assumes
+        return found
 
 
 @dataclass
@@ -347,7 +379,7 @@ class ExperimentCheck:
     def gated_off(self) -> bool:
         """The code answers fixed (or partial) with its gate on, but the server environment does not turn it on."""
         return self.gate is not None and self.gate.code_status in GATED and \
-            self.gate.state in (GateState.OFF, GateState.UNREAD)
+            (self.gate.off or (self.gate.decides and self.gate.state is GateState.UNREAD))
 
     @property
     def deviations(self) -> Explained:
@@ -380,6 +412,7 @@ class CheckResult:
     containment: dict | None = None  # how its probe process ran (sandbox.Containment.record); None: unknown
     configuration: Configuration | None = None  # the server arguments given, as this tree's parser read them
     environment: Environment | None = None  # the server environment (given or default), as this tree read it
+    platform: str = DEFAULT_PLATFORM  # the server's platform (check --server-platform)
 
     @property
     def exit_code(self) -> int:
@@ -393,7 +426,7 @@ class CheckResult:
 
     def to_json(self) -> dict:
         found = {"schema": SCHEMA, "target": {**self.target.to_json(), "sglang_version": self.sglang_version},
-                 "exit_code": self.exit_code, "containment": self.containment,
+                 "exit_code": self.exit_code, "containment": self.containment, "server_platform": self.platform,
                  "experiments": [e.to_json() for e in self.experiments]}
         if self.configuration is not None:
             found["configuration"] = self.configuration.to_json()
@@ -403,13 +436,14 @@ class CheckResult:
 
 
 def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict,
-          configuration: Configuration | None = None, environment: Environment | None = None) -> ExperimentCheck:
+          configuration: Configuration | None = None, environment: Environment | None = None,
+          platform: str = DEFAULT_PLATFORM) -> ExperimentCheck:
     """One experiment's status from its result and the published base and head results; a gated fix the server
-    environment leaves off is affected; given the server configuration, not affected where it never enters the
-    fix's code path (the code's own answer kept beside)."""
+    environment leaves off (on the server's ``platform``) is affected; given the server configuration, not
+    affected where it never enters the fix's code path (the code's own answer kept beside)."""
     found = _judge_code(exp, outcome, base, head)
     if exp.gate is not None and environment is not None:
-        found = _gated(exp.gate, found, environment)
+        found = _gated(exp.gate, found, environment, platform)
     if configuration is None:
         return found
     needs = exp.needs
@@ -420,7 +454,8 @@ def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict,
     # One established value off the path keeps it off (the path needs every attribute); otherwise every one
     # must be known.
     enters = False if unmet else None if undefined or unknown else True
-    found.config = ConfigAnswer(enters, wanted, unmet, undefined, found.status, needs.why if needs else "", unknown)
+    found.config = ConfigAnswer(enters, wanted, unmet, undefined, found.status, needs.why if needs else "", unknown,
+                                needs.assumes if needs else "")
     if enters is not False or found.status is Status.NOT_AFFECTED:  # the code's own absence says more
         return found
     off = "; ".join(f"{attr} = {_shown(value)} (the path needs {_needed(wanted[attr])})"
@@ -433,21 +468,22 @@ def judge(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict,
                            found.not_deciding, {}, found.config)
 
 
-def _gated(gate: Gate, found: ExperimentCheck, environment: Environment) -> ExperimentCheck:
+def _gated(gate: Gate, found: ExperimentCheck, environment: Environment, platform: str) -> ExperimentCheck:
     """The code's answer under the server environment: the probe ran the fix with its gate on, so where the
     environment leaves it off the fix never runs (affected); where the tree's reading is not established, it is
-    not an all-clear (unknown); a tree that does not define the variable answers by its code alone."""
+    not an all-clear (unknown); a tree that does not define the variable answers by its code alone, except off
+    the platforms where the fix runs by default (nothing turns it on there: affected). On those platforms the
+    code's answer stands."""
     read = environment.gates.get(gate.variable) or {"state": GateState.UNREAD.value,
                                                      "why": "the probe process did not read it"}
     state = GateState(read["state"])
     answer = GateAnswer(gate, state, bool(read.get("given")), environment.given is None, read.get("value"),
-                        found.status, read.get("why") or "")
+                        found.status, read.get("why") or "", platform)
     found.gate = answer
-    if found.status not in GATED or state in (GateState.ON, GateState.UNDEFINED):
+    if found.status not in GATED or not found.gated_off:
         return found
     # The scenarios say what the code does with the gate on: none decides what the server runs.
-    return dataclasses.replace(found, status=Status.AFFECTED if state is GateState.OFF else Status.UNKNOWN,
-                               deciding=[])
+    return dataclasses.replace(found, status=Status.AFFECTED if answer.off else Status.UNKNOWN, deciding=[])
 
 
 def _judge_code(exp: Experiment, outcome: allprobes.Outcome, base: dict, head: dict) -> ExperimentCheck:
@@ -546,14 +582,16 @@ def run(reg: Registry, target: Target, tree: trees.Tree | None, *, fresh_referen
 
 def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, fresh_references: bool = False,
             force: bool = False, log=print, server_args: ServerArguments | None = None,
-            server_env: ServerEnvironment | None = None, engines: engine.Engines | None = None) -> list[CheckResult]:
+            server_env: ServerEnvironment | None = None, engines: engine.Engines | None = None,
+            server_platform: str = DEFAULT_PLATFORM) -> list[CheckResult]:
     """Every target, each judged on its own against the published base and head results (verified first), or
     with ``fresh_references`` against the fresh ones in runs/ (while republishing); every tree shares one warm
     engine per era (an unpacked wheel is what installing it gives; a source tree's Python code is all the probes
     load, so nothing is built), with their outcomes cached by what made them. Given ``server_args``, each tree's
     own parser reads them in its probe process, and they are part of what its outcome is cached by; so is the
     server environment (``server_env``) and, where a fix is gated, its variable, each read by the tree's own
-    ``Envs``. ``engines``: engines kept across calls (a bisection's rounds), for the trees they see."""
+    ``Envs``; a gate that holds only off some platforms is read for the server's platform (``server_platform``).
+    ``engines``: engines kept across calls (a bisection's rounds), for the trees they see."""
     exps = list(reg.experiments.values())
     config_args = {**_config_args(exps, server_args), **_environment_args(exps, server_env)}
     for target, tree in targets:  # refused before anything is fetched, built or run
@@ -590,11 +628,11 @@ def run_all(reg: Registry, targets: list[tuple[Target, trees.Tree | None]], *, f
         if target.kind == "python":
             target.resolved = version
         judged = [judge(exp, outcomes[exp.name], refs[exp.name].base, refs[exp.name].head, configuration,
-                        environment) for exp in exps]
+                        environment, server_platform) for exp in exps]
         if target.image is not None and target.image.install.choice is images.Choice.UNDECIDED:
             judged = [_undecided(e) for e in judged]
         found.append(CheckResult(target, judged, version, next(iter(outcomes.values())).containment, configuration,
-                                 environment))
+                                 environment, server_platform))
     return found
 
 
@@ -760,6 +798,8 @@ def table(result: CheckResult, *, verbose: bool = False) -> str:
     if result.environment is not None:
         lines.append(f"  server environment: {result.environment.describe()}")
         lines += [f"  {warning}" for warning in result.environment.warnings()]
+    if any(e.gate is not None and e.gate.gate.platforms for e in result.experiments):
+        lines.append(f"  server platform: {result.platform}")
     width = max((len(e.experiment) for e in result.experiments), default=0)  # the fixes' column
     for e in result.experiments:
         by = {b: [sid for sid, got in e.scenarios.items() if got is b] for b in Behaviour}

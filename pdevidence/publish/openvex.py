@@ -12,6 +12,7 @@ import re
 import urllib.parse
 
 from ..documents.observations import explained_text
+from ..documents.vocabulary import GateState
 from ..lanes.check import CheckResult, Status, Target
 from ..registry import Registry
 from ..sources import images, trees
@@ -118,10 +119,18 @@ def statement(reg: Registry, result: CheckResult, index: int) -> dict:
     if e.status is Status.NOT_AFFECTED:  # OpenVEX requires a justification or an impact statement
         found["justification"] = e.justification
         found["impact_statement"] = "; ".join(e.evidence)
-    if e.status is Status.AFFECTED and e.gated_off:  # the fix is there: the server's environment turns it on
+    if e.status is Status.AFFECTED and e.gated_off and e.gate.state is GateState.UNDEFINED:  # nothing turns it on
+        found["action_statement"] = (f"This build carries PR #{exp.pr} but runs it only on "
+                                     f"{', '.join(e.gate.gate.platforms)}, and defines no {e.gate.gate.variable}: "
+                                     f"upgrade to an SGLang release that does, set {e.gate.turns_on} in the server's "
+                                     f"environment, then rerun `python -m pdevidence check` with --server-env "
+                                     f"{e.gate.turns_on} --server-platform {e.gate.platform}.")
+    elif e.status is Status.AFFECTED and e.gated_off:  # the fix is there: the server's environment turns it on
+        on = f" on {e.gate.platform}" if e.gate.gate.platforms else ""
         found["action_statement"] = (f"Set {e.gate.turns_on} in the server's environment (this build carries PR "
-                                     f"#{exp.pr}, off by default: {e.gate.gate.why}), then rerun `python -m "
-                                     f"pdevidence check` with --server-env {e.gate.turns_on}.")
+                                     f"#{exp.pr}, off by default{on}: {e.gate.gate.why}), then rerun `python -m "
+                                     f"pdevidence check` with --server-env {e.gate.turns_on}"
+                                     + (f" --server-platform {e.gate.platform}" if on else "") + ".")
     elif e.status is Status.AFFECTED:
         found["action_statement"] = (f"Upgrade to an SGLang release with PR #{exp.pr} (see the OSV record "
                                      f"{vuln_id(exp)}) or apply the PR, then rerun `python -m pdevidence check`.")

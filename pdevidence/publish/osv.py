@@ -9,7 +9,10 @@ judged as each release ships: a scanner reads a ``fixed`` event as "upgrade and 
 release that carries the fix off by default (the sweep's "present but off") is affected and closes
 nothing, and the first release whose own default turns it on is the fixed event. ``details`` and
 ``database_specific.gate`` name the variable and the releases that carry the fix off. The fix's commit
-closes no GIT range: it brought the fix in off, and no bisection finds where a default turned it on.
+closes no GIT range: it brought the fix in off, and no bisection finds where a default turned it on. A gate
+that holds only off some platforms (``gate.platforms``: a fix on by default on CUDA only) does not decide
+the record, which answers for CUDA: ``details`` and ``database_specific.gate`` say where else it runs only
+behind the variable.
 
 Everything in a record comes from its inputs, except that ``publish`` sets ``modified`` to when the
 record's content last changed: the previous record's when nothing else did.
@@ -23,6 +26,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from ..core import clock
+from ..core.arguments import DEFAULT_PLATFORM
 from ..core.errors import HarnessError
 from ..core.files import dumps, relative, sha256_file, write_atomic
 from ..core.paths import results_dir
@@ -148,7 +152,14 @@ def record(exp: Experiment, table: SweepTable, hashes: dict[str, str], pd_first:
         "`python -m pdevidence check` runs the probes on the build you have.",
     ]
     found_db: dict = {}
-    if exp.gate is not None:
+    if exp.gate is not None and not exp.gate.decides_on(DEFAULT_PLATFORM):
+        details.insert(2, f"On {', '.join(exp.gate.platforms)} the fix runs by default, and these ranges are "
+                       f"for {DEFAULT_PLATFORM}. Elsewhere it runs only where the server's environment sets "
+                       f"{exp.gate.variable}={exp.gate.on} ({exp.gate.why}): `python -m pdevidence check "
+                       f"--server-platform <platform>` answers for a server's platform and environment.")
+        found_db["gate"] = {"variable": exp.gate.variable, "on": exp.gate.on, "why": exp.gate.why,
+                            "platforms": list(exp.gate.platforms)}
+    elif exp.gate is not None:
         off = [r.version for r in releases if r.classification is Classification.PRESENT_OFF]
         details.insert(2, f"The fix runs only where the server's environment sets {exp.gate.variable}="
                        f"{exp.gate.on} ({exp.gate.why}). The releases that carry it off by default "
@@ -162,7 +173,8 @@ def record(exp: Experiment, table: SweepTable, hashes: dict[str, str], pd_first:
     if bisected is not None:
         details.append(_git_details(bisected))
         found_db["bisect"] = git_said(bisected)
-        if (found := git_range(bisected, gated=exp.gate is not None)) is not None:
+        gated = exp.gate is not None and exp.gate.decides_on(DEFAULT_PLATFORM)
+        if (found := git_range(bisected, gated=gated)) is not None:
             ranges.append(found)
     return {
         "schema_version": SCHEMA_VERSION,
