@@ -77,15 +77,6 @@ def test_a_gate_names_the_server_variable_that_turns_the_fix_on(tmp_path):
     assert registry.load(PROJECT).experiment("admission").gate is None  # no table: the fix's code always runs
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    (GATE.replace('"DEMO_FIX_ON"', '"demo fix"'), "not an environment variable name"),
-    (GATE.replace('on = "true"', ""), "missing key 'on'"),
-])
-def test_a_malformed_gate_is_refused_by_name(tmp_path, text, message):
-    with pytest.raises(errors.HarnessError, match=message):
-        load_text(tmp_path, REGISTRY + text)
-
-
 NEEDS = """
 [experiments.demo.needs]
 server_args = { disaggregation_mode = ["decode"] }
@@ -107,10 +98,12 @@ def test_needs_may_bound_an_integer_attribute_and_say_what_they_assume(tmp_path)
 
 
 @pytest.mark.parametrize(("text", "message"), [
+    (GATE.replace('"DEMO_FIX_ON"', '"demo fix"'), "not an environment variable name"),
+    (GATE.replace('on = "true"', ""), "missing key 'on'"),
     (NEEDS.replace("page_size = 1", 'page_size = "1"'), "an integer bound"),
     (NEEDS.replace("above = { page_size = 1 }", "above = { disaggregation_mode = 1 }"), "also in server_args"),
 ])
-def test_a_malformed_bound_is_refused_by_name(tmp_path, text, message):
+def test_a_malformed_gate_or_bound_is_refused_by_name(tmp_path, text, message):
     with pytest.raises(errors.HarnessError, match=message):
         load_text(tmp_path, REGISTRY + text)
 
