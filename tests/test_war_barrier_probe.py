@@ -211,6 +211,36 @@ def test_the_registry_judges_the_recorded_trees_by_side(fresh_probe):
         {"0.5.3": "pre-fix", "0.5.12": "pre-fix", "0.5.13": "fixed", "0.5.16": "fixed"}
 
 
+def test_pd_loops_are_set_aside_only_where_observed_absent(fresh_probe):
+    """A tree without the PD overlap loops (up to 0.4.5.post2: their scenarios record ``loop: "absent"``) is judged
+    on its plain loop: pre-fix there stays pre-fix. A PD loop that is there but waits for nothing is never set
+    aside: the plain loop's barrier alone is no all-clear."""
+    from pdevidence import registry
+    from pdevidence.judge.classify import judge
+
+    exp = registry.load(PROJECT).experiment("war_barrier")
+    docs = {}
+    for version in ("0.5.12", "0.5.13"):
+        with pytest.MonkeyPatch.context() as mp:
+            found = load_tree(fresh_probe, mp, version)
+            kit = sys.modules["_probekit"]
+            tree = {"kind": "release", "ref": version, "resolved": version}
+            docs[version] = json.loads(kit.dumps(kit.build_document(found.SCENARIOS, version, tree)))
+    base, head = docs["0.5.12"], docs["0.5.13"]
+    absent = {"loop": "absent", "forwards": 0, "results": 0, "waits": 0, "war_wait_before_write": None,
+              "wait_placement": "none"}
+
+    def tree(plain: dict, pd: dict | None) -> dict:
+        doc = json.loads(json.dumps(plain))
+        for sid in ("W2", "W3", "W5", "W6", "W8", "W9", "W14"):
+            doc["scenarios"][sid]["observed"] = dict(absent) if pd is None else pd["scenarios"][sid]["observed"]
+        return doc
+
+    assert judge(tree(base, None), base, head, exp).classification.value == "pre-fix"
+    assert judge(tree(head, None), base, head, exp).classification.value == "fixed"
+    assert judge(tree(head, base), base, head, exp).classification.value != "fixed"
+
+
 @pytest.mark.parametrize("probe", ["0.5.16"], indirect=True)
 def test_a_stream_the_world_lacks_is_an_error_never_a_pass_through(probe, monkeypatch):
     """A loop waiting on a stream this world does not make (here ``copy_stream``) raises: were it a pass-through,
