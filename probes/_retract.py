@@ -223,14 +223,16 @@ class World:
             yield
 
     # --- the decode worker's steps -----------------------------------------------------------------
-    def admit(self, name: str) -> Request:
-        """A request whose transfer starts: the next free metadata slot, as the prealloc queue takes it."""
+    def admit(self, name: str) -> None:
+        """A request whose transfer starts: the next free metadata slot, as the prealloc queue takes it. With none
+        free the request waits, as the queue leaves it (``available_size() <= 0``): never admitted, its transfer
+        never started, which ``slots_free`` reads."""
+        slot = self.meta_allocator.alloc()
+        if slot is None:
+            return
         number = len(self.requests) + 1
         req = _served(f"probe-{name}")
         req.bootstrap_room = ROOM + number
-        slot = self.meta_allocator.alloc()
-        if slot is None:
-            raise CannotDrive("no metadata slot free")
         entry = Request(name, number, req, slot)
         req.metadata_buffer_index = slot
         self.prealloc._pre_alloc(req)  # its row and KV slots, as pop_preallocated takes them
@@ -239,14 +241,16 @@ class World:
         entry.decode_req = _build(sg.decode.DecodeRequest, req=req, kv_receiver=receiver, metadata_buffer_index=slot)
         self.transfer.add(entry.decode_req)
         self.requests[name] = entry
-        return entry
 
     def _poll(self, entry: Request) -> Any:
         return sg.KVPoll.Success if entry.landed else sg.KVPoll.WaitingForInput
 
     def land(self, name: str) -> None:
-        """The request's transfer writes its slot: the prefill side's request as ``set_buf`` reads it."""
-        entry = self.requests[name]
+        """The request's transfer writes its slot: the prefill side's request as ``set_buf`` reads it (none for a
+        request still waiting for a slot)."""
+        entry = self.requests.get(name)
+        if entry is None:
+            return
         torch = sg.torch
         sent = _served(entry.req.rid)
         sent.output_ids = [entry.token]
@@ -291,7 +295,11 @@ class World:
         if self.requests[name].req not in resumed:
             raise CannotDrive(f"resume_retracted_reqs did not resume {name}")
 
-    # --- what a request holds ----------------------------------------------------------------------
+    # --- what the worker and a request hold --------------------------------------------------------
+    def slots_free(self) -> int:
+        """The metadata slots the tree's allocator has free: each committed request gave its slot back."""
+        return self.meta_allocator.available_size()
+
     def owner(self, name: str, held: Any) -> str:
         """Whose transfer ``held`` (a number read from the request) came from: own, other, none (nothing
         held), or neither (a value no transfer carried)."""

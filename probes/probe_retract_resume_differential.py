@@ -8,9 +8,10 @@ request's transfer wrote there. The fix returns copies. How the world is built a
 ``_retract.py``'s docstring.
 
 Request n's transfer carries output id ``11 * n``, top-k indices ``n`` and hidden states ``n``. Metadata slots: one
-(so the next request takes the slot just given back) unless a scenario says two. Each scenario is a script
+(so the next request takes the slot just given back) unless a scenario says two. A request admitted with no slot
+free waits, as the tree's prealloc queue leaves it: its transfer never starts. Each scenario is a script
 (``SCRIPTS``): the steps a decode worker takes with requests A and B, then which keys of A it reads (the hidden
-states and the top-k apart, so a copy of one of them only reads partial). Scenarios:
+states and the top-k apart, so a copy of one of them only reads partial) and the slots left free. Scenarios:
 
 - M1 A committed, retracted; B takes A's slot and is committed; A resumed: its hidden states and output id;
 - M1k as M1: its top-k;
@@ -23,7 +24,10 @@ states and the top-k apart, so a copy of one of them only reads partial). Scenar
 
 Keys (whose transfer what A holds came from: ``own``, ``other``, ``none`` when A holds nothing, ``neither`` for a
 value no transfer carried): ``hidden_owner`` (its hidden states), ``topk_owner`` (its top-k indices),
-``topk_p_owner`` (its top-k probabilities), ``output_id_owner`` (its last output id). Tree facts:
+``topk_p_owner`` (its top-k probabilities), ``output_id_owner`` (its last output id). And ``slots_free``: the
+slots ``ReqToMetadataIdxAllocator`` has free once the script ran, every committed request's given back (1; 2 of
+M5's two; 0 in M1w and M3, whose B has landed but is not committed), alike on base and head: a slot never given
+back lowers it. Tree facts:
 ``metadata_buffers: "absent"`` (the tree keeps no ``MetadataBuffers`` with ``get_buf``/``set_buf``), recorded in
 every scenario.
 
@@ -99,7 +103,8 @@ def prepare() -> str:
 
 
 def play(script: Script, observed: Observed) -> None:
-    """Record the tree's facts; where it has metadata buffers, run the script and read what A holds."""
+    """Record the tree's facts; where it has metadata buffers, run the script, read what A holds and the slots
+    left free."""
     if _retract.sg.ready and _retract.metadata_buffers_absent():
         observed["metadata_buffers"] = "absent"
         return
@@ -107,6 +112,7 @@ def play(script: Script, observed: Observed) -> None:
     for step, name in script.steps:
         step(world, name)
     observed.update({key: getattr(world, key)("A") for key in script.keys})
+    observed["slots_free"] = world.slots_free()
 
 
 for _script in SCRIPTS:

@@ -108,6 +108,9 @@ class ReqToMetadataIdxAllocator:
     def __init__(self, size):
         self.free_slots = deque(range(size))
 
+    def available_size(self):
+        return len(self.free_slots)
+
     def alloc(self):
         return self.free_slots.popleft() if self.free_slots else None
 
@@ -121,6 +124,10 @@ class DecodeRequest:
 
 
 class DecodeTransferQueue:
+    """Commits what landed; ``frees``: gives the slot back."""
+
+    frees = True
+
     def __init__(self, gloo_group, req_to_metadata_buffer_idx_allocator, tp_rank, metadata_buffers, scheduler,
                  tree_cache):
         self.queue, self.allocator, self.buffers = [], req_to_metadata_buffer_idx_allocator, metadata_buffers
@@ -136,9 +143,16 @@ class DecodeTransferQueue:
             d.req.output_ids.append(output_id[0])
             if not self.spec_algorithm.is_none():
                 d.req.output_topk_p, d.req.output_topk_index, d.req.hidden_states_tensor = topk_p, topk_index, hidden
-            self.allocator.free(d.metadata_buffer_index)
+            if self.frees:
+                self.allocator.free(d.metadata_buffer_index)
         self.queue = [d for d in self.queue if d not in done]
         return [d.req for d in done]
+
+
+class LeakingTransferQueue(DecodeTransferQueue):
+    """A transfer queue that never gives a committed request's slot back (the ``slot_never_freed`` mutant)."""
+
+    frees = False
 
 
 class DecodeReqToTokenPool:
@@ -191,8 +205,8 @@ class Spec:
         return self.none
 
 
-def tree(buffers: type = MetadataBuffers, batch: type = ScheduleBatch) -> dict:
-    decode = SimpleNamespace(DecodeTransferQueue=DecodeTransferQueue, DecodeRequest=DecodeRequest,
+def tree(buffers: type = MetadataBuffers, batch: type = ScheduleBatch, transfer: type = DecodeTransferQueue) -> dict:
+    decode = SimpleNamespace(DecodeTransferQueue=transfer, DecodeRequest=DecodeRequest,
                              DecodeReqToTokenPool=DecodeReqToTokenPool, DecodePreallocQueue=DecodePreallocQueue)
     utils = SimpleNamespace(MetadataBuffers=buffers, ReqToMetadataIdxAllocator=ReqToMetadataIdxAllocator)
     return dict(torch=fake_torch(), decode=decode, utils=utils, Req=Req, SamplingParams=lambda **kw: None,
@@ -225,6 +239,8 @@ OTHER = {"hidden_owner": "other", "output_id_owner": "own"}
 OWN = {"hidden_owner": "own", "output_id_owner": "own"}
 TOPK_OTHER = {"topk_owner": "other", "topk_p_owner": "other"}
 TOPK_OWN = {"topk_owner": "own", "topk_p_owner": "own"}
+# the slots free once each script ran: every committed request's given back; M1w's and M3's B holds its slot
+SLOTS_FREE = {"M1": 1, "M1k": 1, "M1w": 0, "M2": 1, "M3": 0, "M4": 1, "M5": 2, "M6": 1}
 
 
 # ---------------------------------------------------------------- the world's recording
@@ -281,11 +297,14 @@ def test_a_resumption_that_leaves_the_request_retracted_is_an_error_never_an_ans
         world.resume("A")
 
 
-def test_no_free_slot_is_an_error_never_an_answer(retract):
+def test_a_request_finding_no_slot_free_waits_and_its_transfer_never_lands(retract):
     world = retract.World(slots=1)
     world.admit("A")
-    with pytest.raises(retract.CannotDrive, match="no metadata slot"):
-        world.admit("B")
+    assert world.slots_free() == 0
+    world.admit("B"), world.land("B")
+    assert list(world.requests) == ["A"] and world.slots_free() == 0
+    world.land("A"), world.commit()
+    assert world.slots_free() == 1 and world.hidden_owner("A") == "own"
 
 
 def test_a_tree_without_metadata_buffers_cannot_build_a_world(retract):
@@ -302,7 +321,7 @@ def test_a_tree_without_metadata_buffers_cannot_build_a_world(retract):
 @pytest.mark.parametrize("buffers, expected", [(MetadataBuffers, OTHER), (CopyingBuffers, OWN)])
 def test_the_changing_scenarios_read_views_as_other_and_copies_as_own(fresh_probe, retract, sid, buffers, expected):
     observed, _ = scenario(fresh_probe, retract, sid, buffers=buffers)
-    assert observed == expected
+    assert observed == expected | {"slots_free": SLOTS_FREE[sid]}
 
 
 class HiddenCopyingBuffers(MetadataBuffers):
@@ -317,7 +336,7 @@ class HiddenCopyingBuffers(MetadataBuffers):
                                                (HiddenCopyingBuffers, TOPK_OTHER)])
 def test_m1k_reads_the_top_k_apart_from_the_hidden_states(fresh_probe, retract, buffers, expected):
     observed, _ = scenario(fresh_probe, retract, "M1k", buffers=buffers)
-    assert observed == expected
+    assert observed == expected | {"slots_free": 1}
     assert scenario(fresh_probe, retract, "M1", buffers=buffers)[0]["hidden_owner"] == (
         "other" if buffers is MetadataBuffers else "own")
 
@@ -326,18 +345,29 @@ def test_m1k_reads_the_top_k_apart_from_the_hidden_states(fresh_probe, retract, 
 @pytest.mark.parametrize("buffers", [MetadataBuffers, CopyingBuffers])
 def test_the_controls_read_own_with_views_and_copies(fresh_probe, retract, sid, buffers):
     observed, _ = scenario(fresh_probe, retract, sid, buffers=buffers)
-    assert observed == OWN | TOPK_OWN
+    assert observed == OWN | TOPK_OWN | {"slots_free": SLOTS_FREE[sid]}
 
 
 def test_m6_without_speculative_decoding_holds_no_top_k_or_hidden_states(fresh_probe, retract):
     observed, _ = scenario(fresh_probe, retract, "M6")
     assert observed == {"hidden_owner": "none", "topk_owner": "none", "topk_p_owner": "none",
-                        "output_id_owner": "own"}
+                        "output_id_owner": "own", "slots_free": 1}
+
+
+@pytest.mark.parametrize("sid", sorted(SLOTS_FREE))
+def test_a_slot_never_given_back_is_observed_not_raised(fresh_probe, retract, sid):
+    """The next request finds no slot free and waits: every scenario records, none free. A (copies) still holds its
+    own: ``slots_free`` alone tells, save in M1w and M3, whose B holds the one slot on base and head too."""
+    observed, _ = scenario(fresh_probe, retract, sid, buffers=CopyingBuffers, transfer=LeakingTransferQueue)
+    assert observed["slots_free"] == 0
+    assert {k: v for k, v in observed.items() if k != "slots_free"} == (
+        {"hidden_owner": "none", "topk_owner": "none", "topk_p_owner": "none", "output_id_owner": "own"}
+        if sid == "M6" else {k: "own" for k in observed if k != "slots_free"})
 
 
 def test_a_tree_without_release_req_retracts_inline_and_says_so(fresh_probe, retract):
     observed, adaptations = scenario(fresh_probe, retract, "M1", batch=InlineRetractBatch)
-    assert observed == OTHER and adaptations == {"retract-inline"}
+    assert observed == OTHER | {"slots_free": 1} and adaptations == {"retract-inline"}
     _, adaptations = scenario(fresh_probe, retract, "M1")
     assert adaptations == set()
 
