@@ -62,6 +62,7 @@ SLOTS = 64  # the token pool: slots 1..SLOTS (0 is the padding slot)
 META_SLOTS = 8
 DECODE_IP, DECODE_PORT = "192.0.2.2", 17000  # TEST-NET-1: never routed; no socket dials it anyway
 PREFILL_IP, PREFILL_PORT = "192.0.2.1", 18000  # prefill rank r listens on PREFILL_PORT + r
+DAY = 86400.0
 WAITING_TIMEOUT = 300.0  # SGLANG_DISAGGREGATION_WAITING_TIMEOUT's default, as the manager's constructor reads it
 FIRST_GENERATION = 1  # register_deferred_abort_room's first answer on a fresh decode manager (0.5.22 on)
 BOOTSTRAP_ADDR = f"{PREFILL_IP}:8998"  # the prefill server's bootstrap server, as a request names it
@@ -386,6 +387,7 @@ class World:
             # 0.5.21's receive loops: a blocking recv unless role switching is on, until the manager stops
             "server_args": sg.server_args, "_stopped": False, "_worker_threads": [],
             "transfer_statuses": {},  # NIXL's decode side: each room's notifications (its receiver's clear pops it)
+            "agent": SimpleNamespace(get_new_notifs=dict),  # NIXL's decode agent: no notification has come
         }.items():
             object.__setattr__(manager, name, value)
         return manager
@@ -442,9 +444,11 @@ class World:
         return entry
 
     def waiting(self, rid: str) -> None:
-        """The receiver sent its metadata (its ``init``): the room is ``WaitingForInput``, where a Mooncake decode
-        waits, timing the wait, while the prefill writes, until the prefill's status says it ended."""
+        """The receiver sent its metadata (its ``init``) and waits, timing the wait, while the prefill writes: the room
+        is ``WaitingForInput`` (Mooncake's, until the prefill's status says the transfer ended) and the transfer
+        started (NIXL's receiver then drains its agent's notifications, none of which has come)."""
         self.manager.request_status[self.requests[rid].room] = sg.KVPoll.WaitingForInput
+        object.__setattr__(self.requests[rid].receiver, "started_transfer", True)
 
     def bystander(self, rid: str, *, tokens: int = 8) -> list[int]:
         """Another request admitted now: it takes the most recently freed slots first."""
@@ -583,6 +587,19 @@ class World:
 
     def error(self) -> str | None:
         return ",".join(self.errors) or None
+
+
+def given_up_in_a_day(w: World, rid: str, room: int) -> dict[str, Any]:
+    """The client aborts (the scheduler's ``abort_request``) a request whose transfer never ends; a day later (past
+    any waiting timeout and any hold's deadline) another request comes in and the prefill's last write lands: whether
+    the decode gave the request up, and what that write hit."""
+    w.admit(rid, room)
+    w.waiting(rid)
+    w.abort(rid)
+    w.iterate()
+    w.clock.now += DAY
+    w.next_request_while_writing()
+    return {"gave_up": w.gave_up(rid), **w.last_write(rid)}
 
 
 def _hold_kv(req, *, row: int, length: int) -> None:

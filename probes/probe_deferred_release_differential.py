@@ -67,7 +67,6 @@ from _transferqueue import Prefill, World  # noqa: E402
 
 SCENARIOS = ScenarioSet("deferred_release")
 ROOM = 4242
-DAY = 86400.0
 
 
 class TreeRaised(RuntimeError):
@@ -245,14 +244,7 @@ def d9(observed: Observed) -> None:
                  "comes in, then the prefill's last write lands", aborts=False)
 def d10(observed: Observed) -> None:
     w = World()
-    w.admit("aborted", ROOM)
-    w.waiting("aborted")
-    w.abort("aborted")
-    w.iterate()
-    w.clock.now += DAY  # past any waiting timeout and any hold's deadline
-    w.next_request_while_writing()
-    observed["gave_up"] = w.gave_up("aborted")
-    observed.update(w.last_write("aborted"))
+    observed.update(_transferqueue.given_up_in_a_day(w, "aborted", ROOM))
     finish(w, observed)
 
 
