@@ -62,7 +62,7 @@ def prepare() -> str:
         sg.unobserved = f"{CONN} does not import: {type(exc).__name__}: {exc}"
         return sglang.__version__
     receiver = getattr(sg.conn, "NixlKVReceiver", None)
-    if receiver is not None and not hasattr(receiver, "abort"):  # up to 0.5.5; no scenario drives its timeout
+    if receiver is not None and not hasattr(receiver, "abort"):  # up to 0.5.5: only X10, the decode's, drives it
         sg.absent = {"receiver_abort": "absent"}
         return sglang.__version__
     sg.Manager = getattr(sg.conn, "NixlKVManager", None)

@@ -27,7 +27,8 @@ Stand-ins, at the boundary only: the ZeroMQ sockets (a recorder of ``send_multip
 list that hands the most recently freed slots out first, as a reuse would), the tree cache
 (``cache_finished_req`` gives the request's slots back and marks its KV released as the tree's pool
 does), the metadata-slot allocator and buffers, the prefill-side writes (the probe says when the last
-one lands) and the clock (the queue module's ``time.monotonic``, which the deadline reads).
+one lands) and the clock (``time`` of the queue's module, whose deadlines read ``monotonic``, and of the
+receiver's, whose waiting timeout reads ``time``).
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ SLOTS = 64  # the token pool: slots 1..SLOTS (0 is the padding slot)
 META_SLOTS = 8
 DECODE_IP, DECODE_PORT = "192.0.2.2", 17000  # TEST-NET-1: never routed; no socket dials it anyway
 PREFILL_IP, PREFILL_PORT = "192.0.2.1", 18000  # prefill rank r listens on PREFILL_PORT + r
+DAY = 86400.0
+WAITING_TIMEOUT = 300.0  # SGLANG_DISAGGREGATION_WAITING_TIMEOUT's default, as the manager's constructor reads it
 FIRST_GENERATION = 1  # register_deferred_abort_room's first answer on a fresh decode manager (0.5.22 on)
 BOOTSTRAP_ADDR = f"{PREFILL_IP}:8998"  # the prefill server's bootstrap server, as a request names it
 STANDINS = Collaborators(
@@ -219,13 +222,17 @@ def _tree_gate() -> bool:
 
 
 class Clock:
-    """The queue module's ``time``: ``monotonic`` is the probe's; everything else is the real module's."""
+    """The ``time`` of the queue's module (its deadlines read ``monotonic``) and of the receiver's (its waiting
+    timeout reads ``time``): both are the probe's; everything else is the real module's."""
 
     def __init__(self, real: Any):
         self._real = real
         self.now = 1000.0
 
     def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
         return self.now
 
     def __getattr__(self, name: str) -> Any:
@@ -350,7 +357,8 @@ class World:
             grammar_manager=SimpleNamespace(abort_requests=Recorder("abort_requests")),
             grammar_queue=[], polling_count=0, polling_interval=1,
             decode_offload_manager=None, tree_cache=self.tree_cache, server_args=sg.server_args,
-            ps=SimpleNamespace(pp_size=1), pp_size=1, scheduler_stage_metrics=sg.stage_metrics())
+            ps=SimpleNamespace(pp_size=1), pp_size=1, scheduler_stage_metrics=sg.stage_metrics(),
+            num_tokens_pre_allocated=0)  # 0.4.6 to 0.4.6.post4 count, each iteration, the tokens preallocated
         self.manager = self._manager()
         with self.driving():
             params = inspect.signature(sg.Queue.__init__).parameters
@@ -374,9 +382,12 @@ class World:
             "local_ip": DECODE_IP, "rank_port": DECODE_PORT, "disaggregation_mode": sg.DECODE,
             "enable_staging": False, "_staging_handler": None, "addr_to_rooms_tracker": defaultdict(set),
             "is_mla_backend": False,  # 0.4.x's receive loop counts the responses it awaits by it
+            "waiting_timeout": WAITING_TIMEOUT,  # what the receiver's wait allows (0.4.9.post1 on)
+            "connection_pool": {}, "connection_lock": threading.Lock(),  # receivers' cached bootstrap infos
             # 0.5.21's receive loops: a blocking recv unless role switching is on, until the manager stops
             "server_args": sg.server_args, "_stopped": False, "_worker_threads": [],
             "transfer_statuses": {},  # NIXL's decode side: each room's notifications (its receiver's clear pops it)
+            "agent": SimpleNamespace(get_new_notifs=dict),  # NIXL's decode agent: no notification has come
         }.items():
             object.__setattr__(manager, name, value)
         return manager
@@ -385,9 +396,14 @@ class World:
     def driving(self):
         """The gate as this world's server sets it, the probe's clock, and a one-rank all-reduce."""
         dist = sg.torch.distributed
-        clock = {"time": self.clock} if hasattr(sg.decode, "time") else {}  # a tree with no deadline has none
+        # the queue's module (a tree with no deadline imports no time) and the receiver's, whose wait times out
+        timed = {id(m): m for m in (sg.decode, *map(inspect.getmodule, sg.Receiver.__mro__)) if hasattr(m, "time")}
         one_rank = {"all_reduce": lambda tensor, *a, **k: None, "get_world_size": lambda *a, **k: 1}
-        with gated(self.gate), swapped(sg.decode, **clock), swapped(dist, **one_rank):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(gated(self.gate))
+            for module in timed.values():
+                stack.enter_context(swapped(module, time=self.clock))
+            stack.enter_context(swapped(dist, **one_rank))
             yield
 
     def admit(self, rid: str, room: int, *, tokens: int = 8) -> Request:
@@ -412,8 +428,11 @@ class World:
                             "started_transfer": False,  # NIXL's poll: no notification to drain before one
                             # its metadata went to the prefill ranks, which may now write (0.5.21 arms the ack
                             # tracker at an abort only then)
-                            "init_time": time.time(),
+                            "init_time": self.clock.time(),
                             "bootstrap_addr": BOOTSTRAP_ADDR,
+                            # the bootstrap infos it put in the manager's pool, which a timed-out wait drops
+                            # (0.5.19 on): none, its ranks are given above
+                            "_connection_pool_entries": {},
                             "_connect_to_bootstrap_server": connect}.items():
             object.__setattr__(receiver, name, value)
         self.manager.request_status[room] = sg.KVPoll.Transferring
@@ -423,6 +442,13 @@ class World:
         self.requests[rid] = entry
         self.queue.queue.append(entry.decode_req)
         return entry
+
+    def waiting(self, rid: str) -> None:
+        """The receiver sent its metadata (its ``init``) and waits, timing the wait, while the prefill writes: the room
+        is ``WaitingForInput`` (Mooncake's, until the prefill's status says the transfer ended) and the transfer
+        started (NIXL's receiver then drains its agent's notifications, none of which has come)."""
+        self.manager.request_status[self.requests[rid].room] = sg.KVPoll.WaitingForInput
+        object.__setattr__(self.requests[rid].receiver, "started_transfer", True)
 
     def bystander(self, rid: str, *, tokens: int = 8) -> list[int]:
         """Another request admitted now: it takes the most recently freed slots first."""
@@ -541,6 +567,11 @@ class World:
             seen[f["slot"]] = seen.get(f["slot"], 0) + 1
         return sum(n - 1 for n in seen.values() if n > 1)
 
+    def gave_up(self, rid: str) -> bool:
+        """Whether the decode gave up on the request's transfer: ended the request (its client is told) or gave
+        any of its slots back."""
+        return bool(self.requests[rid].req.finished()) or self.freed(rid) > 0
+
     def meta_freed(self, rid: str) -> int:
         return self.meta_frees.count(self.requests[rid].meta)
 
@@ -556,6 +587,19 @@ class World:
 
     def error(self) -> str | None:
         return ",".join(self.errors) or None
+
+
+def given_up_in_a_day(w: World, rid: str, room: int) -> dict[str, Any]:
+    """The client aborts (the scheduler's ``abort_request``) a request whose transfer never ends; a day later (past
+    any waiting timeout and any hold's deadline) another request comes in and the prefill's last write lands: whether
+    the decode gave the request up, and what that write hit."""
+    w.admit(rid, room)
+    w.waiting(rid)
+    w.abort(rid)
+    w.iterate()
+    w.clock.now += DAY
+    w.next_request_while_writing()
+    return {"gave_up": w.gave_up(rid), **w.last_write(rid)}
 
 
 def _hold_kv(req, *, row: int, length: int) -> None:

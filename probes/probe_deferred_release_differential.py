@@ -25,6 +25,11 @@ request's slots lands, then its ranks ack. Scenarios:
 - D8 control: D1 with the gate unset (the default): today's server releases at once, as before the fix
   (``gate_default_on``: the variable's default as the tree's ``envs`` declares it; null before the fix, true
   where the tree turns the hold on by default, 0.5.21);
+- D9 no abort: the decode's own wait for the transfer runs out (its receiver's waiting timeout, polled by the
+  queue) mid-transfer; after the acks, past a hold's deadline (0.5.19 arms no ack for a wait that ran out);
+- D10 control: the client aborts (the scheduler's ``abort_request``) a request whose transfer never ends; a day
+  later another request comes in and the last write lands: given up on both sides (a hold ends at its deadline),
+  while a decode that never gives up keeps the slots through it;
 - P1 a prefill rank (its real manager's receive loop, the gate set) told of the abort while a chunk of the
   room still writes; P2 told after the room succeeded (nothing writes).
 
@@ -34,13 +39,14 @@ messages its receiver sent to the prefill ranks), ``freed_before_last_write`` /
 write), ``written_after_free`` and ``written_into_other`` (slots of that write already given back /
 held by another request: the corruption), ``freed_after_first_ack``, ``freed_before_timeout``,
 ``freed_after_timeout``, ``freed_total``, ``meta_freed`` (times its metadata slot went back),
-``double_freed``; P1/P2: ``acks_at_abort`` (``ABORT_ACK`` messages the rank sent at once) and
-``drain_acks_at_abort`` (those carrying its rank: a drain ack), or ``abort_handled: "absent"`` where the
+``double_freed``; D9: ``timed_out`` (the decode gave up when its wait ran out); D10: ``gave_up`` (by the end it
+ended the request or gave any of its slots back); P1/P2: ``acks_at_abort`` (``ABORT_ACK`` messages the rank sent
+at once) and ``drain_acks_at_abort`` (those carrying its rank: a drain ack), or ``abort_handled: "absent"`` where the
 rank's loop, told of the abort, took the ``ABORT`` for a bootstrap message and failed on its frames: it handles
-none (before 0.5.13). Tree facts, every scenario stopping there:
-``mooncake_manager: "absent"`` (no Mooncake backend: PD's transfer a placeholder, 0.4.4.post2 to 0.4.5) and
-``receiver_abort: "absent"`` (the decode receiver has no ``abort()``, up to 0.4.9.post4: its only give-up is a
-waiting timeout, if it has one, which no scenario here drives: unknown, never an answer).
+none (before 0.5.13). Tree facts: ``mooncake_manager: "absent"`` (no Mooncake backend: PD's transfer a
+placeholder, 0.4.4.post2 to 0.4.5), every scenario stopping there; ``receiver_abort: "absent"`` (the decode receiver
+has no ``abort()``, up to 0.4.9.post4), the scenarios that abort the receiver (all but D9 and D10) stopping there:
+D9 and D10 observe what such a decode does (0.4.9.post1 on: its wait runs out; before: it never gives up).
 A call of the tree that raised, or a stand-in that raised in one (even where the tree caught it), ends the
 scenario as an error (never an answer).
 
@@ -67,29 +73,36 @@ class TreeRaised(RuntimeError):
     """A call of the tree raised: what the scenario observed is incomplete, so it is no answer."""
 
 
-ABSENT: dict[str, str] = {}  # what the tree lacks for a decode abort mid-transfer: every scenario records it
+ABSENT: dict[str, str] = {}  # what the tree lacks for any transfer into decode pages: every scenario records it
+CANNOT_ABORT: dict[str, str] = {}  # what it lacks for a decode abort: the scenarios that abort record it
 
 
 def prepare() -> str:
     """The transfer queue's world; a tree without Mooncake (its PD transfer a placeholder, 0.4.4.post2 to 0.4.5) has
-    no decode abort mid-transfer, a tree fact. One whose receiver has no ``abort()`` (up to 0.4.9.post4) can give
-    up only by a waiting timeout, if it has one: no scenario here drives that (they abort through the scheduler),
-    and whether it has one is not read off its source, so the scenarios record what they lack: unknown."""
+    no transfer into decode pages, a tree fact. One whose receiver has no ``abort()`` (up to 0.4.9.post4) cannot be
+    aborted as D1-D8 abort it: they record so; D9 drives its waiting timeout, and D10 a client abort and a wait
+    that never ends, so that what such a decode does is observed, never read off its source."""
     import sglang
 
     ABSENT.clear()
+    CANNOT_ABORT.clear()
     if _transferqueue.lacks_backend("mooncake"):
         ABSENT["mooncake_manager"] = "absent"
         return sglang.__version__
     _transferqueue.prepare(SCENARIOS.adapted)
     receiver = _transferqueue.sg.Receiver if _transferqueue.sg.ready else None
-    if receiver is not None and not hasattr(receiver, "abort"):  # no scenario here drives its timeout, if any
-        ABSENT["receiver_abort"] = "absent"
+    if receiver is not None and not hasattr(receiver, "abort"):
+        CANNOT_ABORT["receiver_abort"] = "absent"
     return sglang.__version__
 
 
-# A scenario of the set, which on a tree without a decode abort mid-transfer records what it lacks and ends.
-scenario = SCENARIOS.guarded(lambda: ABSENT)
+def lacking(*, aborts: bool = True) -> dict[str, str]:
+    """What the tree lacks for a scenario: a transfer at all, and for one that ``aborts`` the receiver, its abort."""
+    return {**ABSENT, **(CANNOT_ABORT if aborts else {})}
+
+
+# A scenario of the set, which on a tree lacking what it drives records what it lacks and ends.
+scenario = SCENARIOS.guarded(lacking)
 
 
 def finish(w: World, observed: Observed, rid: str = "aborted") -> None:
@@ -203,6 +216,36 @@ def d7(observed: Observed) -> None:
 def d8(observed: Observed) -> None:
     observed["gate_default_on"] = _transferqueue.gate_default()
     abort_mid_transfer(observed, World(gate=False))
+
+
+@scenario("D9", "the decode's wait times out mid-transfer: another request comes in, the prefill's last write lands, "
+                "then its ack; then past a hold's deadline", aborts=False)
+def d9(observed: Observed) -> None:
+    w = World()
+    w.admit("aborted", ROOM)
+    w.waiting("aborted")
+    w.iterate()
+    w.clock.now += _transferqueue.WAITING_TIMEOUT + 1
+    w.iterate()
+    observed.update(timed_out=w.gave_up("aborted"), abort_sent=w.aborts_sent("aborted"))
+    w.next_request_while_writing()
+    observed.update(freed_before_last_write=w.freed("aborted"),
+                    meta_freed_before_last_write=w.meta_freed("aborted"))
+    observed.update(w.last_write("aborted"))
+    for rank in range(w.ranks):
+        w.ack("aborted", rank)
+    w.iterate()
+    w.clock.now += w.timeout() + 1  # the timed-out wait armed no ack (0.5.19): its hold ends at the deadline
+    w.iterate()
+    finish(w, observed)
+
+
+@scenario("D10", "control: the client aborts a request whose transfer never completes; a day later another request "
+                 "comes in, then the prefill's last write lands", aborts=False)
+def d10(observed: Observed) -> None:
+    w = World()
+    observed.update(_transferqueue.given_up_in_a_day(w, "aborted", ROOM))
+    finish(w, observed)
 
 
 def prefill_told(observed: Observed, status_name: str, in_flight: int) -> None:

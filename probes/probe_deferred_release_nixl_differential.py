@@ -25,7 +25,11 @@ Room 7, chunks of 2 pages. Scenarios:
 - X9 the whole loop: the tree's ``DecodeTransferQueue`` with a NIXL receiver aborts mid-transfer (two
   iterations, another request admitted), the prefill rank gets the receiver's own ``ABORT`` frames
   mid-chunk, the chunk lands, its ``ABORT_ACK`` frames reach the decode listener, one iteration
-  (``_transferqueue.py``, shared with ``deferred_release``).
+  (``_transferqueue.py``, shared with ``deferred_release``);
+- X10 control: the decode alone, as X9 builds it: the client aborts a request whose transfer never ends (the
+  receiver's transfer started, no notification ever comes); a day later another request comes in and the last
+  write lands: given up on both sides (a hold ends at its deadline), while a decode that never gives up keeps the
+  slots through it.
 
 Keys: ``acks_sent`` (``ABORT_ACK`` messages), ``acks_at_abort`` (sent by the abort handler itself),
 ``acks_while_writing`` (sent while a posted write had not completed), ``writes`` (transfers posted),
@@ -34,13 +38,15 @@ end), ``worker_error`` (the exception type the transfer worker recorded, else nu
 ``decode_ranks_acked`` (ranks the decode side counts as drained; ``_after_first`` after one ack),
 X9 (counts of the aborted request's 4 slots): ``abort_sent``, ``freed_before_last_write``,
 ``written_after_free``, ``written_into_other``, ``freed_total``, ``double_freed``;
+X10: ``gave_up`` (the decode ended the request or gave any of its 8 slots back), ``written_after_free``,
+``written_into_other``, ``freed_total``, ``double_freed``;
 ``deferred_enabled`` (X7: the tree's flag with the variable unset; null before #35049), ``room_succeeded``,
 ``siblings_settled`` (X4, X5: every posted write completed by the end: the error path waits for them from 0.5.20).
 Tree facts, the scenario stopping there: ``nixl_manager: "absent"`` (no NIXL backend),
-``receiver_abort: "absent"`` (its decode receiver has no ``abort()``, up to 0.5.5: its only give-up is a
-waiting timeout, if it has one, which no scenario drives: unknown, never an answer) and ``nixl_abort_handler: "absent"`` (its prefill manager
-handles no ``ABORT``: up to 0.5.15; X9 still runs where it has a transfer worker, 0.5.12 on, the prefill rank
-told nothing, as nothing in it would answer).
+``receiver_abort: "absent"`` (its decode receiver has no ``abort()``, up to 0.5.5: X10 drives that decode all the
+same) and ``nixl_abort_handler: "absent"`` (its prefill manager handles no ``ABORT``: up to 0.5.15; X9 still runs
+where it has a transfer worker, 0.5.12 on, the prefill rank told nothing, as nothing in it would answer; X10, the
+decode's alone, runs on every NIXL tree).
 
     python probes/probe_deferred_release_nixl_differential.py --side head --tree-kind release --tree-ref 0.5.19
 """
@@ -64,7 +70,7 @@ ROOM = 7
 
 def prepare() -> str:
     version = _nixl.prepare()
-    if _nixl.sg.ready:
+    if _nixl.sg.conn is not None:  # the decode side (X9, X10) wherever the NIXL backend imports
         _transferqueue.prepare(SCENARIOS.adapted, backend="nixl")
     return version
 
@@ -219,6 +225,19 @@ def x9(observed: Observed) -> None:
         raise RuntimeError(f"the tree raised in {decode.error()}")  # incomplete: no answer
     observed.update(acks_sent=len(world.acks), freed_total=decode.freed("aborted"),
                     double_freed=decode.double_freed())
+
+
+@SCENARIOS.scenario("X10", "control: the client aborts a request whose NIXL transfer never completes; a day later "
+                           "another request comes in, then the prefill's last write lands")
+def x10(observed: Observed) -> None:
+    if "nixl_manager" in _nixl.sg.absent:
+        observed.update(_nixl.sg.absent)
+        return
+    decode = _transferqueue.World()  # the tree's DecodeTransferQueue and NIXL receiver, gate on
+    observed.update(_transferqueue.given_up_in_a_day(decode, "aborted", ROOM))
+    if decode.error() is not None:
+        raise RuntimeError(f"the tree raised in {decode.error()}")  # incomplete: no answer
+    observed.update(freed_total=decode.freed("aborted"), double_freed=decode.double_freed())
 
 
 if __name__ == "__main__":

@@ -49,16 +49,14 @@ MANAGER_FIRST = "0.5.3"
 
 
 # The transfer probes read every PD release (docs/maintainers/abort_notify.md, transfer.md, deferred_release_nixl.md)
-# but those whose decode receiver has no abort(): abort_notify's that cannot be driven (0.4.5.post1 to 0.4.7.post1,
-# the sweep: error), deferred_release's (0.4.5.post1 to 0.4.9.post4: no scenario drives a
-# timeout) and deferred_release_nixl's (0.4.5.post3 to 0.5.5); and deferred_release_nixl's where decode times out
-# but the prefill has neither an ABORT handler nor a transfer worker (0.5.6 to 0.5.11, the sweep: neither): there
-# their answers are not pinned.
+# but abort_notify's whose decode receiver has no abort() and cannot be driven (0.4.5.post1 to 0.4.7.post1, the
+# sweep: error), and deferred_release_nixl's where decode times out but the prefill has neither an ABORT handler nor
+# a transfer worker (0.5.6 to 0.5.11, the sweep: neither): there their answers are not pinned. deferred_release drives
+# the old decodes' timeout and a client abort (D9, D10), deferred_release_nixl a client abort (X10).
 # 0.5.8's paged allocator launches a Triton kernel with no CPU implementation in its module (the SWA sweeps: error).
 # war_barrier answers on every release with PD (0.4.4.post2-0.4.5.post2: the plain loop, their PD loops absent).
 UNANSWERED = {"abort_notify": [("0.4.5.post1", "0.4.8")],
-                    "deferred_release": [("0.4.5.post1", "0.4.9.post5")],
-                    "deferred_release_nixl": [("0.4.5.post3", "0.5.12")],
+                    "deferred_release_nixl": [("0.5.6", "0.5.12")],
                     "swa_free": [("0.5.8", "0.5.9")],
                     "swa_tail": [("0.5.8", "0.5.9")]}
 

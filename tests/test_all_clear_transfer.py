@@ -38,6 +38,7 @@ SETTLED = {"acks_sent": 1, "acks_while_writing": 0, "siblings_settled": True, "t
            "worker_error": "RuntimeError", "writes": 2, "writes_after_ack": 0}
 
 RECEIVER_ABORTS = ("N1", "N2", "N3", "N6", "N7", "N8", "N10")
+DECODE_ABORTS = ("D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "P1", "P2")
 NIXL_HANDLER = ("X1", "X2", "X3", "X4", "X5", "X6", "X7", "X8")
 
 # rule -> (the scenarios as a tree that needs it records them, the same with the rule's condition not met)
@@ -67,6 +68,9 @@ RULES = {
     ("abort_notify", "no_receiver_abort"): (  # 0.4.9.post1-0.4.9.post4: no abort(), only N4's timeout decides
         {sid: Only(receiver_abort="absent") for sid in RECEIVER_ABORTS},
         {sid: Only(receiver_abort="absent") for sid in RECEIVER_ABORTS if sid != "N1"}),
+    ("deferred_release", "no_receiver_abort"): (  # 0.4.9.post1-0.4.9.post4: no abort(), D9's timeout decides
+        {sid: Only(receiver_abort="absent") for sid in DECODE_ABORTS},
+        {sid: Only(receiver_abort="absent") for sid in DECODE_ABORTS if sid != "D1"}),
     ("abort_notify", "no_prefill_stages"): (  # 0.4.9.post5-0.4.10.post2: one prefill rank per TP rank
         {"N6": Only(stages_bootstrapped=1)},
         {"N6": Only(stages_bootstrapped=2)}),

@@ -477,7 +477,17 @@ def test_a_nixl_receiver_without_abort_is_recorded_whatever_its_poll_reads(fresh
     assert module.sg.absent == {"receiver_abort": "absent"}
 
 
-def test_the_registry_reads_a_nixl_receiver_without_abort_as_unknown_never_not_affected():
+NEVER_GAVE_UP = {"double_freed": 0, "freed_total": 0, "gave_up": False, "written_after_free": 0, "written_into_other": 0}
+
+
+@pytest.mark.parametrize(("x10", "answer"), [
+    (None, "neither"),  # X10 never observed: unknown
+    (NEVER_GAVE_UP, "not affected"),
+    ({**NEVER_GAVE_UP, "gave_up": True}, "neither"),  # it gave up: the scenarios set aside nothing decide
+], ids=["undriven", "never-gives-up", "gave-up"])
+def test_the_registry_reads_a_nixl_receiver_without_abort_by_what_x10_observed(x10, answer):
+    """Up to 0.5.5 the NIXL decode receiver has no abort(): not affected only where X10, driven, saw the decode keep
+    the request through a client abort and a day without the transfer ending."""
     import json
 
     from pdevidence import registry
@@ -487,9 +497,26 @@ def test_the_registry_reads_a_nixl_receiver_without_abort_as_unknown_never_not_a
     base, head = (json.loads((PROJECT / "results" / f"deferred_release_nixl.{side}.release-{exp.releases[side]}.json")
                              .read_text()) for side in ("base", "head"))
     doc = json.loads(json.dumps(base))
-    for sc in doc["scenarios"].values():
-        sc.update(error=None, observed={"receiver_abort": "absent"})
-    assert judge(doc, base, head, exp).classification.value == "neither"
+    for sid, sc in doc["scenarios"].items():
+        sc.update(error=None, observed=dict(x10) if sid == "X10" and x10 else {"receiver_abort": "absent"})
+    assert judge(doc, base, head, exp).classification.value == answer
+
+
+@pytest.mark.parametrize("absent", [{"receiver_abort": "absent"}, {"nixl_abort_handler": "absent"}])
+def test_x10_drives_the_decode_of_a_tree_lacking_the_prefill_s_or_the_receiver_s_abort(fresh_probe, nixl, monkeypatch,
+                                                                                       absent):
+    """X10 is the decode's alone: only a tree without NIXL stops it; elsewhere a decode queue the driver could not
+    prepare is the scenario's error, never an absence."""
+    probe = fresh_probe("probe_deferred_release_nixl_differential.py")
+    monkeypatch.setattr(probe._transferqueue.sg, "ready", False, raising=False)
+    monkeypatch.setattr(probe._transferqueue.sg, "missing", "no DecodeTransferQueue", raising=False)
+    (x10,) = [s for s in probe.SCENARIOS.scenarios if s.id == "X10"]
+    nixl.sg.absent, observed = {"nixl_manager": "absent"}, {}
+    x10.run(observed)
+    assert observed == {"nixl_manager": "absent"}
+    nixl.sg.absent = absent
+    with pytest.raises(probe._transferqueue.CannotDrive, match="no DecodeTransferQueue"):
+        x10.run({})
 
 
 def test_the_whole_loop_runs_on_a_prefill_rank_that_handles_no_abort_and_says_so(nixl):

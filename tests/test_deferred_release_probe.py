@@ -186,8 +186,15 @@ class PrefillFailingInAHelper(Manager):
         CONN.threading.Thread(target=bootstrap_thread).start()
 
 
+def wait_ran_out(receiver) -> bool:
+    """The receiver waited ``WaitingForInput`` longer than its manager allows, by its module's clock."""
+    return (receiver.kv_mgr.request_status[receiver.bootstrap_room] == KVPoll.WaitingForInput
+            and time.time() - receiver.init_time >= receiver.kv_mgr.waiting_timeout)
+
+
 class Receiver:
-    """Tells every prefill rank of an abort, once; polls the manager's status."""
+    """Tells every prefill rank of an abort, once, and of a wait that ran out (as 0.5.13 on); polls the manager's
+    status."""
 
     def abort(self):
         self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)
@@ -199,7 +206,25 @@ class Receiver:
             self.abort_notified = True
 
     def poll(self):
+        if self.conclude_state is None and wait_ran_out(self):
+            self.abort()
         return self.conclude_state or self.kv_mgr.request_status[self.bootstrap_room]
+
+
+class TimingOutReceiver:
+    """0.4.9.post1 to 0.4.9.post4: no abort(); a wait that ran out concludes the transfer failed, telling no one."""
+
+    def poll(self):
+        if self.conclude_state is None and wait_ran_out(self):
+            self.conclude_state = KVPoll.Failed
+        return self.kv_mgr.request_status[self.bootstrap_room] if self.conclude_state is None else self.conclude_state
+
+
+class PatientReceiver:
+    """Up to 0.4.9: no abort(), no waiting timeout: the transfer ends when the prefill says so."""
+
+    def poll(self):
+        return self.kv_mgr.request_status[self.bootstrap_room]
 
 
 @dataclass
@@ -225,6 +250,7 @@ class Queue:
     def pop_transferred(self):
         for decode_req in [d for d in self.queue if d.kv_receiver.poll() == KVPoll.Failed]:
             self.queue.remove(decode_req)
+            decode_req.req.finished_reason = "transfer failed"  # prepare_abort: the client is told
             if self.hold and decode_req.kv_receiver.abort_notified:
                 deadline = DECODE.time.monotonic() + TIMEOUT
                 self._deferred_releases.append((decode_req, deadline, len(decode_req.kv_receiver.bootstrap_infos)))
@@ -280,9 +306,20 @@ class Scheduler:
                     receiver.kv_mgr.register_deferred_abort_room(decode_req.req.bootstrap_room)
 
 
+class OldScheduler:
+    """Up to 0.4.9.post4: a client abort reaches the waiting queue (and the running batch), never the transfer queue."""
+
+    def abort_request(self, recv_req):
+        self.waiting_queue[:] = [req for req in self.waiting_queue if not req.rid.startswith(recv_req.rid)]
+
+
 class Req:
     def __init__(self, rid, text, ids, sampling_params):
         self.rid, self.origin_input_ids = rid, ids
+        self.finished_reason = None
+
+    def finished(self):
+        return self.finished_reason is not None
 
 
 def fake_torch():
@@ -594,40 +631,106 @@ def test_a_loop_failing_in_a_helper_it_calls_is_the_scenario_s_error_not_a_loop_
 # ---------------------------------------------------------------- older layouts
 
 
-def _never_gives_up(self):
-    return self.kv_mgr.check_status(self.bootstrap_room)
-
-
-def _times_out(self):
-    return self.kv_mgr.waiting_timeout
-
-
 @pytest.mark.parametrize("lacks_mooncake, receiver, fact", [
     (True, Receiver, {"mooncake_manager": "absent"}),
-    (False, type("MooncakeKVReceiver", (), {"poll": _never_gives_up}), {"receiver_abort": "absent"}),
-    (False, type("MooncakeKVReceiver", (), {"poll": _times_out}), {"receiver_abort": "absent"}),
+    (False, PatientReceiver, {"receiver_abort": "absent"}),
+    (False, TimingOutReceiver, {"receiver_abort": "absent"}),
 ])
-def test_a_tree_without_a_decode_abort_mid_transfer_records_so_in_every_scenario(fresh_probe, tq, monkeypatch,
-                                                                                 lacks_mooncake, receiver, fact):
-    """No Mooncake package (PD's transfer a placeholder), or a receiver with no abort() (whether it times out is
-    not read off its source): recorded, never an error of a world that cannot be built."""
+def test_a_tree_lacking_what_a_scenario_drives_records_so_and_d9_d10_still_drive_one_without_abort(
+        fresh_probe, tq, monkeypatch, lacks_mooncake, receiver, fact):
+    """No Mooncake package (PD's transfer a placeholder): every scenario records it. A receiver with no abort(): the
+    scenarios that abort it record that; D9 (its wait) and D10 (a client abort, a day) drive it all the same."""
     monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(__version__="0.0.test"))
     monkeypatch.setattr(tq, "lacks_backend", lambda backend: lacks_mooncake)
     monkeypatch.setattr(tq, "prepare", lambda adapt, backend="mooncake": None)  # sg is the fixture's
     monkeypatch.setattr(tq.sg, "Receiver", receiver)
+    monkeypatch.setattr(tq.sg, "Scheduler", OldScheduler)
     probe = fresh_probe("probe_deferred_release_differential.py")
     assert probe.prepare() == "0.0.test"
+    driven = set() if lacks_mooncake else {"D9", "D10"}
     for sc in probe.SCENARIOS.scenarios:
-        assert sys.modules["_probekit"].run_scenario(sc) == {"title": sc.title, "observed": fact, "error": None}
+        found = sys.modules["_probekit"].run_scenario(sc)
+        assert found["error"] is None
+        assert (found["observed"] == fact) is (sc.id not in driven)
+        assert (fact.keys() & found["observed"].keys() == set()) is (sc.id in driven)
     monkeypatch.setattr(tq, "lacks_backend", lambda backend: False)
     monkeypatch.setattr(tq.sg, "Receiver", Receiver)
     probe.prepare()
     assert "receiver_abort" not in sys.modules["_probekit"].run_scenario(probe.SCENARIOS.scenarios[0])["observed"]
 
 
-@pytest.mark.parametrize(("observed", "answer"), [({"mooncake_manager": "absent"}, "not affected"),
-                                                  ({"receiver_abort": "absent"}, "neither")])
-def test_the_registry_reads_no_mooncake_as_not_affected_and_a_receiver_without_abort_as_unknown(observed, answer):
+@pytest.mark.parametrize("queue, receiver, expected", [
+    (EarlyQueue, Receiver, {"timed_out": True, "abort_sent": 1, "freed_before_last_write": 8, "written_into_other": 8}),
+    (Queue, Receiver, {"timed_out": True, "abort_sent": 1, "freed_before_last_write": 0, "written_into_other": 0}),
+    (Queue, TimingOutReceiver, {"timed_out": True, "abort_sent": 0, "freed_before_last_write": 8,
+                                "written_into_other": 8}),  # told no one, so nothing holds it
+    (Queue, PatientReceiver, {"timed_out": False, "abort_sent": 0, "freed_before_last_write": 0,
+                              "written_into_other": 0}),
+])
+def test_d9_a_wait_that_runs_out_mid_transfer_gives_the_slots_back_at_once_or_holds_them_past_the_last_write(
+        fresh_probe, tq, queue, receiver, expected):
+    tq.sg.Queue, tq.sg.Receiver = queue, receiver
+    found = run(fresh_probe, "D9")
+    assert found["error"] is None
+    assert {k: found["observed"][k] for k in expected} == expected
+    assert found["observed"]["freed_total"] == (8 if expected["timed_out"] else 0)  # a hold ends at its deadline
+
+
+class SlotsBackWhileRunningQueue(Queue):
+    """Gives a request's slots back while its transfer still runs, without ending the request."""
+
+    def pop_transferred(self):
+        for decode_req in self.queue:
+            if not getattr(decode_req, "given_back", False):
+                decode_req.given_back = True
+                self.tree_cache.cache_finished_req(decode_req.req)
+        return []
+
+
+@pytest.mark.parametrize("queue, receiver, gave_up", [
+    (Queue, Receiver, True),  # aborted: held, then given back at the hold's deadline
+    (Queue, TimingOutReceiver, True),  # the abort never reaches it; its wait runs out
+    (Queue, PatientReceiver, False),  # neither: the request keeps its slots
+    (SlotsBackWhileRunningQueue, PatientReceiver, True),  # never ended, but its slots went back: given up
+])
+def test_d10_a_decode_gives_a_client_aborted_request_up_within_a_day_unless_it_never_gives_up(
+        fresh_probe, tq, queue, receiver, gave_up):
+    tq.sg.Queue, tq.sg.Receiver = queue, receiver
+    if not hasattr(receiver, "abort"):
+        tq.sg.Scheduler = OldScheduler
+    found = run(fresh_probe, "D10")
+    assert found["error"] is None and found["observed"]["gave_up"] is gave_up
+    assert found["observed"]["written_into_other"] == found["observed"]["freed_total"] == (8 if gave_up else 0)
+
+
+# D9 and D10 as 0.4.9.post1 to 0.4.9.post4 record them (a wait that runs out, telling no one) and as the trees up to
+# 0.4.9 do (the decode never gives up).
+TIMES_OUT = {"D9": {"abort_sent": 0, "double_freed": 0, "freed_before_last_write": 8, "freed_total": 8, "meta_freed": 1,
+                    "meta_freed_before_last_write": 1, "timed_out": True, "written_after_free": 8,
+                    "written_into_other": 8},
+             "D10": {"double_freed": 0, "freed_total": 8, "gave_up": True, "meta_freed": 1, "written_after_free": 8,
+                     "written_into_other": 8}}
+NEVER = {"D9": {"abort_sent": 0, "double_freed": 0, "freed_before_last_write": 0, "freed_total": 0, "meta_freed": 0,
+                "meta_freed_before_last_write": 0, "timed_out": False, "written_after_free": 0,
+                "written_into_other": 0},
+         "D10": {"double_freed": 0, "freed_total": 0, "gave_up": False, "meta_freed": 0, "written_after_free": 0,
+                 "written_into_other": 0}}
+
+
+@pytest.mark.parametrize(("fact", "driven", "answer"), [
+    ({"mooncake_manager": "absent"}, {}, "not affected"),
+    ({"receiver_abort": "absent"}, {}, "neither"),  # D9 and D10 never observed: unknown
+    ({"receiver_abort": "absent"}, TIMES_OUT, "pre-fix"),
+    ({"receiver_abort": "absent"}, NEVER, "not affected"),
+    # D10 gave up (a control departed) or was never driven: D9 alone holds the slots as the fix does, but never
+    # timed out (it departs where both sides agree): not the fixed code, and no all-clear
+    ({"receiver_abort": "absent"}, {"D9": NEVER["D9"], "D10": {**NEVER["D10"], "gave_up": True}}, "deviates"),
+    ({"receiver_abort": "absent"}, {"D9": NEVER["D9"]}, "deviates"),
+], ids=["no-mooncake", "no-abort-undriven", "times-out", "never-gives-up", "gave-up", "d9-alone"])
+def test_the_registry_reads_old_trees_by_what_d9_and_d10_observed(fact, driven, answer):
+    """A tree without Mooncake is not affected; one whose receiver has no abort() is read by D9 (its wait running
+    out) and D10 (a client abort, a day): pre-fix where the wait gives the slots back under the last write, not
+    affected only where D10 saw the decode never give up."""
     import json
 
     from pdevidence import registry
@@ -637,6 +740,6 @@ def test_the_registry_reads_no_mooncake_as_not_affected_and_a_receiver_without_a
     base, head = (json.loads((PROJECT / "results" / f"deferred_release.{side}.release-{exp.releases[side]}.json")
                              .read_text()) for side in ("base", "head"))
     doc = json.loads(json.dumps(base))
-    for sc in doc["scenarios"].values():
-        sc.update(error=None, observed=dict(observed))
+    for sid, sc in doc["scenarios"].items():
+        sc.update(error=None, observed=dict(driven.get(sid, fact)))
     assert judge(doc, base, head, exp).classification.value == answer
