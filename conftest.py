@@ -2,7 +2,9 @@
 
 Fast tests run by default. Tests marked ``sglang`` build real cell
 environments and run the probes on SGLang releases from PyPI (minutes, needs
-the network to PyPI and Python 3.12): select them with ``--sglang``.
+the network to PyPI and Python 3.12): select them with ``--sglang``. Those also
+marked ``scheduled`` are the scheduled lane (every era, every backport, every
+mutant): ``--scheduled`` runs them alone, ``--sglang --scheduled`` everything.
 """
 
 from __future__ import annotations
@@ -21,16 +23,26 @@ collect_ignore_glob = [".cells/*", "runs/*", ".nox/*"]
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--sglang", action="store_true", default=False,
                      help="also run the real SGLang release-backed cells (slow)")
+    parser.addoption("--scheduled", action="store_true", default=False,
+                     help="run the scheduled lane: the real runs --sglang leaves out (every era, every backport, "
+                          "every mutant); with --sglang, everything")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sglang: runs real SGLang releases in cell environments (slow; --sglang)")
+    config.addinivalue_line("markers", "scheduled: a real run of the scheduled lane, left out of --sglang "
+                                       "(every era, every backport, every mutant; --scheduled)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--sglang"):
+    real, scheduled = config.getoption("--sglang"), config.getoption("--scheduled")
+    if scheduled and not real:  # the weekly lane: what the default run leaves out, nothing else
+        kept = [item for item in items if "scheduled" in item.keywords]
+        config.hook.pytest_deselected(items=[item for item in items if "scheduled" not in item.keywords])
+        items[:] = kept
         return
-    skip = pytest.mark.skip(reason="real SGLang cell: run with --sglang")
     for item in items:
-        if "sglang" in item.keywords:
-            item.add_marker(skip)
+        if "scheduled" in item.keywords and not scheduled:
+            item.add_marker(pytest.mark.skip(reason="scheduled lane: run with --scheduled"))
+        elif "sglang" in item.keywords and not real:
+            item.add_marker(pytest.mark.skip(reason="real SGLang cell: run with --sglang"))

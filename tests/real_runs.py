@@ -24,6 +24,14 @@ def bracket_releases(reg: registry.Registry) -> list[str]:
     return sorted({v for exp in reg.experiments.values() for v in exp.releases.values() if v}, key=Version)
 
 
+def each_era_newest(reg: registry.Registry) -> list[str]:
+    """The newest bracket release of each era the bracket releases are in, oldest first: where the default lane holds
+    a run to its twin (contained or not, warm engine or fresh process), the scheduled lane taking every release."""
+    brackets = bracket_releases(reg)
+    return sorted({max((v for v in brackets if reg.era_of(v) == reg.era_of(version)), key=Version)
+                   for version in brackets}, key=Version)
+
+
 def bracket_cells(reg: registry.Registry) -> list[tuple[str, str, str]]:
     """(experiment, side, release) of every release-backed cell of the matrix, in the registry's order."""
     return [(name, side, exp.releases[side]) for name, exp in reg.experiments.items() for side in ("base", "head")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+
+import pytest
 
 from pdevidence.core.paths import PROJECT
 
@@ -35,7 +38,7 @@ def ci_run(tmp_path, **env):
     if env.pop("HAS_BWRAP", "yes") == "no":  # only the tools the script needs besides the stubs: no bwrap
         tools = tmp_path / "tools"
         tools.mkdir()
-        for name in ("grep", "dirname", "cat", "mkdir", "chmod"):
+        for name in ("grep", "dirname", "cat", "mkdir", "chmod", "date", "df", "tail"):
             (tools / name).symlink_to(shutil.which(name))
         path = f"{stubs}:{tools}"
     else:
@@ -78,3 +81,12 @@ def test_sums_that_do_not_match_stop_it_before_the_tests(tmp_path):
     done, calls = ci_run(tmp_path, HAS_CAIRO="yes", SUMS_EXIT="1")
     assert done.returncode == 1
     assert calls[-1] == "sha256sum -c --quiet SHA256SUMS.txt"
+
+
+@pytest.mark.parametrize(("sums_exit", "rc"), [("0", 0), ("1", 1)])
+def test_it_says_last_what_the_run_took_in_time_and_disk_however_it_ends(tmp_path, sums_exit, rc):
+    done, _ = ci_run(tmp_path, HAS_CAIRO="yes", SUMS_EXIT=sums_exit)
+    assert done.returncode == rc
+    last = done.stdout.splitlines()[-1]
+    assert re.fullmatch(rf"ci: \d+ min \d+ s; disk: -?\d+\.\d GB more used on the filesystem of {tmp_path}/\.cache "
+                        rf"\(exit {rc}\)", last), last

@@ -20,7 +20,7 @@ from pdevidence import registry
 from pdevidence.core.paths import PROJECT
 from pdevidence.sources import backports
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.scheduled]  # the scheduled lane (--scheduled)
 # Eras that lack a fix and have no port of it yet, and why: the gap stays visible here until it is closed.
 NOT_PORTED = {
     ("offload_rid", "torch2.9-tf5"): "0.5.10's #37026 port would sit on the #24226 port; their two partial ports "

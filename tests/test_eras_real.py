@@ -24,7 +24,7 @@ from pdevidence import registry
 from pdevidence.core.paths import PROJECT
 from real_runs import OFFLOAD_KNOWN_FROM, answer_known
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.scheduled]  # the scheduled lane (--scheduled)
 
 # One release per era, oldest first (the era named in experiments.toml).
 ERA_RELEASES = {

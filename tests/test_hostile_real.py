@@ -24,7 +24,7 @@ from pdevidence import cli, registry
 from pdevidence.core.paths import PROJECT, tree_lock_file
 from pdevidence.sources import trees
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.scheduled]  # the scheduled lane (--scheduled)
 
 VERSION = "0.5.12"
 OFFLOAD = ("offload_slots", "offload_rid")

@@ -2,7 +2,7 @@
 
 The image (an OCI layout, gzip layers) is what an operator's would be: SGLang 0.5.20 installed,
 then upgraded to 0.5.21 in a later layer (its package directory opaque, the old dist-info whited
-out), a second interpreter (a venv) with 0.5.10, and a file of 0.5.21 deleted in the last layer;
+out), a second interpreter (a venv) with 0.5.13, and a file of 0.5.21 deleted in the last layer;
 no interpreter, so which copy the server imports cannot be told and both are answered. A second
 image puts 0.5.12 on its PYTHONPATH over 0.5.13 in site-packages: the 0.5.12 copy is the answer.
 Slow (each package is probed in its era's engine, in the user cache's environments): runs with ``--sglang``.
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.sglang
 SITE = "usr/local/lib/python3.12/site-packages"
 VENV = "opt/venv/lib/python3.12/site-packages"
 DELETED = "sglang/bench_serving.py"  # in 0.5.21's wheel; no probe imports it
-VERSIONS = ("0.5.10", "0.5.12", "0.5.13", "0.5.20", "0.5.21")
+VERSIONS = ("0.5.12", "0.5.13", "0.5.20", "0.5.21")  # in the bracket releases' eras: no other is built
 TAG = "example/sglang:upgraded"
 
 
@@ -123,7 +123,7 @@ def image(tmp_path_factory, wheels) -> Path:
         write_layer(work / "1.tar", SITE, wheels["0.5.20"]),
         write_layer(work / "2.tar", SITE, wheels["0.5.21"], b.opaque(f"{SITE}/sglang"),
                     b.whiteout(f"{SITE}/sglang-0.5.20.dist-info")),
-        write_layer(work / "3.tar", VENV, wheels["0.5.10"]),
+        write_layer(work / "3.tar", VENV, wheels["0.5.13"]),
         write_layer(work / "4.tar", None, None, b.whiteout(f"{SITE}/{DELETED}")),
     ]
     return oci_layout(tmp_path_factory.mktemp("image") / "oci", layer_tars, TAG)
@@ -160,20 +160,20 @@ def test_each_interpreter_of_the_image_is_checked_in_the_era_of_its_version(proj
     upgrade's dist-info, checks each in its version's era and names the image (tags, manifest digest)."""
     code, docs, _, _ = checked
     assert [d["target"]["image"]["site"] for d in docs] == [f"/{VENV}", f"/{SITE}"]
-    assert [d["target"]["resolved"] for d in docs] == ["0.5.10", "0.5.21"]  # the upgrade's dist-info, not 0.5.20's
-    assert [d["target"]["era"] for d in docs] == [project_reg.era_of("0.5.10").name, None]
-    assert [d["target"]["sglang_version"] for d in docs] == ["0.5.10", "0.5.21"]  # what the probed code says
+    assert [d["target"]["resolved"] for d in docs] == ["0.5.13", "0.5.21"]  # the upgrade's dist-info, not 0.5.20's
+    assert [d["target"]["era"] for d in docs] == [project_reg.era_of("0.5.13").name, None]
+    assert [d["target"]["sglang_version"] for d in docs] == ["0.5.13", "0.5.21"]  # what the probed code says
     for doc in docs:
         assert problems("check", doc) == []
         assert doc["target"]["image"]["tags"] == [f"docker.io/{TAG}"]
         assert doc["target"]["image"]["manifest_digest"] == json.loads(
             (image / "index.json").read_text())["manifests"][0]["digest"]
-    assert code == errors.worst(d["exit_code"] for d in docs) == errors.BEHAVIOUR_DIFFERS  # 0.5.10 is pre-fix
+    assert code == errors.worst(d["exit_code"] for d in docs) == errors.BEHAVIOUR_DIFFERS  # 0.5.13 is pre-fix
 
 
 def test_each_answer_is_the_published_sweep_s_for_that_release(checked):
     """Alone proves: an image's SGLang is answered, scenario by scenario, as the published sweep answers its
-    release (0.5.10 and 0.5.21); the image names no interpreter, so which of the two the server imports cannot be
+    release (0.5.13 and 0.5.21); the image names no interpreter, so which of the two the server imports cannot be
     told, and a fixed answer of either is not an all-clear (unknown, saying so)."""
     _, docs, _, _ = checked
     for doc in docs:
@@ -211,7 +211,7 @@ def test_openvex_names_the_image_with_each_sglang_as_a_subcomponent(checked, ima
                  "&tag=upgraded"
     products = {(s["products"][0]["@id"], s["products"][0]["subcomponents"][0]["@id"], s["status"])
                 for s in vex["statements"]}
-    assert {p[:2] for p in products} == {(image_purl, "pkg:pypi/sglang@0.5.10"), (image_purl, "pkg:pypi/sglang@0.5.21")}
+    assert {p[:2] for p in products} == {(image_purl, "pkg:pypi/sglang@0.5.13"), (image_purl, "pkg:pypi/sglang@0.5.21")}
     assert ("pkg:pypi/sglang@0.5.21", "affected") not in {p[1:] for p in products}
     assert len(vex["statements"]) == sum(len(d["experiments"]) for d in docs)
 

@@ -468,6 +468,7 @@ MUTATED = [name for name, exp in registry.load(PROJECT).experiments.items() if e
 
 
 @pytest.mark.sglang
+@pytest.mark.scheduled
 @pytest.mark.parametrize("name", MUTATED)
 def test_real_lane_kills_every_mutant_and_every_scenario_kills(name, real_lanes):
     """Alone proves: on the real head release, every declared mutant of the fix is killed by observation (none only
@@ -504,6 +505,7 @@ AS_AN_EARLIER_FIX = {("war_barrier", "gate_everywhere"): "barrier_on_every_platf
 
 
 @pytest.mark.sglang
+@pytest.mark.scheduled
 @pytest.mark.parametrize("name", MUTATED)
 def test_real_lane_no_mutant_reads_fixed_through_checks_judge(name, real_lanes):
     """Alone proves (from the lane's own runs, nothing probed again): each mutant's observations on the head release, as the lane's driver document keeps them, judged as
@@ -550,6 +552,7 @@ def test_real_lane_no_mutant_reads_fixed_through_checks_judge(name, real_lanes):
 
 
 @pytest.mark.sglang
+@pytest.mark.scheduled
 def test_real_lane_in_the_engine_writes_what_the_fresh_process_writes(real_lanes):
     """Alone proves: one lane (admission) both ways: the engine child and a fresh process (--cold) observe the same under every
     mutant, so the driver documents and the tables are the same bytes (neither holds a time)."""

@@ -21,19 +21,31 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from pdevidence import environments, registry
 from pdevidence.cells import probe_run, warm
 from pdevidence.core.paths import PROJECT, cache_dir, tree_lock_file, work_dir
 from pdevidence.sources import trees
 from pdevidence.sources.importable import importable_dir
-from real_runs import bracket_releases, cli_run
+from real_runs import bracket_releases, cli_run, each_era_newest
 
 pytestmark = pytest.mark.sglang
 
 REG = registry.load(PROJECT)
 BRACKETS = bracket_releases(REG)
 HEADS = [(name, exp.releases["head"]) for name, exp in REG.experiments.items()]
+EACH_ERA = each_era_newest(REG)  # held to its uncontained twin by default, the other bracket releases when scheduled
+
+
+def lane_of(version: str) -> tuple[pytest.MarkDecorator, ...]:
+    return () if version in EACH_ERA else (pytest.mark.scheduled,)
+
+
+def asked(request: pytest.FixtureRequest, parameter: str) -> set[str]:
+    """The values of ``parameter`` the session's tests that use this fixture run with (a lane skips the others)."""
+    return {item.callspec.params[parameter] for item in request.session.items
+            if request.fixturename in item.fixturenames and not item.get_closest_marker("skip")}
 
 
 def tree_args(tree: trees.Tree) -> dict[str, str]:
@@ -41,10 +53,11 @@ def tree_args(tree: trees.Tree) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def uncontained_engine(tmp_path_factory) -> Path:
-    """The bracket releases through the warm engine, uncontained and reprobed: where each result is written."""
+def uncontained_engine(request, tmp_path_factory) -> Path:
+    """The bracket releases the lane asks for through the warm engine, uncontained and reprobed: where each result
+    is written."""
     lock = trees.LockFile(tree_lock_file(REG.root))
-    brackets = [trees.release_tree(v, REG.python, lock) for v in BRACKETS]
+    brackets = [trees.release_tree(v, REG.python, lock) for v in sorted(asked(request, "version"), key=Version)]
     assert all(tree.pinned for tree in brackets)  # so they may run uncontained below, as the operator's releases
     out = tmp_path_factory.mktemp("uncontained")
     with pytest.MonkeyPatch.context() as patch:
@@ -56,9 +69,9 @@ def uncontained_engine(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def uncontained_cells(release_matrix, tmp_path_factory) -> dict[str, Path]:
-    """Each experiment's head cell run again uncontained, as the cell ran it (its side, its tree's arguments, its
-    environment): per experiment, the result it wrote."""
+def uncontained_cells(request, release_matrix, tmp_path_factory) -> dict[str, Path]:
+    """Each experiment's head cell the lane asks for run again uncontained, as the cell ran it (its side, its tree's
+    arguments, its environment): per experiment, the result it wrote."""
     lock = trees.LockFile(tree_lock_file(REG.root))
     out = tmp_path_factory.mktemp("uncontained-cells")
 
@@ -77,10 +90,11 @@ def uncontained_cells(release_matrix, tmp_path_factory) -> dict[str, Path]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PDEVIDENCE_SANDBOX", "none")
         with ThreadPoolExecutor(max_workers=2) as pool:  # two at a time, as cells run
-            return dict(pool.map(lambda item: run_alone(*item), HEADS))
+            wanted = asked(request, "experiment")
+            return dict(pool.map(lambda item: run_alone(*item), [head for head in HEADS if head[0] in wanted]))
 
 
-@pytest.mark.parametrize("version", BRACKETS)
+@pytest.mark.parametrize("version", [pytest.param(v, marks=lane_of(v)) for v in BRACKETS])
 @pytest.mark.parametrize("experiment", list(REG.experiments))
 def test_the_warm_engine_contained_writes_the_bytes_it_writes_uncontained(bracket_sweep, uncontained_engine,
                                                                          version, experiment):
@@ -90,7 +104,7 @@ def test_the_warm_engine_contained_writes_the_bytes_it_writes_uncontained(bracke
     assert bracket_sweep.result(version, experiment).read_bytes() == uncontained
 
 
-@pytest.mark.parametrize(("experiment", "version"), HEADS)
+@pytest.mark.parametrize(("experiment", "version"), [pytest.param(*head, marks=lane_of(head[1])) for head in HEADS])
 def test_a_lone_probe_contained_writes_the_bytes_it_writes_uncontained(release_matrix, uncontained_cells,
                                                                       experiment, version):
     """Alone proves: the sandbox changes nothing a lone probe (a cell's) observes: each experiment's head cell,

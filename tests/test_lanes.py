@@ -1,0 +1,91 @@
+"""The test lanes: what `pytest`, `pytest --sglang` and `pytest --scheduled` run.
+
+The default lane (the README's command, `.ci/run`) is the fast tests and the real runs marked ``sglang``; the real
+runs also marked ``scheduled`` (every era, every backport, every mutant) are the weekly job's, which runs them alone.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+
+from pdevidence.core.paths import PROJECT
+
+# What the scheduled lane holds, by file: the default lane keeps every experiment's bracket and every target kind.
+SCHEDULED = {"tests/test_corpus_real.py", "tests/test_eras_real.py", "tests/test_forks_real.py",
+             "tests/test_hostile_real.py", "tests/test_mutate.py", "tests/test_sandbox_real.py"}
+
+
+def root_conftest():
+    spec = importlib.util.spec_from_file_location("root_conftest", PROJECT / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Item:
+    name: str
+    keywords: set[str]
+    skipped: str | None = None
+
+    def add_marker(self, mark: pytest.MarkDecorator) -> None:
+        self.skipped = mark.kwargs["reason"]
+
+
+@dataclass
+class Config:
+    options: dict[str, bool]
+    deselected: list[Item] = field(default_factory=list)
+
+    def getoption(self, name: str) -> bool:
+        return self.options[name]
+
+    @property
+    def hook(self):
+        return self
+
+    def pytest_deselected(self, items: list[Item]) -> None:
+        self.deselected.extend(items)
+
+
+def lane(sglang: bool, scheduled: bool) -> dict[str, str]:
+    """What a run with these options does with a fast test, a real one and a scheduled one: run, skip (why) or
+    deselect."""
+    items = [Item("fast", set()), Item("real", {"sglang"}), Item("weekly", {"sglang", "scheduled"})]
+    config = Config({"--sglang": sglang, "--scheduled": scheduled})
+    kept = list(items)
+    root_conftest().pytest_collection_modifyitems(config, kept)
+    return {item.name: ("deselected" if item in config.deselected else item.skipped or "run") for item in items} \
+        | {"kept": ",".join(item.name for item in kept)}
+
+
+@pytest.mark.parametrize(("sglang", "scheduled", "expected"), [
+    (False, False, {"fast": "run", "real": "real SGLang cell: run with --sglang",
+                    "weekly": "scheduled lane: run with --scheduled"}),
+    (True, False, {"fast": "run", "real": "run", "weekly": "scheduled lane: run with --scheduled"}),
+    (False, True, {"fast": "deselected", "real": "deselected", "weekly": "run"}),
+    (True, True, {"fast": "run", "real": "run", "weekly": "run"}),
+], ids=["pytest", "pytest --sglang", "pytest --scheduled", "pytest --sglang --scheduled"])
+def test_each_lane_runs_its_tests_and_says_how_to_run_the_others(sglang, scheduled, expected):
+    ran = lane(sglang, scheduled)
+    assert {name: ran[name] for name in expected} == expected
+    assert ran["kept"] == ("weekly" if scheduled and not sglang else "fast,real,weekly")
+
+
+def collected(*options: str) -> set[str]:
+    """The test ids a run of the real suite with ``options`` collects (not running any)."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:randomly", *options],
+                          cwd=PROJECT, capture_output=True, text=True, timeout=600)
+    assert done.returncode in (0, 5), done.stdout[-2000:] + done.stderr[-2000:]
+    return {line.strip() for line in done.stdout.splitlines() if "::" in line}
+
+
+def test_the_scheduled_lane_is_real_runs_of_its_files_only():
+    weekly = collected("--scheduled")
+    assert {test.split("::")[0] for test in weekly} == SCHEDULED
+    assert not collected("-m", "scheduled and not sglang")  # a scheduled test is a real run too
