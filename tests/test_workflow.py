@@ -242,6 +242,11 @@ def test_workflow_wiring():
     report = next(s for s in agg["steps"] if s.get("with", {}).get("name") == "report")
     assert report["with"]["path"] == "runs/report.*"
 
+    weekly = jobs["tests-scheduled"]  # the real runs the default lane (.ci/run) leaves out
+    assert "schedule" in weekly["if"] and "workflow_dispatch" in weekly["if"]
+    runs = [step["run"] for step in weekly["steps"] if "run" in step]
+    assert runs[-2:] == [".github/scripts/contain.sh", "python -m pytest --scheduled"]
+
     drift = jobs["drift"]
     assert "schedule" in drift["if"] and "workflow_dispatch" in drift["if"]
     step = next(s for s in drift["steps"] if "drift(" in s.get("run", ""))
