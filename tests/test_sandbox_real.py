@@ -4,9 +4,10 @@ Slow (``--sglang``): the session's bracket sweep (``bracket_sweep``: every brack
 engine, contained by bubblewrap) is held to the same releases through the warm engine uncontained
 (``PDEVIDENCE_SANDBOX=none``: pinned releases may run uncontained); and each experiment's head cell of the session's
 release matrix (``release_matrix``: a lone probe in a fresh process, contained) to that probe run alone again
-with the cell's arguments, uncontained. Every result document must be byte-identical to its uncontained twin:
-the sandbox takes the network, the home directory and the rest of the machine away from SGLang, and none of
-that may change what the probes observe. And the issue's own case, a hostile copy of a real release, gets
+with the cell's arguments, uncontained (each era's newest bracket release by default, the rest in the scheduled
+lane: each fixture probes only what the session's tests ask for). Every result document must be byte-identical
+to its uncontained twin: the sandbox takes the network, the home directory and the rest of the machine away from
+SGLang, and none of that may change what the probes observe. And the issue's own case, a hostile copy of a real release, gets
 nothing out; and a git cell, on a commit a test makes of a real release's sources, runs contained too.
 """
 
