@@ -458,6 +458,9 @@ def real_lanes(tmp_path_factory):
 # Controls no declared mutant breaks yet, and why: the gap stays visible here until a mutant closes it.
 UNEXERCISED_CONTROLS = {
     ("offload_slots", "O7"): "a prompt shorter than a page: no over-broad mutant of #24226 touches the page alignment",
+    ("deferred_release_nixl", "X10"): "the decode alone, a day after a client abort: #35360's mutants act on the "
+                                      "prefill's acks and the decode's wait for them, and a day is past any hold's "
+                                      "deadline whatever the acks",
     ("swa_free", "F6"): "a model without sliding-window layers: #27779 edits the SWA allocator's free_swa only, and "
                         "the plain paged allocator F6 drives has none",
     ("swa_tail", "T5"): "page size 1: the preallocation takes SWA for every token, no tail, so no mutant of #25805's "
