@@ -192,6 +192,15 @@ def test_a_tree_without_dflash_records_so(probe, monkeypatch):
     assert sys.modules["_probekit"].run_scenario(w14)["observed"] == {"dflash": "absent"}
 
 
+def recorded(fresh_probe, version: str) -> dict:
+    """The result document the probe writes on the miniature of ``version``."""
+    with pytest.MonkeyPatch.context() as mp:
+        found = load_tree(fresh_probe, mp, version)
+        kit = sys.modules["_probekit"]
+        tree = {"kind": "release", "ref": version, "resolved": version}
+        return json.loads(kit.dumps(kit.build_document(found.SCENARIOS, version, tree)))
+
+
 def test_the_registry_judges_the_recorded_trees_by_side(fresh_probe):
     """The miniatures' observations through the registry's expectations: 0.5.3 and 0.5.12 pre-fix, 0.5.13 and
     0.5.16 fixed (the placement set aside, the later variables' scenarios too)."""
@@ -199,13 +208,7 @@ def test_the_registry_judges_the_recorded_trees_by_side(fresh_probe):
     from pdevidence.judge.classify import judge
 
     exp = registry.load(PROJECT).experiment("war_barrier")
-    docs = {}
-    for version in TREES:
-        with pytest.MonkeyPatch.context() as mp:
-            found = load_tree(fresh_probe, mp, version)
-            kit = sys.modules["_probekit"]
-            tree = {"kind": "release", "ref": version, "resolved": version}
-            docs[version] = json.loads(kit.dumps(kit.build_document(found.SCENARIOS, version, tree)))
+    docs = {version: recorded(fresh_probe, version) for version in TREES}
     base, head = docs["0.5.12"], docs["0.5.13"]
     assert {v: judge(doc, base, head, exp).classification.value for v, doc in docs.items()} == \
         {"0.5.3": "pre-fix", "0.5.12": "pre-fix", "0.5.13": "fixed", "0.5.16": "fixed"}
@@ -219,13 +222,7 @@ def test_pd_loops_are_set_aside_only_where_observed_absent(fresh_probe):
     from pdevidence.judge.classify import judge
 
     exp = registry.load(PROJECT).experiment("war_barrier")
-    docs = {}
-    for version in ("0.5.12", "0.5.13"):
-        with pytest.MonkeyPatch.context() as mp:
-            found = load_tree(fresh_probe, mp, version)
-            kit = sys.modules["_probekit"]
-            tree = {"kind": "release", "ref": version, "resolved": version}
-            docs[version] = json.loads(kit.dumps(kit.build_document(found.SCENARIOS, version, tree)))
+    docs = {version: recorded(fresh_probe, version) for version in ("0.5.12", "0.5.13")}
     base, head = docs["0.5.12"], docs["0.5.13"]
     absent = {"loop": "absent", "forwards": 0, "results": 0, "waits": 0, "war_wait_before_write": None,
               "wait_placement": "none"}
