@@ -170,7 +170,7 @@ def prepare(adapt: Callable[[str], None], backend: str = "mooncake") -> None:
     # would hold None, which 0.5.x's release_kv_cache compares)
     sg.server_args = server_args(ServerArgs, adapt, model_path="dummy", disaggregation_mode="decode",
                                  disaggregation_transfer_backend=backend, page_size=1)
-    _publish(adapt)
+    publish(adapt)
     try:  # 0.5.20 on: the scheduler's loop stages are timed by a recorder it always holds (off without metrics)
         stages = importlib.import_module("sglang.srt.observability.scheduler_stage_metrics")
         sg.stage_metrics = lambda: stages.SchedulerStageMetricsRecorder(enabled=False)
@@ -180,7 +180,7 @@ def prepare(adapt: Callable[[str], None], backend: str = "mooncake") -> None:
     sg.ready = True
 
 
-def _publish(adapt: Callable[[str], None]) -> None:
+def publish(adapt: Callable[[str], None]) -> None:
     """The server args, published as the decode scheduler's process does. From 0.5.21 the queue reads its TP
     rank from the runtime context, which the launcher's rank bundle writes: this process is TP rank 0."""
     try:

@@ -30,7 +30,9 @@ fails the transfer (control: decode's failure path sends nothing, by design); N6
 (pipeline stages), mid-transfer (a tree whose receiver bootstraps with one of them only, before PD knew
 pipeline stages, records just that: ``stages_bootstrapped``); N7 aborted twice; N8 a room the prefill rank never heard of; N9 control: a transfer
 that completes; N10 control: a room never aborted beside one aborted mid-transfer; N11 control: an
-``ABORT`` (as a fixed decode sends it) for a room that already succeeded.
+``ABORT`` (as a fixed decode sends it) for a room that already succeeded; N12 control: the decode alone, as its
+scheduler drives it (``probes/_transferqueue.py``, deferred_release's D10): a client abort of a request whose
+transfer never ends, a day, another request, then the prefill's last write.
 
 Keys: ``abort_sent`` (ABORT messages), ``abort_ranks`` (prefill ranks that got one),
 ``abort_max_per_rank``, ``abort_acks`` (ABORT_ACK messages to decode), ``aborts_armed`` (N1: ABORT messages
@@ -41,11 +43,15 @@ abort: each queue item once, however many engine calls the tree makes for it), `
 receiver's ``poll`` answers at the end), ``other_room_chunks`` (N10), ``failure_raised`` (N5: the type
 ``failure_exception`` raised), ``tree_error`` (``<loop>:<exception type>`` where one of the tree's loops
 failed on what the scenario sent it, e.g. a frame it cannot parse, else null), ``stages_bootstrapped`` (N6: the
-prefill ranks the receiver bootstrapped with). Tree facts, every scenario stopping there:
+prefill ranks the receiver bootstrapped with), ``gave_up`` (N12: the decode ended the request or gave any of its
+pages back), ``written_after_free`` / ``written_into_other`` (N12: pages of the prefill's last write that the decode
+had given back / that another request then held). Tree facts, every scenario stopping there:
 ``mooncake_manager: "absent"`` (no Mooncake backend: PD's transfer a placeholder, 0.4.4.post2 to 0.4.5); and,
 where the decode receiver has no ``abort()`` (up to 0.4.9.post4), ``receiver_abort: "absent"`` in the scenarios
-that abort it: N4 still drives the waiting timeout, its only give-up, and a tree without one (up to 0.4.9) reads
-neither side there, unknown: that decode never gives the pages back is what no scenario saw. A loop that fails on a
+that abort it: N4 still drives the waiting timeout, its only give-up (a tree without one, up to 0.4.9, still waits:
+``timeout_poll: "WaitingForInput"``), and N12 a client abort and a day, which such a decode never gives up on
+(``gave_up: false``). Up to 0.4.7.post1 the receiver asks the network for the address it gives the prefill side
+(adaptation ``own-address-asked``: the decode's is given). A loop that fails on a
 stand-in (an attribute or call it lacks), or any of the probe's own calls into the tree that raises, is
 the scenario's error: never an observation.
 
@@ -62,6 +68,7 @@ import inspect
 import sys
 import threading
 import time
+import typing
 from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -70,7 +77,8 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _kvtransfer as kvt  # noqa: E402
-from _probekit import Collaborators, Observed, ScenarioSet, main, publish_server_args, server_args  # noqa: E402
+import _transferqueue  # noqa: E402
+from _probekit import Collaborators, Observed, ScenarioSet, main, publish_server_args, server_args, swapped  # noqa: E402
 
 SCENARIOS = ScenarioSet("abort_notify")
 MOONCAKE = "sglang.srt.disaggregation.mooncake.conn"
@@ -141,6 +149,7 @@ def prepare() -> str:
 
     # The server's arguments, as a scheduler publishes them (later trees read the page size and parallel layout
     # from the runtime context): a decode server's defaults.
+    _transferqueue.prepare(SCENARIOS.adapted)  # N12's decode; its server args are published again below
     sg.server_args = server_args(ServerArgs, SCENARIOS.adapted, model_path="dummy", disaggregation_mode="decode")
     publish_server_args(sg.server_args, SCENARIOS.adapted, role="test")
     return sglang.__version__
@@ -244,10 +253,14 @@ class World:
         if mode is sg.Mode.PREFILL:
             common.update(transfer_infos={}, req_to_decode_prefix_len={}, decode_kv_args_table={},
                           is_dummy_cp_rank=False, bootstrap_timeout=WAITING_TIMEOUT, session_failures=defaultdict(int),
-                          failed_sessions=set(), session_lock=threading.Lock(), transfer_queues=[kvt.ScriptedQueue(self.timeline)],
-                          executors=[kvt.InlineExecutor()], enable_failed_session_probe=False,
+                          failed_sessions=set(), session_lock=threading.Lock(),
+                          enable_failed_session_probe=False,
                           failed_session_probes={}, state_layout_rejections={},  # 0.5.22 on (probes: 0.5.23 on)
                           state_strides_validated=set())
+            if hasattr(sg.Manager, "transfer_worker"):
+                common.update(transfer_queues=[kvt.ScriptedQueue(self.timeline)], executors=[kvt.InlineExecutor()])
+            else:  # up to 0.4.6.post5: one queue, one pool, one transfer loop
+                common.update(transfer_queue=kvt.ScriptedQueue(self.timeline), executor=kvt.InlineExecutor())
         else:
             common.update(connection_pool={}, connection_lock=threading.Lock(), required_prefill_response_num_table={},
                           prefill_info_table={}, heartbeat_failures={}, session_pool={},
@@ -275,13 +288,18 @@ class World:
                 m.zmq = self.bus.zmq
             for m in saved_requests:
                 m.requests = server.requests
+            for m in modules:
+                if hasattr(m, "get_local_ip_by_remote"):
+                    stack.enter_context(swapped(m, get_local_ip_by_remote=own_address))
             for klass in owners:
                 for name, value in (("_ctx", self.bus.context()), ("_socket_cache", {}), ("_socket_locks", {})):
                     if name in vars(klass):
                         setattr(klass, name, value)
             if hasattr(cached, "cache_clear"):
                 cached.cache_clear()  # the manager caches its sockets; none may outlive this bus
-            self.threads = [stack.enter_context(kvt.threads(m, run=("bootstrap_thread", "decode_thread")))
+            # up to 0.4.6.post5 the prefill's bootstrap loop also starts its one transfer loop, after it
+            loops = ("bootstrap_thread", "decode_thread", "transfer_thread")
+            self.threads = [stack.enter_context(kvt.threads(m, run=loops))
                             for m in modules if hasattr(m, "threading")]
             try:
                 yield
@@ -332,13 +350,14 @@ class World:
 
     def receiver(self, room: int = ROOM) -> Any:
         """The decode receiver of ``room``, bootstrapped with every prefill rank, its KV buffers registered with each.
-        Up to 0.5.9 its constructor does that, asking the bootstrap server; from 0.5.10 ``init(prefill_dp_rank)``
+        Up to 0.5.9 its constructor does that, asking the bootstrap server (up to 0.4.5.post3 for one rank, whose
+        ``init`` then sends the buffers with the indices: nothing to register); from 0.5.10 ``init(prefill_dp_rank)``
         does, from layouts the decode manager learnt earlier: the probe sets the answer as ``init`` sets it."""
         # A constructor that takes the prefill DP rank (to 4455d17619, 2026-03; from 2274bfebb1 it asserts one was
         # given) gets it as the decode scheduler resolves it: one DP rank, 0.
         takes_rank = "prefill_dp_rank" in inspect.signature(sg.Receiver).parameters
         recv = sg.Receiver(self.decode, BOOTSTRAP_ADDR, room, **({"prefill_dp_rank": 0} if takes_rank else {}))
-        if "bootstrap_infos" not in vars(recv):
+        if not {"bootstrap_infos", "bootstrap_info"} & set(vars(recv)):
             recv.bootstrap_infos = [{"rank_ip": PREFILL_IP, "rank_port": PREFILL_PORT + r, "is_dummy": False}
                                     for r in range(len(self.prefills))]
             recv.required_dst_info_num = 1
@@ -372,12 +391,20 @@ class World:
     def metadata(self, room: int = ROOM) -> None:
         recv = self.receivers[room]
         send = getattr(recv, "send_metadata", None) or recv.init  # init(kv_indices, aux_index) up to 0.5.9
-        self.call("send_metadata", send, sg.np.array(PAGES[room], dtype=sg.np.int32), 3)
+        self.call("send_metadata", send, sg.np.array(PAGES[room], dtype=index_dtype(send)), 3)
 
     def prefill_reads(self) -> None:
         """Each prefill rank's bootstrap loop reads what decode sent it."""
         for mgr in self.prefills:
-            self.call("bootstrap", mgr.start_prefill_thread)
+            self.prefill_loops("bootstrap", mgr)
+
+    def prefill_loops(self, what: str, mgr: Any) -> None:
+        """The prefill manager's loops, as its thread starter runs them (up to 0.4.6.post5 also its one transfer loop:
+        once the tree's code ended that loop by raising, the thread died, and nothing runs it again)."""
+        self.call(what, mgr.start_prefill_thread)
+        for seen in self.threads:
+            if any(e.startswith("transfer_thread:") for e in seen.errors):
+                seen.run = seen.run - {"transfer_thread"}
 
     def queue(self, chunk: int, room: int = ROOM) -> None:
         start, end = CHUNKS[chunk]
@@ -388,8 +415,12 @@ class World:
                       aux_index=7 if last else None)
 
     def work(self) -> None:
-        """Each prefill rank's transfer worker takes every queued chunk."""
+        """Each prefill rank's transfer worker takes every queued chunk (up to 0.4.6.post5 its one transfer loop, which
+        its bootstrap loop's starter starts: that loop finds nothing new to read)."""
         for mgr in self.prefills:
+            if not hasattr(mgr, "transfer_worker"):
+                self.prefill_loops("transfer_thread", mgr)
+                continue
             for queue, executor in zip(mgr.transfer_queues, mgr.executors):
                 self.call("transfer_worker", mgr.transfer_worker, queue, executor)
 
@@ -448,6 +479,23 @@ class World:
         if recv is not None:
             observed["decode_poll"] = poll_name(self.call("poll", recv.poll))
         observed["tree_error"] = ",".join(self.errors) or None
+
+
+def index_dtype(send: Callable[..., Any]) -> Any:
+    """The width of the page indices the receiver sends, as its signature declares them (``NDArray[np.int64]`` up to
+    0.4.6.post5, whose prefill side reads 8 bytes an index; ``np.int32`` after): a decode scheduler hands it those."""
+    try:
+        declared = typing.get_type_hints(send).get("kv_indices")
+        return typing.get_args(typing.get_args(declared)[1])[0]
+    except (NameError, TypeError, IndexError):  # undeclared or unresolvable: the width every later tree takes
+        return sg.np.int32
+
+
+def own_address() -> str:
+    """The address the decode receiver gives the prefill side for itself, where it asks the network for it (up to
+    0.4.7.post1: a route towards a public address, which a sandbox has none of): its host's, the decode's."""
+    SCENARIOS.adapted("own-address-asked")
+    return DECODE_IP
 
 
 def transfer(world: World, *, chunks_before: int, queued_after: int = 0) -> None:
@@ -620,6 +668,29 @@ def n11(observed: Observed) -> None:
         world.prefill_reads()
     world.prefill_state(observed)
     observed.update(chunks_written=world.chunks(), tree_error=",".join(world.errors) or None)
+
+
+@scenario("N12", "control: the decode alone, as a scheduler drives it: the client aborts a request whose transfer "
+                 "never ends; a day later another request comes in, then the prefill's last write lands", aborts=False)
+def n12(observed: Observed) -> None:
+    if sg.missing:
+        raise RuntimeError(sg.missing)
+    with republished():
+        w = _transferqueue.World(gate=False)  # #35049's hold (off by default up to 0.5.20) is not this fix
+        observed.update(_transferqueue.given_up_in_a_day(w, "aborted", ROOM))
+    if w.error() is not None:
+        raise RuntimeError(f"the tree raised in {w.error()}")
+
+
+@contextlib.contextmanager
+def republished():
+    """The decode scheduler's server args as the transfer queue's world publishes them, for one block; then this
+    probe's again (the other scenarios' managers read them)."""
+    _transferqueue.publish(SCENARIOS.adapted)
+    try:
+        yield
+    finally:
+        publish_server_args(sg.server_args, SCENARIOS.adapted, role="test")
 
 
 if __name__ == "__main__":

@@ -360,10 +360,52 @@ def layout_fetching(mooncake: ModuleType) -> ModuleType:
 RECEIVER_ABORTS = ("N1", "N2", "N3", "N6", "N7", "N8", "N10")  # the scenarios that abort the receiver
 
 
+class DecodeAlone:
+    """N12's world in miniature (``_transferqueue.World`` is tested with deferred_release's): a decode whose client
+    abort ends the request and gives its 8 slots back, as every tree from 0.4.9.post1 does, unless ``never_gives_up``
+    (no abort(), no waiting timeout: up to 0.4.9); the next request then holds them under the prefill's last write."""
+
+    never_gives_up = False
+
+    def __init__(self, *, gate: bool):
+        self.clock = SimpleNamespace(now=0.0)
+        self.aborted = False
+
+    def admit(self, rid, room):
+        pass
+
+    def waiting(self, rid):
+        pass
+
+    def abort(self, rid):
+        self.aborted = not self.never_gives_up
+
+    def iterate(self):
+        pass
+
+    def next_request_while_writing(self):
+        pass
+
+    def gave_up(self, rid):
+        return self.aborted
+
+    def last_write(self, rid):
+        hit = 8 if self.aborted else 0
+        return {"written_after_free": hit, "written_into_other": hit}
+
+    def error(self):
+        return None
+
+
 @pytest.fixture
 def probe(monkeypatch):
     """The probe module loaded fresh, on a fake ``sglang`` whose connection module (and, where the test gives one,
-    its common module) each test installs."""
+    its common module) each test installs; N12's decode is ``DecodeAlone``."""
+    import _transferqueue
+    monkeypatch.setattr(_transferqueue, "prepare", lambda adapt: None)
+    monkeypatch.setattr(_transferqueue, "publish", lambda adapt: None)
+    monkeypatch.setattr(_transferqueue, "World", DecodeAlone)
+
     def install(mooncake: ModuleType | None, common: ModuleType | None = None, *, pd_package: bool = False):
         base = ModuleType("sglang.srt.disaggregation.base.conn")
         base.KVArgs, base.KVPoll = KVArgs, KVPoll
@@ -496,6 +538,92 @@ def test_a_chunk_written_with_one_engine_call_per_layer_is_one_chunk(probe):
     assert (observed["chunks_written"], observed["chunks_after_abort"], observed["pages_after_abort"]) == (3, 2, 4)
 
 
+def test_a_receiver_asking_the_network_for_its_address_is_given_the_decode_s(probe):
+    """Up to 0.4.7.post1 the receiver names itself to the prefill side by its module's ``get_local_ip_by_remote``
+    (a route towards a public address, which a sandbox lacks: it raises): the decode host's address, recorded."""
+    mooncake = mooncake_module(fixed=False)
+
+    def no_route():
+        raise ValueError("Can not get local ip")
+
+    mooncake.get_local_ip_by_remote = no_route
+    send_metadata = mooncake.MooncakeKVReceiver.send_metadata
+
+    def asking(self, kv_indices, aux_index=None):
+        self.kv_mgr.local_ip = mooncake.get_local_ip_by_remote()
+        send_metadata(self, kv_indices, aux_index)
+
+    mooncake.MooncakeKVReceiver.send_metadata = asking
+    module = probe(mooncake)
+    result = run(module, "N9")
+    assert result["error"] is None
+    assert result["observed"]["decode_poll"] == "Success"
+    assert "own-address-asked" in module.SCENARIOS.adaptations
+    assert mooncake.get_local_ip_by_remote is no_route  # the stand-in lives for the transport's block only
+
+
+def one_transfer_loop(mooncake: ModuleType) -> ModuleType:
+    """Up to 0.4.6.post5, in miniature: the prefill manager has one transfer queue and no ``transfer_worker``; its
+    bootstrap loop's starter also starts its one transfer loop, which takes every chunk queued so far."""
+    manager = mooncake.MooncakeKVManager
+    start_bootstrap, worker = manager.start_prefill_thread, manager.transfer_worker
+
+    def start_prefill_thread(self):
+        start_bootstrap(self)
+
+        def transfer_thread():
+            worker(self, self.transfer_queue, self.executor)
+
+        mooncake.threading.Thread(target=transfer_thread).start()
+
+    def add_transfer_request(self, room, kv_indices, index_slice, is_last_chunk, aux_index=None):
+        self.transfer_queue.put((room, list(kv_indices), index_slice, is_last_chunk))
+
+    del manager.transfer_worker
+    manager.start_prefill_thread, manager.add_transfer_request = start_prefill_thread, add_transfer_request
+    return mooncake
+
+
+def test_a_prefill_with_one_transfer_loop_is_driven_through_it(probe):
+    """The queued chunks are written by the loop the tree starts, after its bootstrap loop read what decode sent."""
+    module = probe(one_transfer_loop(mooncake_module(fixed=False)))
+    unfixed = run(module, "N2")
+    assert unfixed["error"] is None
+    assert (unfixed["observed"]["chunks_written"], unfixed["observed"]["chunks_after_abort"]) == (3, 2)
+    complete = run(module, "N9")["observed"]
+    assert (complete["chunks_written"], complete["decode_poll"], complete["room_status"]) == (3, "Success", "Success")
+
+
+def test_a_transfer_loop_the_tree_ended_by_raising_takes_nothing_more(probe):
+    """0.4.6's failure path raises a NameError out of its one transfer loop: that thread died; the chunks queued
+    later stay queued however often the probe reads again, and the tree's error is named."""
+    mooncake = mooncake_module(fixed=False)
+    start_bootstrap, worker = mooncake.MooncakeKVManager.start_prefill_thread, mooncake.MooncakeKVManager.transfer_worker
+    one_transfer_loop(mooncake)
+
+    class DiesAfterOneChunk:
+        def __init__(self, queue):
+            self.queue, self.taken = queue, 0
+
+        def get(self):
+            if self.taken:
+                raise NameError("name 'executor' is not defined")
+            self.taken += 1
+            return self.queue.get()
+
+    def start_prefill_thread(self):
+        start_bootstrap(self)
+
+        def transfer_thread():
+            worker(self, DiesAfterOneChunk(self.transfer_queue), self.executor)
+
+        mooncake.threading.Thread(target=transfer_thread).start()
+
+    mooncake.MooncakeKVManager.start_prefill_thread = start_prefill_thread
+    observed = run(probe(mooncake), "N9")["observed"]
+    assert (observed["chunks_written"], observed["tree_error"]) == (1, "transfer_thread:NameError")
+
+
 def test_a_receiver_that_knows_no_pipeline_stages_records_so_and_n6_stops(probe):
     """Up to 0.4.10.post2 a receiver bootstraps with one prefill rank per tensor-parallel rank: N6's second stage is never
     part of the transfer, and the scenario says so instead of failing on a transfer that never started."""
@@ -512,18 +640,36 @@ def test_a_receiver_that_knows_no_pipeline_stages_records_so_and_n6_stops(probe)
     assert run(probe(mooncake_module(fixed=False)), "N6")["observed"]["stages_bootstrapped"] == 2
 
 
-def test_a_receiver_that_never_gives_up_is_driven_through_n4_never_read_off_its_source(probe):
+def test_a_receiver_that_never_gives_up_is_driven_through_n4_and_n12_never_read_off_its_source(probe, monkeypatch):
     """No abort() and no waiting timeout (up to 0.4.9): the scenarios that abort record that the receiver cannot;
-    N4 drives the poll past the wait and sees it never give up: an observation, never a tree fact for an answer."""
+    N4 drives the poll past the wait and N12 a client abort and a day, and see it never give up: observations, never
+    a tree fact for an answer."""
     mooncake = mooncake_module(fixed=False)
     del mooncake.MooncakeKVReceiver.abort
     mooncake.MooncakeKVReceiver.poll = lambda self: self.kv_mgr.check_status(self.bootstrap_room)
+    monkeypatch.setattr(DecodeAlone, "never_gives_up", True)
     module = probe(mooncake)
     for sc in module.SCENARIOS.scenarios:
         result = run(module, sc.id)
         assert result["error"] is None
         assert (result["observed"] == {"receiver_abort": "absent"}) == (sc.id in RECEIVER_ABORTS)
-    assert run(module, "N4")["observed"]["timeout_poll"] != "Failed"
+    assert run(module, "N4")["observed"]["timeout_poll"] == "WaitingForInput"
+    assert run(module, "N12")["observed"] == {"gave_up": False, "written_after_free": 0, "written_into_other": 0}
+
+
+def test_a_decode_that_gives_up_hands_its_pages_under_the_last_write_on_both_sides(probe):
+    """N12 is a control: a client abort and a day end the request on every tree that can abort or time out, fixed
+    or not (the fix stops the prefill writing, N1-N4; whether a write a day late lands is no part of it)."""
+    for fixed in (False, True):
+        result = run(probe(mooncake_module(fixed=fixed)), "N12")
+        assert result == {**result, "error": None,
+                          "observed": {"gave_up": True, "written_after_free": 8, "written_into_other": 8}}
+
+
+def test_a_decode_world_that_saw_the_tree_raise_is_n12_s_error(probe, monkeypatch):
+    monkeypatch.setattr(DecodeAlone, "error", lambda self: "abort_request:KeyError")
+    result = run(probe(mooncake_module(fixed=False)), "N12")
+    assert "abort_request:KeyError" in result["error"]["message"]
 
 
 def test_a_receiver_that_only_times_out_is_driven_through_its_timeout(probe):
@@ -578,10 +724,33 @@ def test_a_tree_without_a_mooncake_package_is_not_affected():
     assert judged.justification.value == "vulnerable_code_not_present"
 
 
-def test_a_receiver_that_never_gives_up_where_n4_drives_it_is_unknown_never_not_affected():
-    judged = _judged({**{sid: {"receiver_abort": "absent"} for sid in RECEIVER_ABORTS},
-                      "N4": {"timeout_poll": "Transferring", "abort_sent": 0, "chunks_after_abort": 0}})
-    assert judged.classification.value == "neither"
+NEVER_GAVE_UP = {"N12": {"gave_up": False, "written_after_free": 0, "written_into_other": 0}}
+
+
+def test_a_decode_that_never_gives_up_is_not_affected_on_what_n12_saw():
+    """0.4.5.post1 to 0.4.9: N4's poll past the wait still waits (set aside: its chunks land in pages the decode
+    holds), N12's decode keeps the request a day after a client abort: nothing of the fix's question can happen."""
+    never = {**{sid: {"receiver_abort": "absent"} for sid in RECEIVER_ABORTS},
+             "N4": {"timeout_poll": "WaitingForInput", "abort_sent": 0, "chunks_after_abort": 2, "pages_after_abort": 4}}
+    judged = _judged({**never, **NEVER_GAVE_UP})
+    assert judged.classification.value == "not affected"
+    assert judged.shown_by == ["N12"]
+    # without N12's observation the waiting N4 decides nothing: unknown, never pre-fix
+    unseen = _judged({**never, "N12": {"gave_up": True, "written_after_free": 8, "written_into_other": 8}})
+    assert unseen.classification.value == "neither"
+    assert unseen.scenarios["N4"].value == "not deciding"
+
+
+def test_a_decode_that_never_gave_up_in_a_scenario_that_raised_is_no_all_clear():
+    from pdevidence import registry
+    from pdevidence.judge.classify import not_affected
+
+    exp = registry.load(PROJECT).experiment("abort_notify")
+    raised = {"N12": {"error": {"type": "RuntimeError", "message": "the tree raised in abort_request:KeyError"},
+                      "observed": NEVER_GAVE_UP["N12"]}}
+    assert not_affected({"scenarios": raised}, exp) == []
+    assert [rule.id for rule in not_affected({"scenarios": {"N12": {"error": None, **raised["N12"]} | {"error": None}}}, exp)] \
+        == ["decode_never_gives_up"]
 
 
 def test_a_receiver_that_only_times_out_is_judged_by_its_timeout():

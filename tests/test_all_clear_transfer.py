@@ -37,6 +37,11 @@ NIXL_ON_BY_DEFAULT = {"acks_at_abort": 1, "acks_sent": 1, "acks_while_writing": 
 SETTLED = {"acks_sent": 1, "acks_while_writing": 0, "siblings_settled": True, "targets_held": 0,
            "worker_error": "RuntimeError", "writes": 2, "writes_after_ack": 0}
 
+# 0.4.8's N4: the chunks queued when the wait should have run out land in pages the decode still holds.
+STILL_WAITING = {"abort_acks": 0, "abort_max_per_rank": 0, "abort_ranks": 0, "abort_sent": 0, "chunks_after_abort": 2,
+                 "chunks_written": 3, "decode_poll": "WaitingForInput", "pages_after_abort": 4, "prefill_failed": 0,
+                 "room_status": "Success", "timeout_poll": "WaitingForInput", "tree_error": None}
+
 RECEIVER_ABORTS = ("N1", "N2", "N3", "N6", "N7", "N8", "N10")
 DECODE_ABORTS = ("D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "P1", "P2")
 NIXL_HANDLER = ("X1", "X2", "X3", "X4", "X5", "X6", "X7", "X8")
@@ -71,6 +76,9 @@ RULES = {
     ("deferred_release", "no_receiver_abort"): (  # 0.4.9.post1-0.4.9.post4: no abort(), D9's timeout decides
         {sid: Only(receiver_abort="absent") for sid in DECODE_ABORTS},
         {sid: Only(receiver_abort="absent") for sid in DECODE_ABORTS if sid != "D1"}),
+    ("abort_notify", "no_waiting_timeout"): (  # 0.4.5.post1-0.4.9: N4's poll past the wait still waits
+        {"N4": STILL_WAITING},
+        {"N4": {**STILL_WAITING, "timeout_poll": "Failed", "decode_poll": "Failed"}}),
     ("abort_notify", "no_prefill_stages"): (  # 0.4.9.post5-0.4.10.post2: one prefill rank per TP rank
         {"N6": Only(stages_bootstrapped=1)},
         {"N6": Only(stages_bootstrapped=2)}),
@@ -78,6 +86,7 @@ RULES = {
         {sid: Only(nixl_abort_handler="absent") for sid in NIXL_HANDLER},
         {sid: Only(nixl_abort_handler="absent") for sid in NIXL_HANDLER if sid != "X1"}),
 }
+
 TRANSFER = ("abort_notify", "deferred_release", "deferred_release_nixl")
 
 

@@ -458,6 +458,8 @@ def real_lanes(tmp_path_factory):
 # Controls no declared mutant breaks yet, and why: the gap stays visible here until a mutant closes it.
 UNEXERCISED_CONTROLS = {
     ("offload_slots", "O7"): "a prompt shorter than a page: no over-broad mutant of #24226 touches the page alignment",
+    ("abort_notify", "N12"): "the decode alone, a day after a client abort: #27372's mutants act on what the prefill "
+                             "ranks are told and do, and a day is past any wait whatever they are told",
     ("deferred_release_nixl", "X10"): "the decode alone, a day after a client abort: #35360's mutants act on the "
                                       "prefill's acks and the decode's wait for them, and a day is past any hold's "
                                       "deadline whatever the acks",
