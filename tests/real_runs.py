@@ -19,6 +19,19 @@ from pdevidence import registry
 from pdevidence.core.paths import PROJECT
 
 
+# What `check` answers, with its defaults (CUDA; each gate as the release ships it), on the releases the real tests
+# check: a fix present but off reads affected. 0.5.20: admission is fixed from 0.5.21; prefill from 0.5.20,
+# offload_slots from 0.5.13, offload_rid from 0.5.19, abort_notify from 0.5.13, retract_resume from 0.5.12,
+# grammar_release from 0.5.16, swa_free from 0.5.14, swa_tail from 0.5.12.post1, war_barrier from 0.5.13 (on CUDA,
+# where it always runs); the deferred releases carried behind their gate, off by default. 0.5.21 turns them on.
+CHECKED = {"0.5.20": {"admission": "affected", "prefill": "fixed", "offload_slots": "fixed", "offload_rid": "fixed",
+                      "abort_notify": "fixed", "deferred_release": "affected", "deferred_release_nixl": "affected",
+                      "retract_resume": "fixed", "grammar_release": "fixed", "swa_free": "fixed", "swa_tail": "fixed",
+                      "war_barrier": "fixed"}}
+CHECKED["0.5.21"] = {**CHECKED["0.5.20"], "admission": "fixed", "deferred_release": "fixed",
+                     "deferred_release_nixl": "fixed"}
+
+
 def bracket_releases(reg: registry.Registry) -> list[str]:
     """Every experiment's release bracket (the last release without its fix, the first with it), oldest first."""
     return sorted({v for exp in reg.experiments.values() for v in exp.releases.values() if v}, key=Version)

@@ -20,6 +20,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from real_runs import CHECKED
 from test_docs import docs_parser
 
 from pdevidence import cli, commands, environments
@@ -296,17 +297,9 @@ def test_the_action_installs_pdevidence_and_checks_a_release(tmp_path):
                               timeout=1800, env={**os.environ, "GITHUB_OUTPUT": str(output),
                                                  "PDEVIDENCE_RUNS": str(tmp_path / "runs"), **env})
         assert proc.returncode == 0, proc.stdout + proc.stderr
-    # 0.5.20: admission is fixed from 0.5.21; prefill from 0.5.20, offload_slots from 0.5.13, offload_rid from 0.5.19.
     told = dict(re.findall(r"^  (\w+) +(affected|fixed|partial|deviates|unknown|not affected|cannot run) ",
                            proc.stdout, re.MULTILINE))
-    # abort_notify from 0.5.13; the deferred releases carried, behind their gate off by default (present but off);
-    # retract_resume from 0.5.12, grammar_release from 0.5.16, swa_free from 0.5.14, war_barrier from 0.5.13 (on
-    # CUDA, the action's platform), swa_tail from 0.5.12.post1.
-    assert told == {"admission": "affected", "prefill": "fixed", "offload_slots": "fixed",
-                    "offload_rid": "fixed", "abort_notify": "fixed", "deferred_release": "affected",
-                    "deferred_release_nixl": "affected", "retract_resume": "fixed",
-                    "grammar_release": "fixed", "swa_free": "fixed", "swa_tail": "fixed",
-                    "war_barrier": "fixed"}, proc.stdout
+    assert told == CHECKED["0.5.20"], proc.stdout  # the action's platform is CUDA, as check's default
     outputs = dict(line.split("=", 1) for line in output.read_text().splitlines())
     assert outputs["exit-code"] == "1"  # affected, and the step passed: fail-on-affected is false
     vex = json.loads(Path(outputs["openvex"]).read_text())

@@ -18,6 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from real_runs import CHECKED
 
 from pdevidence import cli, environments, registry
 from pdevidence.core import errors
@@ -82,26 +83,13 @@ def telling(reg, experiment: str) -> list[str]:
 # What check answers, with the defaults, on a release the sweep classified so: a fix present but off is affected.
 AS_CHECKED = {**check.STATUS_OF, Classification.PRESENT_OFF: check.Status.AFFECTED}
 
-# The abort-mid-transfer fixes on 0.5.21, whose default turns the deferred releases on; the retract-resume
-# copies (from 0.5.12), the single grammar release (from 0.5.16), the paged SWA free (from 0.5.14), the SWA tail
-# clear (from 0.5.12.post1) and the WAR barrier (from 0.5.13; the check's platform is CUDA, where it always runs)
-# came before it.
-ON_0_5_21 = {"abort_notify": "fixed", "deferred_release": "fixed", "deferred_release_nixl": "fixed",
-             "retract_resume": "fixed", "grammar_release": "fixed", "swa_free": "fixed", "swa_tail": "fixed",
-             "war_barrier": "fixed"}
-
-
 def test_0_5_20_has_the_prefill_fix_but_not_the_admission_fix(reg, version_check):
     """Alone proves: `check --version` of a real release answers each fix as its brackets say (0.5.20: admission
     is fixed from 0.5.21; prefill from 0.5.20, offload_slots from 0.5.13, offload_rid from 0.5.19), deciding
     by the scenarios the registry declares telling, with the exit code of an affected build."""
     code, doc = version_check
     # 0.5.20 carries both deferred releases behind their gate, off by default: present but off reads affected.
-    assert statuses(doc) == {"admission": "affected", "prefill": "fixed", "offload_slots": "fixed",
-                             "offload_rid": "fixed", "abort_notify": "fixed", "deferred_release": "affected",
-                             "deferred_release_nixl": "affected", "retract_resume": "fixed",
-                             "grammar_release": "fixed", "swa_free": "fixed", "swa_tail": "fixed",
-                             "war_barrier": "fixed"}
+    assert statuses(doc) == CHECKED["0.5.20"]
     assert code == errors.BEHAVIOUR_DIFFERS
     assert doc["target"]["kind"] == "release" and doc["target"]["resolved"] == "0.5.20"
     admission = doc["experiments"][0]
@@ -160,8 +148,7 @@ def test_a_partial_backport_is_partial_and_names_the_door_without_the_fix(reg, t
     and the keys that kept it from fixed (the other fixes, untouched by the edit, stay as on 0.5.21)."""
     python, original = patched_release(reg, tmp_path, "0.5.21", DECODE_DOOR)
     code, doc = run_check("--python", str(python))
-    assert statuses(doc) == {"admission": "partial", "prefill": "fixed", "offload_slots": "fixed",
-                             "offload_rid": "fixed", **ON_0_5_21}
+    assert statuses(doc) == {**CHECKED["0.5.21"], "admission": "partial"}
     admission = doc["experiments"][0]
     assert admission["scenarios"] == {sid: "pre-fix" if sid == "A2" else "fixed" for sid in telling(reg, "admission")}
     assert admission["deciding"] == ["A2"]
@@ -179,8 +166,7 @@ def test_an_over_broad_fix_deviates_names_the_control_and_its_values_and_is_not_
     python, original = patched_release(reg, tmp_path, "0.5.21", HOLDS_KV)
     vex = tmp_path / "vex.json"
     code, doc = run_check("--python", str(python), "--openvex", str(vex))
-    assert statuses(doc) == {"admission": "deviates", "prefill": "fixed", "offload_slots": "fixed",
-                             "offload_rid": "fixed", **ON_0_5_21}
+    assert statuses(doc) == {**CHECKED["0.5.21"], "admission": "deviates"}
     assert code == errors.BEHAVIOUR_DIFFERS
     admission = doc["experiments"][0]
     assert {sid for sid, b in admission["scenarios"].items() if b != "fixed"} == {"A10"} == set(admission["deciding"])
