@@ -56,6 +56,9 @@ class ScenarioSet:
 
     experiment: str
     scenarios: list[Scenario] = field(default_factory=list)
+    # Whether what the scenarios drive needs PD disaggregation: a tree without it then records so in each scenario
+    # instead of preparing anything. False for a fix outside PD (the plain overlap loop is older than PD).
+    needs_pd: bool = True
     # How the probe drove this tree where it differs from today's SGLang (short stable names).
     adaptations: set[str] = field(default_factory=set)
 
@@ -552,19 +555,19 @@ def lacks_pd() -> bool:
         return False
 
 
-def prepare_tree(prepare: Callable[[], str]) -> tuple[str, bool]:
-    """The SGLang version and whether the tree lacks PD disaggregation; ``prepare()`` runs only where it has it
-    (everything it sets up lives there)."""
-    if lacks_pd():
+def prepare_tree(scenario_set: ScenarioSet, prepare: Callable[[], str]) -> tuple[str, bool]:
+    """The SGLang version and whether the tree lacks the PD disaggregation the scenarios need; ``prepare()`` runs
+    only where they have what they need (everything it sets up lives there)."""
+    if scenario_set.needs_pd and lacks_pd():
         import sglang
         return sglang.__version__, True
     return prepare(), False
 
 
-def prepared(prepare: Callable[[], str]) -> tuple[str, bool] | None:
+def prepared(scenario_set: ScenarioSet, prepare: Callable[[], str]) -> tuple[str, bool] | None:
     """``prepare_tree``'s answer, or None after saying why the probe cannot run."""
     try:
-        return prepare_tree(prepare)
+        return prepare_tree(scenario_set, prepare)
     except Exception as exc:
         err = describe_error(exc)
         print(f"probe cannot run: SGLang setup failed: {err['type']}: {err['message']}", file=sys.stderr)
@@ -618,7 +621,7 @@ def _main(scenario_set: ScenarioSet, prepare: Callable[[], str], argv: list[str]
     quiet_environment()
     block_network()
     _standins.install()
-    found = prepared(prepare)
+    found = prepared(scenario_set, prepare)
     if found is None:
         return EXIT_CANNOT_RUN
     version, absent = found

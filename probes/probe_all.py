@@ -80,7 +80,7 @@ def run_one(path: Path, args: argparse.Namespace, import_error: Exception | None
         experiment = scenario_set.experiment
         if import_error is not None:
             raise import_error
-        version, absent = prepare_tree(prepare)
+        version, absent = prepare_tree(scenario_set, prepare)
     except Exception as exc:  # this experiment cannot run; the next one still may
         error = describe_error(exc)
         print(f"{experiment}: probe cannot run: {error['type']}: {error['message']}", file=sys.stderr)

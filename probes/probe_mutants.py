@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     _probekit.quiet_environment()
     _probekit.block_network()
     _standins.install()
-    found = _probekit.prepared(prepare)
+    found = _probekit.prepared(scenario_set, prepare)
     if found is None:
         return _probekit.EXIT_CANNOT_RUN
     version, absent = found

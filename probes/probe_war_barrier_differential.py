@@ -39,7 +39,8 @@ W12/W13: ``waits_on_read_done`` (a wait was on the forward's read-done event rat
 decode loops: ``prealloc_fenced`` (the decode queue's preallocation, a schedule write, ran after a wait since
 the last launch; null: it never ran after one). Tree facts: ``dflash: "absent"`` (W14: the tree's
 ``SpeculativeAlgorithm`` has no DFLASH). A tree without the loop a scenario drives records ``loop: "absent"``
-(the PD overlap loops up to 0.4.5.post2).
+(the PD overlap loops up to 0.4.5.post2; every PD loop on a tree without PD, 0.4.4.post1 and before, whose
+plain loop is driven all the same).
 What a CPU probe sees is the barrier's placement and gating, never the race itself (docs/operators/limits.md).
 
     python probes/probe_war_barrier_differential.py --side head --tree-kind release --tree-ref 0.5.13
@@ -57,15 +58,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _probekit import Observed, ScenarioSet, main, publish_server_args, server_args, swapped  # noqa: E402
+from _probekit import Observed, ScenarioSet, lacks_pd, main, publish_server_args, server_args, swapped  # noqa: E402
 from _serverenv import environment  # noqa: E402
 
-SCENARIOS = ScenarioSet("war_barrier")
+SCENARIOS = ScenarioSet("war_barrier", needs_pd=False)  # the plain overlap loop is older than PD
 ITERATIONS = 3
 ENABLE = "SGLANG_ENABLE_WAR_BARRIER"
 COARSE = "SGLANG_FORCE_COARSE_WAR_BARRIER"
 SCHEDULER = "sglang.srt.managers.scheduler"
-LOOP_MODULES = (SCHEDULER, "sglang.srt.disaggregation.decode", "sglang.srt.disaggregation.prefill")
+PD_MODULES = ("sglang.srt.disaggregation.decode", "sglang.srt.disaggregation.prefill")
 
 # A server's platform as the tree's own flags say it: its device string and which ``is_<x>`` is true.
 PLATFORMS: dict[str, tuple[str, str]] = {"cuda": ("cuda", "cuda"), "rocm": ("cuda", "hip"), "npu": ("npu", "npu"),
@@ -364,11 +365,16 @@ RUNS = (
 )
 
 
+def loop_modules() -> list[str]:
+    """The modules whose overlap loops the tree has: the scheduler's, and the PD loops' where it has PD."""
+    return [SCHEDULER] if lacks_pd() else [SCHEDULER, *PD_MODULES]
+
+
 def prepare() -> str:
     import sglang
     from sglang.srt.server_args import ServerArgs
 
-    for name in LOOP_MODULES:
+    for name in loop_modules():
         importlib.import_module(name)
     ARGS["server"] = server_args(ServerArgs, SCENARIOS.adapted, model_path="dummy")
     # Built from its defaults (up to 0.4.10: no accelerator here), the args lack what __post_init__ derives; the PD
@@ -384,7 +390,7 @@ def platform(name: str):
     """The tree's platform flags, in every module whose loop reads them, as a server on ``name`` has them."""
     device, true = PLATFORMS[name]
     with contextlib.ExitStack() as stack:
-        for module in (importlib.import_module(m) for m in LOOP_MODULES):
+        for module in (importlib.import_module(m) for m in loop_modules()):
             flags = {f"is_{flag}": functools.partial(bool, flag == true) for flag in FLAGS
                      if callable(getattr(module, f"is_{flag}", None))}
             flags.update({f"_is_{flag}": flag == true for flag in FLAGS if hasattr(module, f"_is_{flag}")})
@@ -397,11 +403,15 @@ def platform(name: str):
 def drive(run: Run, world: World) -> str | None:
     """Run the tree's loop for ``run``; the loop that ran (None: the tree has none to run)."""
     sched_mod = importlib.import_module(SCHEDULER)
-    mode_enum = importlib.import_module("sglang.srt.disaggregation.utils").DisaggregationMode
     spec_enum = importlib.import_module("sglang.srt.speculative.spec_info").SpeculativeAlgorithm
     spec = getattr(spec_enum, run.spec or "NONE")
     mode, _, loop_name = LOOPS[run.loop]
-    sched = scheduler_for(world, run.loop, getattr(mode_enum, mode), spec)
+    # Before PD (0.4.4.post1 and older) the plain loop is the only one, and reads no mode.
+    if lacks_pd() and run.loop != "plain":
+        return None
+    mode_value = None if lacks_pd() else \
+        getattr(importlib.import_module("sglang.srt.disaggregation.utils").DisaggregationMode, mode)
+    sched = scheduler_for(world, run.loop, mode_value, spec)
     # The dispatch reads the pipeline size from the published config (0.5.17 on), as a scheduler process has it;
     # published per run, as the probes sharing this process publish their own.
     publish_server_args(ARGS["server"], SCENARIOS.adapted, role="scheduler")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import socket
@@ -182,13 +183,16 @@ def test_a_tree_without_pd_disaggregation_records_only_that_and_prepares_nothing
     for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
         monkeypatch.delitem(sys.modules, name)
     prepared = []
-    version, absent = kit.prepare_tree(lambda: prepared.append(1) or "prepared")
+    version, absent = kit.prepare_tree(make_set(kit), lambda: prepared.append(1) or "prepared")
     assert (version, absent, prepared) == (("prepared", False, [1]) if has_pd else ("0.4.4.post1", True, []))
     doc = kit.build_document(make_set(kit), "sweep", {"kind": "release", "ref": version, "resolved": version},
                              pd_absent=absent)
     if not has_pd:
         assert doc["scenarios"] == {sid: {"title": title, "observed": {"pd_disaggregation": "absent"}, "error": None}
                                     for sid, title in (("S2", "records a value"), ("S1", "fails half-way"))}
+    # A fix outside PD (the plain overlap loop is older than PD) is prepared and driven on such a tree all the same.
+    outside_pd = dataclasses.replace(make_set(kit), needs_pd=False)
+    assert kit.prepare_tree(outside_pd, lambda: "prepared") == ("prepared", False)
 
 
 class Collaborator:

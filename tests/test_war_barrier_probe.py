@@ -132,6 +132,32 @@ def load_tree(load, monkeypatch, version: str):
     return found
 
 
+def test_a_tree_without_pd_has_its_plain_loop_driven_and_no_pd_loop(fresh_probe, monkeypatch):
+    """0.4.4.post1 and before: no PD package (no disaggregation mode, no PD loops), the plain overlap loop called
+    directly: it runs, unfenced where it has no barrier; the PD loops' scenarios record ``loop: "absent"``."""
+    scheduler = types.ModuleType("sglang.srt.managers.scheduler")
+    scheduler.Scheduler = type("Scheduler", (), {"barrier": None, "old": True, "_loop": Base._loop,
+                                                 "event_loop_overlap": Base.event_loop_overlap})
+    scheduler.is_cuda = is_cuda
+    modules = {"sglang": types.ModuleType("sglang"), "sglang.srt": types.ModuleType("sglang.srt"),
+               "sglang.srt.managers.scheduler": scheduler, "sglang.srt.disaggregation.utils": None,
+               "sglang.srt.disaggregation.decode": None, "sglang.srt.disaggregation.prefill": None,
+               "sglang.srt.speculative.spec_info": types.SimpleNamespace(SpeculativeAlgorithm=SpeculativeAlgorithm),
+               "sglang.srt.server_args": types.SimpleNamespace(ServerArgs=lambda **kw: types.SimpleNamespace(**kw))}
+    modules["sglang"].__version__ = "0.4.4.post1"
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    found = fresh_probe("probe_war_barrier_differential.py")
+    monkeypatch.setattr(found, "publish_server_args", lambda *a, **k: None)
+    monkeypatch.setattr(found, "lacks_pd", lambda: True)
+    assert found.prepare() == "0.4.4.post1"
+    seen = observed(found)
+    assert {sid: o["loop"] for sid, o in seen.items()} == \
+        {run.id: "plain" if run.loop == "plain" else "absent" for run in found.RUNS}
+    assert (seen["W1"]["forwards"], seen["W1"]["waits"], seen["W1"]["war_wait_before_write"]) == (3, 0, False)
+    assert "overlap_loop_called_directly" in found.SCENARIOS.adaptations
+
+
 @pytest.fixture
 def probe(fresh_probe, monkeypatch, request):
     """The probe, on a miniature tree (``request.param``: its version)."""
