@@ -593,7 +593,7 @@ def test_a_queue_taking_its_group_from_the_runtime_context_gets_a_one_rank_atten
     for queue, stamps in ((Queue, {}), (ContextQueue, {"world_size": 1, "cpu_group": None})):
         monkeypatch.setattr(tq.sg, "Queue", queue)
         stamped.clear()
-        tq._publish(adapted.append)
+        tq.publish(adapted.append)
         assert {k: getattr(v, k) for v in stamped.values() for k in ("world_size", "cpu_group")} == stamps
     assert adapted.count("one-rank-attention-group") == 1 and published == [("ranks", 0)] * 2
 
