@@ -329,10 +329,12 @@ class Era:
     import at top level but the probed code never calls (declared in ``[stand_ins]``).
     ``kernel``: the versions of SGLang's kernel package (sgl-kernel, later sglang-kernel) the era's
     releases pin; it tells a fork's era by its pins where eras share one closure.
+    ``releases`` None: an era of source trees only (main-line commits between two releases whose pins no
+    release's era has), which no release runs in: only a tree's pins choose it (``era_choice.py``).
     """
 
     name: str
-    releases: SpecifierSet
+    releases: SpecifierSet | None
     constraints: Path
     constraints_input: Path | None
     stand_ins: tuple[str, ...]
@@ -340,7 +342,7 @@ class Era:
     kernel: SpecifierSet | None = None
 
     def holds(self, version: str) -> bool:
-        return self.releases.contains(Version(version), prereleases=True)
+        return self.releases is not None and self.releases.contains(Version(version), prereleases=True)
 
 
 @dataclass(frozen=True)
@@ -529,8 +531,8 @@ def _parse_era(root: Path, name: str, table: Any, stand_ins: dict[str, str]) -> 
     where = f"eras.{name}"
     if not _NAME.match(name.replace("-", "_").replace(".", "_")):
         raise RegistryError(f"{where}: the name must be lowercase letters, digits, '-', '.' and _")
-    _table(table, where, required={"releases": str, "constraints": str},
-           optional={"constraints_input": str, "stand_ins": list, "note": str, "kernel": str})
+    _table(table, where, required={"constraints": str},
+           optional={"releases": str, "constraints_input": str, "stand_ins": list, "note": str, "kernel": str})
     releases, kernel = (_specifier(table[key], f"{where}.{key}") if key in table else None
                         for key in ("releases", "kernel"))
     names = _strings(table.get("stand_ins", []), f"{where}.stand_ins")
@@ -545,7 +547,7 @@ def _parse_era(root: Path, name: str, table: Any, stand_ins: dict[str, str]) -> 
 def _disjoint(eras: dict[str, Era]) -> None:
     """No release in two eras. Two version ranges overlap where one holds a bound of the other or the release
     just after one (a range's edges are the versions it names), so those are the releases tried."""
-    bounds = {Version(spec.version) for era in eras.values() for spec in era.releases}
+    bounds = {Version(spec.version) for era in eras.values() for spec in era.releases or ()}
     tried = sorted(bounds | {Version(f"{v.base_version}.0.0.1") for v in bounds} | {Version("0"), Version("9999")})
     names = list(eras)
     for i, name in enumerate(names):

@@ -100,6 +100,10 @@ RELEASE_PINS = {
 
 # Post-releases whose own pins are those of a later era: 0.4.5.post3 pins torch 2.6.0, 0.5.6.post1 transformers 5.0.0rc0.
 PINS_AHEAD_OF_ERA = {"0.4.5.post3": "torch2.6-tf4", "0.5.6.post1": "torch2.9-tf5"}
+# Releases before PD whose pins (torch 2.5.1, transformers 4.48.3) are exactly the closure of the era of source
+# trees only, torch2.5-tf4.48 (the main line's commits up to transformers 4.50 carry them too): the release runs
+# in pre-pd, its version's era; a tree of it chosen by its pins runs in that closure.
+PINS_OF_THE_COMMITS_ERA = {"0.4.3.post3", "0.4.3.post4", "0.4.4", "0.4.4.post1"}
 
 
 def tree_pins(torch=None, transformers=None, kernel_package=None, kernel=None) -> TreePins:
@@ -117,6 +121,9 @@ def test_each_releases_pins_choose_the_era_its_version_is_in(version):
         # itself runs in today's closure. Either fits it: the pins choose the closure that equals them.
         assert by_version is None and chosen.name == "torch2.11-tf5"
         assert "has torch 2.11.0, transformers 5.12.1" in why
+    elif version in PINS_OF_THE_COMMITS_ERA:
+        assert (by_version.name, chosen.name) == ("pre-pd", "torch2.5-tf4.48"), why
+        assert "(the same torch 2.5; the same transformers 4.48)" in why
     elif version in PINS_AHEAD_OF_ERA:
         # A post-release that pins its next release's torch or transformers runs in the era of its version
         # (its published sweep row shows it probed cleanly there); pins choose only for a tree whose version
@@ -140,7 +147,8 @@ def test_the_evidence_names_the_pins_the_closure_and_each_rule_that_decided():
 @pytest.mark.parametrize(("pinned", "era"), [
     (tree_pins("2.9.1"), "torch2.9-tf5"),  # no transformers pin: the newest closure of that torch
     (tree_pins(transformers="4.57.1"), "torch2.9-tf4"),  # no torch pin: transformers alone, then the newest
-    (tree_pins("2.4.0", "4.46.0"), "torch2.5-tf4"),  # older than every closure: the nearest newer torch
+    (tree_pins("2.4.0", "4.46.0"), "torch2.5-tf4.48"),  # older than every closure: the nearest newer torch, then
+    # transformers
     (tree_pins("2.10.0", "5.4.0", "sglang-kernel", "0.4.3"), "torch2.11-tf5"),  # between closures: the nearest newer
     (tree_pins("2.20.0", "6.0.0"), None),  # newer than every closure: the newest (today's)
     (tree_pins("2.9.1", "6.1.0"), "torch2.9-tf5"),  # no closure of its transformers major: the nearest
@@ -149,6 +157,32 @@ def test_the_evidence_names_the_pins_the_closure_and_each_rule_that_decided():
 def test_pins_without_an_exact_closure_take_the_nearest(pinned, era):
     chosen, _ = era_choice.match_pins(registry.load(PROJECT), pinned)
     assert (chosen.name if chosen else None) == era
+
+
+@pytest.mark.parametrize(("pinned", "era", "basis"), [
+    # PD's first code (c7c7dbebbe): its version file says 0.4.4.post1 (pre-pd, transformers 4.51.0), its pins
+    # are exactly the closure of torch2.5-tf4.48: the newer transformers would refuse its own Qwen2.5-VL config.
+    (tree_pins("2.5.1", "4.48.3", "sgl-kernel", "0.0.5.post3"), "torch2.5-tf4.48", Basis.PINS),
+    # f8f9244a61 on (transformers 4.50.0, still 0.4.4.post1): no closure has 4.50, the version chooses.
+    (tree_pins("2.5.1", "4.50.0", "sgl-kernel", "0.0.5.post3"), "pre-pd", Basis.VERSION),
+    # its transformers, another torch: no closure has both, the version chooses.
+    (tree_pins("2.6.0", "4.48.3", "sgl-kernel", "0.0.5.post3"), "pre-pd", Basis.VERSION),
+    (None, "pre-pd", Basis.VERSION),
+])
+def test_a_version_file_behind_its_pins_transformers_gives_way_to_a_closure_of_exactly_its_pins(pinned, era, basis):
+    from pdevidence.sources.trees import Tree
+
+    told = described("0.4.4.post1", "0.4.4.post1", "python/sglang/version.py")
+    tree = Tree("git", "c7c7dbebbe", "git-0", Path("/x"), "0" * 64, "git", "/x", None, told, pinned)
+    chosen = era_choice.choose(registry.load(PROJECT), tree)
+    assert (chosen.name, chosen.basis) == (era, basis), chosen.describe()
+    if basis is Basis.PINS:
+        assert chosen.set_aside == (
+            "version 0.4.4.post1 is in era pre-pd (<0.4.4.post2) (python/sglang/version.py), but its closure has "
+            "transformers 4.51.0, newer than the tree's pin 4.48.3, and era torch2.5-tf4.48's closure has its torch "
+            "and transformers")
+    else:
+        assert chosen.set_aside is None
 
 
 # --- reading a tree's pins --------------------------------------------------------------------------
@@ -252,6 +286,8 @@ def test_choice_by_version_says_whether_the_pins_agree():
     assert (far.name, far.basis) == ("torch2.9-tf5", Basis.PINS) and "7527 commits behind" in far.set_aside
     nothing = era_choice.choose(reg, tree(described("0.5.6.post2", "v0.5.6.post2-7527-gabc"), None))
     assert (nothing.era, nothing.basis) == (None, Basis.NONE) and nothing.set_aside
+    older = era_choice.choose(reg, tree(described("0.5.8", "v0.5.8"), tree_pins("2.9.1", "4.51.1")))
+    assert (older.name, older.basis) == ("torch2.9-tf4", Basis.VERSION)  # no closure has torch 2.9, transformers 4.51
     release = era_choice.choose(reg, Tree("release", "0.5.8", "0.5.8", Path("/w.whl"), "0" * 64, "pypi", "w.whl"))
     assert (release.name, release.basis, release.set_aside) == ("torch2.9-tf4", Basis.VERSION, None)
     assert release.evidence == "release 0.5.8 is in era torch2.9-tf4 (<0.5.10,>=0.5.6)"

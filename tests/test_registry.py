@@ -309,6 +309,14 @@ def test_two_eras_that_hold_one_release_are_refused_naming_both_and_the_release(
     assert err.value.code == errors.USAGE
 
 
+def test_an_era_of_source_trees_only_holds_no_release_and_overlaps_none(tmp_path):
+    trees_only = ERAS + '[eras.commits]\nconstraints = "constraints/c.txt"\nnote = "the main line between releases"\n'
+    reg = load_text(tmp_path, trees_only)
+    assert reg.eras["commits"].releases is None and not reg.eras["commits"].holds("0.4.5")
+    assert reg.era_of("0.4.5").name == "old" and reg.era_of("1.0.0") is None
+    assert registry.load(PROJECT).eras["torch2.5-tf4.48"].releases is None  # the real one: PD's first commits
+
+
 def test_eras_that_touch_but_do_not_overlap_load():
     reg = registry.load(PROJECT)  # the real eras: each bound of one is the other's edge, excluded there
     assert len(reg.eras) > 1 and reg.era_of("0.5.13").name == "torch2.11-tf5"

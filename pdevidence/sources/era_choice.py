@@ -18,6 +18,14 @@ aside, as is a tree that tells no version: its era is then chosen from what its
 
 A tree with neither a trusted version nor pins runs in today's closure.
 
+A version it tells is set aside for its pins, too, where its era's closure has a newer transformers
+(major.minor) than the tree pins and the closure its pins choose has exactly its torch and
+transformers: SGLang's version file keeps the last release's number until the next bump, while a
+main-line commit's pins move, and a newer transformers may ship a model the tree still registers
+itself (PD's first commits, 0.4.4.post1 by their version, register a Qwen2.5-VL config that
+transformers 4.49 on ship: they run in the closure of their own transformers 4.48, an era of source
+trees only). An older transformers than the tree pins leaves the version to choose.
+
 Once probed, a source tree whose probes could not run in the era chosen, while its running
 ``sglang.__version__`` names a release of another era, runs again in that era (``in_own_era``):
 what its files told was missing or set aside, and the code itself says which release it is.
@@ -80,6 +88,10 @@ def choose(reg: Registry, tree: Tree) -> EraChoice:
     aside = set_aside(reg, told) if told else None
     if told and aside is None:
         era = reg.era_of(told.version)
+        behind = _pins_behind(reg, era, tree.pins, by_pins)
+        if by_pins and behind:
+            return EraChoice(by_pins[0], Basis.PINS, by_pins[1], f"{_held(f'version {told.version}', era)} "
+                             f"({told.source}), but {behind}")
         evidence = f"{_held(f'version {told.version}', era)} ({told.source})"
         if by_pins:
             evidence += "; its pins agree" if _name(by_pins[0]) == _name(era) else \
@@ -91,6 +103,29 @@ def choose(reg: Registry, tree: Tree) -> EraChoice:
         f"its pins ({tree.pins.describe()}) match no era's closure"
     told_none = "" if told else "no version told and "
     return EraChoice(None, Basis.NONE, f"{told_none}{missing}: {TODAY}", aside)
+
+
+def _pins_behind(reg: Registry, era: Era | None, pinned: TreePins | None,
+                 by_pins: tuple[Era | None, str] | None) -> str | None:
+    """Why the version's era does not fit ``pinned`` (the module's rule), in words; None when it may run there:
+    its closure's transformers is not newer than the pin, or no closure has exactly the tree's torch and
+    transformers."""
+    if not (pinned and by_pins and pinned.torch and pinned.transformers):
+        return None
+    has = closure_pins(era.constraints if era else reg.constraints)
+    newer, wanted = release(has.get(TRANSFORMERS)), release(pinned.transformers)
+    chosen = closure_pins(by_pins[0].constraints if by_pins[0] else reg.constraints)
+    if newer is None or wanted is None or newer.release[:2] <= wanted.release[:2] or not all(
+            _minor(chosen.get(package)) == _minor(pin) for package, pin in ((TORCH, pinned.torch),
+                                                                            (TRANSFORMERS, pinned.transformers))):
+        return None
+    return (f"its closure has transformers {has[TRANSFORMERS]}, newer than the tree's pin {pinned.transformers}, "
+            f"and {_where(by_pins[0])} has its torch and transformers")
+
+
+def _minor(version: str | None) -> tuple[int, ...] | None:
+    found = release(version)
+    return found.release[:2] if found else None
 
 
 def in_own_era(reg: Registry, tree: Tree, said: str | None) -> Tree | None:
@@ -201,6 +236,8 @@ def _by_kernel(eras: list[Era | None], pins: TreePins) -> tuple[Era | None, str]
 
 def _newest(era: Era | None) -> tuple[int, Version]:
     """How new an era's releases reach: its upper bound (today's closure and an open range reach furthest)."""
+    if era and era.releases is None:
+        return (0, Version("0"))
     bounds = [Version(s.version) for s in era.releases if s.operator in ("<", "<=")] if era else []
     return (0, max(bounds)) if bounds else (1, Version("0"))
 
