@@ -26,20 +26,15 @@ NOT_PORTED = {
     ("offload_rid", "torch2.9-tf5"): "0.5.10's #37026 port would sit on the #24226 port; their two partial ports "
                                      "together leave the R2 control departing (corpus.md)",
     ("offload_rid", "torch2.11-tf5-sgl-kernel"): "as 0.5.10: 0.5.12's manager is the same file",
-    ("deferred_release", "torch2.9-tf5"): "not yet: 0.5.10's port would sit on its #27372 port (the hold keys on "
-                                          "abort_notified), as 0.5.12's does",
-    # Not written this round (issue 36 note): the receivers of 0.5.3 to 0.5.9 bootstrap in their constructor,
-    # and #35049's hold keys on the abort notification a #27372 port would add first.
-    ("abort_notify", "torch2.7-tf4"): "not yet: 0.4.8-0.4.10.post2, read pre-fix from this round, have older "
-                                      "receivers (no abort() up to 0.4.9.post4, no pipeline stages after)",
-    ("abort_notify", "torch2.8-tf4"): "not yet: 0.5.3-0.5.5's receivers bootstrap in their constructor",
-    ("abort_notify", "torch2.9-tf4"): "not yet: as 0.5.3-0.5.5's (0.5.6-0.5.9)",
-    ("deferred_release", "torch2.7-tf4"): "not yet: would sit on a #27372 port the era does not have",
+    # #27372 is ported into 0.4.10, 0.5.3, 0.5.5.post3, 0.5.7 and 0.5.9 too, #35049 on it into 0.5.3, 0.5.9 and
+    # 0.5.10 (issue 44).
+    ("deferred_release", "torch2.7-tf4"): "the gate cannot be told: 0.4.7-0.4.10.post2 have no sglang.srt.environ "
+                                          "(their managers read variables with get_*_env_var), and the probe takes a "
+                                          "manager's gate from the tree's envs, so a port in the tree's idiom reads "
+                                          "with its manager's gate off (corpus.md)",
     ("deferred_release_nixl", "torch2.11-tf5-sgl-kernel"): "not yet: 0.5.12-0.5.15.post1, read pre-fix from this "
                                                           "round, have no NIXL ABORT handler (#30352) for the hold "
                                                           "to wait on",
-    ("deferred_release", "torch2.8-tf4"): "not yet: as torch2.7-tf4's",
-    ("deferred_release", "torch2.9-tf4"): "not yet: as torch2.7-tf4's",
     ("retract_resume", "torch2.7-tf4"): "no partial port to tell: 0.4.8-0.4.10.post2 commit only the hidden states "
                                         "from the slot (no top-k), so copying them is the whole fix",
     # Issue 43's SWA fixes: each is one clause whose every telling scenario (swa_free F1-F3, swa_tail T1-T3) turns
