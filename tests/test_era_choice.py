@@ -100,10 +100,6 @@ RELEASE_PINS = {
 
 # Post-releases whose own pins are those of a later era: 0.4.5.post3 pins torch 2.6.0, 0.5.6.post1 transformers 5.0.0rc0.
 PINS_AHEAD_OF_ERA = {"0.4.5.post3": "torch2.6-tf4", "0.5.6.post1": "torch2.9-tf5"}
-# Releases before PD whose pins (torch 2.5.1, transformers 4.48.3) are exactly the closure of the era of source
-# trees only, torch2.5-tf4.48 (the main line's commits up to transformers 4.50 carry them too): the release runs
-# in pre-pd, its version's era; a tree of it chosen by its pins runs in that closure.
-PINS_OF_THE_COMMITS_ERA = {"0.4.3.post3", "0.4.3.post4", "0.4.4", "0.4.4.post1"}
 
 
 def tree_pins(torch=None, transformers=None, kernel_package=None, kernel=None) -> TreePins:
@@ -121,9 +117,6 @@ def test_each_releases_pins_choose_the_era_its_version_is_in(version):
         # itself runs in today's closure. Either fits it: the pins choose the closure that equals them.
         assert by_version is None and chosen.name == "torch2.11-tf5"
         assert "has torch 2.11.0, transformers 5.12.1" in why
-    elif version in PINS_OF_THE_COMMITS_ERA:
-        assert (by_version.name, chosen.name) == ("pre-pd", "torch2.5-tf4.48"), why
-        assert "(the same torch 2.5; the same transformers 4.48)" in why
     elif version in PINS_AHEAD_OF_ERA:
         # A post-release that pins its next release's torch or transformers runs in the era of its version
         # (its published sweep row shows it probed cleanly there); pins choose only for a tree whose version
@@ -159,30 +152,33 @@ def test_pins_without_an_exact_closure_take_the_nearest(pinned, era):
     assert (chosen.name if chosen else None) == era
 
 
-@pytest.mark.parametrize(("pinned", "era", "basis"), [
-    # PD's first code (c7c7dbebbe): its version file says 0.4.4.post1 (pre-pd, transformers 4.51.0), its pins
-    # are exactly the closure of torch2.5-tf4.48: the newer transformers would refuse its own Qwen2.5-VL config.
-    (tree_pins("2.5.1", "4.48.3", "sgl-kernel", "0.0.5.post3"), "torch2.5-tf4.48", Basis.PINS),
-    # f8f9244a61 on (transformers 4.50.0, still 0.4.4.post1): no closure has 4.50, the version chooses.
-    (tree_pins("2.5.1", "4.50.0", "sgl-kernel", "0.0.5.post3"), "pre-pd", Basis.VERSION),
-    # its transformers, another torch: no closure has both, the version chooses.
-    (tree_pins("2.6.0", "4.48.3", "sgl-kernel", "0.0.5.post3"), "pre-pd", Basis.VERSION),
-    (None, "pre-pd", Basis.VERSION),
+@pytest.mark.parametrize(("told", "pinned", "era", "set_aside"), [
+    # PD's first code (c7c7dbebbe): 0.4.4.post1 by its version file, its pins (transformers 4.48.3) agree.
+    ("0.4.4.post1", tree_pins("2.5.1", "4.48.3", "sgl-kernel", "0.0.5.post3"), "torch2.5-tf4.48", None),
+    # f8f9244a61 on (transformers 4.50.0, still 0.4.4.post1): the version's closure is older than the pin; the
+    # nearest newer one with its torch (4.51.0) runs it.
+    ("0.4.4.post1", tree_pins("2.5.1", "4.50.0", "sgl-kernel", "0.0.5.post3"), "torch2.5-tf4",
+     "version 0.4.4.post1 is in era torch2.5-tf4.48 (<0.4.4.post2,>=0.4.3.post3) (python/sglang/version.py), but its "
+     "closure has transformers 4.48.3, older than the tree's pin 4.50.0, and era torch2.5-tf4's closure has its "
+     "torch and a transformers at or above it"),
+    # A 0.4.5 version file on pins of transformers 4.48: the newer closure would refuse its own Qwen2.5-VL config.
+    ("0.4.5", tree_pins("2.5.1", "4.48.3", "sgl-kernel", "0.0.5"), "torch2.5-tf4.48",
+     "version 0.4.5 is in era torch2.5-tf4 (<0.4.6,>=0.4.4.post2) (python/sglang/version.py), but its closure has "
+     "transformers 4.51.0, newer than the tree's pin 4.48.3, and era torch2.5-tf4.48's closure has its torch and "
+     "transformers"),
+    # a torch no closure has: the version chooses.
+    ("0.4.4.post1", tree_pins("2.4.0", "4.50.0", "sgl-kernel", "0.0.5.post3"), "torch2.5-tf4.48", None),
+    ("0.4.4.post1", None, "torch2.5-tf4.48", None),
 ])
-def test_a_version_file_behind_its_pins_transformers_gives_way_to_a_closure_of_exactly_its_pins(pinned, era, basis):
+def test_a_version_file_whose_closure_does_not_fit_its_pins_transformers_gives_way_to_one_that_does(
+        told, pinned, era, set_aside):
     from pdevidence.sources.trees import Tree
 
-    told = described("0.4.4.post1", "0.4.4.post1", "python/sglang/version.py")
-    tree = Tree("git", "c7c7dbebbe", "git-0", Path("/x"), "0" * 64, "git", "/x", None, told, pinned)
+    tree = Tree("git", "c7c7dbebbe", "git-0", Path("/x"), "0" * 64, "git", "/x", None,
+                described(told, told, "python/sglang/version.py"), pinned)
     chosen = era_choice.choose(registry.load(PROJECT), tree)
-    assert (chosen.name, chosen.basis) == (era, basis), chosen.describe()
-    if basis is Basis.PINS:
-        assert chosen.set_aside == (
-            "version 0.4.4.post1 is in era pre-pd (<0.4.4.post2) (python/sglang/version.py), but its closure has "
-            "transformers 4.51.0, newer than the tree's pin 4.48.3, and era torch2.5-tf4.48's closure has its torch "
-            "and transformers")
-    else:
-        assert chosen.set_aside is None
+    assert (chosen.name, chosen.basis) == (era, Basis.PINS if set_aside else Basis.VERSION), chosen.describe()
+    assert chosen.set_aside == set_aside
 
 
 # --- reading a tree's pins --------------------------------------------------------------------------

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.sglang, pytest.mark.scheduled]  # the scheduled lane (
 
 # One release per era, oldest first (the era named in experiments.toml).
 ERA_RELEASES = {
-    "0.4.4.post1": "pre-pd",  # the last release without PD disaggregation
+    "0.4.4.post1": "torch2.5-tf4.48",  # the last release without PD disaggregation (its pins: transformers 4.48)
     "0.4.4.post2": "torch2.5-tf4",  # the first with it
     "0.4.5": "torch2.5-tf4",
     "0.4.6": "torch2.6-tf4",
@@ -73,7 +73,7 @@ ADAPTATIONS = {
 }
 
 ADAPTATIONS["0.4.4.post2"] = ADAPTATIONS["0.4.5"]  # the first PD release is driven as 0.4.5 is
-PD_RELEASES = [v for v in ERA_RELEASES if ERA_RELEASES[v] != "pre-pd"]
+PD_RELEASES = [v for v in ERA_RELEASES if v != "0.4.4.post1"]
 
 # Every PD release is pre-fix; the registry rules (`not_deciding`) that set telling or control keys aside on it. The first
 # PD releases cannot express four of the prefill fix's steps at all (no insert flag on their release, no

@@ -18,13 +18,13 @@ aside, as is a tree that tells no version: its era is then chosen from what its
 
 A tree with neither a trusted version nor pins runs in today's closure.
 
-A version it tells is set aside for its pins, too, where its era's closure has a newer transformers
-(major.minor) than the tree pins and the closure its pins choose has exactly its torch and
-transformers: SGLang's version file keeps the last release's number until the next bump, while a
-main-line commit's pins move, and a newer transformers may ship a model the tree still registers
-itself (PD's first commits, 0.4.4.post1 by their version, register a Qwen2.5-VL config that
-transformers 4.49 on ship: they run in the closure of their own transformers 4.48, an era of source
-trees only). An older transformers than the tree pins leaves the version to choose.
+A version it tells is set aside for its pins, too, where its era's closure has another transformers
+(major.minor) than the tree pins and the closure its pins choose has its torch and fits its transformers
+better: exactly it, where the version's closure is newer; at or above it in the same major, where older.
+SGLang's version file keeps the last release's number until the next bump, while a main-line commit's pins
+move: a newer transformers may ship a model the tree still registers itself (Qwen2.5-VL, from 4.49, which
+0.4.4.post1 and the main line after it registered), an older one may lack what the tree's pins moved for
+(the main line after f8f9244a61, 0.4.4.post1 by its version file, pins transformers 4.50).
 
 Once probed, a source tree whose probes could not run in the era chosen, while its running
 ``sglang.__version__`` names a release of another era, runs again in that era (``in_own_era``):
@@ -108,19 +108,22 @@ def choose(reg: Registry, tree: Tree) -> EraChoice:
 def _pins_behind(reg: Registry, era: Era | None, pinned: TreePins | None,
                  by_pins: tuple[Era | None, str] | None) -> str | None:
     """Why the version's era does not fit ``pinned`` (the module's rule), in words; None when it may run there:
-    its closure's transformers is not newer than the pin, or no closure has exactly the tree's torch and
-    transformers."""
+    its closure's transformers is the pin's, or no closure fits the pins better."""
     if not (pinned and by_pins and pinned.torch and pinned.transformers):
         return None
     has = closure_pins(era.constraints if era else reg.constraints)
-    newer, wanted = release(has.get(TRANSFORMERS)), release(pinned.transformers)
+    theirs, wanted = _minor(has.get(TRANSFORMERS)), _minor(pinned.transformers)
     chosen = closure_pins(by_pins[0].constraints if by_pins[0] else reg.constraints)
-    if newer is None or wanted is None or newer.release[:2] <= wanted.release[:2] or not all(
-            _minor(chosen.get(package)) == _minor(pin) for package, pin in ((TORCH, pinned.torch),
-                                                                            (TRANSFORMERS, pinned.transformers))):
+    if theirs is None or wanted is None or theirs == wanted or _minor(chosen.get(TORCH)) != _minor(pinned.torch):
         return None
-    return (f"its closure has transformers {has[TRANSFORMERS]}, newer than the tree's pin {pinned.transformers}, "
-            f"and {_where(by_pins[0])} has its torch and transformers")
+    if theirs > wanted and _minor(chosen.get(TRANSFORMERS)) == wanted:
+        return (f"its closure has transformers {has[TRANSFORMERS]}, newer than the tree's pin {pinned.transformers}, "
+                f"and {_where(by_pins[0])} has its torch and transformers")
+    # Only within a major: across one (a 0.5.8 tree pinning transformers 5) the version keeps choosing.
+    if theirs < wanted <= (_minor(chosen.get(TRANSFORMERS)) or ()) and theirs[0] == wanted[0]:
+        return (f"its closure has transformers {has[TRANSFORMERS]}, older than the tree's pin {pinned.transformers}, "
+                f"and {_where(by_pins[0])} has its torch and a transformers at or above it")
+    return None
 
 
 def _minor(version: str | None) -> tuple[int, ...] | None:
