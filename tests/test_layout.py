@@ -20,8 +20,8 @@ PROBES = PROJECT / "probes"
 # the probed tree and the torch it runs on, the probes' own kit and driver, and (for the upstream plugin)
 # the pytest that runs it.
 IN_CELL_ALLOWED = {"sglang", "torch", "triton", "_probekit", "_mutants", "_standins", "_offload", "_serverconfig",
-                   "_serverenv", "_decode_step", "_kvtransfer", "_transferqueue", "_nixl", "_retract", "_swa",
-                   "probe_all", "pytest",
+                   "_serverenv", "_decode_step", "_kvtransfer", "_transferqueue", "_nixl", "_retract", "_index_keys",
+                   "_swa", "probe_all", "pytest",
                    # grammar_release drives the same result path on experiment prefill's world
                    "probe_prefill_differential"}
 

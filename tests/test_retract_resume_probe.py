@@ -372,10 +372,268 @@ def test_a_tree_without_release_req_retracts_inline_and_says_so(fresh_probe, ret
     assert adaptations == set()
 
 
-def test_a_tree_without_metadata_buffers_records_the_fact_in_every_scenario(fresh_probe, retract):
+def test_a_tree_without_metadata_buffers_records_the_fact_in_every_metadata_scenario(fresh_probe, retract):
     probe = fresh_probe("probe_retract_resume_differential.py")
     retract.sg.utils = SimpleNamespace()
-    for found in probe.SCENARIOS.scenarios:
+    for found in [s for s in probe.SCENARIOS.scenarios if s.id.startswith("M")]:
         observed = {}
         found.run(observed)
         assert observed == {"metadata_buffers": "absent"}
+
+
+# ---------------------------------------------------------------- the index-key half, in miniature
+
+
+class T:
+    """A list-backed tensor, enough for ``_index_keys``: a row of a 2-D table (``[row, :n]``), gathers and scatters
+    by a tensor of indices (a copy, as torch's), ``[::step]``, ``// n``, a flat ``tolist``."""
+
+    def __init__(self, data: list):
+        self.data = data
+
+    def _at(self, key):
+        if isinstance(key, tuple):
+            row, cols = key
+            return self.data[row].data, cols
+        return self.data, key
+
+    def __getitem__(self, key):
+        data, key = self._at(key)
+        if isinstance(key, T):
+            return T([data[i].clone() if isinstance(data[i], T) else data[i] for i in key.data])
+        return T(data[key]) if isinstance(key, slice) else data[key]
+
+    def __setitem__(self, key, value):
+        data, key = self._at(key)
+        if isinstance(key, slice):
+            data[key] = list(value.data)
+            return
+        for n, i in enumerate(key.data if isinstance(key, T) else [key]):
+            fill = value.data[n] if isinstance(value, T) else value
+            if isinstance(data[i], T):
+                data[i].data = list(fill.data) if isinstance(fill, T) else [fill] * len(data[i].data)
+            else:
+                data[i] = fill
+
+    def __floordiv__(self, n):
+        return T([x // n for x in self.data])
+
+    def __iter__(self):
+        return iter(self.data)
+
+    def __len__(self):
+        return len(self.data)
+
+    def clone(self):
+        return T([x.clone() if isinstance(x, T) else x for x in self.data])
+
+    def tolist(self):
+        return [y for x in self.data for y in (x.tolist() if isinstance(x, T) else [x])]
+
+    def reshape(self, *shape):
+        return self
+
+    def to(self, *args, **kwargs):
+        return self
+
+    float = to
+
+
+PAGE = 64
+
+
+class MLAPool:
+    """A pool before PR #23346: ``get_cpu_copy`` offloads the latent KV only; the index buffer stays on device."""
+
+    def __init__(self, size, page_size, kv_lora_rank, dtype, qk_rope_head_dim, layer_num, device, index_head_dim,
+                 enable_memory_saver, kv_cache_dim):
+        assert page_size == PAGE and index_head_dim == 128
+        self.kv_buffer = [T([0] * (size + page_size))]
+        self.index_buffer = [T([T([0] * 4) for _ in range(size // page_size + 1)])]
+
+    def get_index_k_with_scale_buffer(self, layer_id):
+        return self.index_buffer[layer_id]
+
+    def get_cpu_copy(self, indices, mamba_indices=None):
+        return self.kv_buffer[0][indices]
+
+    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None):
+        self.kv_buffer[0][indices] = kv_cache_cpu
+
+
+class NSAPool(MLAPool):
+    """The fix: the index keys of the request's pages offloaded and restored with its KV."""
+
+    def get_cpu_copy(self, indices, mamba_indices=None):
+        return {"kv": super().get_cpu_copy(indices), "index_k": self.index_buffer[0][indices[::PAGE] // PAGE]}
+
+    def load_cpu_copy(self, kv_cache_cpu_dict, indices, mamba_indices=None):
+        super().load_cpu_copy(kv_cache_cpu_dict["kv"], indices)
+        self.index_buffer[0][indices[::PAGE] // PAGE] = kv_cache_cpu_dict["index_k"]
+
+
+class NSAPoolWithoutMamba(NSAPool):
+    """0.5.12's pool: its ``get_cpu_copy`` takes no ``mamba_indices``, which the allocator hands it."""
+
+    def get_cpu_copy(self, indices):
+        return super().get_cpu_copy(indices)
+
+    def load_cpu_copy(self, kv_cache_cpu_dict, indices):
+        return super().load_cpu_copy(kv_cache_cpu_dict, indices)
+
+
+class BrokenNSAPool(NSAPool):
+    """A pool that takes ``mamba_indices`` and raises TypeError of its own: a failure, never an observation."""
+
+    def get_cpu_copy(self, indices, mamba_indices=None):
+        raise TypeError("a pool's own bug")
+
+
+class PagedAllocator:
+    """Pages handed out in order; with ``need_sort`` a freed page waits until the free list runs out."""
+
+    def __init__(self, size, page_size, dtype, device, kvcache, need_sort):
+        self.kvcache, self.page_size = kvcache, page_size
+        self.free_pages, self.released = list(range(1, size // page_size + 1)), []
+
+    def alloc(self, need_size):
+        pages = need_size // self.page_size
+        if pages > len(self.free_pages):
+            self.free_pages, self.released = sorted(self.free_pages + self.released), []
+        if pages > len(self.free_pages):
+            return None
+        taken, self.free_pages = self.free_pages[:pages], self.free_pages[pages:]
+        return T([page * self.page_size + i for page in taken for i in range(self.page_size)])
+
+    def free(self, locs):
+        self.released += sorted({loc // self.page_size for loc in locs})
+
+    def get_cpu_copy(self, indices, mamba_indices=None):
+        return self.kvcache.get_cpu_copy(indices, mamba_indices=mamba_indices)
+
+    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None):
+        return self.kvcache.load_cpu_copy(kv_cache_cpu, indices, mamba_indices=mamba_indices)
+
+
+class ReqToTokenPool:
+    def __init__(self, size, max_context_len, device, enable_memory_saver, pre_alloc_size=0):
+        self.req_to_token = T([T([0] * max_context_len) for _ in range(size)])
+
+
+class IndexReq(Req):
+    """A request whose retraction offloads ``seqlen - 1`` tokens through the allocator, as the tree's does."""
+
+    mamba_pool_idx = None
+
+    @property
+    def seqlen(self):
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    def _indices(self, req_to_token_pool):
+        return req_to_token_pool.req_to_token[self.req_pool_idx, : self.seqlen - 1]
+
+    def offload_kv_cache(self, req_to_token_pool, allocator):
+        self.kv_cache_cpu = allocator.get_cpu_copy(self._indices(req_to_token_pool), mamba_indices=None)
+
+    def load_kv_cache(self, req_to_token_pool, allocator):
+        allocator.load_cpu_copy(self.kv_cache_cpu, self._indices(req_to_token_pool), mamba_indices=None)
+
+
+@pytest.fixture
+def index_tree(retract, monkeypatch):
+    """A tree of the given pool (None: none), the probe's ``_index_keys`` loaded as a cell loads it; returns a
+    function making the tree and giving the probe module."""
+    def make(fresh_probe, pool: type | None):
+        memory_pool = SimpleNamespace(**({"NSATokenToKVPool": pool} if pool else {}))
+        monkeypatch.setitem(sys.modules, "sglang.srt.mem_cache.memory_pool", memory_pool)
+        monkeypatch.setitem(sys.modules, "sglang.srt.mem_cache.allocator",
+                            SimpleNamespace(PagedTokenToKVPoolAllocator=PagedAllocator))
+        threads = [2]
+        torch = SimpleNamespace(bfloat16="bfloat16", int64="int64", cuda=SimpleNamespace(synchronize=None),
+                                threads=threads, get_num_threads=lambda: threads[-1], set_num_threads=threads.append)
+        retract.sg.__dict__.update(Req=IndexReq, torch=torch,
+                                   decode=SimpleNamespace(DecodeReqToTokenPool=ReqToTokenPool))
+        monkeypatch.setitem(sys.modules, "_index_keys", fresh_probe("_index_keys.py"))
+        return fresh_probe("probe_retract_resume_differential.py")
+    return make
+
+
+def index_scenario(probe, sid: str) -> tuple[dict, set[str]]:
+    (found,) = [s for s in probe.SCENARIOS.scenarios if s.id == sid]
+    observed = {}
+    found.run(observed)
+    return observed, probe.SCENARIOS.adaptations
+
+
+@pytest.mark.parametrize("pool, index_owner", [(MLAPool, "other"), (NSAPool, "own")])
+def test_i1_reads_the_next_request_s_index_keys_unless_the_pool_offloads_them(fresh_probe, index_tree, pool,
+                                                                             index_owner):
+    probe = index_tree(fresh_probe, pool)
+    assert index_scenario(probe, "I1") == (
+        {"index_owner": index_owner, "kv_owner": "own", "allocator_path": "ok"}, set())
+
+
+class KvIndexReq(IndexReq):
+    """A request that keeps its row in ``req.kv`` (0.5.19 on), where its offload reads it."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.kv = SimpleNamespace(req_pool_idx=None)
+
+    def _indices(self, req_to_token_pool):
+        return req_to_token_pool.req_to_token[self.kv.req_pool_idx, : self.seqlen - 1]
+
+
+@pytest.mark.parametrize("pool, index_owner", [(MLAPool, "other"), (NSAPool, "own")])
+def test_a_request_keeping_its_row_in_kv_is_driven_through_it(fresh_probe, index_tree, retract, pool, index_owner):
+    probe = index_tree(fresh_probe, pool)
+    retract.sg.Req = KvIndexReq
+    assert index_scenario(probe, "I1")[0] == {"index_owner": index_owner, "kv_owner": "own", "allocator_path": "ok"}
+
+
+@pytest.mark.parametrize("pool", [MLAPool, NSAPool])
+def test_i2_without_reuse_reads_own_either_way(fresh_probe, index_tree, pool):
+    probe = index_tree(fresh_probe, pool)
+    assert index_scenario(probe, "I2")[0] == {"index_owner": "own", "kv_owner": "own", "allocator_path": "ok"}
+
+
+@pytest.mark.parametrize("sid", ["I1", "I2"])
+def test_an_allocator_handing_the_pool_a_keyword_it_does_not_take_is_recorded_and_the_pool_offloads(
+        fresh_probe, index_tree, sid):
+    probe = index_tree(fresh_probe, NSAPoolWithoutMamba)
+    assert index_scenario(probe, sid) == (
+        {"index_owner": "own", "kv_owner": "own", "allocator_path": "raised TypeError"}, {"nsa-pool-direct"})
+
+
+def test_a_type_error_of_a_pool_that_takes_the_keyword_is_an_error_never_an_observation(fresh_probe, index_tree):
+    probe = index_tree(fresh_probe, BrokenNSAPool)
+    with pytest.raises(TypeError, match="a pool's own bug"):
+        index_scenario(probe, "I1")
+
+
+def test_a_tree_without_an_nsa_pool_records_the_fact(fresh_probe, index_tree):
+    probe = index_tree(fresh_probe, None)
+    for sid in ("I1", "I2"):
+        assert index_scenario(probe, sid)[0] == {"nsa_pool": "absent"}
+
+
+def test_a_scenario_runs_torch_on_one_thread_and_gives_the_count_back(fresh_probe, index_tree, retract):
+    """Its indexing kernels would otherwise start an OpenMP team a forked mutant child then waits on."""
+    seen = []
+
+    class CountingPool(NSAPool):
+        def get_cpu_copy(self, indices, mamba_indices=None):
+            seen.append(retract.sg.torch.get_num_threads())
+            return super().get_cpu_copy(indices)
+
+    probe = index_tree(fresh_probe, CountingPool)
+    index_scenario(probe, "I2")
+    assert seen == [1] and retract.sg.torch.threads == [2, 1, 2]
+
+
+def test_pages_never_written_are_none_and_a_mix_is_neither(fresh_probe, index_tree):
+    index_tree(fresh_probe, NSAPool)
+    world = sys.modules["_index_keys"].World(lambda name: None)
+    world.admit("A")
+    assert world.owner("A", T([0, 0])) == "none" and world.owner("A", T([1, 2])) == "neither"
+    assert world.owner("A", T([T([1]), T([1])])) == "own" and world.owner("A", T([7])) == "neither"
