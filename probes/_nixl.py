@@ -3,8 +3,10 @@
 ``NixlKVManager`` (``sglang.srt.disaggregation.nixl.conn``) runs its real methods: the prefill
 side's abort handler (``_handle_abort_notification``, what its bootstrap thread calls for an
 ``ABORT`` message), its transfer worker (``transfer_worker``, run on the probe's thread over a
-scripted queue), the sender's ``clear``, and the decode side's listener thread (started on the
-probe's thread: its ``while True`` loop reads a scripted socket). The manager is made with
+scripted queue; up to 0.5.11, which have none, the sender's ``send`` and ``poll``, posting each chunk's
+transfers through ``add_transfer_request`` and reading their states), the sender's ``clear``, and the
+decode side's listener thread (started on the probe's thread: its ``while True`` loop reads a scripted
+socket). The manager (and a sender) is made with
 ``object.__new__`` and the attributes its methods read: its constructor builds a NIXL agent and
 registers GPU buffers, which this machine cannot do (``nixl`` is not installed in the era
 environments; nothing probed imports it at module level).
@@ -72,9 +74,11 @@ def prepare() -> str:
     sg.handles_abort = hasattr(sg.Manager, "_handle_abort_notification")
     if not sg.handles_abort:  # up to 0.5.15: NIXL ABORT handling is #30352
         sg.absent = {"nixl_abort_handler": "absent"}
-        if not hasattr(sg.Manager, "transfer_worker"):  # up to 0.5.11: no worker for X9's prefill rank either
-            return sglang.__version__
-    if not hasattr(sg.Manager, "transfer_worker") or not hasattr(sg.conn, "np"):
+    # up to 0.5.11 no transfer worker: the prefill's sender posts each chunk's transfers itself (the manager's
+    # add_transfer_request) and polls them; X1-X8 drive a worker, so only X9 (no ABORT handler there) runs that way
+    sg.worker = hasattr(sg.Manager, "transfer_worker")
+    direct = not sg.handles_abort and hasattr(sg.Manager, "add_transfer_request")
+    if not (sg.worker or direct) or not hasattr(sg.conn, "np"):
         sg.unobserved = ("the tree's NIXL manager has no transfer_worker (or its module no numpy): when its "
                          "writes drain cannot be observed")
         return sglang.__version__
@@ -82,7 +86,7 @@ def prepare() -> str:
     from sglang.srt.disaggregation.utils import DisaggregationMode
 
     sg.KVPoll, sg.Mode = KVPoll, DisaggregationMode
-    sg.Chunk = sg.conn.TransferKVChunk
+    sg.Chunk = getattr(sg.conn, "TransferKVChunk", None)  # what the worker's queue holds (none without a worker)
     sg.TransferInfo = sg.conn.TransferInfo
     sg.RegisterInfo = getattr(sg.conn, "KVArgsRegisterInfo", None)
     sg.Sender = getattr(sg.conn, SENDER_OF)
@@ -99,11 +103,14 @@ def _has_environ() -> bool:
 
 
 def require_loop(observed: dict) -> bool:
-    """X9's precondition: the tree's decode queue and a prefill rank's transfer worker. A prefill manager that
-    handles no ``ABORT`` still runs, told nothing (nothing in it would answer): what the tree lacks is recorded."""
+    """X9's precondition: the tree's decode queue and a prefill rank that writes (its transfer worker, or up to
+    0.5.11 its sender posting each chunk itself). A prefill manager that handles no ``ABORT`` still runs, told
+    nothing (nothing in it would answer): what the tree lacks is recorded."""
     if sg.unobserved is not None:
         raise CannotObserve(sg.unobserved)
     observed.update(sg.absent)
+    if sg.ready and not sg.worker:
+        observed["nixl_transfer_worker"] = "absent"
     return sg.ready
 
 
@@ -195,6 +202,9 @@ class World:
             _dcp_pack_buffers=None, is_mla_backend=False, is_hybrid_mla_backend=False,
             attn_tp_size=1, attn_tp_rank=rank, attn_cp_size=1, attn_cp_rank=0, pp_size=1, pp_rank=0,
             transfer_source_rank=rank, src_mem_kind="VRAM",
+            # up to 0.5.11 the sender and add_transfer_request read these: one pipeline rank, no context parallelism
+            pp_group=SimpleNamespace(is_last_rank=True), enable_all_cp_ranks_for_transfer=False,
+            is_dummy_cp_rank=False,
             kv_args=SimpleNamespace(kv_data_ptrs=[1], page_size=1, engine_rank=rank, pp_rank=0),
             agent=SimpleNamespace(check_xfer_state=world._check_xfer_state),
             send_kvcache=lambda peer, src, ptrs, dst, *a, **k: world._post("kv", dst),
@@ -239,6 +249,36 @@ def chunk(room: int, index: int, *, last: bool) -> Any:
                   prefill_aux_index=0 if last else None, state_indices=None, chunk_id=index)
     names = {f.name for f in dataclasses.fields(sg.Chunk)}
     return sg.Chunk(**{k: v for k, v in fields.items() if k in names})
+
+
+def transfer(manager, room: int, pages: int) -> None:
+    """The room's ``pages`` written in chunks of ``PAGES_PER_CHUNK`` as the tree's prefill rank writes them: its
+    transfer worker (``work``), else (up to 0.5.11) its sender posting each chunk itself (``send``)."""
+    if sg.worker:
+        last = pages // PAGES_PER_CHUNK - 1
+        work(manager, *(chunk(room, i, last=i == last) for i in range(last + 1)))
+    else:
+        send(manager, room, pages)
+
+
+def send(manager, room: int, pages: int, *, polls: int = 16) -> None:
+    """The prefill scheduler's sender of ``room`` (the tree's ``NixlKVSender``, as its constructor leaves it): each
+    chunk of ``PAGES_PER_CHUNK`` pages goes through its ``send`` (up to 0.5.11: the manager's
+    ``add_transfer_request`` posts its transfers at once), each followed by the scheduler's ``poll``; then polled
+    until the transfer ends (its posted writes answer their scripted states)."""
+    sender = object.__new__(sg.Sender)
+    sender.kv_mgr, sender.bootstrap_room, sender.aux_index, sender.curr_idx = manager, room, None, 0
+    sender.xfer_handles, sender.has_sent, sender.chunk_id = [], False, 0
+    sender.init(pages, 0)
+    np = sg.np
+    for start in range(0, pages, PAGES_PER_CHUNK):
+        sender.send(np.arange(start, start + PAGES_PER_CHUNK, dtype=np.int32))
+        state = sender.poll()
+    for _ in range(polls):
+        if state not in (sg.KVPoll.WaitingForInput, sg.KVPoll.Transferring):
+            return
+        state = sender.poll()
+    raise CannotObserve(f"the tree's NIXL sender still polls {state!r} after {polls} polls: its transfer never ended")
 
 
 class ScriptedQueue:

@@ -572,6 +572,12 @@ class World:
         any of its slots back."""
         return bool(self.requests[rid].req.finished()) or self.freed(rid) > 0
 
+    def kept(self, rid: str) -> bool:
+        """Whether the request is still in the transfer queue, unfinished and holding every slot: the decode took no
+        step on it (an abort its receiver ignored leaves it so)."""
+        entry = self.requests[rid]
+        return any(queued is entry.decode_req for queued in self.queue.queue) and not self.gave_up(rid)
+
     def meta_freed(self, rid: str) -> int:
         return self.meta_frees.count(self.requests[rid].meta)
 

@@ -25,7 +25,9 @@ Room 7, chunks of 2 pages. Scenarios:
 - X9 the whole loop: the tree's ``DecodeTransferQueue`` with a NIXL receiver aborts mid-transfer (two
   iterations, another request admitted), the prefill rank gets the receiver's own ``ABORT`` frames
   mid-chunk, the chunk lands, its ``ABORT_ACK`` frames reach the decode listener, one iteration
-  (``_transferqueue.py``, shared with ``deferred_release``);
+  (``_transferqueue.py``, shared with ``deferred_release``). The prefill rank writes through its transfer
+  worker, or, up to 0.5.11 (no worker), through its sender, whose ``send`` posts each chunk's transfers at once
+  (the manager's ``add_transfer_request``) and whose ``poll`` reads their states until they land;
 - X10 control: the decode alone, as X9 builds it: the client aborts a request whose transfer never ends (the
   receiver's transfer started, no notification ever comes); a day later another request comes in and the last
   write lands: given up on both sides (a hold ends at its deadline), while a decode that never gives up keeps the
@@ -37,16 +39,20 @@ Keys: ``acks_sent`` (``ABORT_ACK`` messages), ``acks_at_abort`` (sent by the abo
 end), ``worker_error`` (the exception type the transfer worker recorded, else null),
 ``decode_ranks_acked`` (ranks the decode side counts as drained; ``_after_first`` after one ack),
 X9 (counts of the aborted request's 4 slots): ``abort_sent``, ``freed_before_last_write``,
-``written_after_free``, ``written_into_other``, ``freed_total``, ``double_freed``;
+``written_after_free``, ``written_into_other``, ``freed_total``, ``double_freed``, and ``abort_taken`` (by the
+next request's admission the decode acted on the abort: the request left its transfer queue, ended, or gave a slot
+back; false where its receiver ignores the abort and the request keeps its slots, still queued: 0.5.5.post1 to
+0.5.9, whose receiver's ``abort()`` is the base class's);
 X10: ``gave_up`` (the decode ended the request or gave any of its 8 slots back), ``written_after_free``,
 ``written_into_other``, ``freed_total``, ``double_freed``;
 ``deferred_enabled`` (X7: the tree's flag with the variable unset; null before #35049), ``room_succeeded``,
 ``siblings_settled`` (X4, X5: every posted write completed by the end: the error path waits for them from 0.5.20).
 Tree facts, the scenario stopping there: ``nixl_manager: "absent"`` (no NIXL backend),
 ``receiver_abort: "absent"`` (its decode receiver has no ``abort()``, up to 0.5.5: X10 drives that decode all the
-same) and ``nixl_abort_handler: "absent"`` (its prefill manager handles no ``ABORT``: up to 0.5.15; X9 still runs
-where it has a transfer worker, 0.5.12 on, the prefill rank told nothing, as nothing in it would answer; X10, the
-decode's alone, runs on every NIXL tree).
+same) and ``nixl_abort_handler: "absent"`` (its prefill manager handles no ``ABORT``: up to 0.5.15; X9 still runs,
+the prefill rank told nothing, as nothing in it would answer; X10, the decode's alone, runs on every NIXL tree);
+X9 also records ``nixl_transfer_worker: "absent"`` where the prefill manager has no transfer worker (up to 0.5.11:
+its sender posts the chunks itself) and runs on.
 
     python probes/probe_deferred_release_nixl_differential.py --side head --tree-kind release --tree-ref 0.5.19
 """
@@ -211,13 +217,16 @@ def x9(observed: Observed) -> None:
     decode.abort("aborted")
     aborts = [frames for _, frames in entry.sent if frames[:1] == [b"ABORT"]]
     decode.next_request_while_writing(tokens=4)
-    observed.update(abort_sent=len(aborts), freed_before_last_write=decode.freed("aborted"))
+    observed.update(abort_sent=len(aborts), freed_before_last_write=decode.freed("aborted"),
+                    abort_taken=not decode.kept("aborted"))
     world = World()
     prefill = world.prefill()
     told = (lambda: [prefill._handle_abort_notification(f) for f in aborts]) if _nixl.sg.handles_abort else None
     world.script("PROC", "DONE", on_poll=told)
     bootstrap(prefill, ROOM, pages=4)
-    work(prefill, chunk(ROOM, 0, last=False), chunk(ROOM, 1, last=True))
+    _nixl.transfer(prefill, ROOM, pages=4)
+    if not world.writes:
+        raise _nixl.CannotObserve("the prefill rank posted no write: what lands after the decode's free is unseen")
     observed.update(decode.last_write("aborted"))  # the chunk in flight has landed
     decode.receive(*[a["parts"] for a in world.acks])
     decode.iterate()

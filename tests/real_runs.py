@@ -70,13 +70,12 @@ MANAGER_FIRST = "0.5.3"
 
 
 # The transfer probes read every PD release (docs/maintainers/abort_notify.md, transfer.md, deferred_release_nixl.md)
-# but deferred_release_nixl's where decode times out but the prefill has neither an ABORT handler nor a transfer
-# worker (0.5.6 to 0.5.11, the sweep: neither): there its answers are not pinned. abort_notify and deferred_release
-# drive the old decodes' timeout and a client abort (N4 and N12, D9 and D10), deferred_release_nixl a client abort (X10).
+# and their answers are pinned. abort_notify and deferred_release drive the old decodes' timeout and a client abort
+# (N4 and N12, D9 and D10); deferred_release_nixl a client abort (X10), and its whole loop (X9) through a prefill
+# sender posting its chunks itself where there is no transfer worker (0.5.5.post1 to 0.5.11).
 # 0.5.8's paged allocator launches a Triton kernel with no CPU implementation in its module (the SWA sweeps: error).
 # war_barrier answers on every release with PD (0.4.4.post2-0.4.5.post2: the plain loop, their PD loops absent).
-UNANSWERED = {"deferred_release_nixl": [("0.5.6", "0.5.12")],
-              "swa_free": [("0.5.8", "0.5.9")],
+UNANSWERED = {"swa_free": [("0.5.8", "0.5.9")],
               "swa_tail": [("0.5.8", "0.5.9")]}
 
 

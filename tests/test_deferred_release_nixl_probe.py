@@ -206,6 +206,92 @@ class Sender:
         self.kv_mgr.request_status.pop(self.bootstrap_room, None)
 
 
+class Direct:
+    """A NIXL prefill manager before the transfer worker (up to 0.5.11), in miniature: nothing handles an ``ABORT``;
+    ``add_transfer_request`` posts a chunk's writes at once and hands their handles to the sender."""
+
+    def check_status(self, room):
+        return self.request_status[room]
+
+    def update_status(self, room, status):
+        self.request_status[room] = status
+
+    def add_transfer_request(self, room, kv_indices, index_slice, is_last, chunk_id, aux_index=None):
+        info = next(iter(self.transfer_infos[room].values()))
+        handles = [self.send_kvcache(info.agent_name, kv_indices, [], info.dst_kv_indices[index_slice], 0, "")]
+        if is_last:
+            handles.append(self.send_aux(info.agent_name, aux_index, [], info.dst_aux_index, ""))
+        return handles
+
+
+class DirectSender:
+    """Its sender: ``send`` hands each chunk to ``add_transfer_request``; once the last is posted, ``poll`` reads the
+    posted writes' states."""
+
+    def init(self, num_kv_indices, aux_index=None):
+        self.num_kv_indices, self.aux_index = num_kv_indices, aux_index
+
+    def send(self, kv_indices):
+        index_slice = slice(self.curr_idx, self.curr_idx + len(kv_indices))
+        self.curr_idx += len(kv_indices)
+        self.has_sent = self.curr_idx == self.num_kv_indices
+        self.xfer_handles += self.kv_mgr.add_transfer_request(self.bootstrap_room, kv_indices, index_slice,
+                                                              self.has_sent, self.chunk_id, self.aux_index)
+        self.chunk_id += 1
+
+    def poll(self):
+        if not self.has_sent:
+            return self.kv_mgr.check_status(self.bootstrap_room)
+        states = [self.kv_mgr.agent.check_xfer_state(h) for h in self.xfer_handles]
+        return KVPoll.Success if all(state == "DONE" for state in states) else KVPoll.WaitingForInput
+
+
+class Decode:
+    """The decode side X9 drives (``_transferqueue.World``: the tree's transfer queue and NIXL receiver) in
+    miniature. ``frees``: the client abort gives the request's slots back at once (0.5.10 to 0.5.18); else the
+    receiver ignores it and the request keeps them, still queued (0.5.5.post1 to 0.5.9)."""
+
+    frees = False
+
+    def __init__(self):
+        self.slots, self.freed_slots = 0, 0
+
+    def admit(self, rid, room, *, tokens):
+        self.slots = tokens
+        return SimpleNamespace(sent=[])  # a receiver that tells no prefill rank
+
+    def abort(self, rid):
+        self.freed_slots = self.slots if self.frees else 0
+
+    def next_request_while_writing(self, *, tokens):
+        pass
+
+    def freed(self, rid):
+        return self.freed_slots
+
+    def kept(self, rid):
+        return self.freed_slots == 0
+
+    def last_write(self, rid):
+        return {"written_after_free": self.freed_slots, "written_into_other": self.freed_slots}
+
+    def receive(self, *messages):
+        pass
+
+    def iterate(self):
+        pass
+
+    def error(self):
+        return None
+
+    def double_freed(self):
+        return 0
+
+
+class Frees(Decode):
+    frees = True
+
+
 @pytest.fixture
 def nixl(fresh_probe, monkeypatch):
     """``_nixl`` loaded as a cell loads it, its ``sg`` filled as ``prepare`` fills it on a tree with #35049's
@@ -217,7 +303,7 @@ def nixl(fresh_probe, monkeypatch):
                               Mode=SimpleNamespace(PREFILL="prefill", DECODE="decode"), Chunk=Chunk,
                               TransferInfo=TransferInfo, RegisterInfo=None, Sender=Sender, gate=Gate(), Notification=None,
                               np=SimpleNamespace(int32="int32", arange=lambda a, b, dtype=None: list(range(a, b))),
-                              unobserved=None, absent={}, handles_abort=True, ready=True)
+                              unobserved=None, absent={}, handles_abort=True, worker=True, ready=True)
     return module
 
 
@@ -449,6 +535,35 @@ def test_real_base_never_acks_and_head_acks_each_abort_once_drained(tmp_path):
     assert base["X10"]["written_into_other"] == head["X10"]["written_into_other"] == 8
 
 
+@pytest.mark.sglang
+@pytest.mark.parametrize("release, taken, answer", [("0.5.8", False, "not affected"), ("0.5.10", True, "pre-fix")])
+def test_real_prefill_senders_write_as_the_decode_keeps_or_frees_the_aborted_slots(tmp_path, release, taken, answer):
+    """Alone proves, on 0.5.8 and 0.5.10 (no NIXL transfer worker, no ABORT handler): X9 drives the prefill rank's
+    sender, whose writes land with nothing acked. 0.5.8's decode took no step on the abort (the slots still held as
+    they land): not affected; 0.5.10's freed them before the last write, into the next request: pre-fix."""
+    import json
+
+    from real_runs import cli_run
+
+    from pdevidence import registry
+    from pdevidence.judge.classify import judge
+
+    done = cli_run(tmp_path, "cell", "release", "deferred_release_nixl", "base", "--ref", release, timeout=1800)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    doc = json.loads((tmp_path / f"deferred_release_nixl.base.release-{release}.json").read_text())
+    x9 = doc["scenarios"]["X9"]
+    assert x9["error"] is None, x9
+    assert x9["observed"]["nixl_transfer_worker"] == x9["observed"]["nixl_abort_handler"] == "absent"
+    assert x9["observed"]["abort_taken"] is taken and x9["observed"]["acks_sent"] == 0
+    freed = 4 if taken else 0
+    assert x9["observed"]["freed_before_last_write"] == x9["observed"]["written_into_other"] == freed
+    assert doc["scenarios"]["X10"]["observed"]["gave_up"] is True  # its waiting timeout, as on both sides
+    exp = registry.load(PROJECT).experiment("deferred_release_nixl")
+    base, head = (json.loads((PROJECT / "results" / f"deferred_release_nixl.{side}.release-{exp.releases[side]}.json")
+                             .read_text()) for side in ("base", "head"))
+    assert judge(doc, base, head, exp).classification.value == answer
+
+
 # ---------------------------------------------------------------- older layouts
 
 
@@ -534,6 +649,155 @@ def test_the_whole_loop_runs_on_a_prefill_rank_that_handles_no_abort_and_says_so
     nixl.sg.unobserved = "no transfer_worker"
     with pytest.raises(nixl.CannotObserve, match="no transfer_worker"):
         nixl.require_loop({})
+
+
+# ---------------------------------------------------------------- up to 0.5.11: the sender posts its chunks itself
+
+
+@pytest.fixture
+def direct(nixl):
+    """``nixl`` as ``prepare`` leaves it on 0.5.6 to 0.5.11: no ABORT handler, no transfer worker."""
+    nixl.sg.__dict__.update(Manager=Direct, Sender=DirectSender, Chunk=None, worker=False, handles_abort=False,
+                            absent={"nixl_abort_handler": "absent"})
+    return nixl
+
+
+def test_a_sender_posting_its_chunks_itself_is_polled_until_its_writes_land(direct):
+    world = direct.World()
+    manager = world.prefill()
+    running = []
+    world.script("PROC", "PROC", "DONE", on_poll=lambda: running.append(world.in_flight()))
+    direct.bootstrap(manager, 7, pages=4)
+    direct.transfer(manager, 7, pages=4)
+    assert [(w.kind, w.pages) for w in world.writes] == [("kv", [1070, 1071]), ("kv", [1072, 1073]), ("aux", [])]
+    assert running == [True]  # a write was in flight when its states were first read
+    assert not world.in_flight() and world.acks == []
+
+
+def test_a_sender_whose_writes_never_land_cannot_be_observed(direct):
+    world = direct.World()
+    manager = world.prefill()
+    world.script("PROC")
+    direct.bootstrap(manager, 7, pages=4)
+    with pytest.raises(direct.CannotObserve, match="never ended"):
+        direct.transfer(manager, 7, pages=4)
+
+
+def test_a_tree_with_a_transfer_worker_writes_through_it(nixl):
+    world = nixl.World()
+    manager = world.prefill()
+    nixl.bootstrap(manager, 7, pages=4)
+    nixl.transfer(manager, 7, pages=4)
+    assert [w.kind for w in world.writes] == ["kv", "kv", "aux"]
+    assert manager.check_status(7) == KVPoll.Success  # the worker's: its last chunk concluded the room
+
+
+@pytest.mark.parametrize("queued, gave_up, kept", [(True, False, True), (False, False, False), (True, True, False)],
+                         ids=["waiting", "left-the-queue", "gave-up"])
+def test_a_request_is_kept_only_while_queued_and_not_given_up(fresh_probe, queued, gave_up, kept):
+    """``_transferqueue.World.kept``, which X9's ``abort_taken`` negates: a request held for a deferred release has
+    left the transfer queue; one freed or ended gave up; only one still waiting, untouched, is kept."""
+    tq = fresh_probe("_transferqueue.py")
+    decode_req = object()
+    world = SimpleNamespace(requests={"r": SimpleNamespace(decode_req=decode_req)},
+                            queue=SimpleNamespace(queue=[object(), decode_req] if queued else [object()]),
+                            gave_up=lambda rid: gave_up)
+    assert tq.World.kept(world, "r") is kept
+
+
+def x9(fresh_probe, monkeypatch, decode):
+    """X9 as the kit runs it, its decode side ``decode`` (the tree's queue and receiver in miniature)."""
+    probe = fresh_probe("probe_deferred_release_nixl_differential.py")
+    monkeypatch.setattr(probe._transferqueue, "World", decode)
+    (found,) = [s for s in probe.SCENARIOS.scenarios if s.id == "X9"]
+    observed = {}
+    found.run(observed)
+    return observed
+
+
+@pytest.mark.parametrize("decode, taken", [(Decode, False), (Frees, True)])
+def test_x9_drives_a_prefill_rank_without_a_worker_through_its_sender_and_records_what_it_lacks(
+        fresh_probe, monkeypatch, direct, decode, taken):
+    observed = x9(fresh_probe, monkeypatch, decode)
+    assert observed["nixl_transfer_worker"] == observed["nixl_abort_handler"] == "absent"
+    assert observed["abort_taken"] is taken and observed["freed_before_last_write"] == (4 if taken else 0)
+    assert observed["acks_sent"] == 0 and observed["abort_sent"] == 0
+
+
+def test_x9_without_a_write_posted_cannot_be_observed(fresh_probe, monkeypatch, direct):
+    class Silent(Direct):
+        def add_transfer_request(self, *args, **kwargs):
+            return []
+
+    direct.sg.Manager = Silent
+    with pytest.raises(direct.CannotObserve, match="posted no write"):
+        x9(fresh_probe, monkeypatch, Decode)
+
+
+@pytest.mark.parametrize("decode, answer", [(Decode, "not affected"), (Frees, "pre-fix")])
+def test_the_registry_reads_a_tree_without_a_worker_by_what_its_decode_did_at_the_abort(
+        fresh_probe, monkeypatch, direct, decode, answer):
+    """Without a worker: not affected where X9 saw the decode keep the request's slots through the client abort and
+    the prefill's write (0.5.5.post1 to 0.5.9: nothing goes back under it); a decode that frees them there with
+    nothing acked is pre-fix (0.5.10, 0.5.11)."""
+    import json
+
+    from pdevidence import registry
+    from pdevidence.judge.classify import judge
+
+    exp = registry.load(PROJECT).experiment("deferred_release_nixl")
+    base, head = (json.loads((PROJECT / "results" / f"deferred_release_nixl.{side}.release-{exp.releases[side]}.json")
+                             .read_text()) for side in ("base", "head"))
+    doc = json.loads(json.dumps(base))
+    for sid, sc in doc["scenarios"].items():
+        sc["observed"] = {"nixl_abort_handler": "absent"} if sid not in ("X9", "X10") else sc["observed"]
+    doc["scenarios"]["X9"]["observed"] = x9(fresh_probe, monkeypatch, decode)
+    judged = judge(doc, base, head, exp)
+    assert judged.classification.value == answer
+    assert bool(judged.evidence) is (answer == "not affected")
+
+
+def _stub_tree(monkeypatch, manager):
+    """A tree's modules as ``prepare`` imports them, with ``manager`` as its NIXL manager."""
+    import importlib.machinery
+    import types
+
+    def module(name, **attrs):
+        found = types.ModuleType(name)
+        found.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        found.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, found)
+
+    monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(__version__="0.0.test"))
+    module("sglang.srt.disaggregation.nixl.conn", NixlKVManager=manager, NixlKVSender=DirectSender,
+           NixlKVReceiver=type("NixlKVReceiver", (), {"abort": lambda self: None}), TransferInfo=TransferInfo,
+           np=SimpleNamespace())
+    module("sglang.srt.disaggregation.base.conn", KVPoll=KVPoll)
+    module("sglang.srt.disaggregation.utils", DisaggregationMode=SimpleNamespace(PREFILL="prefill", DECODE="decode"))
+    module("sglang.srt.environ", envs=SimpleNamespace())
+
+
+def test_a_tree_without_a_worker_or_an_abort_handler_is_prepared_for_x9_alone(fresh_probe, monkeypatch):
+    _stub_tree(monkeypatch, Direct)
+    module = fresh_probe("_nixl.py")
+    assert module.prepare() == "0.0.test"
+    assert module.sg.ready and module.sg.worker is False and module.sg.Chunk is None
+    observed = {}
+    assert module.require_loop(observed) is True
+    assert observed == {"nixl_abort_handler": "absent", "nixl_transfer_worker": "absent"}
+    assert module.require({}) is False  # X1-X8 drive the handler and the worker
+
+
+@pytest.mark.parametrize("manager", [
+    type("HandlerWithoutWorker", (Direct,), {"_handle_abort_notification": lambda self, msg: None}),
+    type("NoWay", (), {}),  # neither a worker nor add_transfer_request
+], ids=["handler-without-worker", "nothing-posts"])
+def test_a_prefill_that_cannot_be_driven_is_the_scenarios_error(fresh_probe, monkeypatch, manager):
+    _stub_tree(monkeypatch, manager)
+    module = fresh_probe("_nixl.py")
+    module.prepare()
+    with pytest.raises(module.CannotObserve, match="no transfer_worker"):
+        module.require_loop({})
 
 
 def test_a_chunk_is_built_with_the_last_flag_as_the_tree_names_it(nixl):
