@@ -315,6 +315,11 @@ def test_the_issues_version_is_a_usage_error_not_an_internal_one(tripwires):
     assert "argument --version: '0.5.21; rm -rf /' is not a release version (PEP 440)" in err
 
 
+def test_a_relative_root_is_made_absolute_as_cells_run_probes_from_other_directories(monkeypatch):
+    monkeypatch.chdir(PROJECT / "probes")
+    assert cli.parser().parse_args(["--root", "..", "verify"]).root == PROJECT.resolve()
+
+
 def test_a_release_is_check_release_and_the_older_check_version_still_names_one():
     for spelling in ("--release", "--version"):
         assert cli.parser().parse_args(["check", spelling, "0.5.20"]).release == ["0.5.20"]

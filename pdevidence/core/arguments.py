@@ -119,7 +119,7 @@ def project(value: str) -> Path:
     path = directory(value)
     if not _is(value, lambda p: (p / REGISTRY).is_file()):
         raise _bad(value, f"a pdevidence project directory (one holding {REGISTRY})")
-    return path
+    return path.resolve()  # cells run probes from other directories (a sandbox, a tree's own)
 
 
 def interpreter(value: str) -> Path:
