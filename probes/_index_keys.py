@@ -36,7 +36,7 @@ from _retract import _build, _req_to_token_pool_class, _served, sg
 PAGE = 64  # the NSA/DSA pool's page size on CUDA
 PAGES = 2  # pages a request holds, and the pool's: the next request takes exactly the pages given back
 INDEX_HEAD_DIM = 128
-KV_LORA_RANK = 16
+KV_LORA_RANK = 128  # the pools of 0.5.4.post3-0.5.8.post1 take multiples of their quant block (128) only
 ROPE_DIM = 8
 ROWS = 4
 POOL_CLASSES = ("DSATokenToKVPool", "NSATokenToKVPool")
@@ -97,8 +97,10 @@ class World:
 
     @staticmethod
     def _holder(req: Any) -> Any:
-        """Where the request keeps its row: ``req.kv`` from 0.5.19, the request itself before."""
-        return getattr(req, "kv", req)
+        """Where the request keeps its row: ``req.kv`` from 0.5.19, the request itself before (0.5.16 to 0.5.18
+        have a ``kv`` too, None here: what a retraction's release expects)."""
+        kv = getattr(req, "kv", None)
+        return req if kv is None else kv
 
     def _take_pages(self, req: Any) -> None:
         locs = self.allocator.alloc(PAGE * PAGES)

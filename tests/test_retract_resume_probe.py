@@ -591,6 +591,20 @@ def test_a_request_keeping_its_row_in_kv_is_driven_through_it(fresh_probe, index
     assert index_scenario(probe, "I1")[0] == {"index_owner": index_owner, "kv_owner": "own", "allocator_path": "ok"}
 
 
+class NoneKvIndexReq(IndexReq):
+    """A request with a ``kv`` that is None (0.5.16 to 0.5.18): its row stays on the request."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.kv = None
+
+
+def test_a_request_whose_kv_is_none_keeps_its_row_itself(fresh_probe, index_tree, retract):
+    probe = index_tree(fresh_probe, NSAPool)
+    retract.sg.Req = NoneKvIndexReq
+    assert index_scenario(probe, "I1")[0] == {"index_owner": "own", "kv_owner": "own", "allocator_path": "ok"}
+
+
 @pytest.mark.parametrize("pool", [MLAPool, NSAPool])
 def test_i2_without_reuse_reads_own_either_way(fresh_probe, index_tree, pool):
     probe = index_tree(fresh_probe, pool)
