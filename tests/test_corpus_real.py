@@ -49,11 +49,14 @@ NOT_PORTED = {
                              "each forward from a queue, so a wait in the scheduler's loop fences only forwards "
                              "already launched; a port needs the worker's launch_done first, and the probe's "
                              "scheduler has no tp_worker to record it"
-       for era in ("torch2.5-tf4", "torch2.6-tf4", "torch2.7-tf4")},
+       for era in ("torch2.5-tf4.48", "torch2.5-tf4", "torch2.6-tf4", "torch2.7-tf4")},
     ("war_barrier", "torch2.8-tf4"): "not yet: 0.5.3 runs the thread-based worker (as torch2.7-tf4); 0.5.3.post1 "
                                      "to 0.5.5.post3 schedule on the default stream their init takes "
                                      "(self.default_stream; no device_module to ask), a stream the probe's "
                                      "scheduler refuses (it did not make it): a port's wait there raises",
+    ("deferred_release_nixl", "torch2.9-tf5"): "not yet: 0.5.10-0.5.11, pre-fix since X9 drives their sender (issue "
+                                               "44), have neither the NIXL ABORT handler (#30352) nor the transfer "
+                                               "worker the hold and its drain ack are built on",
     ("deferred_release_nixl", "torch2.11-tf5"): "0.5.16's NIXL worker keeps no per-room count of outstanding chunks, "
                                                 "the count #35360's drain ack is built on (0.5.18 has it)",
 }
