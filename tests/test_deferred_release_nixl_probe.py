@@ -536,6 +536,7 @@ def test_real_base_never_acks_and_head_acks_each_abort_once_drained(tmp_path):
 
 
 @pytest.mark.sglang
+@pytest.mark.scheduled  # two eras older than the brackets': the weekly lane's
 @pytest.mark.parametrize("release, taken, answer", [("0.5.8", False, "not affected"), ("0.5.10", True, "pre-fix")])
 def test_real_prefill_senders_write_as_the_decode_keeps_or_frees_the_aborted_slots(tmp_path, release, taken, answer):
     """Alone proves, on 0.5.8 and 0.5.10 (no NIXL transfer worker, no ABORT handler): X9 drives the prefill rank's
