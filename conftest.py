@@ -34,7 +34,14 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "(every era, every backport, every mutant; --scheduled)")
 
 
+@pytest.hookimpl(tryfirst=True)  # the groups are set before pytest-xdist reads them
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _choose_lane(config, items)
+    if config.pluginmanager.hasplugin("xdist"):
+        _share_out(items)
+
+
+def _choose_lane(config: pytest.Config, items: list[pytest.Item]) -> None:
     real, scheduled = config.getoption("--sglang"), config.getoption("--scheduled")
     if scheduled and not real:  # the weekly lane: what the default run leaves out, nothing else
         kept = [item for item in items if "scheduled" in item.keywords]
@@ -46,3 +53,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="scheduled lane: run with --scheduled"))
         elif "sglang" in item.keywords and not real:
             item.add_marker(pytest.mark.skip(reason="real SGLang cell: run with --sglang"))
+
+
+# The real runs a whole session shares (tests/conftest.py): each is made once per worker that asks for it.
+SHARED_RUNS = {"release_matrix", "bracket_sweep"}
+
+
+def _share_out(items: list[pytest.Item]) -> None:
+    """How the workers (`-n`, pytest-xdist with `--dist loadgroup`: pyproject.toml) share the tests. Each file is
+    one unit of work, so a module's fixtures are made once; the files that read a shared run are one unit, so that
+    run is made once. Units are handed out in this order, each to the next free worker: that unit first, then the
+    other files of real runs, then the fast files, so the longest work starts while the other worker takes the rest."""
+    shared = {item.path for item in items if SHARED_RUNS & set(item.fixturenames)}
+    real = {item.path for item in items if "sglang" in item.keywords}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("shared-runs" if item.path in shared else item.path.name))
+    items.sort(key=lambda item: (item.path not in shared, item.path not in real))

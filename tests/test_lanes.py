@@ -10,6 +10,7 @@ import importlib.util
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -32,16 +33,27 @@ def root_conftest():
 class Item:
     name: str
     keywords: set[str]
-    skipped: str | None = None
+    path: Path = Path("tests/test_x.py")
+    fixturenames: tuple[str, ...] = ()
+    marks: list[pytest.Mark] = field(default_factory=list)
 
     def add_marker(self, mark: pytest.MarkDecorator) -> None:
-        self.skipped = mark.kwargs["reason"]
+        self.marks.append(mark.mark)
+
+    @property
+    def skipped(self) -> str | None:
+        return next((m.kwargs["reason"] for m in self.marks if m.name == "skip"), None)
+
+    @property
+    def group(self) -> str:
+        return next(m.args[0] for m in self.marks if m.name == "xdist_group")
 
 
 @dataclass
 class Config:
     options: dict[str, bool]
     deselected: list[Item] = field(default_factory=list)
+    plugins: tuple[str, ...] = ()
 
     def getoption(self, name: str) -> bool:
         return self.options[name]
@@ -49,6 +61,13 @@ class Config:
     @property
     def hook(self):
         return self
+
+    @property
+    def pluginmanager(self):
+        return self
+
+    def hasplugin(self, name: str) -> bool:
+        return name in self.plugins
 
     def pytest_deselected(self, items: list[Item]) -> None:
         self.deselected.extend(items)
@@ -76,6 +95,26 @@ def test_each_lane_runs_its_tests_and_says_how_to_run_the_others(sglang, schedul
     ran = lane(sglang, scheduled)
     assert {name: ran[name] for name in expected} == expected
     assert ran["kept"] == ("weekly" if scheduled and not sglang else "fast,real,weekly")
+
+
+def test_workers_get_each_file_whole_and_the_files_of_a_shared_run_as_one_unit_first():
+    fast = [Item(f"fast{i}", set(), Path("tests/test_a.py")) for i in range(2)]
+    real = Item("real", {"sglang"}, Path("tests/test_b_real.py"))
+    matrix = Item("matrix", {"sglang"}, Path("tests/test_c_real.py"), ("tmp_path", "release_matrix"))
+    beside = Item("beside", {"sglang"}, Path("tests/test_c_real.py"))  # its file reads the matrix: it goes along
+    sweep = Item("sweep", {"sglang"}, Path("tests/test_d_real.py"), ("bracket_sweep",))
+    items = [*fast, real, matrix, beside, sweep]
+    root_conftest().pytest_collection_modifyitems(Config({"--sglang": True, "--scheduled": False}, plugins=("xdist",)),
+                                                  items)
+    assert [(item.name, item.group) for item in items] == [
+        ("matrix", "shared-runs"), ("beside", "shared-runs"), ("sweep", "shared-runs"),
+        ("real", "test_b_real.py"), ("fast0", "test_a.py"), ("fast1", "test_a.py")]
+
+
+def test_without_workers_the_order_is_the_files_own():
+    items = [Item("fast", set()), Item("matrix", {"sglang"}, fixturenames=("release_matrix",))]
+    root_conftest().pytest_collection_modifyitems(Config({"--sglang": True, "--scheduled": False}), items)
+    assert [item.name for item in items] == ["fast", "matrix"] and not any(item.marks for item in items)
 
 
 def collected(*options: str) -> set[str]:
