@@ -55,17 +55,13 @@ def _choose_lane(config: pytest.Config, items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.skip(reason="real SGLang cell: run with --sglang"))
 
 
-# The real runs a whole session shares (tests/conftest.py): each is made once per worker that asks for it.
-SHARED_RUNS = {"release_matrix", "bracket_sweep"}
-
 
 def _share_out(items: list[pytest.Item]) -> None:
-    """How the workers (`-n`, pytest-xdist with `--dist loadgroup`: pyproject.toml) share the tests. Each file is
-    one unit of work, so a module's fixtures are made once; the files that read a shared run are one unit, so that
-    run is made once. Units are handed out in this order, each to the next free worker: that unit first, then the
-    other files of real runs, then the fast files, so the longest work starts while the other worker takes the rest."""
-    shared = {item.path for item in items if SHARED_RUNS & set(item.fixturenames)}
+    """How the workers (`-n`, pytest-xdist with `--dist loadgroup`: pyproject.toml) share the tests: every file of
+    real runs is one unit, handed out first, so one worker runs them one after another, as a single process would
+    (the session's shared runs made once, no two real runs beside each other in one cache); each fast file is a
+    unit of its own, for the other workers."""
     real = {item.path for item in items if "sglang" in item.keywords}
     for item in items:
-        item.add_marker(pytest.mark.xdist_group("shared-runs" if item.path in shared else item.path.name))
-    items.sort(key=lambda item: (item.path not in shared, item.path not in real))
+        item.add_marker(pytest.mark.xdist_group("real-runs" if item.path in real else item.path.name))
+    items.sort(key=lambda item: item.path not in real)

@@ -34,7 +34,6 @@ class Item:
     name: str
     keywords: set[str]
     path: Path = Path("tests/test_x.py")
-    fixturenames: tuple[str, ...] = ()
     marks: list[pytest.Mark] = field(default_factory=list)
 
     def add_marker(self, mark: pytest.MarkDecorator) -> None:
@@ -97,24 +96,23 @@ def test_each_lane_runs_its_tests_and_says_how_to_run_the_others(sglang, schedul
     assert ran["kept"] == ("weekly" if scheduled and not sglang else "fast,real,weekly")
 
 
-def test_workers_get_each_file_whole_and_the_files_of_a_shared_run_as_one_unit_first():
+def test_one_worker_runs_every_real_file_first_and_each_fast_file_is_a_unit_of_its_own():
     fast = [Item(f"fast{i}", set(), Path("tests/test_a.py")) for i in range(2)]
-    real = Item("real", {"sglang"}, Path("tests/test_b_real.py"))
-    matrix = Item("matrix", {"sglang"}, Path("tests/test_c_real.py"), ("tmp_path", "release_matrix"))
-    beside = Item("beside", {"sglang"}, Path("tests/test_c_real.py"))  # its file reads the matrix: it goes along
-    sweep = Item("sweep", {"sglang"}, Path("tests/test_d_real.py"), ("bracket_sweep",))
-    items = [*fast, real, matrix, beside, sweep]
+    other = Item("other", set(), Path("tests/test_b.py"))
+    real = Item("real", {"sglang"}, Path("tests/test_c_real.py"))
+    beside = Item("beside", set(), Path("tests/test_c_real.py"))  # a fast test of a real file goes along with it
+    items = [*fast, other, real, beside]
     root_conftest().pytest_collection_modifyitems(Config({"--sglang": True, "--scheduled": False}, plugins=("xdist",)),
                                                   items)
     assert [(item.name, item.group) for item in items] == [
-        ("matrix", "shared-runs"), ("beside", "shared-runs"), ("sweep", "shared-runs"),
-        ("real", "test_b_real.py"), ("fast0", "test_a.py"), ("fast1", "test_a.py")]
+        ("real", "real-runs"), ("beside", "real-runs"), ("fast0", "test_a.py"), ("fast1", "test_a.py"),
+        ("other", "test_b.py")]
 
 
 def test_without_workers_the_order_is_the_files_own():
-    items = [Item("fast", set()), Item("matrix", {"sglang"}, fixturenames=("release_matrix",))]
+    items = [Item("fast", set()), Item("real", {"sglang"}, Path("tests/test_c_real.py"))]
     root_conftest().pytest_collection_modifyitems(Config({"--sglang": True, "--scheduled": False}), items)
-    assert [item.name for item in items] == ["fast", "matrix"] and not any(item.marks for item in items)
+    assert [item.name for item in items] == ["fast", "real"] and not any(item.marks for item in items)
 
 
 def collected(*options: str) -> set[str]:
