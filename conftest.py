@@ -34,11 +34,10 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "(every era, every backport, every mutant; --scheduled)")
 
 
-@pytest.hookimpl(tryfirst=True)  # the groups are set before pytest-xdist reads them
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _choose_lane(config, items)
-    if config.pluginmanager.hasplugin("xdist"):
-        _share_out(items)
+    if config.pluginmanager.hasplugin("xdist"):  # the real files first: the longest unit starts first
+        items.sort(key=lambda item: "sglang" not in item.keywords and item.path.name not in REAL_FILES)
 
 
 def _choose_lane(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -56,12 +55,22 @@ def _choose_lane(config: pytest.Config, items: list[pytest.Item]) -> None:
 
 
 
-def _share_out(items: list[pytest.Item]) -> None:
-    """How the workers (`-n`, pytest-xdist with `--dist loadgroup`: pyproject.toml) share the tests: every file of
-    real runs is one unit, handed out first, so one worker runs them one after another, as a single process would
-    (the session's shared runs made once, no two real runs beside each other in one cache); each fast file is a
-    unit of its own, for the other workers."""
-    real = {item.path for item in items if "sglang" in item.keywords}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group("real-runs" if item.path in real else item.path.name))
-    items.sort(key=lambda item: item.path not in real)
+
+# The test files holding real runs (marked ``sglang``), by name; tests/test_lanes.py holds the list to a collection.
+REAL_FILES = {path.name for path in (ROOT / "tests").glob("test_*.py") if "pytest.mark.sglang" in path.read_text()}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """How the workers (`-n`: pyproject.toml) share the tests: every file of real runs in one unit, handed out
+    first, so one worker runs them one after another as a single process would (the session's shared runs made
+    once, no two real runs beside each other in one cache); each fast file a unit of its own for the others.
+    (pytest-xdist's own `loadgroup` cannot group: it renames items through an attribute pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RealRunsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return "real runs" if Path(file).name in REAL_FILES else file
+
+    return RealRunsTogether(config, log)

@@ -43,19 +43,20 @@ class Item:
     def skipped(self) -> str | None:
         return next((m.kwargs["reason"] for m in self.marks if m.name == "skip"), None)
 
-    @property
-    def group(self) -> str:
-        return next(m.args[0] for m in self.marks if m.name == "xdist_group")
-
 
 @dataclass
 class Config:
     options: dict[str, bool]
     deselected: list[Item] = field(default_factory=list)
     plugins: tuple[str, ...] = ()
+    workers: list[str] = field(default_factory=list)  # pytest-xdist's --tx
 
     def getoption(self, name: str) -> bool:
         return self.options[name]
+
+    def getvalue(self, name: str) -> list[str]:
+        assert name == "tx"
+        return self.workers
 
     @property
     def hook(self):
@@ -96,23 +97,27 @@ def test_each_lane_runs_its_tests_and_says_how_to_run_the_others(sglang, schedul
     assert ran["kept"] == ("weekly" if scheduled and not sglang else "fast,real,weekly")
 
 
-def test_one_worker_runs_every_real_file_first_and_each_fast_file_is_a_unit_of_its_own():
+def test_with_workers_the_real_files_come_first_and_share_one_unit_and_each_fast_file_is_its_own():
+    conftest = root_conftest()
     fast = [Item(f"fast{i}", set(), Path("tests/test_a.py")) for i in range(2)]
-    other = Item("other", set(), Path("tests/test_b.py"))
-    real = Item("real", {"sglang"}, Path("tests/test_c_real.py"))
-    beside = Item("beside", set(), Path("tests/test_c_real.py"))  # a fast test of a real file goes along with it
-    items = [*fast, other, real, beside]
-    root_conftest().pytest_collection_modifyitems(Config({"--sglang": True, "--scheduled": False}, plugins=("xdist",)),
-                                                  items)
-    assert [(item.name, item.group) for item in items] == [
-        ("real", "real-runs"), ("beside", "real-runs"), ("fast0", "test_a.py"), ("fast1", "test_a.py"),
-        ("other", "test_b.py")]
+    real = Item("real", {"sglang"}, Path("tests/test_real_releases.py"))
+    beside = Item("beside", set(), Path("tests/test_swa_probe.py"))  # a fast test of a file of real runs
+    items = [*fast, real, beside]
+    conftest.pytest_collection_modifyitems(Config({"--sglang": True, "--scheduled": False}, plugins=("xdist",)), items)
+    assert [item.name for item in items] == ["real", "beside", "fast0", "fast1"]
+    scheduler = conftest.pytest_xdist_make_scheduler(Config({}, workers=["2*popen"]), log=None)
+    units = {nodeid: scheduler._split_scope(nodeid) for nodeid in (
+        "tests/test_real_releases.py::test_x", "tests/test_swa_probe.py::test_y[a::b]", "tests/test_a.py::test_z",
+        "tests/test_a.py::TestC::test_w")}
+    assert units == {"tests/test_real_releases.py::test_x": "real runs", "tests/test_swa_probe.py::test_y[a::b]":
+                     "real runs", "tests/test_a.py::test_z": "tests/test_a.py",
+                     "tests/test_a.py::TestC::test_w": "tests/test_a.py"}
 
 
 def test_without_workers_the_order_is_the_files_own():
-    items = [Item("fast", set()), Item("real", {"sglang"}, Path("tests/test_c_real.py"))]
+    items = [Item("fast", set()), Item("real", {"sglang"}, Path("tests/test_real_releases.py"))]
     root_conftest().pytest_collection_modifyitems(Config({"--sglang": True, "--scheduled": False}), items)
-    assert [item.name for item in items] == ["fast", "real"] and not any(item.marks for item in items)
+    assert [item.name for item in items] == ["fast", "real"]
 
 
 def collected(*options: str) -> set[str]:
@@ -121,6 +126,11 @@ def collected(*options: str) -> set[str]:
                           cwd=PROJECT, capture_output=True, text=True, timeout=600)
     assert done.returncode in (0, 5), done.stdout[-2000:] + done.stderr[-2000:]
     return {line.strip() for line in done.stdout.splitlines() if "::" in line}
+
+
+def test_the_files_the_workers_keep_together_are_every_file_of_real_runs():
+    assert {f"tests/{name}" for name in root_conftest().REAL_FILES} == \
+        {test.split("::")[0] for test in collected("--sglang", "--scheduled", "-m", "sglang")}
 
 
 def test_the_scheduled_lane_is_real_runs_of_its_files_only():
