@@ -409,3 +409,35 @@ def test_prefill_rules_set_aside_only_what_the_oldest_trees_cannot_express():
         rest = [name for name in OLDEST_TREE if name != fact]
         assert classify.classify(oldest_tree(head, rest), base, head, exp).classification \
             is not Classification.FIXED, fact
+
+
+# --- an experiment's own release floor ----------------------------------------------------------------------------
+FLOOR = REGISTRY.replace('probe = "probes/probe_demo.py"', 'probe = "probes/probe_demo.py"\nrelease_floor = "0.9.0"')
+
+
+def test_an_experiment_may_reach_below_the_registry_floor_and_the_others_keep_it(tmp_path):
+    reg = load_text(tmp_path, FLOOR)
+    assert reg.experiment("demo").release_floor == "0.9.0" and reg.floor("demo") == "0.9.0"
+    plain = load_text(tmp_path, REGISTRY)
+    assert plain.experiment("demo").release_floor is None and plain.floor("demo") == "1.0.0"
+
+
+@pytest.mark.parametrize("floor, message", [
+    ('"1.0.0"', "experiments.demo.release_floor: '1.0.0' is not older than the registry's release_floor '1.0.0'"),
+    ('"1.0.1"', "experiments.demo.release_floor: '1.0.1' is not older than the registry's release_floor"),
+    ('"old"', "experiments.demo.release_floor: 'old' is not a PEP 440 version"),
+    ("3", "experiments.demo.release_floor: expected string, got integer"),
+])
+def test_an_experiment_floor_that_does_not_reach_further_back_is_refused(tmp_path, floor, message):
+    with pytest.raises(errors.HarnessError, match=re.escape(message)) as err:
+        load_text(tmp_path, FLOOR.replace('release_floor = "0.9.0"', f"release_floor = {floor}"))
+    assert err.value.code == errors.USAGE
+
+
+def test_an_experiment_floor_above_its_own_pre_fix_release_is_refused(tmp_path):
+    below = FLOOR.replace('release_floor = "1.0.0"', 'release_floor = "2.0.0"').replace(
+        'release_floor = "0.9.0"', 'release_floor = "1.5.0"')
+    with pytest.raises(errors.HarnessError, match=re.escape("experiments.demo.release_floor: '1.5.0' is newer than "
+                                                            "its pre-fix release '1.0.0'")):
+        load_text(tmp_path, below)
+
