@@ -38,9 +38,10 @@ its writes; ``after_launch``: right after each launch; ``mixed``; ``none``);
 W12/W13: ``waits_on_read_done`` (a wait was on the forward's read-done event rather than the whole stream);
 decode loops: ``prealloc_fenced`` (the decode queue's preallocation, a schedule write, ran after a wait since
 the last launch; null: it never ran after one). Tree facts: ``dflash: "absent"`` (W14: the tree's
-``SpeculativeAlgorithm`` has no DFLASH). A tree without the loop a scenario drives records ``loop: "absent"``
+``SpeculativeAlgorithm`` has no DFLASH, or the tree has no ``spec_info`` to define one, before 0.4.2: adaptation
+``no_speculative_module``, its loops then given no speculative algorithm). A tree without the loop a scenario drives records ``loop: "absent"``
 (the PD overlap loops up to 0.4.5.post2; every PD loop on a tree without PD, 0.4.4.post1 and before, whose
-plain loop is driven all the same).
+plain loop is driven all the same; every loop on a scheduler without an overlap loop, 0.3.3.post1 and before).
 What a CPU probe sees is the barrier's placement and gating, never the race itself (docs/operators/limits.md).
 
     python probes/probe_war_barrier_differential.py --side head --tree-kind release --tree-ref 0.5.13
@@ -51,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import importlib.util
 import sys
 from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
@@ -400,11 +402,21 @@ def platform(name: str):
         yield device
 
 
+def speculative_algorithms() -> Any:
+    """The tree's ``SpeculativeAlgorithm`` enum; None where the tree has no ``spec_info`` module to hold one (before
+    0.4.2: its loops know no speculative algorithm). A module that is there but fails to import raises."""
+    if importlib.util.find_spec("sglang.srt.speculative") is None or \
+            importlib.util.find_spec("sglang.srt.speculative.spec_info") is None:
+        SCENARIOS.adapted("no_speculative_module")
+        return None
+    return importlib.import_module("sglang.srt.speculative.spec_info").SpeculativeAlgorithm
+
+
 def drive(run: Run, world: World) -> str | None:
     """Run the tree's loop for ``run``; the loop that ran (None: the tree has none to run)."""
     sched_mod = importlib.import_module(SCHEDULER)
-    spec_enum = importlib.import_module("sglang.srt.speculative.spec_info").SpeculativeAlgorithm
-    spec = getattr(spec_enum, run.spec or "NONE")
+    spec_enum = speculative_algorithms()
+    spec = None if spec_enum is None else getattr(spec_enum, run.spec or "NONE")
     mode, _, loop_name = LOOPS[run.loop]
     # Before PD (0.4.4.post1 and older) the plain loop is the only one, and reads no mode.
     if lacks_pd() and run.loop != "plain":
@@ -461,8 +473,8 @@ def placement(world: World) -> str:
 
 
 def play(run: Run, observed: Observed) -> None:
-    spec_enum = importlib.import_module("sglang.srt.speculative.spec_info").SpeculativeAlgorithm
-    if run.spec and not hasattr(spec_enum, run.spec):
+    spec_enum = speculative_algorithms()
+    if run.spec and (spec_enum is None or not hasattr(spec_enum, run.spec)):
         observed[run.spec.lower()] = "absent"
         return
     world = World(fastpath=run.fastpath)
