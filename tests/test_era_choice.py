@@ -140,12 +140,15 @@ def test_the_evidence_names_the_pins_the_closure_and_each_rule_that_decided():
 @pytest.mark.parametrize(("pinned", "era"), [
     (tree_pins("2.9.1"), "torch2.9-tf5"),  # no transformers pin: the newest closure of that torch
     (tree_pins(transformers="4.57.1"), "torch2.9-tf4"),  # no torch pin: transformers alone, then the newest
-    (tree_pins("2.4.0", "4.46.0"), "torch2.5-tf4.46"),  # older than every closure: the nearest newer torch, then
-    # transformers (0.3.x's day: 4.46.1, at or above the pin)
+    (tree_pins("2.4.0", "4.46.0"), "torch2.5-tf4.48"),  # older than every closure: the nearest newer torch, then
+    # transformers (4.48.3, which torch2.5-tf4-vllm's closure has too: the first declared of the tied closures)
     (tree_pins("2.10.0", "5.4.0", "sglang-kernel", "0.4.3"), "torch2.11-tf5"),  # between closures: the nearest newer
     (tree_pins("2.20.0", "6.0.0"), None),  # newer than every closure: the newest (today's)
     (tree_pins("2.9.1", "6.1.0"), "torch2.9-tf5"),  # no closure of its transformers major: the nearest
     (tree_pins("2.11.0", "5.8.1"), "torch2.11-tf5-sgl-kernel"),  # no kernel pin: the era with stand-ins
+    # PD's first commits' pins: torch2.5-tf4-vllm's closure ties (torch 2.5.1, transformers 4.48.3) and is declared
+    # after it: the vLLM of the 0.3.x-0.4.2 era never runs a 0.4.4 tree.
+    (tree_pins("2.5.1", "4.48.3", "sgl-kernel", "0.0.5.post3"), "torch2.5-tf4.48"),
 ])
 def test_pins_without_an_exact_closure_take_the_nearest(pinned, era):
     chosen, _ = era_choice.match_pins(registry.load(PROJECT), pinned)
@@ -249,7 +252,7 @@ def described(version: str, told: str, source: str = "git describe --tags") -> T
     (described("0.5.6.post2", "v0.5.6.post2-7527-gabc1234"), "is 7527 commits behind (over 100)"),
     (described("0.5.21", "v0.5.21-3-gabc1234"), None),  # in no era, but a release the lock pins
     (described("1.2.0", "v1.2.0"), "names no SGLang release the harness knows"),  # a vendor's own numbering
-    (described("0.3.1", "v0.3.1-2-gabc1234"), None),  # older than PD disaggregation: the torch2.5-tf4.46 era holds it
+    (described("0.3.1", "v0.3.1-2-gabc1234"), None),  # older than PD disaggregation: the torch2.5-tf4-vllm era holds it
     (described("0.5.24", "v0.5.24"), "names no SGLang release the harness knows"),  # newer than the lock: its pins tell
     (described("9.9.9", "9.9.9", "python/sglang/version.py"), None),  # the tree states it: its own
 ])

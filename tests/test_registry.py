@@ -445,10 +445,11 @@ def test_an_experiment_floor_above_its_own_pre_fix_release_is_refused(tmp_path):
 def test_war_barrier_reads_back_to_a_scheduler_without_the_overlap_loop_in_the_era_of_its_day():
     reg = registry.load(PROJECT)
     assert reg.floor("war_barrier") == "0.3.3" and reg.floor("admission") == reg.release_floor == "0.4.4.post1"
-    # 0.3.3 (no overlap loop) and 0.3.4 (the loop) import their scheduler in the closure of their day, outlines
-    # (uninstallable: its pyairports is gone from PyPI) stood in; 0.3.5.post1 on call outlines at import.
-    for version in ("0.3.0", "0.3.3", "0.3.4", "0.3.5"):
-        assert reg.era_of(version).name == "torch2.5-tf4.46" and "outlines" in reg.era_of(version).stand_ins
-    assert reg.era_of("0.3.5.post1").name == "pre-pd" and "outlines" not in reg.era_of("0.3.5.post1").stand_ins
-    # 0.4.3.post1 and post2 register the Qwen2.5-VL config transformers 4.49 on ship, as 0.4.3.post3 does.
+    # 0.3.3 (no overlap loop) to 0.4.2.post3 import their scheduler with the vLLM and outlines they import at top
+    # level (real: they call both at import), outlines' pyairports (gone from PyPI) stood in.
+    for version in ("0.3.0", "0.3.3", "0.3.4", "0.3.6", "0.4.2.post3"):
+        assert reg.era_of(version).name == "torch2.5-tf4-vllm"
+        assert reg.era_of(version).stand_ins == ("sgl_kernel", "triton-driver", "pyairports")
+    assert reg.era_of("0.4.2.post4").name == "pre-pd" and "vllm" in reg.era_of("0.4.2.post4").stand_ins
+    # 0.4.3.post1 and post2 import a name of transformers' mllama that 4.51 dropped: torch2.5-tf4.48's 4.48.3.
     assert reg.era_of("0.4.3").name == "pre-pd" and reg.era_of("0.4.3.post1").name == "torch2.5-tf4.48"
