@@ -39,9 +39,10 @@ W12/W13: ``waits_on_read_done`` (a wait was on the forward's read-done event rat
 decode loops: ``prealloc_fenced`` (the decode queue's preallocation, a schedule write, ran after a wait since
 the last launch; null: it never ran after one). Tree facts: ``dflash: "absent"`` (W14: the tree's
 ``SpeculativeAlgorithm`` has no DFLASH, or the tree has no ``spec_info`` to define one, before 0.4.2: adaptation
-``no_speculative_module``, its loops then given no speculative algorithm). A tree without the loop a scenario drives records ``loop: "absent"``
-(the PD overlap loops up to 0.4.5.post2; every PD loop on a tree without PD, 0.4.4.post1 and before, whose
-plain loop is driven all the same; every loop on a scheduler without an overlap loop, 0.3.3.post1 and before).
+``no_speculative_module``, its loops then given no speculative algorithm). A tree without the loop a scenario
+drives records ``loop: "absent"`` (the PD overlap loops up to 0.4.5.post2; every PD loop on a tree without PD,
+0.4.4.post1 and before, whose plain loop is driven all the same; every loop on a scheduler without an overlap
+loop, 0.3.3.post1 and before).
 What a CPU probe sees is the barrier's placement and gating, never the race itself (docs/operators/limits.md).
 
     python probes/probe_war_barrier_differential.py --side head --tree-kind release --tree-ref 0.5.13
