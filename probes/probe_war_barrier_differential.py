@@ -413,11 +413,23 @@ def speculative_algorithms() -> Any:
     return importlib.import_module("sglang.srt.speculative.spec_info").SpeculativeAlgorithm
 
 
+def speculative(name: str | None) -> Any:
+    """The scheduler's ``spec_algorithm`` for ``name`` (None: no speculative decoding): a member of the tree's
+    ``SpeculativeAlgorithm``; None where the tree has no such enum, or one without ``NONE`` (0.4.1.post2 and post3:
+    EAGLE alone, no algorithm being None; their loops never read it), adaptation ``no_speculative_none``."""
+    spec_enum = speculative_algorithms()
+    if spec_enum is None:
+        return None
+    if name is None and not hasattr(spec_enum, "NONE"):
+        SCENARIOS.adapted("no_speculative_none")
+        return None
+    return getattr(spec_enum, name or "NONE")
+
+
 def drive(run: Run, world: World) -> str | None:
     """Run the tree's loop for ``run``; the loop that ran (None: the tree has none to run)."""
     sched_mod = importlib.import_module(SCHEDULER)
-    spec_enum = speculative_algorithms()
-    spec = None if spec_enum is None else getattr(spec_enum, run.spec or "NONE")
+    spec = speculative(run.spec)
     mode, _, loop_name = LOOPS[run.loop]
     # Before PD (0.4.4.post1 and older) the plain loop is the only one, and reads no mode.
     if lacks_pd() and run.loop != "plain":
