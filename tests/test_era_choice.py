@@ -7,6 +7,9 @@ must run in the era its version puts it in, against the real registry and closur
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -290,3 +293,17 @@ def test_choice_by_version_says_whether_the_pins_agree():
     release = era_choice.choose(reg, Tree("release", "0.5.8", "0.5.8", Path("/w.whl"), "0" * 64, "pypi", "w.whl"))
     assert (release.name, release.basis, release.set_aside) == ("torch2.9-tf4", Basis.VERSION, None)
     assert release.evidence == "release 0.5.8 is in era torch2.9-tf4 (<0.5.10,>=0.5.6)"
+
+
+def test_closures_tied_on_torch_and_transformers_go_to_the_first_declared_in_every_process():
+    """torch2.5-tf4.48 and torch2.5-tf4-vllm both hold torch 2.5.1 and transformers 4.48.3: the choice must not
+    follow a set's order (it varies with the process's hash seed), and says why it fell where it did."""
+    code = ("from pdevidence import registry; from pdevidence.core.paths import PROJECT; "
+            "from pdevidence.sources import era_choice; from pdevidence.sources.pins import TreePins; "
+            "era, why = era_choice.match_pins(registry.load(PROJECT), TreePins('2.5.1', '4.48.3', None, None, "
+            "'python/pyproject.toml')); print(era.name); print(why)")
+    said = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in range(6)}
+    assert len(said) == 1, said
+    name, why = said.pop().splitlines()
+    assert name == "torch2.5-tf4.48" and "the first declared of the closures left" in why
