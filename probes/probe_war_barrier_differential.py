@@ -53,7 +53,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import importlib.util
 import sys
 from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
@@ -69,6 +68,7 @@ ITERATIONS = 3
 ENABLE = "SGLANG_ENABLE_WAR_BARRIER"
 COARSE = "SGLANG_FORCE_COARSE_WAR_BARRIER"
 SCHEDULER = "sglang.srt.managers.scheduler"
+SPEC_INFO = "sglang.srt.speculative.spec_info"
 PD_MODULES = ("sglang.srt.disaggregation.decode", "sglang.srt.disaggregation.prefill")
 
 # A server's platform as the tree's own flags say it: its device string and which ``is_<x>`` is true.
@@ -406,11 +406,14 @@ def platform(name: str):
 def speculative_algorithms() -> Any:
     """The tree's ``SpeculativeAlgorithm`` enum; None where the tree has no ``spec_info`` module to hold one (before
     0.4.2: its loops know no speculative algorithm). A module that is there but fails to import raises."""
-    if importlib.util.find_spec("sglang.srt.speculative") is None or \
-            importlib.util.find_spec("sglang.srt.speculative.spec_info") is None:
+    try:
+        module = importlib.import_module(SPEC_INFO)
+    except ModuleNotFoundError as exc:  # only the module's own absence: a dependency it lacks raises on
+        if exc.name not in (SPEC_INFO.rpartition(".")[0], SPEC_INFO):
+            raise
         SCENARIOS.adapted("no_speculative_module")
         return None
-    return importlib.import_module("sglang.srt.speculative.spec_info").SpeculativeAlgorithm
+    return module.SpeculativeAlgorithm
 
 
 def speculative(name: str | None) -> Any:
