@@ -291,8 +291,8 @@ class Experiment:
     # The SGLang files (repository paths) its probe loads: `bisect --every` probes each commit changing one.
     loads: tuple[str, ...] = ()
     # The oldest release its sweep probes, where older than the registry's ``release_floor`` (None: that floor):
-    # an experiment whose code path is older than PD reads back to a release without it (war_barrier's plain
-    # overlap loop), so the sweep finds the release that brought it in.
+    # an experiment whose code path is older than PD (a scheduler loop) reads back to a release without it, so the
+    # sweep finds the release that brought it in.
     release_floor: str | None = None
 
     def pin(self, kind: str, side: str) -> str:
