@@ -290,6 +290,10 @@ class Experiment:
     cpu_kernels: dict[str, tuple[str, str]] = field(default_factory=dict)
     # The SGLang files (repository paths) its probe loads: `bisect --every` probes each commit changing one.
     loads: tuple[str, ...] = ()
+    # The oldest release its sweep probes, where older than the registry's ``release_floor`` (None: that floor):
+    # an experiment whose code path is older than PD (a scheduler loop) reads back to a release without it, so the
+    # sweep finds the release that brought it in.
+    release_floor: str | None = None
 
     def pin(self, kind: str, side: str) -> str:
         """What a registry cell of tree ``kind`` probes on ``side``: the pinned commit (``git``) or release."""
@@ -378,6 +382,10 @@ class Registry:
             raise usage(f"eras {', '.join(e.name for e in holders)} all hold {version}",
                         expected="each release in at most one era", todo=f"fix their releases in {REGISTRY_FILE}")
         return holders[0] if holders else None
+
+    def floor(self, name: str) -> str:
+        """The oldest release the sweep probes for experiment ``name``: its own floor, else the registry's."""
+        return self.experiment(name).release_floor or self.release_floor
 
     def experiment(self, name: str) -> Experiment:
         try:
@@ -509,6 +517,9 @@ def _parse(root: Path, data: dict) -> Registry:
                  for name, spec in data.get("stand_ins", {}).items()}
     eras = {name: _parse_era(root, name, table, stand_ins) for name, table in data.get("eras", {}).items()}
     _disjoint(eras)
+    floor = _version(data["release_floor"], "registry.release_floor")
+    for name, exp in experiments.items():
+        _below_floor(f"experiments.{name}", exp, floor)
     return Registry(
         root=root,
         python=data["python"],
@@ -516,7 +527,7 @@ def _parse(root: Path, data: dict) -> Registry:
         constraints=root / data["constraints"],
         constraints_cpu=root / data["constraints_cpu"] if "constraints_cpu" in data else None,
         constraints_input=root / data["constraints_input"] if "constraints_input" in data else None,
-        release_floor=_version(data["release_floor"], "registry.release_floor"),
+        release_floor=floor,
         experiments=experiments,
         pd_first_release=_version(data["pd_first_release"], "registry.pd_first_release")
         if "pd_first_release" in data else None,
@@ -525,6 +536,20 @@ def _parse(root: Path, data: dict) -> Registry:
         openvex_example=_version(data["openvex_example"], "registry.openvex_example")
         if "openvex_example" in data else None,
     )
+
+
+def _below_floor(where: str, exp: Experiment, floor: str) -> None:
+    """An experiment's own floor only reaches further back than the registry's (a higher one would leave it
+    releases unread that every other experiment reads), and stays below its own pre-fix release."""
+    if exp.release_floor is None:
+        return
+    if Version(exp.release_floor) >= Version(floor):
+        raise RegistryError(f"{where}.release_floor: {exp.release_floor!r} is not older than the registry's "
+                            f"release_floor {floor!r} (leave it out: the registry's floor applies)")
+    base = exp.releases.get("base")
+    if base is not None and Version(exp.release_floor) > Version(base):
+        raise RegistryError(f"{where}.release_floor: {exp.release_floor!r} is newer than its pre-fix release "
+                            f"{base!r}")
 
 
 def _parse_era(root: Path, name: str, table: Any, stand_ins: dict[str, str]) -> Era:
@@ -571,7 +596,7 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
     _table(table, where, required={"pr": int, "title": str, "probe": str},
            optional={"git": dict, "upstream_tests": list, "releases": dict, "expect": dict, "mutants": dict,
                      "not_affected": dict, "not_deciding": dict, "needs": dict, "gate": dict,
-                     "loads": list, "cpu_kernels": dict})
+                     "loads": list, "cpu_kernels": dict, "release_floor": str})
     git = _table(table.get("git", {}), f"{where}.git", required={side: str for side in SIDES} if "git" in table
                  else {}, optional={})
     for side in git:
@@ -604,6 +629,8 @@ def _parse_experiment(root: Path, name: str, table: dict) -> Experiment:
         loads=_repository_paths(table.get("loads", []), f"{where}.loads"),
         cpu_kernels={kernel: _parse_cpu_kernel(f"{where}.cpu_kernels.{kernel}", kernel, spec)
                      for kernel, spec in table.get("cpu_kernels", {}).items()},
+        release_floor=_version(table["release_floor"], f"{where}.release_floor") if "release_floor" in table
+        else None,
     )
 
 

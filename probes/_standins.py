@@ -3,7 +3,8 @@
 The registry declares which packages may be stood in for, and why, and which era
 uses them; the harness passes them in ``PDEVIDENCE_STAND_INS`` (comma-separated
 dotted names, each with its submodules; ``triton-driver`` is a CPU stand-in for triton's active driver,
-which triton 3.1-3.3 autotuner decorators ask for at import). A stand-in module
+which triton 3.1-3.3 autotuner decorators ask for at import; ``pyairports`` is an empty airport list, the data
+package outlines 0.0.4x reads at import, which PyPI no longer serves). A stand-in module
 answers every attribute with a placeholder class, so ``from sgl_kernel import x``,
 ``class Y(x)`` and decorators work at import; calling anything raises
 ``StandInCalled`` and is recorded, so a scenario whose path reached a stand-in is
@@ -20,6 +21,9 @@ import types
 
 ENV = "PDEVIDENCE_STAND_INS"
 TRITON_DRIVER = "triton-driver"
+PYAIRPORTS = "pyairports"
+# Stand-ins that answer with something other than placeholders, each installed by its own function below.
+SPECIAL = (TRITON_DRIVER, PYAIRPORTS)
 
 CALLED: list[str] = []  # every stand-in called, in order
 TOUCHED: set[str] = set()  # every stand-in name SGLang looked up
@@ -80,11 +84,13 @@ def install(names: list[str] | None = None) -> list[str]:
     if INSTALLED:
         return INSTALLED
     wanted = sorted({n for n in (names if names is not None else os.environ.get(ENV, "").split(",")) if n})
-    modules = {n for n in wanted if n != TRITON_DRIVER}
+    modules = {n for n in wanted if n not in SPECIAL}
     if modules:
         sys.meta_path.insert(0, _Finder(modules))
     if TRITON_DRIVER in wanted:
         _install_triton_driver()
+    if PYAIRPORTS in wanted:
+        _install_pyairports()
     INSTALLED.extend(wanted)
     return INSTALLED
 
@@ -124,3 +130,24 @@ def _install_triton_driver() -> None:
 
     holder = driver if hasattr(driver, "set_active") else driver.driver
     holder.set_active(CPUStandInDriver())
+
+
+class _Airports(types.ModuleType):
+    """``pyairports.airports``: its ``AIRPORT_LIST`` is empty (looked up, it is recorded as touched). outlines
+    0.0.4x builds an enum of airport codes from it at import; PyPI keeps only an empty pyairports 0.0.1 of a
+    package that held the data, and no probed path constrains a request to an airport code."""
+
+    def __getattr__(self, name):
+        if name == "AIRPORT_LIST":
+            TOUCHED.add(f"{self.__name__}.{name}")
+            return []
+        raise AttributeError(name)
+
+
+def _install_pyairports() -> None:
+    package = types.ModuleType(PYAIRPORTS)
+    package.__path__ = []
+    package.__version__ = "0.0.0+pdevidence-stand-in"
+    package.airports = _Airports(f"{PYAIRPORTS}.airports")
+    sys.modules[PYAIRPORTS] = package
+    sys.modules[package.airports.__name__] = package.airports

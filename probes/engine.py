@@ -17,7 +17,8 @@ children.
 
     task (--tasks):  {"id": "0.5.21", "path": "<dir with sglang/>", "log": "<file>", "argv": [driver args],
                       "driver": "probe_all"}   (default probe_all; or probe_mutants)
-    report (stdout): {"id": "0.5.21", "status": 0, "signal": null, "seconds": 7.1, "at": 5021.402}
+    report (stdout, its own: anything else printed there goes to stderr):
+                     {"id": "0.5.21", "status": 0, "signal": null, "seconds": 7.1, "at": 5021.402}
                      (at: the fork on the monotonic clock, which the harness shares, so it can place the
                      child among other engines)
                      {"id": ..., "status": null, "signal": 9, "timeout": true}  killed past --timeout
@@ -77,6 +78,7 @@ def _third_party(tree: str) -> list[str]:
 def _child(task: dict, modules_file: Path) -> int:
     """In the forked child: this tree first on the path, the task's driver, the modules it needed."""
     os.setpgid(0, 0)
+    _Reports.close_in_child()
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the engine's task stream (--tasks -) is not the child's
     log = os.open(task["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
@@ -134,9 +136,30 @@ def _unknown_driver(task: dict) -> dict | None:
             "at": round(time.monotonic(), 3), "error": f"names the unknown driver {driver!r}; known: {', '.join(DRIVERS)}"}
 
 
+class _Reports:
+    """The report channel: the stdout the engine was started with, kept apart. fd 1 then goes to stderr (the
+    engine's log), so what a preloaded module prints at import (vLLM 0.6's logger writes to stdout) never
+    lands among the reports, one JSON line each, that the harness reads."""
+
+    stream = None
+
+    @classmethod
+    def open(cls) -> None:
+        sys.stdout.flush()
+        cls.stream = os.fdopen(os.dup(1), "w", encoding="utf-8")
+        os.dup2(2, 1)
+
+    @classmethod
+    def close_in_child(cls) -> None:
+        """A child writes no report: it holds the channel no longer than the fork."""
+        if cls.stream is not None:
+            os.close(cls.stream.fileno())
+
+
 def _report(line: dict) -> None:
-    sys.stdout.write(json.dumps(line, sort_keys=True) + "\n")
-    sys.stdout.flush()
+    stream = _Reports.stream or sys.stdout
+    stream.write(json.dumps(line, sort_keys=True) + "\n")
+    stream.flush()
 
 
 def _fork(task: dict, modules_file: Path) -> int | str:
@@ -181,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="modules to import before the first child; updated with what the children needed")
     args = parser.parse_args(argv)
     args.scratch.mkdir(parents=True, exist_ok=True)
+    _Reports.open()
     quiet_environment()
     _standins.install()  # the children inherit them; preloading must not import the real ones
     stream = _Stream(sys.stdin.fileno()) if str(args.tasks) == "-" else None
@@ -239,4 +263,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     code = main()
     sys.stdout.flush()
+    if _Reports.stream is not None:
+        _Reports.stream.flush()
     os._exit(code)  # not the interpreter's teardown of the preloaded closure (seconds of torch): nothing is left to write

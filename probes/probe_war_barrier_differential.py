@@ -38,9 +38,11 @@ its writes; ``after_launch``: right after each launch; ``mixed``; ``none``);
 W12/W13: ``waits_on_read_done`` (a wait was on the forward's read-done event rather than the whole stream);
 decode loops: ``prealloc_fenced`` (the decode queue's preallocation, a schedule write, ran after a wait since
 the last launch; null: it never ran after one). Tree facts: ``dflash: "absent"`` (W14: the tree's
-``SpeculativeAlgorithm`` has no DFLASH). A tree without the loop a scenario drives records ``loop: "absent"``
-(the PD overlap loops up to 0.4.5.post2; every PD loop on a tree without PD, 0.4.4.post1 and before, whose
-plain loop is driven all the same).
+``SpeculativeAlgorithm`` has no DFLASH, or the tree has no ``spec_info`` to define one, before 0.4.2: adaptation
+``no_speculative_module``, its loops then given no speculative algorithm). A tree without the loop a scenario
+drives records ``loop: "absent"`` (the PD overlap loops up to 0.4.5.post2; every PD loop on a tree without PD,
+0.4.4.post1 and before, whose plain loop is driven all the same; every loop on a scheduler without an overlap
+loop, 0.3.3.post1 and before).
 What a CPU probe sees is the barrier's placement and gating, never the race itself (docs/operators/limits.md).
 
     python probes/probe_war_barrier_differential.py --side head --tree-kind release --tree-ref 0.5.13
@@ -66,6 +68,7 @@ ITERATIONS = 3
 ENABLE = "SGLANG_ENABLE_WAR_BARRIER"
 COARSE = "SGLANG_FORCE_COARSE_WAR_BARRIER"
 SCHEDULER = "sglang.srt.managers.scheduler"
+SPEC_INFO = "sglang.srt.speculative.spec_info"
 PD_MODULES = ("sglang.srt.disaggregation.decode", "sglang.srt.disaggregation.prefill")
 
 # A server's platform as the tree's own flags say it: its device string and which ``is_<x>`` is true.
@@ -400,11 +403,36 @@ def platform(name: str):
         yield device
 
 
+def speculative_algorithms() -> Any:
+    """The tree's ``SpeculativeAlgorithm`` enum; None where the tree has no ``spec_info`` module to hold one (before
+    0.4.2: its loops know no speculative algorithm). A module that is there but fails to import raises."""
+    try:
+        module = importlib.import_module(SPEC_INFO)
+    except ModuleNotFoundError as exc:  # only the module's own absence: a dependency it lacks raises on
+        if exc.name not in (SPEC_INFO.rpartition(".")[0], SPEC_INFO):
+            raise
+        SCENARIOS.adapted("no_speculative_module")
+        return None
+    return module.SpeculativeAlgorithm
+
+
+def speculative(name: str | None) -> Any:
+    """The scheduler's ``spec_algorithm`` for ``name`` (None: no speculative decoding): a member of the tree's
+    ``SpeculativeAlgorithm``; None where the tree has no such enum, or one without ``NONE`` (0.4.1.post2 and post3:
+    EAGLE alone, no algorithm being None; their loops never read it), adaptation ``no_speculative_none``."""
+    spec_enum = speculative_algorithms()
+    if spec_enum is None:
+        return None
+    if name is None and not hasattr(spec_enum, "NONE"):
+        SCENARIOS.adapted("no_speculative_none")
+        return None
+    return getattr(spec_enum, name or "NONE")
+
+
 def drive(run: Run, world: World) -> str | None:
     """Run the tree's loop for ``run``; the loop that ran (None: the tree has none to run)."""
     sched_mod = importlib.import_module(SCHEDULER)
-    spec_enum = importlib.import_module("sglang.srt.speculative.spec_info").SpeculativeAlgorithm
-    spec = getattr(spec_enum, run.spec or "NONE")
+    spec = speculative(run.spec)
     mode, _, loop_name = LOOPS[run.loop]
     # Before PD (0.4.4.post1 and older) the plain loop is the only one, and reads no mode.
     if lacks_pd() and run.loop != "plain":
@@ -461,8 +489,8 @@ def placement(world: World) -> str:
 
 
 def play(run: Run, observed: Observed) -> None:
-    spec_enum = importlib.import_module("sglang.srt.speculative.spec_info").SpeculativeAlgorithm
-    if run.spec and not hasattr(spec_enum, run.spec):
+    spec_enum = speculative_algorithms()
+    if run.spec and (spec_enum is None or not hasattr(spec_enum, run.spec)):
         observed[run.spec.lower()] = "absent"
         return
     world = World(fastpath=run.fastpath)

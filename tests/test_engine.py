@@ -511,3 +511,15 @@ def test_the_engine_imports_what_a_child_needed_before_the_next_fork(world, monk
     run_engine(reg, tmp_path, closure, trees, monkeypatch, jobs=1)
     (_, engine_pid), (importer, _) = [tuple(line.split()) for line in record.read_text().splitlines()]
     assert importer == engine_pid  # the second child inherited it from the warm engine
+
+
+def test_what_a_preloaded_module_prints_goes_to_the_engines_log_not_among_its_reports(world, monkeypatch):
+    """vLLM 0.6's logger writes to stdout at import: preloaded by the engine after the first child, its lines must
+    not reach the channel the harness reads one JSON report per line from."""
+    reg, tmp_path, closure = world
+    (closure / "closurelib.py").write_text("print('INFO chatty at import')\n" + CLOSURE_MODULE)
+    trees = {v: make_tree(tmp_path / f"t{v}", v, guard=True) for v in ["1.0.0", "1.1.0"]}
+    found, lines = run_engine(reg, tmp_path, closure, trees, monkeypatch, jobs=1)
+    assert all(found[label]["demo"].doc is not None for label in trees), found
+    assert [line for line in lines if line.startswith("engine: ") and " done in " in line]
+    assert "INFO chatty at import" in (tmp_path / "logs" / "engine.log").read_text()

@@ -7,6 +7,9 @@ must run in the era its version puts it in, against the real registry and closur
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -141,11 +144,14 @@ def test_the_evidence_names_the_pins_the_closure_and_each_rule_that_decided():
     (tree_pins("2.9.1"), "torch2.9-tf5"),  # no transformers pin: the newest closure of that torch
     (tree_pins(transformers="4.57.1"), "torch2.9-tf4"),  # no torch pin: transformers alone, then the newest
     (tree_pins("2.4.0", "4.46.0"), "torch2.5-tf4.48"),  # older than every closure: the nearest newer torch, then
-    # transformers
+    # transformers (4.48.3, which torch2.5-tf4-vllm's closure has too: the first declared of the tied closures)
     (tree_pins("2.10.0", "5.4.0", "sglang-kernel", "0.4.3"), "torch2.11-tf5"),  # between closures: the nearest newer
     (tree_pins("2.20.0", "6.0.0"), None),  # newer than every closure: the newest (today's)
     (tree_pins("2.9.1", "6.1.0"), "torch2.9-tf5"),  # no closure of its transformers major: the nearest
     (tree_pins("2.11.0", "5.8.1"), "torch2.11-tf5-sgl-kernel"),  # no kernel pin: the era with stand-ins
+    # PD's first commits' pins: torch2.5-tf4-vllm's closure ties (torch 2.5.1, transformers 4.48.3) and is declared
+    # after it: the vLLM of the 0.3.x-0.4.2 era never runs a 0.4.4 tree.
+    (tree_pins("2.5.1", "4.48.3", "sgl-kernel", "0.0.5.post3"), "torch2.5-tf4.48"),
 ])
 def test_pins_without_an_exact_closure_take_the_nearest(pinned, era):
     chosen, _ = era_choice.match_pins(registry.load(PROJECT), pinned)
@@ -158,7 +164,7 @@ def test_pins_without_an_exact_closure_take_the_nearest(pinned, era):
     # f8f9244a61 on (transformers 4.50.0, still 0.4.4.post1): the version's closure is older than the pin; the
     # nearest newer one with its torch (4.51.0) runs it.
     ("0.4.4.post1", tree_pins("2.5.1", "4.50.0", "sgl-kernel", "0.0.5.post3"), "torch2.5-tf4",
-     "version 0.4.4.post1 is in era torch2.5-tf4.48 (<0.4.4.post2,>=0.4.3.post3) (python/sglang/version.py), but its "
+     "version 0.4.4.post1 is in era torch2.5-tf4.48 (<0.4.4.post2,>=0.4.3.post1) (python/sglang/version.py), but its "
      "closure has transformers 4.48.3, older than the tree's pin 4.50.0, and era torch2.5-tf4's closure has its "
      "torch and a transformers at or above it"),
     # A 0.4.5 version file on pins of transformers 4.48: the newer closure would refuse its own Qwen2.5-VL config.
@@ -249,7 +255,7 @@ def described(version: str, told: str, source: str = "git describe --tags") -> T
     (described("0.5.6.post2", "v0.5.6.post2-7527-gabc1234"), "is 7527 commits behind (over 100)"),
     (described("0.5.21", "v0.5.21-3-gabc1234"), None),  # in no era, but a release the lock pins
     (described("1.2.0", "v1.2.0"), "names no SGLang release the harness knows"),  # a vendor's own numbering
-    (described("0.3.1", "v0.3.1-2-gabc1234"), None),  # older than PD disaggregation: the pre-pd era holds it
+    (described("0.3.1", "v0.3.1-2-gabc1234"), None),  # older than PD disaggregation: the torch2.5-tf4-vllm era holds it
     (described("0.5.24", "v0.5.24"), "names no SGLang release the harness knows"),  # newer than the lock: its pins tell
     (described("9.9.9", "9.9.9", "python/sglang/version.py"), None),  # the tree states it: its own
 ])
@@ -287,3 +293,17 @@ def test_choice_by_version_says_whether_the_pins_agree():
     release = era_choice.choose(reg, Tree("release", "0.5.8", "0.5.8", Path("/w.whl"), "0" * 64, "pypi", "w.whl"))
     assert (release.name, release.basis, release.set_aside) == ("torch2.9-tf4", Basis.VERSION, None)
     assert release.evidence == "release 0.5.8 is in era torch2.9-tf4 (<0.5.10,>=0.5.6)"
+
+
+def test_closures_tied_on_torch_and_transformers_go_to_the_first_declared_in_every_process():
+    """torch2.5-tf4.48 and torch2.5-tf4-vllm both hold torch 2.5.1 and transformers 4.48.3: the choice must not
+    follow a set's order (it varies with the process's hash seed), and says why it fell where it did."""
+    code = ("from pdevidence import registry; from pdevidence.core.paths import PROJECT; "
+            "from pdevidence.sources import era_choice; from pdevidence.sources.pins import TreePins; "
+            "era, why = era_choice.match_pins(registry.load(PROJECT), TreePins('2.5.1', '4.48.3', None, None, "
+            "'python/pyproject.toml')); print(era.name); print(why)")
+    said = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in range(6)}
+    assert len(said) == 1, said
+    name, why = said.pop().splitlines()
+    assert name == "torch2.5-tf4.48" and "the first declared of the closures left" in why

@@ -409,3 +409,47 @@ def test_prefill_rules_set_aside_only_what_the_oldest_trees_cannot_express():
         rest = [name for name in OLDEST_TREE if name != fact]
         assert classify.classify(oldest_tree(head, rest), base, head, exp).classification \
             is not Classification.FIXED, fact
+
+
+# --- an experiment's own release floor ----------------------------------------------------------------------------
+FLOOR = REGISTRY.replace('probe = "probes/probe_demo.py"', 'probe = "probes/probe_demo.py"\nrelease_floor = "0.9.0"')
+
+
+def test_an_experiment_may_reach_below_the_registry_floor_and_the_others_keep_it(tmp_path):
+    reg = load_text(tmp_path, FLOOR)
+    assert reg.experiment("demo").release_floor == "0.9.0" and reg.floor("demo") == "0.9.0"
+    plain = load_text(tmp_path, REGISTRY)
+    assert plain.experiment("demo").release_floor is None and plain.floor("demo") == "1.0.0"
+
+
+@pytest.mark.parametrize("floor, message", [
+    ('"1.0.0"', "experiments.demo.release_floor: '1.0.0' is not older than the registry's release_floor '1.0.0'"),
+    ('"1.0.1"', "experiments.demo.release_floor: '1.0.1' is not older than the registry's release_floor"),
+    ('"old"', "experiments.demo.release_floor: 'old' is not a PEP 440 version"),
+    ("3", "experiments.demo.release_floor: expected string, got integer"),
+])
+def test_an_experiment_floor_that_does_not_reach_further_back_is_refused(tmp_path, floor, message):
+    with pytest.raises(errors.HarnessError, match=re.escape(message)) as err:
+        load_text(tmp_path, FLOOR.replace('release_floor = "0.9.0"', f"release_floor = {floor}"))
+    assert err.value.code == errors.USAGE
+
+
+def test_an_experiment_floor_above_its_own_pre_fix_release_is_refused(tmp_path):
+    below = FLOOR.replace('release_floor = "1.0.0"', 'release_floor = "2.0.0"').replace(
+        'release_floor = "0.9.0"', 'release_floor = "1.5.0"')
+    with pytest.raises(errors.HarnessError, match=re.escape("experiments.demo.release_floor: '1.5.0' is newer than "
+                                                            "its pre-fix release '1.0.0'")):
+        load_text(tmp_path, below)
+
+
+def test_war_barrier_reads_back_to_a_scheduler_without_the_overlap_loop_in_the_era_of_its_day():
+    reg = registry.load(PROJECT)
+    assert reg.floor("war_barrier") == "0.3.3" and reg.floor("admission") == reg.release_floor == "0.4.4.post1"
+    # 0.3.3 (no overlap loop) to 0.4.2.post3 import their scheduler with the vLLM and outlines they import at top
+    # level (real: they call both at import), outlines' pyairports (gone from PyPI) stood in.
+    for version in ("0.3.0", "0.3.3", "0.3.4", "0.3.6", "0.4.2.post3"):
+        assert reg.era_of(version).name == "torch2.5-tf4-vllm"
+        assert reg.era_of(version).stand_ins == ("sgl_kernel", "triton-driver", "pyairports")
+    assert reg.era_of("0.4.2.post4").name == "pre-pd" and "vllm" in reg.era_of("0.4.2.post4").stand_ins
+    # 0.4.3.post1 and post2 import a name of transformers' mllama that 4.51 dropped: torch2.5-tf4.48's 4.48.3.
+    assert reg.era_of("0.4.3").name == "pre-pd" and reg.era_of("0.4.3.post1").name == "torch2.5-tf4.48"

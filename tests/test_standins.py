@@ -106,3 +106,27 @@ def test_a_result_made_without_stand_ins_has_no_stand_in_key(tmp_path):
     assert done.returncode == 0, done.stderr
     doc = json.loads((out / "demo.json").read_text())
     assert "stand_ins" not in doc and doc["scenarios"]["S1"]["observed"] == {"admitted": False}
+
+
+# outlines 0.0.4x's airports type, as it reads the data package at import (an enum of the codes it lists).
+AIRPORTS = """
+from enum import Enum
+from pyairports.airports import AIRPORT_LIST
+
+IATA = Enum("Airport", list({(a[3],) for a in AIRPORT_LIST if a[3] != ""}))
+
+def admit(req):
+    return req != "rejected"
+"""
+
+
+def test_the_pyairports_stand_in_is_an_empty_airport_list_recorded_as_touched(tmp_path):
+    done, out = drive(tmp_path, "pyairports", AIRPORTS)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((out / "demo.json").read_text())
+    assert doc["stand_ins"] == {"installed": ["pyairports"], "called": [],
+                                "touched": ["pyairports.airports.AIRPORT_LIST"]}
+    assert doc["scenarios"]["S1"]["observed"] == {"admitted": False}
+    # Any other name of it is no answer: the data package holds only the list.
+    done, out = drive(tmp_path, "pyairports", "from pyairports.airports import AIRPORT_CODES\n")
+    assert done.returncode == 3 and "AIRPORT_CODES" in (out / "demo.cannot-run.json").read_text()

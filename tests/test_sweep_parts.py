@@ -91,7 +91,7 @@ def test_a_partial_merge_records_the_missing_era_and_says_partial(reg, monkeypat
 
 def test_an_era_with_no_release_writes_an_empty_part_the_merge_counts_as_there(reg, monkeypatch):
     monkeypatch.setenv("PDEVIDENCE_RUNS", str(reg.root / "runs"))
-    monkeypatch.setattr(sweep, "default_releases", lambda reg, pre=False: ["1.0.0", "1.1.0"])
+    monkeypatch.setattr(sweep, "default_releases", lambda reg, pre=False, experiments=None: ["1.0.0", "1.1.0"])
     monkeypatch.setattr(sweep.trees, "index_files", lambda project: [])
     monkeypatch.setattr(sweep, "references", lambda reg, exp, published, fresh=False: sweep.References(
         {}, {"demo.base.release-1.0.0.json": "a" * 64}))

@@ -21,13 +21,15 @@ def cmd_sweep(args) -> int:
     fresh = args.references == "fresh"
     out = runs_dir(reg.root)
     if args.era:  # one job of the CI fan-out: this era's releases, written as a part
-        versions = sweep_parts.in_era(reg, args.era, versions or sweep.default_releases(reg, pre=args.pre))
+        versions = sweep_parts.in_era(reg, args.era, versions or sweep.default_releases(reg, pre=args.pre,
+                                                                                        experiments=names))
         out = sweep_parts.part_dir(out, args.era)  # written even with no release: the merge expects every era's
     made = sweep.made_by(reg, names)  # before anything runs: what a change during the run must not pass for
     found, as_of, refs = sweep.sweep(reg, names, published=runs_dir(reg.root) if fresh else results_dir(reg.root),
                                      out_dir=runs_dir(reg.root) / "sweep", versions=versions, pre=args.pre,
-                                     jobs=args.jobs, cold=args.cold, force=args.force, fresh_references=fresh)
-    parameters = {name: SweepParameters(explicit=bool(args.versions), pre=args.pre, floor=reg.release_floor,
+                                     jobs=args.jobs, cold=args.cold, force=args.force, fresh_references=fresh,
+                                     floored=not args.versions)
+    parameters = {name: SweepParameters(explicit=bool(args.versions), pre=args.pre, floor=reg.floor(name),
                                         references=refs[name].digests) for name in found}
     if args.era:
         for name, outcomes in found.items():

@@ -198,7 +198,7 @@ class SweepParameters:
 
     explicit: bool  # versions named on the command line (a partial sweep), not every release from the floor
     pre: bool  # pre-, post- and dev releases included
-    floor: str  # the registry's release floor it started from
+    floor: str  # the release floor it started from: the experiment's own (registry.Registry.floor), else the registry's
     references: dict[str, str]  # the base and head result files (names) it judged against -> SHA-256
     missing_eras: tuple[str, ...] = ()  # a merge asked for a partial table: the eras it had no part of
 

@@ -1,6 +1,7 @@
 """Release sweep: which SGLang release carries each fix, and does a later one lose it or break?
 
-Probes every release from the registry's floor up, every experiment in one
+Probes every release from the registry's floor up (an experiment may reach further back: its own
+``release_floor``, where its code path is older than PD), every experiment in one
 process per release (one SGLang import), and has the judge (``judge/classify.py``)
 classify each release by the scenarios that tell the registry's base and head
 apart and by the controls: pre-fix, fixed, partial, neither, error (a telling
@@ -77,12 +78,16 @@ def as_of(files: list[dict], versions: list[str], project: str = "sglang") -> st
 
 def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Path,
           versions: list[str] | None = None, pre: bool = False, jobs: int = 2, cold: bool = False,
-          force: bool = False, fresh_references: bool = False,
+          force: bool = False, fresh_references: bool = False, floored: bool | None = None,
           log=print) -> tuple[dict[str, list[ReleaseOutcome]], str | None, dict[str, References]]:
     """Every release, every experiment; outcomes per experiment, as-of date, and what they were judged against.
 
     ``published`` holds the base and head results judged against: results/, or runs/ with
     ``fresh_references`` (a republish, where the published ones are stale).
+
+    Without ``versions``, every release from the lowest floor of the experiments swept; ``floored`` (by default
+    when no version is named) keeps each experiment's outcomes from its own floor up (``Registry.floor``): an
+    experiment that reads further back than the others is probed there, the others keep their tables.
 
     By default the warm engine probes the releases whose outcome is not cached yet; ``cold``
     runs one fresh probe process per release in its own environment instead (the reference
@@ -95,7 +100,9 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
         trees.parse_version(version)
     refs = {name: references(reg, reg.experiment(name), published, fresh=fresh_references) for name in experiments}
     files = trees.index_files("sglang")
-    versions = releases(files, reg.python, reg.release_floor, pre=pre) if versions is None else versions
+    floored = versions is None if floored is None else floored
+    versions = releases(files, reg.python, lowest_floor(reg, experiments), pre=pre) if versions is None \
+        else versions
     environments.torch_choice(reg)
     lock = trees.LockFile(tree_lock_file(reg.root))
     gates = gate_args(reg, experiments)
@@ -121,13 +128,21 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
                 found[name] = as_shipped(found[name], exp.gate, (read or {}).get("gates", {}).get(exp.gate.variable))
         return found
 
-    per_release = [judged(version) for version in versions]
-    return {name: [r[name] for r in per_release] for name in experiments}, as_of(files, versions), refs
+    per_release = dict(zip(versions, map(judged, versions)))
+    kept = {name: [v for v in versions if not floored or Version(v) >= Version(reg.floor(name))]
+            for name in experiments}
+    return {name: [per_release[v][name] for v in kept[name]] for name in experiments}, as_of(files, versions), refs
 
 
-def default_releases(reg: Registry, *, pre: bool = False) -> list[str]:
-    """What a sweep probes when no version is named: every release from the registry's floor up."""
-    return releases(trees.index_files("sglang"), reg.python, reg.release_floor, pre=pre)
+def lowest_floor(reg: Registry, experiments: list[str] | None = None) -> str:
+    """The oldest release any of ``experiments`` (default: every one) is swept from."""
+    return min((reg.floor(name) for name in experiments or reg.experiments), key=Version)
+
+
+def default_releases(reg: Registry, *, pre: bool = False, experiments: list[str] | None = None) -> list[str]:
+    """What a sweep probes when no version is named: every release from the lowest floor of ``experiments``
+    (default: every experiment) up."""
+    return releases(trees.index_files("sglang"), reg.python, lowest_floor(reg, experiments), pre=pre)
 
 
 def gate_args(reg: Registry, experiments: list[str]) -> dict[str, str]:

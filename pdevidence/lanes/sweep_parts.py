@@ -113,6 +113,6 @@ def merge(reg: Registry, parts: Path, experiments: list[str], *, partial: bool =
         outcomes.sort(key=lambda o: Version(o.version))
         found[name] = Merged(outcomes, max((d for d in dates if d), default=None),
                              SweepParameters(explicit=any(p.explicit for p in params), pre=any(p.pre for p in params),
-                                             floor=reg.release_floor, references=params[0].references,
+                                             floor=reg.floor(name), references=params[0].references,
                                              missing_eras=tuple(era for era in missing if name in missing[era])))
     return found

@@ -124,7 +124,7 @@ def _check_sweep(reg: Registry, path: Path) -> None:
         raise stale_error({path.name: why}, reg)
     if table.parameters.explicit:
         raise HarnessError(f"refusing to publish {path.name}: a partial sweep (releases named on the command line)",
-                           expected=f"every release from the registry floor {reg.release_floor} up",
+                           expected=f"every release from the floor {reg.floor(exp.name)} up",
                            todo="rerun `nox -s sweep -- --references fresh` without naming versions",
                            code=INCOMPLETE)
     if table.parameters.missing_eras:

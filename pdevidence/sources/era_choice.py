@@ -186,7 +186,13 @@ def match_pins(reg: Registry, pins: TreePins) -> tuple[Era | None, str] | None:
     candidates, why_tf = _nearest(candidates, TRANSFORMERS, pins.transformers, same_major_only=True)
     path = max(candidates, key=lambda p: (release(candidates[p].get(TORCH)) or Version("0"),
                                           release(candidates[p].get(TRANSFORMERS)) or Version("0")))
-    why_newest = "the newest of the closures left" if len(candidates) > 1 else ""
+    def rank(p: Path) -> tuple[Version, Version]:
+        found = candidates[p]
+        return release(found.get(TORCH)) or Version("0"), release(found.get(TRANSFORMERS)) or Version("0")
+
+    tied = sum(rank(p) == rank(path) for p in candidates) > 1  # max() kept the first: the registry's order
+    why_newest = ("the first declared of the closures left, which have the same torch and transformers" if tied
+                  else "the newest of the closures left" if len(candidates) > 1 else "")
     era, why_kernel = _by_kernel(holders[path], pins)
     found = closures[path]
     has = ", ".join(f"{name} {found[name]}" for name in (TORCH, TRANSFORMERS) if found.get(name))
@@ -208,8 +214,9 @@ def _nearest(closures: dict[Path, dict[str, str]], package: str, pinned: str | N
         return closures, f"no {package} pin"
     minor = wanted.release[:2]
     same = {p for p, v in have.items() if v.release[:2] == minor}
-    if same:
-        return {p: closures[p] for p in same}, f"the same {package} {'.'.join(map(str, minor))}"
+    if same:  # in the registry's order (not the set's, which varies by process): ties go to the first declared
+        return {p: found for p, found in closures.items() if p in same}, \
+            f"the same {package} {'.'.join(map(str, minor))}"
     pool = {p: v for p, v in have.items() if v.major == wanted.major} if same_major_only else have
     pool = pool or have
     newer = {p: v for p, v in pool.items() if v > wanted}
