@@ -19,7 +19,7 @@ from pdevidence.core.paths import PROJECT
 # What the scheduled lane holds, by file: the default lane keeps every experiment's bracket and every target kind.
 SCHEDULED = {"tests/test_corpus_real.py", "tests/test_deferred_release_nixl_probe.py", "tests/test_eras_real.py",
              "tests/test_forks_real.py", "tests/test_hostile_real.py", "tests/test_mutate.py",
-             "tests/test_sandbox_real.py"}
+             "tests/test_sandbox_real.py", "tests/test_war_barrier_old_real.py"}
 
 
 def root_conftest():

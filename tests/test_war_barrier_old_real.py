@@ -1,8 +1,8 @@
 """war_barrier below the PD floor on real SGLang: 0.3.3.post1's scheduler has no overlap loop, 0.3.4's plain loop
 (PR #1677, 'Add a new event loop') and 0.4.1's never wait for the forward; every other probe reads no PD there.
 
-Slow (an SGLang import per release, in two eras): runs with ``--sglang``. Base and head are the fresh 0.5.12 and
-0.5.13 results probed here, so this holds while the evidence awaits a republish.
+Slow (an SGLang import per release, in two eras, one of them older than any bracket's): the scheduled lane
+(``--scheduled``). Base and head are the fresh 0.5.12 and 0.5.13 results probed here.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pdevidence.core.paths import PROJECT, tree_lock_file
 from pdevidence.lanes import check
 from pdevidence.sources import trees
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.scheduled]  # the scheduled lane (--scheduled)
 
 EXP = "war_barrier"
 OLD = ("0.3.3.post1", "0.3.4", "0.4.1")  # the last release without the loop, the first with it, one with vLLM's ops
