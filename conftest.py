@@ -36,8 +36,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _choose_lane(config, items)
-    if config.pluginmanager.hasplugin("xdist"):  # the real files first: the longest unit starts first
-        items.sort(key=lambda item: "sglang" not in item.keywords and item.path.name not in REAL_FILES)
+    if config.pluginmanager.hasplugin("xdist"):  # the real units first, the longer one first: they start at once
+        items.sort(key=lambda item: _unit_rank(item.path.name, "sglang" in item.keywords))
 
 
 def _choose_lane(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -55,22 +55,34 @@ def _choose_lane(config: pytest.Config, items: list[pytest.Item]) -> None:
 
 
 
-
 # The test files holding real runs (marked ``sglang``), by name; tests/test_lanes.py holds the list to a collection.
 REAL_FILES = {path.name for path in (ROOT / "tests").glob("test_*.py") if "pytest.mark.sglang" in path.read_text()}
+# The session's shared real runs (tests/conftest.py): a worker makes each once for the files that ask for it, so
+# those files are one unit; a session fixture is per worker, and two workers would make them twice.
+SHARED_RUNS = ("release_matrix", "bracket_sweep")
+SHARING_FILES = {name for name in REAL_FILES if any(run in (ROOT / "tests" / name).read_text() for run in SHARED_RUNS)}
+UNITS = ("real runs sharing the matrix and the sweep", "real runs on their own")
+
+
+def _unit_rank(name: str, real: bool) -> int:
+    """0 for the files of the shared runs (the longer unit), 1 for the other real runs, 2 for a fast file."""
+    if name in SHARING_FILES:
+        return 0
+    return 1 if real or name in REAL_FILES else 2
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """How the workers (`-n`: pyproject.toml) share the tests: every file of real runs in one unit, handed out
-    first, so one worker runs them one after another as a single process would (the session's shared runs made
-    once, no two real runs beside each other in one cache); each fast file a unit of its own for the others.
-    (pytest-xdist's own `loadgroup` cannot group: it renames items through an attribute pytest 9 no longer reads.)"""
+    """How the workers (`-n`: pyproject.toml) share the tests: the real runs in two units, handed out first, each
+    on one worker as a single process would run it (the files of the session's shared runs, which make them once,
+    and the rest); each fast file a unit of its own for whichever worker is free. (pytest-xdist's own `loadgroup`
+    cannot group: it renames items through an attribute pytest 9 no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    class RealRunsTogether(LoadScopeScheduling):
+    class RealRunsInTwo(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             file = nodeid.split("::", 1)[0]
-            return "real runs" if Path(file).name in REAL_FILES else file
+            rank = _unit_rank(Path(file).name, real=False)
+            return UNITS[rank] if rank < 2 else file
 
-    return RealRunsTogether(config, log)
+    return RealRunsInTwo(config, log)

@@ -184,9 +184,10 @@ def test_a_tree_that_cannot_import_cannot_run_and_says_why(reg, tmp_path):
     import error, and the exit code of an environment problem (never a verdict about the fixes)."""
     tree = tmp_path / "broken-sglang"
     (tree / "sglang").mkdir(parents=True)
+    # A bracket release's version: its era is the default lane's own (an older one would build a closure for this).
     (tree / "pyproject.toml").write_text(
         '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n\n'
-        '[project]\nname = "sglang"\nversion = "0.0.0.dev0"\n\n[tool.setuptools]\npackages = ["sglang"]\n')
+        '[project]\nname = "sglang"\nversion = "0.5.20"\n\n[tool.setuptools]\npackages = ["sglang"]\n')
     (tree / "sglang" / "__init__.py").write_text("from sglang.srt import sgl_kernel_ops  # a build that lost a module\n")
     code, doc = run_check("--path", str(tree))
     assert statuses(doc) == {name: "cannot run" for name in reg.experiments}
