@@ -37,7 +37,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _choose_lane(config, items)
     if config.pluginmanager.hasplugin("xdist"):  # the real units first, the longer one first: they start at once
-        items.sort(key=lambda item: _unit_rank(item.path.name, "sglang" in item.keywords))
+        items.sort(key=lambda item: _unit_rank(item.path.name))
 
 
 def _choose_lane(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -64,11 +64,9 @@ SHARING_FILES = {name for name in REAL_FILES if any(run in (ROOT / "tests" / nam
 UNITS = ("real runs sharing the matrix and the sweep", "real runs on their own")
 
 
-def _unit_rank(name: str, real: bool) -> int:
-    """0 for the files of the shared runs (the longer unit), 1 for the other real runs, 2 for a fast file."""
-    if name in SHARING_FILES:
-        return 0
-    return 1 if real or name in REAL_FILES else 2
+def _unit_rank(name: str) -> int:
+    """0 for a file of the shared runs (the longer unit), 1 for another file of real runs, 2 for a fast file."""
+    return 0 if name in SHARING_FILES else 1 if name in REAL_FILES else 2
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -82,7 +80,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     class RealRunsInTwo(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             file = nodeid.split("::", 1)[0]
-            rank = _unit_rank(Path(file).name, real=False)
+            rank = _unit_rank(Path(file).name)
             return UNITS[rank] if rank < 2 else file
 
     return RealRunsInTwo(config, log)
