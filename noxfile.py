@@ -148,7 +148,7 @@ def sweep(session: nox.Session) -> None:
 @nox.session
 def corpus(session: nox.Session) -> None:
     """Every declared backport (backports/): each release as published, with each fix ported, with each port
-    partial; `check` must answer affected, fixed and partial."""
+    partial; `check` must answer affected, fixed and partial (fixed, for a fix of which no partial port exists)."""
     _run(session, "corpus", *session.posargs)
 
 

@@ -143,6 +143,58 @@ def test_a_malformed_backport_file_is_refused_naming_the_entry(tmp_path, change,
     assert message in caught.value.what
 
 
+WHOLE = BACKPORT.replace('partial = ["decode_door"]\npartial_why = "the decode door left open"',
+                         'partial = []\npartial_why = "one clause: the two doors ask one predicate"')
+
+
+def test_a_fix_of_one_clause_declares_no_partial_port_and_its_partial_tree_carries_the_whole_port(tmp_path):
+    path = tmp_path / "sglang-1.0.0.toml"
+    path.write_text(WHOLE)
+    backport = backports.load(path, ["demo"])
+    port = backport.ports["demo"]
+    assert port.partial == () and not port.has_partial and port.partial_why.startswith("one clause")
+    assert backport.edits(Variant.PARTIAL) == backport.edits(Variant.BACKPORT) == port.edits
+    assert [corpus_lane.expected(backport, "demo", v, {}) for v in Variant] == \
+        [CheckStatus.AFFECTED, CheckStatus.FIXED, CheckStatus.FIXED]
+
+
+@pytest.mark.parametrize(("why", "said"), [(None, "missing"), ('""', "empty"), ('"  "', "empty")])
+def test_no_partial_port_must_say_why(tmp_path, why, said):
+    """partial = [] is a claim (the fix is one clause: no partial port exists); partial_why must make it."""
+    text = WHOLE.replace('partial_why = "one clause: the two doors ask one predicate"\n',
+                         "" if why is None else f"partial_why = {why}\n")
+    path = tmp_path / "sglang-1.0.0.toml"
+    path.write_text(text)
+    with pytest.raises(errors.HarnessError) as caught:
+        backports.load(path, ["demo"])
+    assert f"demo.partial_why: {said}: partial = [] declares that no partial port exists: it must say why" \
+        in caught.value.what
+
+
+def test_a_partial_port_must_say_what_it_leaves_undone(tmp_path):
+    path = tmp_path / "sglang-1.0.0.toml"
+    path.write_text(BACKPORT.replace('partial_why = "the decode door left open"', 'partial_why = ""'))
+    with pytest.raises(errors.HarnessError, match="demo.partial_why: empty: it must say what the partial port "
+                                                  "leaves undone \\(without decode_door\\)"):
+        backports.load(path, ["demo"])
+
+
+def test_a_port_of_no_edits_is_refused(tmp_path):
+    path = tmp_path / "sglang-1.0.0.toml"
+    path.write_text('release = "1.0.0"\n[demo]\nedits = []\npartial = []\npartial_why = "one clause"\n')
+    with pytest.raises(errors.HarnessError, match="demo.edits: empty: a port is one or more edits"):
+        backports.load(path, ["demo"])
+
+
+def test_the_partial_tree_of_a_fix_with_no_partial_port_reads_fixed_and_the_table_says_why(world, capsys):
+    (world.root / "backports" / "sglang-1.0.0.toml").write_text(WHOLE)
+    code, out, doc = corpus(world, capsys)
+    assert code == errors.CONFIRMED, out
+    assert [(a["variant"], a["status"], a["expected"]) for a in doc["answers"]] == [
+        ("pristine", "affected", "affected"), ("backport", "fixed", "fixed"), ("partial", "fixed", "fixed")]
+    assert "fixed (no partial port)" in out and "corpus: 3 of 3 answers as expected" in out
+
+
 def test_the_table_records_what_made_it_loads_and_meets_its_schema(world, capsys):
     from schemas import problems
 

@@ -1,5 +1,5 @@
 """The backport corpus on real SGLang releases: each fix ported into a release of every era reads `fixed`,
-its partial port `partial`, the release as published `affected`.
+its partial port `partial` (`fixed` where no partial port exists), the release as published `affected`.
 
 Slow (``--sglang``): one ``corpus`` run (every declared release, three trees each, one warm engine per era)
 into a temporary runs directory; the tests read what that run wrote. A fix a backport file does not port is
@@ -37,13 +37,11 @@ NOT_PORTED = {
                                                           "to wait on",
     ("retract_resume", "torch2.7-tf4"): "no partial port to tell: 0.4.8-0.4.10.post2 commit only the hidden states "
                                         "from the slot (no top-k), so copying them is the whole fix",
-    # Issue 43's SWA fixes: each is one clause whose every telling scenario (swa_free F1-F3, swa_tail T1-T3) turns
-    # on the same mapping entries, so no partial port can read partial (each removes-fix mutant flips them all).
-    **{("swa_free", era): "no partial port to tell: #27779's one clause (free_swa clears its pages' mapping) "
-                          "decides F1-F3 together; left out, they all read pre-fix"
-       for era in ("torch2.9-tf4", "torch2.9-tf5", "torch2.11-tf5-sgl-kernel", "torch2.11-tf5")},
-    ("swa_tail", "torch2.11-tf5-sgl-kernel"): "no partial port to tell: #25805's one clause (the mapping outside "
-                                              "the tail cleared) decides T1-T3 together",
+    # Issue 43's SWA fixes are ported into 0.5.9, 0.5.10 and 0.5.12 (#27779) and 0.5.12 (#25805), with no partial
+    # port (partial = []: each is one clause).
+    ("swa_free", "torch2.11-tf5"): "not yet: issue 43 ports #27779 into 0.5.9, 0.5.10 and 0.5.12; 0.5.13 and "
+                                   "0.5.13.post1 (free_swa in allocator/swa.py, the fix's parent as published) would "
+                                   "take the fix's own diff",
     # #26380 is ported into 0.5.9, 0.5.10 and 0.5.12 (torch2.9-tf4 to torch2.11-tf5-sgl-kernel).
     **{("war_barrier", era): "not yet: up to 0.5.3 the overlap worker's own thread (TpModelWorkerClient) launches "
                              "each forward from a queue, so a wait in the scheduler's loop fences only forwards "
@@ -85,7 +83,8 @@ def test_every_answer_is_the_expected_one(corpus):
 def test_each_fix_is_ported_fully_and_partially_into_a_release_of_every_era_that_lacks_it(corpus):
     """Alone proves: for each fix, the corpus ports it into a release of every era in which the published sweep
     finds a release without it but those NOT_PORTED names (a decode-offload fix has no era before 0.5.10: those
-    releases lack the code path), and each ported fix's three trees read affected, fixed and partial."""
+    releases lack the code path), and each ported fix's three trees read affected, fixed and partial (fixed, where
+    its port declares that no partial port exists)."""
     _, doc = corpus
     reg = registry.load(PROJECT)
     ported = {(b.release, name) for b in backports.load_all(PROJECT, list(reg.experiments)) for name in b.ports}
@@ -100,5 +99,9 @@ def test_each_fix_is_ported_fully_and_partially_into_a_release_of_every_era_that
                 if a["experiment"] == name and (a["release"], name) in ported}
         gaps = {era for (fix, era) in NOT_PORTED if fix == name}
         assert eras == lacking - gaps, f"{name}: no backport in era(s) {sorted(lacking - gaps - eras)}"
-    statuses = {(a["variant"], a["status"]) for a in doc["answers"] if (a["release"], a["experiment"]) in ported}
-    assert statuses == {("pristine", "affected"), ("backport", "fixed"), ("partial", "partial")}
+    whole = {(b.release, name) for b in backports.load_all(PROJECT, list(reg.experiments))
+             for name, port in b.ports.items() if not port.has_partial}
+    statuses = {(a["variant"], a["status"], (a["release"], a["experiment"]) in whole) for a in doc["answers"]
+                if (a["release"], a["experiment"]) in ported}
+    assert statuses == {("pristine", "affected", False), ("backport", "fixed", False), ("partial", "partial", False),
+                        ("pristine", "affected", True), ("backport", "fixed", True), ("partial", "fixed", True)}

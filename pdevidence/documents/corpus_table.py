@@ -1,7 +1,8 @@
 """The backport corpus table (``pdevidence-corpus/1``): what ``check`` answered for each ported fix.
 
 One answer per release, fix and tree (``pristine``, ``backport``, ``partial``): check's status,
-the status the corpus expects, the scenarios that decided it and the result judged. The table
+the status the corpus expects (on the partial tree ``fixed`` for a fix of which no partial port exists),
+the scenarios that decided it and the result judged. The table
 records what made it (the probes, kit, drivers, registry, closures, harness and every backport
 file) and the base and head results it was judged against.
 """

@@ -4,7 +4,9 @@ For each release with a declared backport (``backports/``), three trees go throu
 same judge as ``check``, in one call (one warm engine per era): the release as published
 (``pristine``), with every fix ported (``backport``), and with each port left incomplete
 (``partial``). Each fix is expected to read ``affected``, ``fixed`` and ``partial`` on them
-(``fixed`` throughout where the release already carries it). A gated fix is ported behind its gate, off by
+(``fixed`` throughout where the release already carries it; ``fixed`` on the partial tree too where the fix is one
+clause and its port declares that no partial port exists, ``partial = []``: that tree carries the whole port). A
+gated fix is ported behind its gate, off by
 default as the fix is: the corpus judges every tree with every gate on (``GATES_ON``), so a port reads as its
 code does, and a release the sweep finds ``present but off`` reads ``fixed``.
 """
@@ -54,6 +56,8 @@ def expected(backport: Backport, experiment: str, variant: Variant,
     release reads in the sweep (``unported``: per experiment, per release): porting one fix must not move
     another's answer, unless a port declares it does (``moves``, with why)."""
     if experiment in backport.ports:
+        if variant is Variant.PARTIAL and not backport.ports[experiment].has_partial:
+            return CheckStatus.FIXED  # no partial port exists: the partial tree carries the whole port
         return EXPECTED[variant]
     moved = [port.moves[experiment] for port in backport.ports.values() if experiment in port.moves]
     if moved and variant is not Variant.PRISTINE:
@@ -94,6 +98,8 @@ def as_released(directory: Path, experiment: str, releases: list[str]) -> dict[s
 class Corpus:
     table: CorpusTable
     results: dict[tuple[str, Variant], check.CheckResult]  # each tree's whole check, for what went wrong
+    # (release, fix) whose port declares no partial port (partial = []): its partial tree carries the whole port.
+    whole_on_partial: frozenset[tuple[str, str]] = frozenset()
 
     @property
     def exit_code(self) -> int:
@@ -149,12 +155,15 @@ def run(reg: Registry, releases: list[str] | None = None, *, fresh_references: b
                                  expected(backport, e.experiment, variant, unported), e.deciding, e.result_sha256)
                     for e in result.experiments]
     table = CorpusTable(answers, made, digests, [relative(b.path, reg.root) for b in declared])
-    return Corpus(table, results)
+    whole = frozenset((b.release, name) for b in declared for name, port in b.ports.items() if not port.has_partial)
+    return Corpus(table, results, whole)
 
 
 def table(corpus: Corpus) -> str:
-    """Release x fix, one column per tree; an answer that is not the expected one says what was."""
+    """Release x fix, one column per tree; an answer that is not the expected one says what was, and a partial
+    tree's answer for a fix no partial port exists of says so."""
     answers = corpus.table.answers
+    whole = corpus.whole_on_partial
     width = max([len("fix"), *(len(a.experiment) for a in answers)])
     lines = [f"{'release':<9} {'era':<26} {'fix':<{width}} " + " ".join(f"{v.value:<24}" for v in Variant)]
     rows: dict[tuple[str, str], dict[Variant, CorpusAnswer]] = {}
@@ -163,6 +172,7 @@ def table(corpus: Corpus) -> str:
     for (release, experiment), cells in rows.items():
         era = next(iter(cells.values())).era or "current"
         shown = [cells[v].status.value + ("" if cells[v].as_expected else f" (expected {cells[v].expected.value})")
+                 + (" (no partial port)" if v is Variant.PARTIAL and (release, experiment) in whole else "")
                  for v in Variant]
         lines.append(f"{release:<9} {era:<26} {experiment:<{width}} " + " ".join(f"{s:<24}" for s in shown))
     good = sum(a.as_expected for a in answers)

@@ -106,7 +106,8 @@ def _pair_section(pair: dict, notes: dict[str, dict]) -> list[str]:
 
 def _corpus_section(corpus: dict) -> list[str]:
     """Per release and fix: what check answered on the release as published, with the fix ported by hand in the
-    release's own idiom, and with the port left partial; an answer other than the expected one says so."""
+    release's own idiom, and with the port left partial (whole, where no partial port exists); an answer other than
+    the expected one says so."""
     variants = ("pristine", "backport", "partial")
     rows: dict[tuple[str, str], dict[str, dict]] = {}
     for a in corpus["answers"]:
@@ -119,7 +120,8 @@ def _corpus_section(corpus: dict) -> list[str]:
     out = ["", "## The backport corpus", "",
            f"Each fix ported by hand into older releases, in each release's own idiom (`backports/`), then checked: "
            f"`check` must read the release as published `affected`, the backport `fixed` and the partial port "
-           f"`partial`. {good} of {len(corpus['answers'])} answers are the expected ones.", "",
+           f"`partial` (`fixed` where the fix is one clause and no partial port exists: its partial tree carries "
+           f"the whole port). {good} of {len(corpus['answers'])} answers are the expected ones.", "",
            "| release | era | fix | " + " | ".join(variants) + " |", "|---|---|---|---|---|---|"]
     out += [f"| {release} | {row['era'] or 'current'} | {experiment} | "
             + " | ".join(shown(row[v]) if v in row else "-" for v in variants) + " |"

@@ -2,7 +2,9 @@
 
 ``backports/sglang-<release>.toml`` declares, per experiment, the edits that port its fix
 into that release in the release's own idiom (``old`` -> ``new`` in one file of the
-unpacked wheel) and which of them a partial port leaves out. Nothing of SGLang is kept
+unpacked wheel) and which of them a partial port leaves out: none (``partial = []``) where
+the fix is one clause and no partial port exists, which ``partial_why`` then says (the
+partial tree carries the whole port, which reads ``fixed`` there). Nothing of SGLang is kept
 here: a tree is the verified release wheel, unpacked, with the declared edits applied
 to a copy (files hard-linked, an edited file rewritten).
 """
@@ -66,11 +68,16 @@ class FixPort:
 
     experiment: str
     edits: tuple[Edit, ...]
-    partial: tuple[str, ...]  # the edits the partial port leaves out
-    partial_why: str
+    partial: tuple[str, ...]  # the edits the partial port leaves out; () where no partial port exists
+    partial_why: str  # what the partial port leaves undone, or (partial = ()) why no partial port exists
     # Another fix's answer this port moves, per tree (the backport's, the partial's), with why: a fix that makes
     # another's bug reachable (a later fix's race exists only once this one is in).
     moves: dict[str, Move]
+
+    @property
+    def has_partial(self) -> bool:
+        """Does a partial port exist? Not for a fix of one clause: its partial tree carries the whole port."""
+        return bool(self.partial)
 
     def edits_for(self, variant: Variant) -> tuple[Edit, ...]:
         if variant is Variant.PRISTINE:
@@ -131,7 +138,8 @@ def _parse(path: Path, data: dict, experiments: list[str]) -> Backport:
 
 
 def _parse_port(name: str, table: dict) -> FixPort:
-    _table(table, name, required={"edits": list, "partial": list, "partial_why": str}, optional={"moves": dict})
+    # partial_why is required: optional here only so that its absence is told as an empty one is, below.
+    _table(table, name, required={"edits": list, "partial": list}, optional={"partial_why": str, "moves": dict})
     edits = []
     for i, spec in enumerate(table["edits"]):
         where = f"{name}.edits[{i}]"
@@ -143,20 +151,29 @@ def _parse_port(name: str, table: dict) -> FixPort:
         if Path(spec["file"]).is_absolute() or ".." in Path(spec["file"]).parts:
             raise RegistryError(f"{where}.file: {spec['file']!r} must be a path inside the unpacked wheel")
         edits.append(Edit(spec["id"], spec["file"], spec["old"], spec["new"], spec["why"]))
+    if not edits:
+        raise RegistryError(f"{name}.edits: empty: a port is one or more edits")
     ids = [e.id for e in edits]
     if len(set(ids)) != len(ids):
         raise RegistryError(f"{name}.edits: ids repeat: {', '.join(sorted({i for i in ids if ids.count(i) > 1}))}")
     partial = _strings(table["partial"], f"{name}.partial")
     unknown = [p for p in partial if p not in ids]
-    if unknown or not partial:
-        raise RegistryError(f"{name}.partial: {', '.join(unknown) if unknown else 'empty'}: it must name the edits "
-                            f"the partial port leaves out (one or more of: {', '.join(ids)})")
+    if unknown:
+        raise RegistryError(f"{name}.partial: {', '.join(unknown)}: it must name the edits the partial port leaves "
+                            f"out (one or more of: {', '.join(ids)}), or none (partial = []) where no partial port "
+                            "exists")
+    why = table.get("partial_why")
+    if why is None or not why.strip():
+        raise RegistryError(f"{name}.partial_why: {'missing' if why is None else 'empty'}: " + (
+            f"it must say what the partial port leaves undone (without {', '.join(partial)})" if partial else
+            "partial = [] declares that no partial port exists: it must say why (\"one clause: ...\"); the "
+            "partial tree then carries the whole port, expected to read fixed"))
     moves = {}
     for other, spec in table.get("moves", {}).items():
         where = f"{name}.moves.{other}"
         _table(spec, where, required={"backport": str, "partial": str, "why": str}, optional={})
         moves[other] = Move(spec["backport"], spec["partial"], spec["why"])
-    return FixPort(name, tuple(edits), partial, table["partial_why"], moves)
+    return FixPort(name, tuple(edits), partial, why, moves)
 
 
 class EditDoesNotApply(Exception):
