@@ -1,8 +1,8 @@
 """Release sweep: which SGLang release carries each fix, and does a later one lose it or break?
 
 Probes every release from the registry's floor up (an experiment may reach further back: its own
-``release_floor``, where its code path is older than PD), every experiment in one
-process per release (one SGLang import), and has the judge (``judge/classify.py``)
+``release_floor``, where its code path is older than PD), every experiment whose floor is at or below
+the release in one process per release (one SGLang import), and has the judge (``judge/classify.py``)
 classify each release by the scenarios that tell the registry's base and head
 apart and by the controls: pre-fix, fixed, partial, neither, error (a telling
 scenario raised), deviates (fixed, but a control departs from both sides) or
@@ -86,8 +86,10 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
     ``fresh_references`` (a republish, where the published ones are stale).
 
     Without ``versions``, every release from the lowest floor of the experiments swept; ``floored`` (by default
-    when no version is named) keeps each experiment's outcomes from its own floor up (``Registry.floor``): an
-    experiment that reads further back than the others is probed there, the others keep their tables.
+    when no version is named) probes each release only for the experiments whose floor is at or below it
+    (``Registry.floor``), so each experiment's table starts at its own floor: an experiment that reads further
+    back than the others is probed there alone, the others keep their tables. Unfloored, every experiment is
+    probed on every release named.
 
     By default the warm engine probes the releases whose outcome is not cached yet; ``cold``
     runs one fresh probe process per release in its own environment instead (the reference
@@ -103,20 +105,21 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
     floored = versions is None if floored is None else floored
     versions = releases(files, reg.python, lowest_floor(reg, experiments), pre=pre) if versions is None \
         else versions
+    wanted = probed_for(reg, versions, experiments, floored=floored)
+    versions = [v for v in versions if wanted[v]]  # below every floor (an era's part named it): not probed
     environments.torch_choice(reg)
     lock = trees.LockFile(tree_lock_file(reg.root))
-    gates = gate_args(reg, experiments)
     if not versions:  # an era with no release: its part says so, with no engine started
         probed = {}
     elif cold:
-        probed = _cold(reg, versions, experiments, lock, out_dir, jobs, gates, log)
+        probed = _cold(reg, versions, wanted, lock, out_dir, jobs, log)
     else:
-        probed = _warm(reg, versions, experiments, lock, out_dir, jobs, force, gates, log)
+        probed = _warm(reg, versions, wanted, lock, out_dir, jobs, force, log)
 
     def judged(version: str) -> dict[str, ReleaseOutcome]:
         outcomes, read = probed[version]
         if isinstance(outcomes, str):
-            return {name: ReleaseOutcome(version, Classification.FAILED, error=outcomes) for name in experiments}
+            return {name: ReleaseOutcome(version, Classification.FAILED, error=outcomes) for name in wanted[version]}
         found = {}
         for name, outcome in outcomes.items():
             exp = reg.experiment(name)
@@ -129,9 +132,15 @@ def sweep(reg: Registry, experiments: list[str], *, published: Path, out_dir: Pa
         return found
 
     per_release = dict(zip(versions, map(judged, versions)))
-    kept = {name: [v for v in versions if not floored or Version(v) >= Version(reg.floor(name))]
-            for name in experiments}
-    return {name: [per_release[v][name] for v in kept[name]] for name in experiments}, as_of(files, versions), refs
+    return ({name: [per_release[v][name] for v in versions if name in wanted[v]] for name in experiments},
+            as_of(files, versions), refs)
+
+
+def probed_for(reg: Registry, versions: list[str], experiments: list[str], *, floored: bool) -> dict[str, list[str]]:
+    """Per release, the experiments probed on it: floored, those whose floor is at or below it (an experiment is
+    never probed below its own floor: its table would discard the outcome); else every one."""
+    return {v: [name for name in experiments if not floored or Version(v) >= Version(reg.floor(name))]
+            for v in versions}
 
 
 def lowest_floor(reg: Registry, experiments: list[str] | None = None) -> str:
@@ -165,14 +174,15 @@ def _read(out: Path, gates: dict[str, str]) -> dict | None:
     return allprobes.read_environment(out) if gates else None
 
 
-def _cold(reg: Registry, versions: list[str], experiments: list[str], lock: trees.LockFile, out_dir: Path,
-          jobs: int, gates: dict[str, str], log) -> dict[str, Probed]:
-    """One environment and one fresh probe process per release."""
+def _cold(reg: Registry, versions: list[str], wanted: dict[str, list[str]], lock: trees.LockFile, out_dir: Path,
+          jobs: int, log) -> dict[str, Probed]:
+    """One environment and one fresh probe process per release, probing the experiments ``wanted`` on it."""
     def one(version: str) -> Probed:
+        gates = gate_args(reg, wanted[version])
         try:
             tree = trees.release_tree(version, reg.python, lock)
             out = out_dir / tree.label()
-            outcomes = allprobes.run_in_environment(reg, tree, f"{SWEEP_SIDE}.{tree.label()}", experiments,
+            outcomes = allprobes.run_in_environment(reg, tree, f"{SWEEP_SIDE}.{tree.label()}", wanted[version],
                                                     _tree_args(version, gates), out_dir=out, log=log)
             return outcomes, _read(out, gates)
         except HarnessError as exc:
@@ -182,9 +192,10 @@ def _cold(reg: Registry, versions: list[str], experiments: list[str], lock: tree
         return dict(zip(versions, pool.map(one, versions)))
 
 
-def _warm(reg: Registry, versions: list[str], experiments: list[str], lock: trees.LockFile, out_dir: Path,
-          jobs: int, force: bool, gates: dict[str, str], log) -> dict[str, Probed]:
-    """Every release through the warm engine, the unchanged ones from the outcome cache (with their records)."""
+def _warm(reg: Registry, versions: list[str], wanted: dict[str, list[str]], lock: trees.LockFile, out_dir: Path,
+          jobs: int, force: bool, log) -> dict[str, Probed]:
+    """Every release through the warm engine, each probing the experiments ``wanted`` on it, the unchanged ones
+    from the outcome cache (with their records)."""
     found: dict[str, Probed] = {}
     ready = []
     for version in versions:
@@ -192,11 +203,15 @@ def _warm(reg: Registry, versions: list[str], experiments: list[str], lock: tree
             ready.append(trees.release_tree(version, reg.python, lock))
         except HarnessError as exc:
             found[version] = str(exc).splitlines()[0], None
+    gates = {t.label(): gate_args(reg, wanted[t.resolved]) for t in ready}
+    every = list(dict.fromkeys(name for names in wanted.values() for name in names))
     with exclusive(work_dir(reg.root) / "locks" / f"{SWEEP_SIDE}.engine.lock", "the sweep's warm engine"):
-        probed = warm.probe_trees(reg, ready, experiments, {t.label(): _tree_args(t.resolved, gates) for t in ready},
-                                  out_dir=out_dir, jobs=jobs, force=force, log=log)
+        probed = warm.probe_trees(reg, ready, every, {t.label(): _tree_args(t.resolved, gates[t.label()])
+                                                      for t in ready},
+                                  out_dir=out_dir, jobs=jobs, force=force, log=log,
+                                  only={t.label(): wanted[t.resolved] for t in ready})
     for tree in ready:
-        found[tree.resolved] = probed[tree.label()], _read(out_dir / tree.label(), gates)
+        found[tree.resolved] = probed[tree.label()], _read(out_dir / tree.label(), gates[tree.label()])
     return found
 
 
