@@ -598,7 +598,8 @@ def _parse_cannot_probe(tables: dict, experiments: dict[str, Experiment], floor:
         if below:
             raise RegistryError(f"{where}.experiments: {', '.join(below)} is not swept on {version} (below its "
                                 "release floor): the declaration could never be checked")
-        if names is None and all(Version(version) < Version(exp.release_floor or floor) for exp in experiments.values()):
+        if names is None and all(Version(version) < Version(exp.release_floor or floor)
+                                 for exp in experiments.values()):
             raise RegistryError(f"{where}: {version} is below every experiment's release floor: no sweep probes it, "
                                 "so the declaration could never be checked")
         found[version] = CannotProbe(version, spec["why"], spec["raises"], names)
