@@ -75,7 +75,8 @@ def parser() -> argparse.ArgumentParser:
     lt.add_argument("versions", nargs="*", type=arguments.version)
     lt.set_defaults(func=commands.evidence.cmd_lock_trees)
 
-    sw = sub.add_parser("sweep", help="probe every release (all experiments, one import each) and classify each")
+    sw = sub.add_parser("sweep", help="probe every release (each experiment from its own floor, one import each) and "
+                        "classify each")
     sw.add_argument("versions", nargs="*", type=arguments.swept_version,
                     help="releases to probe (default: the registry floor up to the newest)")
     sw.add_argument("--experiment", action="append", type=arguments.name,

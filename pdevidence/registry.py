@@ -350,6 +350,22 @@ class Era:
 
 
 @dataclass(frozen=True)
+class CannotProbe:
+    """A release whose probe cannot run on a CPU, with its one cause (``[cannot_probe."<version>"]``): a fact of
+    the release, not a harness bug. The sweep still probes it: where it fails as declared (it raised, and every
+    error it raised holds ``raises``) it reads "cannot run" with ``why`` and the release watch sets it aside;
+    where it answers, the declaration has become wrong and the watch flags it (stale: remove it)."""
+
+    version: str
+    why: str
+    raises: str  # text every error the release raises holds (a part of the message, as the probe reports it)
+    experiments: tuple[str, ...] | None = None  # the experiments it concerns; None: every one probed on it
+
+    def concerns(self, name: str) -> bool:
+        return self.experiments is None or name in self.experiments
+
+
+@dataclass(frozen=True)
 class Registry:
     root: Path
     python: str
@@ -365,6 +381,8 @@ class Registry:
     openvex_example: str | None = None
     eras: dict[str, Era] = field(default_factory=dict)
     stand_ins: dict[str, str] = field(default_factory=dict)  # module -> why it may be a stand-in
+    # Releases whose probe cannot run on a CPU, by version: the cause declared (``CannotProbe``).
+    cannot_probe: dict[str, CannotProbe] = field(default_factory=dict)
     # The SHA-256 of the bytes this registry was parsed from (None: not read from a file): a run compares it
     # with the file's digest it records, so a registry edited meanwhile never labels what the old one made.
     digest: str | None = None
@@ -386,6 +404,15 @@ class Registry:
     def floor(self, name: str) -> str:
         """The oldest release the sweep probes for experiment ``name``: its own floor, else the registry's."""
         return self.experiment(name).release_floor or self.release_floor
+
+    def declared(self, version: str, name: str) -> CannotProbe | None:
+        """The declaration that ``version`` cannot be probed on a CPU for experiment ``name``; None: none."""
+        try:
+            wanted = Version(version)
+        except InvalidVersion:
+            return None
+        return next((d for d in self.cannot_probe.values() if Version(d.version) == wanted and d.concerns(name)),
+                    None)
 
     def experiment(self, name: str) -> Experiment:
         try:
@@ -502,7 +529,7 @@ def _parse(root: Path, data: dict) -> Registry:
     _table(data, "registry", required={"schema": int, "python": str, "constraints": str, "release_floor": str,
                                        "experiments": dict, "torch_channel": str},
            optional={"constraints_input": str, "constraints_cpu": str, "openvex_example": str, "eras": dict,
-                     "stand_ins": dict, "pd_first_release": str})
+                     "stand_ins": dict, "pd_first_release": str, "cannot_probe": dict})
     if data["schema"] != SCHEMA:
         raise RegistryError(f"registry.schema: {data['schema']} is not a schema this harness reads ({SCHEMA})")
     experiments = {}
@@ -520,6 +547,7 @@ def _parse(root: Path, data: dict) -> Registry:
     floor = _version(data["release_floor"], "registry.release_floor")
     for name, exp in experiments.items():
         _below_floor(f"experiments.{name}", exp, floor)
+    cannot_probe = _parse_cannot_probe(data.get("cannot_probe", {}), experiments, floor)
     return Registry(
         root=root,
         python=data["python"],
@@ -535,7 +563,47 @@ def _parse(root: Path, data: dict) -> Registry:
         stand_ins=stand_ins,
         openvex_example=_version(data["openvex_example"], "registry.openvex_example")
         if "openvex_example" in data else None,
+        cannot_probe=cannot_probe,
     )
+
+
+def _parse_cannot_probe(tables: dict, experiments: dict[str, Experiment], floor: str) -> dict[str, CannotProbe]:
+    """``[cannot_probe."<version>"]``: a release that cannot be probed on a CPU, its cause (``why``), what every
+    error it raises holds (``raises``) and, where not every experiment, those it concerns. Each must be a
+    release the sweep probes for an experiment it concerns (at or above that experiment's floor): a declaration
+    never probed could never be found wrong."""
+    found: dict[str, CannotProbe] = {}
+    seen: dict[Version, str] = {}
+    for version, spec in tables.items():
+        where = f'cannot_probe."{version}"'
+        _version(version, where)
+        if Version(version) in seen:
+            raise RegistryError(f"{where}: the release {seen[Version(version)]!r} is declared already (one cause a "
+                                "release)")
+        seen[Version(version)] = version
+        _table(spec, where, required={"why": str, "raises": str}, optional={"experiments": list})
+        for key in ("why", "raises"):
+            if not spec[key].strip():
+                raise RegistryError(f"{where}.{key}: empty: " + ("say in one sentence why the release cannot be probed "
+                                    "on a CPU" if key == "why" else "give the text every error it raises holds (e.g. "
+                                    "the exception's message)"))
+        names = _strings(spec["experiments"], f"{where}.experiments") if "experiments" in spec else None
+        if names is not None and not names:
+            raise RegistryError(f"{where}.experiments: empty (leave it out: every experiment probed on it)")
+        unknown = [name for name in names or () if name not in experiments]
+        if unknown:
+            raise RegistryError(f"{where}.experiments: {', '.join(unknown)} is not an experiment (one of: "
+                                f"{', '.join(sorted(experiments))})")
+        below = [name for name in names or () if Version(version) < Version(experiments[name].release_floor or floor)]
+        if below:
+            raise RegistryError(f"{where}.experiments: {', '.join(below)} is not swept on {version} (below its "
+                                "release floor): the declaration could never be checked")
+        if names is None and all(Version(version) < Version(exp.release_floor or floor)
+                                 for exp in experiments.values()):
+            raise RegistryError(f"{where}: {version} is below every experiment's release floor: no sweep probes it, "
+                                "so the declaration could never be checked")
+        found[version] = CannotProbe(version, spec["why"], spec["raises"], names)
+    return found
 
 
 def _below_floor(where: str, exp: Experiment, floor: str) -> None:

@@ -127,6 +127,33 @@ def test_every_tree_gets_the_bytes_a_fresh_process_writes(world, monkeypatch):
     assert [found[v]["demo"].doc["scenarios"]["D1"]["observed"]["retired"] for v in trees] == [False, True, True]
 
 
+def with_old(reg: registry.Registry) -> registry.Registry:
+    """``reg`` with a second experiment, ``old`` (demo's expectations, a probe of its own), whose floor is older."""
+    text = (reg.root / "experiments.toml").read_text()
+    older = text.split("[experiments.demo]", 1)[1].replace("experiments.demo", "experiments.old").replace(
+        'probe = "probes/probe_demo.py"', 'probe = "probes/probe_old.py"\nrelease_floor = "0.9.0"')
+    (reg.root / "experiments.toml").write_text(text + "\n[experiments.old]" + older)
+    (reg.root / "probes" / "probe_old.py").write_text(PROBE.replace('ScenarioSet("demo")', 'ScenarioSet("old")'))
+    return registry.load(reg.root)
+
+
+def test_each_tree_is_probed_only_for_the_experiments_asked_of_it(world, monkeypatch):
+    """The sweep probes a release below an experiment's floor without it: its child runs none of its probe, and
+    its outcomes, output directory and cache entry name only what ran."""
+    reg, tmp_path, closure = world
+    reg = with_old(reg)
+    monkeypatch.setenv("PYTHONPATH", str(closure))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    tasks = [engine.TreeTask(v, make_tree(tmp_path / f"t{v}", v, guard=False), args_for(v)) for v in ("0.9.5", "1.0.0")]
+    found = engine.run(reg, Path(sys.executable), tasks, ["demo", "old"], out_dir=tmp_path / "out",
+                       logs=tmp_path / "logs", preload=tmp_path / "preload.json", log=lambda line: None,
+                       only={"0.9.5": ["old"]})
+    assert set(found["0.9.5"]) == {"old"} and set(found["1.0.0"]) == {"demo", "old"}
+    assert all(o.doc is not None for outcomes in found.values() for o in outcomes.values())
+    assert sorted(p.name for p in (tmp_path / "out" / "0.9.5").iterdir()) == ["old.json"]
+    assert sorted(p.name for p in (tmp_path / "out" / "1.0.0").iterdir()) == ["demo.json", "old.json"]
+
+
 def test_the_engine_preloads_what_children_needed_but_never_sglang(world, monkeypatch):
     reg, tmp_path, closure = world
     trees = {"1.0.0": make_tree(tmp_path / "t1", "1.0.0", guard=False),
@@ -368,6 +395,30 @@ def test_a_changed_probe_or_a_new_release_is_probed_again(warm_world):
     probe_file.write_text(probe_file.read_text() + "\n# a comment is a change\n")
     _, said = probe(reg, tmp_path, trees)
     assert "probing release-1.0.0, release-1.1.0" in said
+
+
+def test_an_outcome_kept_for_some_experiments_is_reused_for_those_alone(warm_world):
+    from pdevidence.cells import warm
+
+    reg, tmp_path, trees = warm_world
+    reg = with_old(reg)
+    args = {t.label(): args_for(t.resolved) for t in trees}
+
+    def probe_only(only):
+        lines = []
+        found = warm.probe_trees(reg, trees, ["demo", "old"], args, out_dir=tmp_path / "sweep", log=lines.append,
+                                 only=only)
+        return found, "\n".join(lines)
+
+    found, said = probe_only({"release-1.0.0": ["old"]})
+    assert "probing release-1.0.0 (old only), release-1.1.0 " in said
+    assert set(found["release-1.0.0"]) == {"old"} and set(found["release-1.1.0"]) == {"demo", "old"}
+    assert sorted(p.name for p in (tmp_path / "sweep" / "release-1.0.0").iterdir()) == ["old.json"]
+    _, said = probe_only({"release-1.0.0": ["old"]})
+    assert "probing" not in said and "2 tree(s) unchanged" in said
+    found, said = probe_only(None)  # asked for both now: what was kept for old alone does not answer demo
+    assert "probing release-1.0.0 " in said and "outcomes reused: release-1.1.0" in said
+    assert set(found["release-1.0.0"]) == {"demo", "old"}
 
 
 def test_what_the_engine_could_not_finish_is_never_kept(warm_world):

@@ -102,7 +102,9 @@ FIXTURES = {
         ReleaseOutcome("1.1.0", Classification.FIXED, {"D1": Behaviour.FIXED}),
         ReleaseOutcome("1.2.0", Classification.ERROR, {"D1": Behaviour.ERROR}, ["D1"], "D1: KeyError: 'x'"),
         ReleaseOutcome("1.3.0", Classification.DEVIATES, {"D1": Behaviour.FIXED, "D2": Behaviour.DEVIATES}, ["D2"],
-                       deviations={"D2": {"enqueued": Values(False, True, True)}})],
+                       deviations={"D2": {"enqueued": Values(False, True, True)}}),
+        ReleaseOutcome("1.4.0", Classification.CANNOT_RUN, error="AttributeError: no hip", declared="no GPU"),
+        ReleaseOutcome("1.5.0", Classification.FIXED, {"D1": Behaviour.FIXED}, declared="no GPU")],
         None, MADE, SweepParameters(explicit=False, pre=False, floor="1.0.0", references={})),
     "mutation as the lane writes it": lambda: dataclasses.replace(
         MutationTable.from_doc(synthetic.MUTATIONS, source="v1"), provenance=MADE,

@@ -29,7 +29,7 @@ def test_a_release_after_the_first_fixed_one_that_behaves_as_pre_fix_is_a_regres
     made = provenance.Provenance({"probes/probe_demo.py": "d" * 64}, "0" * 64)
     parameters = SweepParameters(explicit=False, pre=False, floor="0.1", references={})
     doc = sweep.document("demo", outcomes, "2026-10-01T00:00:00Z", made, parameters)
-    assert (doc["schema"], doc["first_fixed"], doc["regressions"]) == ("pdevidence-sweep/6", "0.2", ["0.3", "0.6"])
+    assert (doc["schema"], doc["first_fixed"], doc["regressions"]) == ("pdevidence-sweep/7", "0.2", ["0.3", "0.6"])
     assert SweepTable.from_doc(doc, source="test").doc is doc
     assert sweep.first_fixed(outcomes[:1]) is None and sweep.regressions(outcomes[:1]) == []
 

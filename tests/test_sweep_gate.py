@@ -122,17 +122,27 @@ def test_the_sweep_reads_each_releases_gate_default_in_its_probe_process_and_cla
     asked = {}
     defaults = {"1.1.0": "off", "1.2.0": "on"}
 
-    def probe(reg, versions, experiments, lock, out_dir, jobs, force, gates, log):
-        asked.update(gates)
-        return {v: ({"demo": allprobes.Outcome("demo", result_doc("head", v))}, {"gates": {VARIABLE: record(s)}})
-                for v, s in defaults.items()}
+    class Release:  # a release tree as the engine sees it
+        def __init__(self, version):
+            self.resolved = version
+
+        def label(self):
+            return f"release-{self.resolved}"
+
+    def probe(reg, trees, experiments, tree_args, **kw):  # the engine: what each probe process is given
+        asked.update({t.resolved: tree_args[t.label()] for t in trees})
+        return {t.label(): {"demo": allprobes.Outcome("demo", result_doc("head", t.resolved))} for t in trees}
 
     monkeypatch.setattr(sweep.trees, "index_files", lambda project: [])
+    monkeypatch.setattr(sweep.trees, "release_tree", lambda version, python, lock: Release(version))
     monkeypatch.setattr(sweep, "references", lambda reg, exp, published, fresh=False: sweep.References(
         {"base": result_doc("base", "1.0.0"), "head": result_doc("head", "1.1.0")}, {}))
-    monkeypatch.setattr(sweep, "_warm", probe)
+    monkeypatch.setattr(sweep.warm, "probe_trees", probe)
+    monkeypatch.setattr(sweep, "_read", lambda out, gates: {"gates": {VARIABLE: record(defaults[out.name[8:]])}}
+                        if gates else None)
     found, _, _ = sweep.sweep(reg, ["demo"], published=tmp_path, out_dir=tmp_path, versions=list(defaults))
-    assert asked == {warm.SERVER_GATES: f'{{"{VARIABLE}": "true"}}'}
+    assert {v: args[warm.SERVER_GATES] for v, args in asked.items()} == {v: f'{{"{VARIABLE}": "true"}}'
+                                                                         for v in defaults}
     assert [(o.version, o.classification) for o in found["demo"]] == [("1.1.0", C.PRESENT_OFF), ("1.2.0", C.FIXED)]
 
 

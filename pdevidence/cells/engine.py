@@ -309,18 +309,22 @@ def _preload_list(path: Path) -> list[str]:
 
 def run(reg: Registry, interpreter: Path, tasks: list[TreeTask], experiments: list[str], *,
         out_dir: Path, logs: Path | None, preload: Path, jobs: int = 2, env: dict[str, str] | None = None,
-        log=print, engines: Engines | None = None) -> dict[str, dict[str, allprobes.Outcome]]:
-    """Every experiment on every tree (``probe_all``), in one engine (``engines``' kept one for this closure,
-    when it sees every tree; its logs are its own, ``logs`` may be None then); per tree label, per experiment,
-    what came back. The trees share the engine's sandbox: pass only trees that trust each other (``warm.py``)."""
-    exps = [reg.experiment(name) for name in experiments]
+        log=print, engines: Engines | None = None,
+        only: dict[str, list[str]] | None = None) -> dict[str, dict[str, allprobes.Outcome]]:
+    """Every experiment on every tree (``probe_all``; ``only``, per tree label: those of ``experiments`` alone), in
+    one engine (``engines``' kept one for this closure, when it sees every tree; its logs are its own, ``logs`` may
+    be None then); per tree label, per experiment probed, what came back. Each child is given its own tree's
+    probes: an experiment a tree is not probed for is neither run nor reported. The trees share the engine's
+    sandbox: pass only trees that trust each other (``warm.py``)."""
+    exps = {task.label: [reg.experiment(name) for name in experiments
+                         if only is None or task.label not in only or name in only[task.label]] for task in tasks}
     kept = engines.session(interpreter, preload, env, jobs) if engines and engines.sees([t.path for t in tasks]) \
         else None
     written = kept.out if kept else out_dir  # where the drivers write: a kept engine writes only its own
     driver_tasks = []
     for task in tasks:
-        allprobes.clear(written / task.label, experiments)
-        argv = [*[str(e.probe) for e in exps], "--out-dir", str(written / task.label),
+        allprobes.clear(written / task.label, [e.name for e in exps[task.label]])
+        argv = [*[str(e.probe) for e in exps[task.label]], "--out-dir", str(written / task.label),
                 *allprobes.tree_argv(task.tree_args)]
         driver_tasks.append(DriverTask(task.label, task.path, argv, writes=(written / task.label,)))
     if kept:
@@ -332,7 +336,7 @@ def run(reg: Registry, interpreter: Path, tasks: list[TreeTask], experiments: li
     else:
         done = run_tasks(reg, interpreter, driver_tasks, logs=logs, preload=preload,
                          trusted=all(task.trusted for task in tasks), jobs=jobs, env=env, log=log)
-    return {task.label: allprobes.collect(exps, out_dir / task.label, logs / f"{task.label}.log",
+    return {task.label: allprobes.collect(exps[task.label], out_dir / task.label, logs / f"{task.label}.log",
                                           done.failures[task.label] or "exited with status 0", done.containment)
             for task in tasks}
 

@@ -121,9 +121,12 @@ def _swap_in(staging: Path, dest: Path) -> None:
 
 def probe_trees(reg: Registry, trees: list[Tree], experiments: list[str], tree_args: dict[str, dict[str, str]], *,
                 out_dir: Path, jobs: int = 2, force: bool = False, log=print,
-                engines: engine.Engines | None = None) -> dict[str, dict[str, allprobes.Outcome]]:
+                engines: engine.Engines | None = None,
+                only: dict[str, list[str]] | None = None) -> dict[str, dict[str, allprobes.Outcome]]:
     """Per tree label, per experiment, the outcome: from the cache, else from one engine per era for the misses
     (``engines``' kept one, for a caller probing round after round: the trees it sees then share it).
+    ``only`` (per tree label) probes a tree for those of ``experiments`` alone (the sweep: those whose floor is
+    at or below the release); its outcomes then name only them.
 
     A label names one content (``trees.tree_label``): a tree given twice, or two copies of one, is probed once.
     Up to ``jobs`` eras run side by side: an engine's start (its closure's import) uses one core, so the next
@@ -135,7 +138,7 @@ def probe_trees(reg: Registry, trees: list[Tree], experiments: list[str], tree_a
     found = {}
     with children.workers(min(jobs, len(by_era)), "era") as pool:
         running = [pool.submit(_probe_era, reg, era, members, experiments, tree_args, out_dir=out_dir, jobs=jobs,
-                               force=force, log=log, engines=engines) for era, members in by_era.values()]
+                               force=force, log=log, engines=engines, only=only) for era, members in by_era.values()]
         try:
             for era in running:
                 found.update(era.result())
@@ -146,10 +149,18 @@ def probe_trees(reg: Registry, trees: list[Tree], experiments: list[str], tree_a
     return found
 
 
+def probed_on(experiments: list[str], only: dict[str, list[str]] | None, label: str) -> list[str]:
+    """The experiments a tree is probed for: those of ``experiments`` its ``only`` entry names (none: all)."""
+    if only is None or label not in only:
+        return list(experiments)
+    return [name for name in experiments if name in only[label]]
+
+
 def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: list[str],
                tree_args: dict[str, dict[str, str]], *, out_dir: Path, jobs: int, force: bool,
-               log, engines: engine.Engines | None = None) -> dict[str, dict[str, allprobes.Outcome]]:
-    exps = [reg.experiment(name) for name in experiments]
+               log, engines: engine.Engines | None = None,
+               only: dict[str, list[str]] | None = None) -> dict[str, dict[str, allprobes.Outcome]]:
+    wanted = {tree.label(): probed_on(experiments, only, tree.label()) for tree in trees}
     for tree in trees:  # refused before the closure is built
         sandbox.admit(tree.pinned, f"the tree {tree.label()}")
     work = work_dir(reg.root)
@@ -171,11 +182,11 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
         for tree in trees:
             label, entry = tree.label(), work / "outcomes" / keys[tree.label()]
             inuse.use(entry)
-            kept = None if force else _reuse(entry, private / label, experiments, work / "locks",
+            kept = None if force else _reuse(entry, private / label, wanted[label], work / "locks",
                                              records_of(tree_args[label]))
             if kept is not None:
-                found[label] = allprobes.collect(exps, private / label, entry / "none.log", "left no outcome",
-                                                 kept["containment"])
+                found[label] = allprobes.collect([reg.experiment(name) for name in wanted[label]], private / label,
+                                                 entry / "none.log", "left no outcome", kept["containment"])
             else:
                 with phases.measure(phases.TREES):
                     unpacked = importable_dir(tree, env.interpreter)
@@ -190,17 +201,19 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
         for group in groups:
             alone = (" in the engine kept across rounds" if kept else
                      " in an engine of its own" if len(groups) > 1 and not group[0].shared else "")
-            log(f"{where}: probing {', '.join(t.label for t in group)} ({jobs} at a time){alone}")
+            log(f"{where}: probing {', '.join(_named(t.label, wanted[t.label], experiments) for t in group)} "
+                f"({jobs} at a time){alone}")
             ran = engine.run(reg, env.interpreter, group, experiments, out_dir=private,
                              logs=None if kept else run_logs(work / "logs" / "engine"),
                              preload=engine.preload_file(env.path),
-                             jobs=jobs, env={**stand_ins, **quiet}, log=log, engines=engines if kept else None)
+                             jobs=jobs, env={**stand_ins, **quiet}, log=log, engines=engines if kept else None,
+                             only={t.label: wanted[t.label] for t in group})
             faults.point("probe")
             for label, outcomes in ran.items():
                 found[label] = outcomes
                 short = any(o.out_of_memory for o in outcomes.values())  # a higher limit may run it: not kept
-                if _complete(private / label, experiments, records_of(tree_args[label])) and not short:
-                    _keep(work / "outcomes" / keys[label], private / label, experiments,
+                if _complete(private / label, wanted[label], records_of(tree_args[label])) and not short:
+                    _keep(work / "outcomes" / keys[label], private / label, wanted[label],
                           next(iter(outcomes.values())).containment, work / "locks")
         for label in found:
             with _held(out_dir / label, work / "locks"):
@@ -208,6 +221,11 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
     finally:
         shutil.rmtree(private, ignore_errors=True)
     return found
+
+
+def _named(label: str, wanted: list[str], experiments: list[str]) -> str:
+    """A tree as the log names it: with the experiments it is probed for where not every one."""
+    return label if len(wanted) == len(experiments) else f"{label} ({', '.join(wanted)} only)"
 
 
 def _reuse(entry: Path, dest: Path, experiments: list[str], locks: Path, records: tuple[str, ...]) -> dict | None:

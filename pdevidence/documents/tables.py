@@ -66,6 +66,9 @@ class ReleaseOutcome:
     deviations: Explained = field(default_factory=dict)
     unobserved: list[str] = field(default_factory=list)  # deciding keys the release never recorded: ``sid.key``
     gate: GateDefault | None = None  # a gated fix: its variable's default as this release reads it
+    # The registry declares the release cannot be probed on a CPU for this experiment: the cause it names (``cannot
+    # run`` where it failed as declared; anything else is flagged: a stale declaration, or another failure).
+    declared: str | None = None
 
     def to_json(self) -> dict:
         found = {"version": self.version, "classification": self.classification.value,
@@ -82,7 +85,23 @@ class ReleaseOutcome:
             found["unobserved"] = self.unobserved
         if self.gate is not None:
             found["gate"] = self.gate.to_json()
+        if self.declared is not None:
+            found["declared"] = self.declared
         return found
+
+    @property
+    def stale_declaration(self) -> bool:
+        """Declared not probeable on a CPU, yet answered: the declaration has become wrong (remove it)."""
+        return self.declared is not None and self.classification not in UNANSWERED
+
+    @property
+    def failed_otherwise(self) -> bool:
+        """Declared not probeable on a CPU, and not answered, but not failing as declared (another cause)."""
+        return self.declared is not None and self.classification in (Classification.FAILED, Classification.ERROR)
+
+
+# A release so classified was not answered: it failed, raised, or (declared so) cannot run on a CPU.
+UNANSWERED = (Classification.FAILED, Classification.ERROR, Classification.CANNOT_RUN)
 
 
 def first_fixed(outcomes: list[ReleaseOutcome]) -> str | None:
@@ -109,11 +128,14 @@ def regressions(outcomes: list[ReleaseOutcome]) -> list[str]:
 def flagged(outcomes: list[ReleaseOutcome]) -> list[str]:
     """The release watch: releases after the first fixed one that are not fixed, whatever they are
     instead (a regression, a probe that breaks or matches neither side, a release that failed), and a
-    release that failed anywhere: one not probed before the first fixed one may be the real first fixed."""
+    release that failed anywhere: one not probed before the first fixed one may be the real first fixed.
+    A release the registry declares cannot be probed on a CPU that failed as declared (cannot run) is set
+    aside; one declared so that answered (a stale declaration) or failed otherwise is flagged."""
     fixed = first_fixed(outcomes)
     return [o.version for o in outcomes if o.classification is Classification.FAILED
+            or (o.declared is not None and o.classification is not Classification.CANNOT_RUN)
             or (fixed is not None and Version(o.version) > Version(fixed)
-                and o.classification is not Classification.FIXED)]
+                and o.classification not in (Classification.FIXED, Classification.CANNOT_RUN))]
 
 
 def _outcomes(releases: list) -> list[ReleaseOutcome]:
@@ -176,8 +198,15 @@ def _sweep_5_to_6(doc: dict) -> dict:
     return doc
 
 
-SWEEP_SCHEMA = Schema("pdevidence-sweep/", 6, {1: _sweep_1_to_2, 2: _sweep_2_to_3, 3: _sweep_3_to_4,
-                                               4: _sweep_4_to_5, 5: _sweep_5_to_6})
+def _sweep_6_to_7(doc: dict) -> dict:
+    """/7 reads the registry's declarations of releases that cannot be probed on a CPU: a release's ``declared``
+    (the cause) and the classification "cannot run" (failed as declared, set aside by the release watch). A /6
+    table had none: its failed and erroring releases read as written."""
+    return doc
+
+
+SWEEP_SCHEMA = Schema("pdevidence-sweep/", 7, {1: _sweep_1_to_2, 2: _sweep_2_to_3, 3: _sweep_3_to_4,
+                                               4: _sweep_4_to_5, 5: _sweep_5_to_6, 6: _sweep_6_to_7})
 
 
 def partial_sweep(parameters: dict | None) -> str | None:
@@ -272,11 +301,15 @@ class SweepTable:
                     {sid: Behaviour(b) for sid, b in entry.get("scenarios", {}).items()},
                     list(entry.get("differing", [])), entry.get("error"), list(entry.get("evidence", [])),
                     list(entry.get("not_deciding", [])), explained_from_doc(entry.get("deviations", {})),
-                    list(entry.get("unobserved", [])), GateDefault.from_doc(entry.get("gate"))))
+                    list(entry.get("unobserved", [])), GateDefault.from_doc(entry.get("gate")),
+                    entry.get("declared")))
             except (TypeError, KeyError, ValueError, AttributeError):
                 raise bad(f"release entry {entry!r}") from None
-            if not isinstance(entry["version"], str) or not isinstance(releases[-1].error, (str, type(None))):
+            said = (releases[-1].error, releases[-1].declared)
+            if not isinstance(entry["version"], str) or not all(isinstance(s, (str, type(None))) for s in said):
                 raise bad(f"release entry {entry!r}")
+            if releases[-1].classification is Classification.CANNOT_RUN and releases[-1].declared is None:
+                raise bad(f"release entry {entry!r}: cannot run only where the registry declares it (declared)")
         try:
             derived = {"first_fixed": first_fixed(releases), "regressions": regressions(releases),
                        "flagged": flagged(releases)}

@@ -41,6 +41,9 @@ class Classification(str, enum.Enum):
     # A gated fix (the registry's ``gate``): the code is fixed with its gate on, but the release's own default
     # leaves the gate off, so a server run with the defaults is exposed (``gate`` names the variable).
     PRESENT_OFF = "present but off"
+    # The registry declares the release cannot be probed on a CPU (``[cannot_probe]``: a fact of the release, its
+    # cause named), and it failed as declared: nothing was seen either way, and the release watch sets it aside.
+    CANNOT_RUN = "cannot run"
 
 
 class CheckStatus(str, enum.Enum):

@@ -17,7 +17,9 @@ shown beside base's and head's (``Judgement.explain``). The sweep and ``check``
 both judge through ``judge`` here; the release watch (``flagged``) names every
 release after the first fixed one that is not fixed, and every release that failed.
 A gated fix's release is then read as it ships (``as_shipped``): fixed code whose own
-default leaves the gate off is present but off.
+default leaves the gate off is present but off. A release the registry declares cannot be probed on a
+CPU (``as_declared``) that failed as declared cannot run: the watch sets it aside, and flags one that
+answered (a stale declaration) or failed otherwise.
 
 An all-clear (not affected, fixed, keys set aside) stands only on observations
 that ran to their end without error and recorded the deciding keys: a key a tree
@@ -37,7 +39,7 @@ from ..core.errors import BEHAVIOUR_DIFFERS, CONFIRMED, RELEASE_WATCH
 from ..documents.observations import NOT_OBSERVED, Explained, Values
 from ..documents.tables import GateDefault, ReleaseOutcome, first_carrying, flagged
 from ..documents.vocabulary import Behaviour, Classification, GateState
-from ..registry import Expectation, Experiment, Gate, Justification, NotAffected, NotDeciding
+from ..registry import CannotProbe, Expectation, Experiment, Gate, Justification, NotAffected, NotDeciding
 from .compare import same
 
 
@@ -341,6 +343,24 @@ def as_shipped(outcome: ReleaseOutcome, gate: Gate, read: dict | None) -> Releas
     why = (read or {}).get("why") or "the probe process wrote no environment record"
     return dataclasses.replace(found, classification=Classification.ERROR,
                                error=f"the fix is present, but the default of {gate.variable} is not read here: {why}")
+
+
+def as_declared(outcome: ReleaseOutcome, declared: CannotProbe, doc: dict | None) -> ReleaseOutcome:
+    """A release the registry declares cannot be probed on a CPU for this experiment (``doc``: its result; None
+    where the probe wrote none). Failing as declared (it failed or raised, and every error it raised holds the
+    declared text) it cannot run, the cause named; else it keeps its classification, the declaration named
+    beside it, and the release watch flags it: answered, the declaration is stale; failing otherwise, it is a
+    failure the declaration does not cover."""
+    found = dataclasses.replace(outcome, declared=declared.why)
+    if outcome.classification is Classification.FAILED:
+        errors = [outcome.error or ""]
+    elif outcome.classification is Classification.ERROR and doc is not None:
+        errors = [_error(doc, sid) for sid in doc["scenarios"] if _raised(doc, sid)]
+    else:
+        return found
+    if errors and all(declared.raises in error for error in errors):
+        return dataclasses.replace(found, classification=Classification.CANNOT_RUN)
+    return found
 
 
 def watch_exit(outcomes: list[ReleaseOutcome]) -> int:

@@ -123,13 +123,22 @@ def sweep_text(sweep: dict, dash: str = "–") -> str:
     fixed = sweep["first_fixed"]
     text += f"; first fixed {fixed}" if fixed else "; no release behaves as fixed"
     kinds = {r["version"]: r["classification"] for r in sweep["releases"]}
+    declared = [r["version"] for r in sweep["releases"] if r.get("declared")]
     if sweep.get("flagged"):
-        after = [v for v in sweep["flagged"] if fixed and Version(v) > Version(fixed)]
-        unprobed = [v for v in sweep["flagged"] if v not in after]
+        after = [v for v in sweep["flagged"] if fixed and Version(v) > Version(fixed) and v not in declared]
+        unprobed = [v for v in sweep["flagged"] if v not in after and v not in declared]
+        wrong = [v for v in sweep["flagged"] if v in declared]
         if after:
             text += f"; release watch, not fixed after {fixed}: " + ", ".join(f"{v} ({kinds.get(v)})" for v in after)
         if unprobed:
             text += f"; release watch, not probed (the first fixed release may be among them): {', '.join(unprobed)}"
+        if wrong:
+            text += ("; release watch, declared cannot be probed on a CPU but did not fail as declared: "
+                     + ", ".join(f"{v} ({kinds.get(v)})" for v in wrong))
+    unrun = [r for r in sweep["releases"] if r["classification"] == Classification.CANNOT_RUN.value]
+    if unrun:
+        text += "; cannot run on a CPU, as the registry declares: " + "; ".join(
+            f"{r['version']} ({r.get('declared')})" for r in unrun)
     elif sweep.get("regressions"):  # tables written before the release watch (schema 1 and 2)
         text += "; pre-fix again after a fixed release: " + ", ".join(sweep["regressions"])
     off = gated_off_text(sweep, dash)

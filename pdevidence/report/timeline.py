@@ -32,7 +32,7 @@ RELEASE_STATE = {Classification.PRE_FIX: Behaviour.PRE_FIX, Classification.FIXED
                  Classification.NEITHER: Behaviour.NEITHER, Classification.PARTIAL: Behaviour.NEITHER,
                  Classification.ERROR: Behaviour.ERROR, Classification.FAILED: Behaviour.ERROR,
                  Classification.NOT_AFFECTED: Behaviour.NOT_AFFECTED, Classification.DEVIATES: Behaviour.DEVIATES,
-                 Classification.PRESENT_OFF: PRESENT_OFF}
+                 Classification.PRESENT_OFF: PRESENT_OFF, Classification.CANNOT_RUN: Behaviour.ERROR}
 
 
 @dataclass(frozen=True)
