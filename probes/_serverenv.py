@@ -13,7 +13,10 @@ Everything here is the tree's own reading, run in its probe process after the pr
    value under the given environment (its default where not given) beside the field's reading of the ``on``
    value: ``on`` where they are equal, ``off`` where not; ``undefined`` where the tree names it nowhere, and
    ``unread`` where it names it outside ``Envs`` or its ``Envs`` cannot be imported (the reading is not
-   established here: never an all-clear).
+   established here: never an all-clear). A tree with no ``sglang.srt.environ`` at all (0.4.x to 0.5.2) reads
+   its variables with its own helpers: a boolean gate it names is read as its ``get_bool_env_var`` reads it
+   (``bool_reader``), the same comparison, and the record's ``why`` says so (a backport of a gated fix into
+   such a tree, written in its idiom; no release of those names a gate).
 
 Standard library and the kit only; ``plain`` is the server arguments' (one way to write a value as data).
 """
@@ -22,10 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from _probekit import describe_error
 from _serverconfig import Unplain, plain
@@ -34,6 +38,8 @@ ENV_SCHEMA = "pd-probe-environment/1"
 ENVIRON_MODULE = "sglang.srt.environ"
 # A gate's state, as the check's GateState enum reads it back (documents/vocabulary.py).
 ON, OFF, UNDEFINED, UNREAD = "on", "off", "undefined", "unread"
+# The values a tree's get_bool_env_var understands (0.4.x's sglang.srt.utils): anything else it reads as false.
+TRUTHY, FALSY = ("true", "1"), ("false", "0")
 
 
 @contextlib.contextmanager
@@ -64,6 +70,7 @@ def read_environment(given: dict[str, str], gates: dict[str, str]) -> dict:
         return doc
     envs, failed = _envs()
     doc["envs"], doc["envs_error"] = envs is not None, failed
+    bare = envs is None and failed is None and not has_environ()  # reads its variables its own way
     fields = {name: _field(envs, name) for name in {*given, *gates}}
     outside = [name for name in {*given, *gates} if fields[name] is None]
     named = _named_in_source(outside) if outside else set()
@@ -81,8 +88,53 @@ def read_environment(given: dict[str, str], gates: dict[str, str]) -> dict:
         else:
             doc["undefined"].append(name)
     for variable, on in sorted(gates.items()):
-        doc["gates"][variable] = _gate(fields[variable], variable, on, given, variable in named, failed)
+        if fields[variable] is None and variable in named and bare and on.lower() in TRUTHY + FALSY:
+            doc["gates"][variable] = _bool_gate(variable, on, given)
+        else:
+            doc["gates"][variable] = _gate(fields[variable], variable, on, given, variable in named, failed)
     return doc
+
+
+def has_environ() -> bool:
+    """Whether the tree has a ``sglang.srt.environ`` module at all (0.5.3 on), importable here or not."""
+    try:
+        return importlib.util.find_spec(ENVIRON_MODULE) is not None
+    except (ImportError, ValueError):  # no sglang.srt to look in
+        return False
+
+
+def bool_reader() -> tuple[Callable[[str], bool], str]:
+    """How a tree with no ``sglang.srt.environ`` reads a boolean variable, and that reader's name: its own
+    ``sglang.srt.utils.get_bool_env_var`` (false unless set), or where it has none, ``os.environ`` as that helper
+    reads it ("true" or "1", case aside)."""
+    try:
+        from sglang.srt.utils import get_bool_env_var
+    except ImportError:
+        return (lambda name: os.environ.get(name, "false").lower() in TRUTHY), "os.environ"
+    return (lambda name: bool(get_bool_env_var(name))), "get_bool_env_var"
+
+
+def _bool_gate(variable: str, on: str, given: dict[str, str]) -> dict:
+    """A gate a tree with no ``sglang.srt.environ`` names: read, as given and as ``on``, by its ``bool_reader``."""
+    found: dict = {"given": variable in given, "on": on, "value": None, "on_value": None}
+    try:
+        read, how = bool_reader()
+        with environment(given, () if variable in given else (variable,)), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            value = read(variable)
+        with environment({variable: on}), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            turned = read(variable)
+    except Exception as exc:  # the tree's helper does not run here: its reading is not established
+        error = describe_error(exc)
+        return {**found, "state": UNREAD, "why": f"this tree's boolean reader failed: {error['type']}: "
+                                                 f"{error['message']}"}
+    where = "as given" if variable in given else "its default: not given"
+    why = (f"read with this tree's sglang.srt.utils.get_bool_env_var (it has no {ENVIRON_MODULE}), {where}"
+           if how == "get_bool_env_var" else
+           f"read from os.environ as a get_bool_env_var reads it (true or 1): this tree has neither "
+           f"{ENVIRON_MODULE} nor that helper, {where}")
+    return {**found, "value": value, "on_value": turned, "state": ON if value == turned else OFF, "why": why}
 
 
 def _envs() -> tuple[Any, dict | None]:

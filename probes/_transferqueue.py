@@ -12,7 +12,9 @@ objects on the decode side:
   ``object.__new__`` and the attributes its ``abort``/``poll``/``failure_exception``/``clear`` read; its
   manager is the backend's real manager class made the same way (its ack tracker and status table are
   the tree's own methods). The manager's gate is set from the tree's own ``envs`` read under ``gated``,
-  as its constructor does;
+  as its constructor does; in a tree with no ``envs`` (0.4.x) whose manager's constructor reads the gate
+  (a port in that tree's idiom), as that tree reads a boolean variable (``_serverenv.bool_reader``: its
+  ``get_bool_env_var``), the result naming the reader (adaptation ``gate-via-get_bool_env_var``);
 - the scheduler's own methods on a stand-in ``self``: an abort is ``Scheduler.abort_request`` (which,
   from 0.5.19, also arms the ack tracker), an iteration is ``process_decode_queue`` (which, from 0.5.19,
   resolves held releases, then polls);
@@ -46,7 +48,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from _probekit import Collaborators, Recorder, publish_server_args, server_args, swapped
+from _probekit import Collaborators, Recorder, class_fact, publish_server_args, server_args, swapped
+from _serverenv import bool_reader
 
 DECODE_MODULE = "sglang.srt.disaggregation.decode"
 GATE = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
@@ -126,6 +129,7 @@ def prepare(adapt: Callable[[str], None], backend: str = "mooncake") -> None:
     sg.torch = torch
     sg.backend = backend
     sg.missing = None
+    sg.gate_reader = None
     try:
         # the scheduler first, as a server imports it: up to 0.4.6.post4 the decode module alone meets a circular
         # import of sglang.srt.layers.linear
@@ -166,6 +170,7 @@ def prepare(adapt: Callable[[str], None], backend: str = "mooncake") -> None:
         sg.envs = getattr(importlib.import_module("sglang.srt.environ"), "envs", None)
     except ImportError:
         sg.envs = None
+    read_gate_where(adapt)
     # page_size: what a server resolves its default to (trees whose args fall back to the dataclass defaults
     # would hold None, which 0.5.x's release_kv_cache compares)
     sg.server_args = server_args(ServerArgs, adapt, model_path="dummy", disaggregation_mode="decode",
@@ -209,16 +214,43 @@ def gate_in_tree() -> bool:
 
 def gate_default() -> bool | None:
     """The gate as the tree's ``envs`` reads it with the variable unset: its declared default, which a mutant
-    of the code reading it leaves alone (None where the tree defines no such variable, before 0.5.19)."""
+    of the code reading it leaves alone (None where the tree's ``envs`` defines no such variable: before 0.5.19,
+    and in a tree with no ``envs``, whose default is an argument of its reader's call, no declaration read here)."""
     if not gate_in_tree():
         return None
     with gated(False):
         return _tree_gate()
 
 
+def read_gate_where(adapt: Callable[[str], None]) -> None:
+    """Where the manager stand-ins take their gate from besides the tree's ``envs``: a tree with no ``envs`` whose
+    manager's constructor (its own or a base class's) names the gate reads it its own way (a port of #35049 into
+    0.4.x reads it with ``get_bool_env_var``), so the stand-ins read it as that tree reads a boolean variable, and
+    the result names the reader. Nowhere else: a tree whose manager reads no gate keeps it False, as before."""
+    sg.gate_reader = None
+    if sg.envs is not None or not any(
+            class_fact(init, GATE, why="the gate a manager stand-in carries, set as its constructor sets it")
+            for init in _constructors(sg.Manager)):
+        return
+    read, how = bool_reader()
+    sg.gate_reader = read
+    adapt(f"gate-via-{how.replace('.', '-')}")
+
+
+def _constructors(cls: type) -> list[Callable[..., Any]]:
+    """The ``__init__`` each class of ``cls``'s MRO defines in Python (the built-in ``object.__init__`` aside)."""
+    found = (klass.__dict__.get("__init__") for klass in cls.__mro__)
+    return [init for init in found if inspect.isfunction(init)]
+
+
 def _tree_gate() -> bool:
-    """The gate as the tree's own ``envs`` reads it now (False where the tree has no such variable)."""
-    return bool(getattr(sg.envs, GATE).get()) if gate_in_tree() else False
+    """The gate as the tree reads it now: through its own ``envs`` where that defines the variable, else with the
+    tree's own boolean reader where its manager reads one (``read_gate_where``); False where the tree reads no
+    such variable."""
+    if gate_in_tree():
+        return bool(getattr(sg.envs, GATE).get())
+    reader = getattr(sg, "gate_reader", None)
+    return bool(reader(GATE)) if reader is not None else False
 
 
 class Clock:
@@ -672,6 +704,7 @@ class Prefill:
             "attn_tp_rank": 0, "attn_cp_rank": 0, "attn_cp_size": 1, "pp_rank": 0, "pp_size": 1,
             "disaggregation_mode": sg.PREFILL, "local_ip": PREFILL_IP, "rank_port": PREFILL_PORT,
             "transfer_infos": {}, "enable_staging": False,
+            "kv_args": SimpleNamespace(engine_rank=0),  # 0.4.x's worker names its rank (a drain ack's) by it
             # 0.5.21: its receive loop's state; a held ack also goes to the room's other decode peers
             "server_args": sg.server_args, "_stopped": False, "_worker_threads": [],
             "_deferred_ack_fanout_snapshots": {},

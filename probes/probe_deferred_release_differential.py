@@ -23,8 +23,8 @@ request's slots lands, then its ranks ack. Scenarios:
 - D6 control: the prefill side reports a failure (it stopped writing): released at once, by design;
 - D7 control: a transfer still running, no abort, past a hold's deadline: nothing is given back;
 - D8 control: D1 with the gate unset (the default): today's server releases at once, as before the fix
-  (``gate_default_on``: the variable's default as the tree's ``envs`` declares it; null before the fix, true
-  where the tree turns the hold on by default, 0.5.21);
+  (``gate_default_on``: the variable's default as the tree's ``envs`` declares it; null before the fix and in a
+  tree with no ``envs``, a port's, true where the tree turns the hold on by default, 0.5.21);
 - D9 no abort: the decode's own wait for the transfer runs out (its receiver's waiting timeout, polled by the
   queue) mid-transfer; after the acks, past a hold's deadline (0.5.19 arms no ack for a wait that ran out);
 - D10 control: the client aborts (the scheduler's ``abort_request``) a request whose transfer never ends; a day

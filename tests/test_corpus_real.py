@@ -26,12 +26,8 @@ NOT_PORTED = {
     ("offload_rid", "torch2.9-tf5"): "0.5.10's #37026 port would sit on the #24226 port; their two partial ports "
                                      "together leave the R2 control departing (corpus.md)",
     ("offload_rid", "torch2.11-tf5-sgl-kernel"): "as 0.5.10: 0.5.12's manager is the same file",
-    # #27372 is ported into 0.4.10, 0.5.3, 0.5.5.post3, 0.5.7 and 0.5.9 too, #35049 on it into 0.5.3, 0.5.9 and
-    # 0.5.10 (issue 44).
-    ("deferred_release", "torch2.7-tf4"): "the gate cannot be told: 0.4.7-0.4.10.post2 have no sglang.srt.environ "
-                                          "(their managers read variables with get_*_env_var), and the probe takes a "
-                                          "manager's gate from the tree's envs, so a port in the tree's idiom reads "
-                                          "with its manager's gate off (corpus.md)",
+    # #27372 is ported into 0.4.10, 0.5.3, 0.5.5.post3, 0.5.7 and 0.5.9 too, #35049 on it into 0.4.10, 0.5.3, 0.5.9
+    # and 0.5.10 (issue 44).
     ("deferred_release_nixl", "torch2.11-tf5-sgl-kernel"): "not yet: 0.5.12-0.5.15.post1, read pre-fix from this "
                                                           "round, have no NIXL ABORT handler (#30352) for the hold "
                                                           "to wait on",

@@ -743,3 +743,119 @@ def test_the_registry_reads_old_trees_by_what_d9_and_d10_observed(fact, driven, 
     for sid, sc in doc["scenarios"].items():
         sc.update(error=None, observed=dict(driven.get(sid, fact)))
     assert judge(doc, base, head, exp).classification.value == answer
+
+
+# ---------------------------------------------------------------- trees with no envs (0.4.x)
+
+
+class GateReadingManager(Manager):
+    """A port of #35049 into a tree with no ``envs`` (0.4.10's): its constructor reads the gate its own way. The
+    driver never runs it (``object.__new__``): whether it names the gate is what the driver asks of it."""
+
+    def __init__(self):
+        from sglang.srt.utils import get_bool_env_var
+
+        self.enable_deferred_decode_kv_release = get_bool_env_var("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE")
+
+
+class GatelessManager(Manager):
+    """A release with no ``envs`` (0.4.x as published): its constructor reads variables, none of them the gate."""
+
+    def __init__(self):
+        self.waiting_timeout = int(os.environ.get("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "300"))
+
+
+def get_bool_env_var(name, default="false"):
+    """0.4.x's ``sglang.srt.utils.get_bool_env_var``."""
+    return os.getenv(name, default).lower() in ("true", "1")
+
+
+@pytest.fixture
+def no_envs(tq, monkeypatch):
+    """A tree with no ``sglang.srt.environ``: its ``sglang.srt.utils`` holds the boolean reader its code calls."""
+    utils = SimpleNamespace(get_bool_env_var=get_bool_env_var)
+    for name, module in (("sglang", SimpleNamespace(__path__=[])), ("sglang.srt", SimpleNamespace(__path__=[])),
+                         ("sglang.srt.utils", utils)):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(tq.sg, "envs", None)
+    return tq
+
+
+@pytest.mark.parametrize("read", [True, False], ids=["its-own-reading", "gate-off-as-before"])
+def test_a_port_in_a_tree_without_envs_is_driven_with_its_manager_s_gate_as_the_tree_reads_it(fresh_probe, no_envs,
+                                                                                            read):
+    """0.4.10's port reads the gate with get_bool_env_var (no envs): the manager stand-ins carry it as that reads
+    it, and the result names the reader. Left off (as before), the port's manager drops the acks its queue waits
+    for: held past the last ack, never given back within the scenario (what the corpus could not tell)."""
+    tq, adapted = no_envs, []
+    tq.sg.Manager = GateReadingManager
+    if read:
+        tq.read_gate_where(adapted.append)
+    assert adapted == (["gate-via-get_bool_env_var"] if read else [])
+    assert tq.World(gate=True).manager.enable_deferred_decode_kv_release is read
+    assert tq.World(gate=False).manager.enable_deferred_decode_kv_release is False
+    assert tq.Prefill(gate=True).manager.enable_deferred_decode_kv_release is read
+    assert tq.gate_default() is None  # a default is an argument of the tree's call, not a declaration read here
+    found = run(fresh_probe, "D1")
+    assert found["error"] is None
+    assert (found["observed"]["freed_before_last_write"], found["observed"]["freed_total"]) == (0, 8 if read else 0)
+
+
+def test_a_tree_without_envs_or_a_get_bool_env_var_is_read_from_os_environ_as_that_helper_would(no_envs,
+                                                                                                monkeypatch):
+    tq, adapted = no_envs, []
+    monkeypatch.setitem(sys.modules, "sglang.srt.utils", None)  # no such module: the import fails
+    tq.sg.Manager = GateReadingManager
+    tq.read_gate_where(adapted.append)
+    assert adapted == ["gate-via-os-environ"]
+    assert tq.World(gate=True).manager.enable_deferred_decode_kv_release is True
+    monkeypatch.setenv(GATE, "1")
+    assert tq._tree_gate() is True
+    monkeypatch.setenv(GATE, "yes")  # get_bool_env_var reads anything but true/1 as false
+    assert tq._tree_gate() is False
+
+
+@pytest.mark.parametrize("manager", [Manager, GatelessManager], ids=["no-constructor", "reads-no-gate"])
+def test_a_tree_without_envs_whose_manager_reads_no_gate_keeps_it_off_and_names_no_reader(no_envs, manager):
+    """Every release with no envs (0.4.x, 0.5.0 to 0.5.2): nothing in the tree reads the gate, so the stand-ins
+    carry it off whatever the environment, and the result gains no adaptation: as before this reading."""
+    tq, adapted = no_envs, []
+    tq.sg.Manager = manager
+    tq.read_gate_where(adapted.append)
+    assert adapted == [] and tq.sg.gate_reader is None
+    assert tq.World(gate=True).manager.enable_deferred_decode_kv_release is False
+    assert tq.Prefill(gate=True).manager.enable_deferred_decode_kv_release is False
+
+
+def test_a_tree_with_envs_takes_the_gate_from_it_and_asks_nothing_of_its_manager(tq, monkeypatch):
+    """0.5.3 on (and every port there): the tree's envs decides, as before; no constructor is read."""
+    def never(*args, **kwargs):
+        raise AssertionError("a tree with envs must not be asked how its manager reads the gate")
+
+    monkeypatch.setattr(tq, "class_fact", never)
+    tq.sg.Manager, adapted = GateReadingManager, []
+    tq.read_gate_where(adapted.append)
+    assert adapted == [] and tq.sg.gate_reader is None
+    assert tq.World(gate=True).manager.enable_deferred_decode_kv_release is True
+    assert tq.World(gate=False).manager.enable_deferred_decode_kv_release is False
+
+
+class EngineRankPrefill(PrefillManager):
+    """0.4.10's port: the drain ack names the rank its transfer worker reports a status with (kv_args.engine_rank)."""
+
+    def start_prefill_thread(self):
+        def bootstrap_thread():
+            while True:
+                msg = self.server_socket.recv_multipart()
+                if msg[0] == b"ABORT" and self._staging_outstanding.get(int(msg[1]), 0) == 0:
+                    rank = str(self.kv_args.engine_rank).encode()
+                    self._connect(f"tcp://{msg[2].decode()}:{int(msg[3])}").send_multipart([b"ABORT_ACK", msg[1],
+                                                                                            rank])
+
+        CONN.threading.Thread(target=bootstrap_thread).start()
+
+
+def test_a_prefill_rank_naming_itself_by_its_engine_rank_sends_its_drain_ack(fresh_probe, tq):
+    tq.sg.Manager = EngineRankPrefill
+    found = run(fresh_probe, "P2")
+    assert (found["observed"], found["error"]) == ({"acks_at_abort": 1, "drain_acks_at_abort": 1}, None)

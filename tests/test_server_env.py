@@ -206,11 +206,54 @@ def test_a_tree_that_does_not_define_the_variable_answers_by_its_code_alone(gate
 
 
 def test_a_tree_that_names_the_variable_outside_its_envs_is_never_an_all_clear(gated, capsys):
-    found = _fork(gated, "outside", guard=True, environ=False)
-    (found / "python" / "sglang" / "srt" / "legacy.py").write_text(f'import os\nON = os.environ.get("{GATE}")\n')
+    found = _fork(gated, "outside", guard=True)
+    srt = found / "python" / "sglang" / "srt"
+    (srt / "environ.py").write_text(ENVIRON_PY.replace("    SGLANG_DEMO_GATE = EnvBool(False)\n", ""))
+    (srt / "legacy.py").write_text(f'import os\nON = os.environ.get("{GATE}")\n')
     code, doc, _ = check(gated, capsys, "--path", str(found), "--server-env", f"{GATE}=true")
     assert code == errors.BEHAVIOUR_DIFFERS
     assert (doc["experiments"][0]["status"], doc["experiments"][0]["gate"]["state"]) == ("unknown", "unread")
+    assert doc["experiments"][0]["gate"]["why"] == "named outside its Envs"
+
+
+# 0.4.x's boolean reader (sglang.srt.utils): a tree with no sglang.srt.environ reads its variables with it.
+UTILS_PY = '''
+import os
+
+
+def get_bool_env_var(name, default="false"):
+    return os.getenv(name, default).lower() in ("true", "1")
+'''
+
+
+@pytest.mark.parametrize("helper", [True, False], ids=["get_bool_env_var", "os.environ"])
+def test_a_tree_with_no_environ_reads_a_gate_it_names_as_its_own_boolean_reader_does(gated, capsys, helper):
+    """0.4.x has no sglang.srt.environ: a port of a gated fix written in its idiom reads the gate with the tree's
+    get_bool_env_var, and so does the check (or, where the tree has no such helper, os.environ as it would read
+    it); the gate's record says which. A tree with no environ that names no gate (every such release) is
+    unchanged: undefined, answered by its code alone (test above)."""
+    found = _fork(gated, "bare", guard=True, environ=False)
+    srt = found / "python" / "sglang" / "srt"
+    if helper:
+        (srt / "utils.py").write_text(UTILS_PY)
+        (srt / "legacy.py").write_text(f'from sglang.srt.utils import get_bool_env_var\n\n'
+                                       f'ON = get_bool_env_var("{GATE}")\n')
+    else:
+        (srt / "legacy.py").write_text(f'import os\nON = os.environ.get("{GATE}", "false").lower() == "true"\n')
+    reader = ("read with this tree's sglang.srt.utils.get_bool_env_var (it has no sglang.srt.environ)" if helper else
+              "read from os.environ as a get_bool_env_var reads it (true or 1): this tree has neither "
+              "sglang.srt.environ nor that helper")
+    code, doc, _ = check(gated, capsys, "--path", str(found), "--server-env", f"{GATE}=true")
+    assert code == errors.CONFIRMED
+    [answer] = doc["experiments"]
+    assert (answer["status"], answer["gate"]["state"], answer["gate"]["value"]) == ("fixed", "on", True)
+    assert answer["gate"]["why"] == f"{reader}, as given"
+    assert doc["environment"]["named"] == [GATE] and problems("check", doc) == []
+    code, doc, _ = check(gated, capsys, "--path", str(found))
+    assert code == errors.BEHAVIOUR_DIFFERS
+    [answer] = doc["experiments"]
+    assert (answer["status"], answer["gate"]["state"], answer["gate"]["value"]) == ("affected", "off", False)
+    assert answer["gate"]["why"] == f"{reader}, its default: not given"
 
 
 def test_a_tree_whose_envs_does_not_import_here_reads_nothing_and_is_never_an_all_clear(gated, capsys):
