@@ -103,8 +103,8 @@ NEEDS = (
     ("a full release sweep", "about 44 GB: every era's environment (eight closures) and its releases' trees"),
     ("a bisection", "about 6 GB for each era its commits run in, about 90 MB for its first exported commit and about "
                     "10 MB for each further one (unchanged files are linked from the exports before it)"),
-    ("the tests (--sglang)", "about 20 GB: the bracket releases' three eras (two torch versions with their CUDA "
-                             "libraries, about 16 GB) and their trees"),
+    ("the tests (--sglang)", "about 15 GB: the bracket releases' three eras (two closures, torch 2.11 and 2.14 "
+                             "with their CUDA libraries, about 11 GB) and their trees"),
     ("the scheduled tests (--scheduled)", "about 39 GB: every era the real tests run"),
 )
 
