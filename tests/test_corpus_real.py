@@ -39,11 +39,12 @@ NOT_PORTED = {
                                    "0.5.13.post1 (free_swa in allocator/swa.py, the fix's parent as published) would "
                                    "take the fix's own diff",
     # #26380 is ported into 0.5.9, 0.5.10 and 0.5.12 (torch2.9-tf4 to torch2.11-tf5-sgl-kernel).
-    **{("war_barrier", era): "not yet: up to 0.5.3 the overlap worker's own thread (TpModelWorkerClient) launches "
+    **{("war_barrier", era): "not yet: up to 0.5.3 the overlap worker's own thread (TpModelWorkerClient; in 0.3.x "
+                             "TpModelWorker's forward_thread) launches "
                              "each forward from a queue, so a wait in the scheduler's loop fences only forwards "
                              "already launched; a port needs the worker's launch_done first, and the probe's "
                              "scheduler has no tp_worker to record it"
-       for era in ("torch2.5-tf4.48", "torch2.5-tf4", "torch2.6-tf4", "torch2.7-tf4")},
+       for era in ("torch2.5-tf4-vllm", "pre-pd", "torch2.5-tf4.48", "torch2.5-tf4", "torch2.6-tf4", "torch2.7-tf4")},
     ("war_barrier", "torch2.8-tf4"): "not yet: 0.5.3 runs the thread-based worker (as torch2.7-tf4); 0.5.3.post1 "
                                      "to 0.5.5.post3 schedule on the default stream their init takes "
                                      "(self.default_stream; no device_module to ask), a stream the probe's "
