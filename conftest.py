@@ -54,7 +54,6 @@ def _choose_lane(config: pytest.Config, items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.skip(reason="real SGLang cell: run with --sglang"))
 
 
-
 # The test files holding real runs (marked ``sglang``), by name; tests/test_lanes.py holds the list to a collection.
 REAL_FILES = {path.name for path in (ROOT / "tests").glob("test_*.py") if "pytest.mark.sglang" in path.read_text()}
 # The session's shared real runs (tests/conftest.py): a worker makes each once for the files that ask for it, so
