@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import zipfile
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 
 from pdevidence.core import errors
 from pdevidence.core.errors import HarnessError
-from pdevidence.sources import trees
+from pdevidence.sources import importable, trees
 from pdevidence.sources.trees import LockFile
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -311,6 +312,36 @@ def test_a_neighbour_commit_links_its_unchanged_files_and_their_bytecode_and_wri
     assert (second.install_target / "sglang" / "__init__.py").read_text() == "__version__ = 'two'\n"
     assert not (second.install_target / "sglang" / "__pycache__" / "__init__.cpython-312.pyc").exists()
     assert (second.install_target / "sglang" / "only_in_two.py").is_file()
+
+
+def test_a_neighbour_of_a_compiled_export_compiles_only_the_modules_it_wrote_and_is_marked_compiled(
+        clone, cache, lock, monkeypatch):
+    python = sys.executable
+    first = trees.git_tree(clone.first, lock, clone=clone.path)
+    importable.importable_dir(first, python)  # the warm engine's first use: the whole tree compiled
+
+    second = trees.git_tree(clone.second, lock, clone=clone.path)
+
+    package = second.install_target / "sglang"
+    tag = sys.implementation.cache_tag
+    assert os.path.samefile(first.install_target / "sglang" / "__pycache__" / f"unchanged.{tag}.pyc",
+                            package / "__pycache__" / f"unchanged.{tag}.pyc")
+    written = [package / "__pycache__" / f"{name}.{tag}.pyc" for name in ("__init__", "only_in_two")]
+    assert all(path.is_file() for path in written)
+    assert json.loads((second.install_target / importable.COMPILED).read_text()) == {"interpreters": [python]}
+    monkeypatch.setattr(importable, "compile_bytecode", lambda *a: pytest.fail("compiled the whole tree again"))
+    assert importable.importable_dir(second, python) == second.install_target
+
+
+def test_a_neighbour_of_an_export_never_compiled_leaves_the_whole_compile_to_its_first_use(clone, cache, lock):
+    trees.git_tree(clone.first, lock, clone=clone.path)
+
+    second = trees.git_tree(clone.second, lock, clone=clone.path)
+
+    assert not (second.install_target / importable.COMPILED).exists()
+    assert not (second.install_target / "sglang" / "__pycache__").exists()
+    importable.importable_dir(second, sys.executable)
+    assert (second.install_target / "sglang" / "__pycache__").is_dir()
 
 
 def test_an_export_whose_donor_vanished_writes_every_file_from_the_clone(clone, cache, lock, monkeypatch):

@@ -373,12 +373,16 @@ def _export(clone: Path, sha: str, listed: dict[str, list[str]], target: Path) -
         staging.mkdir()
         budget = archives.Budget(f"the export of {sha[:12]}")
         donors, listings = _donors(target.parent, target), {}
-        missing = {}
+        missing, used = {}, set()
         for path, entry in listed.items():
             budget.member(path)
-            if entry[0] == _SYMLINK or not _link(path, entry, donors, staging, listings):
+            donor = None if entry[0] == _SYMLINK else _link(path, entry, donors, staging, listings)
+            if donor is None:
                 missing[path] = entry
+            else:
+                used.add(donor)
         _write(clone, sha, missing, staging, budget)
+        _compile_as_donors(staging, [path for path in missing if path.endswith(".py")], used)
         write_marker(staging / MANIFEST, listed)
         os.replace(staging, target)
 
@@ -398,8 +402,8 @@ def _donors(trees: Path, dest: Path) -> list[tuple[Path, dict]]:
 
 
 def _link(path: str, entry: list[str], donors: list[tuple[Path, dict]], staging: Path,
-          listings: dict[Path, list[str]]) -> bool:
-    """Whether ``path`` could be hard-linked, with its bytecode, from a donor holding the same blob there."""
+          listings: dict[Path, list[str]]) -> Path | None:
+    """The donor ``path`` was hard-linked from, with its bytecode (one holding the same blob there); None: none."""
     for donor, files in donors:
         if files.get(path) != entry:
             continue
@@ -422,8 +426,37 @@ def _link(path: str, entry: list[str], donors: list[tuple[Path, dict]], staging:
                     (dest.parent / "__pycache__").mkdir(exist_ok=True)
                     with contextlib.suppress(OSError):  # compiled again where it is missing
                         os.link(cache / name, dest.parent / "__pycache__" / name)
-        return True
-    return False
+        return donor
+    return None
+
+
+# Each module named compiled as ``compileall.compile_dir`` compiles each module it finds (importable.py).
+_COMPILE_FILES = "import compileall, sys; [compileall.compile_file(f, quiet=2) for f in sys.argv[1:]]; print('compiled')"
+
+
+def _compile_as_donors(staging: Path, written: list[str], used: set[Path]) -> None:
+    """Compile the modules an export wrote for every interpreter all its donors were compiled for, and mark it
+    compiled for them (``importable.COMPILED``): every other module came linked with that bytecode, so compiling
+    the whole tree again, as the warm engine's first use of it would, has nothing left to do. Where its donors
+    share no interpreter (or it had none), nothing: that first use compiles it all."""
+    from .importable import COMPILED, COMPILE_SECONDS  # importable reads trees: imported when used
+
+    shared = None
+    for donor in used:
+        marked = read_marker(donor / "python" / COMPILED, "interpreters")
+        found = set(marked["interpreters"]) if marked else set()
+        shared = found if shared is None else shared & found
+    interpreters = sorted(python for python in shared or () if Path(python).is_file())
+    for python in interpreters if written else ():
+        try:
+            done = children.run([python, "-I", "-S", "-c", _COMPILE_FILES, *(str(staging / p) for p in written)],
+                                capture_output=True, text=True, timeout=COMPILE_SECONDS)
+        except subprocess.TimeoutExpired:
+            return
+        if done.returncode != 0 or done.stdout.strip() != "compiled":  # left to the whole tree's compile
+            return
+    if interpreters:
+        write_marker(staging / "python" / COMPILED, {"interpreters": interpreters})
 
 
 def _write(clone: Path, sha: str, files: dict[str, list[str]], staging: Path, budget: archives.Budget) -> None:
