@@ -60,13 +60,14 @@ def search(experiment: str, good: str, bad: str, force: bool, drop: bool) -> Non
         print(f"{len(dropped.removed)} export(s) removed, {len(dropped.in_use)} held by another run stayed")
         return
     started = time.monotonic()
-    with phases.recording() as spent, bisect_run.kept_engines(reg, log=lambda _: None) as engines:
-        prober = bisect_run.Prober(reg, clone, fresh_references=False, force=force, log=lambda _: None,
-                                   engines=engines)
+    searches = {(experiment, Boundary.FIX): found}
+    with phases.recording() as spent, bisect_run.kept_engines(reg, log=lambda _: None) as engines, \
+            bisect_run.Prober(reg, clone, [experiment], fresh_references=False, force=force, log=lambda _: None,
+                              engines=engines) as prober:
         pending = [commits[-1], commits[0]]
         while pending:
-            prober.probe(pending)
-            pending = bisect_run.next_commits({(experiment, Boundary.FIX): found}, prober)
+            prober.probe(pending, bisect_run.upcoming(searches, pending))
+            pending = bisect_run.next_commits(searches, prober)
     answer = found.answer()
     print(f"{line.commits} commits, {len(prober.judged)} probed in {len(prober.steps)} rounds: {answer.finding.value}"
           f" {answer.commit or answer.why}; {phases.describe(spent, time.monotonic() - started)}")

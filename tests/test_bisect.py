@@ -319,6 +319,18 @@ def test_several_experiments_bisect_together_and_each_commit_is_probed_once(proj
     assert code == errors.CONFIRMED
 
 
+def test_a_bisection_of_one_experiment_probes_each_commit_for_it_alone(project, tmp_path):
+    root, probed = project
+    h = History(tmp_path / "sglang")
+    h.commit("start", demo="pre-fix", other="pre-fix")
+    h.release("1.0.0")
+    lines_of(h, 6, demo="fixed", other="fixed")
+    h.release("1.1.0")
+    code, doc = bisect(root, h.path, "demo")
+    assert doc["steps"] and all(set(c["outcomes"]) == {"demo"} for step in doc["steps"] for c in step["commits"])
+    assert code == errors.CONFIRMED
+
+
 def test_commits_that_cannot_run_are_skipped_and_the_range_left_is_reported(project, tmp_path):
     root, _ = project
     h = History(tmp_path / "sglang")
@@ -743,3 +755,45 @@ def test_the_loader_names_what_is_wrong_with_a_bisect_document(publishable, brea
     breaks(doc)
     with pytest.raises(errors.HarnessError, match=re.escape(said)):
         BisectDocument.from_doc(doc, source=str(path))
+
+
+# --- what a round can make ready while it probes ------------------------------------------------------------------
+
+
+def test_while_a_commit_is_probed_the_two_commits_the_search_may_ask_next_are_foreseen():
+    line = [f"c{i}" for i in range(9)]
+    found = Search(Boundary.FIX, line)
+    assert found.upcoming(["c8", "c0"]) == ["c4"]  # both ends as their releases were: the middle next
+    for sha, seen in (("c8", FIXED), ("c0", PRE)):
+        found.record(sha, seen)
+    asked = found.next()
+    ahead = found.upcoming([asked])
+    found.record(asked, FIXED)
+    assert found.next() in ahead and len(ahead) == 2
+    assert Search(Boundary.FIX, line).upcoming(["c3"]) == ["c8"]  # a commit it does not ask for: its own ask next
+
+
+def test_trees_made_ahead_come_in_the_order_planned_and_one_no_longer_wanted_is_dropped():
+    import threading
+
+    from pdevidence.lanes.bisect_ahead import Ahead
+
+    begun, gate, made = threading.Event(), threading.Event(), []
+
+    def make(sha):
+        begun.set()
+        gate.wait()
+        made.append(sha)
+        if sha == "broken":
+            raise RuntimeError("no such commit")
+        return sha.upper()
+
+    with Ahead(make) as ahead:
+        ahead.plan(["a"], ["b", "c"])
+        begun.wait()  # a is being made
+        ahead.plan(["a"], ["c", "broken"])  # b is no longer wanted
+        gate.set()
+        assert ahead.tree("c") == "C" and ahead.tree("a") == "A"
+        with pytest.raises(RuntimeError, match="no such commit"):  # raised where it is asked for, not before
+            ahead.tree("broken")
+    assert made[:2] == ["a", "c"] and "b" not in made

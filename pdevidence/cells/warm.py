@@ -119,8 +119,44 @@ def _swap_in(staging: Path, dest: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
+JOBS = 2  # children at once in an engine, and eras side by side
+
+
+def _ready_closure(reg: Registry, era: Era | None) -> environments.CellEnvironment | None:
+    """The era's closure environment where it is there already; None where probing would build it."""
+    if environments.closure_environment_path(reg, environments.closure(reg, era)).is_dir():
+        return environments.closure_environment(reg, era)
+    return None
+
+
+def _engine_settings(env: environments.CellEnvironment, era: Era | None, quiet: dict[str, str],
+                     jobs: int) -> dict:
+    """What an era's engine is started with besides its interpreter: a kept engine is found again by them."""
+    return {"preload": engine.preload_file(env.path), "env": {**environments.stand_in_env(era), **quiet},
+            "jobs": jobs}
+
+
+def compile_ahead(reg: Registry, tree: Tree) -> None:
+    """Compile ``tree`` for its era's closure environment, as probing it will (``_probe_era``), where that
+    environment is there already: a tree made before its round (a bisection's). Where it is not, nothing: the
+    round builds the environment and compiles the tree then."""
+    era = environments.era_of(reg, tree)
+    if (env := _ready_closure(reg, era)) is not None:
+        importable_dir(tree, env.interpreter)
+
+
+def start_kept_engine(reg: Registry, tree: Tree, engines: engine.Engines, jobs: int = JOBS) -> None:
+    """Start the engine ``engines`` keeps for ``tree``'s era, the one the round probing ``tree`` uses, where its
+    closure environment is there already: its closure's import runs while the round's trees are made. Where it
+    is not, nothing: the round builds the environment and starts the engine."""
+    era = environments.era_of(reg, tree)
+    if (env := _ready_closure(reg, era)) is not None:
+        settings = _engine_settings(env, era, {}, jobs)
+        engines.session(env.interpreter, settings["preload"], settings["env"], settings["jobs"])
+
+
 def probe_trees(reg: Registry, trees: list[Tree], experiments: list[str], tree_args: dict[str, dict[str, str]], *,
-                out_dir: Path, jobs: int = 2, force: bool = False, log=print,
+                out_dir: Path, jobs: int = JOBS, force: bool = False, log=print,
                 engines: engine.Engines | None = None,
                 only: dict[str, list[str]] | None = None) -> dict[str, dict[str, allprobes.Outcome]]:
     """Per tree label, per experiment, the outcome: from the cache, else from one engine per era for the misses
@@ -205,8 +241,7 @@ def _probe_era(reg: Registry, era: Era | None, trees: list[Tree], experiments: l
                 f"({jobs} at a time){alone}")
             ran = engine.run(reg, env.interpreter, group, experiments, out_dir=private,
                              logs=None if kept else run_logs(work / "logs" / "engine"),
-                             preload=engine.preload_file(env.path),
-                             jobs=jobs, env={**stand_ins, **quiet}, log=log, engines=engines if kept else None,
+                             **_engine_settings(env, era, quiet, jobs), log=log, engines=engines if kept else None,
                              only={t.label: wanted[t.label] for t in group})
             faults.point("probe")
             for label, outcomes in ran.items():

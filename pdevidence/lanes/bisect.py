@@ -87,6 +87,26 @@ class Search:
         middle = (lo + hi) / 2
         return self.line[max(untried, key=lambda i: (min(abs(i - t) for t in tried), -abs(i - middle), -i))]
 
+    def upcoming(self, pending: list[str]) -> list[str]:
+        """The commits ``next()`` may name once the commits of ``pending`` it asks for are recorded, whichever side
+        each shows (a skipped one is not foreseen): what a bisection can make ready while they are probed."""
+        found: list[str] = []
+
+        def walk(seen: dict[str, Seen]) -> None:
+            trial = Search(self.boundary, self.line, self.history_ends, self.skip_limit)
+            trial.seen = seen
+            sha = trial.next()
+            if sha is None or sha in found:
+                return
+            if sha not in pending:
+                found.append(sha)
+                return
+            for side in self.boundary.sides:
+                walk({**seen, sha: Seen(side)})
+
+        walk(dict(self.seen))
+        return found
+
     def answer(self) -> Answer:
         old, new = self.boundary.sides
         start, end = (self.seen.get(self.line[i]) for i in (0, -1))

@@ -8,23 +8,27 @@ line's first-parent chain between them; a release the history has no tag of is l
 commit of the main line stands in for a fixed release after the history's end). Each commit probed is
 exported from the clone (what the probes read, its unchanged files linked from the exports before it:
 ``sources/trees.py``) and run like ``check --git`` (the warm engine, in the era its own version or pins choose,
-nothing built, every experiment in one probe process, outcomes cached by what made them) and judged by check's
+nothing built, the experiments bisected in one probe process, outcomes cached by what made them) and judged by check's
 judge; every search asks its next commit each round, so one probe serves all of them. Each era's engine is kept
 across the rounds (``engine.Engines``): its closure is imported once per bisection, not once a
-round; the commits of the one clone share it, as they share a history.
+round; the commits of the one clone share it, as they share a history. Each commit is probed for the experiments
+bisected, and the commits the searches may ask next are exported and compiled while a round probes
+(``bisect_ahead``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.version import Version
 
 from .. import environments
-from ..cells import engine
+from ..cells import engine, warm
 from ..core import phases
 from ..core.errors import usage
 from ..core.files import sha256_file
@@ -40,6 +44,7 @@ from ..sources import trees
 from ..sources.history import Clone, Commit
 from . import check
 from .bisect import Answer, Boundary, Finding, Outcome, Search, watch
+from .bisect_ahead import Ahead
 from .bisect_report import BisectReport, ExperimentReport, Step, notes
 
 REASON_CHARS = 160
@@ -144,16 +149,38 @@ def introduced_bracket(reg: Registry, exp: Experiment, clone: Clone, fresh: bool
 
 
 class Prober:
-    """Commits through check's warm path, each probed once (every experiment in its one probe process)."""
+    """Commits through check's warm path, each probed once (the experiments bisected in its one probe process),
+    their trees made ahead while the round before probes (a context: its trees' thread ends with it)."""
 
-    def __init__(self, reg: Registry, clone: Clone, *, fresh_references: bool, force: bool, log,
-                 engines: engine.Engines | None = None):
-        self.reg, self.clone, self.log, self.engines = reg, clone, log, engines
+    def __init__(self, reg: Registry, clone: Clone, experiments: list[str], *, fresh_references: bool, force: bool,
+                 log, engines: engine.Engines | None = None):
+        # check judges every experiment of the registry it is given: given these alone, it probes these alone.
+        self.reg = dataclasses.replace(reg, experiments={name: reg.experiment(name) for name in experiments})
+        self.clone, self.log, self.engines = clone, log, engines
         self.fresh, self.force = fresh_references, force
         self.lock = trees.LockFile(tree_lock_file(reg.root))
         self.judged: dict[str, dict[str, check.ExperimentCheck]] = {}  # commit -> experiment -> check's answer
         self.commits: dict[str, Commit] = {}
         self.steps: list[Step] = []
+        self.ahead = Ahead(self._tree)
+        self._starter = ThreadPoolExecutor(1, thread_name_prefix="bisect-engine")
+        self._started: dict[str, Future] = {}  # era name ("": the registry's closure) -> its engine's start
+
+    def __enter__(self) -> Prober:
+        return self
+
+    def __exit__(self, kind, value, trace) -> None:
+        self.ahead.close()
+        self._starter.shutdown()
+
+    def _tree(self, sha: str) -> trees.Tree:
+        tree = trees.git_tree(sha, self.lock, clone=self.clone.path)
+        era = environments.era_of(self.reg, tree)
+        if self.engines is not None and (name := era.name if era else "") not in self._started:
+            # Its era's engine imports its closure while this tree compiles and the round's others are made.
+            self._started[name] = self._starter.submit(warm.start_kept_engine, self.reg, tree, self.engines)
+        warm.compile_ahead(self.reg, tree)
+        return tree
 
     def commit(self, sha: str) -> Commit:
         return self.named([sha])[0]
@@ -182,11 +209,14 @@ class Prober:
     def probed(self, sha: str, experiment: str) -> Probed:
         return Probed(self.commit(sha), self.seen(sha, experiment), dict(self.judged[sha][experiment].scenarios))
 
-    def probe(self, shas: list[str]) -> None:
+    def probe(self, shas: list[str], upcoming: list[str] = ()) -> None:
+        """Probe ``shas`` (one round), making ``upcoming`` (what the next round may ask) meanwhile."""
         started = time.monotonic()
+        self.ahead.plan(shas, upcoming)
         with phases.measure(phases.TREES):
-            targets = [(check.target_of(self.reg, tree), tree)
-                       for tree in (trees.git_tree(sha, self.lock, clone=self.clone.path) for sha in shas)]
+            targets = [(check.target_of(self.reg, tree), tree) for tree in map(self.ahead.tree, shas)]
+        for start in self._started.values():
+            start.result()  # a failure said here, not lost
         found = check.run_all(self.reg, targets, fresh_references=self.fresh, force=self.force, log=self.log,
                               engines=self.engines)
         for sha, result in zip(shas, found):
@@ -207,12 +237,12 @@ def line_between(clone: Clone, main: str, start_ref: str, end_ref: str | None, t
     return Line(main, start_ref, start, end_ref or main, end, len(commits), paths, left_out), commits
 
 
-def made_by(reg: Registry) -> provenance.Provenance:
-    """What makes a bisect document: every probe (each commit runs them all in one process), the kit, the engine
-    and driver, the registry, every era's closure, and the harness."""
+def made_by(reg: Registry, experiments: list[str]) -> provenance.Provenance:
+    """What makes a bisect document: the probes of the experiments bisected (each commit runs them in one
+    process), the kit, the engine and driver, the registry, every era's closure, and the harness."""
     closures = [environments.closure(reg), *(era.constraints for era in reg.eras.values())]
-    return provenance.record(reg.root, provenance.inputs(reg, list(reg.experiments), provenance.SWEEP_DRIVERS,
-                                                         closures), provenance.Shaped.BISECT)
+    return provenance.record(reg.root, provenance.inputs(reg, experiments, provenance.SWEEP_DRIVERS, closures),
+                             provenance.Shaped.BISECT)
 
 
 def judged_by(reg: Registry, exp: Experiment, fresh: bool) -> dict[str, str]:
@@ -227,7 +257,7 @@ def run(reg: Registry, clone: Clone, experiments: list[str], *, main: str | None
         bad: str | None = None, every: bool = False, fresh_references: bool = False, force: bool = False,
         log=print) -> BisectReport:
     started = time.monotonic()
-    made = made_by(reg)  # before anything runs: what a change during the run must not pass for
+    made = made_by(reg, experiments)  # before anything runs: what a change during the run must not pass for
     main = clone.main(main)
     tip = clone.tip(main)
     exps = [reg.experiment(name) for name in experiments]
@@ -259,14 +289,15 @@ def run(reg: Registry, clone: Clone, experiments: list[str], *, main: str | None
             else:
                 unwatched[exp.name] = (f"the watch starts where the fix's bracket does, and it has none "
                                        f"({fix.why_not.why})")
-    with phases.recording() as spent, kept_engines(reg, log) as engines:
-        prober = Prober(reg, clone, fresh_references=fresh_references, force=force, log=log, engines=engines)
+    with phases.recording() as spent, kept_engines(reg, log) as engines, \
+            Prober(reg, clone, experiments, fresh_references=fresh_references, force=force, log=log,
+                   engines=engines) as prober:
         # The first round: every watched commit and both ends of every line; then each search's next commit.
         pending = [*(sha for _, commits in watched.values() for sha in commits),
                    *(sha for search in searches.values() for sha in (search.line[-1], search.line[0]))]
         while pending := list(dict.fromkeys(pending)):
             log(f"bisect: probing {len(pending)} commit(s): {', '.join(s[:12] for s in pending)}")
-            prober.probe(pending)
+            prober.probe(pending, upcoming(searches, pending))
             pending = next_commits(searches, prober)
     reports = [ExperimentReport(_document(exp, brackets, searches, lines, watched.get(exp.name), prober, clone, tip,
                                           parameters[exp.name], made), unwatched.get(exp.name)) for exp in exps]
@@ -277,6 +308,11 @@ def run(reg: Registry, clone: Clone, experiments: list[str], *, main: str | None
 def kept_engines(reg: Registry, log) -> engine.Engines:
     """One engine per era for a bisection's rounds, seeing every commit exported from the clone."""
     return engine.Engines(reg, reads=(cache_dir() / "trees",), logs=work_dir(reg.root) / "logs" / "engine", log=log)
+
+
+def upcoming(searches: dict[tuple[str, Boundary], Search], pending: list[str]) -> list[str]:
+    """The commits the searches may ask once ``pending`` is probed, whichever side each commit shows."""
+    return list(dict.fromkeys(sha for search in searches.values() for sha in search.upcoming(pending)))
 
 
 def next_commits(searches: dict[tuple[str, Boundary], Search], prober: Prober) -> list[str]:
