@@ -8,12 +8,11 @@ line's first-parent chain between them; a release the history has no tag of is l
 commit of the main line stands in for a fixed release after the history's end). Each commit probed is
 exported from the clone (what the probes read, its unchanged files linked from the exports before it:
 ``sources/trees.py``) and run like ``check --git`` (the warm engine, in the era its own version or pins choose,
-nothing built, the experiments bisected in one probe process, outcomes cached by what made them) and judged by check's
-judge; every search asks its next commit each round, so one probe serves all of them. Each era's engine is kept
-across the rounds (``engine.Engines``): its closure is imported once per bisection, not once a
-round; the commits of the one clone share it, as they share a history. Each commit is probed for the experiments
-bisected, and the commits the searches may ask next are exported and compiled while a round probes
-(``bisect_ahead``).
+nothing built, the experiments bisected alone in one probe process, outcomes cached by what made them) and
+judged by check's judge; every search asks its next commit each round, so one probe serves all of them. Each era's
+engine is kept across the rounds (``engine.Engines``): its closure is imported once per bisection, not once a
+round; the commits of the one clone share it, as they share a history. The commits the searches may ask next are
+exported and compiled while a round probes (``bisect_ahead``).
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,10 +209,10 @@ class Prober:
     def probed(self, sha: str, experiment: str) -> Probed:
         return Probed(self.commit(sha), self.seen(sha, experiment), dict(self.judged[sha][experiment].scenarios))
 
-    def probe(self, shas: list[str], upcoming: list[str] = ()) -> None:
-        """Probe ``shas`` (one round), making ``upcoming`` (what the next round may ask) meanwhile."""
+    def probe(self, shas: list[str], maybe_next: Iterable[str] = ()) -> None:
+        """Probe ``shas`` (one round), making ``maybe_next`` (what the next round may ask) meanwhile."""
         started = time.monotonic()
-        self.ahead.plan(shas, upcoming)
+        self.ahead.plan(shas, maybe_next)
         with phases.measure(phases.TREES):
             targets = [(check.target_of(self.reg, tree), tree) for tree in map(self.ahead.tree, shas)]
         for start in self._started.values():

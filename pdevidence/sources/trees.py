@@ -432,7 +432,8 @@ def _link(path: str, entry: list[str], donors: list[tuple[Path, dict]], staging:
 
 
 # Each module named compiled as ``compileall.compile_dir`` compiles each module it finds (importable.py).
-_COMPILE_FILES = "import compileall, sys; [compileall.compile_file(f, quiet=2) for f in sys.argv[1:]]; print('compiled')"
+_COMPILE_FILES = ("import compileall, sys; [compileall.compile_file(f, quiet=2) for f in sys.argv[1:]]; "
+                  "print('compiled')")
 
 
 def _compile_as_donors(staging: Path, written: list[str], used: set[Path]) -> None:
