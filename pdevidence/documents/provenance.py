@@ -85,6 +85,7 @@ BISECT_MODULES = (
     "lanes/check.py",  # check's judge: each commit's status
     "lanes/bisect.py",  # the search: which commits it probes, what it concludes
     "lanes/bisect_run.py",  # the brackets, the lines, a commit's side
+    "lanes/bisect_ahead.py",  # the trees made ahead: an error met making one is raised in the round asking for it
     "lanes/bisect_report.py",  # the notes
 )
 SHAPING = {Shaped.RESULT: RESULT_MODULES, Shaped.TABLE: TABLE_MODULES, Shaped.CORPUS: CORPUS_MODULES,
