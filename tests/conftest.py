@@ -322,12 +322,29 @@ class Matrix:
     before: tuple  # results/ and `git status` before it ran
     runs: Path  # what it wrote: each cell's result and receipt, the report
 
+    def result(self, experiment: str, side: str) -> dict:
+        """The result the matrix's cell of ``experiment`` wrote on its ``side`` release, loaded as every reader
+        loads one (a cell that left none fails here, naming it)."""
+        from pdevidence.documents import results
+
+        release = registry.load(PROJECT).experiment(experiment).releases[side]
+        return results.load(self.runs / f"{experiment}.{side}.release-{release}.json", experiment=experiment,
+                            side=side)
+
+    def scenarios(self, experiment: str, side: str) -> dict:
+        return self.result(experiment, side)["scenarios"]
+
+    def observed(self, experiment: str, side: str) -> dict:
+        """What each scenario of that cell that ran without error observed."""
+        return {sid: sc["observed"] for sid, sc in self.scenarios(experiment, side).items() if sc["error"] is None}
+
 
 @pytest.fixture(scope="session")
 def release_matrix(tmp_path_factory) -> Matrix:
     """The release-backed matrix (`matrix --kind release`): every experiment's base and head release, each probe
     alone in its own process as a cell runs it, then compare. Shared: test_real_releases.py reads the report,
-    test_one_process_real.py and test_sandbox_real.py the cells' results."""
+    test_one_process_real.py and test_sandbox_real.py the cells' results, and each experiment's own real test
+    (test_abort_notify_real.py, ...) what its two cells observed."""
     import hashlib
     import subprocess
 

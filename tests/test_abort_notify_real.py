@@ -1,26 +1,14 @@
 """abort_notify on the real bracket releases: 0.5.12 lets the prefill side write into an aborted request's
-pages, 0.5.13 tells it and it stops (``--sglang``; each cell builds its release's environment on first use)."""
+pages, 0.5.13 tells it and it stops (``--sglang``; read from the cells of the session's release matrix)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-
-from real_runs import cli_run
-
-
-def cell(tmp_path, side: str) -> dict:
-    done = cli_run(tmp_path, "cell", "release", "abort_notify", side)
-    assert done.returncode == 0, done.stderr[-2000:]
-    release = {"base": "0.5.12", "head": "0.5.13"}[side]
-    document = json.loads((tmp_path / f"abort_notify.{side}.release-{release}.json").read_text())
-    return {sid: sc["observed"] for sid, sc in document["scenarios"].items() if sc["error"] is None}
 
 
 @pytest.mark.sglang
-def test_a_decode_abort_mid_transfer_stops_the_prefill_writes_only_from_0_5_13(tmp_path):
-    base, head = cell(tmp_path / "base", "base"), cell(tmp_path / "head", "head")
+def test_a_decode_abort_mid_transfer_stops_the_prefill_writes_only_from_0_5_13(release_matrix):
+    base, head = release_matrix.observed("abort_notify", "base"), release_matrix.observed("abort_notify", "head")
     assert len(base) == len(head) == 12, "every scenario ran without error on both releases"
     assert (base["N2"]["abort_sent"], base["N2"]["chunks_after_abort"], base["N2"]["pages_after_abort"]) == (0, 2, 4)
     assert (head["N2"]["abort_sent"], head["N2"]["chunks_after_abort"], head["N2"]["pages_after_abort"]) == (1, 0, 0)

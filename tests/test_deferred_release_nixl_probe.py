@@ -499,24 +499,17 @@ def test_the_registry_names_every_key_the_probe_observes_on_head():
 
 
 @pytest.mark.sglang
-def test_real_base_never_acks_and_head_acks_each_abort_once_drained(tmp_path):
+def test_real_base_never_acks_and_head_acks_each_abort_once_drained(release_matrix):
     """Alone proves, on the real bracket (0.5.18, 0.5.19): the base never answers an abort; the head acks a
     room once its chunk in flight completes (never while a write runs, none posted after), a quiescent or
     concluded room at once, each prefill rank once, and nothing with the variable unset or without an abort;
     through the tree's decode queue, the base frees the aborted request's slots under the prefill's last write
     and the head only after that rank's ack."""
-    import json
-
-    from real_runs import cli_run
-
     observed = {}
     for side in ("base", "head"):
-        done = cli_run(tmp_path, "cell", "release", "deferred_release_nixl", side, timeout=1800)
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        release = {"base": "0.5.18", "head": "0.5.19"}[side]
-        doc = json.loads((tmp_path / f"deferred_release_nixl.{side}.release-{release}.json").read_text())
-        assert all(sc["error"] is None for sc in doc["scenarios"].values()), doc["scenarios"]
-        observed[side] = {sid: sc["observed"] for sid, sc in doc["scenarios"].items()}
+        scenarios = release_matrix.scenarios("deferred_release_nixl", side)
+        assert all(sc["error"] is None for sc in scenarios.values()), scenarios
+        observed[side] = {sid: sc["observed"] for sid, sc in scenarios.items()}
     base, head = observed["base"], observed["head"]
     assert all(base[sid]["acks_sent"] == 0 for sid in base if sid != "X10")  # X10 drives the decode alone
     assert (head["X1"]["acks_sent"], head["X1"]["acks_at_abort"], head["X1"]["writes_after_ack"]) == (1, 0, 0)

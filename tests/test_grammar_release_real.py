@@ -1,23 +1,10 @@
 """grammar_release on the real bracket releases: 0.5.15 releases a grammar-rejected prefill's KV under its
 transfer and again at its end, and a success overwrites its abort; 0.5.16 releases it once, after the terminal
-poll, and keeps the abort (``--sglang``; each cell builds its release's environment on first use)."""
+poll, and keeps the abort (``--sglang``; read from the cells of the session's release matrix)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-
-from real_runs import cli_run
-
-RELEASES = {"base": "0.5.15", "head": "0.5.16"}
-
-
-def cell(tmp_path, side: str) -> dict:
-    done = cli_run(tmp_path, "cell", "release", "grammar_release", side)
-    assert done.returncode == 0, done.stderr[-2000:]
-    document = json.loads((tmp_path / f"grammar_release.{side}.release-{RELEASES[side]}.json").read_text())
-    return {sid: sc["observed"] for sid, sc in document["scenarios"].items() if sc["error"] is None}
 
 
 def releases(observed: dict) -> tuple:
@@ -25,8 +12,8 @@ def releases(observed: dict) -> tuple:
 
 
 @pytest.mark.sglang
-def test_a_grammar_rejection_releases_the_kv_once_after_the_transfer_only_from_0_5_16(tmp_path):
-    base, head = cell(tmp_path / "base", "base"), cell(tmp_path / "head", "head")
+def test_a_grammar_rejection_releases_the_kv_once_after_the_transfer_only_from_0_5_16(release_matrix):
+    base, head = release_matrix.observed("grammar_release", "base"), release_matrix.observed("grammar_release", "head")
     assert len(base) == len(head) == 8, "every scenario ran without error on both releases"
     assert releases(base["G1"]) == (2, 1, "FINISH_LENGTH", False)
     assert releases(base["G2"]) == (2, 1, "FINISH_ABORT", False)

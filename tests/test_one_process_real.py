@@ -49,8 +49,7 @@ def test_the_engine_observes_in_one_process_what_each_probe_observes_alone(brack
     """Alone proves: all probes imported together in one engine child observe, key by key, what each probe
     observes alone in a fresh process, on every release a reference is made on (no probe leaks into another)."""
     together = results.load(bracket_sweep.result(version, experiment), experiment=experiment)
-    alone = results.load(release_matrix.runs / f"{experiment}.{side}.release-{version}.json", experiment=experiment,
-                         side=side)
+    alone = release_matrix.result(experiment, side)
     assert together["scenarios"], "the engine ran no scenario"
     assert differences(together, alone) == [], f"{experiment} on {version}"
     assert together["sglang_version"] == alone["sglang_version"] == version

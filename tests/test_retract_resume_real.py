@@ -1,29 +1,17 @@
 """retract_resume on the real bracket releases: on 0.5.11 a decode request resumed after a retraction (or read
 late) holds the next request's hidden states and top-k, written into the metadata slot it was handed as a view,
 and on the NSA pool the index keys the next request wrote into its pages; 0.5.12 hands it copies and offloads its
-index keys with its KV, through the pool (its allocator's offload raises TypeError) (``--sglang``; each cell builds
-its release's environment on first use)."""
+index keys with its KV, through the pool (its allocator's offload raises TypeError) (``--sglang``; read from the
+cells of the session's release matrix)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-
-from real_runs import cli_run
-
-
-def cell(tmp_path, side: str) -> dict:
-    done = cli_run(tmp_path, "cell", "release", "retract_resume", side)
-    assert done.returncode == 0, done.stderr[-2000:]
-    release = {"base": "0.5.11", "head": "0.5.12"}[side]
-    document = json.loads((tmp_path / f"retract_resume.{side}.release-{release}.json").read_text())
-    return {sid: sc["observed"] for sid, sc in document["scenarios"].items() if sc["error"] is None}
 
 
 @pytest.mark.sglang
-def test_a_request_reads_the_next_request_s_metadata_from_its_reused_slot_only_before_0_5_12(tmp_path):
-    base, head = cell(tmp_path / "base", "base"), cell(tmp_path / "head", "head")
+def test_a_request_reads_the_next_request_s_metadata_from_its_reused_slot_only_before_0_5_12(release_matrix):
+    base, head = release_matrix.observed("retract_resume", "base"), release_matrix.observed("retract_resume", "head")
     assert len(base) == len(head) == 10, "every scenario ran without error on both releases"
     # the slots free at the end, alike on both: every committed request's slot given back; M1w's and M3's B holds it
     slots_free = {"M1": 1, "M1k": 1, "M1w": 0, "M2": 1, "M3": 0, "M4": 1, "M5": 2, "M6": 1}

@@ -13,7 +13,6 @@ tree lacks is recorded.
 from __future__ import annotations
 
 import abc
-import json
 import sys
 import types
 from types import SimpleNamespace
@@ -376,17 +375,13 @@ def test_a_page_size_above_1_enters_the_path_and_page_size_1_or_no_hybrid_pool_d
 
 
 @pytest.mark.sglang
-def test_real_base_frees_a_sibling_s_page_again_and_head_never(tmp_path):
+def test_real_base_frees_a_sibling_s_page_again_and_head_never(release_matrix):
     """Alone proves, on the real bracket (0.5.13, 0.5.14) with the module's own CPU allocation: the base frees an
     SWA page a second time through a sibling slot whose mapping it left, and hands that page to two live requests;
     the head clears the page's every slot and never does; the controls read alike."""
-    from real_runs import cli_run
-
     observed = {}
-    for side, release in (("base", "0.5.13"), ("head", "0.5.14")):
-        done = cli_run(tmp_path, "cell", "release", "swa_free", side, timeout=1800)
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        doc = json.loads((tmp_path / f"swa_free.{side}.release-{release}.json").read_text())
+    for side in ("base", "head"):
+        doc = release_matrix.result("swa_free", side)
         assert all(sc["error"] is None for sc in doc["scenarios"].values()), doc["scenarios"]
         assert doc["adaptations"] == ["alloc-extend-naive"]
         observed[side] = {sid: sc["observed"] for sid, sc in doc["scenarios"].items()}
@@ -436,18 +431,14 @@ def test_the_registry_expects_the_keys_the_tail_probe_records(swa):
 
 
 @pytest.mark.sglang
-def test_real_base_preallocation_hands_a_live_tail_page_on_and_head_never(tmp_path):
+def test_real_base_preallocation_hands_a_live_tail_page_on_and_head_never(release_matrix):
     """Alone proves, on the real bracket (0.5.12, 0.5.13) through the tree's own DecodePreallocQueue._pre_alloc:
     after an MTP draft's pages went back by restore_state, the base preallocation leaves the recycled full page
     naming the tail's SWA page, the window slide frees that page under the live request, the next request gets
     it and the finish frees it again; the head maps the tail only and never does; the controls read alike."""
-    from real_runs import cli_run
-
     observed = {}
-    for side, release in (("base", "0.5.12"), ("head", "0.5.13")):
-        done = cli_run(tmp_path, "cell", "release", "swa_tail", side, timeout=1800)
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        doc = json.loads((tmp_path / f"swa_tail.{side}.release-{release}.json").read_text())
+    for side in ("base", "head"):
+        doc = release_matrix.result("swa_tail", side)
         assert all(sc["error"] is None for sc in doc["scenarios"].values()), doc["scenarios"]
         assert doc["adaptations"] == ["alloc-extend-naive"]
         observed[side] = {sid: sc["observed"] for sid, sc in doc["scenarios"].items()}

@@ -1,4 +1,5 @@
-"""The transfer experiments on SGLang from PyPI: each bracket release's cell, run afresh, then what it wrote.
+"""The transfer experiments on SGLang from PyPI: what each bracket release's cell wrote (the session's release
+matrix), and a cell of the newest release run here.
 
 Slow (a cell per side, each probe alone in its own process, in the user cache's environments): runs with
 ``--sglang``.
@@ -17,16 +18,10 @@ pytestmark = pytest.mark.sglang
 
 
 @pytest.fixture(scope="module")
-def deferred(tmp_path_factory):
-    """deferred_release's base (0.5.18) and head (0.5.19) cells: each side's scenarios, as its result holds them."""
-    runs = tmp_path_factory.mktemp("runs")
-    found = {}
-    for side, release in (("base", "0.5.18"), ("head", "0.5.19")):
-        done = cli_run(runs, "cell", "release", "deferred_release", side)
-        assert done.returncode == errors.CONFIRMED, done.stdout + done.stderr
-        doc = json.loads((runs / f"deferred_release.{side}.release-{release}.json").read_text())
-        found[side] = doc["scenarios"]
-    return found
+def deferred(release_matrix):
+    """deferred_release's base (0.5.18) and head (0.5.19) cells of the session's release matrix: each side's
+    scenarios, as its result holds them."""
+    return {side: release_matrix.scenarios("deferred_release", side) for side in ("base", "head")}
 
 
 def test_0_5_18_hands_an_aborted_request_s_slots_to_the_next_one_before_the_prefill_s_last_write(deferred):

@@ -29,20 +29,21 @@ def probed(tmp_path_factory):
     reg = registry.load(PROJECT)
     exps = [reg.experiment(EXP)]
     env = arguments.ServerEnvironment.joined([arguments.server_env(f"{ENABLE}=true")])
-    found = {}
+    releases = {version: trees.release_tree(version, reg.python, trees.LockFile(tree_lock_file(reg.root)))
+                for version in ("0.5.12", "0.5.13", "0.5.14")}
+    outcomes, readings = {}, {version: [] for version in releases}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PDEVIDENCE_RUNS", str(tmp / "runs"))
-        for version in ("0.5.12", "0.5.13", "0.5.14"):
-            tree = trees.release_tree(version, reg.python, trees.LockFile(tree_lock_file(reg.root)))
-            read = []
-            for name, server_env in (("unset", None), ("given", env)):  # each environment read in its own run
-                args = {**check._tree_args(tree), **check._environment_args(exps, server_env)}
-                outcomes = warm.probe_trees(reg, [tree], [EXP], {tree.label(): args}, out_dir=tmp / name,
-                                            log=lambda msg: None)[tree.label()]
-                read.append(check._environment(exps, server_env, tmp / name / tree.label(),
-                                               check.target_of(reg, tree)))
-            found[version] = (outcomes[EXP], *read)
-    return reg.experiment(EXP), found
+        for name, server_env in (("unset", None), ("given", env)):  # each environment read in its own run
+            args = {tree.label(): {**check._tree_args(tree), **check._environment_args(exps, server_env)}
+                    for tree in releases.values()}
+            ran = warm.probe_trees(reg, list(releases.values()), [EXP], args, out_dir=tmp / name,
+                                   log=lambda msg: None)
+            for version, tree in releases.items():
+                outcomes[version] = ran[tree.label()][EXP]
+                readings[version].append(check._environment(exps, server_env, tmp / name / tree.label(),
+                                                            check.target_of(reg, tree)))
+    return reg.experiment(EXP), {version: (outcomes[version], *readings[version]) for version in releases}
 
 
 def test_the_releases_loops_wait_for_the_forward_on_cuda_only_from_the_fix(probed):
