@@ -344,6 +344,50 @@ def test_a_neighbour_of_an_export_never_compiled_leaves_the_whole_compile_to_its
     assert (second.install_target / "sglang" / "__pycache__").is_dir()
 
 
+def cached_release(cache: Path, where: str, files: dict[str, str]) -> Path:
+    """A release's ``sglang/`` package as the cache holds one (``where``: an unpacked tree or a cell environment's
+    site-packages), each module with bytecode beside it."""
+    package = cache / where / "sglang"
+    (package / "__pycache__").mkdir(parents=True)
+    for name, text in files.items():
+        (package / name).write_text(text)
+        (package / "__pycache__" / f"{name[:-3]}.cpython-312.pyc").write_bytes(b"compiled " + text.encode())
+    return package
+
+
+@pytest.mark.parametrize("where", ["unpacked/release-0.5.1.0123456789ab",
+                                   "envs/tree.release-0.5.1.closure.abc/lib/python3.12/site-packages"])
+def test_the_first_export_into_an_empty_trees_cache_links_what_a_cached_release_shares_with_its_bytecode(
+        clone, cache, lock, where):
+    package = cached_release(cache, where, {"unchanged.py": "KEPT = 1\n", "__init__.py": "__version__ = 'old'\n"})
+
+    tree = trees.git_tree(clone.first, lock, clone=clone.path)
+
+    exported = tree.install_target / "sglang"
+    assert os.path.samefile(package / "unchanged.py", exported / "unchanged.py")
+    assert os.path.samefile(package / "__pycache__" / "unchanged.cpython-312.pyc",
+                            exported / "__pycache__" / "unchanged.cpython-312.pyc")
+    assert (exported / "__init__.py").read_text() == "__version__ = 'one'\n"  # another blob: from the clone
+    assert not (exported / "__pycache__" / "__init__.cpython-312.pyc").exists()
+    # For which interpreter the release's bytecode is current is not known: its first use compiles what is not.
+    assert not (tree.install_target / importable.COMPILED).exists()
+
+
+@pytest.mark.parametrize("far", [False, True])
+def test_an_export_looks_in_the_releases_only_for_what_is_far_from_every_export(clone, cache, lock, monkeypatch,
+                                                                                 far):
+    first = trees.git_tree(clone.first, lock, clone=clone.path)
+    package = cached_release(cache, "unpacked/release-0.5.1.0123456789ab",
+                             {"unchanged.py": "KEPT = 1\n", "only_in_two.py": ""})
+    monkeypatch.setattr(trees, "FAR", 1 if far else 2)  # the second commit writes two files no export holds
+
+    second = trees.git_tree(clone.second, lock, clone=clone.path)
+
+    exported = second.install_target / "sglang"
+    assert os.path.samefile(first.install_target / "sglang" / "unchanged.py", exported / "unchanged.py")
+    assert os.path.samefile(package / "only_in_two.py", exported / "only_in_two.py") is far
+
+
 def test_an_export_whose_donor_vanished_writes_every_file_from_the_clone(clone, cache, lock, monkeypatch):
     first = trees.git_tree(clone.first, lock, clone=clone.path)
     monkeypatch.setattr(trees.os, "link", lambda *a, **k: (_ for _ in ()).throw(FileNotFoundError(a[0])))

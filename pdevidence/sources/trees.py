@@ -373,24 +373,38 @@ def _export(clone: Path, sha: str, listed: dict[str, list[str]], target: Path) -
         staging = Path(tmp) / "tree"
         staging.mkdir()
         budget = archives.Budget(f"the export of {sha[:12]}")
-        donors, listings = _donors(target.parent, target), {}
-        missing, used = {}, set()
-        for path, entry in listed.items():
+        for path in listed:
             budget.member(path)
-            donor = None if entry[0] == _SYMLINK else _link(path, entry, donors, staging, listings)
-            if donor is None:
-                missing[path] = entry
-            else:
-                used.add(donor)
+        linking = _Linking(staging)
+        exports = _donors(target.parent, target)
+        missing = linking.link_all(listed, exports)
+        if not exports or len(missing) > FAR:  # no export, or far from each: the releases' packages may hold them
+            missing = linking.link_all(missing, _release_donors(_blob_hash(listed)))
         _write(clone, sha, missing, staging, budget)
-        _compile_as_donors(staging, [path for path in missing if path.endswith(".py")], used)
+        _compile_as_donors(staging, [path for path in missing if path.endswith(".py")], linking.used)
         write_marker(staging / MANIFEST, listed)
         os.replace(staging, target)
 
 
-def _donors(trees: Path, dest: Path) -> list[tuple[Path, dict]]:
+@dataclass(frozen=True)
+class _Donor:
+    """A tree an export links its unchanged files from: ``files`` maps an export's path to its [mode, blob id],
+    each file lying at ``root`` / that path less ``strip``; ``compiled_for``: the interpreters its bytecode is
+    known to be current for."""
+    root: Path
+    files: dict[str, list[str]] = dataclasses.field(hash=False)
+    compiled_for: frozenset[str] = frozenset()
+    strip: str = ""
+
+    def source(self, path: str) -> str:
+        return os.path.join(self.root, path[len(self.strip):])
+
+
+def _donors(trees: Path, dest: Path) -> list[_Donor]:
     """The most recently used complete slim exports with their files, held (core/inuse) so no prune takes them
     while this run links from them."""
+    from .importable import COMPILED  # importable reads trees: imported when used
+
     found = sorted((p for p in trees.glob("commit-*") if p != dest), key=lambda p: inuse.last_used(p) or 0,
                    reverse=True)
     donors = []
@@ -398,37 +412,127 @@ def _donors(trees: Path, dest: Path) -> list[tuple[Path, dict]]:
         inuse.use(path)
         files = read_marker(path / MANIFEST) if _tree_info(path) is not None else None
         if files is not None:
-            donors.append((path, files))
+            marked = read_marker(path / "python" / COMPILED, "interpreters")
+            donors.append(_Donor(path, files, frozenset(marked["interpreters"] if marked else ())))
     return donors
 
 
-def _link(path: str, entry: list[str], donors: list[tuple[Path, dict]], staging: Path,
-          listings: dict[Path, list[str]]) -> Path | None:
-    """The donor ``path`` was hard-linked from, with its bytecode (one holding the same blob there); None: none."""
-    for donor, files in donors:
-        if files.get(path) != entry:
-            continue
-        source, dest = donor / path, staging / path
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(source, dest)
-        except OSError:  # gone with its donor, or another file system: written from the clone instead
-            continue
-        if source.suffix == ".py":
-            cache = source.parent / "__pycache__"
-            if cache not in listings:
-                try:
-                    listings[cache] = os.listdir(cache)
-                except OSError:
-                    listings[cache] = []
-            for name in listings[cache]:
-                found = _BYTECODE.fullmatch(name)
-                if found and found["stem"] == source.stem:
-                    (dest.parent / "__pycache__").mkdir(exist_ok=True)
-                    with contextlib.suppress(OSError):  # compiled again where it is missing
-                        os.link(cache / name, dest.parent / "__pycache__" / name)
-        return donor
-    return None
+RELEASE_DONORS = 4  # how many releases' packages an export looks in for what the exports do not hold
+FAR = 100  # files no export holds, past which an export looks in the releases' packages too (a neighbour: a few)
+_RELEASE_FILES: dict[tuple[str, int, str], dict[str, list[str]]] = {}  # (package, its mtime, hash) -> its files
+
+
+def _release_donors(blob_hash: str) -> list[_Donor]:
+    """The ``sglang/`` packages of the releases this cache holds, unpacked for the warm engine or installed in a
+    release's cell environment, the most recently used first, held while linked from. Each was compiled when it
+    was made, and a commit near a release shares most of its files: the first export into an empty trees cache,
+    and one far from every export before it (a bisection's first steps), need not write and compile them all.
+    Their files are read once a process. For which interpreter their bytecode is current is not recorded: an
+    export linking from one is compiled whole on its first use (what is current is skipped)."""
+    cache = cache_dir()
+    packages = [*cache.glob("unpacked/release-*/sglang"),
+                *cache.glob("envs/tree.release-*/lib/python*/site-packages/sglang")]
+    entries = {package: cache / Path(*package.relative_to(cache).parts[:2]) for package in packages}
+    donors = []
+    for package in sorted(packages, key=lambda p: inuse.last_used(entries[p]) or 0, reverse=True)[:RELEASE_DONORS]:
+        inuse.use(entries[package])
+        with contextlib.suppress(OSError):  # gone with a prune: not a donor
+            key = (str(package), package.stat().st_mtime_ns, blob_hash)
+            if key not in _RELEASE_FILES:
+                _RELEASE_FILES[key] = _package_files(package, blob_hash)
+            donors.append(_Donor(package.parent, _RELEASE_FILES[key], strip="python/"))
+    return donors
+
+
+def _blob_hash(listed: dict[str, list[str]]) -> str:
+    """The hash the clone names its blobs by: SHA-1, or SHA-256 in a repository of that object format."""
+    return "sha256" if any(len(oid) == 64 for _, oid in listed.values()) else "sha1"
+
+
+def _package_files(package: Path, blob_hash: str) -> dict[str, list[str]]:
+    """A package's files as an export of ``python/sglang`` lists them: its path there, its mode and blob id."""
+    files = {}
+    for folder, dirs, names in os.walk(package):
+        dirs[:] = [name for name in dirs if name != "__pycache__"]
+        for name in names:
+            path = os.path.join(folder, name)
+            with contextlib.suppress(OSError):
+                if os.path.islink(path):
+                    continue
+                with open(path, "rb") as stream:
+                    body = stream.read()
+                blob = hashlib.new(blob_hash, b"blob %d\0" % len(body))
+                blob.update(body)
+                mode = _EXECUTABLE if os.stat(path).st_mode & 0o100 else "100644"
+                files["python/sglang/" + os.path.relpath(path, package)] = [mode, blob.hexdigest()]
+    return files
+
+
+class _Linking:
+    """Files hard-linked into an export from its donors, with their bytecode. Paths stay strings and each
+    directory is made once: an export links thousands of files, and pathlib's and mkdir's cost per file was most
+    of its time."""
+
+    def __init__(self, staging: Path):
+        self.staging = str(staging)
+        self.used: set[_Donor] = set()  # the donors linked from
+        self._made: set[str] = set()
+        self._bytecode: dict[str, dict[str, list[str]]] = {}  # a donor's __pycache__ -> module stem -> its files
+
+    def link_all(self, files: dict[str, list[str]], donors: list[_Donor]) -> dict[str, list[str]]:
+        """Link each of ``files`` (path -> [mode, blob id]) from the first donor holding it; those none holds."""
+        missing = {}
+        for path, entry in files.items():
+            donor = None if entry[0] == _SYMLINK else self.link(path, entry, donors)
+            if donor is None:
+                missing[path] = entry
+            else:
+                self.used.add(donor)
+        return missing
+
+    def link(self, path: str, entry: list[str], donors: list[_Donor]) -> _Donor | None:
+        """The donor ``path`` was linked from, with its bytecode (one holding the same blob there); None: none."""
+        for donor in donors:
+            if donor.files.get(path) != entry:
+                continue
+            source, dest = donor.source(path), os.path.join(self.staging, path)
+            self._directory(os.path.dirname(dest))
+            try:
+                os.link(source, dest)
+            except OSError:  # gone with its donor, or another file system: written from the clone instead
+                continue
+            if path.endswith(".py"):
+                folder, name = os.path.split(source)
+                cache = os.path.join(folder, "__pycache__")
+                compiled = self._bytecode.get(cache)
+                if compiled is None:
+                    compiled = self._bytecode[cache] = _bytecode_by_module(cache)
+                if name[:-3] in compiled:
+                    into = os.path.join(os.path.dirname(dest), "__pycache__")
+                    self._directory(into)
+                    for pyc in compiled[name[:-3]]:
+                        with contextlib.suppress(OSError):  # compiled again where it is missing
+                            os.link(os.path.join(cache, pyc), os.path.join(into, pyc))
+            return donor
+        return None
+
+    def _directory(self, path: str) -> None:
+        if path not in self._made:
+            os.makedirs(path, exist_ok=True)
+            self._made.add(path)
+
+
+def _bytecode_by_module(cache: str) -> dict[str, list[str]]:
+    """The bytecode files in a ``__pycache__`` directory, by the module they compile (none where it is missing)."""
+    try:
+        names = os.listdir(cache)
+    except OSError:
+        return {}
+    found: dict[str, list[str]] = {}
+    for name in names:
+        if matched := _BYTECODE.fullmatch(name):
+            found.setdefault(matched["stem"], []).append(name)
+    return found
 
 
 # Each module named compiled as ``compileall.compile_dir`` compiles each module it finds (importable.py).
@@ -436,19 +540,15 @@ _COMPILE_FILES = ("import compileall, sys; [compileall.compile_file(f, quiet=2) 
                   "print('compiled')")
 
 
-def _compile_as_donors(staging: Path, written: list[str], used: set[Path]) -> None:
+def _compile_as_donors(staging: Path, written: list[str], used: set[_Donor]) -> None:
     """Compile the modules an export wrote for every interpreter all its donors were compiled for, and mark it
     compiled for them (``importable.COMPILED``): every other module came linked with that bytecode, so compiling
     the whole tree again, as the warm engine's first use of it would, has nothing left to do. Where its donors
-    share no interpreter (or it had none), nothing: that first use compiles it all."""
-    from .importable import COMPILED, COMPILE_SECONDS  # importable reads trees: imported when used
+    share no interpreter (or it had none), nothing: that first use compiles what is not current."""
+    from .importable import COMPILE_SECONDS, COMPILED
 
-    shared = None
-    for donor in used:
-        marked = read_marker(donor / "python" / COMPILED, "interpreters")
-        found = set(marked["interpreters"]) if marked else set()
-        shared = found if shared is None else shared & found
-    interpreters = sorted(python for python in shared or () if Path(python).is_file())
+    shared = frozenset.intersection(*(donor.compiled_for for donor in used)) if used else frozenset()
+    interpreters = sorted(python for python in shared if Path(python).is_file())
     for python in interpreters if written else ():
         try:
             done = children.run([python, "-I", "-S", "-c", _COMPILE_FILES, *(str(staging / p) for p in written)],
