@@ -174,23 +174,24 @@ def commit_release_sources(version: str, repo: Path) -> str:
     return done.stdout.strip()
 
 
-def test_a_git_cell_runs_its_commit_contained_and_answers_as_the_release_it_holds(tmp_path):
+def test_a_git_cell_runs_its_commit_contained_and_answers_as_the_release_it_holds(tmp_path, release_matrix):
     """Alone proves: a git cell (an exported commit, never built) runs its probe in the sandbox, like every other
-    tree, and observes what the release cell of the same sources observes. CI has no clone of SGLang: the test
-    commits offload_slots' head release into a repository of its own and points SGLANG_REPO at it."""
+    tree, and observes what the release cell of the same sources (the session's release matrix's) observes. CI has
+    no clone of SGLang: the test commits offload_slots' head release into a repository of its own and points
+    SGLANG_REPO at it."""
     version = REG.experiment("offload_slots").releases["head"]
     sha = commit_release_sources(version, tmp_path / "sglang")
     runs = tmp_path / "runs"
     contained = {"PDEVIDENCE_SANDBOX": "bubblewrap", "SGLANG_REPO": str(tmp_path / "sglang")}
-    for argv in (["release", "offload_slots", "head"], ["git", "offload_slots", "head", "--ref", sha]):
-        done = cli_run(runs, "cell", *argv, extra_env=contained)
-        assert done.returncode == 0, done.stdout + done.stderr
+    done = cli_run(runs, "cell", "git", "offload_slots", "head", "--ref", sha, extra_env=contained)
+    assert done.returncode == 0, done.stdout + done.stderr
 
     git_cell = runs / f"offload_slots.head.git-{sha[:12]}.json"
     receipt = json.loads(git_cell.with_name(git_cell.name.replace(".json", ".receipt.json")).read_text())
     assert receipt["tree"]["kind"] == "git" and receipt["tree"]["source"] == "clone"
     assert receipt["containment"]["tool"] == "bubblewrap" and receipt["containment"]["why_not"] is None
     assert not [c for c in receipt["commands"] if "install" in c] and "sglang" not in receipt["packages"]
-    answers = {kind: {k: v for k, v in json.loads(path.read_text()).items() if k != "tree"}
-               for kind, path in (("git", git_cell), ("release", runs / f"offload_slots.head.release-{version}.json"))}
+    answers = {kind: {k: v for k, v in doc.items() if k != "tree"}
+               for kind, doc in (("git", json.loads(git_cell.read_text())),
+                                 ("release", release_matrix.result("offload_slots", "head")))}
     assert answers["git"]["scenarios"] and answers["git"] == answers["release"]
