@@ -16,6 +16,7 @@ import os
 import platform
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import urllib.error
@@ -388,11 +389,11 @@ def _export(clone: Path, sha: str, listed: dict[str, list[str]], target: Path) -
 
 @dataclass(frozen=True)
 class _Donor:
-    """A tree an export links its unchanged files from: ``files`` maps an export's path to its [mode, blob id],
-    each file lying at ``root`` / that path less ``strip``; ``compiled_for``: the interpreters its bytecode is
-    known to be current for."""
+    """A tree an export links its unchanged files from: ``files`` maps an export's path to its [mode, blob id]
+    (``get``), each file lying at ``root`` / that path less ``strip``; ``compiled_for``: the interpreters its
+    bytecode is known to be current for."""
     root: Path
-    files: dict[str, list[str]] = dataclasses.field(hash=False)
+    files: dict[str, list[str]] | _PackageFiles = dataclasses.field(hash=False)
     compiled_for: frozenset[str] = frozenset()
     strip: str = ""
 
@@ -419,7 +420,40 @@ def _donors(trees: Path, dest: Path) -> list[_Donor]:
 
 RELEASE_DONORS = 4  # how many releases' packages an export looks in for what the exports do not hold
 FAR = 100  # files no export holds, past which an export looks in the releases' packages too (a neighbour: a few)
-_RELEASE_FILES: dict[tuple[str, int, str], dict[str, list[str]]] = {}  # (package, its mtime, hash) -> its files
+
+
+class _PackageFiles:
+    """A release's ``sglang/`` package as an export of ``python/sglang`` lists its files, each read and hashed
+    the first time an export asks for it (an export asks for a few thousand; the package holds more)."""
+
+    PREFIX = "python/sglang/"
+
+    def __init__(self, package: Path, blob_hash: str):
+        self.package, self.blob_hash = str(package), blob_hash
+        self._known: dict[str, list[str] | None] = {}
+
+    def get(self, path: str) -> list[str] | None:
+        """The file's [mode, blob id]; None where the package holds no such file."""
+        if path not in self._known:
+            self._known[path] = self._read(path) if path.startswith(self.PREFIX) else None
+        return self._known[path]
+
+    def _read(self, path: str) -> list[str] | None:
+        where = os.path.join(self.package, path[len(self.PREFIX):])
+        try:
+            found = os.lstat(where)
+            if not stat.S_ISREG(found.st_mode):
+                return None
+            with open(where, "rb") as stream:
+                body = stream.read()
+        except OSError:
+            return None
+        blob = hashlib.new(self.blob_hash, b"blob %d\0" % len(body))
+        blob.update(body)
+        return [_EXECUTABLE if found.st_mode & 0o100 else "100644", blob.hexdigest()]
+
+
+_RELEASE_FILES: dict[tuple[str, int, str], _PackageFiles] = {}  # (package, its mtime, blob hash): read once a process
 
 
 def _release_donors(blob_hash: str) -> list[_Donor]:
@@ -427,8 +461,8 @@ def _release_donors(blob_hash: str) -> list[_Donor]:
     release's cell environment, the most recently used first, held while linked from. Each was compiled when it
     was made, and a commit near a release shares most of its files: the first export into an empty trees cache,
     and one far from every export before it (a bisection's first steps), need not write and compile them all.
-    Their files are read once a process. For which interpreter their bytecode is current is not recorded: an
-    export linking from one is compiled whole on its first use (what is current is skipped)."""
+    For which interpreter their bytecode is current is not recorded: an export linking from one is compiled
+    whole on its first use (what is current is skipped)."""
     cache = cache_dir()
     packages = [*cache.glob("unpacked/release-*/sglang"),
                 *cache.glob("envs/tree.release-*/lib/python*/site-packages/sglang")]
@@ -438,34 +472,14 @@ def _release_donors(blob_hash: str) -> list[_Donor]:
         inuse.use(entries[package])
         with contextlib.suppress(OSError):  # gone with a prune: not a donor
             key = (str(package), package.stat().st_mtime_ns, blob_hash)
-            if key not in _RELEASE_FILES:
-                _RELEASE_FILES[key] = _package_files(package, blob_hash)
-            donors.append(_Donor(package.parent, _RELEASE_FILES[key], strip="python/"))
+            files = _RELEASE_FILES.setdefault(key, _PackageFiles(package, blob_hash))
+            donors.append(_Donor(package.parent, files, strip="python/"))
     return donors
 
 
 def _blob_hash(listed: dict[str, list[str]]) -> str:
     """The hash the clone names its blobs by: SHA-1, or SHA-256 in a repository of that object format."""
     return "sha256" if any(len(oid) == 64 for _, oid in listed.values()) else "sha1"
-
-
-def _package_files(package: Path, blob_hash: str) -> dict[str, list[str]]:
-    """A package's files as an export of ``python/sglang`` lists them: its path there, its mode and blob id."""
-    files = {}
-    for folder, dirs, names in os.walk(package):
-        dirs[:] = [name for name in dirs if name != "__pycache__"]
-        for name in names:
-            path = os.path.join(folder, name)
-            with contextlib.suppress(OSError):
-                if os.path.islink(path):
-                    continue
-                with open(path, "rb") as stream:
-                    body = stream.read()
-                blob = hashlib.new(blob_hash, b"blob %d\0" % len(body))
-                blob.update(body)
-                mode = _EXECUTABLE if os.stat(path).st_mode & 0o100 else "100644"
-                files["python/sglang/" + os.path.relpath(path, package)] = [mode, blob.hexdigest()]
-    return files
 
 
 class _Linking:
