@@ -117,6 +117,7 @@ def error_kind(error):
     return error and error.split(":")[0]
 
 
+@pytest.mark.scheduled  # every pinned release's wheel (dozens, downloaded): the registry's data, not a bracket
 def test_every_pinned_releases_own_requirements_choose_the_era_its_version_is_in():
     """Alone proves: what ``test_era_choice.RELEASE_PINS`` states (the fast tests' era choice by pins), read
     again from each pinned release's wheel; a pinned release it does not name states no pins (the oldest, up to

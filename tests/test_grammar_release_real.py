@@ -13,7 +13,7 @@ def releases(observed: dict) -> tuple:
 
 @pytest.mark.sglang
 def test_a_grammar_rejection_releases_the_kv_once_after_the_transfer_only_from_0_5_16(release_matrix):
-    base, head = release_matrix.observed("grammar_release", "base"), release_matrix.observed("grammar_release", "head")
+    base, head = (release_matrix.observed("grammar_release", side) for side in ("base", "head"))
     assert len(base) == len(head) == 8, "every scenario ran without error on both releases"
     assert releases(base["G1"]) == (2, 1, "FINISH_LENGTH", False)
     assert releases(base["G2"]) == (2, 1, "FINISH_ABORT", False)

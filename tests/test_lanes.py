@@ -100,20 +100,21 @@ def test_each_lane_runs_its_tests_and_says_how_to_run_the_others(sglang, schedul
 def test_with_workers_the_real_runs_come_first_in_two_units_and_each_fast_file_is_its_own():
     conftest = root_conftest()
     fast = [Item(f"fast{i}", set(), Path("tests/test_a.py")) for i in range(2)]
-    alone = Item("alone", {"sglang"}, Path("tests/test_swa_probe.py"))
+    alone = Item("alone", {"sglang"}, Path("tests/test_images_real.py"))
     sharing = Item("sharing", {"sglang"}, Path("tests/test_real_releases.py"))  # reads the release matrix
-    beside = Item("beside", set(), Path("tests/test_swa_probe.py"))  # a fast test of a file of real runs
+    beside = Item("beside", set(), Path("tests/test_images_real.py"))  # a fast test of a file of real runs
     items = [*fast, alone, beside, sharing]
     conftest.pytest_collection_modifyitems(Config({"--sglang": True, "--scheduled": False}, plugins=("xdist",)), items)
     assert [item.name for item in items] == ["sharing", "alone", "beside", "fast0", "fast1"]
     scheduler = conftest.pytest_xdist_make_scheduler(Config({}, workers=["2*popen"]), log=None)
     units = {nodeid: scheduler._split_scope(nodeid) for nodeid in (
-        "tests/test_real_releases.py::test_x", "tests/test_check_real.py::test_v", "tests/test_swa_probe.py::test_y[a::b]",
-        "tests/test_a.py::test_z", "tests/test_a.py::TestC::test_w")}
+        "tests/test_real_releases.py::test_x", "tests/test_check_real.py::test_v",
+        "tests/test_images_real.py::test_y[a::b]", "tests/test_a.py::test_z", "tests/test_a.py::TestC::test_w")}
     sharing_unit, alone_unit = conftest.UNITS
-    assert units == {"tests/test_real_releases.py::test_x": sharing_unit, "tests/test_check_real.py::test_v": sharing_unit,
-                     "tests/test_swa_probe.py::test_y[a::b]": alone_unit, "tests/test_a.py::test_z": "tests/test_a.py",
-                     "tests/test_a.py::TestC::test_w": "tests/test_a.py"}
+    assert units == {"tests/test_real_releases.py::test_x": sharing_unit,
+                     "tests/test_check_real.py::test_v": sharing_unit,
+                     "tests/test_images_real.py::test_y[a::b]": alone_unit,
+                     "tests/test_a.py::test_z": "tests/test_a.py", "tests/test_a.py::TestC::test_w": "tests/test_a.py"}
 
 
 def test_without_workers_the_order_is_the_files_own():
