@@ -387,13 +387,13 @@ def _export(clone: Path, sha: str, listed: dict[str, list[str]], target: Path) -
         os.replace(staging, target)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # each donor is itself: an export's donors are told apart by identity
 class _Donor:
     """A tree an export links its unchanged files from: ``files`` maps an export's path to its [mode, blob id]
     (``get``), each file lying at ``root`` / that path less ``strip``; ``compiled_for``: the interpreters its
     bytecode is known to be current for."""
     root: Path
-    files: dict[str, list[str]] | _PackageFiles = dataclasses.field(hash=False)
+    files: dict[str, list[str]] | _PackageFiles
     compiled_for: frozenset[str] = frozenset()
     strip: str = ""
 
@@ -483,9 +483,8 @@ def _blob_hash(listed: dict[str, list[str]]) -> str:
 
 
 class _Linking:
-    """Files hard-linked into an export from its donors, with their bytecode. Paths stay strings and each
-    directory is made once: an export links thousands of files, and pathlib's and mkdir's cost per file was most
-    of its time."""
+    """Files hard-linked into an export from its donors, with their bytecode: an export links thousands, so paths
+    stay strings, each directory is made once and each ``__pycache__`` is read once."""
 
     def __init__(self, staging: Path):
         self.staging = str(staging)
