@@ -431,6 +431,25 @@ def test_what_the_engine_could_not_finish_is_never_kept(warm_world):
     assert "probing release-1.0.0 " in said and "outcomes reused: release-1.1.0 " in said
 
 
+def test_an_engine_started_ahead_for_a_tree_is_the_one_its_round_probes_through(warm_world, monkeypatch):
+    """A bisection starts each era's kept engine as the era's first tree is made (``warm.start_kept_engine``); the
+    round that probes the tree then finds that engine, not a second one (both ask with ``warm._engine_settings``)."""
+    from pdevidence import environments
+    from pdevidence.cells import warm
+    from pdevidence.core import children
+
+    reg, tmp_path, trees = warm_world
+    monkeypatch.setattr(environments, "closure_environment_path", lambda reg, installs: tmp_path)  # built already
+    started, popen = [], children.popen
+    monkeypatch.setattr(children, "popen", lambda command, **kw: started.append(command) or popen(command, **kw))
+    with engine.Engines(reg, reads=(tmp_path,), logs=tmp_path / "logs") as engines:
+        warm.start_kept_engine(reg, trees[0], engines)
+        assert len(started) == 1
+        found, said = probe(reg, tmp_path, trees, engines=engines)
+    assert len(started) == 1 and "in the engine kept across rounds" in said
+    assert [found[t.label()]["demo"].doc["scenarios"]["D1"]["observed"]["retired"] for t in trees] == [False, True]
+
+
 def test_the_next_era_starts_while_the_one_before_still_probes_and_its_time_counts_once(warm_world, monkeypatch):
     from types import SimpleNamespace
 
