@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import os
 import shutil
 import socket
 import sys

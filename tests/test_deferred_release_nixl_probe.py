@@ -14,7 +14,6 @@ import dataclasses
 import enum
 import os
 import sys
-from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
