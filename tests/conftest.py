@@ -320,13 +320,14 @@ class Matrix:
     pairs: dict  # per experiment, its pair in the report
     before: tuple  # results/ and `git status` before it ran
     runs: Path  # what it wrote: each cell's result and receipt, the report
+    releases: dict  # per experiment, its releases by side (the registry's, read once)
 
     def result(self, experiment: str, side: str) -> dict:
         """The result the matrix's cell of ``experiment`` wrote on its ``side`` release, loaded as every reader
         loads one (a cell that left none fails here, naming it)."""
         from pdevidence.documents import results
 
-        release = registry.load(PROJECT).experiment(experiment).releases[side]
+        release = self.releases[experiment][side]
         return results.load(self.runs / f"{experiment}.{side}.release-{release}.json", experiment=experiment,
                             side=side)
 
@@ -365,7 +366,8 @@ def release_matrix(tmp_path_factory) -> Matrix:
         mp.setenv("PDEVIDENCE_RUNS", str(runs))
         code = cli.main(["--root", str(PROJECT), "matrix", "--kind", "release"])
     report = reports.load_report(runs / "report.json")
-    return Matrix(code, {pair["experiment"]: pair for pair in report["pairs"]}, before, runs)
+    return Matrix(code, {pair["experiment"]: pair for pair in report["pairs"]}, before, runs,
+                  {name: exp.releases for name, exp in registry.load(PROJECT).experiments.items()})
 
 
 @dataclass

@@ -426,7 +426,7 @@ class _PackageFiles:
     """A release's ``sglang/`` package as an export of ``python/sglang`` lists its files, each read and hashed
     the first time an export asks for it (an export asks for a few thousand; the package holds more)."""
 
-    PREFIX = "python/sglang/"
+    PREFIX = EXPORTED[0] + "/"  # python/sglang/: the package's files as an export names them
 
     def __init__(self, package: Path, blob_hash: str):
         self.package, self.blob_hash = str(package), blob_hash
@@ -473,7 +473,7 @@ def _release_donors(blob_hash: str) -> list[_Donor]:
         with contextlib.suppress(OSError):  # gone with a prune: not a donor
             key = (str(package), package.stat().st_mtime_ns, blob_hash)
             files = _RELEASE_FILES.setdefault(key, _PackageFiles(package, blob_hash))
-            donors.append(_Donor(package.parent, files, strip="python/"))
+            donors.append(_Donor(package.parent, files, strip=os.path.dirname(EXPORTED[0]) + "/"))
     return donors
 
 
